@@ -1,0 +1,86 @@
+// SessionTable: every open session (conversation) the daemon knows, keyed by
+// (namespace, session id). A session is an ordered list of block hashes — the
+// conversation's prefix — plus its timestamps and turn counts. Pure bookkeeping on an
+// injected clock: no I/O, no threads.
+//
+// Thread-safety: none; the control thread owns it (the simulator owns its own).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "common/block_key.h"
+#include "common/status.h"
+#include "policy/clock.h"
+
+namespace kvtier::policy {
+
+enum class SessionState : uint8_t { kActive = 0, kIdle = 1 };
+
+struct Session {
+  uint32_t namespace_id = 0;
+  std::string id;
+  LayoutKey layout;                 // all of a session's blocks share one layout
+  std::vector<BlockHash> blocks;    // prefix order, no duplicates
+  SessionState state = SessionState::kActive;
+  uint64_t created_ms = 0;
+  uint64_t last_active_ms = 0;      // last Save/Load/BeginTurn
+  uint32_t turns = 0;               // turns ended (Save with endOfTurn)
+};
+
+struct SessionKey {
+  uint32_t namespace_id;
+  std::string id;
+  friend bool operator==(const SessionKey&, const SessionKey&) = default;
+};
+
+struct SessionKeyHasher {
+  size_t operator()(const SessionKey& key) const {
+    return std::hash<std::string>()(key.id) ^ (static_cast<size_t>(key.namespace_id) << 1);
+  }
+};
+
+class SessionTable {
+ public:
+  explicit SessionTable(const Clock& clock) : clock_(clock) {}
+
+  // Returns the session, creating it (active, no blocks) when absent. A session's
+  // layout is fixed by its first use: InvalidArgument when `layout` differs.
+  Result<Session*> get_or_create(uint32_t namespace_id, const std::string& id,
+                                 const LayoutKey& layout);
+  Session* find(uint32_t namespace_id, const std::string& id);
+  const Session* find(uint32_t namespace_id, const std::string& id) const;
+
+  // Appends the hashes not yet in the session, in order; returns those appended (the
+  // caller adds block references for exactly these). Marks the session active, or
+  // idle with turns+1 when `end_of_turn`.
+  std::vector<BlockHash> record_save(Session& session, const std::vector<BlockHash>& hashes,
+                                     bool end_of_turn);
+  // A turn started (BeginTurn) or the session read its blocks (Load): active, touched.
+  void record_activity(Session& session);
+  // Drops a block from a session (it was evicted or lost); returns whether it was there.
+  bool forget_block(Session& session, const BlockHash& hash);
+
+  // Removes the session; returns its blocks so the caller can drop references.
+  // NotFound when absent.
+  Result<std::vector<BlockHash>> close(uint32_t namespace_id, const std::string& id);
+
+  // Sessions ordered by last activity, least recent first (demotion order).
+  std::vector<const Session*> by_last_active() const;
+  template <typename Fn>
+  void for_each(Fn&& fn) const {
+    for (const auto& [key, session] : sessions_) fn(session);
+  }
+
+  size_t size() const { return sessions_.size(); }
+  size_t count(SessionState state) const;
+  uint64_t now_ms() const { return clock_.now_ms(); }
+
+ private:
+  const Clock& clock_;
+  std::unordered_map<SessionKey, Session, SessionKeyHasher> sessions_;
+};
+
+}  // namespace kvtier::policy

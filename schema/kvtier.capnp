@@ -1,0 +1,247 @@
+# kvtier wire protocol, version 1.
+#
+# Transport: a Unix stream socket. Each message is one Cap'n Proto message in the
+# standard stream framing (segment count − 1, segment sizes, padding, segments). The
+# daemon refuses a frame whose header announces more than 64 segments or more than
+# 16 MiB before it allocates anything, and closes that connection (framing errors are
+# the only errors that close a connection; every other bad request gets an Error reply).
+#
+# Client → daemon: Request. Daemon → client: Response with the same `id`. Requests may
+# be pipelined; replies may come back in any order, so clients match them by `id`.
+#
+# File descriptors (memfd regions; CUDA VMM shareable handles later) travel as
+# SCM_RIGHTS ancillary data sent together with the first byte of the frame of the
+# request that uses them. The daemon queues received descriptors in arrival order and
+# each request that declares `fdCount > 0` takes that many from the head of the queue.
+#
+# Ordering contract for GPU regions: the engine's writes to the blocks it names in a
+# Save must be complete (stream synchronized) before it sends the Save; after a Load
+# reply the restored bytes are in the engine's memory and visible to any later work.
+# After a Save reply the engine may reuse the saved blocks.
+
+@0xb7c1f0d2a4e6c891;
+
+$import "/capnp/c++.capnp".namespace("kvtier::wire");
+
+const protocolVersion :UInt32 = 1;  # bumped on any incompatible change
+
+enum ErrorCode {
+  ok @0;                 # never sent in an Error; mirrors kvtier::StatusCode numbering
+  invalidArgument @1;    # fix the request; the message names the bad field
+  notFound @2;           # unknown session / region / layout
+  resourceExhausted @3;  # retry later or with a smaller request
+  permissionDenied @4;   # not allowed for this peer
+  unavailable @5;        # daemon shutting down or peer gone: reconnect
+  dataLoss @6;           # bytes gone or corrupt: recompute
+  internal @7;           # a bug in the daemon
+}
+
+struct Error {
+  code @0 :ErrorCode;    # what the caller should do
+  message @1 :Text;      # human-readable, names the offending field
+}
+
+enum DeviceKind {
+  host @0;               # regions are memfd shared memory
+  cuda @1;               # regions are GPU memory (CUDA IPC or VMM handles)
+}
+
+struct Plane {
+  regionId @0 :UInt32;        # which registered region holds this plane
+  offsetBytes @1 :UInt64;     # byte offset of engine block 0's slice in the region
+  strideBytes @2 :UInt64;     # bytes between engine block i and i+1 in this plane
+  bytesPerBlock @3 :UInt64;   # bytes of one block in this plane
+}
+
+struct Layout {
+  modelId @0 :Text;            # e.g. "meta-llama/Llama-3-8B"; part of the digest
+  numLayers @1 :UInt32;        # transformer layers
+  numKvHeads @2 :UInt32;       # KV heads on this rank
+  headDim @3 :UInt32;          # elements per head
+  dtype @4 :Text;              # "fp16", "bf16", "fp8_e4m3", ...
+  tokensPerBlock @5 :UInt32;   # tokens per engine block
+  tpRank @6 :UInt32;           # tensor-parallel rank of this engine
+  tpSize @7 :UInt32;           # tensor-parallel world size
+  numBlocks @8 :UInt64;        # engine blocks in the paged cache (ids are 0..numBlocks-1)
+  planes @9 :List(Plane);      # a logical block = these slices concatenated, in order
+  extraKey @10 :Text;          # anything else that makes blocks incompatible (LoRA id, ...)
+}
+
+struct Hello {
+  protocolVersion @0 :UInt32;  # must equal the daemon's protocolVersion
+  layout @1 :Layout;           # the KV layout all later block ids refer to
+  engineName @2 :Text;         # free text for logs and kvtierctl ("vllm-rank0")
+  deviceKind @3 :DeviceKind;   # what kind of regions this engine registers
+  prefillTokensPerSecond @4 :Float64;  # engine's prefill speed, 0 if unknown (policy input)
+}
+
+struct HelloReply {
+  protocolVersion @0 :UInt32;  # the daemon's protocol version
+  layoutDigest @1 :UInt64;     # digest of the layout; equal digests share blocks
+  blockBytes @2 :UInt64;       # bytes of one logical block (sum of plane bytes)
+  namespaceName @3 :Text;      # the namespace this connection's blocks live in
+  maxBlocksPerRequest @4 :UInt32;  # larger Save/Load/Lookup lists are rejected
+}
+
+struct RegisterRegion {
+  regionId @0 :UInt32;         # the id planes use to name this region; unique per connection
+  sizeBytes @1 :UInt64;        # region size; the daemon checks the handle matches it
+  kind @2 :RegionKind;         # how the region is shared
+  ipcHandle @3 :Data;          # cudaIpcMemHandle_t bytes (64) for kind = cudaIpc
+  gpuUuid @4 :Text;            # GPU the region lives on (cuda kinds)
+  fdCount @5 :UInt32;          # descriptors attached to this frame (1 for memfd / cudaVmmFd)
+
+  enum RegionKind {
+    memfd @0;                  # host shared memory; one fd attached
+    cudaIpc @1;                # legacy CUDA IPC handle in ipcHandle
+    cudaVmmFd @2;              # CUDA VMM POSIX-fd shareable handle; one fd attached
+  }
+}
+
+struct RegisterRegionReply {
+  regionId @0 :UInt32;         # echoes the request
+}
+
+struct BlockRef {
+  hash @0 :Data;               # engine-computed chained prefix hash, 1..32 bytes
+  engineBlockId @1 :UInt64;    # block index in the engine's paged cache
+}
+
+struct Save {
+  sessionId @0 :Text;          # conversation id, 1..256 bytes; created on first Save
+  blocks @1 :List(BlockRef);   # the session's blocks in prefix order, to append/refresh
+  endOfTurn @2 :Bool;          # true: the turn ended, the session's idle clock starts
+}
+
+struct SaveReply {
+  stored @0 :UInt32;           # blocks copied in by this request
+  deduplicated @1 :UInt32;     # blocks already held (or being stored): nothing copied
+}
+
+struct Lookup {
+  hashes @0 :List(Data);       # a prefix, in order
+}
+
+enum Tier {
+  hbm @0;                      # daemon-owned device arena
+  ram @1;                      # pinned host pool
+  nvme @2;                     # slab files on NVMe
+  none @3;                     # not held
+}
+
+struct LookupReply {
+  hitCount @0 :UInt32;         # leading hashes held and readable
+  tiers @1 :List(Tier);        # tier of each of the first hitCount blocks
+}
+
+struct Load {
+  sessionId @0 :Text;          # session the load belongs to (empty: no session bookkeeping)
+  blocks @1 :List(BlockRef);   # the prefix to restore, in order, into these engine blocks
+}
+
+struct LoadReply {
+  loadedCount @0 :UInt32;      # leading blocks restored; the prefix ends at the first miss
+  stopReason @1 :Error;        # why it ended early (notFound, dataLoss, ...); ok if complete
+}
+
+struct BeginTurn {
+  sessionId @0 :Text;          # the session whose next turn arrived
+}
+
+struct BeginTurnReply {
+  knownBlocks @0 :UInt32;      # blocks the session references
+  promotedBlocks @1 :UInt32;   # blocks scheduled to move up toward HBM
+}
+
+struct CloseSession {
+  sessionId @0 :Text;          # drop this session's references
+}
+
+struct CloseSessionReply {
+  releasedBlocks @0 :UInt32;   # references dropped
+}
+
+struct Stats {
+  allNamespaces @0 :Bool;      # admin only: include every namespace's sessions
+}
+
+struct TierStats {
+  tier @0 :Tier;               # which tier
+  capacityBytes @1 :UInt64;    # configured budget
+  usedBytes @2 :UInt64;        # bytes in allocated slots
+  blocks @3 :UInt64;           # blocks resident
+}
+
+struct StatsReply {
+  tiers @0 :List(TierStats);   # one entry per configured tier
+  sessionsActive @1 :UInt64;   # sessions in a turn
+  sessionsIdle @2 :UInt64;     # sessions between turns
+  lookupHits @3 :UInt64;       # blocks found by Lookup/Load
+  lookupMisses @4 :UInt64;     # blocks asked for and not found
+  bytesSaved @5 :UInt64;       # engine → daemon bytes
+  bytesLoaded @6 :UInt64;      # daemon → engine bytes
+  bytesDemoted @7 :UInt64;     # bytes moved down a tier
+  bytesPromoted @8 :UInt64;    # bytes moved up a tier
+  pinnedBlocks @9 :UInt64;     # blocks pinned by in-flight copies
+  copiesInFlight @10 :UInt64;  # device copy batches not yet complete
+  connections @11 :UInt32;     # connected clients
+  blocksEvicted @12 :UInt64;   # blocks dropped to make room
+  dataLossBlocks @13 :UInt64;  # blocks dropped because their bytes were corrupt or lost
+  deviceName @14 :Text;        # "host" or the GPU model
+  uptimeMs @15 :UInt64;        # since the daemon started
+}
+
+struct ListSessions {
+  allNamespaces @0 :Bool;      # admin only: every namespace, else the caller's
+}
+
+struct SessionInfo {
+  sessionId @0 :Text;          # as the engine named it
+  namespaceName @1 :Text;      # owner namespace
+  state @2 :SessionState;      # lifecycle state
+  idleMs @3 :UInt64;           # since the last turn ended (0 while active)
+  turns @4 :UInt32;            # turns ended so far
+  blocks @5 :UInt32;           # blocks referenced
+  blocksPerTier @6 :List(UInt32);  # indexed by Tier: hbm, ram, nvme, none
+  layoutDigest @7 :UInt64;     # layout the session's blocks belong to
+}
+
+enum SessionState {
+  active @0;                   # a turn is in progress
+  idle @1;                     # between turns
+}
+
+struct ListSessionsReply {
+  sessions @0 :List(SessionInfo);  # sorted by idle time, longest first
+}
+
+struct Request {
+  id @0 :UInt64;               # chosen by the client; echoed in the Response
+  union {
+    hello @1 :Hello;                      # must come first on a connection
+    registerRegion @2 :RegisterRegion;    # share engine memory
+    save @3 :Save;                        # copy blocks in
+    lookup @4 :Lookup;                    # how much of a prefix is held
+    load @5 :Load;                        # copy blocks out
+    beginTurn @6 :BeginTurn;              # a session's next turn arrived
+    closeSession @7 :CloseSession;        # drop a session
+    stats @8 :Stats;                      # counters (no Hello needed)
+    listSessions @9 :ListSessions;        # session table (no Hello needed)
+  }
+}
+
+struct Response {
+  id @0 :UInt64;               # the Request's id (0 when the request could not be parsed)
+  union {
+    error @1 :Error;                          # the request failed
+    hello @2 :HelloReply;
+    registerRegion @3 :RegisterRegionReply;
+    save @4 :SaveReply;
+    lookup @5 :LookupReply;
+    load @6 :LoadReply;
+    beginTurn @7 :BeginTurnReply;
+    closeSession @8 :CloseSessionReply;
+    stats @9 :StatsReply;
+    listSessions @10 :ListSessionsReply;
+  }
+}

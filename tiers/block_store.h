@@ -1,0 +1,170 @@
+// BlockStore: the block index. It maps (namespace, layout digest, block hash) to where
+// the block's bytes live (tier + slot offset), and owns the slot allocators of the
+// tiers that hold bytes in daemon memory (HBM arena, RAM pool).
+//
+// Life of a block:
+//   reserve (state kWriting, invisible to lookups, pinned) → commit_write (kReady,
+//   visible) … pin/unpin around reads … begin_move (kMoving: still readable at its
+//   old place) → finish_move (now at the new place; the old slot is freed once no
+//   reader pins it) … evict (gone, slot freed).
+// Two-phase publish: a block is visible to lookup() only after commit_write().
+//
+// Every block also counts session references (sessions hold blocks; blocks with no
+// references stay as a prefix cache until evicted).
+//
+// Thread-safety: none. The control thread owns the store; copies run elsewhere and
+// report back to the control thread, which calls commit/abort/finish.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+#include "common/block_key.h"
+#include "common/status.h"
+#include "cuda/device.h"
+#include "tiers/slab_allocator.h"
+
+namespace kvtier {
+
+enum class BlockState : uint8_t {
+  kWriting,  // slot reserved, bytes being copied in; not visible
+  kReady,    // visible and readable
+  kMoving,   // readable at its current place while a copy to another tier runs
+};
+
+// Where a block's bytes are.
+struct BlockLocation {
+  Tier tier = Tier::kNone;
+  uint64_t offset = 0;  // slot offset within the tier's memory
+};
+
+// A read-only view of one block for callers outside the store.
+struct BlockInfo {
+  BlockState state;
+  BlockLocation location;
+  uint32_t pins;
+  uint32_t session_refs;
+  uint64_t last_access_ms;
+};
+
+struct TierUsage {
+  Tier tier;
+  uint64_t capacity_bytes;
+  uint64_t used_bytes;
+  uint64_t blocks;
+};
+
+class BlockStore {
+ public:
+  struct TierMemory {
+    Tier tier;
+    std::shared_ptr<Memory> memory;  // the arena or pool from the Device
+    uint64_t slab_bytes;             // carving unit (clamped to the memory size)
+  };
+  // Tiers in order from fastest (HBM) to slowest.
+  explicit BlockStore(std::vector<TierMemory> tiers);
+
+  // The memory behind a tier, or nullptr when that tier is not configured.
+  const std::shared_ptr<Memory>& memory(Tier tier) const;
+
+  // Declares a layout's block size. REQUIRES before any block of `layout` is reserved.
+  // Re-registering with the same size is a no-op; another size is InvalidArgument.
+  Status register_layout(const LayoutKey& layout, uint64_t block_bytes);
+  uint64_t block_bytes(const LayoutKey& layout) const;  // 0 when unknown
+
+  // ---- writes (two-phase publish) ----
+
+  // If `key` is already present (in any state), returns nullopt: the caller dedups.
+  // Otherwise reserves a slot in the fastest tier in `allowed` that has room, inserts
+  // the block as kWriting with one pin, and returns its location. ResourceExhausted
+  // when no allowed tier has a free slot.
+  Result<std::optional<BlockLocation>> reserve(const BlockKey& key, std::span<const Tier> allowed,
+                                               uint64_t now_ms);
+  // The copy into a reserved block completed: the block becomes kReady and unpinned.
+  void commit_write(const BlockKey& key);
+  // The copy failed: the block is removed and its slot freed.
+  void abort_write(const BlockKey& key);
+
+  // ---- reads ----
+
+  // Ready or moving blocks only (kWriting is invisible). nullopt when absent.
+  std::optional<BlockInfo> lookup(const BlockKey& key) const;
+  // Marks a visible block read-pinned (its slot will not be freed or reused) and
+  // refreshes its access time. Returns its location, or nullopt when not visible.
+  std::optional<BlockLocation> pin(const BlockKey& key, uint64_t now_ms);
+  void unpin(const BlockKey& key);
+
+  // ---- moves between tiers ----
+
+  // Starts moving a kReady block to `to`: reserves the destination slot, marks the
+  // block kMoving and pins it. Returns (from, to) locations. InvalidArgument when the
+  // block is absent, not kReady, already in `to`, or its previous move's old slot is
+  // still pinned by readers; ResourceExhausted when `to` has no room.
+  Result<std::pair<BlockLocation, BlockLocation>> begin_move(const BlockKey& key, Tier to);
+  // The copy landed: the block now lives at the destination; the old slot is freed
+  // as soon as no reader pins it. With `ok` false the destination slot is freed and
+  // the block stays where it was.
+  void finish_move(const BlockKey& key, bool ok);
+
+  // Removes a kReady, unpinned block and frees its slot. Returns false (and does
+  // nothing) when the block is absent, pinned, or not kReady.
+  bool evict(const BlockKey& key);
+
+  // ---- session references ----
+  void add_session_ref(const BlockKey& key);
+  void drop_session_ref(const BlockKey& key);
+
+  // ---- enumeration and stats ----
+
+  // Calls fn for every visible block in `tier` (any order).
+  void for_each_in_tier(Tier tier,
+                        const std::function<void(const BlockKey&, const BlockInfo&)>& fn) const;
+  std::vector<TierUsage> usage() const;  // configured tiers, fastest first
+  TierUsage usage(Tier tier) const;
+  bool has_room(Tier tier, uint64_t slot_bytes) const;
+  uint64_t pinned_blocks() const { return pinned_blocks_; }
+  uint64_t block_count() const { return block_count_; }
+
+ private:
+  struct Entry {
+    BlockLocation location;
+    uint64_t last_access_ms = 0;
+    uint32_t session_refs = 0;
+    uint16_t pins = 0;
+    BlockState state = BlockState::kWriting;
+  };
+  struct LayoutTable {
+    uint64_t block_bytes = 0;
+    std::unordered_map<BlockHash, Entry, BlockHashHasher> blocks;
+  };
+  struct TierState {
+    Tier tier;
+    std::shared_ptr<Memory> memory;
+    SlabAllocator slabs;
+    uint64_t blocks = 0;
+  };
+
+  Entry* find(const BlockKey& key);
+  const Entry* find(const BlockKey& key) const;
+  TierState* tier_state(Tier tier);
+  const TierState* tier_state(Tier tier) const;
+  void release_slot(const BlockLocation& location, uint64_t block_bytes);
+  void change_pins(Entry& entry, int delta);
+
+  std::vector<TierState> tiers_;
+  std::unordered_map<LayoutKey, LayoutTable, LayoutKeyHasher> layouts_;
+  // kMoving blocks: where they are going.
+  std::unordered_map<BlockKey, BlockLocation, BlockKeyHasher> move_targets_;
+  // Old slots of moved blocks still pinned by readers: freed when pins reach 0.
+  std::unordered_map<BlockKey, BlockLocation, BlockKeyHasher> deferred_frees_;
+  uint64_t pinned_blocks_ = 0;
+  uint64_t block_count_ = 0;
+};
+
+}  // namespace kvtier
