@@ -18,13 +18,15 @@ namespace kvtier {
 
 class SlabAllocator {
  public:
-  // capacity_bytes: the tier's memory size. slab_bytes: the carving unit; a slot size
-  // larger than slab_bytes can never be allocated. The tail of capacity that does not
-  // fill a whole slab is unused.
+  // capacity_bytes: the tier's memory size. slab_bytes: the carving unit, clamped to
+  // capacity_bytes (so a tier smaller than one slab still has one; 0 also means
+  // capacity_bytes); a slot size larger than slab_bytes can never be allocated. The
+  // tail of capacity that does not fill a whole slab is unused.
   SlabAllocator(uint64_t capacity_bytes, uint64_t slab_bytes);
 
   // Returns the byte offset of a free slot of `slot_bytes`, or ResourceExhausted when
-  // no slab has a free slot of that size and no slab is free.
+  // no slab has a free slot of that size and no slab is free. InvalidArgument when
+  // slot_bytes is 0 or larger than slab_bytes().
   Result<uint64_t> allocate(uint64_t slot_bytes);
   // REQUIRES: `offset` came from allocate(slot_bytes) and was not freed since.
   void free(uint64_t offset, uint64_t slot_bytes);
@@ -34,16 +36,22 @@ class SlabAllocator {
 
   uint64_t capacity_bytes() const { return capacity_bytes_; }
   uint64_t slab_bytes() const { return slab_bytes_; }
-  uint64_t used_bytes() const { return used_bytes_; }   // sum of allocated slot sizes
+  uint64_t used_bytes() const { return used_bytes_; }  // sum of allocated slot sizes
   uint64_t used_slots() const { return used_slots_; }
   uint64_t free_slabs() const { return free_slabs_.size(); }
 
  private:
+  static constexpr uint32_t kNotPartial = UINT32_MAX;
   struct Slab {
-    uint64_t slot_bytes = 0;             // 0 while the slab is free
-    uint32_t used = 0;                   // allocated slots
-    std::vector<uint32_t> free_slots;    // slot indices, LIFO
+    uint64_t slot_bytes = 0;  // 0 while the slab is free
+    uint32_t used = 0;        // allocated slots
+    // Freed slot indices, LIFO. Slots are handed out lazily: indices at or above
+    // used + free_slots.size() have not been handed out since the slab was taken.
+    std::vector<uint32_t> free_slots;
+    uint32_t partial_position = kNotPartial;  // index in partial_slabs_[slot_bytes]
   };
+  void add_partial(uint32_t slab_index);
+  void remove_partial(uint32_t slab_index);
 
   const uint64_t capacity_bytes_;
   const uint64_t slab_bytes_;

@@ -1,0 +1,303 @@
+#include "client/client.h"
+
+#include <capnp/message.h>
+
+#include <cstdlib>
+
+namespace kvtier {
+namespace {
+
+capnp::Data::Reader as_data(const BlockHash& hash) {
+  auto bytes = hash.bytes();
+  return capnp::Data::Reader(bytes.data(), bytes.size());
+}
+
+void fill_blocks(capnp::List<wire::BlockRef>::Builder list, std::span<const BlockRef> blocks) {
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    list[i].setHash(as_data(blocks[i].hash));
+    list[i].setEngineBlockId(blocks[i].engine_block_id);
+  }
+}
+
+Status unexpected_reply(wire::Response::Reader response, std::string_view wanted) {
+  return internal_error("kvtierd answered {} with reply kind {}", wanted,
+                        static_cast<int>(response.which()));
+}
+
+}  // namespace
+
+Status status_from_wire(wire::Error::Reader error) {
+  auto code = static_cast<uint16_t>(error.getCode());
+  if (code == 0 || code > static_cast<uint16_t>(StatusCode::kInternal)) code = 7;
+  return Status(static_cast<StatusCode>(code), error.getMessage().cStr());
+}
+
+std::string Client::default_socket_path() {
+  if (const char* explicit_path = std::getenv("KVTIER_SOCKET"); explicit_path && *explicit_path) {
+    return explicit_path;
+  }
+  if (const char* runtime = std::getenv("XDG_RUNTIME_DIR"); runtime && *runtime) {
+    return std::string(runtime) + "/kvtier/kvtierd.sock";
+  }
+  return "./var/kvtierd.sock";
+}
+
+Result<std::unique_ptr<Client>> Client::connect(const std::string& socket_path) {
+  auto transport = ipc::ClientTransport::connect(socket_path);
+  if (!transport.is_ok()) {
+    return Status(StatusCode::kUnavailable,
+                  fmt::format("cannot reach kvtierd at {}: {}", socket_path,
+                              transport.status().message()));
+  }
+  return std::unique_ptr<Client>(new Client(std::move(*transport)));
+}
+
+Result<uint64_t> Client::send(const std::function<void(wire::Request::Builder)>& fill,
+                              std::span<const int> fds) {
+  capnp::MallocMessageBuilder message;
+  auto request = message.initRoot<wire::Request>();
+  std::lock_guard lock(send_mutex_);
+  uint64_t id = next_id_++;
+  request.setId(id);
+  fill(request);
+  auto status = transport_.send(message, fds);
+  if (!status.is_ok()) return status;
+  return id;
+}
+
+Result<ipc::Frame> Client::wait_for(uint64_t id) {
+  std::lock_guard lock(receive_mutex_);
+  while (true) {
+    if (auto it = arrived_.find(id); it != arrived_.end()) {
+      ipc::Frame frame = std::move(it->second);
+      arrived_.erase(it);
+      return frame;
+    }
+    if (!connection_error_.is_ok()) return connection_error_;
+    auto frame = transport_.receive();
+    if (!frame.is_ok()) {
+      connection_error_ = frame.status();
+      return connection_error_;
+    }
+    uint64_t reply_id = 0;
+    Status parsed = ipc::catch_malformed("reply", [&] {
+      reply_id = frame->reader().getRoot<wire::Response>().getId();
+      return Status::ok();
+    });
+    if (!parsed.is_ok()) {
+      connection_error_ = parsed;
+      return parsed;
+    }
+    if (reply_id == 0) {
+      // The daemon could not parse our stream and closes the connection.
+      auto response = frame->reader().getRoot<wire::Response>();
+      connection_error_ = response.isError() ? status_from_wire(response.getError())
+                                             : unavailable("kvtierd closed the connection");
+      return connection_error_;
+    }
+    if (reply_id == id) return std::move(*frame);
+    arrived_.emplace(reply_id, std::move(*frame));
+  }
+}
+
+template <typename T>
+Result<T> Pending<T>::wait() {
+  if (!id_.is_ok()) return id_.status();
+  auto frame = client_->wait_for(*id_);
+  if (!frame.is_ok()) return frame.status();
+  Result<T> result = internal_error("reply not decoded");
+  Status decoded = ipc::catch_malformed("reply", [&] {
+    auto response = frame->reader().getRoot<wire::Response>();
+    if (response.isError()) {
+      result = status_from_wire(response.getError());
+    } else {
+      result = decode_(response);
+    }
+    return Status::ok();
+  });
+  if (!decoded.is_ok()) return decoded;
+  return result;
+}
+
+template <typename T>
+Result<T> Client::call(const std::function<void(wire::Request::Builder)>& fill,
+                       const std::function<Result<T>(wire::Response::Reader)>& decode,
+                       std::span<const int> fds) {
+  return Pending<T>(this, send(fill, fds), decode).wait();
+}
+
+Result<HelloInfo> Client::hello(const LayoutSpec& layout, const std::string& engine_name,
+                                double prefill_tokens_per_second) {
+  return call<HelloInfo>(
+      [&](wire::Request::Builder request) {
+        auto hello = request.initHello();
+        hello.setProtocolVersion(wire::PROTOCOL_VERSION);
+        hello.setEngineName(engine_name);
+        hello.setDeviceKind(wire::DeviceKind::HOST);
+        hello.setPrefillTokensPerSecond(prefill_tokens_per_second);
+        auto out = hello.initLayout();
+        out.setModelId(layout.model_id);
+        out.setNumLayers(layout.num_layers);
+        out.setNumKvHeads(layout.num_kv_heads);
+        out.setHeadDim(layout.head_dim);
+        out.setDtype(layout.dtype);
+        out.setTokensPerBlock(layout.tokens_per_block);
+        out.setTpRank(layout.tp_rank);
+        out.setTpSize(layout.tp_size);
+        out.setNumBlocks(layout.num_blocks);
+        out.setExtraKey(layout.extra_key);
+        auto planes = out.initPlanes(static_cast<unsigned>(layout.planes.size()));
+        for (size_t i = 0; i < layout.planes.size(); ++i) {
+          planes[i].setRegionId(layout.planes[i].region_id);
+          planes[i].setOffsetBytes(layout.planes[i].offset_bytes);
+          planes[i].setStrideBytes(layout.planes[i].stride_bytes);
+          planes[i].setBytesPerBlock(layout.planes[i].bytes_per_block);
+        }
+      },
+      [](wire::Response::Reader response) -> Result<HelloInfo> {
+        if (!response.isHello()) return unexpected_reply(response, "Hello");
+        auto reply = response.getHello();
+        return HelloInfo{reply.getProtocolVersion(), reply.getLayoutDigest(),
+                         reply.getBlockBytes(), reply.getNamespaceName().cStr(),
+                         reply.getMaxBlocksPerRequest()};
+      });
+}
+
+Status Client::register_memfd_region(uint32_t region_id, int memfd, uint64_t size_bytes) {
+  int fds[] = {memfd};
+  return call<uint32_t>(
+             [&](wire::Request::Builder request) {
+               auto region = request.initRegisterRegion();
+               region.setRegionId(region_id);
+               region.setSizeBytes(size_bytes);
+               region.setKind(wire::RegisterRegion::RegionKind::MEMFD);
+               region.setFdCount(1);
+             },
+             [](wire::Response::Reader response) -> Result<uint32_t> {
+               if (!response.isRegisterRegion()) return unexpected_reply(response, "RegisterRegion");
+               return response.getRegisterRegion().getRegionId();
+             },
+             fds)
+      .status();
+}
+
+Pending<SaveResult> Client::save_async(const std::string& session_id,
+                                       std::span<const BlockRef> blocks, bool end_of_turn) {
+  auto id = send([&](wire::Request::Builder request) {
+    auto save = request.initSave();
+    save.setSessionId(session_id);
+    save.setEndOfTurn(end_of_turn);
+    fill_blocks(save.initBlocks(static_cast<unsigned>(blocks.size())), blocks);
+  });
+  return Pending<SaveResult>(this, std::move(id), [](wire::Response::Reader response) -> Result<SaveResult> {
+    if (!response.isSave()) return unexpected_reply(response, "Save");
+    auto reply = response.getSave();
+    return SaveResult{reply.getStored(), reply.getDeduplicated()};
+  });
+}
+
+Pending<LookupResult> Client::lookup_async(std::span<const BlockHash> hashes) {
+  auto id = send([&](wire::Request::Builder request) {
+    auto list = request.initLookup().initHashes(static_cast<unsigned>(hashes.size()));
+    for (size_t i = 0; i < hashes.size(); ++i) list.set(static_cast<unsigned>(i), as_data(hashes[i]));
+  });
+  return Pending<LookupResult>(this, std::move(id), [](wire::Response::Reader response) -> Result<LookupResult> {
+    if (!response.isLookup()) return unexpected_reply(response, "Lookup");
+    auto reply = response.getLookup();
+    LookupResult result{reply.getHitCount(), {}};
+    for (auto tier : reply.getTiers()) result.tiers.push_back(static_cast<Tier>(tier));
+    return result;
+  });
+}
+
+Pending<LoadResult> Client::load_async(const std::string& session_id,
+                                       std::span<const BlockRef> blocks) {
+  auto id = send([&](wire::Request::Builder request) {
+    auto load = request.initLoad();
+    load.setSessionId(session_id);
+    fill_blocks(load.initBlocks(static_cast<unsigned>(blocks.size())), blocks);
+  });
+  return Pending<LoadResult>(this, std::move(id), [](wire::Response::Reader response) -> Result<LoadResult> {
+    if (!response.isLoad()) return unexpected_reply(response, "Load");
+    auto reply = response.getLoad();
+    Status stop;
+    if (reply.hasStopReason() && reply.getStopReason().getCode() != wire::ErrorCode::OK) {
+      stop = status_from_wire(reply.getStopReason());
+    }
+    return LoadResult{reply.getLoadedCount(), stop};
+  });
+}
+
+Result<BeginTurnResult> Client::begin_turn(const std::string& session_id) {
+  return call<BeginTurnResult>(
+      [&](wire::Request::Builder request) { request.initBeginTurn().setSessionId(session_id); },
+      [](wire::Response::Reader response) -> Result<BeginTurnResult> {
+        if (!response.isBeginTurn()) return unexpected_reply(response, "BeginTurn");
+        auto reply = response.getBeginTurn();
+        return BeginTurnResult{reply.getKnownBlocks(), reply.getPromotedBlocks()};
+      });
+}
+
+Result<uint32_t> Client::close_session(const std::string& session_id) {
+  return call<uint32_t>(
+      [&](wire::Request::Builder request) { request.initCloseSession().setSessionId(session_id); },
+      [](wire::Response::Reader response) -> Result<uint32_t> {
+        if (!response.isCloseSession()) return unexpected_reply(response, "CloseSession");
+        return response.getCloseSession().getReleasedBlocks();
+      });
+}
+
+Result<StatsInfo> Client::stats(bool all_namespaces) {
+  return call<StatsInfo>(
+      [&](wire::Request::Builder request) { request.initStats().setAllNamespaces(all_namespaces); },
+      [](wire::Response::Reader response) -> Result<StatsInfo> {
+        if (!response.isStats()) return unexpected_reply(response, "Stats");
+        auto r = response.getStats();
+        StatsInfo info{};
+        for (auto tier : r.getTiers()) {
+          info.tiers.push_back({static_cast<Tier>(tier.getTier()), tier.getCapacityBytes(),
+                                tier.getUsedBytes(), tier.getBlocks()});
+        }
+        info.sessions_active = r.getSessionsActive();
+        info.sessions_idle = r.getSessionsIdle();
+        info.lookup_hits = r.getLookupHits();
+        info.lookup_misses = r.getLookupMisses();
+        info.bytes_saved = r.getBytesSaved();
+        info.bytes_loaded = r.getBytesLoaded();
+        info.bytes_demoted = r.getBytesDemoted();
+        info.bytes_promoted = r.getBytesPromoted();
+        info.pinned_blocks = r.getPinnedBlocks();
+        info.copies_in_flight = r.getCopiesInFlight();
+        info.connections = r.getConnections();
+        info.blocks_evicted = r.getBlocksEvicted();
+        info.data_loss_blocks = r.getDataLossBlocks();
+        info.device_name = r.getDeviceName().cStr();
+        info.uptime_ms = r.getUptimeMs();
+        return info;
+      });
+}
+
+Result<std::vector<SessionInfo>> Client::list_sessions(bool all_namespaces) {
+  return call<std::vector<SessionInfo>>(
+      [&](wire::Request::Builder request) {
+        request.initListSessions().setAllNamespaces(all_namespaces);
+      },
+      [](wire::Response::Reader response) -> Result<std::vector<SessionInfo>> {
+        if (!response.isListSessions()) return unexpected_reply(response, "ListSessions");
+        std::vector<SessionInfo> sessions;
+        for (auto s : response.getListSessions().getSessions()) {
+          SessionInfo info{s.getSessionId().cStr(), s.getNamespaceName().cStr(),
+                           s.getState() == wire::SessionState::ACTIVE, s.getIdleMs(), s.getTurns(),
+                           s.getBlocks(), {}, s.getLayoutDigest()};
+          for (auto count : s.getBlocksPerTier()) info.blocks_per_tier.push_back(count);
+          sessions.push_back(std::move(info));
+        }
+        return sessions;
+      });
+}
+
+template class Pending<SaveResult>;
+template class Pending<LookupResult>;
+template class Pending<LoadResult>;
+
+}  // namespace kvtier

@@ -1,0 +1,193 @@
+// kvtier::Client: what an engine links to talk to kvtierd.
+//
+// One Client is one connection. Typical use:
+//   auto client = Client::connect(path);            // Unavailable if no daemon
+//   client->hello(layout, "vllm-rank0");             // once, first
+//   client->register_memfd_region(0, fd, size);      // per KV region
+//   client->save("conv-42", blocks, /*end_of_turn=*/true);
+//   client->lookup(hashes); client->load("conv-42", blocks);
+//
+// Every call has a blocking form and an async form (`*_async`) returning a Pending<T>
+// whose wait() blocks for the reply; requests may be pipelined and replies arrive in
+// any order. Errors come back as kvtier::Status with the daemon's code and message.
+//
+// Thread-safety: all methods may be called from several threads at once; sends are
+// serialized, and whichever thread waits reads replies for everyone.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "common/block_key.h"
+#include "common/status.h"
+#include "ipc/client_transport.h"
+#include "schema/kvtier.capnp.h"
+
+namespace kvtier {
+
+struct PlaneSpec {
+  uint32_t region_id = 0;
+  uint64_t offset_bytes = 0;
+  uint64_t stride_bytes = 0;
+  uint64_t bytes_per_block = 0;
+};
+
+struct LayoutSpec {
+  std::string model_id;
+  uint32_t num_layers = 0;
+  uint32_t num_kv_heads = 0;
+  uint32_t head_dim = 0;
+  std::string dtype = "fp16";
+  uint32_t tokens_per_block = 16;
+  uint32_t tp_rank = 0;
+  uint32_t tp_size = 1;
+  uint64_t num_blocks = 0;
+  std::vector<PlaneSpec> planes;
+  std::string extra_key;
+};
+
+struct HelloInfo {
+  uint32_t protocol_version;
+  uint64_t layout_digest;
+  uint64_t block_bytes;
+  std::string namespace_name;
+  uint32_t max_blocks_per_request;
+};
+
+struct BlockRef {
+  BlockHash hash;
+  uint64_t engine_block_id;
+};
+
+struct SaveResult {
+  uint32_t stored;
+  uint32_t deduplicated;
+};
+
+struct LookupResult {
+  uint32_t hit_count;
+  std::vector<Tier> tiers;  // of the first hit_count blocks
+};
+
+struct LoadResult {
+  uint32_t loaded_count;
+  Status stop_reason;  // OK when every requested block was restored
+};
+
+struct BeginTurnResult {
+  uint32_t known_blocks;
+  uint32_t promoted_blocks;
+};
+
+struct TierStatsInfo {
+  Tier tier;
+  uint64_t capacity_bytes;
+  uint64_t used_bytes;
+  uint64_t blocks;
+};
+
+struct StatsInfo {
+  std::vector<TierStatsInfo> tiers;
+  uint64_t sessions_active, sessions_idle;
+  uint64_t lookup_hits, lookup_misses;
+  uint64_t bytes_saved, bytes_loaded, bytes_demoted, bytes_promoted;
+  uint64_t pinned_blocks, copies_in_flight;
+  uint32_t connections;
+  uint64_t blocks_evicted, data_loss_blocks;
+  std::string device_name;
+  uint64_t uptime_ms;
+};
+
+struct SessionInfo {
+  std::string session_id;
+  std::string namespace_name;
+  bool active;
+  uint64_t idle_ms;
+  uint32_t turns;
+  uint32_t blocks;
+  std::vector<uint32_t> blocks_per_tier;  // hbm, ram, nvme, none
+  uint64_t layout_digest;
+};
+
+class Client;
+
+// A reply not yet waited for. wait() may be called once.
+template <typename T>
+class Pending {
+ public:
+  Result<T> wait();
+
+ private:
+  friend class Client;
+  using Decode = std::function<Result<T>(wire::Response::Reader)>;
+  Pending(Client* client, Result<uint64_t> id, Decode decode)
+      : client_(client), id_(std::move(id)), decode_(std::move(decode)) {}
+  Client* client_;
+  Result<uint64_t> id_;  // an error here means the request was never sent
+  Decode decode_;
+};
+
+class Client {
+ public:
+  static Result<std::unique_ptr<Client>> connect(const std::string& socket_path);
+  // Default socket path, as kvtierd chooses it: $KVTIER_SOCKET, else
+  // $XDG_RUNTIME_DIR/kvtier/kvtierd.sock, else ./var/kvtierd.sock.
+  static std::string default_socket_path();
+
+  Result<HelloInfo> hello(const LayoutSpec& layout, const std::string& engine_name = "engine",
+                          double prefill_tokens_per_second = 0);
+  Status register_memfd_region(uint32_t region_id, int memfd, uint64_t size_bytes);
+
+  Result<SaveResult> save(const std::string& session_id, std::span<const BlockRef> blocks,
+                          bool end_of_turn) {
+    return save_async(session_id, blocks, end_of_turn).wait();
+  }
+  Result<LookupResult> lookup(std::span<const BlockHash> hashes) {
+    return lookup_async(hashes).wait();
+  }
+  Result<LoadResult> load(const std::string& session_id, std::span<const BlockRef> blocks) {
+    return load_async(session_id, blocks).wait();
+  }
+  Result<BeginTurnResult> begin_turn(const std::string& session_id);
+  Result<uint32_t> close_session(const std::string& session_id);
+  Result<StatsInfo> stats(bool all_namespaces = false);
+  Result<std::vector<SessionInfo>> list_sessions(bool all_namespaces = false);
+
+  Pending<SaveResult> save_async(const std::string& session_id, std::span<const BlockRef> blocks,
+                                 bool end_of_turn);
+  Pending<LookupResult> lookup_async(std::span<const BlockHash> hashes);
+  Pending<LoadResult> load_async(const std::string& session_id, std::span<const BlockRef> blocks);
+
+ private:
+  template <typename T>
+  friend class Pending;
+  explicit Client(ipc::ClientTransport transport) : transport_(std::move(transport)) {}
+
+  // Sends a request built by `fill` (which gets the Request builder with its id set).
+  Result<uint64_t> send(const std::function<void(wire::Request::Builder)>& fill,
+                        std::span<const int> fds = {});
+  // Blocks until the reply to `id` arrives.
+  Result<ipc::Frame> wait_for(uint64_t id);
+  template <typename T>
+  Result<T> call(const std::function<void(wire::Request::Builder)>& fill,
+                 const std::function<Result<T>(wire::Response::Reader)>& decode,
+                 std::span<const int> fds = {});
+
+  ipc::ClientTransport transport_;
+  std::mutex send_mutex_;
+  std::mutex receive_mutex_;  // held by the thread reading replies
+  uint64_t next_id_ = 1;      // guarded by send_mutex_
+  std::map<uint64_t, ipc::Frame> arrived_;  // replies for other waiters; receive_mutex_
+  Status connection_error_;                 // sticky once the stream broke; receive_mutex_
+};
+
+// Converts an Error reply into a Status.
+Status status_from_wire(wire::Error::Reader error);
+
+}  // namespace kvtier

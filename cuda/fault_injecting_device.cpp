@@ -1,0 +1,35 @@
+#include "cuda/device.h"
+
+#include <utility>
+
+namespace kvtier {
+
+void FaultInjectingDevice::fail_nth_submit(int nth, Status error) {
+  // nth <= 0 disarms, so a test can cancel a failure it no longer wants.
+  submits_until_failure_ = nth > 0 ? nth : 0;
+  submit_error_ = std::move(error);
+}
+
+void FaultInjectingDevice::fail_open_region(Status error) {
+  open_error_ = std::move(error);
+}
+
+Result<std::shared_ptr<Memory>> FaultInjectingDevice::open_region(RegionHandle handle) {
+  if (!open_error_.is_ok()) return open_error_;
+  return inner_->open_region(std::move(handle));
+}
+
+Status FaultInjectingDevice::submit(CopyBatch batch, CopyDone done) {
+  if (submits_until_failure_ == 0 || --submits_until_failure_ > 0) {
+    return inner_->submit(std::move(batch), std::move(done));
+  }
+  // The failing submit goes to the inner device with its memories but no segments:
+  // nothing is copied, yet `done` still arrives asynchronously on a device thread,
+  // after the memories were held for the batch's lifetime and in order with drain(),
+  // exactly as a real failure would.
+  batch.segments.clear();
+  return inner_->submit(std::move(batch),
+                        [done = std::move(done), error = submit_error_](Status) { done(error); });
+}
+
+}  // namespace kvtier

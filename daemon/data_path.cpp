@@ -1,0 +1,355 @@
+// The data path: Save, Lookup, Load, and the moves the planner asks for.
+//
+// Every copy follows the same pattern: reserve or pin on the control thread, submit
+// one batch to the Device, and finish on the control thread when the batch completes
+// (commit/abort, unpin, reply). A block is published only by commit_write, after its
+// bytes landed, so no reader ever sees a half-written block.
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/post.hpp>
+
+#include <unordered_set>
+
+#include "common/log.h"
+#include "daemon/service.h"
+
+namespace kvtier::daemon {
+namespace {
+
+class StorePlacementView final : public policy::PlacementView {
+ public:
+  explicit StorePlacementView(const BlockStore& store) : store_(store) {}
+
+  BlockPlacement placement(const BlockKey& key) const override {
+    auto info = store_.lookup(key);
+    if (!info) return {Tier::kNone, false, 0, 0, 0};
+    return to_placement(key, *info);
+  }
+  TierSpace space(Tier tier) const override {
+    if (store_.memory(tier) == nullptr) return {};
+    auto usage = store_.usage(tier);
+    return {usage.capacity_bytes, usage.used_bytes};
+  }
+  void for_each_unreferenced(
+      Tier tier, const std::function<void(const BlockKey&, const BlockPlacement&)>& fn) const override {
+    store_.for_each_in_tier(tier, [&](const BlockKey& key, const BlockInfo& info) {
+      if (info.session_refs == 0) fn(key, to_placement(key, info));
+    });
+  }
+
+ private:
+  BlockPlacement to_placement(const BlockKey& key, const BlockInfo& info) const {
+    return {info.location.tier, info.state == BlockState::kReady && info.pins == 0,
+            store_.block_bytes(key.layout), info.session_refs, info.last_access_ms};
+  }
+  const BlockStore& store_;
+};
+
+}  // namespace
+
+std::unique_ptr<policy::PlacementView> Service::make_placement_view(const BlockStore& store) {
+  return std::make_unique<StorePlacementView>(store);
+}
+
+Result<BlockListRequest> Service::parse_block_list(const EngineContext& engine,
+                                                   capnp::Text::Reader session,
+                                                   capnp::List<wire::BlockRef>::Reader blocks,
+                                                   bool need_session) {
+  BlockListRequest request;
+  request.session_id = session.cStr();
+  if (need_session && request.session_id.empty()) return invalid_argument("sessionId is empty");
+  if (request.session_id.size() > 256) return invalid_argument("sessionId is longer than 256 bytes");
+  if (blocks.size() > config_.max_blocks_per_request) {
+    return invalid_argument("blocks has {} entries; at most {} per request", blocks.size(),
+                            config_.max_blocks_per_request);
+  }
+  for (const PlaneLayout& plane : engine.layout.planes) {
+    if (engine.regions.count(plane.region_id) == 0) {
+      return invalid_argument("region {} named by the layout is not registered yet", plane.region_id);
+    }
+  }
+  request.hashes.reserve(blocks.size());
+  request.engine_block_ids.reserve(blocks.size());
+  for (unsigned i = 0; i < blocks.size(); ++i) {
+    auto hash = blocks[i].getHash();
+    if (hash.size() == 0 || hash.size() > BlockHash::kMaxBytes) {
+      return invalid_argument("blocks[{}].hash has {} bytes; 1..{} allowed", i, hash.size(), BlockHash::kMaxBytes);
+    }
+    uint64_t block_id = blocks[i].getEngineBlockId();
+    if (block_id >= engine.layout.num_blocks) {
+      return invalid_argument("blocks[{}].engineBlockId {} is beyond the layout's {} blocks", i, block_id,
+                              engine.layout.num_blocks);
+    }
+    request.hashes.emplace_back(std::span<const uint8_t>(hash.begin(), hash.size()));
+    request.engine_block_ids.push_back(block_id);
+  }
+  return request;
+}
+
+void Service::add_plane_segments(CopyBatch& batch, const EngineContext& engine, uint64_t engine_block_id,
+                                 const BlockLocation& slot, bool to_engine) {
+  const uint32_t tier_index = batch.memory_index(store_->memory(slot.tier));
+  for (const PlaneLayout& plane : engine.layout.planes) {
+    const uint32_t region_index = batch.memory_index(engine.regions.at(plane.region_id));
+    const uint64_t engine_offset = engine.layout.plane_offset(plane, engine_block_id);
+    const uint64_t slot_offset = slot.offset + plane.offset_in_block;
+    if (to_engine) {
+      batch.segments.push_back({tier_index, region_index, slot_offset, engine_offset, plane.bytes_per_block});
+    } else {
+      batch.segments.push_back({region_index, tier_index, engine_offset, slot_offset, plane.bytes_per_block});
+    }
+  }
+}
+
+Status Service::submit_copy(CopyBatch batch, std::function<void(Status)> done) {
+  ++counters_.copies_in_flight;
+  // The work guard keeps io_context::run() alive until this completion has run.
+  auto guard = asio::make_work_guard(io_);
+  Status submitted = device_->submit(std::move(batch), [this, guard, done = std::move(done)](Status status) {
+    asio::post(io_, [this, guard, done, status]() {
+      --counters_.copies_in_flight;
+      done(status);
+    });
+  });
+  if (!submitted.is_ok()) --counters_.copies_in_flight;
+  return submitted;
+}
+
+Result<std::optional<BlockLocation>> Service::reserve_block(const BlockKey& key, uint64_t block_bytes) {
+  static constexpr Tier kSaveTiers[] = {Tier::kHbm, Tier::kRam};
+  auto reserved = store_->reserve(key, kSaveTiers, now_ms());
+  if (reserved.is_ok() || reserved.status().code() != StatusCode::kResourceExhausted) return reserved;
+  // Every tier is full: drop the coldest blocks of the slowest tier to make room.
+  const Tier victim_tier = store_->memory(Tier::kRam) != nullptr ? Tier::kRam : Tier::kHbm;
+  auto moves = planner_.make_room(victim_tier, block_bytes, sessions_, *view_);
+  if (moves.empty()) {
+    return resource_exhausted("no room for a {}-byte block: every tier is full of pinned or in-flight blocks",
+                              block_bytes);
+  }
+  apply_moves(moves);
+  return store_->reserve(key, kSaveTiers, now_ms());
+}
+
+Status Service::handle_save(const ConnectionPtr& c, EngineContext& engine, uint64_t id, BlockListRequest request) {
+  if (const policy::Session* session = sessions_.find(engine.namespace_id, request.session_id);
+      session != nullptr && !(session->layout == engine.layout_key)) {
+    return invalid_argument("session '{}' belongs to another layout", request.session_id);
+  }
+  CopyBatch batch;
+  std::vector<BlockKey> written;
+  uint32_t deduplicated = 0;
+  for (size_t i = 0; i < request.hashes.size(); ++i) {
+    BlockKey key{engine.layout_key, request.hashes[i]};
+    auto slot = reserve_block(key, engine.layout.block_bytes);
+    if (!slot.is_ok()) {
+      for (const BlockKey& done : written) store_->abort_write(done);
+      return slot.status();
+    }
+    if (!slot->has_value()) {
+      ++deduplicated;
+      continue;
+    }
+    add_plane_segments(batch, engine, request.engine_block_ids[i], **slot, /*to_engine=*/false);
+    written.push_back(key);
+  }
+  if (written.empty()) {
+    finish_save(c, id, engine, request, written, deduplicated, Status::ok());
+    return Status::ok();
+  }
+  auto engine_ref = std::static_pointer_cast<EngineContext>(c->user_state);
+  auto shared_request = std::make_shared<BlockListRequest>(std::move(request));
+  Status submitted = submit_copy(std::move(batch), [this, c, id, engine_ref, shared_request, written,
+                                                    deduplicated](Status status) {
+    finish_save(c, id, *engine_ref, *shared_request, written, deduplicated, status);
+  });
+  if (!submitted.is_ok()) {
+    for (const BlockKey& key : written) store_->abort_write(key);
+    return submitted;
+  }
+  return Status::ok();
+}
+
+void Service::finish_save(const ConnectionPtr& c, uint64_t id, const EngineContext& engine,
+                          const BlockListRequest& request, const std::vector<BlockKey>& written,
+                          uint32_t deduplicated, const Status& copy_status) {
+  for (const BlockKey& key : written) {
+    if (copy_status.is_ok()) {
+      store_->commit_write(key);
+    } else {
+      store_->abort_write(key);
+    }
+  }
+  if (!copy_status.is_ok()) {
+    reply_error(c, id, Status(copy_status.code(), "copying the blocks in failed: " + copy_status.message()));
+    return;
+  }
+  counters_.bytes_saved += written.size() * engine.layout.block_bytes;
+  auto session = sessions_.get_or_create(engine.namespace_id, request.session_id, engine.layout_key);
+  if (session.is_ok()) {
+    for (const BlockHash& hash : sessions_.record_save(**session, request.hashes, request.end_of_turn)) {
+      store_->add_session_ref({engine.layout_key, hash});
+    }
+  }
+  reply(c, id, [&](wire::Response::Builder response) {
+    auto out = response.initSave();
+    out.setStored(static_cast<uint32_t>(written.size()));
+    out.setDeduplicated(deduplicated);
+  });
+  if (!session.is_ok()) KVTIER_LOG_WARN("save: {}", session.status().to_string());
+  run_planner();
+}
+
+Status Service::handle_lookup(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
+                              capnp::List<capnp::Data>::Reader hashes) {
+  if (hashes.size() > config_.max_blocks_per_request) {
+    return invalid_argument("hashes has {} entries; at most {} per request", hashes.size(),
+                            config_.max_blocks_per_request);
+  }
+  std::vector<Tier> tiers;
+  for (unsigned i = 0; i < hashes.size(); ++i) {
+    auto bytes = hashes[i];
+    if (bytes.size() == 0 || bytes.size() > BlockHash::kMaxBytes) {
+      return invalid_argument("hashes[{}] has {} bytes; 1..{} allowed", i, bytes.size(), BlockHash::kMaxBytes);
+    }
+    auto info = store_->lookup({engine.layout_key, BlockHash(std::span<const uint8_t>(bytes.begin(), bytes.size()))});
+    if (!info) break;
+    tiers.push_back(info->location.tier);
+  }
+  counters_.lookup_hits += tiers.size();
+  counters_.lookup_misses += hashes.size() - tiers.size();
+  reply(c, id, [&](wire::Response::Builder response) {
+    auto out = response.initLookup();
+    out.setHitCount(static_cast<uint32_t>(tiers.size()));
+    auto list = out.initTiers(static_cast<unsigned>(tiers.size()));
+    for (unsigned i = 0; i < tiers.size(); ++i) list.set(i, static_cast<wire::Tier>(tiers[i]));
+  });
+  return Status::ok();
+}
+
+Status Service::handle_load(const ConnectionPtr& c, EngineContext& engine, uint64_t id, BlockListRequest request) {
+  if (!request.session_id.empty()) {
+    if (policy::Session* session = sessions_.find(engine.namespace_id, request.session_id)) {
+      sessions_.record_activity(*session);
+    }
+  }
+  CopyBatch batch;
+  std::vector<BlockKey> pinned;
+  Status stop_reason;
+  for (size_t i = 0; i < request.hashes.size(); ++i) {
+    BlockKey key{engine.layout_key, request.hashes[i]};
+    auto location = store_->pin(key, now_ms());
+    if (!location) {
+      stop_reason = not_found("blocks[{}] (hash {}) is not held", i, request.hashes[i].to_hex());
+      break;
+    }
+    add_plane_segments(batch, engine, request.engine_block_ids[i], *location, /*to_engine=*/true);
+    pinned.push_back(key);
+  }
+  counters_.lookup_hits += pinned.size();
+  counters_.lookup_misses += request.hashes.size() - pinned.size();
+  auto finish = [this, c, id, pinned, stop_reason, block_bytes = engine.layout.block_bytes](Status status) {
+    for (const BlockKey& key : pinned) store_->unpin(key);
+    if (!status.is_ok()) {
+      reply_error(c, id, Status(status.code(), "copying the blocks out failed: " + status.message()));
+      return;
+    }
+    counters_.bytes_loaded += pinned.size() * block_bytes;
+    reply(c, id, [&](wire::Response::Builder response) {
+      auto out = response.initLoad();
+      out.setLoadedCount(static_cast<uint32_t>(pinned.size()));
+      auto reason = out.initStopReason();
+      reason.setCode(static_cast<wire::ErrorCode>(static_cast<uint16_t>(stop_reason.code())));
+      reason.setMessage(stop_reason.message());
+    });
+  };
+  if (pinned.empty()) {
+    finish(Status::ok());
+    return Status::ok();
+  }
+  Status submitted = submit_copy(std::move(batch), finish);
+  if (!submitted.is_ok()) {
+    for (const BlockKey& key : pinned) store_->unpin(key);
+    return submitted;
+  }
+  return Status::ok();
+}
+
+void Service::run_planner() {
+  if (stopping_ || store_ == nullptr) return;
+  apply_moves(planner_.plan_demotions(sessions_, *view_));
+  plan_timer_.expires_after(std::chrono::milliseconds(config_.plan_interval_ms));
+  plan_timer_.async_wait([this](const boost::system::error_code& ec) {
+    if (!ec) run_planner();
+  });
+}
+
+void Service::apply_moves(const std::vector<policy::Move>& moves) {
+  CopyBatch batch;
+  struct Started {
+    BlockKey key;
+    policy::MoveKind kind;
+    uint64_t bytes;
+  };
+  std::vector<Started> started;
+  std::vector<BlockKey> evictions;
+  for (const policy::Move& move : moves) {
+    if (move.kind == policy::MoveKind::kEvict) {
+      evictions.push_back(move.block);
+      continue;
+    }
+    auto locations = store_->begin_move(move.block, move.to);
+    if (!locations.is_ok()) {
+      KVTIER_LOG_DEBUG("move of {} skipped: {}", move.block.hash.to_hex(), locations.status().to_string());
+      continue;
+    }
+    const uint64_t bytes = store_->block_bytes(move.block.layout);
+    const auto& [from, to] = *locations;
+    batch.segments.push_back({batch.memory_index(store_->memory(from.tier)),
+                              batch.memory_index(store_->memory(to.tier)), from.offset, to.offset, bytes});
+    started.push_back({move.block, move.kind, bytes});
+  }
+  if (!evictions.empty()) evict_blocks(evictions);
+  if (started.empty()) return;
+  Status submitted = submit_copy(std::move(batch), [this, started](Status status) {
+    for (const Started& move : started) {
+      store_->finish_move(move.key, status.is_ok());
+      if (!status.is_ok()) continue;
+      (move.kind == policy::MoveKind::kDemote ? counters_.bytes_demoted : counters_.bytes_promoted) += move.bytes;
+    }
+    if (!status.is_ok()) KVTIER_LOG_WARN("{} block moves failed: {}", started.size(), status.to_string());
+  });
+  if (!submitted.is_ok()) {
+    for (const Started& move : started) store_->finish_move(move.key, false);
+    KVTIER_LOG_ERROR("block moves rejected: {}", submitted.to_string());
+  }
+}
+
+void Service::evict_blocks(const std::vector<BlockKey>& keys) {
+  std::unordered_set<BlockKey, BlockKeyHasher> evicted;
+  bool referenced = false;
+  for (const BlockKey& key : keys) {
+    auto info = store_->lookup(key);
+    if (!info || !store_->evict(key)) continue;
+    evicted.insert(key);
+    referenced |= info->session_refs > 0;
+    ++counters_.blocks_evicted;
+  }
+  if (!referenced) return;
+  // A session is a prefix: once one of its blocks is gone, the blocks after it can
+  // never be loaded as part of that prefix, so the session is cut there and drops
+  // its references to the rest.
+  for (const policy::Session* view : sessions_.by_last_active()) {
+    policy::Session* session = sessions_.find(view->namespace_id, view->id);
+    auto& blocks = session->blocks;
+    for (size_t i = 0; i < blocks.size(); ++i) {
+      if (evicted.count({session->layout, blocks[i]}) == 0) continue;
+      for (size_t j = i; j < blocks.size(); ++j) {
+        BlockKey key{session->layout, blocks[j]};
+        if (evicted.count(key) == 0) store_->drop_session_ref(key);
+      }
+      blocks.resize(i);
+      break;
+    }
+  }
+}
+
+}  // namespace kvtier::daemon

@@ -1,0 +1,86 @@
+// Stats and ListSessions: read-only views for kvtierctl and engines.
+#include <algorithm>
+
+#include "daemon/service.h"
+
+namespace kvtier::daemon {
+
+Status Service::handle_stats(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
+                             bool all_namespaces) {
+  if (all_namespaces && !engine.is_admin) {
+    return permission_denied("stats of all namespaces need uid 0 or the admin group");
+  }
+  auto tiers = store_->usage();
+  uint64_t active = 0, idle = 0;
+  sessions_.for_each([&](const policy::Session& session) {
+    if (!all_namespaces && session.namespace_id != engine.namespace_id && !engine.is_admin) return;
+    (session.state == policy::SessionState::kActive ? active : idle) += 1;
+  });
+  reply(c, id, [&](wire::Response::Builder response) {
+    auto out = response.initStats();
+    auto list = out.initTiers(static_cast<unsigned>(tiers.size()));
+    for (size_t i = 0; i < tiers.size(); ++i) {
+      list[i].setTier(static_cast<wire::Tier>(tiers[i].tier));
+      list[i].setCapacityBytes(tiers[i].capacity_bytes);
+      list[i].setUsedBytes(tiers[i].used_bytes);
+      list[i].setBlocks(tiers[i].blocks);
+    }
+    out.setSessionsActive(active);
+    out.setSessionsIdle(idle);
+    out.setLookupHits(counters_.lookup_hits);
+    out.setLookupMisses(counters_.lookup_misses);
+    out.setBytesSaved(counters_.bytes_saved);
+    out.setBytesLoaded(counters_.bytes_loaded);
+    out.setBytesDemoted(counters_.bytes_demoted);
+    out.setBytesPromoted(counters_.bytes_promoted);
+    out.setPinnedBlocks(store_->pinned_blocks());
+    out.setCopiesInFlight(counters_.copies_in_flight);
+    out.setConnections(connection_count_ ? static_cast<uint32_t>(connection_count_()) : 0);
+    out.setBlocksEvicted(counters_.blocks_evicted);
+    out.setDataLossBlocks(counters_.data_loss_blocks);
+    out.setDeviceName(std::string(device_->name()));
+    out.setUptimeMs(now_ms() - started_ms_);
+  });
+  return Status::ok();
+}
+
+Status Service::handle_list_sessions(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
+                                     bool all_namespaces) {
+  if (all_namespaces && !engine.is_admin) {
+    return permission_denied("listing all namespaces' sessions needs uid 0 or the admin group");
+  }
+  std::vector<const policy::Session*> visible;
+  sessions_.for_each([&](const policy::Session& session) {
+    if (all_namespaces || session.namespace_id == engine.namespace_id) visible.push_back(&session);
+  });
+  // Longest idle first: what an operator looks at.
+  std::sort(visible.begin(), visible.end(), [](const auto* a, const auto* b) {
+    return a->last_active_ms != b->last_active_ms ? a->last_active_ms < b->last_active_ms : a->id < b->id;
+  });
+  const uint64_t now = now_ms();
+  reply(c, id, [&](wire::Response::Builder response) {
+    auto list = response.initListSessions().initSessions(static_cast<unsigned>(visible.size()));
+    for (size_t i = 0; i < visible.size(); ++i) {
+      const policy::Session& session = *visible[i];
+      auto out = list[i];
+      out.setSessionId(session.id);
+      out.setNamespaceName(namespace_names_[session.namespace_id]);
+      bool active = session.state == policy::SessionState::kActive;
+      out.setState(active ? wire::SessionState::ACTIVE : wire::SessionState::IDLE);
+      out.setIdleMs(active ? 0 : now - session.last_active_ms);
+      out.setTurns(session.turns);
+      out.setBlocks(static_cast<uint32_t>(session.blocks.size()));
+      out.setLayoutDigest(session.layout.layout_digest);
+      uint32_t per_tier[4] = {0, 0, 0, 0};
+      for (const BlockHash& hash : session.blocks) {
+        auto info = store_->lookup({session.layout, hash});
+        per_tier[info ? static_cast<int>(info->location.tier) : 3] += 1;
+      }
+      auto tiers = out.initBlocksPerTier(4);
+      for (unsigned t = 0; t < 4; ++t) tiers.set(t, per_tier[t]);
+    }
+  });
+  return Status::ok();
+}
+
+}  // namespace kvtier::daemon

@@ -1,0 +1,311 @@
+#include "daemon/service.h"
+
+#include <capnp/message.h>
+#include <kj/exception.h>
+
+#include <algorithm>
+#include <fstream>
+#include <sstream>
+
+#include "common/log.h"
+
+namespace kvtier::daemon {
+namespace {
+
+wire::ErrorCode wire_code(StatusCode code) {
+  return static_cast<wire::ErrorCode>(static_cast<uint16_t>(code));
+}
+
+// Supplementary groups of a peer; SO_PEERCRED carries only the primary one.
+bool peer_in_group(pid_t pid, gid_t gid) {
+  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("Groups:", 0) != 0) continue;
+    std::istringstream groups(line.substr(7));
+    gid_t member;
+    while (groups >> member) {
+      if (member == gid) return true;
+    }
+  }
+  return false;
+}
+
+}  // namespace
+
+Service::Service(asio::io_context& io, DaemonConfig config, std::unique_ptr<Device> device)
+    : io_(io),
+      config_(std::move(config)),
+      device_(std::move(device)),
+      sessions_(clock_),
+      planner_(policy::PlannerConfig{config_.hbm_high_watermark, config_.hbm_low_watermark,
+                                     config_.hbm_idle_ms},
+               clock_),
+      plan_timer_(io) {}
+
+Service::~Service() { device_->drain(); }
+
+Status Service::start() {
+  std::vector<BlockStore::TierMemory> tiers;
+  if (config_.hbm_bytes > 0) {
+    auto arena = device_->allocate_arena(config_.hbm_bytes);
+    if (!arena.is_ok()) return arena.status();
+    tiers.push_back({Tier::kHbm, *arena, config_.slab_bytes});
+  }
+  if (config_.ram_bytes > 0) {
+    auto pool = device_->allocate_pinned_pool(config_.ram_bytes);
+    if (!pool.is_ok()) return pool.status();
+    tiers.push_back({Tier::kRam, *pool, config_.slab_bytes});
+  }
+  store_ = std::make_unique<BlockStore>(std::move(tiers));
+  view_ = make_placement_view(*store_);
+  started_ms_ = now_ms();
+  run_planner();
+  return Status::ok();
+}
+
+void Service::stop() {
+  stopping_ = true;
+  plan_timer_.cancel();
+}
+
+uint32_t Service::namespace_for(uid_t uid, std::string* name) {
+  auto shared = config_.shared_namespaces.find(uid);
+  *name = shared != config_.shared_namespaces.end() ? shared->second : fmt::format("uid:{}", uid);
+  auto [it, inserted] = namespace_ids_.emplace(*name, static_cast<uint32_t>(namespace_names_.size()));
+  if (inserted) namespace_names_.push_back(*name);
+  return it->second;
+}
+
+bool Service::is_admin(const ipc::PeerCredentials& peer) const {
+  if (peer.uid == 0) return true;
+  if (!config_.admin_gid) return false;
+  return peer.gid == *config_.admin_gid || peer_in_group(peer.pid, *config_.admin_gid);
+}
+
+void Service::on_connect(const ConnectionPtr& connection) {
+  auto engine = std::make_shared<EngineContext>();
+  engine->namespace_id = namespace_for(connection->peer().uid, &engine->namespace_name);
+  engine->is_admin = is_admin(connection->peer());
+  connection->user_state = engine;
+  KVTIER_LOG_DEBUG("connection {} from pid {} uid {} (namespace {})", connection->id(),
+                   connection->peer().pid, connection->peer().uid, engine->namespace_name);
+}
+
+void Service::on_disconnect(const ConnectionPtr& connection) {
+  // Regions stay mapped while copies that use them are in flight (the batches hold
+  // them); dropping the context releases the daemon's own references.
+  auto engine = std::static_pointer_cast<EngineContext>(connection->user_state);
+  if (engine && !engine->regions.empty()) {
+    KVTIER_LOG_DEBUG("connection {} closed; releasing {} regions", connection->id(), engine->regions.size());
+  }
+  connection->user_state.reset();
+}
+
+void Service::on_frame(const ConnectionPtr& connection, ipc::Frame frame) {
+  auto engine = std::static_pointer_cast<EngineContext>(connection->user_state);
+  uint64_t id = 0;
+  Status status;
+  try {
+    auto request = frame.reader().getRoot<wire::Request>();
+    id = request.getId();
+    status = dispatch(connection, *engine, request);
+  } catch (const kj::Exception& e) {
+    // Malformed pointers surface as kj exceptions while reading; handlers copy what
+    // they need before changing any state, so failing here changes nothing.
+    status = invalid_argument("malformed request: {}", e.getDescription().cStr());
+  }
+  if (!status.is_ok()) reply_error(connection, id, status);
+}
+
+Status Service::dispatch(const ConnectionPtr& c, EngineContext& engine, wire::Request::Reader request) {
+  const uint64_t id = request.getId();
+  if (id == 0) return invalid_argument("request id 0 is reserved; use ids from 1");
+  auto which = request.which();
+  bool needs_hello = which != wire::Request::HELLO && which != wire::Request::STATS &&
+                     which != wire::Request::LIST_SESSIONS;
+  if (needs_hello && !engine.hello_done) {
+    return invalid_argument("send Hello first: this connection has not declared its layout");
+  }
+  switch (which) {
+    case wire::Request::HELLO:
+      return handle_hello(c, engine, id, request.getHello());
+    case wire::Request::REGISTER_REGION:
+      return handle_register_region(c, engine, id, request.getRegisterRegion());
+    case wire::Request::SAVE: {
+      auto save = request.getSave();
+      auto parsed = parse_block_list(engine, save.getSessionId(), save.getBlocks(), true);
+      if (!parsed.is_ok()) return parsed.status();
+      parsed->end_of_turn = save.getEndOfTurn();
+      return handle_save(c, engine, id, std::move(*parsed));
+    }
+    case wire::Request::LOOKUP:
+      return handle_lookup(c, engine, id, request.getLookup().getHashes());
+    case wire::Request::LOAD: {
+      auto load = request.getLoad();
+      auto parsed = parse_block_list(engine, load.getSessionId(), load.getBlocks(), false);
+      if (!parsed.is_ok()) return parsed.status();
+      return handle_load(c, engine, id, std::move(*parsed));
+    }
+    case wire::Request::BEGIN_TURN:
+      return handle_begin_turn(c, engine, id, request.getBeginTurn().getSessionId().cStr());
+    case wire::Request::CLOSE_SESSION:
+      return handle_close_session(c, engine, id, request.getCloseSession().getSessionId().cStr());
+    case wire::Request::STATS:
+      return handle_stats(c, engine, id, request.getStats().getAllNamespaces());
+    case wire::Request::LIST_SESSIONS:
+      return handle_list_sessions(c, engine, id, request.getListSessions().getAllNamespaces());
+  }
+  return invalid_argument("unknown request kind {} (newer client?)", static_cast<int>(which));
+}
+
+void Service::reply(const ConnectionPtr& connection, uint64_t id, const Fill& fill) {
+  capnp::MallocMessageBuilder message;
+  auto response = message.initRoot<wire::Response>();
+  response.setId(id);
+  fill(response);
+  connection->send(capnp::messageToFlatArray(message));
+  connection->request_done();
+}
+
+void Service::reply_error(const ConnectionPtr& connection, uint64_t id, const Status& status) {
+  if (status.code() == StatusCode::kInternal) {
+    KVTIER_LOG_ERROR("request {} on connection {}: {}", id, connection->id(), status.to_string());
+  } else {
+    KVTIER_LOG_DEBUG("request {} on connection {}: {}", id, connection->id(), status.to_string());
+  }
+  reply(connection, id, [&](wire::Response::Builder response) {
+    auto error = response.initError();
+    error.setCode(wire_code(status.code()));
+    error.setMessage(status.message());
+  });
+}
+
+Status Service::handle_hello(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
+                             wire::Hello::Reader hello) {
+  if (engine.hello_done) return invalid_argument("Hello was already sent on this connection");
+  if (hello.getProtocolVersion() != wire::PROTOCOL_VERSION) {
+    return invalid_argument("protocolVersion {} is not supported; this daemon speaks version {}",
+                            hello.getProtocolVersion(), wire::PROTOCOL_VERSION);
+  }
+  if (hello.getEngineName().size() > 128) return invalid_argument("engineName is longer than 128 bytes");
+  LayoutLimits limits;
+  limits.max_block_bytes = std::min<uint64_t>(limits.max_block_bytes, config_.slab_bytes);
+  auto layout = EngineLayout::from_wire(hello.getLayout(), limits);
+  if (!layout.is_ok()) return layout.status();
+  LayoutKey key{engine.namespace_id, layout->digest};
+  KVTIER_RETURN_IF_ERROR(store_->register_layout(key, layout->block_bytes));
+  engine.layout = std::move(*layout);
+  engine.layout_key = key;
+  engine.engine_name = hello.getEngineName().cStr();
+  engine.hello_done = true;
+  KVTIER_LOG_INFO("engine '{}' (pid {}, namespace {}) joined: model {}, {} planes, {} bytes per block",
+                  engine.engine_name, c->peer().pid, engine.namespace_name, engine.layout.model_id,
+                  engine.layout.planes.size(), engine.layout.block_bytes);
+  reply(c, id, [&](wire::Response::Builder response) {
+    auto out = response.initHello();
+    out.setProtocolVersion(wire::PROTOCOL_VERSION);
+    out.setLayoutDigest(engine.layout.digest);
+    out.setBlockBytes(engine.layout.block_bytes);
+    out.setNamespaceName(engine.namespace_name);
+    out.setMaxBlocksPerRequest(config_.max_blocks_per_request);
+  });
+  return Status::ok();
+}
+
+Status Service::handle_register_region(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
+                                       wire::RegisterRegion::Reader region) {
+  const uint32_t region_id = region.getRegionId();
+  // Claim the attached descriptors first so a rejected request never leaves them
+  // queued for the next one.
+  std::vector<UniqueFd> fds;
+  if (region.getFdCount() > ipc::kMaxFdsPerMessage) {
+    return invalid_argument("fdCount {} exceeds {}", region.getFdCount(), ipc::kMaxFdsPerMessage);
+  }
+  for (uint32_t i = 0; i < region.getFdCount(); ++i) {
+    auto fd = c->take_fd();
+    if (!fd.is_ok()) return invalid_argument("fdCount is {} but only {} descriptors arrived", region.getFdCount(), i);
+    fds.push_back(std::move(*fd));
+  }
+  if (engine.regions.count(region_id) != 0) {
+    return invalid_argument("regionId {} is already registered on this connection", region_id);
+  }
+  if (engine.regions.size() >= config_.max_regions_per_connection) {
+    return resource_exhausted("this connection already has {} regions, the limit", engine.regions.size());
+  }
+  bool used = std::any_of(engine.layout.planes.begin(), engine.layout.planes.end(),
+                          [&](const PlaneLayout& p) { return p.region_id == region_id; });
+  if (!used) return invalid_argument("regionId {} is not named by any plane of the layout", region_id);
+  const uint64_t size = region.getSizeBytes();
+  if (size == 0 || size > (1ull << 40)) return invalid_argument("sizeBytes {} is outside 1..1TiB", size);
+
+  RegionHandle handle;
+  handle.size_bytes = size;
+  switch (region.getKind()) {
+    case wire::RegisterRegion::RegionKind::MEMFD:
+      if (fds.size() != 1) return invalid_argument("a memfd region needs exactly one descriptor (fdCount = 1)");
+      handle.kind = RegionHandle::Kind::kMemfd;
+      handle.fd = std::move(fds[0]);
+      break;
+    case wire::RegisterRegion::RegionKind::CUDA_IPC: {
+      handle.kind = RegionHandle::Kind::kCudaIpc;
+      auto bytes = region.getIpcHandle();
+      if (bytes.size() != handle.ipc_handle.size()) {
+        return invalid_argument("ipcHandle has {} bytes; a CUDA IPC handle has 64", bytes.size());
+      }
+      std::memcpy(handle.ipc_handle.data(), bytes.begin(), bytes.size());
+      handle.gpu_uuid = region.getGpuUuid().cStr();
+      break;
+    }
+    case wire::RegisterRegion::RegionKind::CUDA_VMM_FD:
+      if (fds.size() != 1) return invalid_argument("a VMM region needs exactly one descriptor (fdCount = 1)");
+      handle.kind = RegionHandle::Kind::kCudaVmmFd;
+      handle.fd = std::move(fds[0]);
+      handle.gpu_uuid = region.getGpuUuid().cStr();
+      break;
+    default:
+      return invalid_argument("kind {} is not a known region kind", static_cast<int>(region.getKind()));
+  }
+  KVTIER_RETURN_IF_ERROR(engine.layout.check_region(region_id, size));
+  auto memory = device_->open_region(std::move(handle));
+  if (!memory.is_ok()) {
+    return Status(memory.status().code(), fmt::format("regionId {}: {}", region_id, memory.status().message()));
+  }
+  engine.regions.emplace(region_id, std::move(*memory));
+  reply(c, id, [&](wire::Response::Builder response) {
+    response.initRegisterRegion().setRegionId(region_id);
+  });
+  return Status::ok();
+}
+
+Status Service::handle_begin_turn(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
+                                  const std::string& session_id) {
+  policy::Session* session = sessions_.find(engine.namespace_id, session_id);
+  if (session == nullptr) return not_found("unknown session '{}'", session_id);
+  sessions_.record_activity(*session);
+  auto moves = planner_.plan_promotions(*session, *view_);
+  apply_moves(moves);
+  const uint32_t known = static_cast<uint32_t>(session->blocks.size());
+  reply(c, id, [&](wire::Response::Builder response) {
+    auto out = response.initBeginTurn();
+    out.setKnownBlocks(known);
+    out.setPromotedBlocks(static_cast<uint32_t>(moves.size()));
+  });
+  return Status::ok();
+}
+
+Status Service::handle_close_session(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
+                                     const std::string& session_id) {
+  const policy::Session* session = sessions_.find(engine.namespace_id, session_id);
+  if (session == nullptr) return not_found("unknown session '{}'", session_id);
+  const LayoutKey layout = session->layout;
+  auto closed = sessions_.close(engine.namespace_id, session_id);
+  if (!closed.is_ok()) return closed.status();
+  for (const BlockHash& hash : *closed) store_->drop_session_ref({layout, hash});
+  reply(c, id, [&](wire::Response::Builder response) {
+    response.initCloseSession().setReleasedBlocks(static_cast<uint32_t>(closed->size()));
+  });
+  return Status::ok();
+}
+
+}  // namespace kvtier::daemon

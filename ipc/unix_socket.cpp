@@ -1,0 +1,99 @@
+#include "ipc/unix_socket.h"
+
+#include <sys/socket.h>
+#include <sys/un.h>
+
+#include <cerrno>
+#include <cstring>
+
+namespace kvtier::ipc {
+
+Result<PeerCredentials> peer_credentials(int socket_fd) {
+  ucred cred{};
+  socklen_t len = sizeof(cred);
+  if (::getsockopt(socket_fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
+    return errno_status(errno, "getsockopt(SO_PEERCRED)");
+  }
+  return PeerCredentials{cred.pid, cred.uid, cred.gid};
+}
+
+Status send_all(int socket_fd, std::span<const std::byte> bytes, std::span<const int> fds) {
+  if (fds.size() > kMaxFdsPerMessage) {
+    return invalid_argument("{} descriptors in one message; the limit is {}", fds.size(),
+                            kMaxFdsPerMessage);
+  }
+  size_t sent = 0;
+  bool fds_pending = !fds.empty();
+  while (sent < bytes.size()) {
+    iovec iov{const_cast<std::byte*>(bytes.data() + sent), bytes.size() - sent};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFdsPerMessage)];
+    if (fds_pending) {
+      msg.msg_control = control;
+      msg.msg_controllen = CMSG_SPACE(sizeof(int) * fds.size());
+      cmsghdr* cmsg = CMSG_FIRSTHDR(&msg);
+      cmsg->cmsg_level = SOL_SOCKET;
+      cmsg->cmsg_type = SCM_RIGHTS;
+      cmsg->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
+      std::memcpy(CMSG_DATA(cmsg), fds.data(), sizeof(int) * fds.size());
+    }
+    ssize_t n = ::sendmsg(socket_fd, &msg, MSG_NOSIGNAL);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return errno_status(errno, "sendmsg");
+    }
+    fds_pending = false;
+    sent += static_cast<size_t>(n);
+  }
+  return Status::ok();
+}
+
+Result<Received> receive_some(int socket_fd, std::span<std::byte> into,
+                              std::vector<UniqueFd>& fds, bool wait) {
+  iovec iov{into.data(), into.size()};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFdsPerMessage)];
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof(control);
+  ssize_t n;
+  do {
+    n = ::recvmsg(socket_fd, &msg, MSG_CMSG_CLOEXEC | (wait ? 0 : MSG_DONTWAIT));
+  } while (n < 0 && errno == EINTR);
+  if (n < 0) {
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return Received{0, true, false};
+    return errno_status(errno, "recvmsg");
+  }
+  Received received{static_cast<size_t>(n), false, (msg.msg_flags & MSG_CTRUNC) != 0};
+  for (cmsghdr* cmsg = CMSG_FIRSTHDR(&msg); cmsg != nullptr; cmsg = CMSG_NXTHDR(&msg, cmsg)) {
+    if (cmsg->cmsg_level != SOL_SOCKET || cmsg->cmsg_type != SCM_RIGHTS) continue;
+    size_t count = (cmsg->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    for (size_t i = 0; i < count; ++i) {
+      int fd;
+      std::memcpy(&fd, CMSG_DATA(cmsg) + i * sizeof(int), sizeof(int));
+      fds.emplace_back(fd);
+    }
+  }
+  return received;
+}
+
+Result<UniqueFd> connect_unix(const std::string& path) {
+  sockaddr_un addr{};
+  if (path.size() >= sizeof(addr.sun_path)) {
+    return invalid_argument("socket path '{}' is longer than {} bytes", path,
+                            sizeof(addr.sun_path) - 1);
+  }
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!fd.valid()) return errno_status(errno, "socket");
+  if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    return errno_status(errno, "connect " + path);
+  }
+  return fd;
+}
+
+}  // namespace kvtier::ipc

@@ -1,0 +1,106 @@
+#include "policy/session_table.h"
+
+#include <algorithm>
+#include <unordered_set>
+
+namespace kvtier::policy {
+
+Result<Session*> SessionTable::get_or_create(uint32_t namespace_id, const std::string& id,
+                                             const LayoutKey& layout) {
+  auto [it, inserted] = sessions_.try_emplace(SessionKey{namespace_id, id});
+  Session& session = it->second;
+  if (inserted) {
+    const uint64_t now = clock_.now_ms();
+    session.namespace_id = namespace_id;
+    session.id = id;
+    session.layout = layout;
+    session.state = SessionState::kActive;
+    session.created_ms = now;
+    session.last_active_ms = now;
+    return &session;
+  }
+  // Blocks are interchangeable only within one layout, so a session id reused by an
+  // engine with another layout must not silently mix blocks of both.
+  if (!(session.layout == layout)) {
+    return invalid_argument("session '{}' belongs to another layout", id);
+  }
+  return &session;
+}
+
+Session* SessionTable::find(uint32_t namespace_id, const std::string& id) {
+  auto it = sessions_.find(SessionKey{namespace_id, id});
+  return it == sessions_.end() ? nullptr : &it->second;
+}
+
+const Session* SessionTable::find(uint32_t namespace_id, const std::string& id) const {
+  auto it = sessions_.find(SessionKey{namespace_id, id});
+  return it == sessions_.end() ? nullptr : &it->second;
+}
+
+std::vector<BlockHash> SessionTable::record_save(Session& session,
+                                                 const std::vector<BlockHash>& hashes,
+                                                 bool end_of_turn) {
+  // A per-call set keeps a save of n hashes into a session of m blocks O(n + m)
+  // without storing an index per session (memory target: 8 B per block ref).
+  std::unordered_set<BlockHash, BlockHashHasher> present(session.blocks.begin(),
+                                                         session.blocks.end());
+  std::vector<BlockHash> appended;
+  for (const BlockHash& hash : hashes) {
+    if (present.insert(hash).second) {
+      session.blocks.push_back(hash);
+      appended.push_back(hash);
+    }
+  }
+  session.last_active_ms = clock_.now_ms();
+  if (end_of_turn) {
+    session.state = SessionState::kIdle;
+    ++session.turns;
+  } else {
+    session.state = SessionState::kActive;
+  }
+  return appended;
+}
+
+void SessionTable::record_activity(Session& session) {
+  session.state = SessionState::kActive;
+  session.last_active_ms = clock_.now_ms();
+}
+
+bool SessionTable::forget_block(Session& session, const BlockHash& hash) {
+  auto it = std::find(session.blocks.begin(), session.blocks.end(), hash);
+  if (it == session.blocks.end()) return false;
+  session.blocks.erase(it);
+  return true;
+}
+
+Result<std::vector<BlockHash>> SessionTable::close(uint32_t namespace_id, const std::string& id) {
+  auto it = sessions_.find(SessionKey{namespace_id, id});
+  if (it == sessions_.end()) return not_found("session '{}' not found", id);
+  std::vector<BlockHash> blocks = std::move(it->second.blocks);
+  sessions_.erase(it);
+  return blocks;
+}
+
+std::vector<const Session*> SessionTable::by_last_active() const {
+  std::vector<const Session*> out;
+  out.reserve(sessions_.size());
+  for (const auto& [key, session] : sessions_) out.push_back(&session);
+  // Ties are broken by id (then namespace) so that plans do not depend on hash-map
+  // iteration order: the simulator and tests must be reproducible.
+  std::sort(out.begin(), out.end(), [](const Session* a, const Session* b) {
+    if (a->last_active_ms != b->last_active_ms) return a->last_active_ms < b->last_active_ms;
+    if (a->id != b->id) return a->id < b->id;
+    return a->namespace_id < b->namespace_id;
+  });
+  return out;
+}
+
+size_t SessionTable::count(SessionState state) const {
+  size_t n = 0;
+  for (const auto& [key, session] : sessions_) {
+    if (session.state == state) ++n;
+  }
+  return n;
+}
+
+}  // namespace kvtier::policy

@@ -1,0 +1,99 @@
+// Test doubles for the policy: a PlacementView over a plain map, and helpers that build
+// block hashes and sessions on a ManualClock. Single-threaded, like the planner.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <initializer_list>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "common/block_key.h"
+#include "policy/planner.h"
+#include "policy/session_table.h"
+
+namespace kvtier::policy::fake {
+
+inline constexpr LayoutKey kLayout{7, 0xABCDEF};
+
+inline BlockHash hash_of(uint8_t n) {
+  std::array<uint8_t, 2> bytes{0x42, n};
+  return BlockHash(bytes);
+}
+inline BlockKey key_of(uint8_t n) {
+  return BlockKey{kLayout, hash_of(n)};
+}
+
+inline std::vector<BlockHash> hashes_of(std::initializer_list<uint8_t> ns) {
+  std::vector<BlockHash> out;
+  for (uint8_t n : ns) out.push_back(hash_of(n));
+  return out;
+}
+
+class FakePlacementView final : public PlacementView {
+ public:
+  struct Options {
+    uint64_t bytes = 100;
+    uint32_t session_refs = 1;
+    bool movable = true;
+    uint64_t last_access_ms = 0;
+  };
+
+  void set_capacity(Tier tier, uint64_t bytes) { spaces_[index(tier)].capacity_bytes = bytes; }
+  void set_used(Tier tier, uint64_t bytes) { spaces_[index(tier)].used_bytes = bytes; }
+
+  // Places block `n` in `tier`, adding its bytes to that tier's usage.
+  void put(uint8_t n, Tier tier, Options options) {
+    blocks_[key_of(n)] = BlockPlacement{tier, options.movable, options.bytes, options.session_refs,
+                                        options.last_access_ms};
+    spaces_[index(tier)].used_bytes += options.bytes;
+  }
+  void put(uint8_t n, Tier tier) { put(n, tier, Options{}); }
+
+  BlockPlacement placement(const BlockKey& key) const override {
+    auto it = blocks_.find(key);
+    if (it == blocks_.end()) return BlockPlacement{Tier::kNone, false, 0, 0, 0};
+    return it->second;
+  }
+  TierSpace space(Tier tier) const override { return spaces_[index(tier)]; }
+  void for_each_unreferenced(
+      Tier tier,
+      const std::function<void(const BlockKey&, const BlockPlacement&)>& fn) const override {
+    for (const auto& [key, placement] : blocks_) {
+      if (placement.tier == tier && placement.session_refs == 0) fn(key, placement);
+    }
+  }
+
+ private:
+  static size_t index(Tier tier) { return static_cast<size_t>(tier); }
+
+  std::unordered_map<BlockKey, BlockPlacement, BlockKeyHasher> blocks_;
+  std::array<TierSpace, kTierCount> spaces_{};
+};
+
+// "D 3 hbm->ram", "E 5 ram->none", "P 2 nvme->hbm": one move in a form gtest prints well.
+inline std::string describe(const Move& move) {
+  char kind = move.kind == MoveKind::kDemote ? 'D' : move.kind == MoveKind::kPromote ? 'P' : 'E';
+  int n = move.block.hash.size() == 2 ? move.block.hash.bytes()[1] : -1;
+  return std::string(1, kind) + " " + std::to_string(n) + " " + std::string(tier_name(move.from)) +
+         "->" + std::string(tier_name(move.to));
+}
+inline std::vector<std::string> describe(const std::vector<Move>& moves) {
+  std::vector<std::string> out;
+  for (const Move& move : moves) out.push_back(describe(move));
+  return out;
+}
+
+// Creates (or reuses) session `id` at `at_ms` and saves `blocks` into it.
+inline Session& save_session(ManualClock& clock, SessionTable& table, const std::string& id,
+                             std::initializer_list<uint8_t> blocks, bool end_of_turn,
+                             uint64_t at_ms) {
+  clock.set_ms(at_ms);
+  Session* session = table.get_or_create(kLayout.namespace_id, id, kLayout).value();
+  (void)table.record_save(*session, hashes_of(blocks), end_of_turn);
+  return *session;
+}
+
+}  // namespace kvtier::policy::fake

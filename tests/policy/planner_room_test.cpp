@@ -1,0 +1,106 @@
+// make_room (eviction order, impossible requests) and plan_promotions.
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "policy/clock.h"
+#include "policy/planner.h"
+#include "policy/session_table.h"
+#include "tests/policy/fake_placement_view.h"
+
+namespace kvtier::policy {
+namespace {
+
+using fake::describe;
+using fake::FakePlacementView;
+using Strings = std::vector<std::string>;
+
+class PlannerRoomTest : public ::testing::Test {
+ protected:
+  Session& save(const std::string& id, std::initializer_list<uint8_t> blocks, bool end_of_turn,
+                uint64_t at_ms) {
+    return fake::save_session(clock_, table_, id, blocks, end_of_turn, at_ms);
+  }
+  Strings room(Tier tier, uint64_t bytes) {
+    return describe(planner_.make_room(tier, bytes, table_, view_));
+  }
+  Strings promote(const Session& session) {
+    return describe(planner_.plan_promotions(session, view_));
+  }
+
+  ManualClock clock_{0};
+  SessionTable table_{clock_};
+  FakePlacementView view_;
+  Planner planner_{PlannerConfig{0.90, 0.75, 30'000}, clock_};
+};
+
+TEST_F(PlannerRoomTest, MakeRoomIsEmptyWhenTheBytesAlreadyFit) {
+  view_.set_capacity(Tier::kRam, 1'000);
+  view_.put(11, Tier::kRam, {.session_refs = 0});
+  view_.set_used(Tier::kRam, 700);
+  EXPECT_TRUE(room(Tier::kRam, 300).empty());
+  EXPECT_EQ(room(Tier::kRam, 301), (Strings{"E 11 ram->none"}));
+}
+
+TEST_F(PlannerRoomTest, MakeRoomEvictsUnreferencedLruThenColdestSessions) {
+  view_.set_capacity(Tier::kRam, 1'000);
+  save("busy", {1}, false, 100);
+  save("idle", {2, 3, 4}, true, 2'000);
+  view_.put(11, Tier::kRam, {.session_refs = 0, .last_access_ms = 20});
+  view_.put(12, Tier::kRam, {.session_refs = 0, .last_access_ms = 10});
+  view_.put(13, Tier::kRam, {.session_refs = 0, .movable = false, .last_access_ms = 5});
+  for (uint8_t n : {1, 2, 3}) view_.put(n, Tier::kRam);
+  view_.put(4, Tier::kHbm);  // another tier: not evicted from RAM
+  view_.set_used(Tier::kRam, 1'000);
+  clock_.set_ms(3'000);
+
+  EXPECT_EQ(room(Tier::kRam, 350),
+            (Strings{"E 12 ram->none", "E 11 ram->none", "E 3 ram->none", "E 2 ram->none"}));
+  EXPECT_EQ(room(Tier::kRam, 450), (Strings{"E 12 ram->none", "E 11 ram->none", "E 3 ram->none",
+                                            "E 2 ram->none", "E 1 ram->none"}));
+}
+
+TEST_F(PlannerRoomTest, MakeRoomThatCannotSucceedEvictsNothing) {
+  view_.set_capacity(Tier::kRam, 1'000);
+  save("s", {1, 2, 3}, true, 100);
+  view_.put(1, Tier::kRam);
+  view_.put(2, Tier::kRam, {.movable = false});
+  view_.put(3, Tier::kRam, {.movable = false});
+  view_.put(11, Tier::kRam, {.session_refs = 0});
+  view_.set_used(Tier::kRam, 1'000);
+  EXPECT_EQ(room(Tier::kRam, 200).size(), 2u);  // exactly what is movable
+  EXPECT_TRUE(room(Tier::kRam, 201).empty());
+  EXPECT_TRUE(room(Tier::kRam, 1'001).empty());  // larger than the tier
+  EXPECT_TRUE(room(Tier::kNvme, 1).empty());     // tier not configured
+}
+
+TEST_F(PlannerRoomTest, PromotionsFollowPrefixOrderUpToTheHighWatermark) {
+  view_.set_capacity(Tier::kHbm, 1'000);  // high watermark 900
+  Session& s = save("s", {1, 2, 3, 4, 5, 6, 7}, false, 100);
+  view_.put(1, Tier::kHbm);
+  view_.put(2, Tier::kRam);
+  view_.put(3, Tier::kNvme);
+  view_.put(4, Tier::kRam, {.movable = false});
+  view_.put(5, Tier::kRam);
+  view_.put(6, Tier::kRam);  // 7 is nowhere
+  view_.set_used(Tier::kHbm, 600);
+  EXPECT_EQ(promote(s), (Strings{"P 2 ram->hbm", "P 3 nvme->hbm", "P 5 ram->hbm"}));
+}
+
+TEST_F(PlannerRoomTest, PromotionsStopAtTheFirstBlockThatDoesNotFit) {
+  view_.set_capacity(Tier::kHbm, 1'000);
+  Session& s = save("s", {1, 2, 3}, false, 100);
+  view_.put(1, Tier::kRam);
+  view_.put(2, Tier::kRam, {.bytes = 400});
+  view_.put(3, Tier::kRam);
+  view_.set_used(Tier::kHbm, 500);
+  // 3 would fit, but without 2 it does not lengthen the prefix in HBM.
+  EXPECT_EQ(promote(s), (Strings{"P 1 ram->hbm"}));
+
+  view_.set_capacity(Tier::kHbm, 0);
+  EXPECT_TRUE(promote(s).empty());
+}
+
+}  // namespace
+}  // namespace kvtier::policy

@@ -1,0 +1,400 @@
+#include "tiers/block_store.h"
+
+#include <set>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "tests/tiers/test_memory.h"
+
+namespace kvtier {
+namespace {
+
+using tiers_test::key_of;
+using tiers_test::make_memory;
+
+constexpr uint64_t kBlock = 1024;
+const std::vector<Tier> kHbmThenRam = {Tier::kHbm, Tier::kRam};
+
+// HBM holds 2 blocks, RAM 4; one layout of kBlock-byte blocks.
+class BlockStoreTest : public ::testing::Test {
+ protected:
+  BlockStoreTest()
+      : hbm_(make_memory(2 * kBlock)),
+        ram_(make_memory(4 * kBlock)),
+        store_({{Tier::kHbm, hbm_, kBlock}, {Tier::kRam, ram_, kBlock}}) {
+    EXPECT_TRUE(store_.register_layout(layout_, kBlock).is_ok());
+  }
+
+  BlockKey key(uint32_t n) const { return key_of(layout_, n); }
+
+  BlockLocation reserve(uint32_t n, const std::vector<Tier>& allowed = kHbmThenRam) {
+    auto reserved = store_.reserve(key(n), allowed, 100);
+    EXPECT_TRUE(reserved.is_ok()) << reserved.status().to_string();
+    if (!reserved.is_ok() || !reserved->has_value()) {
+      ADD_FAILURE() << "block " << n << " was not reserved";
+      return {};
+    }
+    return **reserved;
+  }
+  BlockLocation put(uint32_t n, const std::vector<Tier>& allowed = kHbmThenRam) {
+    BlockLocation location = reserve(n, allowed);
+    store_.commit_write(key(n));
+    return location;
+  }
+  void expect_usage(Tier tier, uint64_t used_bytes, uint64_t blocks) {
+    TierUsage usage = store_.usage(tier);
+    EXPECT_EQ(usage.used_bytes, used_bytes) << tier_name(tier);
+    EXPECT_EQ(usage.blocks, blocks) << tier_name(tier);
+  }
+  std::vector<BlockKey> visible_in(Tier tier) const {
+    std::vector<BlockKey> keys;
+    store_.for_each_in_tier(tier, [&](const BlockKey& k, const BlockInfo&) { keys.push_back(k); });
+    return keys;
+  }
+
+  const LayoutKey layout_{7, 0xabcdef};
+  std::shared_ptr<Memory> hbm_;
+  std::shared_ptr<Memory> ram_;
+  BlockStore store_;
+};
+
+TEST_F(BlockStoreTest, MemoryAndUsageListConfiguredTiersFastestFirst) {
+  BlockStore store({{Tier::kRam, ram_, kBlock}, {Tier::kHbm, hbm_, kBlock}});  // out of order
+  EXPECT_EQ(store.memory(Tier::kHbm), hbm_);
+  EXPECT_EQ(store.memory(Tier::kRam), ram_);
+  EXPECT_EQ(store.memory(Tier::kNvme), nullptr);
+  std::vector<TierUsage> usage = store.usage();
+  ASSERT_EQ(usage.size(), 2u);
+  EXPECT_EQ(usage[0].tier, Tier::kHbm);
+  EXPECT_EQ(usage[0].capacity_bytes, 2 * kBlock);
+  EXPECT_EQ(usage[1].tier, Tier::kRam);
+  EXPECT_EQ(usage[1].capacity_bytes, 4 * kBlock);
+  TierUsage nvme = store.usage(Tier::kNvme);
+  EXPECT_EQ(nvme.capacity_bytes + nvme.used_bytes + nvme.blocks, 0u);
+}
+
+TEST_F(BlockStoreTest, RegisterLayoutChecksBlockSize) {
+  EXPECT_EQ(store_.block_bytes(layout_), kBlock);
+  EXPECT_TRUE(store_.register_layout(layout_, kBlock).is_ok());
+  EXPECT_EQ(store_.register_layout(layout_, 2 * kBlock).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(store_.block_bytes(layout_), kBlock);
+  const LayoutKey other{8, 0xabcdef};  // same digest, other namespace: another layout
+  EXPECT_EQ(store_.block_bytes(other), 0u);
+  EXPECT_EQ(store_.register_layout(other, 0).code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(store_.register_layout(other, 512).is_ok());
+  EXPECT_EQ(store_.block_bytes(other), 512u);
+}
+
+TEST_F(BlockStoreTest, ReserveOfUnregisteredLayoutIsInvalid) {
+  auto reserved = store_.reserve(key_of(LayoutKey{1, 2}, 1), kHbmThenRam, 0);
+  EXPECT_EQ(reserved.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(store_.block_count(), 0u);
+}
+
+TEST_F(BlockStoreTest, ReserveFallsBackFromHbmToRamThenExhausts) {
+  std::set<std::pair<Tier, uint64_t>> slots;
+  for (uint32_t n = 0; n < 6; ++n) {
+    BlockLocation location = reserve(n, {Tier::kRam, Tier::kHbm});  // order of `allowed` is ignored
+    EXPECT_EQ(location.tier, n < 2 ? Tier::kHbm : Tier::kRam) << n;
+    slots.insert({location.tier, location.offset});
+  }
+  EXPECT_EQ(slots.size(), 6u);
+  auto full = store_.reserve(key(6), kHbmThenRam, 0);
+  EXPECT_EQ(full.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(store_.lookup(key(6)), std::nullopt);
+  EXPECT_EQ(store_.block_count(), 6u);
+  expect_usage(Tier::kHbm, 2 * kBlock, 2);
+  expect_usage(Tier::kRam, 4 * kBlock, 4);
+}
+
+TEST_F(BlockStoreTest, ReserveUsesOnlyAllowedConfiguredTiers) {
+  EXPECT_EQ(reserve(1, {Tier::kRam}).tier, Tier::kRam);  // HBM has room but is not allowed
+  const std::vector<Tier> nvme_only = {Tier::kNvme};
+  EXPECT_EQ(store_.reserve(key(2), nvme_only, 0).status().code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(store_.reserve(key(3), {}, 0).status().code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(store_.block_count(), 1u);
+  expect_usage(Tier::kHbm, 0, 0);
+  expect_usage(Tier::kRam, kBlock, 1);
+}
+
+TEST_F(BlockStoreTest, ReserveDedupsWritingAndReadyBlocks) {
+  reserve(1);
+  auto again = store_.reserve(key(1), kHbmThenRam, 0);
+  ASSERT_TRUE(again.is_ok());
+  EXPECT_FALSE(again->has_value());
+  store_.commit_write(key(1));
+  again = store_.reserve(key(1), kHbmThenRam, 0);
+  ASSERT_TRUE(again.is_ok());
+  EXPECT_FALSE(again->has_value());
+  EXPECT_EQ(store_.block_count(), 1u);
+  expect_usage(Tier::kHbm, kBlock, 1);
+}
+
+TEST_F(BlockStoreTest, WritingBlockIsInvisibleUntilCommit) {
+  const BlockLocation location = reserve(1);
+  EXPECT_EQ(store_.lookup(key(1)), std::nullopt);
+  EXPECT_EQ(store_.pin(key(1), 200), std::nullopt);
+  EXPECT_TRUE(visible_in(Tier::kHbm).empty());
+  EXPECT_EQ(store_.pinned_blocks(), 1u);  // the writer's pin
+  EXPECT_EQ(store_.block_count(), 1u);
+
+  store_.commit_write(key(1));
+  auto info = store_.lookup(key(1));
+  ASSERT_TRUE(info.has_value());
+  EXPECT_EQ(info->state, BlockState::kReady);
+  EXPECT_EQ(info->location.tier, location.tier);
+  EXPECT_EQ(info->location.offset, location.offset);
+  EXPECT_EQ(info->pins, 0u);
+  EXPECT_EQ(info->last_access_ms, 100u);
+  EXPECT_EQ(store_.pinned_blocks(), 0u);
+  EXPECT_EQ(visible_in(Tier::kHbm), std::vector<BlockKey>{key(1)});
+}
+
+TEST_F(BlockStoreTest, AbortFreesTheSlot) {
+  const BlockLocation location = reserve(1);
+  store_.abort_write(key(1));
+  EXPECT_EQ(store_.lookup(key(1)), std::nullopt);
+  EXPECT_EQ(store_.block_count(), 0u);
+  EXPECT_EQ(store_.pinned_blocks(), 0u);
+  expect_usage(Tier::kHbm, 0, 0);
+  // The key is gone, not deduped, and its slot is free again.
+  const BlockLocation again = reserve(1);
+  EXPECT_EQ(again.tier, location.tier);
+  EXPECT_EQ(again.offset, location.offset);
+  // Abort of a committed block does nothing.
+  store_.commit_write(key(1));
+  store_.abort_write(key(1));
+  EXPECT_TRUE(store_.lookup(key(1)).has_value());
+}
+
+TEST_F(BlockStoreTest, PinAndUnpinCount) {
+  const BlockLocation location = put(1);
+  put(2);
+  auto pinned = store_.pin(key(1), 500);
+  ASSERT_TRUE(pinned.has_value());
+  EXPECT_EQ(pinned->offset, location.offset);
+  EXPECT_TRUE(store_.pin(key(1), 600).has_value());
+  EXPECT_TRUE(store_.pin(key(2), 600).has_value());
+  EXPECT_EQ(store_.lookup(key(1))->pins, 2u);
+  EXPECT_EQ(store_.lookup(key(1))->last_access_ms, 600u);
+  EXPECT_EQ(store_.pinned_blocks(), 2u);
+  store_.unpin(key(1));
+  EXPECT_EQ(store_.lookup(key(1))->pins, 1u);
+  EXPECT_EQ(store_.pinned_blocks(), 2u);
+  store_.unpin(key(1));
+  store_.unpin(key(2));
+  EXPECT_EQ(store_.pinned_blocks(), 0u);
+  store_.unpin(key(1));  // unbalanced unpin is ignored, no wrap-around
+  EXPECT_EQ(store_.lookup(key(1))->pins, 0u);
+  EXPECT_EQ(store_.pinned_blocks(), 0u);
+  EXPECT_EQ(store_.pin(key(9), 0), std::nullopt);
+}
+
+TEST_F(BlockStoreTest, EvictRefusesPinnedWritingAndMovingBlocks) {
+  reserve(1);
+  EXPECT_FALSE(store_.evict(key(1)));  // writing
+  store_.commit_write(key(1));
+  ASSERT_TRUE(store_.pin(key(1), 0).has_value());
+  EXPECT_FALSE(store_.evict(key(1)));  // pinned
+  store_.unpin(key(1));
+  ASSERT_TRUE(store_.begin_move(key(1), Tier::kRam).is_ok());
+  EXPECT_FALSE(store_.evict(key(1)));  // moving
+  store_.finish_move(key(1), true);
+  EXPECT_FALSE(store_.evict(key(9)));  // absent
+  EXPECT_EQ(store_.block_count(), 1u);
+
+  EXPECT_TRUE(store_.evict(key(1)));
+  EXPECT_EQ(store_.lookup(key(1)), std::nullopt);
+  EXPECT_EQ(store_.block_count(), 0u);
+  expect_usage(Tier::kHbm, 0, 0);
+  expect_usage(Tier::kRam, 0, 0);
+  EXPECT_FALSE(store_.evict(key(1)));
+}
+
+TEST_F(BlockStoreTest, MoveThatSucceedsSwitchesTierAndFreesSource) {
+  const BlockLocation from = put(1);
+  ASSERT_EQ(from.tier, Tier::kHbm);
+  auto move = store_.begin_move(key(1), Tier::kRam);
+  ASSERT_TRUE(move.is_ok()) << move.status().to_string();
+  EXPECT_EQ(move->first.tier, Tier::kHbm);
+  EXPECT_EQ(move->first.offset, from.offset);
+  EXPECT_EQ(move->second.tier, Tier::kRam);
+
+  auto info = store_.lookup(key(1));  // still readable at its old place
+  ASSERT_TRUE(info.has_value());
+  EXPECT_EQ(info->state, BlockState::kMoving);
+  EXPECT_EQ(info->location.tier, Tier::kHbm);
+  EXPECT_EQ(info->pins, 1u);
+  EXPECT_EQ(store_.pinned_blocks(), 1u);
+  EXPECT_EQ(store_.pin(key(1), 0)->tier, Tier::kHbm);
+  store_.unpin(key(1));
+  expect_usage(Tier::kHbm, kBlock, 1);
+  expect_usage(Tier::kRam, kBlock, 0);  // destination reserved, block not counted yet
+  EXPECT_EQ(visible_in(Tier::kHbm).size(), 1u);
+  EXPECT_TRUE(visible_in(Tier::kRam).empty());
+
+  store_.finish_move(key(1), true);
+  info = store_.lookup(key(1));
+  ASSERT_TRUE(info.has_value());
+  EXPECT_EQ(info->state, BlockState::kReady);
+  EXPECT_EQ(info->location.tier, Tier::kRam);
+  EXPECT_EQ(info->location.offset, move->second.offset);
+  EXPECT_EQ(info->pins, 0u);
+  EXPECT_EQ(store_.pinned_blocks(), 0u);
+  expect_usage(Tier::kHbm, 0, 0);
+  expect_usage(Tier::kRam, kBlock, 1);
+  EXPECT_TRUE(visible_in(Tier::kHbm).empty());
+  EXPECT_EQ(visible_in(Tier::kRam), std::vector<BlockKey>{key(1)});
+  EXPECT_EQ(store_.block_count(), 1u);
+}
+
+TEST_F(BlockStoreTest, MoveThatFailsKeepsBlockWhereItWas) {
+  const BlockLocation from = put(1);
+  ASSERT_TRUE(store_.begin_move(key(1), Tier::kRam).is_ok());
+  store_.finish_move(key(1), false);
+  auto info = store_.lookup(key(1));
+  ASSERT_TRUE(info.has_value());
+  EXPECT_EQ(info->state, BlockState::kReady);
+  EXPECT_EQ(info->location.tier, Tier::kHbm);
+  EXPECT_EQ(info->location.offset, from.offset);
+  EXPECT_EQ(info->pins, 0u);
+  EXPECT_EQ(store_.pinned_blocks(), 0u);
+  expect_usage(Tier::kHbm, kBlock, 1);
+  expect_usage(Tier::kRam, 0, 0);
+  EXPECT_TRUE(store_.begin_move(key(1), Tier::kRam).is_ok());  // can be retried
+}
+
+TEST_F(BlockStoreTest, BeginMoveRejectsWhatCannotMove) {
+  auto code = [&](uint32_t n, Tier to) { return store_.begin_move(key(n), to).status().code(); };
+  EXPECT_EQ(code(1, Tier::kRam), StatusCode::kInvalidArgument);  // absent
+  reserve(1);
+  EXPECT_EQ(code(1, Tier::kRam), StatusCode::kInvalidArgument);  // writing
+  store_.commit_write(key(1));
+  EXPECT_EQ(code(1, Tier::kHbm), StatusCode::kInvalidArgument);   // already there
+  EXPECT_EQ(code(1, Tier::kNvme), StatusCode::kInvalidArgument);  // not configured
+  ASSERT_TRUE(store_.begin_move(key(1), Tier::kRam).is_ok());
+  EXPECT_EQ(code(1, Tier::kRam), StatusCode::kInvalidArgument);  // moving
+  store_.finish_move(key(1), true);
+  expect_usage(Tier::kRam, kBlock, 1);
+
+  // A full destination: the block stays ready and nothing leaks.
+  for (uint32_t n = 2; n < 5; ++n) put(n, {Tier::kRam});
+  put(5, {Tier::kHbm});
+  EXPECT_EQ(code(5, Tier::kRam), StatusCode::kResourceExhausted);
+  EXPECT_EQ(store_.lookup(key(5))->state, BlockState::kReady);
+  EXPECT_EQ(store_.lookup(key(5))->pins, 0u);
+  expect_usage(Tier::kRam, 4 * kBlock, 4);
+  expect_usage(Tier::kHbm, kBlock, 1);
+  EXPECT_EQ(store_.pinned_blocks(), 0u);
+}
+
+TEST_F(BlockStoreTest, MoveUnderAReaderDefersTheFreeUntilUnpin) {
+  const BlockLocation old = put(1, {Tier::kHbm});
+  ASSERT_EQ(store_.pin(key(1), 0)->offset, old.offset);  // a load is reading HBM
+  ASSERT_TRUE(store_.begin_move(key(1), Tier::kRam).is_ok());
+  store_.finish_move(key(1), true);
+
+  auto info = store_.lookup(key(1));
+  EXPECT_EQ(info->location.tier, Tier::kRam);
+  EXPECT_EQ(info->pins, 1u);
+  expect_usage(Tier::kHbm, kBlock, 0);  // old slot still held for the reader
+  expect_usage(Tier::kRam, kBlock, 1);
+  EXPECT_EQ(store_.begin_move(key(1), Tier::kHbm).status().code(), StatusCode::kInvalidArgument);
+
+  // The reader's slot is not handed out again: one HBM slot is left, then none.
+  EXPECT_NE(reserve(2, {Tier::kHbm}).offset, old.offset);
+  EXPECT_EQ(store_.reserve(key(3), std::vector<Tier>{Tier::kHbm}, 0).status().code(),
+            StatusCode::kResourceExhausted);
+  EXPECT_FALSE(store_.has_room(Tier::kHbm, kBlock));
+
+  store_.unpin(key(1));
+  expect_usage(Tier::kHbm, kBlock, 1);    // only block 2
+  EXPECT_EQ(store_.pinned_blocks(), 1u);  // block 2 is still being written
+  const BlockLocation reused = reserve(3, {Tier::kHbm});
+  EXPECT_EQ(reused.offset, old.offset);
+  store_.commit_write(key(2));
+  store_.commit_write(key(3));
+  EXPECT_EQ(store_.pinned_blocks(), 0u);
+  EXPECT_EQ(store_.block_count(), 3u);
+}
+
+TEST_F(BlockStoreTest, DeferredFreeWaitsForReadersOfTheNewPlaceToo) {
+  put(1, {Tier::kHbm});
+  ASSERT_TRUE(store_.pin(key(1), 0).has_value());  // reader of the old place
+  ASSERT_TRUE(store_.begin_move(key(1), Tier::kRam).is_ok());
+  store_.finish_move(key(1), true);
+  ASSERT_EQ(store_.pin(key(1), 0)->tier, Tier::kRam);  // reader of the new place
+  store_.unpin(key(1));
+  // The store cannot tell which reader left, so the old slot stays until both did.
+  expect_usage(Tier::kHbm, kBlock, 0);
+  store_.unpin(key(1));
+  expect_usage(Tier::kHbm, 0, 0);
+  expect_usage(Tier::kRam, kBlock, 1);
+  EXPECT_EQ(store_.pinned_blocks(), 0u);
+  EXPECT_TRUE(store_.begin_move(key(1), Tier::kHbm).is_ok());  // no free pending now
+}
+
+TEST_F(BlockStoreTest, SessionRefsCount) {
+  put(1);
+  store_.add_session_ref(key(1));
+  store_.add_session_ref(key(1));
+  EXPECT_EQ(store_.lookup(key(1))->session_refs, 2u);
+  store_.drop_session_ref(key(1));
+  EXPECT_EQ(store_.lookup(key(1))->session_refs, 1u);
+  store_.drop_session_ref(key(1));
+  store_.drop_session_ref(key(1));  // no wrap-around
+  EXPECT_EQ(store_.lookup(key(1))->session_refs, 0u);
+  store_.add_session_ref(key(9));  // absent: ignored
+  store_.drop_session_ref(key(9));
+  EXPECT_EQ(store_.lookup(key(9)), std::nullopt);
+  EXPECT_EQ(store_.block_count(), 1u);
+}
+
+TEST_F(BlockStoreTest, HasRoomFollowsTheAllocator) {
+  EXPECT_TRUE(store_.has_room(Tier::kHbm, kBlock));
+  EXPECT_FALSE(store_.has_room(Tier::kHbm, 2 * kBlock));  // larger than a slab
+  EXPECT_FALSE(store_.has_room(Tier::kNvme, kBlock));     // not configured
+  put(1);
+  put(2);
+  EXPECT_FALSE(store_.has_room(Tier::kHbm, kBlock));
+  EXPECT_TRUE(store_.has_room(Tier::kRam, kBlock));
+  ASSERT_TRUE(store_.evict(key(1)));
+  EXPECT_TRUE(store_.has_room(Tier::kHbm, kBlock));
+}
+
+TEST_F(BlockStoreTest, LayoutsAreSeparateKeySpacesSharingTiers) {
+  const LayoutKey small{7, 0x1234};
+  ASSERT_TRUE(store_.register_layout(small, kBlock / 4).is_ok());
+  put(1);
+  // Same hash, other layout: a different block, not a dedup.
+  auto reserved = store_.reserve(key_of(small, 1), kHbmThenRam, 0);
+  ASSERT_TRUE(reserved.is_ok());
+  ASSERT_TRUE(reserved->has_value());
+  EXPECT_EQ((*reserved)->tier, Tier::kHbm);  // second HBM slab, carved into 256-byte slots
+  store_.commit_write(key_of(small, 1));
+  expect_usage(Tier::kHbm, kBlock + kBlock / 4, 2);
+  EXPECT_EQ(visible_in(Tier::kHbm).size(), 2u);
+  EXPECT_EQ(store_.block_count(), 2u);
+  ASSERT_TRUE(store_.evict(key(1)));
+  EXPECT_TRUE(store_.lookup(key_of(small, 1)).has_value());
+  expect_usage(Tier::kHbm, kBlock / 4, 1);
+}
+
+TEST(BlockStoreTinyTierTest, TierSmallerThanASlabStillHoldsABlock) {
+  auto hbm = tiers_test::make_memory(1500);
+  BlockStore store({{Tier::kHbm, hbm, 1 << 20}});
+  const LayoutKey layout{1, 1};
+  ASSERT_TRUE(store.register_layout(layout, 1024).is_ok());
+  EXPECT_TRUE(store.has_room(Tier::kHbm, 1024));
+  const std::vector<Tier> hbm_only = {Tier::kHbm};
+  auto first = store.reserve(key_of(layout, 1), hbm_only, 0);
+  ASSERT_TRUE(first.is_ok());
+  ASSERT_TRUE(first->has_value());
+  EXPECT_EQ(store.reserve(key_of(layout, 2), hbm_only, 0).status().code(),
+            StatusCode::kResourceExhausted);
+  EXPECT_EQ(store.usage(Tier::kHbm).capacity_bytes, 1500u);
+}
+
+}  // namespace
+}  // namespace kvtier

@@ -1,0 +1,309 @@
+#include "tiers/block_store.h"
+
+#include <algorithm>
+#include <limits>
+#include <string>
+#include <utility>
+
+#include "common/log.h"
+
+namespace kvtier {
+
+namespace {
+
+std::string tier_list(std::span<const Tier> tiers) {
+  std::string out;
+  for (Tier tier : tiers) {
+    if (!out.empty()) out += ",";
+    out += tier_name(tier);
+  }
+  return out.empty() ? "none" : out;
+}
+
+}  // namespace
+
+BlockStore::BlockStore(std::vector<TierMemory> tiers) {
+  // Reserve and the usage list rely on tiers_ being fastest first; the Tier enum is
+  // numbered in that order, so sort rather than trust the caller's order.
+  std::stable_sort(tiers.begin(), tiers.end(), [](const TierMemory& a, const TierMemory& b) {
+    return static_cast<int>(a.tier) < static_cast<int>(b.tier);
+  });
+  tiers_.reserve(tiers.size());
+  for (TierMemory& tier : tiers) {
+    if (tier.memory == nullptr || tier.tier == Tier::kNone || tier_state(tier.tier) != nullptr) {
+      KVTIER_LOG_WARN("block store: ignoring tier {} (no memory, none, or configured twice)",
+                      tier_name(tier.tier));
+      continue;
+    }
+    const uint64_t capacity_bytes = tier.memory->size_bytes();
+    tiers_.push_back(TierState{tier.tier, std::move(tier.memory),
+                               SlabAllocator(capacity_bytes, tier.slab_bytes), 0});
+  }
+}
+
+const std::shared_ptr<Memory>& BlockStore::memory(Tier tier) const {
+  static const std::shared_ptr<Memory> kNoMemory;
+  const TierState* state = tier_state(tier);
+  return state == nullptr ? kNoMemory : state->memory;
+}
+
+Status BlockStore::register_layout(const LayoutKey& layout, uint64_t block_bytes) {
+  if (block_bytes == 0) return invalid_argument("block_bytes must be positive");
+  auto [it, inserted] = layouts_.try_emplace(layout);
+  if (inserted) {
+    it->second.block_bytes = block_bytes;
+    return Status::ok();
+  }
+  if (it->second.block_bytes != block_bytes) {
+    return invalid_argument(
+        "layout {:016x} in namespace {} is registered with block_bytes {}, not {}",
+        layout.layout_digest, layout.namespace_id, it->second.block_bytes, block_bytes);
+  }
+  return Status::ok();
+}
+
+uint64_t BlockStore::block_bytes(const LayoutKey& layout) const {
+  auto it = layouts_.find(layout);
+  return it == layouts_.end() ? 0 : it->second.block_bytes;
+}
+
+Result<std::optional<BlockLocation>> BlockStore::reserve(const BlockKey& key,
+                                                         std::span<const Tier> allowed,
+                                                         uint64_t now_ms) {
+  auto layout = layouts_.find(key.layout);
+  if (layout == layouts_.end()) {
+    return invalid_argument("layout {:016x} in namespace {} is not registered",
+                            key.layout.layout_digest, key.layout.namespace_id);
+  }
+  LayoutTable& table = layout->second;
+  if (table.blocks.contains(key.hash)) return std::optional<BlockLocation>();
+
+  for (TierState& tier : tiers_) {
+    if (std::find(allowed.begin(), allowed.end(), tier.tier) == allowed.end()) continue;
+    if (!tier.slabs.can_allocate(table.block_bytes)) continue;
+    Result<uint64_t> offset = tier.slabs.allocate(table.block_bytes);
+    if (!offset.is_ok()) return offset.status();  // can_allocate said yes: a bug
+    Entry& entry = table.blocks[key.hash];
+    entry.location = BlockLocation{tier.tier, *offset};
+    entry.last_access_ms = now_ms;
+    entry.state = BlockState::kWriting;
+    change_pins(entry, +1);  // the writer's pin
+    ++tier.blocks;
+    ++block_count_;
+    return std::optional<BlockLocation>(entry.location);
+  }
+  return resource_exhausted("no room for a {}-byte block in allowed tiers [{}]", table.block_bytes,
+                            tier_list(allowed));
+}
+
+void BlockStore::commit_write(const BlockKey& key) {
+  Entry* entry = find(key);
+  if (entry == nullptr || entry->state != BlockState::kWriting) {
+    KVTIER_LOG_ERROR("block store: commit_write of {} which is not being written",
+                     key.hash.to_hex());
+    return;
+  }
+  entry->state = BlockState::kReady;
+  change_pins(*entry, -1);
+}
+
+void BlockStore::abort_write(const BlockKey& key) {
+  Entry* entry = find(key);
+  if (entry == nullptr || entry->state != BlockState::kWriting) {
+    KVTIER_LOG_ERROR("block store: abort_write of {} which is not being written",
+                     key.hash.to_hex());
+    return;
+  }
+  change_pins(*entry, -static_cast<int>(entry->pins));
+  LayoutTable& table = layouts_.find(key.layout)->second;
+  release_slot(entry->location, table.block_bytes);
+  --tier_state(entry->location.tier)->blocks;
+  --block_count_;
+  table.blocks.erase(key.hash);
+}
+
+std::optional<BlockInfo> BlockStore::lookup(const BlockKey& key) const {
+  const Entry* entry = find(key);
+  if (entry == nullptr || entry->state == BlockState::kWriting) return std::nullopt;
+  return BlockInfo{entry->state, entry->location, entry->pins, entry->session_refs,
+                   entry->last_access_ms};
+}
+
+std::optional<BlockLocation> BlockStore::pin(const BlockKey& key, uint64_t now_ms) {
+  Entry* entry = find(key);
+  if (entry == nullptr || entry->state == BlockState::kWriting) return std::nullopt;
+  // A full pin counter refuses the read rather than wrap (a wrapped count would free a
+  // slot under a reader).
+  if (entry->pins == std::numeric_limits<decltype(entry->pins)>::max()) return std::nullopt;
+  change_pins(*entry, +1);
+  entry->last_access_ms = now_ms;
+  return entry->location;
+}
+
+void BlockStore::unpin(const BlockKey& key) {
+  Entry* entry = find(key);
+  // A kWriting block's only pin is the writer's, released by commit/abort_write.
+  if (entry == nullptr || entry->state == BlockState::kWriting || entry->pins == 0) {
+    KVTIER_LOG_ERROR("block store: unpin of {} which is not read-pinned", key.hash.to_hex());
+    return;
+  }
+  change_pins(*entry, -1);
+  if (entry->pins > 0 || deferred_frees_.empty()) return;
+  auto deferred = deferred_frees_.find(key);
+  if (deferred == deferred_frees_.end()) return;
+  release_slot(deferred->second, block_bytes(key.layout));
+  deferred_frees_.erase(deferred);
+}
+
+Result<std::pair<BlockLocation, BlockLocation>> BlockStore::begin_move(const BlockKey& key,
+                                                                       Tier to) {
+  Entry* entry = find(key);
+  if (entry == nullptr) return invalid_argument("block {} is not stored", key.hash.to_hex());
+  if (entry->state != BlockState::kReady) {
+    return invalid_argument("block {} is not ready (being written or moved)", key.hash.to_hex());
+  }
+  if (entry->location.tier == to) {
+    return invalid_argument("block {} is already in tier {}", key.hash.to_hex(), tier_name(to));
+  }
+  if (deferred_frees_.contains(key)) {
+    return invalid_argument("block {}: the old slot of its previous move is still pinned",
+                            key.hash.to_hex());
+  }
+  if (entry->pins == std::numeric_limits<decltype(entry->pins)>::max()) {
+    return resource_exhausted("block {} has too many pins to move", key.hash.to_hex());
+  }
+  TierState* destination = tier_state(to);
+  if (destination == nullptr) {
+    return invalid_argument("tier {} is not configured", tier_name(to));
+  }
+  const uint64_t bytes = block_bytes(key.layout);
+  if (!destination->slabs.can_allocate(bytes)) {
+    return resource_exhausted("tier {} has no room for a {}-byte block: {} of {} bytes used",
+                              tier_name(to), bytes, destination->slabs.used_bytes(),
+                              destination->slabs.capacity_bytes());
+  }
+  Result<uint64_t> offset = destination->slabs.allocate(bytes);
+  if (!offset.is_ok()) return offset.status();  // can_allocate said yes: a bug
+
+  const BlockLocation target{to, *offset};
+  entry->state = BlockState::kMoving;
+
+  move_targets_[key] = target;
+  return std::pair(entry->location, target);
+}
+
+void BlockStore::finish_move(const BlockKey& key, bool ok) {
+  Entry* entry = find(key);
+  auto target_it = move_targets_.find(key);
+  if (entry == nullptr || entry->state != BlockState::kMoving || target_it == move_targets_.end()) {
+    KVTIER_LOG_ERROR("block store: finish_move of {} which is not moving", key.hash.to_hex());
+    return;
+  }
+  const BlockLocation target = target_it->second;
+  move_targets_.erase(target_it);
+  const uint64_t bytes = block_bytes(key.layout);
+  change_pins(*entry, -1);
+  entry->state = BlockState::kReady;
+  if (!ok) {
+    release_slot(target, bytes);
+    return;
+  }
+  const BlockLocation old = entry->location;
+  --tier_state(old.tier)->blocks;
+  ++tier_state(target.tier)->blocks;
+  entry->location = target;
+  // Readers that pinned the block before the switch still read the old slot.
+  if (entry->pins > 0) {
+    deferred_frees_[key] = old;
+  } else {
+    release_slot(old, bytes);
+  }
+}
+
+bool BlockStore::evict(const BlockKey& key) {
+  auto layout = layouts_.find(key.layout);
+  if (layout == layouts_.end()) return false;
+  auto it = layout->second.blocks.find(key.hash);
+  if (it == layout->second.blocks.end()) return false;
+  const Entry& entry = it->second;
+  if (entry.state != BlockState::kReady || entry.pins > 0) return false;
+  release_slot(entry.location, layout->second.block_bytes);
+  --tier_state(entry.location.tier)->blocks;
+  --block_count_;
+  layout->second.blocks.erase(it);
+  return true;
+}
+
+void BlockStore::add_session_ref(const BlockKey& key) {
+  if (Entry* entry = find(key)) ++entry->session_refs;
+}
+
+void BlockStore::drop_session_ref(const BlockKey& key) {
+  Entry* entry = find(key);
+  if (entry != nullptr && entry->session_refs > 0) --entry->session_refs;
+}
+
+void BlockStore::for_each_in_tier(
+    Tier tier, const std::function<void(const BlockKey&, const BlockInfo&)>& fn) const {
+  for (const auto& [layout, table] : layouts_) {
+    for (const auto& [hash, entry] : table.blocks) {
+      if (entry.state == BlockState::kWriting || entry.location.tier != tier) continue;
+      fn(BlockKey{layout, hash}, BlockInfo{entry.state, entry.location, entry.pins,
+                                           entry.session_refs, entry.last_access_ms});
+    }
+  }
+}
+
+std::vector<TierUsage> BlockStore::usage() const {
+  std::vector<TierUsage> out;
+  out.reserve(tiers_.size());
+  for (const TierState& tier : tiers_) out.push_back(usage(tier.tier));
+  return out;
+}
+
+TierUsage BlockStore::usage(Tier tier) const {
+  const TierState* state = tier_state(tier);
+  if (state == nullptr) return TierUsage{tier, 0, 0, 0};
+  return TierUsage{tier, state->memory->size_bytes(), state->slabs.used_bytes(), state->blocks};
+}
+
+bool BlockStore::has_room(Tier tier, uint64_t slot_bytes) const {
+  const TierState* state = tier_state(tier);
+  return state != nullptr && state->slabs.can_allocate(slot_bytes);
+}
+
+BlockStore::Entry* BlockStore::find(const BlockKey& key) {
+  return const_cast<Entry*>(std::as_const(*this).find(key));
+}
+
+const BlockStore::Entry* BlockStore::find(const BlockKey& key) const {
+  auto layout = layouts_.find(key.layout);
+  if (layout == layouts_.end()) return nullptr;
+  auto it = layout->second.blocks.find(key.hash);
+  return it == layout->second.blocks.end() ? nullptr : &it->second;
+}
+
+BlockStore::TierState* BlockStore::tier_state(Tier tier) {
+  return const_cast<TierState*>(std::as_const(*this).tier_state(tier));
+}
+
+const BlockStore::TierState* BlockStore::tier_state(Tier tier) const {
+  for (const TierState& state : tiers_) {
+    if (state.tier == tier) return &state;
+  }
+  return nullptr;
+}
+
+void BlockStore::release_slot(const BlockLocation& location, uint64_t block_bytes) {
+  tier_state(location.tier)->slabs.free(location.offset, block_bytes);
+}
+
+void BlockStore::change_pins(Entry& entry, int delta) {
+  const bool was_pinned = entry.pins > 0;
+  entry.pins = static_cast<uint16_t>(static_cast<int>(entry.pins) + delta);
+  const bool is_pinned = entry.pins > 0;
+  if (!was_pinned && is_pinned) ++pinned_blocks_;
+  if (was_pinned && !is_pinned) --pinned_blocks_;
+}
+
+}  // namespace kvtier
