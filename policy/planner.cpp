@@ -61,7 +61,7 @@ void for_each_session_block(const std::vector<const Session*>& order, Fn&& fn) {
     for (auto it = blocks.rbegin(); it != blocks.rend(); ++it) {
       BlockKey key{order[i]->layout, *it};
       if (hottest_holder.at(key) != i) continue;
-      if (!fn(key)) return;
+      if (!fn(key, *order[i])) return;
     }
   }
 }
@@ -137,16 +137,23 @@ void demote_idle_sessions(const std::vector<const Session*>& order, uint64_t now
 
 void demote_to_low_watermark(const std::vector<const Session*>& order, uint64_t low_bytes,
                              const PlacementView& view, DemotionPlan& plan) {
-  for_each_session_block(order, [&](const BlockKey& key) {
+  // Order of sacrifice: idle sessions' blocks, then blocks no session holds (a prefix
+  // cache that may never be asked for again), and only then active sessions' blocks.
+  bool unreferenced_done = false;
+  auto demote_unreferenced = [&] {
+    unreferenced_done = true;
+    for (const auto& [key, placement] : unreferenced_lru(view, Tier::kHbm)) {
+      if (plan.hbm_used() <= low_bytes) return;
+      (void)plan.try_demote(key, placement);
+    }
+  };
+  for_each_session_block(order, [&](const BlockKey& key, const Session& holder) {
+    if (!unreferenced_done && holder.state == SessionState::kActive) demote_unreferenced();
     if (plan.hbm_used() <= low_bytes) return false;
     (void)plan.try_demote(key, view.placement(key));
     return true;
   });
-  if (plan.hbm_used() <= low_bytes) return;
-  for (const auto& [key, placement] : unreferenced_lru(view, Tier::kHbm)) {
-    if (plan.hbm_used() <= low_bytes) return;
-    (void)plan.try_demote(key, placement);
-  }
+  if (!unreferenced_done && plan.hbm_used() > low_bytes) demote_unreferenced();
 }
 
 }  // namespace
@@ -189,7 +196,7 @@ std::vector<Move> Planner::make_room(Tier tier, uint64_t bytes, const SessionTab
     if (free_bytes >= bytes) return moves;
     evict(key, placement);
   }
-  for_each_session_block(demotion_order(sessions), [&](const BlockKey& key) {
+  for_each_session_block(demotion_order(sessions), [&](const BlockKey& key, const Session&) {
     if (free_bytes >= bytes) return false;
     evict(key, view.placement(key));
     return true;

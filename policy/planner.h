@@ -5,9 +5,10 @@
 //
 // Rules implemented here (the core set; the session-aware policy extends them):
 //  * Watermark demotion: when HBM use exceeds high_watermark × capacity, demote
-//    HBM → RAM until it is at or below low_watermark × capacity, taking the blocks of
-//    the least recently active session first (idle sessions before active ones), then
-//    blocks no session references, least recently used first.
+//    HBM → RAM until it is at or below low_watermark × capacity: idle sessions' blocks
+//    first (least recently active session first, each session's tail first), then
+//    blocks no session references (least recently used first), then active sessions'.
+//    A block shared by several sessions goes with its most recently active holder.
 //  * Idle demotion: a session idle for longer than hbm_idle_ms has its HBM blocks
 //    demoted to RAM while RAM has room.
 //  * Eviction for room: make_room() picks unpinned blocks to drop from the slowest

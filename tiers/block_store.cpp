@@ -187,7 +187,7 @@ Result<std::pair<BlockLocation, BlockLocation>> BlockStore::begin_move(const Blo
 
   const BlockLocation target{to, *offset};
   entry->state = BlockState::kMoving;
-
+  change_pins(*entry, +1);  // the mover's pin keeps the source slot alive
   move_targets_[key] = target;
   return std::pair(entry->location, target);
 }

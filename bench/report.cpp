@@ -1,0 +1,157 @@
+#include "bench/report.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+namespace kvtier::bench {
+namespace {
+
+std::string json_string(const std::string& text) {
+  std::string out = "\"";
+  for (char c : text) {
+    switch (c) {
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20) {
+          out += fmt::format("\\u{:04x}", static_cast<unsigned>(c));
+        } else {
+          out += c;
+        }
+    }
+  }
+  return out + "\"";
+}
+
+// JSON has no NaN or infinity; a figure that could not be measured is null.
+std::string json_number(double value) {
+  if (!std::isfinite(value)) return "null";
+  return fmt::format("{}", value);
+}
+
+std::string json_value(const ConfigValue& value) {
+  return std::visit(
+      [](const auto& v) -> std::string {
+        using T = std::decay_t<decltype(v)>;
+        if constexpr (std::is_same_v<T, std::string>) {
+          return json_string(v);
+        } else if constexpr (std::is_same_v<T, bool>) {
+          return v ? "true" : "false";
+        } else if constexpr (std::is_same_v<T, double>) {
+          return json_number(v);
+        } else {
+          return fmt::format("{}", v);
+        }
+      },
+      value);
+}
+
+std::string table_value(const ConfigValue& value) {
+  return std::visit(
+      [](const auto& v) -> std::string {
+        using T = std::decay_t<decltype(v)>;
+        if constexpr (std::is_same_v<T, std::string>) {
+          return v;
+        } else if constexpr (std::is_same_v<T, bool>) {
+          return v ? "yes" : "no";
+        } else {
+          return fmt::format("{}", v);
+        }
+      },
+      value);
+}
+
+// Four significant figures reads well for both 0.8123 and 12345.6.
+std::string table_number(double value) {
+  if (!std::isfinite(value)) return "n/a";
+  if (value != 0 && std::fabs(value) >= 1e6) return fmt::format("{:.0f}", value);
+  if (value == std::floor(value) && std::fabs(value) < 1e6) return fmt::format("{:.0f}", value);
+  return fmt::format("{:.4g}", value);
+}
+
+}  // namespace
+
+void BenchReport::target(const std::string& metric, const std::string& op, double target) {
+  double value = NAN;
+  for (const auto& [name, v] : results_) {
+    if (name == metric) value = v;
+  }
+  targets_.push_back({metric, value, op, target});
+}
+
+bool BenchReport::all_targets_met() const {
+  return std::all_of(targets_.begin(), targets_.end(), [](const Target& t) { return t.met(); });
+}
+
+std::string BenchReport::to_json() const {
+  std::string out = "{\"bench\": " + json_string(bench_) + ", \"config\": {";
+  for (size_t i = 0; i < config_.size(); ++i) {
+    out += fmt::format("{}{}: {}", i ? ", " : "", json_string(config_[i].first), json_value(config_[i].second));
+  }
+  out += "}, \"results\": {";
+  for (size_t i = 0; i < results_.size(); ++i) {
+    out += fmt::format("{}{}: {}", i ? ", " : "", json_string(results_[i].first), json_number(results_[i].second));
+  }
+  out += "}, \"targets\": [";
+  for (size_t i = 0; i < targets_.size(); ++i) {
+    const Target& t = targets_[i];
+    out += fmt::format("{}{{\"metric\": {}, \"value\": {}, \"op\": {}, \"target\": {}, \"met\": {}}}",
+                       i ? ", " : "", json_string(t.metric), json_number(t.value), json_string(t.op),
+                       json_number(t.target), t.met() ? "true" : "false");
+  }
+  return out + "]}\n";
+}
+
+void BenchReport::print_table(std::FILE* out) const {
+  size_t width = 8;
+  for (const auto& [key, value] : config_) width = std::max(width, key.size());
+  for (const auto& [metric, value] : results_) width = std::max(width, metric.size());
+  for (const Target& t : targets_) width = std::max(width, t.metric.size());
+  const int w = static_cast<int>(width);
+
+  std::fprintf(out, "kvtier-bench %s\n\nconfig\n", bench_.c_str());
+  for (const auto& [key, value] : config_) {
+    std::fprintf(out, "  %-*s  %s\n", w, key.c_str(), table_value(value).c_str());
+  }
+  if (!notes_.empty()) std::fputc('\n', out);
+  for (const std::string& line : notes_) std::fprintf(out, "%s\n", line.c_str());
+  std::fprintf(out, "\nresults\n");
+  for (const auto& [metric, value] : results_) {
+    std::fprintf(out, "  %-*s  %12s\n", w, metric.c_str(), table_number(value).c_str());
+  }
+  if (targets_.empty()) return;
+  std::fprintf(out, "\ntargets\n");
+  for (const Target& t : targets_) {
+    std::fprintf(out, "  %-*s  %12s %s %-8s %s\n", w, t.metric.c_str(), table_number(t.value).c_str(),
+                 t.op.c_str(), table_number(t.target).c_str(), t.met() ? "met" : "MISSED");
+  }
+}
+
+double percentile_of_sorted(const std::vector<double>& sorted, double fraction) {
+  if (sorted.empty()) return NAN;
+  // Nearest rank: the smallest value with at least `fraction` of the sample at or below it.
+  auto rank = static_cast<size_t>(std::ceil(fraction * static_cast<double>(sorted.size())));
+  rank = std::clamp<size_t>(rank, 1, sorted.size());
+  return sorted[rank - 1];
+}
+
+double median(std::vector<double> values) {
+  if (values.empty()) return 0;
+  std::sort(values.begin(), values.end());
+  const size_t n = values.size();
+  return n % 2 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
+}
+
+}  // namespace kvtier::bench
