@@ -120,8 +120,24 @@ void Service::on_frame(const ConnectionPtr& connection, ipc::Frame frame) {
 
 Status Service::dispatch(const ConnectionPtr& c, EngineContext& engine, wire::Request::Reader request) {
   const uint64_t id = request.getId();
-  if (id == 0) return invalid_argument("request id 0 is reserved; use ids from 1");
   auto which = request.which();
+  // Descriptors are claimed before anything can reject the request, so a rejected
+  // RegisterRegion never leaves its fds queued for the next request.
+  std::vector<UniqueFd> fds;
+  if (which == wire::Request::REGISTER_REGION) {
+    const uint32_t count = request.getRegisterRegion().getFdCount();
+    for (uint32_t i = 0; i < count && i < ipc::kMaxFdsPerMessage; ++i) {
+      auto fd = c->take_fd();
+      if (!fd.is_ok()) {
+        return invalid_argument("fdCount is {} but only {} descriptors arrived with the request", count, i);
+      }
+      fds.push_back(std::move(*fd));
+    }
+    if (count > ipc::kMaxFdsPerMessage) {
+      return invalid_argument("fdCount {} exceeds {}", count, ipc::kMaxFdsPerMessage);
+    }
+  }
+  if (id == 0) return invalid_argument("request id 0 is reserved; use ids from 1");
   bool needs_hello = which != wire::Request::HELLO && which != wire::Request::STATS &&
                      which != wire::Request::LIST_SESSIONS;
   if (needs_hello && !engine.hello_done) {
@@ -131,7 +147,7 @@ Status Service::dispatch(const ConnectionPtr& c, EngineContext& engine, wire::Re
     case wire::Request::HELLO:
       return handle_hello(c, engine, id, request.getHello());
     case wire::Request::REGISTER_REGION:
-      return handle_register_region(c, engine, id, request.getRegisterRegion());
+      return handle_register_region(c, engine, id, request.getRegisterRegion(), std::move(fds));
     case wire::Request::SAVE: {
       auto save = request.getSave();
       auto parsed = parse_block_list(engine, save.getSessionId(), save.getBlocks(), true);
@@ -214,19 +230,8 @@ Status Service::handle_hello(const ConnectionPtr& c, EngineContext& engine, uint
 }
 
 Status Service::handle_register_region(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
-                                       wire::RegisterRegion::Reader region) {
+                                       wire::RegisterRegion::Reader region, std::vector<UniqueFd> fds) {
   const uint32_t region_id = region.getRegionId();
-  // Claim the attached descriptors first so a rejected request never leaves them
-  // queued for the next one.
-  std::vector<UniqueFd> fds;
-  if (region.getFdCount() > ipc::kMaxFdsPerMessage) {
-    return invalid_argument("fdCount {} exceeds {}", region.getFdCount(), ipc::kMaxFdsPerMessage);
-  }
-  for (uint32_t i = 0; i < region.getFdCount(); ++i) {
-    auto fd = c->take_fd();
-    if (!fd.is_ok()) return invalid_argument("fdCount is {} but only {} descriptors arrived", region.getFdCount(), i);
-    fds.push_back(std::move(*fd));
-  }
   if (engine.regions.count(region_id) != 0) {
     return invalid_argument("regionId {} is already registered on this connection", region_id);
   }

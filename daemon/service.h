@@ -86,7 +86,7 @@ class Service final : public ipc::RequestHandler {
   Status dispatch(const ConnectionPtr& connection, EngineContext& engine, wire::Request::Reader request);
   Status handle_hello(const ConnectionPtr& c, EngineContext& engine, uint64_t id, wire::Hello::Reader hello);
   Status handle_register_region(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
-                                wire::RegisterRegion::Reader region);
+                                wire::RegisterRegion::Reader region, std::vector<UniqueFd> fds);
   Status handle_begin_turn(const ConnectionPtr& c, EngineContext& engine, uint64_t id, const std::string& session_id);
   Status handle_close_session(const ConnectionPtr& c, EngineContext& engine, uint64_t id, const std::string& session_id);
   Status handle_stats(const ConnectionPtr& c, EngineContext& engine, uint64_t id, bool all_namespaces);

@@ -4,6 +4,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <boost/asio/post.hpp>
 #include <boost/asio/write.hpp>
 #include <capnp/message.h>
 
@@ -106,11 +107,15 @@ void Connection::deliver_frames() {
 }
 
 void Connection::request_done() {
+  const bool was_paused = in_flight_ >= limits_.max_in_flight;
   if (in_flight_ > 0) --in_flight_;
-  if (open_ && in_flight_ < limits_.max_in_flight) {
-    // Frames already buffered first, then the socket.
-    deliver_frames();
-    read_more();
+  // Resume from the event loop, not from inside the handler that just replied: a
+  // synchronous reply to each of many buffered frames must not recurse.
+  if (was_paused && open_) {
+    asio::post(socket_.get_executor(), [self = shared_from_this()] {
+      self->deliver_frames();
+      self->read_more();
+    });
   }
 }
 
