@@ -16,15 +16,15 @@
 namespace kvtier::bench {
 
 struct CommonOptions {
-  std::string socket;         // empty: start a private kvtierd
-  std::string kvtierd_path;   // empty: kvtierd next to this executable
-  int threads = 2;            // daemon --copy-threads and the memcpy baseline's threads
-  bool keep_temp_dir = false; // keep the private daemon's temp dir (log, data)
+  std::string socket;          // empty: start a private kvtierd
+  std::string kvtierd_path;    // empty: kvtierd next to this executable
+  int threads = 2;             // daemon --copy-threads and the memcpy baseline's threads
+  bool keep_temp_dir = false;  // keep the private daemon's temp dir (log, data)
 };
 
 struct CopyOptions {
   uint32_t blocks = 256;      // 2 MiB blocks per round (256 = 512 MiB)
-  uint32_t rounds = 3;        // fresh hashes each round; the report takes medians
+  uint32_t rounds = 5;        // fresh hashes each round; the report takes medians
   uint32_t batch = 32;        // blocks per Save/Load request
   uint32_t in_flight = 4;     // requests pipelined on the connection
   uint32_t verify_every = 8;  // verify every Nth loaded block (and the last) bit-exact

@@ -4,9 +4,10 @@
 // Both sides move the same thing: 64 plane slices of 32 KiB per block, scattered over
 // a memfd paged cache (engine blocks at shuffled ids), into or out of contiguous 2 MiB
 // slots in pre-touched anonymous memory (the daemon's HBM arena; the baseline's own
-// buffer, allocated the same way). Each round measures the daemon phases and then
-// the memcpy phases, so both see the same machine state; medians over rounds damp
-// the noise of a shared machine.
+// buffer, allocated the same way). Each round times every daemon phase right next to
+// its memcpy counterpart (save/gather, load/scatter), alternating which goes first,
+// so both see the same machine state; medians over rounds damp the noise of a
+// shared machine.
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -25,7 +26,6 @@
 #include "bench/daemon_process.h"
 #include "client/client.h"
 #include "client/paged_cache.h"
-#include "common/units.h"
 
 #ifndef MADV_POPULATE_WRITE
 #define MADV_POPULATE_WRITE 23
@@ -45,7 +45,8 @@ double seconds_since(Clock::time_point start) {
 class SlotBuffer {
  public:
   static Result<SlotBuffer> allocate(uint64_t bytes) {
-    void* mapped = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    void* mapped =
+        ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (mapped == MAP_FAILED) return errno_status(errno, "mmap baseline buffer");
     (void)::madvise(mapped, bytes, MADV_HUGEPAGE);
     if (::madvise(mapped, bytes, MADV_POPULATE_WRITE) != 0) std::memset(mapped, 0, bytes);
@@ -127,8 +128,9 @@ struct RoundResult {
 };
 
 // Checks `sample` blocks of `ids` against `hashes`; DataLoss names the first mismatch.
-Status verify_sample(const PagedCache& cache, std::span<const uint64_t> ids, std::span<const BlockHash> hashes,
-                     uint32_t every, const char* what, uint64_t* verified) {
+Status verify_sample(const PagedCache& cache, std::span<const uint64_t> ids,
+                     std::span<const BlockHash> hashes, uint32_t every, const char* what,
+                     uint64_t* verified) {
   for (size_t i = 0; i < ids.size(); ++i) {
     if (i % every != 0 && i + 1 != ids.size()) continue;
     if (!cache.verify(ids[i], hashes[i])) {
@@ -144,7 +146,8 @@ Status verify_sample(const PagedCache& cache, std::span<const uint64_t> ids, std
 Result<BenchReport> run_copy_bench(const CommonOptions& common, const CopyOptions& options) {
   if (options.blocks == 0 || options.rounds == 0 || options.batch == 0 || options.in_flight == 0 ||
       options.verify_every == 0) {
-    return invalid_argument("--blocks, --rounds, --batch, --in-flight and --verify-every must be positive");
+    return invalid_argument(
+        "--blocks, --rounds, --batch, --in-flight and --verify-every must be positive");
   }
   PagedCacheShape shape;  // 32 layers × K/V planes of 32 KiB: 2 MiB blocks
   shape.model_id = "kvtier-bench/copy";
@@ -163,9 +166,12 @@ Result<BenchReport> run_copy_bench(const CommonOptions& common, const CopyOption
     DaemonOptions daemon_options;
     daemon_options.kvtierd_path = common.kvtierd_path;
     daemon_options.keep_temp_dir = common.keep_temp_dir;
-    daemon_options.args = {"--hbm-bytes", std::to_string(hbm_bytes), "--ram-bytes", "64MiB",
-                           "--copy-threads", std::to_string(common.threads), "--hbm-high-watermark", "1.0",
-                           "--hbm-low-watermark", "0.95", "--hbm-idle-ms", "1h"};
+    daemon_options.args = {"--hbm-bytes",          std::to_string(hbm_bytes),
+                           "--ram-bytes",          "64MiB",
+                           "--copy-threads",       std::to_string(common.threads),
+                           "--hbm-high-watermark", "1.0",
+                           "--hbm-low-watermark",  "0.95",
+                           "--hbm-idle-ms",        "1h"};
     auto started = DaemonProcess::start(daemon_options);
     if (!started.is_ok()) return started.status();
     daemon.emplace(std::move(*started));
@@ -179,14 +185,15 @@ Result<BenchReport> run_copy_bench(const CommonOptions& common, const CopyOption
   auto hello = (*client)->hello(cache->layout(), "kvtier-bench-copy");
   if (!hello.is_ok()) return hello.status();
   if (hello->block_bytes != block_bytes) {
-    return internal_error("kvtierd says blocks are {} bytes; expected {}", hello->block_bytes, block_bytes);
+    return internal_error("kvtierd says blocks are {} bytes; expected {}", hello->block_bytes,
+                          block_bytes);
   }
   if (hello->max_blocks_per_request < options.batch) {
     return invalid_argument("--batch {} exceeds the daemon's {} blocks per request", options.batch,
                             hello->max_blocks_per_request);
   }
-  KVTIER_RETURN_IF_ERROR(
-      (*client)->register_memfd_region(cache->region_id(), cache->region().fd(), cache->region().size_bytes()));
+  KVTIER_RETURN_IF_ERROR((*client)->register_memfd_region(cache->region_id(), cache->region().fd(),
+                                                          cache->region().size_bytes()));
   auto buffer = SlotBuffer::allocate(round_bytes);
   if (!buffer.is_ok()) return buffer.status();
 
@@ -198,11 +205,30 @@ Result<BenchReport> run_copy_bench(const CommonOptions& common, const CopyOption
   std::span<const uint64_t> save_ids(ids.data(), options.blocks);
   std::span<const uint64_t> load_ids(ids.data() + options.blocks, options.blocks);
   // Seeds unique to this run, so a shared daemon never dedups against an earlier run.
-  const std::string run_id = fmt::format("{}-{}", ::getpid(), Clock::now().time_since_epoch().count());
+  const std::string run_id =
+      fmt::format("{}-{}", ::getpid(), Clock::now().time_since_epoch().count());
 
   std::vector<RoundResult> rounds;
   uint64_t verified = 0;
   const double gb = static_cast<double>(round_bytes) / 1e9;
+  std::byte* slots = buffer->data();
+  auto memcpy_gather = [&] {
+    return timed_parallel(common.threads, options.blocks, [&](size_t i) {
+      for (size_t p = 0; p < planes; ++p) {
+        std::memcpy(slots + i * block_bytes + p * plane_bytes, plane_slice(*cache, p, save_ids[i]),
+                    plane_bytes);
+      }
+    });
+  };
+  auto memcpy_scatter = [&] {
+    return timed_parallel(common.threads, options.blocks, [&](size_t i) {
+      for (size_t p = 0; p < planes; ++p) {
+        std::memcpy(plane_slice(*cache, p, load_ids[i]), slots + i * block_bytes + p * plane_bytes,
+                    plane_bytes);
+      }
+    });
+  };
+
   for (uint32_t round = 0; round < options.rounds; ++round) {
     const std::string session = fmt::format("kvtier-bench-copy/{}/round-{}", run_id, round);
     const auto hashes = PagedCache::chain_hashes(session, options.blocks);
@@ -212,51 +238,74 @@ Result<BenchReport> run_copy_bench(const CommonOptions& common, const CopyOption
       save_refs.push_back({hashes[i], save_ids[i]});
       load_refs.push_back({hashes[i], load_ids[i]});
     }
-    zero_blocks(*cache, load_ids);
+    auto daemon_save = [&] {
+      return pipelined<SaveResult>(
+          save_refs, options.batch, options.in_flight,
+          [&](std::span<const BlockRef> chunk) {
+            // The turn ends with the last chunk, as when an engine saves a long prefix.
+            const bool end_of_turn =
+                chunk.data() + chunk.size() == save_refs.data() + save_refs.size();
+            return (*client)->save_async(session, chunk, end_of_turn);
+          },
+          [](const SaveResult& reply, size_t count) -> Status {
+            if (reply.stored != count) {
+              return internal_error("save stored {} of {} fresh blocks ({} deduplicated)",
+                                    reply.stored, count, reply.deduplicated);
+            }
+            return Status::ok();
+          });
+    };
+    // Loads into zeroed blocks, so a load that copied nothing cannot pass verification.
+    auto daemon_load = [&]() -> Result<double> {
+      zero_blocks(*cache, load_ids);
+      auto seconds = pipelined<LoadResult>(
+          load_refs, options.batch, options.in_flight,
+          [&](std::span<const BlockRef> chunk) { return (*client)->load_async(session, chunk); },
+          [](const LoadResult& reply, size_t count) -> Status {
+            if (reply.loaded_count != count || !reply.stop_reason.is_ok()) {
+              return data_loss("load restored {} of {} blocks: {}", reply.loaded_count, count,
+                               reply.stop_reason.to_string());
+            }
+            return Status::ok();
+          });
+      if (!seconds.is_ok()) return seconds;
+      KVTIER_RETURN_IF_ERROR(
+          verify_sample(*cache, load_ids, hashes, options.verify_every, "daemon load", &verified));
+      return seconds;
+    };
+    auto baseline_scatter = [&]() -> Result<double> {
+      zero_blocks(*cache, load_ids);
+      const double seconds = memcpy_scatter();
+      KVTIER_RETURN_IF_ERROR(verify_sample(*cache, load_ids, hashes, options.verify_every,
+                                           "memcpy scatter", &verified));
+      return seconds;
+    };
 
-    auto save_seconds = pipelined<SaveResult>(
-        save_refs, options.batch, options.in_flight,
-        [&](std::span<const BlockRef> chunk) {
-          // The turn ends with the last chunk, as when an engine saves a long prefix.
-          const bool end_of_turn = chunk.data() + chunk.size() == save_refs.data() + save_refs.size();
-          return (*client)->save_async(session, chunk, end_of_turn);
-        },
-        [](const SaveResult& reply, size_t count) -> Status {
-          if (reply.stored != count) {
-            return internal_error("save stored {} of {} fresh blocks ({} deduplicated)", reply.stored, count,
-                                  reply.deduplicated);
-          }
-          return Status::ok();
-        });
-    if (!save_seconds.is_ok()) return save_seconds.status();
-    auto load_seconds = pipelined<LoadResult>(
-        load_refs, options.batch, options.in_flight,
-        [&](std::span<const BlockRef> chunk) { return (*client)->load_async(session, chunk); },
-        [](const LoadResult& reply, size_t count) -> Status {
-          if (reply.loaded_count != count || !reply.stop_reason.is_ok()) {
-            return data_loss("load restored {} of {} blocks: {}", reply.loaded_count, count,
-                             reply.stop_reason.to_string());
-          }
-          return Status::ok();
-        });
-    if (!load_seconds.is_ok()) return load_seconds.status();
-    KVTIER_RETURN_IF_ERROR(verify_sample(*cache, load_ids, hashes, options.verify_every, "daemon load", &verified));
+    // Each daemon phase runs right next to its baseline, and which of the two goes
+    // first alternates by round, so neither always meets the same machine state.
+    const bool daemon_first = round % 2 == 0;
+    Result<double> save_seconds = 0.0, load_seconds = 0.0, scatter_seconds = 0.0;
+    double gather_seconds = 0;
+    if (daemon_first) {
+      save_seconds = daemon_save();
+      if (!save_seconds.is_ok()) return save_seconds.status();
+      gather_seconds = memcpy_gather();
+      load_seconds = daemon_load();
+      if (!load_seconds.is_ok()) return load_seconds.status();
+      scatter_seconds = baseline_scatter();
+      if (!scatter_seconds.is_ok()) return scatter_seconds.status();
+    } else {
+      gather_seconds = memcpy_gather();
+      save_seconds = daemon_save();
+      if (!save_seconds.is_ok()) return save_seconds.status();
+      scatter_seconds = baseline_scatter();
+      if (!scatter_seconds.is_ok()) return scatter_seconds.status();
+      load_seconds = daemon_load();
+      if (!load_seconds.is_ok()) return load_seconds.status();
+    }
     if (auto closed = (*client)->close_session(session); !closed.is_ok()) return closed.status();
-
-    zero_blocks(*cache, load_ids);
-    std::byte* slots = buffer->data();
-    const double gather_seconds = timed_parallel(common.threads, options.blocks, [&](size_t i) {
-      for (size_t p = 0; p < planes; ++p) {
-        std::memcpy(slots + i * block_bytes + p * plane_bytes, plane_slice(*cache, p, save_ids[i]), plane_bytes);
-      }
-    });
-    const double scatter_seconds = timed_parallel(common.threads, options.blocks, [&](size_t i) {
-      for (size_t p = 0; p < planes; ++p) {
-        std::memcpy(plane_slice(*cache, p, load_ids[i]), slots + i * block_bytes + p * plane_bytes, plane_bytes);
-      }
-    });
-    KVTIER_RETURN_IF_ERROR(verify_sample(*cache, load_ids, hashes, options.verify_every, "memcpy scatter", &verified));
-    rounds.push_back({gb / *save_seconds, gb / *load_seconds, gb / gather_seconds, gb / scatter_seconds});
+    rounds.push_back(
+        {gb / *save_seconds, gb / *load_seconds, gb / gather_seconds, gb / *scatter_seconds});
   }
 
   Status stopped = daemon ? daemon->stop() : Status::ok();
@@ -274,12 +323,15 @@ Result<BenchReport> run_copy_bench(const CommonOptions& common, const CopyOption
   report.config("in_flight", int64_t{options.in_flight});
   report.config("verify_every", int64_t{options.verify_every});
   if (daemon) report.config("hbm_bytes", static_cast<int64_t>(hbm_bytes));
-  report.config("aggregate", std::string("median over rounds; ratios are medians of per-round ratios"));
+  report.config("order",
+                std::string("save|gather then load|scatter; first of each pair alternates"));
+  report.config("aggregate",
+                std::string("median over rounds; ratios are medians of per-round ratios"));
   report.config("gb", std::string("1e9 bytes"));
 
   std::vector<double> save, load, gather, scatter, save_ratio, load_ratio;
-  report.note(fmt::format("  {:<6} {:>10} {:>10} {:>10} {:>10} {:>11} {:>11}", "round", "save GB/s", "load GB/s",
-                          "gather", "scatter", "save/gather", "load/scatter"));
+  report.note(fmt::format("  {:<6} {:>10} {:>10} {:>10} {:>10} {:>11} {:>12}", "round", "save GB/s",
+                          "load GB/s", "gather", "scatter", "save/gather", "load/scatter"));
   for (size_t r = 0; r < rounds.size(); ++r) {
     const RoundResult& x = rounds[r];
     save.push_back(x.save_gbps);
@@ -288,9 +340,9 @@ Result<BenchReport> run_copy_bench(const CommonOptions& common, const CopyOption
     scatter.push_back(x.scatter_gbps);
     save_ratio.push_back(x.save_gbps / x.gather_gbps);
     load_ratio.push_back(x.load_gbps / x.scatter_gbps);
-    report.note(fmt::format("  {:<6} {:>10.2f} {:>10.2f} {:>10.2f} {:>10.2f} {:>11.3f} {:>11.3f}", r + 1,
-                            x.save_gbps, x.load_gbps, x.gather_gbps, x.scatter_gbps, save_ratio.back(),
-                            load_ratio.back()));
+    report.note(fmt::format("  {:<6} {:>10.2f} {:>10.2f} {:>10.2f} {:>10.2f} {:>11.3f} {:>12.3f}",
+                            r + 1, x.save_gbps, x.load_gbps, x.gather_gbps, x.scatter_gbps,
+                            save_ratio.back(), load_ratio.back()));
   }
   report.result("daemon_save_gbps", median(save));
   report.result("daemon_load_gbps", median(load));
@@ -298,8 +350,10 @@ Result<BenchReport> run_copy_bench(const CommonOptions& common, const CopyOption
   report.result("memcpy_scatter_gbps", median(scatter));
   report.result("save_vs_gather_ratio", median(save_ratio));
   report.result("load_vs_scatter_ratio", median(load_ratio));
-  report.result("save_vs_gather_ratio_min", *std::min_element(save_ratio.begin(), save_ratio.end()));
-  report.result("load_vs_scatter_ratio_min", *std::min_element(load_ratio.begin(), load_ratio.end()));
+  report.result("save_vs_gather_ratio_min",
+                *std::min_element(save_ratio.begin(), save_ratio.end()));
+  report.result("load_vs_scatter_ratio_min",
+                *std::min_element(load_ratio.begin(), load_ratio.end()));
   report.result("verified_blocks", static_cast<double>(verified));
   report.target("save_vs_gather_ratio", ">=", 0.8);
   report.target("load_vs_scatter_ratio", ">=", 0.8);

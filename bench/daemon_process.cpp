@@ -44,7 +44,8 @@ bool reaped(pid_t pid, int* wait_status) {
 
 std::string describe_exit(int wait_status) {
   if (WIFEXITED(wait_status)) return fmt::format("exited with status {}", WEXITSTATUS(wait_status));
-  if (WIFSIGNALED(wait_status)) return fmt::format("was killed by signal {}", WTERMSIG(wait_status));
+  if (WIFSIGNALED(wait_status))
+    return fmt::format("was killed by signal {}", WTERMSIG(wait_status));
   return "stopped";
 }
 
@@ -83,8 +84,8 @@ Result<DaemonProcess> DaemonProcess::start(const DaemonOptions& options) {
   const std::string binary =
       options.kvtierd_path.empty() ? kvtierd_next_to_this_executable() : options.kvtierd_path;
   if (::access(binary.c_str(), X_OK) != 0) {
-    return not_found("kvtierd binary {} is not executable ({}); build it or pass --kvtierd PATH", binary,
-                     std::strerror(errno));
+    return not_found("kvtierd binary {} is not executable ({}); build it or pass --kvtierd PATH",
+                     binary, std::strerror(errno));
   }
   const char* tmp = std::getenv("TMPDIR");
   std::string pattern = std::string(tmp && *tmp ? tmp : "/tmp") + "/kvtier-bench-XXXXXX";
@@ -92,8 +93,9 @@ Result<DaemonProcess> DaemonProcess::start(const DaemonOptions& options) {
 
   // From here the destructor of `daemon` removes the temp dir on every error path.
   DaemonProcess daemon(-1, pattern, options.keep_temp_dir);
-  std::vector<std::string> args = {binary,   "--socket",  daemon.socket_path_,
-                                   "--data-dir", daemon.temp_dir_ + "/data", "--device", "host"};
+  std::vector<std::string> args = {
+      binary,     "--socket", daemon.socket_path_, "--data-dir", daemon.temp_dir_ + "/data",
+      "--device", "host"};
   args.insert(args.end(), options.args.begin(), options.args.end());
   std::vector<char*> argv;
   for (std::string& arg : args) argv.push_back(arg.data());
@@ -121,17 +123,19 @@ Result<DaemonProcess> DaemonProcess::start(const DaemonOptions& options) {
   }
   daemon.pid_ = pid;
 
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(options.ready_timeout_ms);
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::milliseconds(options.ready_timeout_ms);
   while (!socket_accepts(daemon.socket_path_)) {
     int wait_status = 0;
     if (reaped(pid, &wait_status)) {
       daemon.pid_ = -1;
-      return unavailable("kvtierd {} before it listened; end of {}:\n{}", describe_exit(wait_status),
-                         daemon.log_path_, daemon.log_tail());
+      return unavailable("kvtierd {} before it listened; end of {}:\n{}",
+                         describe_exit(wait_status), daemon.log_path_, daemon.log_tail());
     }
     if (std::chrono::steady_clock::now() > deadline) {
-      return unavailable("kvtierd did not listen on {} within {} ms; end of {}:\n{}", daemon.socket_path_,
-                         options.ready_timeout_ms, daemon.log_path_, daemon.log_tail());
+      return unavailable("kvtierd did not listen on {} within {} ms; end of {}:\n{}",
+                         daemon.socket_path_, options.ready_timeout_ms, daemon.log_path_,
+                         daemon.log_tail());
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
@@ -154,8 +158,8 @@ Status DaemonProcess::stop(int timeout_ms) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   if (WIFEXITED(wait_status) && WEXITSTATUS(wait_status) == 0) return Status::ok();
-  return unavailable("kvtierd {} after SIGTERM; end of {}:\n{}", describe_exit(wait_status), log_path_,
-                     log_tail());
+  return unavailable("kvtierd {} after SIGTERM; end of {}:\n{}", describe_exit(wait_status),
+                     log_path_, log_tail());
 }
 
 std::string DaemonProcess::log_tail(size_t max_bytes) const {

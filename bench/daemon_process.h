@@ -20,10 +20,10 @@
 namespace kvtier::bench {
 
 struct DaemonOptions {
-  std::string kvtierd_path;           // empty: "kvtierd" next to this executable
-  std::vector<std::string> args;      // extra flags (sizes, copy threads, ...)
-  bool keep_temp_dir = false;         // leave the log and data dir for inspection
-  int ready_timeout_ms = 15'000;      // until the socket accepts connections
+  std::string kvtierd_path;       // empty: "kvtierd" next to this executable
+  std::vector<std::string> args;  // extra flags (sizes, copy threads, ...)
+  bool keep_temp_dir = false;     // leave the log and data dir for inspection
+  int ready_timeout_ms = 15'000;  // until the socket accepts connections
 };
 
 class DaemonProcess {

@@ -73,11 +73,12 @@ std::string table_value(const ConfigValue& value) {
       value);
 }
 
-// Four significant figures reads well for both 0.8123 and 12345.6.
+// Four significant figures for small values (0.8123, 15.34); whole numbers and
+// anything from 1000 up without an exponent (38510.2, 3355443200).
 std::string table_number(double value) {
   if (!std::isfinite(value)) return "n/a";
-  if (value != 0 && std::fabs(value) >= 1e6) return fmt::format("{:.0f}", value);
-  if (value == std::floor(value) && std::fabs(value) < 1e6) return fmt::format("{:.0f}", value);
+  if (value == std::floor(value) && std::fabs(value) < 1e15) return fmt::format("{:.0f}", value);
+  if (std::fabs(value) >= 1000) return fmt::format("{:.1f}", value);
   return fmt::format("{:.4g}", value);
 }
 
@@ -98,18 +99,21 @@ bool BenchReport::all_targets_met() const {
 std::string BenchReport::to_json() const {
   std::string out = "{\"bench\": " + json_string(bench_) + ", \"config\": {";
   for (size_t i = 0; i < config_.size(); ++i) {
-    out += fmt::format("{}{}: {}", i ? ", " : "", json_string(config_[i].first), json_value(config_[i].second));
+    out += fmt::format("{}{}: {}", i ? ", " : "", json_string(config_[i].first),
+                       json_value(config_[i].second));
   }
   out += "}, \"results\": {";
   for (size_t i = 0; i < results_.size(); ++i) {
-    out += fmt::format("{}{}: {}", i ? ", " : "", json_string(results_[i].first), json_number(results_[i].second));
+    out += fmt::format("{}{}: {}", i ? ", " : "", json_string(results_[i].first),
+                       json_number(results_[i].second));
   }
   out += "}, \"targets\": [";
   for (size_t i = 0; i < targets_.size(); ++i) {
     const Target& t = targets_[i];
-    out += fmt::format("{}{{\"metric\": {}, \"value\": {}, \"op\": {}, \"target\": {}, \"met\": {}}}",
-                       i ? ", " : "", json_string(t.metric), json_number(t.value), json_string(t.op),
-                       json_number(t.target), t.met() ? "true" : "false");
+    out +=
+        fmt::format("{}{{\"metric\": {}, \"value\": {}, \"op\": {}, \"target\": {}, \"met\": {}}}",
+                    i ? ", " : "", json_string(t.metric), json_number(t.value), json_string(t.op),
+                    json_number(t.target), t.met() ? "true" : "false");
   }
   return out + "]}\n";
 }
@@ -134,8 +138,9 @@ void BenchReport::print_table(std::FILE* out) const {
   if (targets_.empty()) return;
   std::fprintf(out, "\ntargets\n");
   for (const Target& t : targets_) {
-    std::fprintf(out, "  %-*s  %12s %s %-8s %s\n", w, t.metric.c_str(), table_number(t.value).c_str(),
-                 t.op.c_str(), table_number(t.target).c_str(), t.met() ? "met" : "MISSED");
+    std::fprintf(out, "  %-*s  %12s %s %-8s %s\n", w, t.metric.c_str(),
+                 table_number(t.value).c_str(), t.op.c_str(), table_number(t.target).c_str(),
+                 t.met() ? "met" : "MISSED");
   }
 }
 

@@ -32,7 +32,9 @@ class BenchReport {
  public:
   explicit BenchReport(std::string bench) : bench_(std::move(bench)) {}
 
-  void config(std::string key, ConfigValue value) { config_.emplace_back(std::move(key), std::move(value)); }
+  void config(std::string key, ConfigValue value) {
+    config_.emplace_back(std::move(key), std::move(value));
+  }
   void result(std::string metric, double value) { results_.emplace_back(std::move(metric), value); }
   // Adds a target on a metric already added with result(); op is ">=" or "<=".
   void target(const std::string& metric, const std::string& op, double target);

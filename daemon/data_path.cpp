@@ -7,6 +7,7 @@
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/post.hpp>
 
+#include <unordered_map>
 #include <unordered_set>
 
 #include "common/log.h"
@@ -53,7 +54,8 @@ std::unique_ptr<policy::PlacementView> Service::make_placement_view(const BlockS
 Result<BlockListRequest> Service::parse_block_list(const EngineContext& engine,
                                                    capnp::Text::Reader session,
                                                    capnp::List<wire::BlockRef>::Reader blocks,
-                                                   bool need_session) {
+                                                   BlockListKind kind) {
+  const bool need_session = kind == BlockListKind::kSave;
   BlockListRequest request;
   request.session_id = session.cStr();
   if (need_session && request.session_id.empty()) return invalid_argument("sessionId is empty");
@@ -67,6 +69,8 @@ Result<BlockListRequest> Service::parse_block_list(const EngineContext& engine,
       return invalid_argument("region {} named by the layout is not registered yet", plane.region_id);
     }
   }
+  // A Load writes into the engine's blocks: two entries naming one target would race.
+  std::unordered_map<uint64_t, unsigned> load_targets;
   request.hashes.reserve(blocks.size());
   request.engine_block_ids.reserve(blocks.size());
   for (unsigned i = 0; i < blocks.size(); ++i) {
@@ -78,6 +82,13 @@ Result<BlockListRequest> Service::parse_block_list(const EngineContext& engine,
     if (block_id >= engine.layout.num_blocks) {
       return invalid_argument("blocks[{}].engineBlockId {} is beyond the layout's {} blocks", i, block_id,
                               engine.layout.num_blocks);
+    }
+    if (kind == BlockListKind::kLoad) {
+      auto [it, inserted] = load_targets.emplace(block_id, i);
+      if (!inserted) {
+        return invalid_argument("blocks[{}].engineBlockId {} is already the target of blocks[{}]", i,
+                                block_id, it->second);
+      }
     }
     request.hashes.emplace_back(std::span<const uint8_t>(hash.begin(), hash.size()));
     request.engine_block_ids.push_back(block_id);
@@ -118,15 +129,18 @@ Result<std::optional<BlockLocation>> Service::reserve_block(const BlockKey& key,
   static constexpr Tier kSaveTiers[] = {Tier::kHbm, Tier::kRam};
   auto reserved = store_->reserve(key, kSaveTiers, now_ms());
   if (reserved.is_ok() || reserved.status().code() != StatusCode::kResourceExhausted) return reserved;
-  // Every tier is full: drop the coldest blocks of the slowest tier to make room.
-  const Tier victim_tier = store_->memory(Tier::kRam) != nullptr ? Tier::kRam : Tier::kHbm;
-  auto moves = planner_.make_room(victim_tier, block_bytes, sessions_, *view_);
-  if (moves.empty()) {
-    return resource_exhausted("no room for a {}-byte block: every tier is full of pinned or in-flight blocks",
-                              block_bytes);
+  // Every tier is full: drop the coldest blocks to make room, from the slowest tier
+  // that has any to give (RAM may hold only blocks in flight while HBM holds cold ones).
+  for (Tier victim_tier : {Tier::kRam, Tier::kHbm}) {
+    if (store_->memory(victim_tier) == nullptr) continue;
+    auto moves = planner_.make_room(victim_tier, block_bytes, sessions_, *view_);
+    if (moves.empty()) continue;
+    apply_moves(moves);
+    return store_->reserve(key, kSaveTiers, now_ms());
   }
-  apply_moves(moves);
-  return store_->reserve(key, kSaveTiers, now_ms());
+  return resource_exhausted(
+      "no room for a {}-byte block: every tier is full of blocks that are being copied or read; retry",
+      block_bytes);
 }
 
 Status Service::handle_save(const ConnectionPtr& c, EngineContext& engine, uint64_t id, BlockListRequest request) {

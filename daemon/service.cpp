@@ -150,7 +150,7 @@ Status Service::dispatch(const ConnectionPtr& c, EngineContext& engine, wire::Re
       return handle_register_region(c, engine, id, request.getRegisterRegion(), std::move(fds));
     case wire::Request::SAVE: {
       auto save = request.getSave();
-      auto parsed = parse_block_list(engine, save.getSessionId(), save.getBlocks(), true);
+      auto parsed = parse_block_list(engine, save.getSessionId(), save.getBlocks(), BlockListKind::kSave);
       if (!parsed.is_ok()) return parsed.status();
       parsed->end_of_turn = save.getEndOfTurn();
       return handle_save(c, engine, id, std::move(*parsed));
@@ -159,7 +159,7 @@ Status Service::dispatch(const ConnectionPtr& c, EngineContext& engine, wire::Re
       return handle_lookup(c, engine, id, request.getLookup().getHashes());
     case wire::Request::LOAD: {
       auto load = request.getLoad();
-      auto parsed = parse_block_list(engine, load.getSessionId(), load.getBlocks(), false);
+      auto parsed = parse_block_list(engine, load.getSessionId(), load.getBlocks(), BlockListKind::kLoad);
       if (!parsed.is_ok()) return parsed.status();
       return handle_load(c, engine, id, std::move(*parsed));
     }

@@ -53,6 +53,8 @@ struct EngineContext {
   std::map<uint32_t, std::shared_ptr<Memory>> regions;  // region id → opened memory
 };
 
+enum class BlockListKind { kSave, kLoad };
+
 // A validated Save or Load, copied out of the wire message before any work starts.
 struct BlockListRequest {
   std::string session_id;
@@ -98,7 +100,7 @@ class Service final : public ipc::RequestHandler {
 
   // data_path.cpp: blocks in and out, and moves between tiers.
   Result<BlockListRequest> parse_block_list(const EngineContext& engine, capnp::Text::Reader session,
-                                            capnp::List<wire::BlockRef>::Reader blocks, bool need_session);
+                                            capnp::List<wire::BlockRef>::Reader blocks, BlockListKind kind);
   Status handle_save(const ConnectionPtr& c, EngineContext& engine, uint64_t id, BlockListRequest request);
   Status handle_lookup(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
                        capnp::List<capnp::Data>::Reader hashes);

@@ -89,6 +89,9 @@ void Connection::on_readable() {
     parser_.commit(received->bytes);
     deliver_frames();
     if (in_flight_ >= limits_.max_in_flight) break;
+    // A short read means the socket is drained: skip the recvmsg that would only say
+    // EAGAIN.
+    if (received->bytes < space.size()) break;
   }
   read_more();
 }

@@ -1,7 +1,7 @@
 // Harness for the multi-process integration tests: start and stop a real kvtierd on a
 // Unix socket in a fresh temporary directory, run the example engine and kvtierctl as
-// processes, fork engine children, talk raw protocol, and poll the daemon's Stats with
-// a deadline instead of sleeping.
+// processes, fork engine children, and poll the daemon's Stats with a deadline instead
+// of sleeping. (Raw protocol access is in raw_connection.h.)
 //
 // Process rules the tests rely on:
 //  * fork_child() must be called while the test process has no threads besides main
@@ -28,7 +28,6 @@
 
 #include "client/client.h"
 #include "client/paged_cache.h"
-#include "ipc/client_transport.h"
 #include "schema/kvtier.capnp.h"
 
 namespace kvtier::integration {
@@ -36,7 +35,8 @@ namespace kvtier::integration {
 using std::chrono::milliseconds;
 inline constexpr milliseconds kDeadline{60'000};
 
-// A binary built next to the tests: kvtierd, kvtierctl, kvtier-example-engine.
+// A binary built next to the tests: kvtierd, kvtierctl, kvtier-example-engine
+// ($KVTIER_TEST_BIN_DIR, when set, names another directory holding them).
 std::string binary_path(const std::string& name);
 
 // How a child process ended.
@@ -74,7 +74,8 @@ class Daemon {
  public:
   // Starts kvtierd with `flags` (besides --socket) and waits until the socket accepts
   // connections. Unavailable when it exits or never listens; the message has its log.
-  static Result<std::unique_ptr<Daemon>> start(const std::vector<std::string>& flags = small_tier_flags());
+  static Result<std::unique_ptr<Daemon>> start(
+      const std::vector<std::string>& flags = small_tier_flags());
   ~Daemon();  // SIGKILLs a daemon still running; removes the directory; logs on failure
 
   Daemon(const Daemon&) = delete;
@@ -104,11 +105,22 @@ class Daemon {
   ProcessResult run_kvtierctl(const std::vector<std::string>& args) const;
 
  private:
-  Daemon(std::string dir, pid_t pid) : dir_(std::move(dir)), socket_path_(dir_ + "/kvtierd.sock"), pid_(pid) {}
+  Daemon(std::string dir, pid_t pid)
+      : dir_(std::move(dir)), socket_path_(dir_ + "/kvtierd.sock"), pid_(pid) {}
   std::string dir_;
   std::string socket_path_;
   pid_t pid_;
   std::optional<ExitStatus> exit_;  // set once reaped
+};
+
+// A fixture with one daemon per test, started with daemon_flags() and stopped with
+// SIGTERM at the end (asserting exit code 0).
+class DaemonTest : public ::testing::Test {
+ protected:
+  virtual std::vector<std::string> daemon_flags() const { return small_tier_flags(); }
+  void SetUp() override;
+  void TearDown() override;
+  std::unique_ptr<Daemon> daemon_;
 };
 
 // An engine inside this process (or a forked child): a paged cache registered with
@@ -138,41 +150,15 @@ const TierStatsInfo* find_tier(const StatsInfo& stats, Tier tier);
 ::testing::AssertionResult NoLeakedSlots(const StatsInfo& stats, uint64_t block_bytes);
 uint64_t total_blocks(const StatsInfo& stats);
 
+// A fresh engine connection can read Stats, save `session` (4 blocks) and load it
+// back bit-exact: the daemon still serves normal requests.
+::testing::AssertionResult ServesSaveAndLoad(const Daemon& daemon, const std::string& session);
+
 // `status` failed with `code` and its message contains `fragment`.
-::testing::AssertionResult IsError(const Status& status, StatusCode code, std::string_view fragment);
+::testing::AssertionResult IsError(const Status& status, StatusCode code,
+                                   std::string_view fragment);
 
 // For forked children: prints what failed and returns a nonzero exit code.
 int child_failure(int code, const std::string& what, const Status& status = Status::ok());
-
-// Raw protocol access for requests kvtier::Client cannot express.
-class RawConnection {
- public:
-  static Result<RawConnection> connect(const std::string& socket_path);
-
-  // Sends one Request with `id` whose body `fill` writes.
-  Status send(uint64_t id, const std::function<void(wire::Request::Builder)>& fill,
-              std::span<const int> fds = {});
-  Status send_bytes(std::span<const std::byte> bytes) { return transport_.send_raw(bytes); }
-  void shutdown_write() { transport_.shutdown_write(); }
-  // The next frame; Unavailable once the daemon closed; Internal after `timeout`.
-  Result<ipc::Frame> receive(milliseconds timeout = kDeadline);
-  // Receives one Response: its id and, for an Error reply, the error as a Status
-  // (OK for any other reply kind).
-  struct Reply {
-    uint64_t id;
-    Status error;
-    wire::Response::Which which;
-  };
-  Result<Reply> receive_reply(milliseconds timeout = kDeadline);
-  // Reads until the daemon closes the stream; the replies seen, or Internal on timeout.
-  Result<std::vector<Reply>> drain_until_closed(milliseconds timeout = kDeadline);
-
- private:
-  explicit RawConnection(ipc::ClientTransport transport) : transport_(std::move(transport)) {}
-  ipc::ClientTransport transport_;
-};
-
-// Writes `layout` into a wire Layout, as Client::hello does.
-void fill_layout(wire::Layout::Builder out, const LayoutSpec& layout);
 
 }  // namespace kvtier::integration
