@@ -17,9 +17,15 @@ std::string json_escape(const std::string& text) {
   std::string out;
   for (char ch : text) {
     switch (ch) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
       default:
         if (static_cast<unsigned char>(ch) < 0x20) {
           out += fmt::format("\\u{:04x}", static_cast<int>(ch));
@@ -51,13 +57,18 @@ int print_status(Client& client, bool json, bool all) {
         R"("bytes":{"saved":%llu,"loaded":%llu,"demoted":%llu,"promoted":%llu},)"
         R"("pinned_blocks":%llu,"copies_in_flight":%llu,"connections":%u,"blocks_evicted":%llu,"data_loss_blocks":%llu})"
         "\n",
-        json_escape(s.device_name).c_str(), static_cast<unsigned long long>(s.uptime_ms), tiers.c_str(),
-        static_cast<unsigned long long>(s.sessions_active), static_cast<unsigned long long>(s.sessions_idle),
-        static_cast<unsigned long long>(s.lookup_hits), static_cast<unsigned long long>(s.lookup_misses),
-        static_cast<unsigned long long>(s.bytes_saved), static_cast<unsigned long long>(s.bytes_loaded),
-        static_cast<unsigned long long>(s.bytes_demoted), static_cast<unsigned long long>(s.bytes_promoted),
-        static_cast<unsigned long long>(s.pinned_blocks), static_cast<unsigned long long>(s.copies_in_flight),
-        s.connections, static_cast<unsigned long long>(s.blocks_evicted),
+        json_escape(s.device_name).c_str(), static_cast<unsigned long long>(s.uptime_ms),
+        tiers.c_str(), static_cast<unsigned long long>(s.sessions_active),
+        static_cast<unsigned long long>(s.sessions_idle),
+        static_cast<unsigned long long>(s.lookup_hits),
+        static_cast<unsigned long long>(s.lookup_misses),
+        static_cast<unsigned long long>(s.bytes_saved),
+        static_cast<unsigned long long>(s.bytes_loaded),
+        static_cast<unsigned long long>(s.bytes_demoted),
+        static_cast<unsigned long long>(s.bytes_promoted),
+        static_cast<unsigned long long>(s.pinned_blocks),
+        static_cast<unsigned long long>(s.copies_in_flight), s.connections,
+        static_cast<unsigned long long>(s.blocks_evicted),
         static_cast<unsigned long long>(s.data_loss_blocks));
     return 0;
   }
@@ -70,17 +81,20 @@ int print_status(Client& client, bool json, bool all) {
                 format_bytes(t.capacity_bytes).c_str(), format_bytes(t.used_bytes).c_str(), percent,
                 static_cast<unsigned long long>(t.blocks));
   }
-  std::printf("\nsessions   %llu active, %llu idle\n", static_cast<unsigned long long>(s.sessions_active),
+  std::printf("\nsessions   %llu active, %llu idle\n",
+              static_cast<unsigned long long>(s.sessions_active),
               static_cast<unsigned long long>(s.sessions_idle));
   std::printf("lookups    %llu hits, %llu misses\n", static_cast<unsigned long long>(s.lookup_hits),
               static_cast<unsigned long long>(s.lookup_misses));
-  std::printf("moved      %s saved, %s loaded, %s demoted, %s promoted\n", format_bytes(s.bytes_saved).c_str(),
-              format_bytes(s.bytes_loaded).c_str(), format_bytes(s.bytes_demoted).c_str(),
-              format_bytes(s.bytes_promoted).c_str());
-  std::printf("in flight  %llu copies, %llu pinned blocks\n", static_cast<unsigned long long>(s.copies_in_flight),
+  std::printf("moved      %s saved, %s loaded, %s demoted, %s promoted\n",
+              format_bytes(s.bytes_saved).c_str(), format_bytes(s.bytes_loaded).c_str(),
+              format_bytes(s.bytes_demoted).c_str(), format_bytes(s.bytes_promoted).c_str());
+  std::printf("in flight  %llu copies, %llu pinned blocks\n",
+              static_cast<unsigned long long>(s.copies_in_flight),
               static_cast<unsigned long long>(s.pinned_blocks));
   std::printf("dropped    %llu evicted, %llu lost to corruption\n",
-              static_cast<unsigned long long>(s.blocks_evicted), static_cast<unsigned long long>(s.data_loss_blocks));
+              static_cast<unsigned long long>(s.blocks_evicted),
+              static_cast<unsigned long long>(s.data_loss_blocks));
   return 0;
 }
 
@@ -94,12 +108,14 @@ int print_sessions(Client& client, bool json, bool all) {
     std::string out;
     for (const auto& s : *sessions) {
       if (!out.empty()) out += ",";
-      auto tier = [&](size_t i) { return i < s.blocks_per_tier.size() ? s.blocks_per_tier[i] : 0u; };
+      auto tier = [&](size_t i) {
+        return i < s.blocks_per_tier.size() ? s.blocks_per_tier[i] : 0u;
+      };
       out += fmt::format(
           R"({{"id":"{}","namespace":"{}","state":"{}","idle_ms":{},"turns":{},"blocks":{},)"
           R"("blocks_per_tier":{{"hbm":{},"ram":{},"nvme":{},"none":{}}},"layout_digest":"{:016x}"}})",
-          json_escape(s.session_id), json_escape(s.namespace_name), s.active ? "active" : "idle", s.idle_ms,
-          s.turns, s.blocks, tier(0), tier(1), tier(2), tier(3), s.layout_digest);
+          json_escape(s.session_id), json_escape(s.namespace_name), s.active ? "active" : "idle",
+          s.idle_ms, s.turns, s.blocks, tier(0), tier(1), tier(2), tier(3), s.layout_digest);
     }
     std::printf("{\"sessions\":[%s]}\n", out.c_str());
     return 0;
@@ -108,9 +124,10 @@ int print_sessions(Client& client, bool json, bool all) {
               "TURNS", "BLOCKS", "HBM", "RAM", "GONE");
   for (const auto& s : *sessions) {
     auto tier = [&](size_t i) { return i < s.blocks_per_tier.size() ? s.blocks_per_tier[i] : 0u; };
-    std::printf("%-32s %-14s %-7s %9s %6u %7u %6u %6u %6u\n", s.session_id.c_str(), s.namespace_name.c_str(),
-                s.active ? "active" : "idle", s.active ? "-" : format_duration_ms(s.idle_ms).c_str(), s.turns,
-                s.blocks, tier(0), tier(1), tier(3));
+    std::printf("%-32s %-14s %-7s %9s %6u %7u %6u %6u %6u\n", s.session_id.c_str(),
+                s.namespace_name.c_str(), s.active ? "active" : "idle",
+                s.active ? "-" : format_duration_ms(s.idle_ms).c_str(), s.turns, s.blocks, tier(0),
+                tier(1), tier(3));
   }
   if (sessions->empty()) std::printf("(no sessions)\n");
   return 0;

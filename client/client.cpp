@@ -45,9 +45,8 @@ std::string Client::default_socket_path() {
 Result<std::unique_ptr<Client>> Client::connect(const std::string& socket_path) {
   auto transport = ipc::ClientTransport::connect(socket_path);
   if (!transport.is_ok()) {
-    return Status(StatusCode::kUnavailable,
-                  fmt::format("cannot reach kvtierd at {}: {}", socket_path,
-                              transport.status().message()));
+    return Status(StatusCode::kUnavailable, fmt::format("cannot reach kvtierd at {}: {}",
+                                                        socket_path, transport.status().message()));
   }
   return std::unique_ptr<Client>(new Client(std::move(*transport)));
 }
@@ -157,9 +156,8 @@ Result<HelloInfo> Client::hello(const LayoutSpec& layout, const std::string& eng
       [](wire::Response::Reader response) -> Result<HelloInfo> {
         if (!response.isHello()) return unexpected_reply(response, "Hello");
         auto reply = response.getHello();
-        return HelloInfo{reply.getProtocolVersion(), reply.getLayoutDigest(),
-                         reply.getBlockBytes(), reply.getNamespaceName().cStr(),
-                         reply.getMaxBlocksPerRequest()};
+        return HelloInfo{reply.getProtocolVersion(), reply.getLayoutDigest(), reply.getBlockBytes(),
+                         reply.getNamespaceName().cStr(), reply.getMaxBlocksPerRequest()};
       });
 }
 
@@ -174,7 +172,8 @@ Status Client::register_memfd_region(uint32_t region_id, int memfd, uint64_t siz
                region.setFdCount(1);
              },
              [](wire::Response::Reader response) -> Result<uint32_t> {
-               if (!response.isRegisterRegion()) return unexpected_reply(response, "RegisterRegion");
+               if (!response.isRegisterRegion())
+                 return unexpected_reply(response, "RegisterRegion");
                return response.getRegisterRegion().getRegionId();
              },
              fds)
@@ -189,25 +188,30 @@ Pending<SaveResult> Client::save_async(const std::string& session_id,
     save.setEndOfTurn(end_of_turn);
     fill_blocks(save.initBlocks(static_cast<unsigned>(blocks.size())), blocks);
   });
-  return Pending<SaveResult>(this, std::move(id), [](wire::Response::Reader response) -> Result<SaveResult> {
-    if (!response.isSave()) return unexpected_reply(response, "Save");
-    auto reply = response.getSave();
-    return SaveResult{reply.getStored(), reply.getDeduplicated()};
-  });
+  return Pending<SaveResult>(this, std::move(id),
+                             [](wire::Response::Reader response) -> Result<SaveResult> {
+                               if (!response.isSave()) return unexpected_reply(response, "Save");
+                               auto reply = response.getSave();
+                               return SaveResult{reply.getStored(), reply.getDeduplicated()};
+                             });
 }
 
 Pending<LookupResult> Client::lookup_async(std::span<const BlockHash> hashes) {
   auto id = send([&](wire::Request::Builder request) {
     auto list = request.initLookup().initHashes(static_cast<unsigned>(hashes.size()));
-    for (size_t i = 0; i < hashes.size(); ++i) list.set(static_cast<unsigned>(i), as_data(hashes[i]));
+    for (size_t i = 0; i < hashes.size(); ++i)
+      list.set(static_cast<unsigned>(i), as_data(hashes[i]));
   });
-  return Pending<LookupResult>(this, std::move(id), [](wire::Response::Reader response) -> Result<LookupResult> {
-    if (!response.isLookup()) return unexpected_reply(response, "Lookup");
-    auto reply = response.getLookup();
-    LookupResult result{reply.getHitCount(), {}};
-    for (auto tier : reply.getTiers()) result.tiers.push_back(static_cast<Tier>(tier));
-    return result;
-  });
+  return Pending<LookupResult>(this, std::move(id),
+                               [](wire::Response::Reader response) -> Result<LookupResult> {
+                                 if (!response.isLookup())
+                                   return unexpected_reply(response, "Lookup");
+                                 auto reply = response.getLookup();
+                                 LookupResult result{reply.getHitCount(), {}};
+                                 for (auto tier : reply.getTiers())
+                                   result.tiers.push_back(static_cast<Tier>(tier));
+                                 return result;
+                               });
 }
 
 Pending<LoadResult> Client::load_async(const std::string& session_id,
@@ -217,15 +221,16 @@ Pending<LoadResult> Client::load_async(const std::string& session_id,
     load.setSessionId(session_id);
     fill_blocks(load.initBlocks(static_cast<unsigned>(blocks.size())), blocks);
   });
-  return Pending<LoadResult>(this, std::move(id), [](wire::Response::Reader response) -> Result<LoadResult> {
-    if (!response.isLoad()) return unexpected_reply(response, "Load");
-    auto reply = response.getLoad();
-    Status stop;
-    if (reply.hasStopReason() && reply.getStopReason().getCode() != wire::ErrorCode::OK) {
-      stop = status_from_wire(reply.getStopReason());
-    }
-    return LoadResult{reply.getLoadedCount(), stop};
-  });
+  return Pending<LoadResult>(
+      this, std::move(id), [](wire::Response::Reader response) -> Result<LoadResult> {
+        if (!response.isLoad()) return unexpected_reply(response, "Load");
+        auto reply = response.getLoad();
+        Status stop;
+        if (reply.hasStopReason() && reply.getStopReason().getCode() != wire::ErrorCode::OK) {
+          stop = status_from_wire(reply.getStopReason());
+        }
+        return LoadResult{reply.getLoadedCount(), stop};
+      });
 }
 
 Result<BeginTurnResult> Client::begin_turn(const std::string& session_id) {
@@ -286,9 +291,14 @@ Result<std::vector<SessionInfo>> Client::list_sessions(bool all_namespaces) {
         if (!response.isListSessions()) return unexpected_reply(response, "ListSessions");
         std::vector<SessionInfo> sessions;
         for (auto s : response.getListSessions().getSessions()) {
-          SessionInfo info{s.getSessionId().cStr(), s.getNamespaceName().cStr(),
-                           s.getState() == wire::SessionState::ACTIVE, s.getIdleMs(), s.getTurns(),
-                           s.getBlocks(), {}, s.getLayoutDigest()};
+          SessionInfo info{s.getSessionId().cStr(),
+                           s.getNamespaceName().cStr(),
+                           s.getState() == wire::SessionState::ACTIVE,
+                           s.getIdleMs(),
+                           s.getTurns(),
+                           s.getBlocks(),
+                           {},
+                           s.getLayoutDigest()};
           for (auto count : s.getBlocksPerTier()) info.blocks_per_tier.push_back(count);
           sessions.push_back(std::move(info));
         }

@@ -181,8 +181,8 @@ class Client {
 
   ipc::ClientTransport transport_;
   std::mutex send_mutex_;
-  std::mutex receive_mutex_;  // held by the thread reading replies
-  uint64_t next_id_ = 1;      // guarded by send_mutex_
+  std::mutex receive_mutex_;                // held by the thread reading replies
+  uint64_t next_id_ = 1;                    // guarded by send_mutex_
   std::map<uint64_t, ipc::Frame> arrived_;  // replies for other waiters; receive_mutex_
   Status connection_error_;                 // sticky once the stream broke; receive_mutex_
 };

@@ -35,8 +35,10 @@ int fail(const std::string& what, const kvtier::Status& status) {
 
 int run(const Options& options) {
   if (options.device != "host") {
-    std::fprintf(stderr, "kvtier-example-engine: --device %s is not available in this build "
-                 "(the host backend is)\n", options.device.c_str());
+    std::fprintf(stderr,
+                 "kvtier-example-engine: --device %s is not available in this build "
+                 "(the host backend is)\n",
+                 options.device.c_str());
     return 2;
   }
   const uint64_t total_blocks = uint64_t{options.turns} * options.blocks_per_turn;
@@ -116,17 +118,23 @@ int main(int argc, char** argv) {
   Options options;
   CLI::App app{"kvtier example engine: save a multi-turn session, reload it, verify bit-exact"};
   app.add_option("--socket", options.socket, "kvtierd socket path");
-  app.add_option("--device", options.device, "host (memfd) or cuda")->check(CLI::IsMember({"host", "cuda"}));
+  app.add_option("--device", options.device, "host (memfd) or cuda")
+      ->check(CLI::IsMember({"host", "cuda"}));
   app.add_option("--session", options.session, "session id");
   app.add_flag("--save-only", options.save_only, "save the session and exit");
   app.add_flag("--verify-only", options.verify_only, "load a session saved earlier and verify it");
   app.add_option("--turns", options.turns, "turns to save")->check(CLI::Range(1u, 1000u));
-  app.add_option("--blocks-per-turn", options.blocks_per_turn, "new blocks per turn")->check(CLI::Range(1u, 4096u));
-  app.add_option("--num-blocks", options.shape.num_blocks, "engine blocks in the paged cache")->check(CLI::Range(2ull, 1ull << 20));
-  app.add_option("--layers", options.shape.num_layers, "layers (2 planes each)")->check(CLI::Range(1u, 256u));
+  app.add_option("--blocks-per-turn", options.blocks_per_turn, "new blocks per turn")
+      ->check(CLI::Range(1u, 4096u));
+  app.add_option("--num-blocks", options.shape.num_blocks, "engine blocks in the paged cache")
+      ->check(CLI::Range(2ull, 1ull << 20));
+  app.add_option("--layers", options.shape.num_layers, "layers (2 planes each)")
+      ->check(CLI::Range(1u, 256u));
   app.add_option("--kv-heads", options.shape.num_kv_heads, "KV heads")->check(CLI::Range(1u, 256u));
-  app.add_option("--head-dim", options.shape.head_dim, "head dimension")->check(CLI::Range(1u, 1024u));
-  app.add_option("--tokens-per-block", options.shape.tokens_per_block, "tokens per block")->check(CLI::Range(1u, 1024u));
+  app.add_option("--head-dim", options.shape.head_dim, "head dimension")
+      ->check(CLI::Range(1u, 1024u));
+  app.add_option("--tokens-per-block", options.shape.tokens_per_block, "tokens per block")
+      ->check(CLI::Range(1u, 1024u));
   app.add_option("--model-id", options.shape.model_id, "model id (part of the layout digest)");
   app.get_option("--save-only")->excludes(app.get_option("--verify-only"));
   CLI11_PARSE(app, argc, argv);

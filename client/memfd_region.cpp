@@ -20,8 +20,8 @@ Result<MemfdRegion> MemfdRegion::create(const std::string& name, uint64_t size_b
   if (::fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) != 0) {
     return errno_status(errno, "seal memfd");
   }
-  void* data = ::mmap(nullptr, size_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE,
-                      fd.get(), 0);
+  void* data =
+      ::mmap(nullptr, size_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd.get(), 0);
   if (data == MAP_FAILED) return errno_status(errno, "mmap memfd");
   return MemfdRegion(std::move(fd), static_cast<std::byte*>(data), size_bytes);
 }

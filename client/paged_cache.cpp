@@ -39,7 +39,8 @@ Result<PagedCache> PagedCache::create(const PagedCacheShape& shape, uint32_t reg
   layout.tokens_per_block = shape.tokens_per_block;
   layout.num_blocks = shape.num_blocks;
   for (uint32_t p = 0; p < planes; ++p) {
-    layout.planes.push_back(PlaneSpec{region_id, uint64_t{p} * shape.num_blocks * shape.plane_bytes(),
+    layout.planes.push_back(PlaneSpec{region_id,
+                                      uint64_t{p} * shape.num_blocks * shape.plane_bytes(),
                                       shape.plane_bytes(), shape.plane_bytes()});
   }
   return PagedCache(shape, std::move(*region), std::move(layout), region_id);
@@ -65,7 +66,9 @@ bool PagedCache::verify(uint64_t block_id, const BlockHash& hash) const {
   return true;
 }
 
-void PagedCache::wipe() { std::memset(region_.data(), 0, region_.size_bytes()); }
+void PagedCache::wipe() {
+  std::memset(region_.data(), 0, region_.size_bytes());
+}
 
 std::vector<BlockHash> PagedCache::chain_hashes(const std::string& seed, size_t count) {
   std::vector<BlockHash> hashes;

@@ -56,7 +56,10 @@ class PagedCache {
 
  private:
   PagedCache(PagedCacheShape shape, MemfdRegion region, LayoutSpec layout, uint32_t region_id)
-      : shape_(shape), region_(std::move(region)), layout_(std::move(layout)), region_id_(region_id) {}
+      : shape_(shape),
+        region_(std::move(region)),
+        layout_(std::move(layout)),
+        region_id_(region_id) {}
   std::byte* plane_slice(uint32_t plane, uint64_t block_id) const;
 
   PagedCacheShape shape_;

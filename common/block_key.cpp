@@ -6,10 +6,14 @@ namespace kvtier {
 
 std::string_view tier_name(Tier tier) {
   switch (tier) {
-    case Tier::kHbm: return "hbm";
-    case Tier::kRam: return "ram";
-    case Tier::kNvme: return "nvme";
-    case Tier::kNone: return "none";
+    case Tier::kHbm:
+      return "hbm";
+    case Tier::kRam:
+      return "ram";
+    case Tier::kNvme:
+      return "nvme";
+    case Tier::kNone:
+      return "none";
   }
   return "?";
 }

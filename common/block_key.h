@@ -14,7 +14,7 @@ namespace kvtier {
 
 // Numbering matches the wire enum `Tier` in schema/kvtier.capnp.
 enum class Tier : uint8_t { kHbm = 0, kRam = 1, kNvme = 2, kNone = 3 };
-inline constexpr int kTierCount = 3;  // tiers that hold bytes (kNone excluded)
+inline constexpr int kTierCount = 3;    // tiers that hold bytes (kNone excluded)
 std::string_view tier_name(Tier tier);  // "hbm", "ram", "nvme", "none"
 
 // An engine-computed block hash: 1..32 opaque bytes.

@@ -6,14 +6,22 @@ namespace kvtier {
 
 std::string_view status_code_name(StatusCode code) {
   switch (code) {
-    case StatusCode::kOk: return "OK";
-    case StatusCode::kInvalidArgument: return "InvalidArgument";
-    case StatusCode::kNotFound: return "NotFound";
-    case StatusCode::kResourceExhausted: return "ResourceExhausted";
-    case StatusCode::kPermissionDenied: return "PermissionDenied";
-    case StatusCode::kUnavailable: return "Unavailable";
-    case StatusCode::kDataLoss: return "DataLoss";
-    case StatusCode::kInternal: return "Internal";
+    case StatusCode::kOk:
+      return "OK";
+    case StatusCode::kInvalidArgument:
+      return "InvalidArgument";
+    case StatusCode::kNotFound:
+      return "NotFound";
+    case StatusCode::kResourceExhausted:
+      return "ResourceExhausted";
+    case StatusCode::kPermissionDenied:
+      return "PermissionDenied";
+    case StatusCode::kUnavailable:
+      return "Unavailable";
+    case StatusCode::kDataLoss:
+      return "DataLoss";
+    case StatusCode::kInternal:
+      return "Internal";
   }
   return "Unknown";
 }
@@ -28,19 +36,39 @@ Status errno_status(int err, std::string_view what) {
   // went away maps to Unavailable; everything else is the request's or our fault.
   StatusCode code = StatusCode::kInternal;
   switch (err) {
-    case ENOMEM: case ENOSPC: case EAGAIN: case EMFILE: case ENFILE: case EDQUOT:
-      code = StatusCode::kResourceExhausted; break;
-    case EPIPE: case ECONNRESET: case ECONNREFUSED: case ENOTCONN: case ESHUTDOWN:
-      code = StatusCode::kUnavailable; break;
-    case EACCES: case EPERM:
-      code = StatusCode::kPermissionDenied; break;
+    case ENOMEM:
+    case ENOSPC:
+    case EAGAIN:
+    case EMFILE:
+    case ENFILE:
+    case EDQUOT:
+      code = StatusCode::kResourceExhausted;
+      break;
+    case EPIPE:
+    case ECONNRESET:
+    case ECONNREFUSED:
+    case ENOTCONN:
+    case ESHUTDOWN:
+      code = StatusCode::kUnavailable;
+      break;
+    case EACCES:
+    case EPERM:
+      code = StatusCode::kPermissionDenied;
+      break;
     case ENOENT:
-      code = StatusCode::kNotFound; break;
-    case EINVAL: case EBADF: case ENOTSOCK: case ENAMETOOLONG:
-      code = StatusCode::kInvalidArgument; break;
+      code = StatusCode::kNotFound;
+      break;
+    case EINVAL:
+    case EBADF:
+    case ENOTSOCK:
+    case ENAMETOOLONG:
+      code = StatusCode::kInvalidArgument;
+      break;
     case EIO:
-      code = StatusCode::kDataLoss; break;
-    default: break;
+      code = StatusCode::kDataLoss;
+      break;
+    default:
+      break;
   }
   return Status(code, fmt::format("{}: {}", what, std::strerror(err)));
 }

@@ -91,7 +91,7 @@ Status errno_status(int err, std::string_view what);
 template <typename T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : v_(std::move(value)) {}  // NOLINT: implicit by design
+  Result(T value) : v_(std::move(value)) {}         // NOLINT: implicit by design
   Result(Status status) : v_(std::move(status)) {}  // NOLINT: must not be OK
 
   bool is_ok() const { return std::holds_alternative<T>(v_); }
@@ -113,8 +113,8 @@ class [[nodiscard]] Result {
 }  // namespace kvtier
 
 // Propagates a non-OK Status out of the enclosing function.
-#define KVTIER_RETURN_IF_ERROR(expr)      \
-  do {                                    \
-    ::kvtier::Status _st = (expr);        \
-    if (!_st.is_ok()) return _st;         \
+#define KVTIER_RETURN_IF_ERROR(expr) \
+  do {                               \
+    ::kvtier::Status _st = (expr);   \
+    if (!_st.is_ok()) return _st;    \
   } while (0)

@@ -14,7 +14,8 @@ struct Number {
 
 Result<Number> split_number(std::string_view text, std::string_view what) {
   size_t i = 0;
-  while (i < text.size() && (std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.')) ++i;
+  while (i < text.size() && (std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.'))
+    ++i;
   if (i == 0) return invalid_argument("{} '{}' does not start with a number", what, text);
   double value = 0;
   auto [ptr, ec] = std::from_chars(text.data(), text.data() + i, value);
@@ -31,13 +32,26 @@ Result<Number> split_number(std::string_view text, std::string_view what) {
 Result<uint64_t> parse_bytes(std::string_view text) {
   auto number = split_number(text, "size");
   if (!number.is_ok()) return number.status();
-  struct Unit { std::string_view name; double factor; };
+  struct Unit {
+    std::string_view name;
+    double factor;
+  };
   static constexpr Unit kUnits[] = {
-      {"", 1}, {"B", 1},
-      {"K", 1024.0}, {"KiB", 1024.0}, {"kB", 1e3}, {"KB", 1e3},
-      {"M", 1048576.0}, {"MiB", 1048576.0}, {"MB", 1e6},
-      {"G", 1073741824.0}, {"GiB", 1073741824.0}, {"GB", 1e9},
-      {"T", 1099511627776.0}, {"TiB", 1099511627776.0}, {"TB", 1e12},
+      {"", 1},
+      {"B", 1},
+      {"K", 1024.0},
+      {"KiB", 1024.0},
+      {"kB", 1e3},
+      {"KB", 1e3},
+      {"M", 1048576.0},
+      {"MiB", 1048576.0},
+      {"MB", 1e6},
+      {"G", 1073741824.0},
+      {"GiB", 1073741824.0},
+      {"GB", 1e9},
+      {"T", 1099511627776.0},
+      {"TiB", 1099511627776.0},
+      {"TB", 1e12},
   };
   for (const Unit& unit : kUnits) {
     if (unit.name == number->suffix) {
@@ -53,7 +67,10 @@ Result<uint64_t> parse_bytes(std::string_view text) {
 Result<uint64_t> parse_duration_ms(std::string_view text) {
   auto number = split_number(text, "duration");
   if (!number.is_ok()) return number.status();
-  struct Unit { std::string_view name; double factor; };
+  struct Unit {
+    std::string_view name;
+    double factor;
+  };
   static constexpr Unit kUnits[] = {
       {"", 1}, {"ms", 1}, {"s", 1e3}, {"m", 60e3}, {"min", 60e3}, {"h", 3600e3},
   };

@@ -14,7 +14,7 @@ namespace kvtier {
 
 Result<uint64_t> parse_bytes(std::string_view text);
 Result<uint64_t> parse_duration_ms(std::string_view text);
-std::string format_bytes(uint64_t bytes);        // "1.5 GiB"
+std::string format_bytes(uint64_t bytes);         // "1.5 GiB"
 std::string format_duration_ms(uint64_t millis);  // "2m05s", "340ms"
 
 }  // namespace kvtier

@@ -50,10 +50,10 @@ class Memory {
 struct RegionHandle {
   enum class Kind : uint8_t { kMemfd, kCudaIpc, kCudaVmmFd };
   Kind kind = Kind::kMemfd;
-  uint64_t size_bytes = 0;                    // size the engine declared
-  UniqueFd fd;                                // kMemfd, kCudaVmmFd
-  std::array<std::byte, 64> ipc_handle{};     // kCudaIpc: cudaIpcMemHandle_t
-  std::string gpu_uuid;                       // cuda kinds: which GPU
+  uint64_t size_bytes = 0;                 // size the engine declared
+  UniqueFd fd;                             // kMemfd, kCudaVmmFd
+  std::array<std::byte, 64> ipc_handle{};  // kCudaIpc: cudaIpcMemHandle_t
+  std::string gpu_uuid;                    // cuda kinds: which GPU
 };
 
 // One contiguous copy inside a batch. Offsets are bytes from the start of each memory.

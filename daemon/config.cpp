@@ -33,13 +33,17 @@ Result<DaemonConfig> parse_command_line(int argc, char** argv) {
       ->check(CLI::IsMember({"host", "cuda", "auto"}));
   app.add_option("--hbm-bytes", hbm, "daemon HBM arena size (e.g. 1GiB)");
   app.add_option("--ram-bytes", ram, "pinned RAM pool size (e.g. 8GiB)");
-  app.add_option("--nvme-bytes", nvme, "NVMe tier capacity (the NVMe tier is not built yet: must be 0)");
+  app.add_option("--nvme-bytes", nvme,
+                 "NVMe tier capacity (the NVMe tier is not built yet: must be 0)");
   app.add_option("--slab-bytes", slab, "slot carving unit; the largest block a layout may have");
-  app.add_option("--hbm-idle-ms", hbm_idle, "idle time after which a session leaves HBM (e.g. 30s)");
+  app.add_option("--hbm-idle-ms", hbm_idle,
+                 "idle time after which a session leaves HBM (e.g. 30s)");
   app.add_option("--ram-idle-ms", ram_idle, "idle time after which a session leaves RAM for NVMe");
-  app.add_option("--hbm-high-watermark", config.hbm_high_watermark, "HBM fill fraction that starts demotion")
+  app.add_option("--hbm-high-watermark", config.hbm_high_watermark,
+                 "HBM fill fraction that starts demotion")
       ->check(CLI::Range(0.05, 1.0));
-  app.add_option("--hbm-low-watermark", config.hbm_low_watermark, "HBM fill fraction demotion stops at")
+  app.add_option("--hbm-low-watermark", config.hbm_low_watermark,
+                 "HBM fill fraction demotion stops at")
       ->check(CLI::Range(0.0, 1.0));
   app.add_option("--plan-interval-ms", plan_interval, "how often the planner runs");
   app.add_option("--copy-threads", config.copy_threads, "host backend copy threads")
@@ -89,7 +93,8 @@ Result<DaemonConfig> parse_command_line(int argc, char** argv) {
     return invalid_argument("--nvme-bytes: the NVMe tier is not available in this version; use 0");
   }
   if (*hbm_bytes == 0 && *ram_bytes == 0) {
-    return invalid_argument("--hbm-bytes and --ram-bytes are both 0: there is nowhere to keep blocks");
+    return invalid_argument(
+        "--hbm-bytes and --ram-bytes are both 0: there is nowhere to keep blocks");
   }
   if (*slab_bytes < 4096) return invalid_argument("--slab-bytes must be at least 4KiB");
   if (config.hbm_low_watermark > config.hbm_high_watermark) {
@@ -107,7 +112,8 @@ Result<DaemonConfig> parse_command_line(int argc, char** argv) {
 
   if (!admin_group.empty()) {
     group* entry = ::getgrnam(admin_group.c_str());
-    if (entry == nullptr) return invalid_argument("--admin-group: no group named '{}'", admin_group);
+    if (entry == nullptr)
+      return invalid_argument("--admin-group: no group named '{}'", admin_group);
     config.admin_gid = entry->gr_gid;
   }
   for (const std::string& spec : shared) {
@@ -120,7 +126,8 @@ Result<DaemonConfig> parse_command_line(int argc, char** argv) {
     size_t start = 0;
     while (start <= uids.size()) {
       size_t comma = uids.find(',', start);
-      std::string uid_text = uids.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+      std::string uid_text =
+          uids.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
       char* end = nullptr;
       unsigned long uid = std::strtoul(uid_text.c_str(), &end, 10);
       if (uid_text.empty() || *end != '\0') {

@@ -16,7 +16,7 @@
 namespace kvtier::daemon {
 
 struct DaemonConfig {
-  std::string socket_path;            // default: $XDG_RUNTIME_DIR/kvtier/kvtierd.sock or ./var/kvtierd.sock
+  std::string socket_path;  // default: $XDG_RUNTIME_DIR/kvtier/kvtierd.sock or ./var/kvtierd.sock
   std::string data_dir = "./var";     // NVMe tier data (used by the NVMe tier)
   std::string device = "auto";        // host | cuda | auto
   uint64_t hbm_bytes = 1ull << 30;    // daemon arena ("HBM"; host memory on the host backend)
@@ -26,12 +26,12 @@ struct DaemonConfig {
   uint64_t ram_idle_ms = 600'000;     // idle sessions leave RAM (applies once the NVMe tier exists)
   double hbm_high_watermark = 0.90;
   double hbm_low_watermark = 0.75;
-  uint64_t plan_interval_ms = 100;    // how often the planner runs
-  int copy_threads = 2;               // host backend memcpy workers
+  uint64_t plan_interval_ms = 100;  // how often the planner runs
+  int copy_threads = 2;             // host backend memcpy workers
   uint32_t max_blocks_per_request = 4096;
   uint32_t max_regions_per_connection = 64;
   uint32_t max_in_flight_per_connection = 64;
-  std::optional<gid_t> admin_gid;     // members may use admin requests (besides uid 0)
+  std::optional<gid_t> admin_gid;  // members may use admin requests (besides uid 0)
   // uid → shared namespace name; unlisted uids get their own namespace "uid:N".
   std::map<uid_t, std::string> shared_namespaces;
   LogLevel log_level = LogLevel::kInfo;

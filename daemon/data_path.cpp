@@ -31,7 +31,8 @@ class StorePlacementView final : public policy::PlacementView {
     return {usage.capacity_bytes, usage.used_bytes};
   }
   void for_each_unreferenced(
-      Tier tier, const std::function<void(const BlockKey&, const BlockPlacement&)>& fn) const override {
+      Tier tier,
+      const std::function<void(const BlockKey&, const BlockPlacement&)>& fn) const override {
     store_.for_each_in_tier(tier, [&](const BlockKey& key, const BlockInfo& info) {
       if (info.session_refs == 0) fn(key, to_placement(key, info));
     });
@@ -59,14 +60,16 @@ Result<BlockListRequest> Service::parse_block_list(const EngineContext& engine,
   BlockListRequest request;
   request.session_id = session.cStr();
   if (need_session && request.session_id.empty()) return invalid_argument("sessionId is empty");
-  if (request.session_id.size() > 256) return invalid_argument("sessionId is longer than 256 bytes");
+  if (request.session_id.size() > 256)
+    return invalid_argument("sessionId is longer than 256 bytes");
   if (blocks.size() > config_.max_blocks_per_request) {
     return invalid_argument("blocks has {} entries; at most {} per request", blocks.size(),
                             config_.max_blocks_per_request);
   }
   for (const PlaneLayout& plane : engine.layout.planes) {
     if (engine.regions.count(plane.region_id) == 0) {
-      return invalid_argument("region {} named by the layout is not registered yet", plane.region_id);
+      return invalid_argument("region {} named by the layout is not registered yet",
+                              plane.region_id);
     }
   }
   // A Load writes into the engine's blocks: two entries naming one target would race.
@@ -76,18 +79,19 @@ Result<BlockListRequest> Service::parse_block_list(const EngineContext& engine,
   for (unsigned i = 0; i < blocks.size(); ++i) {
     auto hash = blocks[i].getHash();
     if (hash.size() == 0 || hash.size() > BlockHash::kMaxBytes) {
-      return invalid_argument("blocks[{}].hash has {} bytes; 1..{} allowed", i, hash.size(), BlockHash::kMaxBytes);
+      return invalid_argument("blocks[{}].hash has {} bytes; 1..{} allowed", i, hash.size(),
+                              BlockHash::kMaxBytes);
     }
     uint64_t block_id = blocks[i].getEngineBlockId();
     if (block_id >= engine.layout.num_blocks) {
-      return invalid_argument("blocks[{}].engineBlockId {} is beyond the layout's {} blocks", i, block_id,
-                              engine.layout.num_blocks);
+      return invalid_argument("blocks[{}].engineBlockId {} is beyond the layout's {} blocks", i,
+                              block_id, engine.layout.num_blocks);
     }
     if (kind == BlockListKind::kLoad) {
       auto [it, inserted] = load_targets.emplace(block_id, i);
       if (!inserted) {
-        return invalid_argument("blocks[{}].engineBlockId {} is already the target of blocks[{}]", i,
-                                block_id, it->second);
+        return invalid_argument("blocks[{}].engineBlockId {} is already the target of blocks[{}]",
+                                i, block_id, it->second);
       }
     }
     request.hashes.emplace_back(std::span<const uint8_t>(hash.begin(), hash.size()));
@@ -96,17 +100,20 @@ Result<BlockListRequest> Service::parse_block_list(const EngineContext& engine,
   return request;
 }
 
-void Service::add_plane_segments(CopyBatch& batch, const EngineContext& engine, uint64_t engine_block_id,
-                                 const BlockLocation& slot, bool to_engine) {
+void Service::add_plane_segments(CopyBatch& batch, const EngineContext& engine,
+                                 uint64_t engine_block_id, const BlockLocation& slot,
+                                 bool to_engine) {
   const uint32_t tier_index = batch.memory_index(store_->memory(slot.tier));
   for (const PlaneLayout& plane : engine.layout.planes) {
     const uint32_t region_index = batch.memory_index(engine.regions.at(plane.region_id));
     const uint64_t engine_offset = engine.layout.plane_offset(plane, engine_block_id);
     const uint64_t slot_offset = slot.offset + plane.offset_in_block;
     if (to_engine) {
-      batch.segments.push_back({tier_index, region_index, slot_offset, engine_offset, plane.bytes_per_block});
+      batch.segments.push_back(
+          {tier_index, region_index, slot_offset, engine_offset, plane.bytes_per_block});
     } else {
-      batch.segments.push_back({region_index, tier_index, engine_offset, slot_offset, plane.bytes_per_block});
+      batch.segments.push_back(
+          {region_index, tier_index, engine_offset, slot_offset, plane.bytes_per_block});
     }
   }
 }
@@ -115,20 +122,23 @@ Status Service::submit_copy(CopyBatch batch, std::function<void(Status)> done) {
   ++counters_.copies_in_flight;
   // The work guard keeps io_context::run() alive until this completion has run.
   auto guard = asio::make_work_guard(io_);
-  Status submitted = device_->submit(std::move(batch), [this, guard, done = std::move(done)](Status status) {
-    asio::post(io_, [this, guard, done, status]() {
-      --counters_.copies_in_flight;
-      done(status);
-    });
-  });
+  Status submitted =
+      device_->submit(std::move(batch), [this, guard, done = std::move(done)](Status status) {
+        asio::post(io_, [this, guard, done, status]() {
+          --counters_.copies_in_flight;
+          done(status);
+        });
+      });
   if (!submitted.is_ok()) --counters_.copies_in_flight;
   return submitted;
 }
 
-Result<std::optional<BlockLocation>> Service::reserve_block(const BlockKey& key, uint64_t block_bytes) {
+Result<std::optional<BlockLocation>> Service::reserve_block(const BlockKey& key,
+                                                            uint64_t block_bytes) {
   static constexpr Tier kSaveTiers[] = {Tier::kHbm, Tier::kRam};
   auto reserved = store_->reserve(key, kSaveTiers, now_ms());
-  if (reserved.is_ok() || reserved.status().code() != StatusCode::kResourceExhausted) return reserved;
+  if (reserved.is_ok() || reserved.status().code() != StatusCode::kResourceExhausted)
+    return reserved;
   // Every tier is full: drop the coldest blocks to make room, from the slowest tier
   // that has any to give (RAM may hold only blocks in flight while HBM holds cold ones).
   for (Tier victim_tier : {Tier::kRam, Tier::kHbm}) {
@@ -139,11 +149,13 @@ Result<std::optional<BlockLocation>> Service::reserve_block(const BlockKey& key,
     return store_->reserve(key, kSaveTiers, now_ms());
   }
   return resource_exhausted(
-      "no room for a {}-byte block: every tier is full of blocks that are being copied or read; retry",
+      "no room for a {}-byte block: every tier is full of blocks that are being copied or read; "
+      "retry",
       block_bytes);
 }
 
-Status Service::handle_save(const ConnectionPtr& c, EngineContext& engine, uint64_t id, BlockListRequest request) {
+Status Service::handle_save(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
+                            BlockListRequest request) {
   if (const policy::Session* session = sessions_.find(engine.namespace_id, request.session_id);
       session != nullptr && !(session->layout == engine.layout_key)) {
     return invalid_argument("session '{}' belongs to another layout", request.session_id);
@@ -171,8 +183,8 @@ Status Service::handle_save(const ConnectionPtr& c, EngineContext& engine, uint6
   }
   auto engine_ref = std::static_pointer_cast<EngineContext>(c->user_state);
   auto shared_request = std::make_shared<BlockListRequest>(std::move(request));
-  Status submitted = submit_copy(std::move(batch), [this, c, id, engine_ref, shared_request, written,
-                                                    deduplicated](Status status) {
+  Status submitted = submit_copy(std::move(batch), [this, c, id, engine_ref, shared_request,
+                                                    written, deduplicated](Status status) {
     finish_save(c, id, *engine_ref, *shared_request, written, deduplicated, status);
   });
   if (!submitted.is_ok()) {
@@ -193,13 +205,17 @@ void Service::finish_save(const ConnectionPtr& c, uint64_t id, const EngineConte
     }
   }
   if (!copy_status.is_ok()) {
-    reply_error(c, id, Status(copy_status.code(), "copying the blocks in failed: " + copy_status.message()));
+    reply_error(
+        c, id,
+        Status(copy_status.code(), "copying the blocks in failed: " + copy_status.message()));
     return;
   }
   counters_.bytes_saved += written.size() * engine.layout.block_bytes;
-  auto session = sessions_.get_or_create(engine.namespace_id, request.session_id, engine.layout_key);
+  auto session =
+      sessions_.get_or_create(engine.namespace_id, request.session_id, engine.layout_key);
   if (session.is_ok()) {
-    for (const BlockHash& hash : sessions_.record_save(**session, request.hashes, request.end_of_turn)) {
+    for (const BlockHash& hash :
+         sessions_.record_save(**session, request.hashes, request.end_of_turn)) {
       store_->add_session_ref({engine.layout_key, hash});
     }
   }
@@ -222,9 +238,11 @@ Status Service::handle_lookup(const ConnectionPtr& c, EngineContext& engine, uin
   for (unsigned i = 0; i < hashes.size(); ++i) {
     auto bytes = hashes[i];
     if (bytes.size() == 0 || bytes.size() > BlockHash::kMaxBytes) {
-      return invalid_argument("hashes[{}] has {} bytes; 1..{} allowed", i, bytes.size(), BlockHash::kMaxBytes);
+      return invalid_argument("hashes[{}] has {} bytes; 1..{} allowed", i, bytes.size(),
+                              BlockHash::kMaxBytes);
     }
-    auto info = store_->lookup({engine.layout_key, BlockHash(std::span<const uint8_t>(bytes.begin(), bytes.size()))});
+    auto info = store_->lookup(
+        {engine.layout_key, BlockHash(std::span<const uint8_t>(bytes.begin(), bytes.size()))});
     if (!info) break;
     tiers.push_back(info->location.tier);
   }
@@ -239,7 +257,8 @@ Status Service::handle_lookup(const ConnectionPtr& c, EngineContext& engine, uin
   return Status::ok();
 }
 
-Status Service::handle_load(const ConnectionPtr& c, EngineContext& engine, uint64_t id, BlockListRequest request) {
+Status Service::handle_load(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
+                            BlockListRequest request) {
   if (!request.session_id.empty()) {
     if (policy::Session* session = sessions_.find(engine.namespace_id, request.session_id)) {
       sessions_.record_activity(*session);
@@ -260,10 +279,12 @@ Status Service::handle_load(const ConnectionPtr& c, EngineContext& engine, uint6
   }
   counters_.lookup_hits += pinned.size();
   counters_.lookup_misses += request.hashes.size() - pinned.size();
-  auto finish = [this, c, id, pinned, stop_reason, block_bytes = engine.layout.block_bytes](Status status) {
+  auto finish = [this, c, id, pinned, stop_reason,
+                 block_bytes = engine.layout.block_bytes](Status status) {
     for (const BlockKey& key : pinned) store_->unpin(key);
     if (!status.is_ok()) {
-      reply_error(c, id, Status(status.code(), "copying the blocks out failed: " + status.message()));
+      reply_error(c, id,
+                  Status(status.code(), "copying the blocks out failed: " + status.message()));
       return;
     }
     counters_.bytes_loaded += pinned.size() * block_bytes;
@@ -312,13 +333,15 @@ void Service::apply_moves(const std::vector<policy::Move>& moves) {
     }
     auto locations = store_->begin_move(move.block, move.to);
     if (!locations.is_ok()) {
-      KVTIER_LOG_DEBUG("move of {} skipped: {}", move.block.hash.to_hex(), locations.status().to_string());
+      KVTIER_LOG_DEBUG("move of {} skipped: {}", move.block.hash.to_hex(),
+                       locations.status().to_string());
       continue;
     }
     const uint64_t bytes = store_->block_bytes(move.block.layout);
     const auto& [from, to] = *locations;
     batch.segments.push_back({batch.memory_index(store_->memory(from.tier)),
-                              batch.memory_index(store_->memory(to.tier)), from.offset, to.offset, bytes});
+                              batch.memory_index(store_->memory(to.tier)), from.offset, to.offset,
+                              bytes});
     started.push_back({move.block, move.kind, bytes});
   }
   if (!evictions.empty()) evict_blocks(evictions);
@@ -327,9 +350,11 @@ void Service::apply_moves(const std::vector<policy::Move>& moves) {
     for (const Started& move : started) {
       store_->finish_move(move.key, status.is_ok());
       if (!status.is_ok()) continue;
-      (move.kind == policy::MoveKind::kDemote ? counters_.bytes_demoted : counters_.bytes_promoted) += move.bytes;
+      (move.kind == policy::MoveKind::kDemote ? counters_.bytes_demoted
+                                              : counters_.bytes_promoted) += move.bytes;
     }
-    if (!status.is_ok()) KVTIER_LOG_WARN("{} block moves failed: {}", started.size(), status.to_string());
+    if (!status.is_ok())
+      KVTIER_LOG_WARN("{} block moves failed: {}", started.size(), status.to_string());
   });
   if (!submitted.is_ok()) {
     for (const Started& move : started) store_->finish_move(move.key, false);

@@ -55,7 +55,8 @@ Status Service::handle_list_sessions(const ConnectionPtr& c, EngineContext& engi
   });
   // Longest idle first: what an operator looks at.
   std::sort(visible.begin(), visible.end(), [](const auto* a, const auto* b) {
-    return a->last_active_ms != b->last_active_ms ? a->last_active_ms < b->last_active_ms : a->id < b->id;
+    return a->last_active_ms != b->last_active_ms ? a->last_active_ms < b->last_active_ms
+                                                  : a->id < b->id;
   });
   const uint64_t now = now_ms();
   reply(c, id, [&](wire::Response::Builder response) {

@@ -21,19 +21,26 @@ class DigestInput {
   std::string bytes_;
 };
 
-bool mul_overflows(uint64_t a, uint64_t b, uint64_t* out) { return __builtin_mul_overflow(a, b, out); }
-bool add_overflows(uint64_t a, uint64_t b, uint64_t* out) { return __builtin_add_overflow(a, b, out); }
+bool mul_overflows(uint64_t a, uint64_t b, uint64_t* out) {
+  return __builtin_mul_overflow(a, b, out);
+}
+bool add_overflows(uint64_t a, uint64_t b, uint64_t* out) {
+  return __builtin_add_overflow(a, b, out);
+}
 
 }  // namespace
 
-Result<EngineLayout> EngineLayout::from_wire(wire::Layout::Reader layout, const LayoutLimits& limits) {
+Result<EngineLayout> EngineLayout::from_wire(wire::Layout::Reader layout,
+                                             const LayoutLimits& limits) {
   EngineLayout out;
   out.model_id = layout.getModelId().cStr();
   out.num_blocks = layout.getNumBlocks();
   if (out.model_id.empty()) return invalid_argument("layout.modelId is empty");
   if (out.model_id.size() > 256) return invalid_argument("layout.modelId is longer than 256 bytes");
-  if (layout.getDtype().size() > 32) return invalid_argument("layout.dtype is longer than 32 bytes");
-  if (layout.getExtraKey().size() > 256) return invalid_argument("layout.extraKey is longer than 256 bytes");
+  if (layout.getDtype().size() > 32)
+    return invalid_argument("layout.dtype is longer than 32 bytes");
+  if (layout.getExtraKey().size() > 256)
+    return invalid_argument("layout.extraKey is longer than 256 bytes");
   if (out.num_blocks == 0 || out.num_blocks > limits.max_engine_blocks) {
     return invalid_argument("layout.numBlocks {} is outside 1..{}", out.num_blocks,
                             limits.max_engine_blocks);
@@ -44,7 +51,8 @@ Result<EngineLayout> EngineLayout::from_wire(wire::Layout::Reader layout, const 
   }
   auto planes = layout.getPlanes();
   if (planes.size() == 0 || planes.size() > limits.max_planes) {
-    return invalid_argument("layout.planes has {} entries; 1..{} allowed", planes.size(), limits.max_planes);
+    return invalid_argument("layout.planes has {} entries; 1..{} allowed", planes.size(),
+                            limits.max_planes);
   }
   DigestInput digest;
   digest.add(out.model_id);
@@ -63,13 +71,15 @@ Result<EngineLayout> EngineLayout::from_wire(wire::Layout::Reader layout, const 
                   plane.getBytesPerBlock(), out.block_bytes};
     if (p.bytes_per_block == 0) return invalid_argument("layout.planes[{}].bytesPerBlock is 0", i);
     if (out.num_blocks > 1 && p.stride_bytes < p.bytes_per_block) {
-      return invalid_argument("layout.planes[{}].strideBytes {} is below bytesPerBlock {}: blocks would overlap",
-                              i, p.stride_bytes, p.bytes_per_block);
+      return invalid_argument(
+          "layout.planes[{}].strideBytes {} is below bytesPerBlock {}: blocks would overlap", i,
+          p.stride_bytes, p.bytes_per_block);
     }
     if (add_overflows(out.block_bytes, p.bytes_per_block, &out.block_bytes) ||
         out.block_bytes > limits.max_block_bytes) {
-      return invalid_argument("layout blocks exceed the largest block size of {} bytes (at planes[{}])",
-                              limits.max_block_bytes, i);
+      return invalid_argument(
+          "layout blocks exceed the largest block size of {} bytes (at planes[{}])",
+          limits.max_block_bytes, i);
     }
     digest.add(p.bytes_per_block);
     out.planes.push_back(p);
@@ -87,9 +97,10 @@ Status EngineLayout::check_region(uint32_t region_id, uint64_t region_bytes) con
         add_overflows(last_start, p.offset_bytes, &last_start) ||
         add_overflows(last_start, p.bytes_per_block, &end) || end > region_bytes) {
       return invalid_argument(
-          "layout.planes[{}] does not fit region {}: block {} would end at byte {} of a {}-byte region",
-          i, region_id, num_blocks - 1,
-          end == 0 ? std::string("(overflow)") : std::to_string(end), region_bytes);
+          "layout.planes[{}] does not fit region {}: block {} would end at byte {} of a {}-byte "
+          "region",
+          i, region_id, num_blocks - 1, end == 0 ? std::string("(overflow)") : std::to_string(end),
+          region_bytes);
     }
   }
   return Status::ok();

@@ -22,14 +22,16 @@ Result<std::unique_ptr<Device>> make_device(const daemon::DaemonConfig& config) 
   if (config.device == "cuda") {
     return invalid_argument("--device cuda: this build has no CUDA backend yet; use --device host");
   }
-  if (config.device == "auto") KVTIER_LOG_INFO("device auto: using the host backend (memfd regions)");
+  if (config.device == "auto")
+    KVTIER_LOG_INFO("device auto: using the host backend (memfd regions)");
   return make_host_device(config.copy_threads);
 }
 
 int run(int argc, char** argv) {
   auto config = daemon::parse_command_line(argc, argv);
   if (!config.is_ok()) {
-    if (config.status().code() == StatusCode::kNotFound && config.status().message().empty()) return 0;
+    if (config.status().code() == StatusCode::kNotFound && config.status().message().empty())
+      return 0;
     std::fprintf(stderr, "kvtierd: %s\n", config.status().message().c_str());
     return 2;
   }
@@ -75,4 +77,6 @@ int run(int argc, char** argv) {
 
 }  // namespace
 
-int main(int argc, char** argv) { return run(argc, argv); }
+int main(int argc, char** argv) {
+  return run(argc, argv);
+}

@@ -43,7 +43,9 @@ Service::Service(asio::io_context& io, DaemonConfig config, std::unique_ptr<Devi
                clock_),
       plan_timer_(io) {}
 
-Service::~Service() { device_->drain(); }
+Service::~Service() {
+  device_->drain();
+}
 
 Status Service::start() {
   std::vector<BlockStore::TierMemory> tiers;
@@ -72,7 +74,8 @@ void Service::stop() {
 uint32_t Service::namespace_for(uid_t uid, std::string* name) {
   auto shared = config_.shared_namespaces.find(uid);
   *name = shared != config_.shared_namespaces.end() ? shared->second : fmt::format("uid:{}", uid);
-  auto [it, inserted] = namespace_ids_.emplace(*name, static_cast<uint32_t>(namespace_names_.size()));
+  auto [it, inserted] =
+      namespace_ids_.emplace(*name, static_cast<uint32_t>(namespace_names_.size()));
   if (inserted) namespace_names_.push_back(*name);
   return it->second;
 }
@@ -97,7 +100,8 @@ void Service::on_disconnect(const ConnectionPtr& connection) {
   // them); dropping the context releases the daemon's own references.
   auto engine = std::static_pointer_cast<EngineContext>(connection->user_state);
   if (engine && !engine->regions.empty()) {
-    KVTIER_LOG_DEBUG("connection {} closed; releasing {} regions", connection->id(), engine->regions.size());
+    KVTIER_LOG_DEBUG("connection {} closed; releasing {} regions", connection->id(),
+                     engine->regions.size());
   }
   connection->user_state.reset();
 }
@@ -118,7 +122,8 @@ void Service::on_frame(const ConnectionPtr& connection, ipc::Frame frame) {
   if (!status.is_ok()) reply_error(connection, id, status);
 }
 
-Status Service::dispatch(const ConnectionPtr& c, EngineContext& engine, wire::Request::Reader request) {
+Status Service::dispatch(const ConnectionPtr& c, EngineContext& engine,
+                         wire::Request::Reader request) {
   const uint64_t id = request.getId();
   auto which = request.which();
   // Descriptors are claimed before anything can reject the request, so a rejected
@@ -129,7 +134,8 @@ Status Service::dispatch(const ConnectionPtr& c, EngineContext& engine, wire::Re
     for (uint32_t i = 0; i < count && i < ipc::kMaxFdsPerMessage; ++i) {
       auto fd = c->take_fd();
       if (!fd.is_ok()) {
-        return invalid_argument("fdCount is {} but only {} descriptors arrived with the request", count, i);
+        return invalid_argument("fdCount is {} but only {} descriptors arrived with the request",
+                                count, i);
       }
       fds.push_back(std::move(*fd));
     }
@@ -150,7 +156,8 @@ Status Service::dispatch(const ConnectionPtr& c, EngineContext& engine, wire::Re
       return handle_register_region(c, engine, id, request.getRegisterRegion(), std::move(fds));
     case wire::Request::SAVE: {
       auto save = request.getSave();
-      auto parsed = parse_block_list(engine, save.getSessionId(), save.getBlocks(), BlockListKind::kSave);
+      auto parsed =
+          parse_block_list(engine, save.getSessionId(), save.getBlocks(), BlockListKind::kSave);
       if (!parsed.is_ok()) return parsed.status();
       parsed->end_of_turn = save.getEndOfTurn();
       return handle_save(c, engine, id, std::move(*parsed));
@@ -159,7 +166,8 @@ Status Service::dispatch(const ConnectionPtr& c, EngineContext& engine, wire::Re
       return handle_lookup(c, engine, id, request.getLookup().getHashes());
     case wire::Request::LOAD: {
       auto load = request.getLoad();
-      auto parsed = parse_block_list(engine, load.getSessionId(), load.getBlocks(), BlockListKind::kLoad);
+      auto parsed =
+          parse_block_list(engine, load.getSessionId(), load.getBlocks(), BlockListKind::kLoad);
       if (!parsed.is_ok()) return parsed.status();
       return handle_load(c, engine, id, std::move(*parsed));
     }
@@ -204,7 +212,8 @@ Status Service::handle_hello(const ConnectionPtr& c, EngineContext& engine, uint
     return invalid_argument("protocolVersion {} is not supported; this daemon speaks version {}",
                             hello.getProtocolVersion(), wire::PROTOCOL_VERSION);
   }
-  if (hello.getEngineName().size() > 128) return invalid_argument("engineName is longer than 128 bytes");
+  if (hello.getEngineName().size() > 128)
+    return invalid_argument("engineName is longer than 128 bytes");
   LayoutLimits limits;
   limits.max_block_bytes = std::min<uint64_t>(limits.max_block_bytes, config_.slab_bytes);
   auto layout = EngineLayout::from_wire(hello.getLayout(), limits);
@@ -215,9 +224,10 @@ Status Service::handle_hello(const ConnectionPtr& c, EngineContext& engine, uint
   engine.layout_key = key;
   engine.engine_name = hello.getEngineName().cStr();
   engine.hello_done = true;
-  KVTIER_LOG_INFO("engine '{}' (pid {}, namespace {}) joined: model {}, {} planes, {} bytes per block",
-                  engine.engine_name, c->peer().pid, engine.namespace_name, engine.layout.model_id,
-                  engine.layout.planes.size(), engine.layout.block_bytes);
+  KVTIER_LOG_INFO(
+      "engine '{}' (pid {}, namespace {}) joined: model {}, {} planes, {} bytes per block",
+      engine.engine_name, c->peer().pid, engine.namespace_name, engine.layout.model_id,
+      engine.layout.planes.size(), engine.layout.block_bytes);
   reply(c, id, [&](wire::Response::Builder response) {
     auto out = response.initHello();
     out.setProtocolVersion(wire::PROTOCOL_VERSION);
@@ -230,25 +240,30 @@ Status Service::handle_hello(const ConnectionPtr& c, EngineContext& engine, uint
 }
 
 Status Service::handle_register_region(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
-                                       wire::RegisterRegion::Reader region, std::vector<UniqueFd> fds) {
+                                       wire::RegisterRegion::Reader region,
+                                       std::vector<UniqueFd> fds) {
   const uint32_t region_id = region.getRegionId();
   if (engine.regions.count(region_id) != 0) {
     return invalid_argument("regionId {} is already registered on this connection", region_id);
   }
   if (engine.regions.size() >= config_.max_regions_per_connection) {
-    return resource_exhausted("this connection already has {} regions, the limit", engine.regions.size());
+    return resource_exhausted("this connection already has {} regions, the limit",
+                              engine.regions.size());
   }
   bool used = std::any_of(engine.layout.planes.begin(), engine.layout.planes.end(),
                           [&](const PlaneLayout& p) { return p.region_id == region_id; });
-  if (!used) return invalid_argument("regionId {} is not named by any plane of the layout", region_id);
+  if (!used)
+    return invalid_argument("regionId {} is not named by any plane of the layout", region_id);
   const uint64_t size = region.getSizeBytes();
-  if (size == 0 || size > (1ull << 40)) return invalid_argument("sizeBytes {} is outside 1..1TiB", size);
+  if (size == 0 || size > (1ull << 40))
+    return invalid_argument("sizeBytes {} is outside 1..1TiB", size);
 
   RegionHandle handle;
   handle.size_bytes = size;
   switch (region.getKind()) {
     case wire::RegisterRegion::RegionKind::MEMFD:
-      if (fds.size() != 1) return invalid_argument("a memfd region needs exactly one descriptor (fdCount = 1)");
+      if (fds.size() != 1)
+        return invalid_argument("a memfd region needs exactly one descriptor (fdCount = 1)");
       handle.kind = RegionHandle::Kind::kMemfd;
       handle.fd = std::move(fds[0]);
       break;
@@ -263,18 +278,21 @@ Status Service::handle_register_region(const ConnectionPtr& c, EngineContext& en
       break;
     }
     case wire::RegisterRegion::RegionKind::CUDA_VMM_FD:
-      if (fds.size() != 1) return invalid_argument("a VMM region needs exactly one descriptor (fdCount = 1)");
+      if (fds.size() != 1)
+        return invalid_argument("a VMM region needs exactly one descriptor (fdCount = 1)");
       handle.kind = RegionHandle::Kind::kCudaVmmFd;
       handle.fd = std::move(fds[0]);
       handle.gpu_uuid = region.getGpuUuid().cStr();
       break;
     default:
-      return invalid_argument("kind {} is not a known region kind", static_cast<int>(region.getKind()));
+      return invalid_argument("kind {} is not a known region kind",
+                              static_cast<int>(region.getKind()));
   }
   KVTIER_RETURN_IF_ERROR(engine.layout.check_region(region_id, size));
   auto memory = device_->open_region(std::move(handle));
   if (!memory.is_ok()) {
-    return Status(memory.status().code(), fmt::format("regionId {}: {}", region_id, memory.status().message()));
+    return Status(memory.status().code(),
+                  fmt::format("regionId {}: {}", region_id, memory.status().message()));
   }
   engine.regions.emplace(region_id, std::move(*memory));
   reply(c, id, [&](wire::Response::Builder response) {

@@ -85,26 +85,36 @@ class Service final : public ipc::RequestHandler {
   using Fill = std::function<void(wire::Response::Builder)>;
 
   // service.cpp: dispatch and the control requests.
-  Status dispatch(const ConnectionPtr& connection, EngineContext& engine, wire::Request::Reader request);
-  Status handle_hello(const ConnectionPtr& c, EngineContext& engine, uint64_t id, wire::Hello::Reader hello);
+  Status dispatch(const ConnectionPtr& connection, EngineContext& engine,
+                  wire::Request::Reader request);
+  Status handle_hello(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
+                      wire::Hello::Reader hello);
   Status handle_register_region(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
                                 wire::RegisterRegion::Reader region, std::vector<UniqueFd> fds);
-  Status handle_begin_turn(const ConnectionPtr& c, EngineContext& engine, uint64_t id, const std::string& session_id);
-  Status handle_close_session(const ConnectionPtr& c, EngineContext& engine, uint64_t id, const std::string& session_id);
-  Status handle_stats(const ConnectionPtr& c, EngineContext& engine, uint64_t id, bool all_namespaces);
-  Status handle_list_sessions(const ConnectionPtr& c, EngineContext& engine, uint64_t id, bool all_namespaces);
+  Status handle_begin_turn(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
+                           const std::string& session_id);
+  Status handle_close_session(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
+                              const std::string& session_id);
+  Status handle_stats(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
+                      bool all_namespaces);
+  Status handle_list_sessions(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
+                              bool all_namespaces);
   void reply(const ConnectionPtr& connection, uint64_t id, const Fill& fill);
   void reply_error(const ConnectionPtr& connection, uint64_t id, const Status& status);
   uint32_t namespace_for(uid_t uid, std::string* name);
   bool is_admin(const ipc::PeerCredentials& peer) const;
 
   // data_path.cpp: blocks in and out, and moves between tiers.
-  Result<BlockListRequest> parse_block_list(const EngineContext& engine, capnp::Text::Reader session,
-                                            capnp::List<wire::BlockRef>::Reader blocks, BlockListKind kind);
-  Status handle_save(const ConnectionPtr& c, EngineContext& engine, uint64_t id, BlockListRequest request);
+  Result<BlockListRequest> parse_block_list(const EngineContext& engine,
+                                            capnp::Text::Reader session,
+                                            capnp::List<wire::BlockRef>::Reader blocks,
+                                            BlockListKind kind);
+  Status handle_save(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
+                     BlockListRequest request);
   Status handle_lookup(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
                        capnp::List<capnp::Data>::Reader hashes);
-  Status handle_load(const ConnectionPtr& c, EngineContext& engine, uint64_t id, BlockListRequest request);
+  Status handle_load(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
+                     BlockListRequest request);
   void finish_save(const ConnectionPtr& c, uint64_t id, const EngineContext& engine,
                    const BlockListRequest& request, const std::vector<BlockKey>& written,
                    uint32_t deduplicated, const Status& copy_status);

@@ -20,7 +20,8 @@ Status ClientTransport::send(capnp::MessageBuilder& message, std::span<const int
   auto words = encode_frame(message, limits_);
   if (!words.is_ok()) return words.status();
   auto bytes = words->asBytes();
-  return send_all(fd_.get(), {reinterpret_cast<const std::byte*>(bytes.begin()), bytes.size()}, fds);
+  return send_all(fd_.get(), {reinterpret_cast<const std::byte*>(bytes.begin()), bytes.size()},
+                  fds);
 }
 
 Status ClientTransport::send_raw(std::span<const std::byte> bytes, std::span<const int> fds) {
@@ -56,6 +57,8 @@ Result<std::optional<Frame>> ClientTransport::try_receive() {
   }
 }
 
-void ClientTransport::shutdown_write() { ::shutdown(fd_.get(), SHUT_WR); }
+void ClientTransport::shutdown_write() {
+  ::shutdown(fd_.get(), SHUT_WR);
+}
 
 }  // namespace kvtier::ipc

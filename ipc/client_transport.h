@@ -35,7 +35,8 @@ class ClientTransport {
   void shutdown_write();
 
  private:
-  ClientTransport(UniqueFd fd, FrameLimits limits) : fd_(std::move(fd)), limits_(limits), parser_(limits) {}
+  ClientTransport(UniqueFd fd, FrameLimits limits)
+      : fd_(std::move(fd)), limits_(limits), parser_(limits) {}
 
   UniqueFd fd_;
   FrameLimits limits_;

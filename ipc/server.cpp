@@ -1,12 +1,12 @@
 #include "ipc/server.h"
 
-#include <sys/stat.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <capnp/message.h>
 #include <boost/asio/post.hpp>
 #include <boost/asio/write.hpp>
-#include <capnp/message.h>
 
 #include <filesystem>
 
@@ -77,10 +77,9 @@ void Connection::on_readable() {
     if (received->bytes == 0) {
       if (parser_.pending_bytes() > 0) {
         uint64_t expected = parser_.expected_frame_bytes();
-        fail_framing(invalid_argument("truncated frame: the stream ended after {} of {} bytes",
-                                      parser_.pending_bytes(),
-                                      expected == 0 ? std::string("an unknown number of")
-                                                    : std::to_string(expected)));
+        fail_framing(invalid_argument(
+            "truncated frame: the stream ended after {} of {} bytes", parser_.pending_bytes(),
+            expected == 0 ? std::string("an unknown number of") : std::to_string(expected)));
       } else {
         finish();
       }
@@ -194,7 +193,9 @@ void Connection::finish() {
 Server::Server(asio::io_context& io, RequestHandler& handler, ConnectionLimits limits)
     : io_(io), handler_(handler), limits_(limits), acceptor_(io) {}
 
-Server::~Server() { stop(); }
+Server::~Server() {
+  stop();
+}
 
 Status Server::listen(const std::string& path) {
   namespace fs = std::filesystem;
@@ -202,7 +203,8 @@ Status Server::listen(const std::string& path) {
   fs::path parent = fs::path(path).parent_path();
   if (!parent.empty() && !fs::exists(parent, ec)) {
     fs::create_directories(parent, ec);
-    if (ec) return internal_error("cannot create socket directory {}: {}", parent.string(), ec.message());
+    if (ec)
+      return internal_error("cannot create socket directory {}: {}", parent.string(), ec.message());
     ::chmod(parent.c_str(), 0750);
   }
   if (fs::exists(path, ec)) {
@@ -236,25 +238,25 @@ Status Server::adopt(UniqueFd listening_fd) {
 }
 
 void Server::accept_next() {
-  acceptor_.async_accept([this](const boost::system::error_code& ec,
-                                asio::local::stream_protocol::socket socket) {
-    if (ec == asio::error::operation_aborted || !acceptor_.is_open()) return;
-    if (!ec) {
-      auto peer = peer_credentials(socket.native_handle());
-      if (peer.is_ok()) {
-        auto connection = std::make_shared<Connection>(std::move(socket), *peer,
-                                                       next_connection_id_++, limits_, handler_);
-        std::erase_if(connections_, [](const auto& weak) { return weak.expired(); });
-        connections_.push_back(connection);
-        connection->start();
-      } else {
-        KVTIER_LOG_WARN("rejecting connection: {}", peer.status().to_string());
-      }
-    } else {
-      KVTIER_LOG_WARN("accept failed: {}", ec.message());
-    }
-    accept_next();
-  });
+  acceptor_.async_accept(
+      [this](const boost::system::error_code& ec, asio::local::stream_protocol::socket socket) {
+        if (ec == asio::error::operation_aborted || !acceptor_.is_open()) return;
+        if (!ec) {
+          auto peer = peer_credentials(socket.native_handle());
+          if (peer.is_ok()) {
+            auto connection = std::make_shared<Connection>(
+                std::move(socket), *peer, next_connection_id_++, limits_, handler_);
+            std::erase_if(connections_, [](const auto& weak) { return weak.expired(); });
+            connections_.push_back(connection);
+            connection->start();
+          } else {
+            KVTIER_LOG_WARN("rejecting connection: {}", peer.status().to_string());
+          }
+        } else {
+          KVTIER_LOG_WARN("accept failed: {}", ec.message());
+        }
+        accept_next();
+      });
 }
 
 void Server::stop() {

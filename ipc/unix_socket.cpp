@@ -50,8 +50,8 @@ Status send_all(int socket_fd, std::span<const std::byte> bytes, std::span<const
   return Status::ok();
 }
 
-Result<Received> receive_some(int socket_fd, std::span<std::byte> into,
-                              std::vector<UniqueFd>& fds, bool wait) {
+Result<Received> receive_some(int socket_fd, std::span<std::byte> into, std::vector<UniqueFd>& fds,
+                              bool wait) {
   iovec iov{into.data(), into.size()};
   msghdr msg{};
   msg.msg_iov = &iov;

@@ -51,9 +51,9 @@ class PlacementView {
  public:
   virtual ~PlacementView() = default;
   struct BlockPlacement {
-    Tier tier;             // kNone when absent
-    bool movable;          // ready, unpinned, not moving
-    uint64_t bytes;        // block size
+    Tier tier;       // kNone when absent
+    bool movable;    // ready, unpinned, not moving
+    uint64_t bytes;  // block size
     uint32_t session_refs;
     uint64_t last_access_ms;
   };

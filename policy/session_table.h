@@ -22,12 +22,12 @@ enum class SessionState : uint8_t { kActive = 0, kIdle = 1 };
 struct Session {
   uint32_t namespace_id = 0;
   std::string id;
-  LayoutKey layout;                 // all of a session's blocks share one layout
-  std::vector<BlockHash> blocks;    // prefix order, no duplicates
+  LayoutKey layout;               // all of a session's blocks share one layout
+  std::vector<BlockHash> blocks;  // prefix order, no duplicates
   SessionState state = SessionState::kActive;
   uint64_t created_ms = 0;
-  uint64_t last_active_ms = 0;      // last Save/Load/BeginTurn
-  uint32_t turns = 0;               // turns ended (Save with endOfTurn)
+  uint64_t last_active_ms = 0;  // last Save/Load/BeginTurn
+  uint32_t turns = 0;           // turns ended (Save with endOfTurn)
 };
 
 struct SessionKey {
