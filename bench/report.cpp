@@ -1,5 +1,7 @@
 #include "bench/report.h"
 
+#include "common/json.h"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -7,33 +9,6 @@
 
 namespace kvtier::bench {
 namespace {
-
-std::string json_string(const std::string& text) {
-  std::string out = "\"";
-  for (char c : text) {
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          out += fmt::format("\\u{:04x}", static_cast<unsigned>(c));
-        } else {
-          out += c;
-        }
-    }
-  }
-  return out + "\"";
-}
 
 // JSON has no NaN or infinity; a figure that could not be measured is null.
 std::string json_number(double value) {
@@ -46,7 +21,7 @@ std::string json_value(const ConfigValue& value) {
       [](const auto& v) -> std::string {
         using T = std::decay_t<decltype(v)>;
         if constexpr (std::is_same_v<T, std::string>) {
-          return json_string(v);
+          return json_quote(v);
         } else if constexpr (std::is_same_v<T, bool>) {
           return v ? "true" : "false";
         } else if constexpr (std::is_same_v<T, double>) {
@@ -97,14 +72,14 @@ bool BenchReport::all_targets_met() const {
 }
 
 std::string BenchReport::to_json() const {
-  std::string out = "{\"bench\": " + json_string(bench_) + ", \"config\": {";
+  std::string out = "{\"bench\": " + json_quote(bench_) + ", \"config\": {";
   for (size_t i = 0; i < config_.size(); ++i) {
-    out += fmt::format("{}{}: {}", i ? ", " : "", json_string(config_[i].first),
+    out += fmt::format("{}{}: {}", i ? ", " : "", json_quote(config_[i].first),
                        json_value(config_[i].second));
   }
   out += "}, \"results\": {";
   for (size_t i = 0; i < results_.size(); ++i) {
-    out += fmt::format("{}{}: {}", i ? ", " : "", json_string(results_[i].first),
+    out += fmt::format("{}{}: {}", i ? ", " : "", json_quote(results_[i].first),
                        json_number(results_[i].second));
   }
   out += "}, \"targets\": [";
@@ -112,7 +87,7 @@ std::string BenchReport::to_json() const {
     const Target& t = targets_[i];
     out +=
         fmt::format("{}{{\"metric\": {}, \"value\": {}, \"op\": {}, \"target\": {}, \"met\": {}}}",
-                    i ? ", " : "", json_string(t.metric), json_number(t.value), json_string(t.op),
+                    i ? ", " : "", json_quote(t.metric), json_number(t.value), json_quote(t.op),
                     json_number(t.target), t.met() ? "true" : "false");
   }
   return out + "]}\n";

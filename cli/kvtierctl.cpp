@@ -7,35 +7,12 @@
 #include <string>
 
 #include "client/client.h"
+#include "common/json.h"
 #include "common/units.h"
 
 namespace {
 
 using namespace kvtier;
-
-std::string json_escape(const std::string& text) {
-  std::string out;
-  for (char ch : text) {
-    switch (ch) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      default:
-        if (static_cast<unsigned char>(ch) < 0x20) {
-          out += fmt::format("\\u{:04x}", static_cast<int>(ch));
-        } else {
-          out += ch;
-        }
-    }
-  }
-  return out;
-}
 
 int print_status(Client& client, bool json, bool all) {
   auto stats = client.stats(all);
@@ -52,12 +29,12 @@ int print_status(Client& client, bool json, bool all) {
                            tier_name(t.tier), t.capacity_bytes, t.used_bytes, t.blocks);
     }
     std::printf(
-        R"({"device":"%s","uptime_ms":%llu,"tiers":[%s],"sessions":{"active":%llu,"idle":%llu},)"
+        R"({"device":%s,"uptime_ms":%llu,"tiers":[%s],"sessions":{"active":%llu,"idle":%llu},)"
         R"("lookups":{"hits":%llu,"misses":%llu},)"
         R"("bytes":{"saved":%llu,"loaded":%llu,"demoted":%llu,"promoted":%llu},)"
         R"("pinned_blocks":%llu,"copies_in_flight":%llu,"connections":%u,"blocks_evicted":%llu,"data_loss_blocks":%llu})"
         "\n",
-        json_escape(s.device_name).c_str(), static_cast<unsigned long long>(s.uptime_ms),
+        json_quote(s.device_name).c_str(), static_cast<unsigned long long>(s.uptime_ms),
         tiers.c_str(), static_cast<unsigned long long>(s.sessions_active),
         static_cast<unsigned long long>(s.sessions_idle),
         static_cast<unsigned long long>(s.lookup_hits),
@@ -112,9 +89,9 @@ int print_sessions(Client& client, bool json, bool all) {
         return i < s.blocks_per_tier.size() ? s.blocks_per_tier[i] : 0u;
       };
       out += fmt::format(
-          R"({{"id":"{}","namespace":"{}","state":"{}","idle_ms":{},"turns":{},"blocks":{},)"
+          R"({{"id":{},"namespace":{},"state":"{}","idle_ms":{},"turns":{},"blocks":{},)"
           R"("blocks_per_tier":{{"hbm":{},"ram":{},"nvme":{},"none":{}}},"layout_digest":"{:016x}"}})",
-          json_escape(s.session_id), json_escape(s.namespace_name), s.active ? "active" : "idle",
+          json_quote(s.session_id), json_quote(s.namespace_name), s.active ? "active" : "idle",
           s.idle_ms, s.turns, s.blocks, tier(0), tier(1), tier(2), tier(3), s.layout_digest);
     }
     std::printf("{\"sessions\":[%s]}\n", out.c_str());
