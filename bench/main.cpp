@@ -10,6 +10,8 @@
 #include <cstdio>
 
 #include "bench/benchmarks.h"
+#include "bench/nvme_bench.h"
+#include "bench/sim_bench.h"
 
 namespace {
 
@@ -77,6 +79,12 @@ int main(int argc, char** argv) {
   rpc_app->add_option("--hashes", rpc.hashes, "hashes per Lookup (all hit)")
       ->check(CLI::Range(1u, 4096u));
 
+  SimOptions sim;
+  sim.executable = argv[0];
+  CLI::App* sim_app = add_sim_subcommand(app, sim);
+  NvmeBenchOptions nvme;
+  CLI::App* nvme_app = add_nvme_subcommand(app, nvme);
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -85,5 +93,9 @@ int main(int argc, char** argv) {
   }
   if (copy_app->parsed())
     return finish("copy", run_copy_bench(common, copy), json, require_targets);
+  if (sim_app->parsed()) return finish("sim", run_sim_bench(sim), json, require_targets);
+  if (nvme_app->parsed()) {
+    return finish("nvme", run_nvme_bench(common, nvme), json, require_targets);
+  }
   return finish("rpc", run_rpc_bench(common, rpc), json, require_targets);
 }

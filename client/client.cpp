@@ -24,6 +24,23 @@ Status unexpected_reply(wire::Response::Reader response, std::string_view wanted
                         static_cast<int>(response.which()));
 }
 
+SessionInfo session_from_wire(wire::SessionInfo::Reader s) {
+  SessionInfo info{s.getSessionId().cStr(),
+                   s.getNamespaceName().cStr(),
+                   s.getState() == wire::SessionState::ACTIVE,
+                   s.getIdleMs(),
+                   s.getTurns(),
+                   s.getBlocks(),
+                   {},
+                   s.getLayoutDigest()};
+  for (auto count : s.getBlocksPerTier()) info.blocks_per_tier.push_back(count);
+  info.bytes = s.getBytes();
+  info.pinned = s.getPinned();
+  info.return_probability = s.getReturnProbability();
+  info.return_in_ms = s.getReturnInMs();
+  return info;
+}
+
 }  // namespace
 
 Status status_from_wire(wire::Error::Reader error) {
@@ -161,15 +178,15 @@ Result<HelloInfo> Client::hello(const LayoutSpec& layout, const std::string& eng
       });
 }
 
-Status Client::register_memfd_region(uint32_t region_id, int memfd, uint64_t size_bytes) {
-  int fds[] = {memfd};
+Status Client::register_region(uint32_t region_id,
+                               const std::function<void(wire::RegisterRegion::Builder)>& fill,
+                               std::span<const int> fds) {
   return call<uint32_t>(
              [&](wire::Request::Builder request) {
                auto region = request.initRegisterRegion();
                region.setRegionId(region_id);
-               region.setSizeBytes(size_bytes);
-               region.setKind(wire::RegisterRegion::RegionKind::MEMFD);
-               region.setFdCount(1);
+               region.setFdCount(static_cast<uint32_t>(fds.size()));
+               fill(region);
              },
              [](wire::Response::Reader response) -> Result<uint32_t> {
                if (!response.isRegisterRegion())
@@ -178,6 +195,45 @@ Status Client::register_memfd_region(uint32_t region_id, int memfd, uint64_t siz
              },
              fds)
       .status();
+}
+
+Status Client::register_memfd_region(uint32_t region_id, int memfd, uint64_t size_bytes) {
+  int fds[] = {memfd};
+  return register_region(
+      region_id,
+      [&](wire::RegisterRegion::Builder region) {
+        region.setSizeBytes(size_bytes);
+        region.setKind(wire::RegisterRegion::RegionKind::MEMFD);
+      },
+      fds);
+}
+
+Status Client::register_cuda_ipc_region(uint32_t region_id,
+                                        std::span<const std::byte, 64> ipc_handle,
+                                        uint64_t size_bytes, const std::string& gpu_uuid) {
+  return register_region(
+      region_id,
+      [&](wire::RegisterRegion::Builder region) {
+        region.setSizeBytes(size_bytes);
+        region.setKind(wire::RegisterRegion::RegionKind::CUDA_IPC);
+        region.setIpcHandle(capnp::Data::Reader(reinterpret_cast<const uint8_t*>(ipc_handle.data()),
+                                                ipc_handle.size()));
+        region.setGpuUuid(gpu_uuid);
+      },
+      {});
+}
+
+Status Client::register_cuda_vmm_region(uint32_t region_id, int fd, uint64_t size_bytes,
+                                        const std::string& gpu_uuid) {
+  int fds[] = {fd};
+  return register_region(
+      region_id,
+      [&](wire::RegisterRegion::Builder region) {
+        region.setSizeBytes(size_bytes);
+        region.setKind(wire::RegisterRegion::RegionKind::CUDA_VMM_FD);
+        region.setGpuUuid(gpu_uuid);
+      },
+      fds);
 }
 
 Pending<SaveResult> Client::save_async(const std::string& session_id,
@@ -278,6 +334,17 @@ Result<StatsInfo> Client::stats(bool all_namespaces) {
         info.data_loss_blocks = r.getDataLossBlocks();
         info.device_name = r.getDeviceName().cStr();
         info.uptime_ms = r.getUptimeMs();
+        info.admin_pinned_blocks = r.getAdminPinnedBlocks();
+        info.pinned_sessions = r.getPinnedSessions();
+        for (auto move : r.getRecentMoves()) {
+          static constexpr const char* kKinds[] = {"demote", "promote", "evict"};
+          const auto kind = static_cast<size_t>(move.getKind());
+          info.recent_moves.push_back({move.getAgoMs(), kind < 3 ? kKinds[kind] : "unknown",
+                                       static_cast<Tier>(move.getFromTier()),
+                                       static_cast<Tier>(move.getToTier()), move.getReason().cStr(),
+                                       move.getBlocks(), move.getBytes()});
+        }
+        info.policy = r.getPolicy().cStr();
         return info;
       });
 }
@@ -290,19 +357,76 @@ Result<std::vector<SessionInfo>> Client::list_sessions(bool all_namespaces) {
       [](wire::Response::Reader response) -> Result<std::vector<SessionInfo>> {
         if (!response.isListSessions()) return unexpected_reply(response, "ListSessions");
         std::vector<SessionInfo> sessions;
-        for (auto s : response.getListSessions().getSessions()) {
-          SessionInfo info{s.getSessionId().cStr(),
-                           s.getNamespaceName().cStr(),
-                           s.getState() == wire::SessionState::ACTIVE,
-                           s.getIdleMs(),
-                           s.getTurns(),
-                           s.getBlocks(),
-                           {},
-                           s.getLayoutDigest()};
-          for (auto count : s.getBlocksPerTier()) info.blocks_per_tier.push_back(count);
-          sessions.push_back(std::move(info));
-        }
+        for (auto s : response.getListSessions().getSessions())
+          sessions.push_back(session_from_wire(s));
         return sessions;
+      });
+}
+
+Result<SessionInfo> Client::get_session(const std::string& session_id,
+                                        const std::string& namespace_name) {
+  return call<SessionInfo>(
+      [&](wire::Request::Builder request) {
+        auto get = request.initGetSession();
+        get.setSessionId(session_id);
+        get.setNamespaceName(namespace_name);
+      },
+      [](wire::Response::Reader response) -> Result<SessionInfo> {
+        if (!response.isGetSession()) return unexpected_reply(response, "GetSession");
+        return session_from_wire(response.getGetSession().getSession());
+      });
+}
+
+Result<EvictResult> Client::evict(const std::string& session_id, const std::string& namespace_name,
+                                  uint64_t idle_over_ms) {
+  return call<EvictResult>(
+      [&](wire::Request::Builder request) {
+        auto evict = request.initEvict();
+        evict.setSessionId(session_id);
+        evict.setNamespaceName(namespace_name);
+        evict.setIdleOverMs(idle_over_ms);
+      },
+      [](wire::Response::Reader response) -> Result<EvictResult> {
+        if (!response.isEvict()) return unexpected_reply(response, "Evict");
+        auto r = response.getEvict();
+        return EvictResult{r.getSessions(), r.getBlocksEvicted(), r.getBytesFreed(),
+                           r.getBlocksKept()};
+      });
+}
+
+Result<uint32_t> Client::pin(const std::string& session_id, const std::string& namespace_name,
+                             bool pinned) {
+  return call<uint32_t>(
+      [&](wire::Request::Builder request) {
+        auto pin = request.initPin();
+        pin.setSessionId(session_id);
+        pin.setNamespaceName(namespace_name);
+        pin.setPinned(pinned);
+      },
+      [](wire::Response::Reader response) -> Result<uint32_t> {
+        if (!response.isPin()) return unexpected_reply(response, "Pin");
+        return response.getPin().getPinnedBlocks();
+      });
+}
+
+Result<DrainResult> Client::drain() {
+  return call<DrainResult>([](wire::Request::Builder request) { request.initDrain(); },
+                           [](wire::Response::Reader response) -> Result<DrainResult> {
+                             if (!response.isDrain()) return unexpected_reply(response, "Drain");
+                             auto r = response.getDrain();
+                             return DrainResult{r.getBlocksQueued(), r.getBytesQueued()};
+                           });
+}
+
+Result<std::vector<ConfigEntryInfo>> Client::get_config() {
+  return call<std::vector<ConfigEntryInfo>>(
+      [](wire::Request::Builder request) { request.initGetConfig(); },
+      [](wire::Response::Reader response) -> Result<std::vector<ConfigEntryInfo>> {
+        if (!response.isGetConfig()) return unexpected_reply(response, "GetConfig");
+        std::vector<ConfigEntryInfo> entries;
+        for (auto e : response.getGetConfig().getEntries())
+          entries.push_back({e.getKey().cStr(), e.getValue().cStr(), e.getReloadable()});
+        return entries;
       });
 }
 

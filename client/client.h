@@ -102,6 +102,19 @@ struct StatsInfo {
   uint64_t blocks_evicted, data_loss_blocks;
   std::string device_name;
   uint64_t uptime_ms;
+  uint64_t admin_pinned_blocks = 0;  // held in place by kvtierctl pin (not in pinned_blocks)
+  uint32_t pinned_sessions = 0;
+  // The planner's latest decisions, oldest first, and the placement policy's name.
+  struct PlannerMovesInfo {
+    uint64_t ago_ms;
+    std::string kind;  // "demote", "promote", "evict"
+    Tier from, to;
+    std::string reason;  // "idle", "watermark", ...
+    uint32_t blocks;
+    uint64_t bytes;
+  };
+  std::vector<PlannerMovesInfo> recent_moves;
+  std::string policy;
 };
 
 struct SessionInfo {
@@ -113,6 +126,29 @@ struct SessionInfo {
   uint32_t blocks;
   std::vector<uint32_t> blocks_per_tier;  // hbm, ram, nvme, none
   uint64_t layout_digest;
+  uint64_t bytes = 0;             // of the blocks held, any tier
+  bool pinned = false;            // an admin pinned it
+  double return_probability = 1;  // P(it comes back at all); 1 while active
+  uint64_t return_in_ms = 0;      // median time to its next turn; UINT64_MAX: not expected
+};
+
+// Operator requests (kvtierctl). Admin ones fail with PermissionDenied for others.
+struct EvictResult {
+  uint32_t sessions;
+  uint64_t blocks_evicted;
+  uint64_t bytes_freed;
+  uint64_t blocks_kept;  // shared with other sessions or being read
+};
+
+struct DrainResult {
+  uint64_t blocks_queued;
+  uint64_t bytes_queued;
+};
+
+struct ConfigEntryInfo {
+  std::string key;
+  std::string value;  // a TOML value
+  bool reloadable;
 };
 
 class Client;
@@ -143,6 +179,14 @@ class Client {
   Result<HelloInfo> hello(const LayoutSpec& layout, const std::string& engine_name = "engine",
                           double prefill_tokens_per_second = 0);
   Status register_memfd_region(uint32_t region_id, int memfd, uint64_t size_bytes);
+  // GPU regions for a daemon on the CUDA backend: a legacy cudaIpcMemHandle_t, or a
+  // CUDA VMM POSIX-fd shareable handle (what PyTorch's expandable segments allocate).
+  // `gpu_uuid` names the GPU ("GPU-…"); empty means the daemon's GPU. The engine
+  // synchronizes its writes to the blocks it names before each Save.
+  Status register_cuda_ipc_region(uint32_t region_id, std::span<const std::byte, 64> ipc_handle,
+                                  uint64_t size_bytes, const std::string& gpu_uuid);
+  Status register_cuda_vmm_region(uint32_t region_id, int fd, uint64_t size_bytes,
+                                  const std::string& gpu_uuid);
 
   Result<SaveResult> save(const std::string& session_id, std::span<const BlockRef> blocks,
                           bool end_of_turn) {
@@ -158,6 +202,18 @@ class Client {
   Result<uint32_t> close_session(const std::string& session_id);
   Result<StatsInfo> stats(bool all_namespaces = false);
   Result<std::vector<SessionInfo>> list_sessions(bool all_namespaces = false);
+  // One session; `namespace_name` empty means the caller's (another one needs admin).
+  Result<SessionInfo> get_session(const std::string& session_id,
+                                  const std::string& namespace_name = "");
+  // Admin: drop one session (empty namespace: wherever the id is) or, with an empty
+  // session_id, every session idle longer than idle_over_ms.
+  Result<EvictResult> evict(const std::string& session_id, const std::string& namespace_name,
+                            uint64_t idle_over_ms = 0);
+  // Admin: pin (or unpin) a session's blocks in place; returns the blocks held.
+  Result<uint32_t> pin(const std::string& session_id, const std::string& namespace_name,
+                       bool pinned);
+  Result<DrainResult> drain();                        // admin: RAM/HBM → NVMe
+  Result<std::vector<ConfigEntryInfo>> get_config();  // admin: effective configuration
 
   Pending<SaveResult> save_async(const std::string& session_id, std::span<const BlockRef> blocks,
                                  bool end_of_turn);
@@ -174,6 +230,9 @@ class Client {
                         std::span<const int> fds = {});
   // Blocks until the reply to `id` arrives.
   Result<ipc::Frame> wait_for(uint64_t id);
+  Status register_region(uint32_t region_id,
+                         const std::function<void(wire::RegisterRegion::Builder)>& fill,
+                         std::span<const int> fds);
   template <typename T>
   Result<T> call(const std::function<void(wire::Request::Builder)>& fill,
                  const std::function<Result<T>(wire::Response::Reader)>& decode,

@@ -11,6 +11,9 @@
 
 #include "client/client.h"
 #include "client/paged_cache.h"
+#ifdef KVTIER_HAVE_CUDA
+#include "client/gpu_paged_cache.h"
+#endif
 #include "common/units.h"
 
 namespace {
@@ -28,19 +31,86 @@ struct Options {
   kvtier::PagedCacheShape shape;
 };
 
+// The engine's KV cache: memfd shared memory (host) or GPU memory (cuda).
+class EngineCache {
+ public:
+  virtual ~EngineCache() = default;
+  virtual const kvtier::LayoutSpec& layout() const = 0;
+  virtual kvtier::Status register_with(kvtier::Client& client) = 0;
+  virtual kvtier::Status fill(uint64_t block_id, const kvtier::BlockHash& hash) = 0;
+  virtual kvtier::Result<bool> verify(uint64_t block_id, const kvtier::BlockHash& hash) = 0;
+  virtual kvtier::Status wipe() = 0;
+  virtual kvtier::Status synchronize() { return kvtier::Status::ok(); }
+};
+
+class HostCache final : public EngineCache {
+ public:
+  explicit HostCache(kvtier::PagedCache cache) : cache_(std::move(cache)) {}
+  const kvtier::LayoutSpec& layout() const override { return cache_.layout(); }
+  kvtier::Status register_with(kvtier::Client& client) override {
+    return client.register_memfd_region(cache_.region_id(), cache_.region().fd(),
+                                        cache_.region().size_bytes());
+  }
+  kvtier::Status fill(uint64_t block_id, const kvtier::BlockHash& hash) override {
+    cache_.fill(block_id, hash);
+    return kvtier::Status::ok();
+  }
+  kvtier::Result<bool> verify(uint64_t block_id, const kvtier::BlockHash& hash) override {
+    return cache_.verify(block_id, hash);
+  }
+  kvtier::Status wipe() override {
+    cache_.wipe();
+    return kvtier::Status::ok();
+  }
+
+ private:
+  kvtier::PagedCache cache_;
+};
+
+#ifdef KVTIER_HAVE_CUDA
+class GpuCache final : public EngineCache {
+ public:
+  explicit GpuCache(std::unique_ptr<kvtier::GpuPagedCache> cache) : cache_(std::move(cache)) {}
+  const kvtier::LayoutSpec& layout() const override { return cache_->layout(); }
+  kvtier::Status register_with(kvtier::Client& client) override {
+    return cache_->register_with(client);
+  }
+  kvtier::Status fill(uint64_t block_id, const kvtier::BlockHash& hash) override {
+    return cache_->fill(block_id, hash);
+  }
+  kvtier::Result<bool> verify(uint64_t block_id, const kvtier::BlockHash& hash) override {
+    return cache_->verify(block_id, hash);
+  }
+  kvtier::Status wipe() override { return cache_->wipe(); }
+  kvtier::Status synchronize() override { return cache_->synchronize(); }
+
+ private:
+  std::unique_ptr<kvtier::GpuPagedCache> cache_;
+};
+#endif
+
+kvtier::Result<std::unique_ptr<EngineCache>> make_cache(const std::string& device,
+                                                        const kvtier::PagedCacheShape& shape) {
+  if (device == "cuda") {
+#ifdef KVTIER_HAVE_CUDA
+    auto cache = kvtier::GpuPagedCache::create(shape);
+    if (!cache.is_ok()) return cache.status();
+    return std::unique_ptr<EngineCache>(std::make_unique<GpuCache>(std::move(*cache)));
+#else
+    return kvtier::invalid_argument("--device cuda: built without the CUDA toolkit");
+#endif
+  }
+  auto cache = kvtier::PagedCache::create(shape);
+  if (!cache.is_ok()) return cache.status();
+  return std::unique_ptr<EngineCache>(std::make_unique<HostCache>(std::move(*cache)));
+}
+
 int fail(const std::string& what, const kvtier::Status& status) {
   std::fprintf(stderr, "kvtier-example-engine: %s: %s\n", what.c_str(), status.to_string().c_str());
   return 1;
 }
 
 int run(const Options& options) {
-  if (options.device != "host") {
-    std::fprintf(stderr,
-                 "kvtier-example-engine: --device %s is not available in this build "
-                 "(the host backend is)\n",
-                 options.device.c_str());
-    return 2;
-  }
   const uint64_t total_blocks = uint64_t{options.turns} * options.blocks_per_turn;
   if (total_blocks * 2 > options.shape.num_blocks) {
     std::fprintf(stderr, "kvtier-example-engine: %llu session blocks need --num-blocks >= %llu\n",
@@ -48,14 +118,14 @@ int run(const Options& options) {
                  static_cast<unsigned long long>(total_blocks * 2));
     return 2;
   }
-  auto cache = kvtier::PagedCache::create(options.shape);
-  if (!cache.is_ok()) return fail("create KV cache", cache.status());
+  auto made = make_cache(options.device, options.shape);
+  if (!made.is_ok()) return fail("create KV cache", made.status());
+  EngineCache& cache = **made;
   auto client = kvtier::Client::connect(options.socket);
   if (!client.is_ok()) return fail("connect", client.status());
-  auto hello = (*client)->hello(cache->layout(), "kvtier-example-engine");
+  auto hello = (*client)->hello(cache.layout(), "kvtier-example-engine");
   if (!hello.is_ok()) return fail("hello", hello.status());
-  auto registered = (*client)->register_memfd_region(cache->region_id(), cache->region().fd(),
-                                                     cache->region().size_bytes());
+  auto registered = cache.register_with(**client);
   if (!registered.is_ok()) return fail("register region", registered);
 
   auto hashes = kvtier::PagedCache::chain_hashes(options.session, total_blocks);
@@ -75,8 +145,11 @@ int run(const Options& options) {
     for (uint32_t turn = 0; turn < options.turns; ++turn) {
       size_t end = size_t{turn + 1} * options.blocks_per_turn;
       for (size_t i = size_t{turn} * options.blocks_per_turn; i < end; ++i) {
-        cache->fill(saved_refs[i].engine_block_id, saved_refs[i].hash);
+        auto filled = cache.fill(saved_refs[i].engine_block_id, saved_refs[i].hash);
+        if (!filled.is_ok()) return fail("fill block", filled);
       }
+      // The engine's writes must be complete before the daemon reads the blocks.
+      if (auto synced = cache.synchronize(); !synced.is_ok()) return fail("synchronize", synced);
       // An engine saves the whole prefix at each turn's end; the daemon dedups.
       auto saved = (*client)->save(options.session, std::span(saved_refs).first(end), true);
       if (!saved.is_ok()) return fail(fmt::format("save turn {}", turn + 1), saved.status());
@@ -89,7 +162,8 @@ int run(const Options& options) {
     if (options.save_only) return 0;
   }
 
-  cache->wipe();
+  if (auto wiped = cache.wipe(); !wiped.is_ok()) return fail("wipe", wiped);
+  if (auto synced = cache.synchronize(); !synced.is_ok()) return fail("synchronize", synced);
   auto begun = (*client)->begin_turn(options.session);
   if (!begun.is_ok()) return fail("begin turn", begun.status());
   auto found = (*client)->lookup(hashes);
@@ -98,7 +172,9 @@ int run(const Options& options) {
   if (!loaded.is_ok()) return fail("load", loaded.status());
   uint64_t matched = 0;
   for (uint64_t i = 0; i < loaded->loaded_count; ++i) {
-    if (cache->verify(load_refs[i].engine_block_id, load_refs[i].hash)) ++matched;
+    auto same = cache.verify(load_refs[i].engine_block_id, load_refs[i].hash);
+    if (!same.is_ok()) return fail("verify", same.status());
+    if (*same) ++matched;
   }
   std::printf("loaded session '%s': lookup hit %u/%llu, loaded %u, bit-exact %llu\n",
               options.session.c_str(), found->hit_count,

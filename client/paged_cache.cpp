@@ -5,12 +5,8 @@
 #include <cstring>
 
 namespace kvtier {
-namespace {
 
-// Fills `bytes` with a stream determined by (hash, plane): different for every block
-// and every plane, so a block landing in the wrong place or a plane copied to the
-// wrong offset is caught.
-void generate(const BlockHash& hash, uint32_t plane, std::byte* out, uint64_t bytes) {
+void PagedCache::generate(const BlockHash& hash, uint32_t plane, std::byte* out, uint64_t bytes) {
   auto hb = hash.bytes();
   uint64_t state = XXH3_64bits_withSeed(hb.data(), hb.size(), plane + 1) | 1;
   uint64_t words = bytes / 8;
@@ -23,13 +19,7 @@ void generate(const BlockHash& hash, uint32_t plane, std::byte* out, uint64_t by
   for (uint64_t i = words * 8; i < bytes; ++i) out[i] = static_cast<std::byte>(state >> (i % 8));
 }
 
-}  // namespace
-
-Result<PagedCache> PagedCache::create(const PagedCacheShape& shape, uint32_t region_id) {
-  uint32_t planes = 2 * shape.num_layers;
-  uint64_t size = uint64_t{planes} * shape.num_blocks * shape.plane_bytes();
-  auto region = MemfdRegion::create("kvtier-paged-cache", size);
-  if (!region.is_ok()) return region.status();
+LayoutSpec PagedCache::make_layout(const PagedCacheShape& shape, uint32_t region_id) {
   LayoutSpec layout;
   layout.model_id = shape.model_id;
   layout.num_layers = shape.num_layers;
@@ -38,12 +28,18 @@ Result<PagedCache> PagedCache::create(const PagedCacheShape& shape, uint32_t reg
   layout.dtype = shape.dtype_bytes == 2 ? "fp16" : fmt::format("{}byte", shape.dtype_bytes);
   layout.tokens_per_block = shape.tokens_per_block;
   layout.num_blocks = shape.num_blocks;
-  for (uint32_t p = 0; p < planes; ++p) {
+  for (uint32_t p = 0; p < 2 * shape.num_layers; ++p) {
     layout.planes.push_back(PlaneSpec{region_id,
                                       uint64_t{p} * shape.num_blocks * shape.plane_bytes(),
                                       shape.plane_bytes(), shape.plane_bytes()});
   }
-  return PagedCache(shape, std::move(*region), std::move(layout), region_id);
+  return layout;
+}
+
+Result<PagedCache> PagedCache::create(const PagedCacheShape& shape, uint32_t region_id) {
+  auto region = MemfdRegion::create("kvtier-paged-cache", shape.region_bytes());
+  if (!region.is_ok()) return region.status();
+  return PagedCache(shape, std::move(*region), make_layout(shape, region_id), region_id);
 }
 
 std::byte* PagedCache::plane_slice(uint32_t plane, uint64_t block_id) const {

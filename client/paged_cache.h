@@ -32,11 +32,15 @@ struct PagedCacheShape {
     return uint64_t{tokens_per_block} * num_kv_heads * head_dim * dtype_bytes;
   }
   uint64_t block_bytes() const { return plane_bytes() * 2 * num_layers; }
+  uint64_t region_bytes() const { return block_bytes() * num_blocks; }
 };
 
 class PagedCache {
  public:
   static Result<PagedCache> create(const PagedCacheShape& shape, uint32_t region_id = 0);
+  // The layout of a cache of `shape` in one region: plane p of block b at
+  // (p × num_blocks + b) × plane_bytes. Shared with the GPU cache, so both digest alike.
+  static LayoutSpec make_layout(const PagedCacheShape& shape, uint32_t region_id);
 
   const LayoutSpec& layout() const { return layout_; }
   const PagedCacheShape& shape() const { return shape_; }
@@ -49,6 +53,10 @@ class PagedCache {
   bool verify(uint64_t block_id, const BlockHash& hash) const;
   // Zeroes every block.
   void wipe();
+
+  // The content of plane `plane` of the block with `hash`: a stream determined by
+  // both, so a block in the wrong place or a plane at the wrong offset is caught.
+  static void generate(const BlockHash& hash, uint32_t plane, std::byte* out, uint64_t bytes);
 
   // A chained prefix hash like an engine computes: block i's hash covers the session
   // seed and all earlier blocks. 16 bytes each.

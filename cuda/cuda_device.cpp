@@ -18,9 +18,11 @@ enum Direction { kDeviceToHost = 0, kHostToDevice = 1, kDeviceToDevice = 2, kDir
 
 std::string format_uuid(const cudaUUID_t& uuid) {
   const auto* b = reinterpret_cast<const unsigned char*>(uuid.bytes);
-  return fmt::format("GPU-{:02x}{:02x}{:02x}{:02x}-{:02x}{:02x}-{:02x}{:02x}-{:02x}{:02x}-{:02x}{:02x}{:02x}{:02x}{:02x}{:02x}",
-                     b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13],
-                     b[14], b[15]);
+  return fmt::format(
+      "GPU-{:02x}{:02x}{:02x}{:02x}-{:02x}{:02x}-{:02x}{:02x}-{:02x}{:02x}-{:02x}{:02x}{:02x}{:02x}"
+      "{:02x}{:02x}",
+      b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14],
+      b[15]);
 }
 
 class CudaDevice final : public Device {
@@ -31,7 +33,8 @@ class CudaDevice final : public Device {
   Status init() {
     KVTIER_RETURN_IF_ERROR(driver_.load());
     for (auto& stream : streams_) {
-      KVTIER_RETURN_IF_ERROR(cuda_status(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate"));
+      KVTIER_RETURN_IF_ERROR(cuda_status(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking),
+                                         "cudaStreamCreate"));
     }
     completer_ = std::thread([this] { complete_in_order(); });
     return Status::ok();
@@ -55,7 +58,8 @@ class CudaDevice final : public Device {
   Result<std::shared_ptr<Memory>> open_region(RegionHandle handle) override {
     if (handle.size_bytes == 0) return invalid_argument("sizeBytes is 0");
     if (!handle.gpu_uuid.empty() && handle.gpu_uuid != uuid_) {
-      return invalid_argument("the region is on GPU {}; this daemon serves {} ({})", handle.gpu_uuid, uuid_, name_);
+      return invalid_argument("the region is on GPU {}; this daemon serves {} ({})",
+                              handle.gpu_uuid, uuid_, name_);
     }
     switch (handle.kind) {
       case RegionHandle::Kind::kCudaIpc:
@@ -73,7 +77,8 @@ class CudaDevice final : public Device {
     if (bytes == 0) return invalid_argument("hbm arena: bytes is 0");
     KVTIER_RETURN_IF_ERROR(cuda_status(cudaSetDevice(ordinal_), "cudaSetDevice"));
     void* data = nullptr;
-    KVTIER_RETURN_IF_ERROR(cuda_status(cudaMalloc(&data, bytes), fmt::format("cudaMalloc {} bytes", bytes)));
+    KVTIER_RETURN_IF_ERROR(
+        cuda_status(cudaMalloc(&data, bytes), fmt::format("cudaMalloc {} bytes", bytes)));
     return std::shared_ptr<Memory>(std::make_shared<DeviceAllocation>(data, bytes, ordinal_));
   }
 
@@ -92,7 +97,8 @@ class CudaDevice final : public Device {
     std::vector<std::byte*> addresses;
     for (const auto& memory : batch.memories) {
       std::byte* address = memory ? copy_address(*memory) : nullptr;
-      if (address == nullptr) return invalid_argument("batch names memory the CUDA backend did not open");
+      if (address == nullptr)
+        return invalid_argument("batch names memory the CUDA backend did not open");
       addresses.push_back(address);
     }
     for (size_t i = 0; i < batch.segments.size(); ++i) {
@@ -107,8 +113,11 @@ class CudaDevice final : public Device {
         return invalid_argument("segment {} lies outside its memories", i);
       }
       if (s.bytes == 0) continue;
-      const bool src_gpu = src.location() == MemoryLocation::kGpu, dst_gpu = dst.location() == MemoryLocation::kGpu;
-      const int direction = src_gpu && dst_gpu ? kDeviceToDevice : src_gpu ? kDeviceToHost : kHostToDevice;
+      const bool src_gpu = src.location() == MemoryLocation::kGpu,
+                 dst_gpu = dst.location() == MemoryLocation::kGpu;
+      const int direction = src_gpu && dst_gpu ? kDeviceToDevice
+                            : src_gpu          ? kDeviceToHost
+                                               : kHostToDevice;
       runs[direction].dsts.push_back(addresses[s.dst_memory] + s.dst_offset);
       runs[direction].srcs.push_back(addresses[s.src_memory] + s.src_offset);
       runs[direction].sizes.push_back(s.bytes);
@@ -119,9 +128,11 @@ class CudaDevice final : public Device {
       if (runs[d].sizes.empty()) continue;
       Status issued = issue(streams_[d], runs[d].dsts, runs[d].srcs, runs[d].sizes);
       cudaEvent_t event = nullptr;
-      Status recorded = cuda_status(cudaEventCreateWithFlags(&event, cudaEventDisableTiming | cudaEventBlockingSync),
-                                    "cudaEventCreate");
-      if (recorded.is_ok()) recorded = cuda_status(cudaEventRecord(event, streams_[d]), "cudaEventRecord");
+      Status recorded = cuda_status(
+          cudaEventCreateWithFlags(&event, cudaEventDisableTiming | cudaEventBlockingSync),
+          "cudaEventCreate");
+      if (recorded.is_ok())
+        recorded = cuda_status(cudaEventRecord(event, streams_[d]), "cudaEventRecord");
       if (event != nullptr) pending.events.push_back(event);
       // Whatever was enqueued must finish before `done` runs, so an error here is
       // reported through the completion, not by returning early.
@@ -156,8 +167,8 @@ class CudaDevice final : public Device {
       attributes.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
       attributes.flags = cudaMemcpyFlagPreferOverlapWithCompute;
       size_t attribute_index = 0;
-      cudaError_t error = cudaMemcpyBatchAsync(dsts.data(), srcs.data(), sizes.data(), sizes.size(), &attributes,
-                                               &attribute_index, 1, stream);
+      cudaError_t error = cudaMemcpyBatchAsync(dsts.data(), srcs.data(), sizes.data(), sizes.size(),
+                                               &attributes, &attribute_index, 1, stream);
       if (error == cudaSuccess) return Status::ok();
       if (error != cudaErrorNotSupported && error != cudaErrorInvalidValue) {
         return cuda_status(error, "cudaMemcpyBatchAsync");
@@ -169,7 +180,8 @@ class CudaDevice final : public Device {
     }
     for (size_t i = 0; i < sizes.size(); ++i) {
       KVTIER_RETURN_IF_ERROR(
-          cuda_status(cudaMemcpyAsync(dsts[i], srcs[i], sizes[i], cudaMemcpyDefault, stream), "cudaMemcpyAsync"));
+          cuda_status(cudaMemcpyAsync(dsts[i], srcs[i], sizes[i], cudaMemcpyDefault, stream),
+                      "cudaMemcpyAsync"));
     }
     return Status::ok();
   }
@@ -228,14 +240,17 @@ Result<std::unique_ptr<Device>> make_cuda_device(const CudaDeviceOptions& option
   cudaError_t error = cudaGetDeviceCount(&count);
   if (error != cudaSuccess || count == 0) {
     (void)cudaGetLastError();
-    return unavailable("no CUDA device: {}", error != cudaSuccess ? cudaGetErrorString(error) : "0 GPUs");
+    return unavailable("no CUDA device: {}",
+                       error != cudaSuccess ? cudaGetErrorString(error) : "0 GPUs");
   }
   if (options.device_ordinal < 0 || options.device_ordinal >= count) {
     return invalid_argument("GPU ordinal {} is outside 0..{}", options.device_ordinal, count - 1);
   }
   cudaDeviceProp props{};
-  KVTIER_RETURN_IF_ERROR(cuda_status(cudaGetDeviceProperties(&props, options.device_ordinal), "cudaGetDeviceProperties"));
-  auto device = std::make_unique<CudaDevice>(options.device_ordinal, props.name, format_uuid(props.uuid), options);
+  KVTIER_RETURN_IF_ERROR(cuda_status(cudaGetDeviceProperties(&props, options.device_ordinal),
+                                     "cudaGetDeviceProperties"));
+  auto device = std::make_unique<CudaDevice>(options.device_ordinal, props.name,
+                                             format_uuid(props.uuid), options);
   KVTIER_RETURN_IF_ERROR(device->init());
   return std::unique_ptr<Device>(std::move(device));
 }

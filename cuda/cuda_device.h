@@ -29,8 +29,8 @@
 namespace kvtier {
 
 struct CudaDeviceOptions {
-  int device_ordinal = 0;       // which GPU the daemon serves
-  int pool_touch_threads = 4;   // parallel first touch of the pinned pool
+  int device_ordinal = 0;      // which GPU the daemon serves
+  int pool_touch_threads = 4;  // parallel first touch of the pinned pool
 };
 
 // Unavailable ("no CUDA device: …") when there is no driver or no GPU.

@@ -41,7 +41,8 @@ Status cuda_status(int cuda_error, std::string_view what) {
     default:
       break;
   }
-  return Status(code, fmt::format("{}: {} ({})", what, cudaGetErrorString(error), cudaGetErrorName(error)));
+  return Status(
+      code, fmt::format("{}: {} ({})", what, cudaGetErrorString(error), cudaGetErrorName(error)));
 }
 
 namespace cuda_internal {
@@ -59,7 +60,8 @@ Status DriverApi::load() {
   auto resolve = [](const char* symbol, auto& fn) -> Status {
     void* address = nullptr;
     cudaDriverEntryPointQueryResult found{};
-    cudaError_t error = cudaGetDriverEntryPointByVersion(symbol, &address, 12000, cudaEnableDefault, &found);
+    cudaError_t error =
+        cudaGetDriverEntryPointByVersion(symbol, &address, 12000, cudaEnableDefault, &found);
     if (error != cudaSuccess || found != cudaDriverEntryPointSuccess || address == nullptr) {
       return unavailable("CUDA driver entry point {} not found", symbol);
     }
@@ -108,51 +110,61 @@ std::byte* copy_address(Memory& memory) {
   return nullptr;
 }
 
-Result<std::shared_ptr<Memory>> open_ipc_region(RegionHandle& handle, int ordinal, const DriverApi& driver) {
+Result<std::shared_ptr<Memory>> open_ipc_region(RegionHandle& handle, int ordinal,
+                                                const DriverApi& driver) {
   cudaIpcMemHandle_t ipc{};
   static_assert(sizeof(ipc) == sizeof(handle.ipc_handle));
   std::memcpy(&ipc, handle.ipc_handle.data(), sizeof(ipc));
   void* data = nullptr;
   KVTIER_RETURN_IF_ERROR(cuda_status(cudaSetDevice(ordinal), "cudaSetDevice"));
   // A handle from another machine, of a freed allocation, or garbage fails here.
-  KVTIER_RETURN_IF_ERROR(cuda_status(cudaIpcOpenMemHandle(&data, ipc, cudaIpcMemLazyEnablePeerAccess),
-                                     "cudaIpcOpenMemHandle"));
+  KVTIER_RETURN_IF_ERROR(cuda_status(
+      cudaIpcOpenMemHandle(&data, ipc, cudaIpcMemLazyEnablePeerAccess), "cudaIpcOpenMemHandle"));
   auto region = std::make_shared<IpcRegion>(data, handle.size_bytes, ordinal);
   CUdeviceptr base = 0;
   size_t size = 0;
-  KVTIER_RETURN_IF_ERROR(driver_status(driver.address_range(&base, &size, reinterpret_cast<CUdeviceptr>(data)),
-                                       "cuMemGetAddressRange"));
+  KVTIER_RETURN_IF_ERROR(
+      driver_status(driver.address_range(&base, &size, reinterpret_cast<CUdeviceptr>(data)),
+                    "cuMemGetAddressRange"));
   const uint64_t available = base + size - reinterpret_cast<CUdeviceptr>(data);
   if (handle.size_bytes > available) {
-    return invalid_argument("sizeBytes {} exceeds the {} bytes the IPC allocation holds", handle.size_bytes,
-                            available);
+    return invalid_argument("sizeBytes {} exceeds the {} bytes the IPC allocation holds",
+                            handle.size_bytes, available);
   }
   return std::shared_ptr<Memory>(std::move(region));
 }
 
-Result<std::shared_ptr<Memory>> open_vmm_region(RegionHandle& handle, int ordinal, const DriverApi& driver) {
+Result<std::shared_ptr<Memory>> open_vmm_region(RegionHandle& handle, int ordinal,
+                                                const DriverApi& driver) {
   CUmemGenericAllocationHandle allocation{};
   KVTIER_RETURN_IF_ERROR(driver_status(
-      driver.mem_import(&allocation, reinterpret_cast<void*>(static_cast<uintptr_t>(handle.fd.get())),
+      driver.mem_import(&allocation,
+                        reinterpret_cast<void*>(static_cast<uintptr_t>(handle.fd.get())),
                         CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
       "cuMemImportFromShareableHandle"));
   CUmemAllocationProp prop{};
-  Status status = driver_status(driver.mem_properties(&prop, allocation), "cuMemGetAllocationPropertiesFromHandle");
+  Status status = driver_status(driver.mem_properties(&prop, allocation),
+                                "cuMemGetAllocationPropertiesFromHandle");
   size_t granularity = 0;
   if (status.is_ok()) {
-    status = driver_status(driver.mem_granularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
-                           "cuMemGetAllocationGranularity");
+    status =
+        driver_status(driver.mem_granularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
+                      "cuMemGetAllocationGranularity");
   }
   if (status.is_ok() && prop.location.id != ordinal) {
-    status = invalid_argument("the VMM allocation lives on GPU {}, not on the daemon's GPU {}", prop.location.id,
-                              ordinal);
+    status = invalid_argument("the VMM allocation lives on GPU {}, not on the daemon's GPU {}",
+                              prop.location.id, ordinal);
   }
-  const uint64_t mapped = granularity ? (handle.size_bytes + granularity - 1) / granularity * granularity : 0;
+  const uint64_t mapped =
+      granularity ? (handle.size_bytes + granularity - 1) / granularity * granularity : 0;
   CUdeviceptr address = 0;
-  if (status.is_ok()) status = driver_status(driver.address_reserve(&address, mapped, granularity, 0, 0), "cuMemAddressReserve");
+  if (status.is_ok())
+    status = driver_status(driver.address_reserve(&address, mapped, granularity, 0, 0),
+                           "cuMemAddressReserve");
   if (status.is_ok()) {
     // Fails when the allocation is smaller than the size the engine declared.
-    status = driver_status(driver.mem_map(address, mapped, 0, allocation, 0), "cuMemMap (is sizeBytes right?)");
+    status = driver_status(driver.mem_map(address, mapped, 0, allocation, 0),
+                           "cuMemMap (is sizeBytes right?)");
     if (!status.is_ok()) driver.address_free(address, mapped);
   }
   if (!status.is_ok()) {
@@ -164,7 +176,8 @@ Result<std::shared_ptr<Memory>> open_vmm_region(RegionHandle& handle, int ordina
   access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
   access.location.id = ordinal;
   access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-  KVTIER_RETURN_IF_ERROR(driver_status(driver.mem_set_access(address, mapped, &access, 1), "cuMemSetAccess"));
+  KVTIER_RETURN_IF_ERROR(
+      driver_status(driver.mem_set_access(address, mapped, &access, 1), "cuMemSetAccess"));
   return std::shared_ptr<Memory>(std::move(region));
 }
 
@@ -186,7 +199,8 @@ Result<std::shared_ptr<Memory>> allocate_pinned(uint64_t bytes, int touch_thread
     });
   }
   for (auto& toucher : touchers) toucher.join();
-  Status registered = cuda_status(cudaHostRegister(mapped, bytes, cudaHostRegisterDefault), "cudaHostRegister");
+  Status registered =
+      cuda_status(cudaHostRegister(mapped, bytes, cudaHostRegisterDefault), "cudaHostRegister");
   if (!registered.is_ok()) {
     ::munmap(mapped, bytes);
     return registered;

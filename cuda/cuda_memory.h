@@ -36,7 +36,8 @@ Status driver_status(CUresult result, std::string_view what);
 // Device memory the daemon allocated (the arena).
 class DeviceAllocation final : public Memory {
  public:
-  DeviceAllocation(void* data, uint64_t bytes, int ordinal) : data_(data), bytes_(bytes), ordinal_(ordinal) {}
+  DeviceAllocation(void* data, uint64_t bytes, int ordinal)
+      : data_(data), bytes_(bytes), ordinal_(ordinal) {}
   ~DeviceAllocation() override;
   uint64_t size_bytes() const override { return bytes_; }
   MemoryLocation location() const override { return MemoryLocation::kGpu; }
@@ -53,7 +54,8 @@ class DeviceAllocation final : public Memory {
 // An engine's memory opened from a legacy IPC handle.
 class IpcRegion final : public Memory {
  public:
-  IpcRegion(void* data, uint64_t bytes, int ordinal) : data_(data), bytes_(bytes), ordinal_(ordinal) {}
+  IpcRegion(void* data, uint64_t bytes, int ordinal)
+      : data_(data), bytes_(bytes), ordinal_(ordinal) {}
   ~IpcRegion() override;
   uint64_t size_bytes() const override { return bytes_; }
   MemoryLocation location() const override { return MemoryLocation::kGpu; }
@@ -72,7 +74,11 @@ class VmmRegion final : public Memory {
  public:
   VmmRegion(const DriverApi& driver, CUdeviceptr address, uint64_t mapped_bytes, uint64_t bytes,
             CUmemGenericAllocationHandle handle)
-      : driver_(driver), address_(address), mapped_bytes_(mapped_bytes), bytes_(bytes), handle_(handle) {}
+      : driver_(driver),
+        address_(address),
+        mapped_bytes_(mapped_bytes),
+        bytes_(bytes),
+        handle_(handle) {}
   ~VmmRegion() override;
   uint64_t size_bytes() const override { return bytes_; }
   MemoryLocation location() const override { return MemoryLocation::kGpu; }
@@ -107,8 +113,10 @@ class PinnedPool final : public Memory {
 // pinned memory. nullptr for memory this backend did not create.
 std::byte* copy_address(Memory& memory);
 
-Result<std::shared_ptr<Memory>> open_ipc_region(RegionHandle& handle, int ordinal, const DriverApi& driver);
-Result<std::shared_ptr<Memory>> open_vmm_region(RegionHandle& handle, int ordinal, const DriverApi& driver);
+Result<std::shared_ptr<Memory>> open_ipc_region(RegionHandle& handle, int ordinal,
+                                                const DriverApi& driver);
+Result<std::shared_ptr<Memory>> open_vmm_region(RegionHandle& handle, int ordinal,
+                                                const DriverApi& driver);
 Result<std::shared_ptr<Memory>> allocate_pinned(uint64_t bytes, int touch_threads);
 
 }  // namespace kvtier::cuda_internal

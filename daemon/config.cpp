@@ -1,14 +1,254 @@
+// The settings table and what works on whole configs (validate, print, diff).
+// Parsing files and flags is in config_loader.cpp.
 #include "daemon/config.h"
 
 #include <grp.h>
 
-#include <CLI/CLI.hpp>
-
+#include <algorithm>
+#include <charconv>
 #include <cstdlib>
 
+#include "common/json.h"
 #include "common/units.h"
+#include "daemon/setting_kinds.h"
+#include "policy/planner.h"
 
 namespace kvtier::daemon {
+namespace {
+
+using Kind = Setting::Kind;
+
+Setting log_level_setting() {
+  return {"log-level",
+          Kind::kText,
+          kLive,
+          "debug, info, warn or error",
+          [](DaemonConfig& config, std::string_view text) -> Status {
+            auto level = parse_log_level(text);
+            if (!level.is_ok()) return level.status();
+            config.log_level = *level;
+            return Status::ok();
+          },
+          [](const DaemonConfig& config) -> std::string {
+            static constexpr const char* kNames[] = {"debug", "info", "warn", "error"};
+            return json_quote(kNames[static_cast<int>(config.log_level)]);
+          },
+          copy_field(&DaemonConfig::log_level),
+          {}};
+}
+
+Setting admin_group_setting() {
+  return {"admin-group",
+          Kind::kText,
+          kRestart,
+          "group whose members may use admin requests (uid 0 always may); empty: none",
+          // The name is looked up once the file and flags are both applied
+          // (resolve_names), so a flag can override a group this host lacks.
+          [](DaemonConfig& config, std::string_view text) -> Status {
+            config.admin_group = std::string(text);
+            config.admin_gid.reset();
+            return Status::ok();
+          },
+          [](const DaemonConfig& config) { return json_quote(config.admin_group); },
+          [](DaemonConfig& to, const DaemonConfig& from) {
+            to.admin_group = from.admin_group;
+            to.admin_gid = from.admin_gid;
+          },
+          {}};
+}
+
+Setting shared_namespace_setting() {
+  return {
+      "shared-namespace",
+      Kind::kTextList,
+      kRestart,
+      "NAME=UID[,UID...]: put these uids' blocks in one namespace (repeatable)",
+      [](DaemonConfig& config, std::string_view spec) -> Status {
+        auto eq = spec.find('=');
+        if (eq == std::string_view::npos || eq == 0 || eq + 1 == spec.size()) {
+          return invalid_argument("'{}': expected NAME=UID[,UID...]", spec);
+        }
+        std::string name(spec.substr(0, eq));
+        std::string_view uids = spec.substr(eq + 1);
+        while (true) {
+          size_t comma = uids.find(',');
+          std::string_view uid_text = uids.substr(0, comma);
+          uid_t uid = 0;
+          auto [end, ec] = std::from_chars(uid_text.data(), uid_text.data() + uid_text.size(), uid);
+          if (uid_text.empty() || ec != std::errc() || end != uid_text.data() + uid_text.size()) {
+            return invalid_argument("'{}': '{}' is not a uid", spec, uid_text);
+          }
+          config.shared_namespaces[uid] = name;
+          if (comma == std::string_view::npos) break;
+          uids.remove_prefix(comma + 1);
+        }
+        return Status::ok();
+      },
+      [](const DaemonConfig& config) {
+        std::map<std::string, std::string> by_name;
+        for (const auto& [uid, name] : config.shared_namespaces) {
+          std::string& uids = by_name[name];
+          uids += (uids.empty() ? "" : ",") + std::to_string(uid);
+        }
+        std::string out = "[";
+        for (const auto& [name, uids] : by_name) {
+          out += (out.size() > 1 ? ", " : "") + json_quote(name + "=" + uids);
+        }
+        return out + "]";
+      },
+      copy_field(&DaemonConfig::shared_namespaces),
+      [](DaemonConfig& config) { config.shared_namespaces.clear(); }};
+}
+
+// Hidden in intent, not in --help: a test-only switch, named as such.
+Setting fault_nvme_setting() {
+  return {"fault-nvme",
+          Kind::kTextList,
+          kRestart,
+          "TESTS ONLY: inject NVMe slab-file faults, KIND:N[+][:ERRNO] (write, read, "
+          "shortread, flip, sync; repeatable)",
+          [](DaemonConfig& config, std::string_view spec) -> Status {
+            config.fault_nvme.emplace_back(spec);
+            return Status::ok();
+          },
+          [](const DaemonConfig& config) {
+            std::string out = "[";
+            for (const std::string& spec : config.fault_nvme) {
+              out += (out.size() > 1 ? ", " : "") + json_quote(spec);
+            }
+            return out + "]";
+          },
+          copy_field(&DaemonConfig::fault_nvme),
+          [](DaemonConfig& config) { config.fault_nvme.clear(); }};
+}
+
+Status check_policy(std::string_view text) {
+  if (policy::parse_policy_mode(text)) return Status::ok();
+  return invalid_argument("'{}' is not a policy: lru, session or predictive", text);
+}
+
+}  // namespace
+
+// THE SETTINGS TABLE. One line per setting; --help, --check-config, `kvtierctl config`
+// and SIGHUP all follow it.
+const std::vector<Setting>& settings() {
+  using C = DaemonConfig;
+  static const std::vector<Setting> table = {
+      text_setting("socket", &C::socket_path, kRestart,
+                   "Unix socket path (ignored when systemd "
+                   "passes a listening socket)",
+                   check_socket_path),
+      text_setting("data-dir", &C::data_dir, kRestart, "directory for persistent tier data",
+                   check_directory),
+      text_setting("device", &C::device, kRestart, "copy backend: host, cuda or auto",
+                   check_device),
+      size_setting("hbm-bytes", &C::hbm_bytes, kRestart, "daemon HBM arena size (e.g. 8GiB)"),
+      size_setting("ram-bytes", &C::ram_bytes, kRestart, "pinned RAM pool size (e.g. 64GiB)"),
+      size_setting("nvme-bytes", &C::nvme_bytes, kRestart, "NVMe tier capacity (0: no NVMe tier)"),
+      integer_setting("nvme-queue-depth", &C::nvme_queue_depth, 1, 4096, kRestart,
+                      "NVMe tier: payload I/Os in flight per io_uring ring"),
+      duration_setting("nvme-load-wait-ms", &C::nvme_load_wait_ms, kLive,
+                       "how long a Load waits for blocks being read from NVMe (e.g. 10s)"),
+      duration_setting("drain-timeout", &C::drain_timeout_ms, kLive,
+                       "on SIGTERM, time allowed to drain RAM/HBM blocks to NVMe (e.g. 30s)"),
+      fault_nvme_setting(),
+      size_setting("slab-bytes", &C::slab_bytes, kRestart,
+                   "slot carving unit; the largest block a layout may have"),
+      duration_setting("hbm-idle-ms", &C::hbm_idle_ms, kLive,
+                       "idle time after which a session leaves HBM (e.g. 30s)"),
+      duration_setting("ram-idle-ms", &C::ram_idle_ms, kLive,
+                       "idle time after which a session leaves RAM for NVMe (e.g. 10m)"),
+      fraction_setting("hbm-high-watermark", &C::hbm_high_watermark, 0.05, 1.0, kLive,
+                       "HBM fill fraction that starts demotion"),
+      fraction_setting("hbm-low-watermark", &C::hbm_low_watermark, 0.0, 1.0, kLive,
+                       "HBM fill fraction demotion stops at"),
+      duration_setting("plan-interval-ms", &C::plan_interval_ms, kLive,
+                       "how often the planner runs (e.g. 100ms)"),
+      text_setting("policy", &C::policy, kLive,
+                   "placement policy: lru, session or predictive (README: Policy and simulator)",
+                   check_policy),
+      fraction_setting("ram-high-watermark", &C::ram_high_watermark, 0.05, 1.0, kLive,
+                       "RAM fill fraction that starts demotion to NVMe (or eviction)"),
+      fraction_setting("ram-low-watermark", &C::ram_low_watermark, 0.0, 1.0, kLive,
+                       "RAM fill fraction demotion stops at"),
+      fraction_setting("nvme-high-watermark", &C::nvme_high_watermark, 0.05, 1.0, kLive,
+                       "NVMe fill fraction that starts eviction"),
+      fraction_setting("nvme-low-watermark", &C::nvme_low_watermark, 0.0, 1.0, kLive,
+                       "NVMe fill fraction eviction stops at"),
+      fraction_setting("hbm-read-gbps", &C::hbm_read_gbps, 0.001, 1e6, kLive,
+                       "cost model: GB/s from the HBM arena into an engine"),
+      fraction_setting("ram-read-gbps", &C::ram_read_gbps, 0.001, 1e6, kLive,
+                       "cost model: GB/s from the RAM pool into an engine (PCIe)"),
+      fraction_setting("nvme-read-gbps", &C::nvme_read_gbps, 0.001, 1e6, kLive,
+                       "cost model: GB/s from NVMe into an engine"),
+      fraction_setting("prefill-tokens-per-s", &C::prefill_tokens_per_s, 1, 1e9, kLive,
+                       "cost model: prefill speed of engines that do not report one in Hello"),
+      fraction_setting("prefetch-probability", &C::prefetch_probability, 0.0, 1.0, kLive,
+                       "predictive policy: P(return within a tier's idle time) that keeps a "
+                       "session in, or prefetches it into, that tier"),
+      integer_setting("copy-threads", &C::copy_threads, 1, 64, kRestart,
+                      "host backend copy threads"),
+      integer_setting("max-blocks-per-request", &C::max_blocks_per_request, 1, 1 << 20, kRestart,
+                      "largest Save/Load/Lookup block list accepted"),
+      integer_setting("max-regions-per-connection", &C::max_regions_per_connection, 1, 4096,
+                      kRestart, "KV regions one connection may register"),
+      integer_setting("max-in-flight-per-connection", &C::max_in_flight_per_connection, 1, 4096,
+                      kRestart, "requests one connection may have in flight"),
+      admin_group_setting(),
+      shared_namespace_setting(),
+      text_setting("metrics-addr", &C::metrics_addr, kRestart,
+                   "HOST:PORT for Prometheus /metrics (an IP address; \"off\" disables)",
+                   check_metrics_addr),
+      log_level_setting(),
+  };
+  return table;
+}
+
+const Setting* find_setting(std::string_view key) {
+  for (const Setting& setting : settings()) {
+    if (setting.key == key) return &setting;
+  }
+  return nullptr;
+}
+
+Status resolve_names(DaemonConfig& config) {
+  config.admin_gid.reset();
+  if (config.admin_group.empty()) return Status::ok();
+  group* entry = ::getgrnam(config.admin_group.c_str());
+  if (entry == nullptr) {
+    return invalid_argument(
+        "admin-group: no group named '{}' (create it, or set admin-group = \"\")",
+        config.admin_group);
+  }
+  config.admin_gid = entry->gr_gid;
+  return Status::ok();
+}
+
+Status validate(const DaemonConfig& config) {
+  if (config.nvme_bytes != 0 && config.ram_bytes == 0) {
+    return invalid_argument(
+        "nvme-bytes: the NVMe tier reads and writes through the RAM pool; "
+        "ram-bytes must not be 0");
+  }
+  if (config.hbm_bytes == 0 && config.ram_bytes == 0) {
+    return invalid_argument("hbm-bytes and ram-bytes are both 0: there is nowhere to keep blocks");
+  }
+  if (config.slab_bytes < 4096) return invalid_argument("slab-bytes must be at least 4KiB");
+  if (config.hbm_low_watermark > config.hbm_high_watermark) {
+    return invalid_argument("hbm-low-watermark ({}) is above hbm-high-watermark ({})",
+                            config.hbm_low_watermark, config.hbm_high_watermark);
+  }
+  if (config.plan_interval_ms == 0) return invalid_argument("plan-interval-ms must be positive");
+  if (config.ram_low_watermark > config.ram_high_watermark) {
+    return invalid_argument("ram-low-watermark ({}) is above ram-high-watermark ({})",
+                            config.ram_low_watermark, config.ram_high_watermark);
+  }
+  if (config.nvme_low_watermark > config.nvme_high_watermark) {
+    return invalid_argument("nvme-low-watermark ({}) is above nvme-high-watermark ({})",
+                            config.nvme_low_watermark, config.nvme_high_watermark);
+  }
+  return Status::ok();
+}
 
 std::string default_socket_path() {
   if (const char* runtime = std::getenv("XDG_RUNTIME_DIR"); runtime && *runtime) {
@@ -17,128 +257,44 @@ std::string default_socket_path() {
   return "./var/kvtierd.sock";
 }
 
-Result<DaemonConfig> parse_command_line(int argc, char** argv) {
+DaemonConfig default_config() {
   DaemonConfig config;
   config.socket_path = default_socket_path();
-  std::string hbm = "1GiB", ram = "2GiB", nvme = "0", slab = "64MiB";
-  std::string hbm_idle = "30s", ram_idle = "10m", plan_interval = "100ms";
-  std::string log_level = "info", admin_group;
-  std::vector<std::string> shared;
-
-  CLI::App app{"kvtierd: keeps LLM KV caches alive between the turns of a conversation"};
-  app.set_config("--config", "", "read options from a TOML file (flags override it)");
-  app.add_option("--socket", config.socket_path, "Unix socket path");
-  app.add_option("--data-dir", config.data_dir, "directory for persistent tier data");
-  app.add_option("--device", config.device, "copy backend: host, cuda or auto")
-      ->check(CLI::IsMember({"host", "cuda", "auto"}));
-  app.add_option("--hbm-bytes", hbm, "daemon HBM arena size (e.g. 1GiB)");
-  app.add_option("--ram-bytes", ram, "pinned RAM pool size (e.g. 8GiB)");
-  app.add_option("--nvme-bytes", nvme,
-                 "NVMe tier capacity (the NVMe tier is not built yet: must be 0)");
-  app.add_option("--slab-bytes", slab, "slot carving unit; the largest block a layout may have");
-  app.add_option("--hbm-idle-ms", hbm_idle,
-                 "idle time after which a session leaves HBM (e.g. 30s)");
-  app.add_option("--ram-idle-ms", ram_idle, "idle time after which a session leaves RAM for NVMe");
-  app.add_option("--hbm-high-watermark", config.hbm_high_watermark,
-                 "HBM fill fraction that starts demotion")
-      ->check(CLI::Range(0.05, 1.0));
-  app.add_option("--hbm-low-watermark", config.hbm_low_watermark,
-                 "HBM fill fraction demotion stops at")
-      ->check(CLI::Range(0.0, 1.0));
-  app.add_option("--plan-interval-ms", plan_interval, "how often the planner runs");
-  app.add_option("--copy-threads", config.copy_threads, "host backend copy threads")
-      ->check(CLI::Range(1, 64));
-  app.add_option("--admin-group", admin_group, "group whose members may use admin requests");
-  app.add_option("--shared-namespace", shared,
-                 "NAME=UID[,UID...]: put these uids' blocks in one namespace (repeatable)");
-  app.add_option("--log-level", log_level, "debug, info, warn or error");
-
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp&) {
-    std::fputs(app.help().c_str(), stdout);
-    return Status(StatusCode::kNotFound, "");
-  } catch (const CLI::ParseError& e) {
-    return invalid_argument("{}", e.what());
-  }
-
-  auto size_flag = [](const std::string& flag, const std::string& text) -> Result<uint64_t> {
-    auto bytes = parse_bytes(text);
-    if (!bytes.is_ok()) return invalid_argument("{}: {}", flag, bytes.status().message());
-    return bytes;
-  };
-  auto duration_flag = [](const std::string& flag, const std::string& text) -> Result<uint64_t> {
-    auto millis = parse_duration_ms(text);
-    if (!millis.is_ok()) return invalid_argument("{}: {}", flag, millis.status().message());
-    return millis;
-  };
-  auto hbm_bytes = size_flag("--hbm-bytes", hbm);
-  if (!hbm_bytes.is_ok()) return hbm_bytes.status();
-  auto ram_bytes = size_flag("--ram-bytes", ram);
-  if (!ram_bytes.is_ok()) return ram_bytes.status();
-  auto nvme_bytes = size_flag("--nvme-bytes", nvme);
-  if (!nvme_bytes.is_ok()) return nvme_bytes.status();
-  auto slab_bytes = size_flag("--slab-bytes", slab);
-  if (!slab_bytes.is_ok()) return slab_bytes.status();
-  auto idle = duration_flag("--hbm-idle-ms", hbm_idle);
-  if (!idle.is_ok()) return idle.status();
-  auto ram_idle_ms = duration_flag("--ram-idle-ms", ram_idle);
-  if (!ram_idle_ms.is_ok()) return ram_idle_ms.status();
-  auto interval = duration_flag("--plan-interval-ms", plan_interval);
-  if (!interval.is_ok()) return interval.status();
-  auto level = parse_log_level(log_level);
-  if (!level.is_ok()) return invalid_argument("--log-level: {}", level.status().message());
-
-  if (*nvme_bytes != 0) {
-    return invalid_argument("--nvme-bytes: the NVMe tier is not available in this version; use 0");
-  }
-  if (*hbm_bytes == 0 && *ram_bytes == 0) {
-    return invalid_argument(
-        "--hbm-bytes and --ram-bytes are both 0: there is nowhere to keep blocks");
-  }
-  if (*slab_bytes < 4096) return invalid_argument("--slab-bytes must be at least 4KiB");
-  if (config.hbm_low_watermark > config.hbm_high_watermark) {
-    return invalid_argument("--hbm-low-watermark ({}) is above --hbm-high-watermark ({})",
-                            config.hbm_low_watermark, config.hbm_high_watermark);
-  }
-  if (*interval == 0) return invalid_argument("--plan-interval-ms must be positive");
-  config.hbm_bytes = *hbm_bytes;
-  config.ram_bytes = *ram_bytes;
-  config.slab_bytes = *slab_bytes;
-  config.hbm_idle_ms = *idle;
-  config.ram_idle_ms = *ram_idle_ms;
-  config.plan_interval_ms = *interval;
-  config.log_level = *level;
-
-  if (!admin_group.empty()) {
-    group* entry = ::getgrnam(admin_group.c_str());
-    if (entry == nullptr)
-      return invalid_argument("--admin-group: no group named '{}'", admin_group);
-    config.admin_gid = entry->gr_gid;
-  }
-  for (const std::string& spec : shared) {
-    auto eq = spec.find('=');
-    if (eq == std::string::npos || eq == 0 || eq + 1 == spec.size()) {
-      return invalid_argument("--shared-namespace '{}': expected NAME=UID[,UID...]", spec);
-    }
-    std::string name = spec.substr(0, eq);
-    std::string uids = spec.substr(eq + 1);
-    size_t start = 0;
-    while (start <= uids.size()) {
-      size_t comma = uids.find(',', start);
-      std::string uid_text =
-          uids.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
-      char* end = nullptr;
-      unsigned long uid = std::strtoul(uid_text.c_str(), &end, 10);
-      if (uid_text.empty() || *end != '\0') {
-        return invalid_argument("--shared-namespace '{}': '{}' is not a uid", spec, uid_text);
-      }
-      config.shared_namespaces[static_cast<uid_t>(uid)] = name;
-      if (comma == std::string::npos) break;
-      start = comma + 1;
-    }
-  }
   return config;
+}
+
+std::string to_toml(const DaemonConfig& config) {
+  std::string out = "# kvtierd effective configuration\n";
+  for (const Setting& setting : settings()) {
+    out += fmt::format("\n# {}{}\n{} = {}\n", setting.help,
+                       setting.reloadable ? " [SIGHUP reloads]" : "", setting.key,
+                       setting.get(config));
+  }
+  return out;
+}
+
+std::vector<ConfigEntry> describe(const DaemonConfig& config) {
+  std::vector<ConfigEntry> entries;
+  for (const Setting& setting : settings()) {
+    entries.push_back({std::string(setting.key), setting.get(config), setting.reloadable});
+  }
+  return entries;
+}
+
+std::vector<std::string> changed_keys(const DaemonConfig& a, const DaemonConfig& b) {
+  std::vector<std::string> keys;
+  for (const Setting& setting : settings()) {
+    if (setting.get(a) != setting.get(b)) keys.emplace_back(setting.key);
+  }
+  return keys;
+}
+
+DaemonConfig with_reloadable_settings(const DaemonConfig& running, const DaemonConfig& fresh) {
+  DaemonConfig out = running;
+  for (const Setting& setting : settings()) {
+    if (setting.reloadable) setting.copy(out, fresh);
+  }
+  return out;
 }
 
 }  // namespace kvtier::daemon

@@ -4,6 +4,7 @@
 // one batch to the Device, and finish on the control thread when the batch completes
 // (commit/abort, unpin, reply). A block is published only by commit_write, after its
 // bytes landed, so no reader ever sees a half-written block.
+// Load is in load_path.cpp.
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/post.hpp>
 
@@ -11,6 +12,7 @@
 #include <unordered_set>
 
 #include "common/log.h"
+#include "daemon/persistence.h"
 #include "daemon/service.h"
 
 namespace kvtier::daemon {
@@ -26,9 +28,11 @@ class StorePlacementView final : public policy::PlacementView {
     return to_placement(key, *info);
   }
   TierSpace space(Tier tier) const override {
-    if (store_.memory(tier) == nullptr) return {};
+    if (!store_.configured(tier)) return {};
     auto usage = store_.usage(tier);
-    return {usage.capacity_bytes, usage.used_bytes};
+    // NVMe slots waiting for their index delete are free in a moment; counting them as
+    // used would make the planner evict again for room already being made.
+    return {usage.capacity_bytes, usage.used_bytes - store_.unconfirmed_release_bytes(tier)};
   }
   void for_each_unreferenced(
       Tier tier,
@@ -45,6 +49,29 @@ class StorePlacementView final : public policy::PlacementView {
   }
   const BlockStore& store_;
 };
+
+using KeySet = std::unordered_set<BlockKey, BlockKeyHasher>;
+
+// A session is a prefix: once one of its blocks is gone, the blocks after it can never
+// be loaded as part of that prefix, so the session is cut there and drops its
+// references to the rest. `cut` is told about every session it shortened.
+void cut_sessions_at(const KeySet& removed, policy::SessionTable& sessions, BlockStore& store,
+                     const std::function<void(const policy::Session&)>& cut) {
+  for (const policy::Session* view : sessions.by_last_active()) {
+    policy::Session* session = sessions.find(view->namespace_id, view->id);
+    auto& blocks = session->blocks;
+    for (size_t i = 0; i < blocks.size(); ++i) {
+      if (removed.count({session->layout, blocks[i]}) == 0) continue;
+      for (size_t j = i; j < blocks.size(); ++j) {
+        BlockKey key{session->layout, blocks[j]};
+        if (removed.count(key) == 0) store.drop_session_ref(key);
+      }
+      blocks.resize(i);
+      cut(*session);
+      break;
+    }
+  }
+}
 
 }  // namespace
 
@@ -218,6 +245,7 @@ void Service::finish_save(const ConnectionPtr& c, uint64_t id, const EngineConte
          sessions_.record_save(**session, request.hashes, request.end_of_turn)) {
       store_->add_session_ref({engine.layout_key, hash});
     }
+    note_session_changed(**session);
   }
   reply(c, id, [&](wire::Response::Builder response) {
     auto out = response.initSave();
@@ -257,60 +285,11 @@ Status Service::handle_lookup(const ConnectionPtr& c, EngineContext& engine, uin
   return Status::ok();
 }
 
-Status Service::handle_load(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
-                            BlockListRequest request) {
-  if (!request.session_id.empty()) {
-    if (policy::Session* session = sessions_.find(engine.namespace_id, request.session_id)) {
-      sessions_.record_activity(*session);
-    }
-  }
-  CopyBatch batch;
-  std::vector<BlockKey> pinned;
-  Status stop_reason;
-  for (size_t i = 0; i < request.hashes.size(); ++i) {
-    BlockKey key{engine.layout_key, request.hashes[i]};
-    auto location = store_->pin(key, now_ms());
-    if (!location) {
-      stop_reason = not_found("blocks[{}] (hash {}) is not held", i, request.hashes[i].to_hex());
-      break;
-    }
-    add_plane_segments(batch, engine, request.engine_block_ids[i], *location, /*to_engine=*/true);
-    pinned.push_back(key);
-  }
-  counters_.lookup_hits += pinned.size();
-  counters_.lookup_misses += request.hashes.size() - pinned.size();
-  auto finish = [this, c, id, pinned, stop_reason,
-                 block_bytes = engine.layout.block_bytes](Status status) {
-    for (const BlockKey& key : pinned) store_->unpin(key);
-    if (!status.is_ok()) {
-      reply_error(c, id,
-                  Status(status.code(), "copying the blocks out failed: " + status.message()));
-      return;
-    }
-    counters_.bytes_loaded += pinned.size() * block_bytes;
-    reply(c, id, [&](wire::Response::Builder response) {
-      auto out = response.initLoad();
-      out.setLoadedCount(static_cast<uint32_t>(pinned.size()));
-      auto reason = out.initStopReason();
-      reason.setCode(static_cast<wire::ErrorCode>(static_cast<uint16_t>(stop_reason.code())));
-      reason.setMessage(stop_reason.message());
-    });
-  };
-  if (pinned.empty()) {
-    finish(Status::ok());
-    return Status::ok();
-  }
-  Status submitted = submit_copy(std::move(batch), finish);
-  if (!submitted.is_ok()) {
-    for (const BlockKey& key : pinned) store_->unpin(key);
-    return submitted;
-  }
-  return Status::ok();
-}
-
 void Service::run_planner() {
   if (stopping_ || store_ == nullptr) return;
   apply_moves(planner_.plan_demotions(sessions_, *view_));
+  flush_sessions(/*sync=*/false);
+  release_nvme_slots();
   plan_timer_.expires_after(std::chrono::milliseconds(config_.plan_interval_ms));
   plan_timer_.async_wait([this](const boost::system::error_code& ec) {
     if (!ec) run_planner();
@@ -326,9 +305,21 @@ void Service::apply_moves(const std::vector<policy::Move>& moves) {
   };
   std::vector<Started> started;
   std::vector<BlockKey> evictions;
+  std::vector<BlockKey> to_nvme, nvme_to_hbm, nvme_to_ram;
   for (const policy::Move& move : moves) {
     if (move.kind == policy::MoveKind::kEvict) {
       evictions.push_back(move.block);
+      continue;
+    }
+    // Moves to or from NVMe go through the NVMe tier's I/O, not the Device.
+    auto info = store_->lookup(move.block);
+    if (!info) continue;
+    if (move.to == Tier::kNvme) {
+      to_nvme.push_back(move.block);
+      continue;
+    }
+    if (info->location.tier == Tier::kNvme) {
+      (move.to == Tier::kHbm ? nvme_to_hbm : nvme_to_ram).push_back(move.block);
       continue;
     }
     auto locations = store_->begin_move(move.block, move.to);
@@ -345,6 +336,12 @@ void Service::apply_moves(const std::vector<policy::Move>& moves) {
     started.push_back({move.block, move.kind, bytes});
   }
   if (!evictions.empty()) evict_blocks(evictions);
+  if (nvme_) {
+    demote_to_nvme(to_nvme);
+    (void)promote_from_nvme(nvme_to_hbm, Tier::kHbm);
+    (void)promote_from_nvme(nvme_to_ram, Tier::kRam);
+    release_nvme_slots();
+  }
   if (started.empty()) return;
   Status submitted = submit_copy(std::move(batch), [this, started](Status status) {
     for (const Started& move : started) {
@@ -355,6 +352,7 @@ void Service::apply_moves(const std::vector<policy::Move>& moves) {
     }
     if (!status.is_ok())
       KVTIER_LOG_WARN("{} block moves failed: {}", started.size(), status.to_string());
+    check_drain();
   });
   if (!submitted.is_ok()) {
     for (const Started& move : started) store_->finish_move(move.key, false);
@@ -363,7 +361,7 @@ void Service::apply_moves(const std::vector<policy::Move>& moves) {
 }
 
 void Service::evict_blocks(const std::vector<BlockKey>& keys) {
-  std::unordered_set<BlockKey, BlockKeyHasher> evicted;
+  KeySet evicted;
   bool referenced = false;
   for (const BlockKey& key : keys) {
     auto info = store_->lookup(key);
@@ -372,23 +370,23 @@ void Service::evict_blocks(const std::vector<BlockKey>& keys) {
     referenced |= info->session_refs > 0;
     ++counters_.blocks_evicted;
   }
-  if (!referenced) return;
-  // A session is a prefix: once one of its blocks is gone, the blocks after it can
-  // never be loaded as part of that prefix, so the session is cut there and drops
-  // its references to the rest.
-  for (const policy::Session* view : sessions_.by_last_active()) {
-    policy::Session* session = sessions_.find(view->namespace_id, view->id);
-    auto& blocks = session->blocks;
-    for (size_t i = 0; i < blocks.size(); ++i) {
-      if (evicted.count({session->layout, blocks[i]}) == 0) continue;
-      for (size_t j = i; j < blocks.size(); ++j) {
-        BlockKey key{session->layout, blocks[j]};
-        if (evicted.count(key) == 0) store_->drop_session_ref(key);
-      }
-      blocks.resize(i);
-      break;
-    }
+  if (referenced) {
+    cut_sessions_at(evicted, sessions_, *store_,
+                    [this](const policy::Session& session) { note_session_changed(session); });
   }
+  release_nvme_slots();
+}
+
+void Service::drop_lost_blocks(const std::vector<BlockKey>& keys) {
+  KeySet lost;
+  for (const BlockKey& key : keys) {
+    if (!store_->evict(key)) continue;
+    lost.insert(key);
+    ++counters_.data_loss_blocks;
+  }
+  cut_sessions_at(lost, sessions_, *store_,
+                  [this](const policy::Session& session) { note_session_changed(session); });
+  release_nvme_slots();
 }
 
 }  // namespace kvtier::daemon

@@ -1,5 +1,7 @@
-// Stats and ListSessions: read-only views for kvtierctl and engines.
+// Stats, ListSessions and the SessionInfo they and GetSession share: read-only views for
+// kvtierctl and engines.
 #include <algorithm>
+#include <cmath>
 
 #include "daemon/service.h"
 
@@ -33,13 +35,30 @@ Status Service::handle_stats(const ConnectionPtr& c, EngineContext& engine, uint
     out.setBytesLoaded(counters_.bytes_loaded);
     out.setBytesDemoted(counters_.bytes_demoted);
     out.setBytesPromoted(counters_.bytes_promoted);
-    out.setPinnedBlocks(store_->pinned_blocks());
+    out.setPinnedBlocks(copy_pinned_blocks());
+    out.setAdminPinnedBlocks(admin_pinned_blocks());
+    out.setPinnedSessions(static_cast<uint32_t>(admin_pins_.size()));
     out.setCopiesInFlight(counters_.copies_in_flight);
     out.setConnections(connection_count_ ? static_cast<uint32_t>(connection_count_()) : 0);
     out.setBlocksEvicted(counters_.blocks_evicted);
     out.setDataLossBlocks(counters_.data_loss_blocks);
     out.setDeviceName(std::string(device_->name()));
     out.setUptimeMs(now_ms() - started_ms_);
+    out.setPolicy(std::string(policy::policy_mode_name(planner_.config().mode)));
+    const auto& recent = planner_.recent_moves();
+    auto moves = out.initRecentMoves(static_cast<unsigned>(recent.size()));
+    const uint64_t now = now_ms();
+    for (size_t i = 0; i < recent.size(); ++i) {
+      const policy::PlanRecord& r = recent[i];
+      auto move = moves[static_cast<unsigned>(i)];
+      move.setAgoMs(now > r.at_ms ? now - r.at_ms : 0);
+      move.setKind(static_cast<wire::MoveKind>(static_cast<uint16_t>(r.kind)));
+      move.setFromTier(static_cast<wire::Tier>(r.from));
+      move.setToTier(static_cast<wire::Tier>(r.to));
+      move.setReason(std::string(policy::move_reason_name(r.reason)));
+      move.setBlocks(r.blocks);
+      move.setBytes(r.bytes);
+    }
   });
   return Status::ok();
 }
@@ -58,30 +77,42 @@ Status Service::handle_list_sessions(const ConnectionPtr& c, EngineContext& engi
     return a->last_active_ms != b->last_active_ms ? a->last_active_ms < b->last_active_ms
                                                   : a->id < b->id;
   });
-  const uint64_t now = now_ms();
+  const policy::ReturnPredictor predictor = planner_.return_predictor(sessions_);
   reply(c, id, [&](wire::Response::Builder response) {
     auto list = response.initListSessions().initSessions(static_cast<unsigned>(visible.size()));
-    for (size_t i = 0; i < visible.size(); ++i) {
-      const policy::Session& session = *visible[i];
-      auto out = list[i];
-      out.setSessionId(session.id);
-      out.setNamespaceName(namespace_names_[session.namespace_id]);
-      bool active = session.state == policy::SessionState::kActive;
-      out.setState(active ? wire::SessionState::ACTIVE : wire::SessionState::IDLE);
-      out.setIdleMs(active ? 0 : now - session.last_active_ms);
-      out.setTurns(session.turns);
-      out.setBlocks(static_cast<uint32_t>(session.blocks.size()));
-      out.setLayoutDigest(session.layout.layout_digest);
-      uint32_t per_tier[4] = {0, 0, 0, 0};
-      for (const BlockHash& hash : session.blocks) {
-        auto info = store_->lookup({session.layout, hash});
-        per_tier[info ? static_cast<int>(info->location.tier) : 3] += 1;
-      }
-      auto tiers = out.initBlocksPerTier(4);
-      for (unsigned t = 0; t < 4; ++t) tiers.set(t, per_tier[t]);
-    }
+    for (size_t i = 0; i < visible.size(); ++i) fill_session_info(*visible[i], list[i], predictor);
   });
   return Status::ok();
+}
+
+void Service::fill_session_info(const policy::Session& session,
+                                wire::SessionInfo::Builder out) const {
+  fill_session_info(session, out, planner_.return_predictor(sessions_));
+}
+
+void Service::fill_session_info(const policy::Session& session, wire::SessionInfo::Builder out,
+                                const policy::ReturnPredictor& predictor) const {
+  out.setSessionId(session.id);
+  out.setNamespaceName(namespace_names_[session.namespace_id]);
+  bool active = session.state == policy::SessionState::kActive;
+  out.setState(active ? wire::SessionState::ACTIVE : wire::SessionState::IDLE);
+  out.setIdleMs(active ? 0 : now_ms() - session.last_active_ms);
+  out.setTurns(session.turns);
+  out.setBlocks(static_cast<uint32_t>(session.blocks.size()));
+  out.setLayoutDigest(session.layout.layout_digest);
+  uint32_t per_tier[4] = {0, 0, 0, 0};
+  for (const BlockHash& hash : session.blocks) {
+    auto info = store_->lookup({session.layout, hash});
+    per_tier[info ? static_cast<int>(info->location.tier) : 3] += 1;
+  }
+  auto tiers = out.initBlocksPerTier(4);
+  for (unsigned t = 0; t < 4; ++t) tiers.set(t, per_tier[t]);
+  const uint64_t held = session.blocks.size() - per_tier[3];
+  out.setBytes(held * store_->block_bytes(session.layout));
+  out.setPinned(admin_pins_.count({session.namespace_id, session.id}) != 0);
+  out.setReturnProbability(predictor.probability_ever(session));
+  const double return_in = predictor.median_return_in_ms(session);
+  out.setReturnInMs(std::isfinite(return_in) ? static_cast<uint64_t>(return_in) : UINT64_MAX);
 }
 
 }  // namespace kvtier::daemon

@@ -1,17 +1,24 @@
-// kvtierd: wiring. Parse the config, pick the Device, allocate the tiers, listen, and
-// run the control thread until SIGINT/SIGTERM.
+// kvtierd: wiring. Parse the config, pick the Device, allocate the tiers, listen (or
+// take the socket systemd passed), serve /metrics, tell systemd we are ready, and run
+// the control thread until SIGINT/SIGTERM. SIGHUP reloads the configuration.
 #include <signal.h>
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/signal_set.hpp>
 
 #include <cstdio>
+#include <functional>
 
 #include "common/log.h"
 #include "common/units.h"
 #include "cuda/device.h"
+#ifdef KVTIER_HAVE_CUDA
+#include "cuda/cuda_device.h"
+#endif
 #include "daemon/config.h"
+#include "daemon/metrics_server.h"
 #include "daemon/service.h"
+#include "daemon/systemd.h"
 #include "ipc/server.h"
 
 namespace {
@@ -19,57 +26,162 @@ namespace {
 using namespace kvtier;
 
 Result<std::unique_ptr<Device>> make_device(const daemon::DaemonConfig& config) {
+#ifdef KVTIER_HAVE_CUDA
+  if (config.device != "host") {
+    auto cuda = make_cuda_device(CudaDeviceOptions{});
+    if (cuda.is_ok() || config.device == "cuda") return cuda;
+    KVTIER_LOG_INFO("device auto: {}; using the host backend (memfd regions)",
+                    cuda.status().message());
+  }
+#else
   if (config.device == "cuda") {
-    return invalid_argument("--device cuda: this build has no CUDA backend yet; use --device host");
+    return invalid_argument(
+        "--device cuda: this kvtierd was built without the CUDA toolkit; use --device host");
   }
   if (config.device == "auto")
-    KVTIER_LOG_INFO("device auto: using the host backend (memfd regions)");
+    KVTIER_LOG_INFO("device auto: built without CUDA; using the host backend");
+#endif
   return make_host_device(config.copy_threads);
 }
 
+// SIGHUP: re-read the same --config file and flags. Reloadable settings take effect
+// now; every other change is logged as needing a restart. A bad file keeps the
+// running configuration.
+void reload(int argc, char** argv, daemon::Service& service, daemon::ServiceNotifier& notifier) {
+  notifier.reloading();
+  auto fresh = daemon::parse_command_line(argc, argv);
+  if (!fresh.is_ok()) {
+    KVTIER_LOG_ERROR("SIGHUP: configuration not reloaded (the running one stays): {}",
+                     fresh.status().message());
+    service.count_config_reload(false);
+    notifier.reloaded();
+    return;
+  }
+  const daemon::DaemonConfig before = service.config();
+  service.apply_reloaded_config(fresh->config);
+  set_log_level(service.config().log_level);
+  const auto changed = daemon::changed_keys(before, fresh->config);
+  for (const std::string& key : changed) {
+    const daemon::Setting& setting = *daemon::find_setting(key);
+    if (setting.reloadable) {
+      KVTIER_LOG_INFO("SIGHUP: {} = {} (was {})", key, setting.get(fresh->config),
+                      setting.get(before));
+    } else {
+      KVTIER_LOG_WARN("SIGHUP: {} = {} needs a restart to take effect (running with {})", key,
+                      setting.get(fresh->config), setting.get(before));
+    }
+  }
+  if (changed.empty()) KVTIER_LOG_INFO("SIGHUP: configuration re-read; nothing changed");
+  service.count_config_reload(true);
+  notifier.reloaded();
+}
+
 int run(int argc, char** argv) {
-  auto config = daemon::parse_command_line(argc, argv);
-  if (!config.is_ok()) {
-    if (config.status().code() == StatusCode::kNotFound && config.status().message().empty())
+  auto command_line = daemon::parse_command_line(argc, argv);
+  if (!command_line.is_ok()) {
+    if (command_line.status().code() == StatusCode::kNotFound &&
+        command_line.status().message().empty())
       return 0;
-    std::fprintf(stderr, "kvtierd: %s\n", config.status().message().c_str());
+    std::fprintf(stderr, "kvtierd: %s\n", command_line.status().message().c_str());
     return 2;
   }
-  set_log_level(config->log_level);
+  if (command_line->check_config) {
+    std::fputs(daemon::to_toml(command_line->config).c_str(), stdout);
+    return 0;
+  }
+  const daemon::DaemonConfig& config = command_line->config;
+  set_log_level(config.log_level);
   ::signal(SIGPIPE, SIG_IGN);
+  // Taken before any thread starts: sd_listen_fds() edits the environment.
+  auto activation_socket = daemon::take_activation_socket();
+  if (!activation_socket.is_ok()) {
+    KVTIER_LOG_ERROR("{}", activation_socket.status().message());
+    return 1;
+  }
 
-  auto device = make_device(*config);
+  auto device = make_device(config);
   if (!device.is_ok()) {
     KVTIER_LOG_ERROR("{}", device.status().message());
     return 2;
   }
   boost::asio::io_context io(1);
-  daemon::Service service(io, *config, std::move(*device));
+  const std::string device_name((*device)->name());
+  daemon::Service service(io, config, std::move(*device));
   if (Status started = service.start(); !started.is_ok()) {
     KVTIER_LOG_ERROR("cannot allocate tiers: {}", started.to_string());
     return 1;
   }
   ipc::ConnectionLimits limits;
-  limits.max_in_flight = config->max_in_flight_per_connection;
+  limits.max_in_flight = config.max_in_flight_per_connection;
   ipc::Server server(io, service, limits);
   service.set_connection_count_source([&server] { return server.connection_count(); });
-  if (Status listening = server.listen(config->socket_path); !listening.is_ok()) {
-    KVTIER_LOG_ERROR("cannot listen on {}: {}", config->socket_path, listening.message());
+  std::string listening_on = config.socket_path;
+  if (activation_socket->valid()) {
+    listening_on = "the socket systemd passed (socket activation)";
+    if (Status adopted = server.adopt(std::move(*activation_socket)); !adopted.is_ok()) {
+      KVTIER_LOG_ERROR("cannot use the socket systemd passed: {}", adopted.message());
+      return 1;
+    }
+  } else if (Status listening = server.listen(config.socket_path); !listening.is_ok()) {
+    KVTIER_LOG_ERROR("cannot listen on {}: {}", config.socket_path, listening.message());
     return 1;
   }
 
-  boost::asio::signal_set signals(io, SIGINT, SIGTERM);
-  signals.async_wait([&](const boost::system::error_code& ec, int signal_number) {
-    if (ec) return;
+  // /metrics on the control thread: rendering reads the Service's state directly.
+  daemon::MetricsServer metrics(io, [&service] { return service.render_metrics(); });
+  if (config.metrics_addr != "off") {
+    if (Status bound = metrics.listen(config.metrics_addr); bound.is_ok()) {
+      KVTIER_LOG_INFO("metrics at http://{}/metrics", metrics.address());
+    } else if (config.metrics_addr == daemon::kDefaultMetricsAddr) {
+      // Only the default may be taken (another kvtierd, a test): say so and go on.
+      KVTIER_LOG_WARN("metrics: {}; running without /metrics (set metrics-addr)", bound.message());
+    } else {
+      KVTIER_LOG_ERROR("metrics-addr {}: {}", config.metrics_addr, bound.message());
+      return 1;
+    }
+  }
+
+  daemon::ServiceNotifier notifier(io, [&service] { return service.status_line(); });
+  boost::asio::signal_set stop_signals(io, SIGINT, SIGTERM);
+  boost::asio::signal_set reload_signals(io, SIGHUP);
+  auto shut_down = [&](int signal_number) {
     KVTIER_LOG_INFO("signal {}: shutting down", signal_number);
-    // Closing the acceptor and connections and stopping the timer leaves only
+    notifier.stopping();
+    reload_signals.cancel();
+    metrics.stop();
+    // Closing the acceptor and connections and stopping the timers leaves only
     // in-flight copies as work; run() returns when they are done.
     server.stop();
-    service.stop();
-  });
+    // With an NVMe tier the service first drains RAM/HBM to it (up to drain-timeout);
+    // the signal set stays armed until then so that a second signal can cut it short.
+    service.stop([&stop_signals] { stop_signals.cancel(); });
+  };
+  int stop_requests = 0;
+  std::function<void()> wait_for_stop = [&] {
+    stop_signals.async_wait([&](const boost::system::error_code& ec, int signal_number) {
+      if (ec) return;
+      if (++stop_requests > 1) {
+        KVTIER_LOG_WARN("signal {} again: exiting now", signal_number);
+        service.stop();  // a second stop gives up the drain
+        return;
+      }
+      wait_for_stop();  // armed before stop(), which may cancel it at once
+      shut_down(signal_number);
+    });
+  };
+  wait_for_stop();
+  std::function<void()> wait_for_hangup = [&] {
+    reload_signals.async_wait([&](const boost::system::error_code& ec, int) {
+      if (ec) return;
+      reload(argc, argv, service, notifier);
+      wait_for_hangup();
+    });
+  };
+  wait_for_hangup();
 
-  KVTIER_LOG_INFO("kvtierd listening on {} (hbm {}, ram {}, device {})", config->socket_path,
-                  format_bytes(config->hbm_bytes), format_bytes(config->ram_bytes), "host");
+  KVTIER_LOG_INFO("kvtierd listening on {} (hbm {}, ram {}, device {})", listening_on,
+                  format_bytes(config.hbm_bytes), format_bytes(config.ram_bytes), device_name);
+  notifier.ready();
   io.run();
   KVTIER_LOG_INFO("kvtierd stopped");
   return 0;

@@ -4,10 +4,12 @@
 #include <kj/exception.h>
 
 #include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <sstream>
 
 #include "common/log.h"
+#include "daemon/persistence.h"
 
 namespace kvtier::daemon {
 namespace {
@@ -31,16 +33,50 @@ bool peer_in_group(pid_t pid, gid_t gid) {
   return false;
 }
 
+// Requests about the daemon as a whole (kvtierctl's): no layout, so no Hello needed.
+bool is_operator_request(wire::Request::Which which) {
+  switch (which) {
+    case wire::Request::STATS:
+    case wire::Request::LIST_SESSIONS:
+    case wire::Request::GET_SESSION:
+    case wire::Request::EVICT:
+    case wire::Request::PIN:
+    case wire::Request::DRAIN:
+    case wire::Request::GET_CONFIG:
+      return true;
+    default:
+      return false;
+  }
+}
+
 }  // namespace
+
+policy::PlannerConfig planner_config(const DaemonConfig& config) {
+  policy::PlannerConfig planner;
+  planner.hbm_high_watermark = config.hbm_high_watermark;
+  planner.hbm_low_watermark = config.hbm_low_watermark;
+  planner.hbm_idle_ms = config.hbm_idle_ms;
+  planner.ram_idle_ms = config.ram_idle_ms;
+  planner.ram_high_watermark = config.ram_high_watermark;
+  planner.ram_low_watermark = config.ram_low_watermark;
+  planner.nvme_high_watermark = config.nvme_high_watermark;
+  planner.nvme_low_watermark = config.nvme_low_watermark;
+  // Validated by the settings table; an unknown name cannot get here.
+  planner.mode = policy::parse_policy_mode(config.policy).value_or(policy::PolicyMode::kPredictive);
+  planner.cost.read_bytes_per_s = {config.hbm_read_gbps * 1e9, config.ram_read_gbps * 1e9,
+                                   config.nvme_read_gbps * 1e9};
+  planner.cost.prefill_tokens_per_s = config.prefill_tokens_per_s;
+  planner.imminent_probability = config.prefetch_probability;
+  planner.plan_interval_ms = config.plan_interval_ms;
+  return planner;
+}
 
 Service::Service(asio::io_context& io, DaemonConfig config, std::unique_ptr<Device> device)
     : io_(io),
       config_(std::move(config)),
       device_(std::move(device)),
       sessions_(clock_),
-      planner_(policy::PlannerConfig{config_.hbm_high_watermark, config_.hbm_low_watermark,
-                                     config_.hbm_idle_ms},
-               clock_),
+      planner_(planner_config(config_), clock_),
       plan_timer_(io) {}
 
 Service::~Service() {
@@ -59,17 +95,16 @@ Status Service::start() {
     if (!pool.is_ok()) return pool.status();
     tiers.push_back({Tier::kRam, *pool, config_.slab_bytes});
   }
+  KVTIER_RETURN_IF_ERROR(open_nvme(tiers));  // persistence.cpp
   store_ = std::make_unique<BlockStore>(std::move(tiers));
   view_ = make_placement_view(*store_);
+  KVTIER_RETURN_IF_ERROR(recover_nvme());
   started_ms_ = now_ms();
   run_planner();
   return Status::ok();
 }
 
-void Service::stop() {
-  stopping_ = true;
-  plan_timer_.cancel();
-}
+// Service::stop is in persistence.cpp: with an NVMe tier, stopping drains to it.
 
 uint32_t Service::namespace_for(uid_t uid, std::string* name) {
   auto shared = config_.shared_namespaces.find(uid);
@@ -113,6 +148,7 @@ void Service::on_frame(const ConnectionPtr& connection, ipc::Frame frame) {
   try {
     auto request = frame.reader().getRoot<wire::Request>();
     id = request.getId();
+    record_request(*engine, id, request);
     status = dispatch(connection, *engine, request);
   } catch (const kj::Exception& e) {
     // Malformed pointers surface as kj exceptions while reading; handlers copy what
@@ -144,8 +180,7 @@ Status Service::dispatch(const ConnectionPtr& c, EngineContext& engine,
     }
   }
   if (id == 0) return invalid_argument("request id 0 is reserved; use ids from 1");
-  bool needs_hello = which != wire::Request::HELLO && which != wire::Request::STATS &&
-                     which != wire::Request::LIST_SESSIONS;
+  bool needs_hello = which != wire::Request::HELLO && !is_operator_request(which);
   if (needs_hello && !engine.hello_done) {
     return invalid_argument("send Hello first: this connection has not declared its layout");
   }
@@ -179,6 +214,16 @@ Status Service::dispatch(const ConnectionPtr& c, EngineContext& engine,
       return handle_stats(c, engine, id, request.getStats().getAllNamespaces());
     case wire::Request::LIST_SESSIONS:
       return handle_list_sessions(c, engine, id, request.getListSessions().getAllNamespaces());
+    case wire::Request::GET_SESSION:
+      return handle_get_session(c, engine, id, request.getGetSession());
+    case wire::Request::EVICT:
+      return handle_evict(c, engine, id, request.getEvict());
+    case wire::Request::PIN:
+      return handle_pin(c, engine, id, request.getPin());
+    case wire::Request::DRAIN:
+      return handle_drain(c, engine, id);
+    case wire::Request::GET_CONFIG:
+      return handle_get_config(c, engine, id);
   }
   return invalid_argument("unknown request kind {} (newer client?)", static_cast<int>(which));
 }
@@ -188,6 +233,7 @@ void Service::reply(const ConnectionPtr& connection, uint64_t id, const Fill& fi
   auto response = message.initRoot<wire::Response>();
   response.setId(id);
   fill(response);
+  record_reply(connection, id, response.asReader());
   connection->send(capnp::messageToFlatArray(message));
   connection->request_done();
 }
@@ -220,6 +266,13 @@ Status Service::handle_hello(const ConnectionPtr& c, EngineContext& engine, uint
   if (!layout.is_ok()) return layout.status();
   LayoutKey key{engine.namespace_id, layout->digest};
   KVTIER_RETURN_IF_ERROR(store_->register_layout(key, layout->block_bytes));
+  // The cost model weighs reload against recompute per layout; an engine that does
+  // not report a plausible prefill speed gets the configured one (an absurd one would
+  // make every block look cheaper to recompute than to keep).
+  const double prefill = hello.getPrefillTokensPerSecond();
+  planner_.set_layout_cost(
+      key, {hello.getLayout().getTokensPerBlock(),
+            std::isfinite(prefill) && prefill > 0 && prefill < 1e9 ? prefill : 0.0});
   engine.layout = std::move(*layout);
   engine.layout_key = key;
   engine.engine_name = hello.getEngineName().cStr();
@@ -306,13 +359,17 @@ Status Service::handle_begin_turn(const ConnectionPtr& c, EngineContext& engine,
   policy::Session* session = sessions_.find(engine.namespace_id, session_id);
   if (session == nullptr) return not_found("unknown session '{}'", session_id);
   sessions_.record_activity(*session);
-  auto moves = planner_.plan_promotions(*session, *view_);
+  auto moves = planner_.plan_turn_start(*session, sessions_, *view_);
   apply_moves(moves);
   const uint32_t known = static_cast<uint32_t>(session->blocks.size());
+  // The plan may also demote other sessions' blocks to make room: count promotions.
+  const auto promoted = std::count_if(moves.begin(), moves.end(), [](const policy::Move& move) {
+    return move.kind == policy::MoveKind::kPromote;
+  });
   reply(c, id, [&](wire::Response::Builder response) {
     auto out = response.initBeginTurn();
     out.setKnownBlocks(known);
-    out.setPromotedBlocks(static_cast<uint32_t>(moves.size()));
+    out.setPromotedBlocks(static_cast<uint32_t>(promoted));
   });
   return Status::ok();
 }
@@ -325,6 +382,7 @@ Status Service::handle_close_session(const ConnectionPtr& c, EngineContext& engi
   auto closed = sessions_.close(engine.namespace_id, session_id);
   if (!closed.is_ok()) return closed.status();
   for (const BlockHash& hash : *closed) store_->drop_session_ref({layout, hash});
+  note_session_closed(engine.namespace_id, session_id);
   reply(c, id, [&](wire::Response::Builder response) {
     response.initCloseSession().setReleasedBlocks(static_cast<uint32_t>(closed->size()));
   });

@@ -10,6 +10,8 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/steady_timer.hpp>
 
+#include <chrono>
+
 #include <map>
 #include <memory>
 #include <string>
@@ -19,11 +21,13 @@
 #include "cuda/device.h"
 #include "daemon/config.h"
 #include "daemon/layout.h"
+#include "daemon/metrics.h"
 #include "ipc/server.h"
 #include "policy/clock.h"
 #include "policy/planner.h"
 #include "policy/session_table.h"
 #include "tiers/block_store.h"
+#include "tiers/nvme_format.h"
 
 namespace kvtier::daemon {
 
@@ -51,6 +55,13 @@ struct EngineContext {
   EngineLayout layout;
   LayoutKey layout_key;
   std::map<uint32_t, std::shared_ptr<Memory>> regions;  // region id → opened memory
+  // Requests not yet answered, for the latency metrics (service_metrics.cpp).
+  struct PendingRequest {
+    size_t kind;
+    std::chrono::steady_clock::time_point started;
+    std::vector<Tier> load_hit_tiers;  // Load: tiers of the leading held blocks
+  };
+  std::map<uint64_t, PendingRequest> pending_requests;  // request id →
 };
 
 enum class BlockListKind { kSave, kLoad };
@@ -63,6 +74,11 @@ struct BlockListRequest {
   bool end_of_turn = false;
 };
 
+// The planner's settings from the daemon's (at start and on every SIGHUP reload).
+policy::PlannerConfig planner_config(const DaemonConfig& config);
+
+struct NvmeState;  // persistence.h
+
 class Service final : public ipc::RequestHandler {
  public:
   Service(asio::io_context& io, DaemonConfig config, std::unique_ptr<Device> device);
@@ -70,11 +86,24 @@ class Service final : public ipc::RequestHandler {
 
   // Allocates the tiers' memory and starts the planner timer.
   Status start();
-  // Stops the planner timer; in-flight copies still complete.
-  void stop();
+  // Stops the planner timer; in-flight copies still complete. With an NVMe tier it
+  // first drains the RAM/HBM blocks of live sessions to NVMe and writes the session
+  // table, for at most drain-timeout; `stopped` runs once that is over (at once
+  // without an NVMe tier). A second stop() gives up on the drain: `stopped` runs now.
+  void stop(std::function<void()> stopped = {});
   void set_connection_count_source(std::function<size_t()> source) {
     connection_count_ = std::move(source);
   }
+  // admin.cpp: takes the reloadable settings (thresholds, watermarks, planner period)
+  // of `fresh`; the caller logs what else changed and needs a restart.
+  void apply_reloaded_config(const DaemonConfig& fresh);
+  const DaemonConfig& config() const { return config_; }
+  // One line for systemd's STATUS=: tier occupancy, sessions, connections.
+  std::string status_line() const;
+  // service_metrics.cpp: the Prometheus text for /metrics. Aggregates only: no
+  // session ids, namespaces or content.
+  std::string render_metrics() const;
+  void count_config_reload(bool ok) { request_metrics_.count_reload(ok); }
 
   void on_connect(const std::shared_ptr<ipc::Connection>& connection) override;
   void on_frame(const std::shared_ptr<ipc::Connection>& connection, ipc::Frame frame) override;
@@ -104,6 +133,34 @@ class Service final : public ipc::RequestHandler {
   uint32_t namespace_for(uid_t uid, std::string* name);
   bool is_admin(const ipc::PeerCredentials& peer) const;
 
+  // service_metrics.cpp: latency, errors and hits by tier, per request.
+  void record_request(EngineContext& engine, uint64_t id, wire::Request::Reader request);
+  void record_reply(const ConnectionPtr& c, uint64_t id, wire::Response::Reader response);
+
+  // admin.cpp: kvtierctl's requests; the admin ones refuse non-admins.
+  Status handle_get_session(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
+                            wire::GetSession::Reader request);
+  Status handle_evict(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
+                      wire::Evict::Reader request);
+  Status handle_pin(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
+                    wire::Pin::Reader request);
+  Status handle_drain(const ConnectionPtr& c, EngineContext& engine, uint64_t id);
+  Status handle_get_config(const ConnectionPtr& c, EngineContext& engine, uint64_t id);
+  // The session an admin request names: in `namespace_name`, or wherever the id is
+  // when that is empty (NotFound / InvalidArgument when absent or ambiguous).
+  Result<policy::Session*> find_session_for_admin(const std::string& session_id,
+                                                  const std::string& namespace_name);
+  // Makes the admin pins match the pinned sessions' current blocks (new blocks get
+  // pinned, blocks a session no longer has and closed sessions get unpinned).
+  void refresh_admin_pins();
+  uint64_t admin_pinned_blocks() const;
+  // Blocks pinned by copies in flight only (admin pins left out).
+  uint64_t copy_pinned_blocks() const;
+  void fill_session_info(const policy::Session& session, wire::SessionInfo::Builder out) const;
+  // The same with a return-predictor snapshot taken once for a whole listing.
+  void fill_session_info(const policy::Session& session, wire::SessionInfo::Builder out,
+                         const policy::ReturnPredictor& predictor) const;
+
   // data_path.cpp: blocks in and out, and moves between tiers.
   Result<BlockListRequest> parse_block_list(const EngineContext& engine,
                                             capnp::Text::Reader session,
@@ -127,11 +184,37 @@ class Service final : public ipc::RequestHandler {
   void run_planner();
   void apply_moves(const std::vector<policy::Move>& moves);
   void evict_blocks(const std::vector<BlockKey>& keys);
+  // Removes blocks whose bytes turned out corrupt (counted as data loss), cutting the
+  // sessions that held them as evict_blocks does.
+  void drop_lost_blocks(const std::vector<BlockKey>& keys);
+
+  // persistence.cpp: the NVMe tier — opening and recovering it, session records, slot
+  // releases, the SIGTERM drain (state in persistence.h; nullptr without the tier).
+  Status open_nvme(std::vector<BlockStore::TierMemory>& tiers);
+  Status recover_nvme();
+  uint32_t intern_namespace(const std::string& name);
+  NvmeBlockKey nvme_key(const BlockKey& key) const;
+  void note_session_changed(const policy::Session& session);
+  void note_session_closed(uint32_t namespace_id, const std::string& session_id);
+  void flush_sessions(bool sync);
+  // Hands the slots BlockStore gave up to the tier for durable index deletes, and
+  // frees them when those are done.
+  void release_nvme_slots();
+  void start_drain(std::function<void()> stopped);
+  void check_drain();
+  // nvme_moves.cpp: moves to and from NVMe through the tier's I/O.
+  void demote_to_nvme(const std::vector<BlockKey>& keys);
+  // Starts reading `keys` from NVMe into `target` (RAM, or HBM through RAM when HBM is
+  // not host memory); returns those whose read started or was already running.
+  std::vector<BlockKey> promote_from_nvme(const std::vector<BlockKey>& keys, Tier target);
+  // `waiter` runs when `key`, which is on NVMe, is readable in RAM/HBM (starting its
+  // read when none is running) or with why it is not.
+  void await_nvme_block(const BlockKey& key, std::function<void(const Status&)> waiter);
   uint64_t now_ms() const { return clock_.now_ms(); }
   static std::unique_ptr<policy::PlacementView> make_placement_view(const BlockStore& store);
 
   asio::io_context& io_;
-  const DaemonConfig config_;
+  DaemonConfig config_;  // reloadable settings change on SIGHUP (apply_reloaded_config)
   std::unique_ptr<Device> device_;
   policy::SteadyClock clock_;
   std::unique_ptr<BlockStore> store_;
@@ -140,11 +223,18 @@ class Service final : public ipc::RequestHandler {
   policy::Planner planner_;
   asio::steady_timer plan_timer_;
   Counters counters_;
+  RequestMetrics request_metrics_;
+  // Admin-pinned sessions → the blocks their pin holds (one BlockStore pin each).
+  std::map<std::pair<uint32_t, std::string>, std::unordered_set<BlockKey, BlockKeyHasher>>
+      admin_pins_;
   std::function<size_t()> connection_count_;
   std::map<std::string, uint32_t> namespace_ids_;
   std::vector<std::string> namespace_names_;  // index = namespace id
   uint64_t started_ms_ = 0;
   bool stopping_ = false;
+  // Last: destroyed first, so the tier's workers stop before the memory they read
+  // into and write from goes away.
+  std::unique_ptr<NvmeState> nvme_;
 };
 
 }  // namespace kvtier::daemon

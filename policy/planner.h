@@ -1,48 +1,117 @@
-// Planner: turns the state of sessions and tiers into moves (demote, promote, evict).
-// It decides *what* to move; the daemon carries moves out through the tiers. Pure
-// logic on an injected clock: no I/O, no threads, so the trace simulator runs the same
-// code as the daemon.
+// Planner: turns the state of sessions and tiers into moves (demote, promote, evict —
+// an eviction that replaces a demotion is a *drop*). It decides *what* to move; the
+// daemon carries moves out through the tiers. Pure logic on an injected clock: no I/O,
+// no threads, so the trace simulator (kvtier-bench sim) runs the same code as the
+// daemon.
 //
-// Rules implemented here (the core set; the session-aware policy extends them):
-//  * Watermark demotion: when HBM use exceeds high_watermark × capacity, demote
-//    HBM → RAM until it is at or below low_watermark × capacity: idle sessions' blocks
-//    first (least recently active session first, each session's tail first), then
-//    blocks no session references (least recently used first), then active sessions'.
-//    A block shared by several sessions goes with its most recently active holder.
-//  * Idle demotion: a session idle for longer than hbm_idle_ms has its HBM blocks
-//    demoted to RAM while RAM has room.
-//  * Eviction for room: make_room() picks unpinned blocks to drop from the slowest
-//    tier (blocks no session holds first, LRU; then the least recently active
-//    sessions' blocks) so that a new block of `bytes` fits.
-//  * Promotion: on BeginTurn the session's blocks below HBM move up while HBM stays
-//    under its high watermark.
+// Three policies (PlannerConfig::mode), each a superset of the rules before it:
+//  * kLru — LRU tiering, request-scoped, what engine-side offload does today:
+//    when a tier is over its high watermark, its least recently used blocks move one
+//    tier down until it is at its low watermark; the slowest tier evicts instead. No
+//    idle clock, nothing on BeginTurn.
+//  * kSessionAware — a conversation is the unit:
+//    - Idle demotion: a session idle for hbm_idle_ms leaves HBM, for ram_idle_ms
+//      leaves RAM (for NVMe, when configured), while the tier below has room.
+//    - Watermarks per tier, order of sacrifice: idle sessions' blocks (least recently
+//      active session first, each session's tail first), then blocks no session holds
+//      (LRU), then active sessions'. A block shared by several sessions goes with its
+//      most recently active holder.
+//    - BeginTurn (plan_turn_start): the session's blocks come up to HBM at once, in
+//      prefix order, displacing idle sessions' blocks if HBM is full.
+//  * kPredictive — session-aware plus:
+//    - Return prediction (return_predictor.h): P(return within a horizon) per session,
+//      learned online. A block's value for a tier is Σ over the sessions holding it of
+//      P(that session returns within the tier's idle threshold) — the slowest tier
+//      uses P(it returns at all) — so blocks shared by many sessions (system prompts,
+//      common documents) are worth more. Durable sessions (priority > 0) outrank all.
+//    - Cost model (cost_model.h): under pressure the block that loses least leaves
+//      first — value × (reload time from the lower tier − reload time from this one).
+//      A block whose reload from the lower tier would be slower than recomputing it
+//      is dropped instead of demoted.
+//    - Idle thresholds spare a session predicted to return within the threshold with
+//      probability ≥ imminent_probability.
+//    - Predictive prefetch: blocks of such sessions move up one tier (NVMe → RAM →
+//      HBM) while the upper tier is under its low watermark, within a share of the
+//      link's bandwidth per plan.
+//  make_room() picks blocks to evict for a save that does not fit, in each mode's
+//  order of sacrifice.
 //
 // Thread-safety: none; owned by the control thread.
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <functional>
+#include <memory>
 #include <optional>
+#include <string_view>
 #include <vector>
 
 #include "common/block_key.h"
+#include "policy/cost_model.h"
+#include "policy/return_predictor.h"
 #include "policy/session_table.h"
 
 namespace kvtier::policy {
+namespace detail {
+struct PlanScratch;
+}
+
+enum class PolicyMode : uint8_t { kLru = 0, kSessionAware = 1, kPredictive = 2 };
+std::string_view policy_mode_name(PolicyMode mode);  // "lru", "session", "predictive"
+std::optional<PolicyMode> parse_policy_mode(std::string_view name);
 
 struct PlannerConfig {
   double hbm_high_watermark = 0.90;  // fraction of HBM capacity that triggers demotion
   double hbm_low_watermark = 0.75;   // demote down to this fraction
   uint64_t hbm_idle_ms = 30'000;     // idle sessions leave HBM after this long
+  uint64_t ram_idle_ms = 600'000;    // ... and RAM (when an NVMe tier is configured)
+  double ram_high_watermark = 0.90;
+  double ram_low_watermark = 0.75;
+  double nvme_high_watermark = 0.98;  // the slowest tier evicts past this
+  double nvme_low_watermark = 0.95;
+  PolicyMode mode = PolicyMode::kSessionAware;
+  CostConfig cost{};  // tier bandwidths and default prefill speed (cost_model.h)
+  // kPredictive: P(return within a tier's idle threshold) at which an idle session is
+  // treated as coming back soon: kept in, or prefetched into, that tier.
+  double imminent_probability = 0.5;
+  uint64_t plan_interval_ms = 100;        // how often plan_demotions runs
+  double prefetch_bandwidth_share = 0.5;  // of each link, per plan interval, for prefetch
 };
 
-enum class MoveKind : uint8_t { kDemote, kPromote, kEvict };
+// Numbering matches the wire enum `MoveKind` in schema/kvtier.capnp.
+enum class MoveKind : uint8_t { kDemote = 0, kPromote = 1, kEvict = 2 };
+
+// Why a move was planned (for logs, kvtierctl and the simulator's accounting).
+enum class MoveReason : uint8_t {
+  kUnspecified = 0,
+  kIdle = 1,              // the session passed the tier's idle threshold
+  kWatermark = 2,         // the tier was over its high watermark
+  kMakeRoom = 3,          // a save needed the space
+  kRecomputeCheaper = 4,  // dropped: reload from the lower tier would be slower than prefill
+  kTurnStart = 5,         // BeginTurn: the session's turn is starting
+  kPredictedReturn = 6,   // predictive prefetch
+};
+std::string_view move_reason_name(MoveReason reason);
 
 struct Move {
   MoveKind kind;
   BlockKey block;
   Tier from;
   Tier to;  // kNone for kEvict
+  MoveReason reason = MoveReason::kUnspecified;
+  uint64_t bytes = 0;  // the block's size, when the planner knew it
+};
+
+// A summary of the moves of one kind a plan produced, for "recent planner moves".
+struct PlanRecord {
+  uint64_t at_ms = 0;
+  MoveKind kind = MoveKind::kDemote;
+  Tier from = Tier::kNone;
+  Tier to = Tier::kNone;
+  MoveReason reason = MoveReason::kUnspecified;
+  uint32_t blocks = 0;
+  uint64_t bytes = 0;
 };
 
 // What the planner may ask about blocks and tiers; the daemon implements it over the
@@ -70,12 +139,20 @@ class PlacementView {
 
 class Planner {
  public:
-  Planner(PlannerConfig config, const Clock& clock) : config_(config), clock_(clock) {}
+  static constexpr size_t kRecentRecords = 32;
+
+  Planner(PlannerConfig config, const Clock& clock);
+  ~Planner();
 
   const PlannerConfig& config() const { return config_; }
-  void set_config(const PlannerConfig& config) { config_ = config; }
+  // Replaces the configuration; per-layout costs already registered are kept.
+  void set_config(const PlannerConfig& config);
+  // What an engine reported for its layout (Hello): tokens per block, prefill speed.
+  void set_layout_cost(const LayoutKey& layout, LayoutCost cost) { cost_.set_layout(layout, cost); }
+  const CostModel& cost_model() const { return cost_; }
 
-  // Periodic and after-save planning: watermark and idle demotions.
+  // Periodic and after-save planning: idle demotions, watermark demotions and
+  // evictions, drops and (kPredictive) prefetch — every rule of the mode but BeginTurn.
   std::vector<Move> plan_demotions(const SessionTable& sessions, const PlacementView& view) const;
 
   // Blocks to evict from `tier` so that `bytes` more fit; empty when nothing may go
@@ -83,12 +160,34 @@ class Planner {
   std::vector<Move> make_room(Tier tier, uint64_t bytes, const SessionTable& sessions,
                               const PlacementView& view) const;
 
-  // Promotions for a session whose turn is starting.
+  // BeginTurn: the session's blocks below HBM move up in prefix order; in the session
+  // modes idle sessions' blocks are demoted to make room when HBM is over its high
+  // watermark, and blocks that still do not fit come up from NVMe to RAM. Empty in
+  // kLru (request-scoped: nothing happens between requests).
+  std::vector<Move> plan_turn_start(const Session& session, const SessionTable& sessions,
+                                    const PlacementView& view) const;
+  // The session's blocks below HBM move up in prefix order while HBM stays under its
+  // high watermark; nothing is displaced.
   std::vector<Move> plan_promotions(const Session& session, const PlacementView& view) const;
 
+  // A snapshot of the return predictor at the clock's now.
+  ReturnPredictor return_predictor(const SessionTable& sessions) const {
+    return ReturnPredictor(sessions, clock_.now_ms());
+  }
+  // The last kRecentRecords summaries of planned moves, oldest first.
+  const std::deque<PlanRecord>& recent_moves() const { return recent_; }
+
  private:
+  std::vector<Move> record(std::vector<Move> moves) const;
+
   PlannerConfig config_;
+  CostModel cost_;
   const Clock& clock_;
+  // Observability only: what recent plans decided. Kept here (mutable) so planning
+  // stays a const operation on the state it reads.
+  mutable std::deque<PlanRecord> recent_;
+  // Buffers reused from one plan to the next (no state carries over between plans).
+  mutable std::unique_ptr<detail::PlanScratch> scratch_;
 };
 
 }  // namespace kvtier::policy

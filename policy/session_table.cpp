@@ -1,6 +1,7 @@
 #include "policy/session_table.h"
 
 #include <algorithm>
+#include <cmath>
 #include <unordered_set>
 
 namespace kvtier::policy {
@@ -51,6 +52,7 @@ std::vector<BlockHash> SessionTable::record_save(Session& session,
       appended.push_back(hash);
     }
   }
+  end_idle_period(session);
   session.last_active_ms = clock_.now_ms();
   if (end_of_turn) {
     session.state = SessionState::kIdle;
@@ -62,6 +64,7 @@ std::vector<BlockHash> SessionTable::record_save(Session& session,
 }
 
 void SessionTable::record_activity(Session& session) {
+  end_idle_period(session);
   session.state = SessionState::kActive;
   session.last_active_ms = clock_.now_ms();
 }
@@ -76,9 +79,24 @@ bool SessionTable::forget_block(Session& session, const BlockHash& hash) {
 Result<std::vector<BlockHash>> SessionTable::close(uint32_t namespace_id, const std::string& id) {
   auto it = sessions_.find(SessionKey{namespace_id, id});
   if (it == sessions_.end()) return not_found("session '{}' not found", id);
+  const Session& session = it->second;
+  if (session.state == SessionState::kIdle) {
+    const uint64_t now = clock_.now_ms();
+    gap_model_.record_censored(session.returns,
+                               now > session.last_active_ms ? now - session.last_active_ms : 0);
+  }
   std::vector<BlockHash> blocks = std::move(it->second.blocks);
   sessions_.erase(it);
   return blocks;
+}
+
+void SessionTable::end_idle_period(Session& session) {
+  if (session.state != SessionState::kIdle) return;
+  const uint64_t now = clock_.now_ms();
+  const uint64_t gap = now > session.last_active_ms ? now - session.last_active_ms : 0;
+  gap_model_.record_return(session.returns, gap);
+  ++session.returns;
+  session.sum_log_gap += std::log(static_cast<double>(gap) + 1.0);
 }
 
 std::vector<const Session*> SessionTable::by_last_active() const {

@@ -1,7 +1,12 @@
 // SessionTable: every open session (conversation) the daemon knows, keyed by
 // (namespace, session id). A session is an ordered list of block hashes — the
-// conversation's prefix — plus its timestamps and turn counts. Pure bookkeeping on an
-// injected clock: no I/O, no threads.
+// conversation's prefix — plus its timestamps, turn counts, the gaps between its
+// turns and a priority. Pure bookkeeping on an injected clock: no I/O, no threads.
+//
+// Lifecycle: active (a turn in progress) → idle (the turn ended) → active again when
+// it returns (BeginTurn, Load or Save) … → closed (removed). Each end of an idle
+// period is reported to the table's GapModel: a return with its gap, or a close while
+// idle as a censored observation. That is how the return predictor learns online.
 //
 // Thread-safety: none; the control thread owns it (the simulator owns its own).
 #pragma once
@@ -14,6 +19,7 @@
 #include "common/block_key.h"
 #include "common/status.h"
 #include "policy/clock.h"
+#include "policy/gap_model.h"
 
 namespace kvtier::policy {
 
@@ -28,6 +34,9 @@ struct Session {
   uint64_t created_ms = 0;
   uint64_t last_active_ms = 0;  // last Save/Load/BeginTurn
   uint32_t turns = 0;           // turns ended (Save with endOfTurn)
+  uint32_t returns = 0;         // idle periods that ended with the session coming back
+  double sum_log_gap = 0;       // Σ ln(gap ms + 1) over those returns (its turn rhythm)
+  uint8_t priority = 0;         // 0: normal; > 0: durable — kept above every normal session
 };
 
 struct SessionKey {
@@ -59,11 +68,15 @@ class SessionTable {
   std::vector<BlockHash> record_save(Session& session, const std::vector<BlockHash>& hashes,
                                      bool end_of_turn);
   // A turn started (BeginTurn) or the session read its blocks (Load): active, touched.
+  // An idle session becoming active is a return: its gap feeds the GapModel.
   void record_activity(Session& session);
+  // Marks a session (e.g. one holding a shared system prompt) durable or not.
+  void set_priority(Session& session, uint8_t priority) { session.priority = priority; }
   // Drops a block from a session (it was evicted or lost); returns whether it was there.
   bool forget_block(Session& session, const BlockHash& hash);
 
   // Removes the session; returns its blocks so the caller can drop references.
+  // Closing an idle session tells the GapModel it stayed away at least that long.
   // NotFound when absent.
   Result<std::vector<BlockHash>> close(uint32_t namespace_id, const std::string& id);
 
@@ -77,9 +90,13 @@ class SessionTable {
   size_t size() const { return sessions_.size(); }
   size_t count(SessionState state) const;
   uint64_t now_ms() const { return clock_.now_ms(); }
+  const GapModel& gap_model() const { return gap_model_; }
 
  private:
+  void end_idle_period(Session& session);
+
   const Clock& clock_;
+  GapModel gap_model_;
   std::unordered_map<SessionKey, Session, SessionKeyHasher> sessions_;
 };
 

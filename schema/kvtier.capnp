@@ -189,6 +189,27 @@ struct StatsReply {
   dataLossBlocks @13 :UInt64;  # blocks dropped because their bytes were corrupt or lost
   deviceName @14 :Text;        # "host" or the GPU model
   uptimeMs @15 :UInt64;        # since the daemon started
+  adminPinnedBlocks @16 :UInt64;  # blocks held in place by admin pins (not in pinnedBlocks)
+  pinnedSessions @17 :UInt32;  # sessions an admin pinned
+  recentMoves @18 :List(PlannerMoves);  # the planner's latest decisions, oldest first
+  policy @19 :Text;            # placement policy: "lru", "session" or "predictive"
+}
+
+enum MoveKind {
+  demote @0;                   # to a slower tier
+  promote @1;                  # to a faster tier
+  evict @2;                    # dropped from the daemon
+}
+
+struct PlannerMoves {          # the moves of one kind one plan decided, summed
+  agoMs @0 :UInt64;            # how long before this reply the plan ran
+  kind @1 :MoveKind;           # what was done
+  fromTier @2 :Tier;           # where the blocks were
+  toTier @3 :Tier;             # where they go (none for evict)
+  reason @4 :Text;             # "idle", "watermark", "make-room", "recompute-cheaper",
+                               # "turn-start" or "predicted-return"
+  blocks @5 :UInt32;           # how many blocks
+  bytes @6 :UInt64;            # their bytes
 }
 
 struct ListSessions {
@@ -204,6 +225,11 @@ struct SessionInfo {
   blocks @5 :UInt32;           # blocks referenced
   blocksPerTier @6 :List(UInt32);  # indexed by Tier: hbm, ram, nvme, none
   layoutDigest @7 :UInt64;     # layout the session's blocks belong to
+  bytes @8 :UInt64;            # bytes of the session's blocks that are held (any tier)
+  pinned @9 :Bool;             # an admin pinned it (kvtierctl pin): never demoted or evicted
+  returnProbability @10 :Float64;  # P(it comes back at all), learned online; 1 while active
+  returnInMs @11 :UInt64;      # median time from now to its next turn, if it comes back
+                               # (0 while active; 2^64-1 when not expected back)
 }
 
 enum SessionState {
@@ -213,6 +239,63 @@ enum SessionState {
 
 struct ListSessionsReply {
   sessions @0 :List(SessionInfo);  # sorted by idle time, longest first
+}
+
+# ---- Operator requests (kvtierctl). Admin ones need uid 0 or the admin group; the
+# refusal is permissionDenied and says so. None needs Hello.
+
+struct GetSession {
+  sessionId @0 :Text;          # the session to describe
+  namespaceName @1 :Text;      # admin only: another namespace (empty: the caller's)
+}
+
+struct GetSessionReply {
+  session @0 :SessionInfo;     # as ListSessions describes it
+}
+
+struct Evict {                 # admin: drop sessions and free their blocks
+  sessionId @0 :Text;          # this session (empty: every session idle over idleOverMs)
+  namespaceName @1 :Text;      # its namespace; empty: wherever the id is (must be unambiguous)
+  idleOverMs @2 :UInt64;       # with no sessionId: sessions idle longer than this (> 0)
+}
+
+struct EvictReply {
+  sessions @0 :UInt32;         # sessions removed
+  blocksEvicted @1 :UInt64;    # blocks dropped from every tier
+  bytesFreed @2 :UInt64;       # bytes those blocks occupied
+  blocksKept @3 :UInt64;       # blocks left because another session shares them or a copy
+                               # is reading them (they are no longer the session's)
+}
+
+struct Pin {                   # admin: keep a session's blocks where they are
+  sessionId @0 :Text;          # the session
+  namespaceName @1 :Text;      # its namespace; empty: wherever the id is (must be unambiguous)
+  pinned @2 :Bool;             # true: pin (blocks saved later are pinned too); false: unpin
+}
+
+struct PinReply {
+  pinnedBlocks @0 :UInt32;     # the session's blocks the pin holds now (0 after unpin)
+}
+
+struct Drain {                 # admin: push every RAM/HBM block down to NVMe (maintenance)
+}
+
+struct DrainReply {
+  blocksQueued @0 :UInt64;     # blocks whose move to NVMe started
+  bytesQueued @1 :UInt64;      # their bytes
+}
+
+struct GetConfig {             # admin: the daemon's effective configuration
+}
+
+struct ConfigEntry {
+  key @0 :Text;                # setting name, as in kvtierd.toml and --flags
+  value @1 :Text;              # its value as TOML ("\"4GiB\"", "0.9")
+  reloadable @2 :Bool;         # SIGHUP applies changes (others need a restart)
+}
+
+struct GetConfigReply {
+  entries @0 :List(ConfigEntry);  # every setting, in kvtierd --help order
 }
 
 struct Request {
@@ -227,6 +310,11 @@ struct Request {
     closeSession @7 :CloseSession;        # drop a session
     stats @8 :Stats;                      # counters (no Hello needed)
     listSessions @9 :ListSessions;        # session table (no Hello needed)
+    getSession @10 :GetSession;           # one session (no Hello needed)
+    evict @11 :Evict;                     # admin
+    pin @12 :Pin;                         # admin
+    drain @13 :Drain;                     # admin
+    getConfig @14 :GetConfig;             # admin
   }
 }
 
@@ -243,5 +331,10 @@ struct Response {
     closeSession @8 :CloseSessionReply;
     stats @9 :StatsReply;
     listSessions @10 :ListSessionsReply;
+    getSession @11 :GetSessionReply;
+    evict @12 :EvictReply;
+    pin @13 :PinReply;
+    drain @14 :DrainReply;
+    getConfig @15 :GetConfigReply;
   }
 }

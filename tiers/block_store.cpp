@@ -30,14 +30,17 @@ BlockStore::BlockStore(std::vector<TierMemory> tiers) {
   });
   tiers_.reserve(tiers.size());
   for (TierMemory& tier : tiers) {
-    if (tier.memory == nullptr || tier.tier == Tier::kNone || tier_state(tier.tier) != nullptr) {
+    const bool sized = tier.memory != nullptr || tier.capacity_bytes > 0;
+    if (!sized || tier.tier == Tier::kNone || tier_state(tier.tier) != nullptr) {
       KVTIER_LOG_WARN("block store: ignoring tier {} (no memory, none, or configured twice)",
                       tier_name(tier.tier));
       continue;
     }
-    const uint64_t capacity_bytes = tier.memory->size_bytes();
+    const uint64_t capacity_bytes =
+        tier.memory != nullptr ? tier.memory->size_bytes() : tier.capacity_bytes;
     tiers_.push_back(TierState{tier.tier, std::move(tier.memory),
-                               SlabAllocator(capacity_bytes, tier.slab_bytes), 0});
+                               SlabAllocator(capacity_bytes, tier.slab_bytes), 0,
+                               tier.confirm_release, 0});
   }
 }
 
@@ -116,7 +119,7 @@ void BlockStore::abort_write(const BlockKey& key) {
   }
   change_pins(*entry, -static_cast<int>(entry->pins));
   LayoutTable& table = layouts_.find(key.layout)->second;
-  release_slot(entry->location, table.block_bytes);
+  release_slot(key, entry->location, table.block_bytes);
   --tier_state(entry->location.tier)->blocks;
   --block_count_;
   table.blocks.erase(key.hash);
@@ -151,7 +154,7 @@ void BlockStore::unpin(const BlockKey& key) {
   if (entry->pins > 0 || deferred_frees_.empty()) return;
   auto deferred = deferred_frees_.find(key);
   if (deferred == deferred_frees_.end()) return;
-  release_slot(deferred->second, block_bytes(key.layout));
+  release_slot(key, deferred->second, block_bytes(key.layout));
   deferred_frees_.erase(deferred);
 }
 
@@ -205,7 +208,7 @@ void BlockStore::finish_move(const BlockKey& key, bool ok) {
   change_pins(*entry, -1);
   entry->state = BlockState::kReady;
   if (!ok) {
-    release_slot(target, bytes);
+    release_slot(key, target, bytes);
     return;
   }
   const BlockLocation old = entry->location;
@@ -216,7 +219,7 @@ void BlockStore::finish_move(const BlockKey& key, bool ok) {
   if (entry->pins > 0) {
     deferred_frees_[key] = old;
   } else {
-    release_slot(old, bytes);
+    release_slot(key, old, bytes);
   }
 }
 
@@ -227,11 +230,54 @@ bool BlockStore::evict(const BlockKey& key) {
   if (it == layout->second.blocks.end()) return false;
   const Entry& entry = it->second;
   if (entry.state != BlockState::kReady || entry.pins > 0) return false;
-  release_slot(entry.location, layout->second.block_bytes);
+  release_slot(key, entry.location, layout->second.block_bytes);
   --tier_state(entry.location.tier)->blocks;
   --block_count_;
   layout->second.blocks.erase(it);
   return true;
+}
+
+Status BlockStore::insert_recovered(const BlockKey& key, const BlockLocation& location,
+                                    uint64_t last_access_ms) {
+  auto layout = layouts_.find(key.layout);
+  if (layout == layouts_.end()) {
+    return invalid_argument("layout {:016x} in namespace {} is not registered",
+                            key.layout.layout_digest, key.layout.namespace_id);
+  }
+  if (layout->second.blocks.contains(key.hash)) {
+    return invalid_argument("block {} is already stored", key.hash.to_hex());
+  }
+  TierState* tier = tier_state(location.tier);
+  if (tier == nullptr)
+    return invalid_argument("tier {} is not configured", tier_name(location.tier));
+  KVTIER_RETURN_IF_ERROR(tier->slabs.allocate_at(location.offset, layout->second.block_bytes));
+  Entry& entry = layout->second.blocks[key.hash];
+  entry.location = location;
+  entry.last_access_ms = last_access_ms;
+  entry.state = BlockState::kReady;
+  ++tier->blocks;
+  ++block_count_;
+  return Status::ok();
+}
+
+void BlockStore::reserve_blocks(const LayoutKey& layout, size_t blocks) {
+  auto it = layouts_.find(layout);
+  if (it != layouts_.end()) it->second.blocks.reserve(blocks);
+}
+
+std::vector<BlockStore::PendingRelease> BlockStore::take_pending_releases() {
+  return std::exchange(pending_releases_, {});
+}
+
+void BlockStore::confirm_release(const BlockLocation& location, uint64_t bytes) {
+  TierState* tier = tier_state(location.tier);
+  tier->unconfirmed_bytes -= bytes;
+  tier->slabs.free(location.offset, bytes);
+}
+
+uint64_t BlockStore::unconfirmed_release_bytes(Tier tier) const {
+  const TierState* state = tier_state(tier);
+  return state == nullptr ? 0 : state->unconfirmed_bytes;
 }
 
 void BlockStore::add_session_ref(const BlockKey& key) {
@@ -264,7 +310,7 @@ std::vector<TierUsage> BlockStore::usage() const {
 TierUsage BlockStore::usage(Tier tier) const {
   const TierState* state = tier_state(tier);
   if (state == nullptr) return TierUsage{tier, 0, 0, 0};
-  return TierUsage{tier, state->memory->size_bytes(), state->slabs.used_bytes(), state->blocks};
+  return TierUsage{tier, state->slabs.capacity_bytes(), state->slabs.used_bytes(), state->blocks};
 }
 
 bool BlockStore::has_room(Tier tier, uint64_t slot_bytes) const {
@@ -294,8 +340,17 @@ const BlockStore::TierState* BlockStore::tier_state(Tier tier) const {
   return nullptr;
 }
 
-void BlockStore::release_slot(const BlockLocation& location, uint64_t block_bytes) {
-  tier_state(location.tier)->slabs.free(location.offset, block_bytes);
+void BlockStore::release_slot(const BlockKey& key, const BlockLocation& location,
+                              uint64_t block_bytes) {
+  TierState* tier = tier_state(location.tier);
+  if (tier->confirm_release) {
+    // An index entry may still name this slot: it is reused only after the caller
+    // deleted that entry durably (confirm_release).
+    tier->unconfirmed_bytes += block_bytes;
+    pending_releases_.push_back({key, location, block_bytes});
+    return;
+  }
+  tier->slabs.free(location.offset, block_bytes);
 }
 
 void BlockStore::change_pins(Entry& entry, int delta) {

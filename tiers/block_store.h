@@ -12,6 +12,13 @@
 // Every block also counts session references (sessions hold blocks; blocks with no
 // references stay as a prefix cache until evicted).
 //
+// Persistent tiers (NVMe): a tier may have no Memory, only a capacity; its slots are
+// offsets in a slab file that the caller reads and writes. Such a tier is configured
+// with confirm_release: a slot it gives up is not reusable until the caller has
+// durably deleted the index entry naming it — take_pending_releases() hands out those
+// slots, confirm_release() frees them. Blocks found on disk at start-up come back
+// with insert_recovered().
+//
 // Thread-safety: none. The control thread owns the store; copies run elsewhere and
 // report back to the control thread, which calls commit/abort/finish.
 #pragma once
@@ -64,14 +71,18 @@ class BlockStore {
  public:
   struct TierMemory {
     Tier tier;
-    std::shared_ptr<Memory> memory;  // the arena or pool from the Device
+    std::shared_ptr<Memory> memory;  // the arena or pool from the Device; null for NVMe
     uint64_t slab_bytes;             // carving unit (clamped to the memory size)
+    uint64_t capacity_bytes = 0;     // size of a tier without memory (NVMe)
+    bool confirm_release = false;    // freed slots wait for confirm_release()
   };
   // Tiers in order from fastest (HBM) to slowest.
   explicit BlockStore(std::vector<TierMemory> tiers);
 
-  // The memory behind a tier, or nullptr when that tier is not configured.
+  // The memory behind a tier, or nullptr when that tier is not configured or has no
+  // memory (NVMe).
   const std::shared_ptr<Memory>& memory(Tier tier) const;
+  bool configured(Tier tier) const { return tier_state(tier) != nullptr; }
 
   // Declares a layout's block size. REQUIRES before any block of `layout` is reserved.
   // Re-registering with the same size is a no-op; another size is InvalidArgument.
@@ -116,6 +127,27 @@ class BlockStore {
   // nothing) when the block is absent, pinned, or not kReady.
   bool evict(const BlockKey& key);
 
+  // ---- persistent tiers ----
+
+  // Inserts a block found in a persistent tier's index at start-up as kReady, unpinned,
+  // at `location`. InvalidArgument when the layout is unknown, the key is present,
+  // the tier is not configured, or the slot is unusable (SlabAllocator::allocate_at).
+  Status insert_recovered(const BlockKey& key, const BlockLocation& location,
+                          uint64_t last_access_ms);
+  // Makes room in the index of a registered layout for `blocks` blocks (recovery).
+  void reserve_blocks(const LayoutKey& layout, size_t blocks);
+  struct PendingRelease {
+    BlockKey key;  // the block that held the slot
+    BlockLocation location;
+    uint64_t bytes;
+  };
+  // Slots of confirm_release tiers given up since the last call; they stay allocated
+  // (counted as used) until confirm_release().
+  std::vector<PendingRelease> take_pending_releases();
+  void confirm_release(const BlockLocation& location, uint64_t bytes);
+  // Bytes of `tier` given up but not yet confirmed (taken or not).
+  uint64_t unconfirmed_release_bytes(Tier tier) const;
+
   // ---- session references ----
   void add_session_ref(const BlockKey& key);
   void drop_session_ref(const BlockKey& key);
@@ -148,13 +180,15 @@ class BlockStore {
     std::shared_ptr<Memory> memory;
     SlabAllocator slabs;
     uint64_t blocks = 0;
+    bool confirm_release = false;
+    uint64_t unconfirmed_bytes = 0;
   };
 
   Entry* find(const BlockKey& key);
   const Entry* find(const BlockKey& key) const;
   TierState* tier_state(Tier tier);
   const TierState* tier_state(Tier tier) const;
-  void release_slot(const BlockLocation& location, uint64_t block_bytes);
+  void release_slot(const BlockKey& key, const BlockLocation& location, uint64_t block_bytes);
   void change_pins(Entry& entry, int delta);
 
   std::vector<TierState> tiers_;
@@ -163,6 +197,7 @@ class BlockStore {
   std::unordered_map<BlockKey, BlockLocation, BlockKeyHasher> move_targets_;
   // Old slots of moved blocks still pinned by readers: freed when pins reach 0.
   std::unordered_map<BlockKey, BlockLocation, BlockKeyHasher> deferred_frees_;
+  std::vector<PendingRelease> pending_releases_;
   uint64_t pinned_blocks_ = 0;
   uint64_t block_count_ = 0;
 };

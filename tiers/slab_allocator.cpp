@@ -109,6 +109,55 @@ void SlabAllocator::free(uint64_t offset, uint64_t slot_bytes) {
   if (was_full) add_partial(slab_index);
 }
 
+Status SlabAllocator::allocate_at(uint64_t offset, uint64_t slot_bytes) {
+  if (slot_bytes == 0 || slot_bytes > slab_bytes_) {
+    return invalid_argument("slot_bytes {} must be in 1..{} (the slab size)", slot_bytes,
+                            slab_bytes_);
+  }
+  const uint64_t slab_index = offset / slab_bytes_;
+  const uint64_t in_slab = offset % slab_bytes_;
+  const uint32_t slots_per_slab = clamp_to_u32(slab_bytes_ / slot_bytes);
+  if (slab_index >= slabs_.size() || in_slab % slot_bytes != 0 ||
+      in_slab / slot_bytes >= slots_per_slab) {
+    return invalid_argument("offset {} is not a slot of {} bytes within {} bytes of {}-byte slabs",
+                            offset, slot_bytes, capacity_bytes_, slab_bytes_);
+  }
+  const uint32_t index = static_cast<uint32_t>(slab_index);
+  const uint32_t slot = static_cast<uint32_t>(in_slab / slot_bytes);
+  Slab& slab = slabs_[index];
+  bool was_free = false;
+  if (slab.slot_bytes == 0) {
+    // The free list is pushed lowest-last, so ascending rebuilds find it at the back.
+    auto it = std::find(free_slabs_.rbegin(), free_slabs_.rend(), index);
+    assert(it != free_slabs_.rend());
+    free_slabs_.erase(std::next(it).base());
+    slab.slot_bytes = slot_bytes;
+    was_free = true;
+  } else if (slab.slot_bytes != slot_bytes) {
+    return invalid_argument("offset {}: its slab holds slots of {} bytes, not {}", offset,
+                            slab.slot_bytes, slot_bytes);
+  }
+  const uint32_t handed_out = slab.used + static_cast<uint32_t>(slab.free_slots.size());
+  if (slot >= handed_out) {
+    // Slots skipped over become free ones that have been handed out (see allocate).
+    for (uint32_t skipped = handed_out; skipped < slot; ++skipped)
+      slab.free_slots.push_back(skipped);
+  } else {
+    auto it = std::find(slab.free_slots.begin(), slab.free_slots.end(), slot);
+    if (it == slab.free_slots.end()) {
+      return invalid_argument("offset {}: the slot is already allocated", offset);
+    }
+    slab.free_slots.erase(it);
+  }
+  ++slab.used;
+  const bool full = slab.used == slots_per_slab;
+  if (was_free && !full) add_partial(index);
+  if (!was_free && full) remove_partial(index);
+  used_bytes_ += slot_bytes;
+  ++used_slots_;
+  return Status::ok();
+}
+
 void SlabAllocator::add_partial(uint32_t slab_index) {
   Slab& slab = slabs_[slab_index];
   assert(slab.partial_position == kNotPartial);

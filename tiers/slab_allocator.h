@@ -30,6 +30,12 @@ class SlabAllocator {
   Result<uint64_t> allocate(uint64_t slot_bytes);
   // REQUIRES: `offset` came from allocate(slot_bytes) and was not freed since.
   void free(uint64_t offset, uint64_t slot_bytes);
+  // Marks the slot of `slot_bytes` at `offset` allocated, as allocate() would have
+  // returned it: rebuilds the allocation of persistent memory (the NVMe slab file)
+  // from its index at start-up. InvalidArgument when the slot lies outside the
+  // capacity, is not on a slot boundary, sits in a slab of another slot size, or is
+  // already allocated. Fast when called in ascending offset order.
+  Status allocate_at(uint64_t offset, uint64_t slot_bytes);
 
   // Whether an allocate(slot_bytes) would succeed now.
   bool can_allocate(uint64_t slot_bytes) const;

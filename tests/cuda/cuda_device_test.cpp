@@ -21,7 +21,8 @@ class CudaDeviceTest : public ::testing::Test {
 
   Status run(CopyBatch batch) {
     std::promise<Status> finished;
-    Status submitted = device_->submit(std::move(batch), [&](Status status) { finished.set_value(status); });
+    Status submitted =
+        device_->submit(std::move(batch), [&](Status status) { finished.set_value(status); });
     if (!submitted.is_ok()) return submitted;
     return finished.get_future().get();
   }
@@ -45,7 +46,8 @@ TEST_F(CudaDeviceTest, GathersIntoTheArenaAndScattersBackBitExact) {
   uint32_t src = up.memory_index(*pool), dst = up.memory_index(*arena);
   for (uint64_t b = 0; b < kBlocks; ++b) {
     for (uint64_t p = 0; p < kPlanes; ++p) {
-      up.segments.push_back({src, dst, (p * kBlocks + b) * kPlane, (b * kPlanes + p) * kPlane, kPlane});
+      up.segments.push_back(
+          {src, dst, (p * kBlocks + b) * kPlane, (b * kPlanes + p) * kPlane, kPlane});
     }
   }
   ASSERT_TRUE(run(std::move(up)).is_ok());
@@ -54,7 +56,8 @@ TEST_F(CudaDeviceTest, GathersIntoTheArenaAndScattersBackBitExact) {
   dst = down.memory_index(*pool);
   for (uint64_t b = 0; b < kBlocks; ++b) {
     for (uint64_t p = 0; p < kPlanes; ++p) {
-      down.segments.push_back({src, dst, (b * kPlanes + p) * kPlane, half + (p * kBlocks + b) * kPlane, kPlane});
+      down.segments.push_back(
+          {src, dst, (b * kPlanes + p) * kPlane, half + (p * kBlocks + b) * kPlane, kPlane});
     }
   }
   ASSERT_TRUE(run(std::move(down)).is_ok());

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
+#include <array>
 
 #include <cerrno>
 #include <cstring>
@@ -185,6 +186,27 @@ TEST_F(BadRequest, DescriptorThatIsNotAMemfdIsRefused) {
   auto refs = Engine::refs(PagedCache::chain_hashes("after-wrong-fds", 2), 0);
   for (const BlockRef& ref : refs) cache->fill(ref.engine_block_id, ref.hash);
   auto saved = (*client)->save("after-wrong-fds", refs, true);
+  ASSERT_TRUE(saved.is_ok()) << saved.status().to_string();
+  EXPECT_EQ(saved->stored, 2u);
+}
+
+TEST_F(BadRequest, GpuRegionsOnTheHostBackendAreRefused) {
+  auto cache = PagedCache::create(small_shape(8));
+  ASSERT_TRUE(cache.is_ok()) << cache.status().to_string();
+  auto client = daemon_->connect();
+  ASSERT_TRUE(client.is_ok()) << client.status().to_string();
+  ASSERT_TRUE((*client)->hello(cache->layout(), "gpu-on-host").is_ok());
+  const uint64_t size = cache->region().size_bytes();
+  std::array<std::byte, 64> handle{};
+  EXPECT_TRUE(IsError((*client)->register_cuda_ipc_region(0, handle, size, ""),
+                      StatusCode::kInvalidArgument, "cannot open cuda regions"));
+  // A VMM handle travels as an fd; the host backend refuses it and does not keep it.
+  EXPECT_TRUE(IsError((*client)->register_cuda_vmm_region(0, cache->region().fd(), size, ""),
+                      StatusCode::kInvalidArgument, "cannot open cuda regions"));
+  ASSERT_TRUE((*client)->register_memfd_region(0, cache->region().fd(), size).is_ok());
+  auto refs = Engine::refs(PagedCache::chain_hashes("after-gpu-regions", 2), 0);
+  for (const BlockRef& ref : refs) cache->fill(ref.engine_block_id, ref.hash);
+  auto saved = (*client)->save("after-gpu-regions", refs, true);
   ASSERT_TRUE(saved.is_ok()) << saved.status().to_string();
   EXPECT_EQ(saved->stored, 2u);
 }

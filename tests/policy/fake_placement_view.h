@@ -2,6 +2,7 @@
 // block hashes and sessions on a ManualClock. Single-threaded, like the planner.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <functional>
@@ -94,6 +95,37 @@ inline Session& save_session(ManualClock& clock, SessionTable& table, const std:
   Session* session = table.get_or_create(kLayout.namespace_id, id, kLayout).value();
   (void)table.record_save(*session, hashes_of(blocks), end_of_turn);
   return *session;
+}
+
+// Teaches `table`'s GapModel a population: `regulars` sessions that end a turn and
+// come back `gap_ms` later, `returns` times in a row (closed during their last turn),
+// and `one_shots` sessions that end one turn and are closed `one_shot_idle_ms` later
+// without coming back. All are closed, so only what the GapModel learned remains.
+// Starts at `at_ms`; returns the time it ends at.
+inline uint64_t teach_population(ManualClock& clock, SessionTable& table, int regulars, int returns,
+                                 uint64_t gap_ms, int one_shots, uint64_t one_shot_idle_ms,
+                                 uint64_t at_ms) {
+  for (int i = 0; i < regulars; ++i) {
+    clock.set_ms(at_ms);
+    const std::string id = "teach-regular-" + std::to_string(i);
+    Session* s = table.get_or_create(kLayout.namespace_id, id, kLayout).value();
+    (void)table.record_save(*s, {}, true);
+    for (int r = 0; r < returns; ++r) {
+      clock.advance_ms(gap_ms);
+      table.record_activity(*s);
+      if (r + 1 < returns) (void)table.record_save(*s, {}, true);
+    }
+    (void)table.close(kLayout.namespace_id, id);  // mid-turn: nothing censored
+  }
+  for (int i = 0; i < one_shots; ++i) {
+    clock.set_ms(at_ms);
+    const std::string id = "teach-one-shot-" + std::to_string(i);
+    Session* s = table.get_or_create(kLayout.namespace_id, id, kLayout).value();
+    (void)table.record_save(*s, {}, true);
+    clock.advance_ms(one_shot_idle_ms);
+    (void)table.close(kLayout.namespace_id, id);
+  }
+  return std::max(clock.now_ms(), at_ms + static_cast<uint64_t>(returns) * gap_ms);
 }
 
 }  // namespace kvtier::policy::fake

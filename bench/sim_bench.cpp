@@ -1,0 +1,262 @@
+#include "bench/sim_bench.h"
+
+#include <fmt/format.h>
+#include <CLI/CLI.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <thread>
+
+#include "bench/sim_runner.h"
+#include "bench/sim_trace.h"
+#include "common/units.h"
+
+namespace kvtier::bench {
+namespace {
+
+constexpr double kTtftRatioTarget = 0.7;
+constexpr double kHitGapTargetPoints = 5;
+
+Result<SimBudget> parse_budget(const std::string& text, size_t index) {
+  SimBudget budget;
+  budget.name = fmt::format("b{}", index + 1);
+  size_t start = 0;
+  for (int tier = 0; tier < kTierCount; ++tier) {
+    const size_t slash = text.find('/', start);
+    if ((slash == std::string::npos) != (tier == kTierCount - 1)) {
+      return invalid_argument("--budget '{}': expected HBM/RAM/NVME, e.g. 10GiB/64GiB/1TiB", text);
+    }
+    auto bytes =
+        parse_bytes(text.substr(start, slash == std::string::npos ? slash : slash - start));
+    if (!bytes.is_ok())
+      return invalid_argument("--budget '{}': {}", text, bytes.status().message());
+    budget.bytes[tier] = *bytes;
+    start = slash + 1;
+  }
+  if (budget.bytes[0] == 0) return invalid_argument("--budget '{}': HBM must not be 0", text);
+  return budget;
+}
+
+Result<SimConfig> make_config(const SimOptions& options) {
+  SimConfig config;
+  auto kv = parse_bytes(options.kv_bytes_per_token);
+  if (!kv.is_ok() || *kv == 0) return invalid_argument("--kv-bytes-per-token must be a size > 0");
+  config.kv_bytes_per_token = *kv;
+  for (double gbps : {options.hbm_gbps, options.ram_gbps, options.nvme_gbps}) {
+    if (!(gbps > 0)) return invalid_argument("tier bandwidths must be positive");
+  }
+  config.read_bytes_per_s = {options.hbm_gbps * 1e9, options.ram_gbps * 1e9,
+                             options.nvme_gbps * 1e9};
+  if (!(options.prefill_tokens_per_s > 0)) {
+    return invalid_argument("--prefill-tokens-per-s must be positive");
+  }
+  config.prefill_tokens_per_s = options.prefill_tokens_per_s;
+  config.decode_ms_per_token = options.decode_ms_per_token;
+  auto lead = parse_duration_ms(options.turn_lead);
+  auto interval = parse_duration_ms(options.plan_interval);
+  auto hbm_idle = parse_duration_ms(options.hbm_idle);
+  auto ram_idle = parse_duration_ms(options.ram_idle);
+  if (!lead.is_ok() || !interval.is_ok() || !hbm_idle.is_ok() || !ram_idle.is_ok()) {
+    return invalid_argument("durations take ms, s, m or h (e.g. 30s)");
+  }
+  if (*interval == 0) return invalid_argument("--plan-interval must be positive");
+  config.turn_lead_ms = *lead;
+  config.plan_interval_ms = *interval;
+  config.planner.hbm_idle_ms = *hbm_idle;
+  config.planner.ram_idle_ms = *ram_idle;
+  return config;
+}
+
+std::string percent(double fraction) {
+  return fmt::format("{:.1f}", 100 * fraction);
+}
+std::string gib(uint64_t bytes) {
+  return fmt::format("{:.0f}", bytes / double(1ull << 30));
+}
+
+void add_table(BenchReport& report, const SimBudget& budget, const std::vector<SimResult>& rows,
+               const std::vector<const SimResult*>& bounds, const SimResult* lru) {
+  report.note(fmt::format("{}: HBM {}, RAM {}, NVMe {}", budget.name, format_bytes(budget.bytes[0]),
+                          format_bytes(budget.bytes[1]), format_bytes(budget.bytes[2])));
+  report.note(
+      fmt::format("  {:<17} {:>8} {:>7} {:>7} {:>7} {:>6} {:>6} {:>6} {:>6} {:>8} {:>8} {:>6}",
+                  "policy", "mean ms", "p50", "p90", "p99", "hit%", "hbm%", "ram%", "nvme%",
+                  "moved", "prefetch", "vs 2"));
+  auto line = [&](const SimResult& r) {
+    const std::string ratio = lru && lru->ttft_mean_ms > 0
+                                  ? fmt::format("{:.2f}", r.ttft_mean_ms / lru->ttft_mean_ms)
+                                  : "-";
+    report.note(fmt::format(
+        "  {:<17} {:>8.0f} {:>7.0f} {:>7.0f} {:>7.0f} {:>6} {:>6} {:>6} {:>6} {:>8} {:>8} {:>6}",
+        sim_policy_label(r.policy), r.ttft_mean_ms, r.ttft_p50_ms, r.ttft_p90_ms, r.ttft_p99_ms,
+        percent(r.hit_rate()), percent(r.hit_rate(Tier::kHbm)), percent(r.hit_rate(Tier::kRam)),
+        percent(r.hit_rate(Tier::kNvme)), gib(r.bytes_moved()) + "G", gib(r.bytes_prefetched) + "G",
+        ratio));
+  };
+  for (const SimResult& r : rows) line(r);
+  for (const SimResult* bound : bounds) line(*bound);
+  report.note("");
+}
+
+void add_results(BenchReport& report, const std::string& prefix, const SimResult& r) {
+  report.result(prefix + "ttft_mean_ms", r.ttft_mean_ms);
+  report.result(prefix + "ttft_p50_ms", r.ttft_p50_ms);
+  report.result(prefix + "ttft_p90_ms", r.ttft_p90_ms);
+  report.result(prefix + "ttft_p99_ms", r.ttft_p99_ms);
+  report.result(prefix + "follow_up_ttft_mean_ms", r.follow_up_ttft_mean_ms);
+  report.result(prefix + "hit_rate", r.hit_rate());
+  report.result(prefix + "hit_rate_hbm", r.hit_rate(Tier::kHbm));
+  report.result(prefix + "hit_rate_ram", r.hit_rate(Tier::kRam));
+  report.result(prefix + "hit_rate_nvme", r.hit_rate(Tier::kNvme));
+  report.result(prefix + "bytes_moved", static_cast<double>(r.bytes_moved()));
+  report.result(prefix + "bytes_prefetched", static_cast<double>(r.bytes_prefetched));
+  report.result(prefix + "blocks_evicted", static_cast<double>(r.blocks_evicted));
+  report.result(prefix + "blocks_dropped", static_cast<double>(r.blocks_dropped));
+}
+
+}  // namespace
+
+Result<BenchReport> run_sim_bench(const SimOptions& options) {
+  const auto started = std::chrono::steady_clock::now();
+  auto config = make_config(options);
+  if (!config.is_ok()) return config.status();
+  std::vector<SimBudget> budgets;
+  for (size_t i = 0; i < options.budgets.size(); ++i) {
+    auto budget = parse_budget(options.budgets[i], i);
+    if (!budget.is_ok()) return budget.status();
+    budgets.push_back(*budget);
+  }
+  std::vector<SimPolicy> policies;
+  for (int p : options.policies) {
+    if (p < 1 || p > 4) return invalid_argument("--policies: {} is not 1..4", p);
+    policies.push_back(static_cast<SimPolicy>(p));
+  }
+  const std::string path =
+      options.trace.empty() ? default_trace_path(options.executable) : options.trace;
+  auto trace = load_trace(path, options.tokens_per_block);
+  if (!trace.is_ok()) return trace.status();
+
+  // Every (budget, policy) run, plus the infinite cache once, on a few threads.
+  struct Task {
+    SimBudget budget;
+    SimPolicy policy;
+    SimResult result;
+  };
+  std::vector<Task> tasks;
+  // The infinite cache, and two bounds: the same hits, every one read from RAM / NVMe.
+  for (SimPolicy bound :
+       {SimPolicy::kInfiniteCache, SimPolicy::kInfiniteRam, SimPolicy::kInfiniteNvme}) {
+    tasks.push_back({SimBudget{"ideal", {}}, bound, {}});
+  }
+  for (const SimBudget& budget : budgets) {
+    for (SimPolicy policy : policies) tasks.push_back({budget, policy, {}});
+  }
+  std::atomic<size_t> next{0};
+  const int jobs = options.jobs > 0
+                       ? options.jobs
+                       : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  std::vector<std::thread> workers;
+  for (int j = 0; j < std::min<int>(jobs, static_cast<int>(tasks.size())); ++j) {
+    workers.emplace_back([&] {
+      for (size_t i = next++; i < tasks.size(); i = next++) {
+        tasks[i].result = simulate(*trace, *config, tasks[i].budget, tasks[i].policy);
+      }
+    });
+  }
+  for (std::thread& worker : workers) worker.join();
+
+  BenchReport report("sim");
+  report.config("trace", path);
+  report.config("requests", static_cast<int64_t>(trace->requests.size()));
+  report.config("sessions", static_cast<int64_t>(trace->sessions));
+  report.config("follow_up_turns", static_cast<int64_t>(trace->follow_ups));
+  report.config("tokens_per_block", static_cast<int64_t>(options.tokens_per_block));
+  report.config("kv_bytes_per_token", static_cast<int64_t>(config->kv_bytes_per_token));
+  report.config("hbm_gbps", options.hbm_gbps);
+  report.config("ram_gbps", options.ram_gbps);
+  report.config("nvme_gbps", options.nvme_gbps);
+  report.config("prefill_tokens_per_s", options.prefill_tokens_per_s);
+  report.config("decode_ms_per_token", options.decode_ms_per_token);
+  report.config("turn_lead_ms", static_cast<int64_t>(config->turn_lead_ms));
+  report.config("plan_interval_ms", static_cast<int64_t>(config->plan_interval_ms));
+  report.config("hbm_idle_ms", static_cast<int64_t>(config->planner.hbm_idle_ms));
+  report.config("ram_idle_ms", static_cast<int64_t>(config->planner.ram_idle_ms));
+  for (const SimBudget& budget : budgets) {
+    report.config(budget.name,
+                  fmt::format("{}/{}/{}", format_bytes(budget.bytes[0]),
+                              format_bytes(budget.bytes[1]), format_bytes(budget.bytes[2])));
+  }
+
+  const SimResult& ideal = tasks[0].result;
+  const std::vector<const SimResult*> bounds = {&tasks[0].result, &tasks[1].result,
+                                                &tasks[2].result};
+  report.result("ideal_hit_rate", ideal.hit_rate());
+  report.result("ideal_ttft_mean_ms", ideal.ttft_mean_ms);
+  report.result("ideal_from_ram_ttft_mean_ms", tasks[1].result.ttft_mean_ms);
+  report.result("ideal_from_nvme_ttft_mean_ms", tasks[2].result.ttft_mean_ms);
+  for (const SimBudget& budget : budgets) {
+    std::map<SimPolicy, const SimResult*> by_policy;
+    std::vector<SimResult> rows;
+    for (const Task& task : tasks) {
+      if (task.budget.name != budget.name) continue;
+      rows.push_back(task.result);
+      by_policy[task.policy] = &task.result;
+      add_results(report, fmt::format("{}_p{}_", budget.name, static_cast<int>(task.policy)),
+                  task.result);
+    }
+    const SimResult* lru =
+        by_policy.count(SimPolicy::kLruTiering) != 0 ? by_policy[SimPolicy::kLruTiering] : nullptr;
+    add_table(report, budget, rows, bounds, lru);
+    const SimResult* predictive =
+        by_policy.count(SimPolicy::kPredictive) != 0 ? by_policy[SimPolicy::kPredictive] : nullptr;
+    if (lru == nullptr || predictive == nullptr) continue;
+    const std::string ratio = budget.name + "_p4_vs_p2_ttft_mean_ratio";
+    const std::string gap = budget.name + "_p4_hit_rate_gap_points";
+    report.result(ratio, predictive->ttft_mean_ms / lru->ttft_mean_ms);
+    report.result(gap, 100 * (ideal.hit_rate() - predictive->hit_rate()));
+  }
+  for (const SimBudget& budget : budgets) {
+    if (std::find(policies.begin(), policies.end(), SimPolicy::kPredictive) == policies.end() ||
+        std::find(policies.begin(), policies.end(), SimPolicy::kLruTiering) == policies.end()) {
+      break;
+    }
+    report.target(budget.name + "_p4_vs_p2_ttft_mean_ratio", "<=", kTtftRatioTarget);
+    report.target(budget.name + "_p4_hit_rate_gap_points", "<=", kHitGapTargetPoints);
+  }
+  report.result("sim_wall_seconds",
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
+  return report;
+}
+
+CLI::App* add_sim_subcommand(CLI::App& app, SimOptions& options) {
+  CLI::App* sim = app.add_subcommand(
+      "sim", "trace-driven policy simulator: the four policies at identical budgets");
+  sim->add_option("--trace", options.trace,
+                  "Mooncake-format JSONL trace (default: ../shared/traces/"
+                  "mooncake_synthetic_trace.jsonl, or $KVTIER_TRACE)");
+  sim->add_option("--budget", options.budgets,
+                  "HBM/RAM/NVME bytes, repeatable (default: 10GiB/64GiB/1TiB, "
+                  "10GiB/16GiB/256GiB, 5GiB/4GiB/64GiB)");
+  sim->add_option("--kv-bytes-per-token", options.kv_bytes_per_token, "KV bytes per token");
+  sim->add_option("--tokens-per-block", options.tokens_per_block, "tokens per trace hash")
+      ->check(CLI::Range(1u, 1u << 20));
+  sim->add_option("--hbm-gbps", options.hbm_gbps, "daemon HBM arena → engine, GB/s");
+  sim->add_option("--ram-gbps", options.ram_gbps, "RAM → engine (PCIe), GB/s");
+  sim->add_option("--nvme-gbps", options.nvme_gbps, "NVMe read, GB/s");
+  sim->add_option("--prefill-tokens-per-s", options.prefill_tokens_per_s, "prefill speed");
+  sim->add_option("--decode-ms-per-token", options.decode_ms_per_token,
+                  "decode time per output token (when the turn ends)");
+  sim->add_option("--turn-lead", options.turn_lead,
+                  "time from BeginTurn to the load (queueing), e.g. 100ms");
+  sim->add_option("--plan-interval", options.plan_interval, "planner period in virtual time");
+  sim->add_option("--hbm-idle", options.hbm_idle, "idle sessions leave HBM after this");
+  sim->add_option("--ram-idle", options.ram_idle, "idle sessions leave RAM after this");
+  sim->add_option("--policies", options.policies, "policies to run (1..4)")->delimiter(',');
+  sim->add_option("--jobs", options.jobs, "simulation threads (default: one per CPU)")
+      ->check(CLI::Range(0, 256));
+  return sim;
+}
+
+}  // namespace kvtier::bench

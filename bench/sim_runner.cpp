@@ -1,0 +1,295 @@
+#include "bench/sim_runner.h"
+
+#include <algorithm>
+#include <chrono>
+#include <numeric>
+#include <queue>
+#include <unordered_map>
+
+#include "bench/report.h"
+#include "bench/sim_store.h"
+#include "policy/clock.h"
+#include "policy/session_table.h"
+
+namespace kvtier::bench {
+namespace {
+
+constexpr LayoutKey kLayout{0, 1};
+
+BlockKey key_of(uint64_t hash_id) {
+  return SimStore::key_of(hash_id);
+}
+
+bool session_aware(SimPolicy policy) {
+  return policy == SimPolicy::kSessionAware || policy == SimPolicy::kPredictive;
+}
+
+// One run: a policy at a budget over the whole trace.
+class Simulation {
+ public:
+  Simulation(const Trace& trace, const SimConfig& config, const SimBudget& budget, SimPolicy policy)
+      : trace_(trace),
+        config_(config),
+        policy_(policy),
+        block_bytes_(config.kv_bytes_per_token * trace.tokens_per_block),
+        sessions_(clock_),
+        planner_(planner_config(config, policy, trace.tokens_per_block), clock_),
+        store_(capacities(budget, policy), config.read_bytes_per_s, block_bytes_,
+               trace.distinct_blocks) {
+    planner_.set_layout_cost(kLayout, {trace.tokens_per_block, config.prefill_tokens_per_s});
+    result_.policy = policy;
+    result_.budget = budget.name;
+    result_.blocks_requested = trace.blocks_requested;
+  }
+
+  SimResult run() {
+    const auto started = std::chrono::steady_clock::now();
+    struct TurnEnd {
+      uint64_t at_ms;
+      size_t request;
+      bool operator>(const TurnEnd& o) const {
+        return at_ms != o.at_ms ? at_ms > o.at_ms : request > o.request;
+      }
+    };
+    std::priority_queue<TurnEnd, std::vector<TurnEnd>, std::greater<>> turn_ends;
+    uint64_t next_tick = config_.plan_interval_ms;
+    size_t next_arrival = 0;
+    while (next_arrival < trace_.requests.size()) {
+      const uint64_t arrival = trace_.requests[next_arrival].arrival_ms;
+      const uint64_t end = turn_ends.empty() ? UINT64_MAX : turn_ends.top().at_ms;
+      if (end <= arrival && end <= next_tick) {
+        const size_t request = turn_ends.top().request;
+        turn_ends.pop();
+        end_turn(end, trace_.requests[request]);
+      } else if (arrival <= next_tick) {
+        const double ttft = start_turn(arrival, trace_.requests[next_arrival]);
+        const TraceRequest& r = trace_.requests[next_arrival];
+        const double busy_ms = ttft + r.output_tokens * config_.decode_ms_per_token;
+        turn_ends.push({arrival + static_cast<uint64_t>(busy_ms), next_arrival});
+        ++next_arrival;
+      } else {
+        advance(next_tick);
+        apply(planner_.plan_demotions(sessions_, store_));
+        next_tick += config_.plan_interval_ms;
+      }
+    }
+    finish(std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
+    return result_;
+  }
+
+ private:
+  static policy::PlannerConfig planner_config(const SimConfig& config, SimPolicy policy,
+                                              uint32_t tokens_per_block) {
+    policy::PlannerConfig out = config.planner;
+    out.mode = policy == SimPolicy::kPredictive     ? policy::PolicyMode::kPredictive
+               : policy == SimPolicy::kSessionAware ? policy::PolicyMode::kSessionAware
+                                                    : policy::PolicyMode::kLru;
+    out.cost.read_bytes_per_s = config.read_bytes_per_s;
+    out.cost.prefill_tokens_per_s = config.prefill_tokens_per_s;
+    out.cost.tokens_per_block = tokens_per_block;
+    out.plan_interval_ms = config.plan_interval_ms;
+    return out;
+  }
+
+  static std::array<uint64_t, kTierCount> capacities(const SimBudget& budget, SimPolicy policy) {
+    constexpr uint64_t kEndless = uint64_t{1} << 62;
+    if (policy == SimPolicy::kInfiniteCache) return {kEndless, 0, 0};
+    if (policy == SimPolicy::kInfiniteRam) return {0, kEndless, 0};
+    if (policy == SimPolicy::kInfiniteNvme) return {0, 0, kEndless};
+    if (policy == SimPolicy::kHbmOnlyLru) return {budget.bytes[0], 0, 0};
+    return budget.bytes;
+  }
+
+  static std::string session_id(uint32_t session) { return std::to_string(session); }
+
+  void advance(uint64_t now_ms) {
+    clock_.set_ms(now_ms);
+    store_.set_now(now_ms);
+    store_.finish_moves(now_ms);
+  }
+
+  // Arrival: BeginTurn (session-aware policies), then the load; returns the TTFT.
+  double start_turn(uint64_t now_ms, const TraceRequest& request) {
+    advance(now_ms);
+    policy::Session* session = sessions_.find(kLayout.namespace_id, session_id(request.session));
+    if (session != nullptr && session_aware(policy_)) {
+      sessions_.record_activity(*session);
+      apply(planner_.plan_turn_start(*session, sessions_, store_));
+    }
+    const uint64_t load_at = now_ms + config_.turn_lead_ms;
+    double load_ms = 0;
+    uint32_t loaded = 0;
+    for (; loaded < request.full_blocks; ++loaded) {
+      const BlockKey key = key_of(request.hash_ids[loaded]);
+      const Tier tier = store_.read_tier(key, load_at);
+      if (tier == Tier::kNone) break;
+      result_.hit_blocks[static_cast<size_t>(tier)] += 1;
+      load_ms += static_cast<double>(block_bytes_) /
+                 config_.read_bytes_per_s[static_cast<size_t>(tier)] * 1000.0;
+      store_.touch(key, now_ms);
+    }
+    if (session != nullptr) sessions_.record_activity(*session);  // the Load names it
+    const double missed_tokens = static_cast<double>(request.input_tokens) -
+                                 static_cast<double>(loaded) * trace_.tokens_per_block;
+    const double ttft =
+        load_ms + std::max(0.0, missed_tokens) / config_.prefill_tokens_per_s * 1000.0;
+    ttfts_.push_back(ttft);
+    if (request.follow_up) follow_up_ttfts_.push_back(ttft);
+    return ttft;
+  }
+
+  // End of turn: the engine saves the request's full blocks, then the planner runs.
+  void end_turn(uint64_t now_ms, const TraceRequest& request) {
+    advance(now_ms);
+    std::vector<BlockHash> saved;
+    for (uint32_t k = 0; k < request.full_blocks; ++k) {
+      const BlockKey key = key_of(request.hash_ids[k]);
+      if (store_.holds(key)) {
+        store_.touch(key, now_ms);
+      } else if (!store_new_block(key, now_ms)) {
+        break;  // a prefix with a hole is useless past the hole
+      }
+      saved.push_back(key.hash);
+    }
+    auto created =
+        sessions_.get_or_create(kLayout.namespace_id, session_id(request.session), kLayout);
+    if (!created.is_ok()) return;
+    policy::Session& session = **created;
+    for (const BlockHash& hash : sessions_.record_save(session, saved, /*end_of_turn=*/true)) {
+      const BlockKey key{kLayout, hash};
+      store_.add_ref(key);
+      holders_[key].push_back(request.session);
+    }
+    apply(planner_.plan_demotions(sessions_, store_));
+  }
+
+  bool store_new_block(const BlockKey& key, uint64_t now_ms) {
+    result_.bytes_saved += block_bytes_;
+    if (store_.insert(key, now_ms) != Tier::kNone) return true;
+    // Every tier is full: the planner picks what to evict, slowest tier first.
+    for (Tier tier : {Tier::kNvme, Tier::kRam, Tier::kHbm}) {
+      if (store_.space(tier).capacity_bytes == 0) continue;
+      auto moves = planner_.make_room(tier, block_bytes_, sessions_, store_);
+      if (moves.empty()) continue;
+      apply(moves);
+      if (store_.insert(key, now_ms) != Tier::kNone) return true;
+    }
+    result_.bytes_saved -= block_bytes_;
+    return false;
+  }
+
+  void apply(const std::vector<policy::Move>& moves) {
+    for (const policy::Move& move : moves) {
+      if (move.kind == policy::MoveKind::kEvict) {
+        if (!store_.evict(move.block)) continue;
+        ++result_.blocks_evicted;
+        if (move.reason == policy::MoveReason::kRecomputeCheaper) ++result_.blocks_dropped;
+        cut_sessions_at(move.block);
+        continue;
+      }
+      if (!store_.begin_move(move.block, move.to, clock_.now_ms())) continue;
+      if (move.kind == policy::MoveKind::kPromote) {
+        result_.bytes_promoted += block_bytes_;
+        if (move.reason == policy::MoveReason::kPredictedReturn) {
+          result_.bytes_prefetched += block_bytes_;
+        }
+      } else {
+        result_.bytes_demoted += block_bytes_;
+      }
+    }
+  }
+
+  // As kvtierd does: a session is a prefix, so an evicted block ends every session
+  // holding it there, and those sessions drop their references to the rest.
+  void cut_sessions_at(const BlockKey& evicted) {
+    auto it = holders_.find(evicted);
+    if (it == holders_.end()) return;
+    const std::vector<uint32_t> holders = std::move(it->second);
+    holders_.erase(it);
+    for (uint32_t id : holders) {
+      policy::Session* session = sessions_.find(kLayout.namespace_id, session_id(id));
+      if (session == nullptr) continue;
+      auto& blocks = session->blocks;
+      auto at = std::find(blocks.begin(), blocks.end(), evicted.hash);
+      if (at == blocks.end()) continue;
+      for (auto rest = at + 1; rest != blocks.end(); ++rest) {
+        const BlockKey key{kLayout, *rest};
+        store_.drop_ref(key);
+        auto& others = holders_[key];
+        others.erase(std::remove(others.begin(), others.end(), id), others.end());
+        if (others.empty()) holders_.erase(key);
+      }
+      blocks.erase(at, blocks.end());
+    }
+  }
+
+  void finish(double wall_seconds) {
+    result_.turns = ttfts_.size();
+    result_.wall_seconds = wall_seconds;
+    if (ttfts_.empty()) return;
+    result_.ttft_mean_ms =
+        std::accumulate(ttfts_.begin(), ttfts_.end(), 0.0) / static_cast<double>(ttfts_.size());
+    std::sort(ttfts_.begin(), ttfts_.end());
+    result_.ttft_p50_ms = percentile_of_sorted(ttfts_, 0.50);
+    result_.ttft_p90_ms = percentile_of_sorted(ttfts_, 0.90);
+    result_.ttft_p99_ms = percentile_of_sorted(ttfts_, 0.99);
+    if (!follow_up_ttfts_.empty()) {
+      result_.follow_up_ttft_mean_ms =
+          std::accumulate(follow_up_ttfts_.begin(), follow_up_ttfts_.end(), 0.0) /
+          static_cast<double>(follow_up_ttfts_.size());
+    }
+  }
+
+  const Trace& trace_;
+  const SimConfig& config_;
+  const SimPolicy policy_;
+  const uint64_t block_bytes_;
+  policy::ManualClock clock_{0};
+  policy::SessionTable sessions_;
+  policy::Planner planner_;
+  SimStore store_;
+  std::unordered_map<BlockKey, std::vector<uint32_t>, BlockKeyHasher> holders_;
+  std::vector<double> ttfts_;
+  std::vector<double> follow_up_ttfts_;
+  SimResult result_;
+};
+
+}  // namespace
+
+std::string sim_policy_label(SimPolicy policy) {
+  switch (policy) {
+    case SimPolicy::kHbmOnlyLru:
+      return "1 hbm-only lru";
+    case SimPolicy::kLruTiering:
+      return "2 lru tiering";
+    case SimPolicy::kSessionAware:
+      return "3 session-aware";
+    case SimPolicy::kPredictive:
+      return "4 predictive";
+    case SimPolicy::kInfiniteCache:
+      return "ideal (infinite)";
+    case SimPolicy::kInfiniteRam:
+      return "ideal from RAM";
+    case SimPolicy::kInfiniteNvme:
+      return "ideal from NVMe";
+  }
+  return "?";
+}
+
+double SimResult::hit_rate() const {
+  const uint64_t hits = std::accumulate(hit_blocks.begin(), hit_blocks.end(), uint64_t{0});
+  return blocks_requested ? static_cast<double>(hits) / static_cast<double>(blocks_requested) : 0;
+}
+
+double SimResult::hit_rate(Tier tier) const {
+  return blocks_requested ? static_cast<double>(hit_blocks[static_cast<size_t>(tier)]) /
+                                static_cast<double>(blocks_requested)
+                          : 0;
+}
+
+SimResult simulate(const Trace& trace, const SimConfig& config, const SimBudget& budget,
+                   SimPolicy policy) {
+  return Simulation(trace, config, budget, policy).run();
+}
+
+}  // namespace kvtier::bench

@@ -1,0 +1,79 @@
+// The trace-driven policy simulator behind `kvtier-bench sim`: replays a multi-turn
+// trace through the real policy::Planner and policy::SessionTable on a ManualClock,
+// against a model of the tiers (SimStore), and reports what each turn would have
+// cost.
+//
+// Each request is one turn of its conversation:
+//  * arrival: a follow-up turn sends BeginTurn (session-aware policies only), then the
+//    engine loads the leading blocks the daemon holds, `turn_lead_ms` later (the time
+//    the request waits before it is scheduled; 0 = loads start at once);
+//  * modeled TTFT = Σ over loaded blocks of bytes / bandwidth of the tier each is read
+//    from + (input tokens − loaded tokens) / prefill speed;
+//  * the turn ends after that TTFT plus output tokens × decode time: the engine saves
+//    the request's full blocks (end of turn) and the planner runs, as in kvtierd;
+//  * the planner also runs every `plan_interval_ms` of virtual time.
+//
+// Thread-safety: simulate() is reentrant; distinct runs may go on distinct threads.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "bench/sim_trace.h"
+#include "policy/planner.h"
+
+namespace kvtier::bench {
+
+// The policies compared (kvtier issue 4), and an infinite cache for reference.
+enum class SimPolicy : uint8_t {
+  kHbmOnlyLru = 1,     // no offload: the HBM budget alone, LRU
+  kLruTiering = 2,     // HBM → RAM → NVMe, block LRU by watermarks, request-scoped
+  kSessionAware = 3,   // idle demotion + BeginTurn prefetch
+  kPredictive = 4,     // 3 + return prediction + cost model + predictive prefetch
+  kInfiniteCache = 5,  // every block kept in HBM forever: the trace's ideal
+  kInfiniteRam = 6,    // every block kept forever, but read from RAM (a bound)
+  kInfiniteNvme = 7,   // every block kept forever, but read from NVMe (a bound)
+};
+std::string sim_policy_label(SimPolicy policy);  // "1 hbm-only lru", ...
+
+struct SimBudget {
+  std::string name;                          // "b1"
+  std::array<uint64_t, kTierCount> bytes{};  // HBM, RAM, NVMe
+};
+
+struct SimConfig {
+  uint64_t kv_bytes_per_token = 128 << 10;
+  std::array<double, kTierCount> read_bytes_per_s = {1000e9, 25e9, 5e9};
+  double prefill_tokens_per_s = 8000;
+  double decode_ms_per_token = 20;
+  uint64_t turn_lead_ms = 0;
+  uint64_t plan_interval_ms = 1000;
+  // Thresholds and watermarks; mode, costs and plan interval are set per run.
+  policy::PlannerConfig planner;
+};
+
+struct SimResult {
+  SimPolicy policy = SimPolicy::kHbmOnlyLru;
+  std::string budget;
+  uint64_t turns = 0;
+  double ttft_mean_ms = 0, ttft_p50_ms = 0, ttft_p90_ms = 0, ttft_p99_ms = 0;
+  double follow_up_ttft_mean_ms = 0;
+  uint64_t blocks_requested = 0;                  // Σ hash_ids over the trace
+  std::array<uint64_t, kTierCount> hit_blocks{};  // loaded, by the tier read from
+  uint64_t bytes_saved = 0;                       // engine → daemon at ends of turns
+  uint64_t bytes_promoted = 0, bytes_demoted = 0;
+  uint64_t bytes_prefetched = 0;  // promotions for predicted returns (part of promoted)
+  uint64_t blocks_evicted = 0, blocks_dropped = 0;
+  double wall_seconds = 0;
+
+  double hit_rate() const;
+  double hit_rate(Tier tier) const;
+  uint64_t bytes_moved() const { return bytes_promoted + bytes_demoted; }
+};
+
+SimResult simulate(const Trace& trace, const SimConfig& config, const SimBudget& budget,
+                   SimPolicy policy);
+
+}  // namespace kvtier::bench

@@ -1,0 +1,180 @@
+#include "bench/sim_store.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+namespace kvtier::bench {
+namespace {
+
+constexpr LayoutKey kLayout{0, 1};
+
+}  // namespace
+
+BlockKey SimStore::key_of(uint64_t hash_id) {
+  uint8_t bytes[8];
+  std::memcpy(bytes, &hash_id, sizeof(bytes));
+  return BlockKey{kLayout, BlockHash(std::span<const uint8_t>(bytes, sizeof(bytes)))};
+}
+
+uint64_t SimStore::id_of(const BlockKey& key) {
+  uint64_t id = UINT64_MAX;
+  if (key.hash.size() == sizeof(id) && key.layout == kLayout) {
+    std::memcpy(&id, key.hash.bytes().data(), sizeof(id));
+  }
+  return id;
+}
+
+SimStore::SimStore(std::array<uint64_t, kTierCount> capacity,
+                   std::array<double, kTierCount> read_bytes_per_s, uint64_t block_bytes,
+                   uint64_t distinct_ids)
+    : capacity_(capacity),
+      read_bytes_per_s_(read_bytes_per_s),
+      block_bytes_(block_bytes),
+      blocks_(distinct_ids) {}
+
+SimStore::Block* SimStore::find(const BlockKey& key) {
+  const uint64_t id = id_of(key);
+  if (id >= blocks_.size() || blocks_[id].tier == Tier::kNone) return nullptr;
+  return &blocks_[id];
+}
+
+const SimStore::Block* SimStore::find(const BlockKey& key) const {
+  const uint64_t id = id_of(key);
+  if (id >= blocks_.size() || blocks_[id].tier == Tier::kNone) return nullptr;
+  return &blocks_[id];
+}
+
+void SimStore::place(uint64_t id, Tier tier) {
+  Block& block = blocks_[id];
+  auto& residents = residents_[index(tier)];
+  block.tier = tier;
+  block.position = static_cast<uint32_t>(residents.size());
+  residents.push_back(static_cast<uint32_t>(id));
+}
+
+void SimStore::unplace(uint64_t id) {
+  Block& block = blocks_[id];
+  auto& residents = residents_[index(block.tier)];
+  const uint32_t last = residents.back();
+  residents[block.position] = last;
+  blocks_[last].position = block.position;
+  residents.pop_back();
+  block.tier = Tier::kNone;
+}
+
+SimStore::BlockPlacement SimStore::to_placement(const Block& block) const {
+  return {block.tier, block.moving_to == Tier::kNone, block_bytes_, block.session_refs,
+          block.last_access_ms};
+}
+
+SimStore::BlockPlacement SimStore::placement(const BlockKey& key) const {
+  const Block* block = find(key);
+  if (block == nullptr) return {Tier::kNone, false, 0, 0, 0};
+  return to_placement(*block);
+}
+
+SimStore::TierSpace SimStore::space(Tier tier) const {
+  if (tier == Tier::kNone) return {};
+  return {capacity_[index(tier)], used_[index(tier)]};
+}
+
+void SimStore::for_each_unreferenced(
+    Tier tier, const std::function<void(const BlockKey&, const BlockPlacement&)>& fn) const {
+  if (tier == Tier::kNone) return;
+  for (uint32_t id : residents_[index(tier)]) {
+    const Block& block = blocks_[id];
+    if (block.session_refs == 0) fn(key_of(id), to_placement(block));
+  }
+}
+
+Tier SimStore::read_tier(const BlockKey& key, uint64_t at_ms) const {
+  const Block* block = find(key);
+  if (block == nullptr) return Tier::kNone;
+  if (block->moving_to != Tier::kNone && block->lands_at_ms <= at_ms) return block->moving_to;
+  return block->tier;
+}
+
+Tier SimStore::insert(const BlockKey& key, uint64_t now_ms) {
+  const uint64_t id = id_of(key);
+  if (id >= blocks_.size() || blocks_[id].tier != Tier::kNone) return Tier::kNone;
+  for (Tier tier : {Tier::kHbm, Tier::kRam, Tier::kNvme}) {
+    const uint64_t capacity = capacity_[index(tier)];
+    if (capacity == 0 || used_[index(tier)] + block_bytes_ > capacity) continue;
+    used_[index(tier)] += block_bytes_;
+    blocks_[id] = Block{};
+    blocks_[id].last_access_ms = now_ms;
+    place(id, tier);
+    return tier;
+  }
+  return Tier::kNone;
+}
+
+void SimStore::touch(const BlockKey& key, uint64_t now_ms) {
+  if (Block* block = find(key)) block->last_access_ms = now_ms;
+}
+
+void SimStore::add_ref(const BlockKey& key) {
+  if (Block* block = find(key)) ++block->session_refs;
+}
+
+void SimStore::drop_ref(const BlockKey& key) {
+  if (Block* block = find(key); block != nullptr && block->session_refs > 0) {
+    --block->session_refs;
+  }
+}
+
+bool SimStore::evict(const BlockKey& key) {
+  Block* block = find(key);
+  if (block == nullptr || block->moving_to != Tier::kNone) return false;
+  used_[index(block->tier)] -= block_bytes_;
+  unplace(id_of(key));
+  return true;
+}
+
+size_t SimStore::link_of(Tier a, Tier b) const {
+  // A copy between two tiers runs at the slower one's speed, on that tier's link.
+  return read_bytes_per_s_[index(a)] <= read_bytes_per_s_[index(b)] ? index(a) : index(b);
+}
+
+bool SimStore::begin_move(const BlockKey& key, Tier to, uint64_t now_ms) {
+  Block* block = find(key);
+  if (block == nullptr || to == Tier::kNone) return false;
+  if (block->moving_to != Tier::kNone || block->tier == to) return false;
+  if (capacity_[index(to)] == 0 || used_[index(to)] + block_bytes_ > capacity_[index(to)]) {
+    return false;
+  }
+  used_[index(to)] += block_bytes_;
+  const size_t link = link_of(block->tier, to);
+  double& free_at = link_free_at_ms_[link][to > block->tier ? 1 : 0];
+  const double start = std::max(static_cast<double>(now_ms), free_at);
+  const double end = start + static_cast<double>(block_bytes_) / read_bytes_per_s_[link] * 1000.0;
+  free_at = end;
+  block->moving_to = to;
+  block->lands_at_ms = static_cast<uint64_t>(std::ceil(end));
+  landings_.push(Landing{block->lands_at_ms, sequence_++, id_of(key)});
+  return true;
+}
+
+void SimStore::finish_moves(uint64_t now_ms) {
+  while (!landings_.empty() && landings_.top().at_ms <= now_ms) {
+    const uint64_t id = landings_.top().id;
+    landings_.pop();
+    Block& block = blocks_[id];
+    if (block.tier == Tier::kNone || block.moving_to == Tier::kNone) continue;
+    const Tier to = block.moving_to;
+    used_[index(block.tier)] -= block_bytes_;
+    unplace(id);
+    place(id, to);
+    block.moving_to = Tier::kNone;
+  }
+}
+
+Tier SimStore::slowest_tier() const {
+  for (Tier tier : {Tier::kNvme, Tier::kRam, Tier::kHbm}) {
+    if (capacity_[index(tier)] > 0) return tier;
+  }
+  return Tier::kNone;
+}
+
+}  // namespace kvtier::bench

@@ -1,0 +1,111 @@
+// SimStore: the simulator's model of kvtierd's tiers — which block is where, tier
+// usage, session references, and moves that take time. It is the PlacementView the
+// real policy::Planner plans against, and it carries out the planner's moves the way
+// the daemon's data path does:
+//  * a promotion or demotion reserves room in the destination at once, keeps the
+//    block readable (and unmovable) at its source while the copy runs, and lands
+//    when the link between the two tiers has carried its bytes. The link of a pair
+//    is the slower tier's (PCIe for HBM↔RAM, the drive for NVMe), one FIFO queue per
+//    direction: PCIe is full duplex, and a drive reads while it writes;
+//  * an eviction frees the block at once.
+// Loads into the engine are charged by the caller from read_tier() and do not occupy
+// links (a simplification the README states).
+//
+// Keys are the simulator's own: an 8-byte block hash holding a dense trace hash id
+// (key_of()), so the store is an array indexed by that id, not a hash map — the
+// planner looks placements up tens of thousands of times per plan.
+//
+// Thread-safety: none; one simulation owns one store.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <queue>
+#include <vector>
+
+#include "common/block_key.h"
+#include "policy/planner.h"
+
+namespace kvtier::bench {
+
+class SimStore final : public policy::PlacementView {
+ public:
+  // `capacity[t]`: bytes of tier t (0: not configured); `read_bytes_per_s[t]`: its
+  // bandwidth; every block is `block_bytes`; hash ids run 0 .. distinct_ids - 1.
+  SimStore(std::array<uint64_t, kTierCount> capacity,
+           std::array<double, kTierCount> read_bytes_per_s, uint64_t block_bytes,
+           uint64_t distinct_ids);
+
+  static BlockKey key_of(uint64_t hash_id);
+
+  // ---- PlacementView ----
+  BlockPlacement placement(const BlockKey& key) const override;
+  TierSpace space(Tier tier) const override;
+  void for_each_unreferenced(
+      Tier tier,
+      const std::function<void(const BlockKey&, const BlockPlacement&)>& fn) const override;
+
+  // ---- the data path ----
+  bool holds(const BlockKey& key) const { return find(key) != nullptr; }
+  // The tier a load starting at `at_ms` reads from: the destination of a move that
+  // has landed by then, else where the block is; kNone when absent.
+  Tier read_tier(const BlockKey& key, uint64_t at_ms) const;
+  // Stores a new block in the fastest configured tier with room; returns that tier,
+  // or kNone when every tier is full.
+  Tier insert(const BlockKey& key, uint64_t now_ms);
+  void touch(const BlockKey& key, uint64_t now_ms);
+  void add_ref(const BlockKey& key);
+  void drop_ref(const BlockKey& key);
+  bool evict(const BlockKey& key);
+  // Starts a promotion/demotion at `now_ms`; false (nothing changes) when the block
+  // is absent, busy, already there, or the destination has no room.
+  bool begin_move(const BlockKey& key, Tier to, uint64_t now_ms);
+  // Lands every move whose copy has finished by `now_ms`.
+  void finish_moves(uint64_t now_ms);
+
+  uint64_t now_ms() const { return now_ms_; }
+  void set_now(uint64_t now_ms) { now_ms_ = now_ms; }
+  Tier slowest_tier() const;
+  uint64_t block_bytes() const { return block_bytes_; }
+
+ private:
+  struct Block {
+    Tier tier = Tier::kNone;       // kNone: not held
+    Tier moving_to = Tier::kNone;  // kNone unless a move is in flight
+    uint32_t position = 0;         // in residents_[tier]
+    uint64_t lands_at_ms = 0;
+    uint64_t last_access_ms = 0;
+    uint32_t session_refs = 0;
+  };
+  struct Landing {
+    uint64_t at_ms;
+    uint64_t sequence;  // FIFO among equal times: deterministic
+    uint64_t id;
+    bool operator>(const Landing& other) const {
+      return at_ms != other.at_ms ? at_ms > other.at_ms : sequence > other.sequence;
+    }
+  };
+  static size_t index(Tier tier) { return static_cast<size_t>(tier); }
+  static uint64_t id_of(const BlockKey& key);
+  Block* find(const BlockKey& key);
+  const Block* find(const BlockKey& key) const;
+  BlockPlacement to_placement(const Block& block) const;
+  size_t link_of(Tier a, Tier b) const;
+  void place(uint64_t id, Tier tier);
+  void unplace(uint64_t id);
+
+  std::array<uint64_t, kTierCount> capacity_;
+  std::array<uint64_t, kTierCount> used_{};
+  std::array<double, kTierCount> read_bytes_per_s_;
+  // [tier][0: toward faster tiers, 1: toward slower]: when that queue drains.
+  std::array<std::array<double, 2>, kTierCount> link_free_at_ms_{};
+  uint64_t block_bytes_;
+  uint64_t now_ms_ = 0;
+  uint64_t sequence_ = 0;
+  std::vector<Block> blocks_;                                // indexed by trace hash id
+  std::array<std::vector<uint32_t>, kTierCount> residents_;  // ids held in each tier
+  std::priority_queue<Landing, std::vector<Landing>, std::greater<>> landings_;
+};
+
+}  // namespace kvtier::bench

@@ -1,0 +1,51 @@
+// A multi-turn request trace for the policy simulator (kvtier-bench sim), in the
+// Mooncake trace format (../shared/traces/README.md): one JSON object per line with
+// `timestamp` (ms), `input_length`, `output_length` and `hash_ids` (chained prefix
+// block hashes, `tokens_per_block` tokens each).
+//
+// Hash ids are renumbered densely in first-seen order (equal ids stay equal). The
+// trace has no session ids; load_trace() recovers conversations by prefix: a
+// request whose hash_ids begin with all of an earlier request's full blocks continues
+// that request's conversation (the longest such match wins).
+//
+// Thread-safety: a Trace is immutable after loading; share it between threads freely.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace kvtier::bench {
+
+struct TraceRequest {
+  uint64_t arrival_ms = 0;
+  uint32_t input_tokens = 0;
+  uint32_t output_tokens = 0;
+  std::vector<uint64_t> hash_ids;  // dense ids (0, 1, ... in first-seen order); the last
+                                   // one may cover a partial block
+  uint32_t session = 0;            // conversation index, 0-based
+  bool follow_up = false;          // continues an earlier request's conversation
+  uint32_t full_blocks = 0;        // leading hash_ids that cover tokens_per_block tokens
+};
+
+struct Trace {
+  std::vector<TraceRequest> requests;  // in arrival order
+  uint32_t sessions = 0;
+  uint32_t follow_ups = 0;
+  uint32_t tokens_per_block = 0;
+  uint64_t blocks_requested = 0;  // Σ hash_ids over all requests
+  uint64_t distinct_blocks = 0;   // hash ids run 0 .. distinct_blocks - 1
+};
+
+// Reads and validates `path`; InvalidArgument names the line and field at fault,
+// NotFound when the file cannot be opened.
+Result<Trace> load_trace(const std::string& path, uint32_t tokens_per_block);
+
+// Where the shared trace is when no --trace is given: $KVTIER_TRACE, else
+// ../shared/traces/mooncake_synthetic_trace.jsonl from the working directory or from
+// the repository that holds `executable`.
+std::string default_trace_path(const std::string& executable);
+
+}  // namespace kvtier::bench

@@ -1,0 +1,307 @@
+// Operator-facing parts of the Service: kvtierctl's requests (GetSession, Evict, Pin,
+// Drain, GetConfig), configuration reload, and the status line systemd shows.
+//
+// Admin requests act through the same mechanisms as the data path: an evicted session
+// is closed like CloseSession and its unshared blocks leave the BlockStore like the
+// planner's evictions; a pin is a BlockStore pin per block, which the planner already
+// treats as "not movable", so a pinned session is never demoted or evicted.
+#include <algorithm>
+
+#include "common/units.h"
+#include "daemon/persistence.h"
+#include "daemon/service.h"
+
+namespace kvtier::daemon {
+namespace {
+
+Status check_session_id(const std::string& session_id) {
+  if (session_id.empty()) return invalid_argument("sessionId is empty");
+  if (session_id.size() > 256) return invalid_argument("sessionId is longer than 256 bytes");
+  return Status::ok();
+}
+
+// The refusal names what is needed, so the operator knows what to fix.
+Status require_admin(const EngineContext& engine, const ipc::PeerCredentials& peer,
+                     const DaemonConfig& config, std::string_view what) {
+  if (engine.is_admin) return Status::ok();
+  if (config.admin_group.empty()) {
+    return permission_denied(
+        "{} is an admin command: it needs root (uid 0); uid {} is not, and no admin-group is "
+        "configured",
+        what, peer.uid);
+  }
+  return permission_denied(
+      "{} is an admin command: it needs root (uid 0) or membership in the admin group '{}'; "
+      "uid {} has neither",
+      what, config.admin_group, peer.uid);
+}
+
+}  // namespace
+
+Result<policy::Session*> Service::find_session_for_admin(const std::string& session_id,
+                                                         const std::string& namespace_name) {
+  KVTIER_RETURN_IF_ERROR(check_session_id(session_id));
+  if (!namespace_name.empty()) {
+    auto ns = namespace_ids_.find(namespace_name);
+    policy::Session* session =
+        ns == namespace_ids_.end() ? nullptr : sessions_.find(ns->second, session_id);
+    if (session == nullptr)
+      return not_found("no session '{}' in namespace '{}'", session_id, namespace_name);
+    return session;
+  }
+  std::vector<policy::Session*> matches;
+  for (uint32_t ns = 0; ns < namespace_names_.size(); ++ns) {
+    if (policy::Session* session = sessions_.find(ns, session_id)) matches.push_back(session);
+  }
+  if (matches.empty()) return not_found("no session '{}' in any namespace", session_id);
+  if (matches.size() > 1) {
+    std::string names;
+    for (const policy::Session* session : matches)
+      names += (names.empty() ? "'" : ", '") + namespace_names_[session->namespace_id] + "'";
+    return invalid_argument("session '{}' exists in namespaces {}: name one (--namespace)",
+                            session_id, names);
+  }
+  return matches.front();
+}
+
+Status Service::handle_get_session(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
+                                   wire::GetSession::Reader request) {
+  const std::string session_id = request.getSessionId().cStr();
+  std::string namespace_name = request.getNamespaceName().cStr();
+  KVTIER_RETURN_IF_ERROR(check_session_id(session_id));
+  if (namespace_name.empty()) namespace_name = engine.namespace_name;
+  if (namespace_name != engine.namespace_name) {
+    KVTIER_RETURN_IF_ERROR(
+        require_admin(engine, c->peer(), config_, "reading another namespace's session"));
+  }
+  auto session = find_session_for_admin(session_id, namespace_name);
+  if (!session.is_ok()) return session.status();
+  reply(c, id, [&](wire::Response::Builder response) {
+    fill_session_info(**session, response.initGetSession().initSession());
+  });
+  return Status::ok();
+}
+
+Status Service::handle_evict(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
+                             wire::Evict::Reader request) {
+  KVTIER_RETURN_IF_ERROR(require_admin(engine, c->peer(), config_, "evict"));
+  const std::string session_id = request.getSessionId().cStr();
+  const std::string namespace_name = request.getNamespaceName().cStr();
+  std::vector<std::pair<uint32_t, std::string>> targets;
+  if (!session_id.empty()) {
+    auto session = find_session_for_admin(session_id, namespace_name);
+    if (!session.is_ok()) return session.status();
+    targets.emplace_back((*session)->namespace_id, (*session)->id);
+  } else {
+    const uint64_t idle_over_ms = request.getIdleOverMs();
+    if (idle_over_ms == 0) return invalid_argument("give a sessionId or an idleOverMs above 0");
+    const uint64_t now = now_ms();
+    sessions_.for_each([&](const policy::Session& session) {
+      if (!namespace_name.empty() && namespace_names_[session.namespace_id] != namespace_name)
+        return;
+      if (session.state == policy::SessionState::kIdle &&
+          now - session.last_active_ms > idle_over_ms) {
+        targets.emplace_back(session.namespace_id, session.id);
+      }
+    });
+  }
+  // Close each session as CloseSession does, then evict the blocks nobody else
+  // references through the data path's eviction (which also frees NVMe slots).
+  std::unordered_set<BlockKey, BlockKeyHasher> released;
+  std::vector<BlockKey> unshared;
+  uint64_t evicted = 0, kept = 0, bytes_freed = 0;
+  for (const auto& [namespace_id, target_id] : targets) {
+    const LayoutKey layout = sessions_.find(namespace_id, target_id)->layout;
+    if (auto pins = admin_pins_.find({namespace_id, target_id}); pins != admin_pins_.end()) {
+      for (const BlockKey& key : pins->second) store_->unpin(key);
+      admin_pins_.erase(pins);
+    }
+    auto closed = sessions_.close(namespace_id, target_id);
+    if (!closed.is_ok()) return closed.status();
+    note_session_closed(namespace_id, target_id);
+    for (const BlockHash& hash : *closed) {
+      store_->drop_session_ref({layout, hash});
+      released.insert({layout, hash});
+    }
+  }
+  for (const BlockKey& key : released) {
+    auto info = store_->lookup(key);
+    if (!info) continue;
+    if (info->session_refs == 0) {
+      unshared.push_back(key);
+    } else {
+      ++kept;  // another session still holds it
+    }
+  }
+  evict_blocks(unshared);
+  for (const BlockKey& key : unshared) {
+    if (store_->lookup(key)) {
+      ++kept;  // a copy is reading it; it stays as prefix cache until the planner needs room
+    } else {
+      ++evicted;
+      bytes_freed += store_->block_bytes(key.layout);
+    }
+  }
+  KVTIER_LOG_INFO("evict (uid {}): {} sessions, {} blocks freed ({}), {} blocks kept",
+                  c->peer().uid, targets.size(), evicted, format_bytes(bytes_freed), kept);
+  reply(c, id, [&](wire::Response::Builder response) {
+    auto out = response.initEvict();
+    out.setSessions(static_cast<uint32_t>(targets.size()));
+    out.setBlocksEvicted(evicted);
+    out.setBytesFreed(bytes_freed);
+    out.setBlocksKept(kept);
+  });
+  return Status::ok();
+}
+
+Status Service::handle_pin(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
+                           wire::Pin::Reader request) {
+  const bool pin = request.getPinned();
+  KVTIER_RETURN_IF_ERROR(require_admin(engine, c->peer(), config_, pin ? "pin" : "unpin"));
+  auto session =
+      find_session_for_admin(request.getSessionId().cStr(), request.getNamespaceName().cStr());
+  if (!session.is_ok()) return session.status();
+  const std::pair<uint32_t, std::string> key{(*session)->namespace_id, (*session)->id};
+  uint32_t held = 0;
+  if (pin) {
+    admin_pins_[key];  // refresh_admin_pins() pins its blocks
+    refresh_admin_pins();
+    held = static_cast<uint32_t>(admin_pins_[key].size());
+  } else if (auto pins = admin_pins_.find(key); pins != admin_pins_.end()) {
+    for (const BlockKey& block : pins->second) store_->unpin(block);
+    admin_pins_.erase(pins);
+  }
+  KVTIER_LOG_INFO("{} (uid {}): session '{}' in {} ({} blocks held)", pin ? "pin" : "unpin",
+                  c->peer().uid, key.second, namespace_names_[key.first], held);
+  reply(c, id, [&](wire::Response::Builder response) { response.initPin().setPinnedBlocks(held); });
+  return Status::ok();
+}
+
+// Starts moving every unpinned block in RAM and HBM to NVMe, through the same moves the
+// planner and the SIGTERM drain use. Blocks in GPU memory go to RAM first (the NVMe
+// tier writes from host memory); a second drain, or the stop, takes them on.
+Status Service::handle_drain(const ConnectionPtr& c, EngineContext& engine, uint64_t id) {
+  KVTIER_RETURN_IF_ERROR(require_admin(engine, c->peer(), config_, "drain"));
+  if (nvme_ == nullptr) {
+    return invalid_argument(
+        "drain moves every RAM/HBM block to the NVMe tier, and no NVMe tier is configured "
+        "(nvme-bytes is 0); nothing was moved");
+  }
+  std::unordered_set<BlockKey, BlockKeyHasher> admin_pinned;
+  for (const auto& [session, blocks] : admin_pins_)
+    admin_pinned.insert(blocks.begin(), blocks.end());
+  std::vector<BlockKey> to_nvme;
+  std::vector<policy::Move> to_ram;
+  for (Tier tier : {Tier::kHbm, Tier::kRam}) {
+    const auto& memory = store_->memory(tier);
+    if (memory == nullptr) continue;
+    store_->for_each_in_tier(tier, [&](const BlockKey& key, const BlockInfo& info) {
+      if (info.state != BlockState::kReady || admin_pinned.count(key) != 0) return;
+      if (memory->host_data() != nullptr) {
+        to_nvme.push_back(key);
+      } else {
+        to_ram.push_back({policy::MoveKind::kDemote, key, tier, Tier::kRam});
+      }
+    });
+  }
+  apply_moves(to_ram);
+  demote_to_nvme(to_nvme);
+  uint64_t blocks = 0, bytes = 0;
+  auto count_moving = [&](const BlockKey& key) {
+    auto info = store_->lookup(key);
+    if (info && info->state == BlockState::kMoving) {
+      ++blocks;
+      bytes += store_->block_bytes(key.layout);
+    }
+  };
+  for (const BlockKey& key : to_nvme) count_moving(key);
+  for (const policy::Move& move : to_ram) count_moving(move.block);
+  KVTIER_LOG_INFO("drain (uid {}): {} blocks ({}) on their way to NVMe; {} pinned blocks stay",
+                  c->peer().uid, blocks, format_bytes(bytes), admin_pinned.size());
+  reply(c, id, [&](wire::Response::Builder response) {
+    auto out = response.initDrain();
+    out.setBlocksQueued(blocks);
+    out.setBytesQueued(bytes);
+  });
+  return Status::ok();
+}
+
+Status Service::handle_get_config(const ConnectionPtr& c, EngineContext& engine, uint64_t id) {
+  KVTIER_RETURN_IF_ERROR(require_admin(engine, c->peer(), config_, "config"));
+  const auto entries = describe(config_);
+  reply(c, id, [&](wire::Response::Builder response) {
+    auto list = response.initGetConfig().initEntries(static_cast<unsigned>(entries.size()));
+    for (size_t i = 0; i < entries.size(); ++i) {
+      list[i].setKey(entries[i].key);
+      list[i].setValue(entries[i].value);
+      list[i].setReloadable(entries[i].reloadable);
+    }
+  });
+  return Status::ok();
+}
+
+void Service::refresh_admin_pins() {
+  for (auto it = admin_pins_.begin(); it != admin_pins_.end();) {
+    auto& held = it->second;
+    const policy::Session* session = sessions_.find(it->first.first, it->first.second);
+    std::unordered_set<BlockKey, BlockKeyHasher> wanted;
+    if (session != nullptr) {
+      for (const BlockHash& hash : session->blocks) wanted.insert({session->layout, hash});
+    }
+    for (auto block = held.begin(); block != held.end();) {
+      if (wanted.count(*block) != 0) {
+        ++block;
+        continue;
+      }
+      store_->unpin(*block);
+      block = held.erase(block);
+    }
+    for (const BlockKey& block : wanted) {
+      // A block still being written is not visible yet; the next refresh pins it.
+      if (held.count(block) == 0 && store_->pin(block, now_ms())) held.insert(block);
+    }
+    it = session == nullptr ? admin_pins_.erase(it) : std::next(it);
+  }
+}
+
+uint64_t Service::admin_pinned_blocks() const {
+  std::unordered_set<BlockKey, BlockKeyHasher> distinct;
+  for (const auto& [session, blocks] : admin_pins_) distinct.insert(blocks.begin(), blocks.end());
+  return distinct.size();
+}
+
+uint64_t Service::copy_pinned_blocks() const {
+  if (store_ == nullptr) return 0;
+  std::unordered_map<BlockKey, uint32_t, BlockKeyHasher> admin_pins;
+  for (const auto& [session, blocks] : admin_pins_) {
+    for (const BlockKey& block : blocks) ++admin_pins[block];
+  }
+  uint64_t only_admin = 0;
+  for (const auto& [block, count] : admin_pins) {
+    auto info = store_->lookup(block);
+    if (info && info->pins <= count) ++only_admin;
+  }
+  return store_->pinned_blocks() - std::min(only_admin, store_->pinned_blocks());
+}
+
+void Service::apply_reloaded_config(const DaemonConfig& fresh) {
+  config_ = with_reloadable_settings(config_, fresh);
+  planner_.set_config(planner_config(config_));
+}
+
+std::string Service::status_line() const {
+  if (store_ == nullptr) return "starting";
+  std::string line;
+  for (const TierUsage& tier : store_->usage()) {
+    const double percent = tier.capacity_bytes
+                               ? 100.0 * static_cast<double>(tier.used_bytes) / tier.capacity_bytes
+                               : 0.0;
+    line += fmt::format("{} {:.0f}% of {}, ", tier_name(tier.tier), percent,
+                        format_bytes(tier.capacity_bytes));
+  }
+  return line + fmt::format("{} sessions ({} active), {} connections, {} pinned", sessions_.size(),
+                            sessions_.count(policy::SessionState::kActive),
+                            connection_count_ ? connection_count_() : 0, admin_pins_.size());
+}
+
+}  // namespace kvtier::daemon

@@ -1,0 +1,381 @@
+// The NVMe tier's place in the daemon: opening it, recovering the index and the
+// session table at start-up, keeping session records current, releasing slots, and
+// draining RAM/HBM to NVMe on SIGTERM.
+#include "daemon/persistence.h"
+
+#include <malloc.h>
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <set>
+
+#include "common/log.h"
+#include "common/units.h"
+#include "daemon/service.h"
+
+namespace kvtier::daemon {
+
+uint64_t wall_now_ms() {
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                   std::chrono::system_clock::now().time_since_epoch())
+                                   .count());
+}
+
+uint64_t steady_to_wall_ms(uint64_t steady_ms, uint64_t steady_now_ms, uint64_t wall_now) {
+  const uint64_t age = steady_now_ms > steady_ms ? steady_now_ms - steady_ms : 0;
+  return wall_now > age ? wall_now - age : 0;
+}
+
+uint64_t wall_to_steady_ms(uint64_t wall_ms, uint64_t steady_now_ms, uint64_t wall_now) {
+  const uint64_t age = wall_now > wall_ms ? wall_now - wall_ms : 0;
+  return steady_now_ms > age ? steady_now_ms - age : 0;
+}
+
+namespace {
+
+NvmeSessionRecord to_record(const policy::Session& session, const std::string& namespace_name,
+                            uint64_t steady_now, uint64_t wall_now) {
+  NvmeSessionRecord record;
+  record.namespace_name = namespace_name;
+  record.session_id = session.id;
+  record.layout_digest = session.layout.layout_digest;
+  record.created_wall_ms = steady_to_wall_ms(session.created_ms, steady_now, wall_now);
+  record.last_active_wall_ms = steady_to_wall_ms(session.last_active_ms, steady_now, wall_now);
+  record.turns = session.turns;
+  record.state = static_cast<uint8_t>(session.state);
+  record.priority = session.priority;
+  record.returns = session.returns;
+  record.sum_log_gap = session.sum_log_gap;
+  record.blocks = session.blocks;
+  return record;
+}
+
+}  // namespace
+
+uint32_t Service::intern_namespace(const std::string& name) {
+  auto [it, inserted] =
+      namespace_ids_.emplace(name, static_cast<uint32_t>(namespace_names_.size()));
+  if (inserted) namespace_names_.push_back(name);
+  return it->second;
+}
+
+NvmeBlockKey Service::nvme_key(const BlockKey& key) const {
+  return NvmeBlockKey{namespace_names_[key.layout.namespace_id], key.layout.layout_digest,
+                      key.hash};
+}
+
+Status Service::open_nvme(std::vector<BlockStore::TierMemory>& tiers) {
+  if (config_.nvme_bytes == 0) return Status::ok();
+  for (const auto& [uid, name] : config_.shared_namespaces) {
+    if (name.empty() || name.size() > 255) {
+      return invalid_argument("shared-namespace '{}': an NVMe tier stores names of 1..255 bytes",
+                              name);
+    }
+  }
+  NvmeTierOptions options;
+  options.dir = config_.data_dir + "/nvme";
+  options.capacity_bytes = config_.nvme_bytes;
+  options.slab_bytes = config_.slab_bytes;
+  options.queue_depth = config_.nvme_queue_depth;
+  // Registered with io_uring, so the drive reads and writes the pool directly.
+  for (const BlockStore::TierMemory& tier : tiers) {
+    if (tier.memory != nullptr && tier.memory->host_data() != nullptr) {
+      options.io_buffers.emplace_back(tier.memory->host_data(), tier.memory->size_bytes());
+    }
+  }
+  for (const std::string& spec : config_.fault_nvme) {
+    auto fault = parse_slab_io_fault(spec);
+    if (!fault.is_ok()) return invalid_argument("fault-nvme: {}", fault.status().message());
+    options.faults.push_back(*fault);
+  }
+  auto state = std::make_unique<NvmeState>();
+  state->recovery = std::make_unique<NvmeRecovery>();
+  auto tier = NvmeTier::open(options, state->recovery.get());
+  if (!tier.is_ok()) {
+    return Status(tier.status().code(),
+                  fmt::format("NVMe tier in {}: {}", options.dir, tier.status().message()));
+  }
+  state->tier = std::move(*tier);
+  tiers.push_back({Tier::kNvme, nullptr, state->tier->slab_bytes(), config_.nvme_bytes,
+                   /*confirm_release=*/true});
+  nvme_ = std::move(state);
+  return Status::ok();
+}
+
+Status Service::recover_nvme() {
+  if (!nvme_ || !nvme_->recovery) return Status::ok();
+  const auto started = std::chrono::steady_clock::now();
+  NvmeRecovery recovery = std::move(*nvme_->recovery);
+  nvme_->recovery.reset();
+  const uint64_t steady_now = now_ms();
+  const uint64_t wall_now = wall_now_ms();
+
+  for (const NvmeLayoutRecord& layout : recovery.layouts) {
+    const LayoutKey key{intern_namespace(layout.namespace_name), layout.layout_digest};
+    Status registered = store_->register_layout(key, layout.block_bytes);
+    if (!registered.is_ok()) KVTIER_LOG_WARN("NVMe layout record: {}", registered.message());
+  }
+  // Ascending offsets make rebuilding the slot allocator linear (sorting small
+  // (offset, index) pairs rather than the records themselves).
+  std::vector<std::pair<uint64_t, uint32_t>> order;
+  order.reserve(recovery.blocks.size());
+  for (size_t i = 0; i < recovery.blocks.size(); ++i) {
+    order.emplace_back(recovery.blocks[i].record.offset, static_cast<uint32_t>(i));
+  }
+  std::sort(order.begin(), order.end());
+  std::map<std::pair<std::string, uint64_t>, size_t> per_layout;  // blocks, to size the index
+  for (const NvmeRecovery::Block& block : recovery.blocks) {
+    ++per_layout[{block.key.namespace_name, block.key.layout_digest}];
+  }
+  std::set<std::pair<uint32_t, uint64_t>> reserved;
+  std::vector<std::pair<NvmeBlockKey, uint64_t>> unusable;
+  std::string first_problem;
+  uint64_t recovered_bytes = 0;
+  LayoutKey layout;  // of the previous block: usually all blocks share a few layouts
+  std::string layout_namespace;
+  for (const auto& [offset, index] : order) {
+    NvmeRecovery::Block& block = recovery.blocks[index];
+    if (block.key.namespace_name != layout_namespace ||
+        block.key.layout_digest != layout.layout_digest) {
+      layout_namespace = block.key.namespace_name;
+      layout = {intern_namespace(layout_namespace), block.key.layout_digest};
+      if (store_->block_bytes(layout) == 0) {
+        (void)store_->register_layout(layout, block.record.bytes);
+      }
+      if (reserved.insert({layout.namespace_id, layout.layout_digest}).second) {
+        store_->reserve_blocks(layout, per_layout[{layout_namespace, layout.layout_digest}]);
+      }
+    }
+    Status inserted =
+        store_->block_bytes(layout) != block.record.bytes
+            ? invalid_argument("{} bytes, but its layout has {}-byte blocks", block.record.bytes,
+                               store_->block_bytes(layout))
+            : store_->insert_recovered(
+                  {layout, block.key.hash}, {Tier::kNvme, block.record.offset},
+                  wall_to_steady_ms(block.record.last_access_wall_ms, steady_now, wall_now));
+    if (inserted.is_ok()) {
+      recovered_bytes += block.record.bytes;
+      continue;
+    }
+    // E.g. a smaller --nvme-bytes than the tier was filled with: the entry goes, so no
+    // later write can be mistaken for its bytes.
+    if (first_problem.empty()) {
+      first_problem = fmt::format("block {}: {}", block.key.hash.to_hex(), inserted.message());
+    }
+    unusable.emplace_back(std::move(block.key), block.record.offset);
+  }
+  if (!unusable.empty()) {
+    KVTIER_LOG_WARN(
+        "NVMe tier: dropping {} index entries this configuration cannot use (first: {})",
+        unusable.size(), first_problem);
+    ++nvme_->release_jobs;
+    nvme_->tier->release_blocks(std::move(unusable),
+                                on_control_thread<Status>(io_, [this](Status status) {
+                                  --nvme_->release_jobs;
+                                  if (!status.is_ok()) {
+                                    KVTIER_LOG_WARN("NVMe tier: {}", status.to_string());
+                                  }
+                                }));
+  }
+
+  size_t cut_sessions = 0;
+  for (const NvmeSessionRecord& record : recovery.sessions) {
+    const uint32_t namespace_id = intern_namespace(record.namespace_name);
+    const LayoutKey layout{namespace_id, record.layout_digest};
+    auto session = sessions_.get_or_create(namespace_id, record.session_id, layout);
+    if (!session.is_ok()) continue;
+    // A session is a prefix: it ends at its first block that did not survive (blocks
+    // only in RAM or HBM at a crash are gone; the engine recomputes from there).
+    std::vector<BlockHash> present;
+    for (const BlockHash& hash : record.blocks) {
+      if (!store_->lookup({layout, hash})) break;
+      present.push_back(hash);
+    }
+    policy::Session& restored = **session;
+    for (const BlockHash& hash : sessions_.record_save(restored, present, false)) {
+      store_->add_session_ref({layout, hash});
+    }
+    restored.created_ms = wall_to_steady_ms(record.created_wall_ms, steady_now, wall_now);
+    restored.last_active_ms = wall_to_steady_ms(record.last_active_wall_ms, steady_now, wall_now);
+    restored.turns = record.turns;
+    restored.state =
+        record.state == 0 ? policy::SessionState::kActive : policy::SessionState::kIdle;
+    restored.priority = record.priority;
+    restored.returns = record.returns;
+    restored.sum_log_gap = record.sum_log_gap;
+    if (present.size() < record.blocks.size()) {
+      ++cut_sessions;
+      note_session_changed(restored);
+    }
+  }
+  // The recovery's temporaries (a record per block) are gone; hand their pages back so
+  // the daemon's footprint is what it keeps, not what it once read.
+  const size_t session_count = recovery.sessions.size();
+  recovery = NvmeRecovery();
+  (void)::malloc_trim(0);
+  const auto elapsed = std::chrono::steady_clock::now() - started;
+  KVTIER_LOG_INFO(
+      "NVMe tier {}/nvme ({}, {}): recovered {} blocks ({}) and {} sessions ({} cut short) in "
+      "{} ms",
+      config_.data_dir, format_bytes(config_.nvme_bytes), nvme_->tier->describe(),
+      store_->usage(Tier::kNvme).blocks, format_bytes(recovered_bytes), session_count, cut_sessions,
+      std::chrono::duration_cast<std::chrono::milliseconds>(elapsed).count());
+  return Status::ok();
+}
+
+void Service::note_session_changed(const policy::Session& session) {
+  if (nvme_) nvme_->dirty_sessions.insert({session.namespace_id, session.id});
+}
+
+void Service::note_session_closed(uint32_t namespace_id, const std::string& session_id) {
+  if (!nvme_) return;
+  nvme_->dirty_sessions.erase({namespace_id, session_id});
+  nvme_->closed_sessions.emplace_back(namespace_names_[namespace_id], session_id);
+}
+
+void Service::flush_sessions(bool sync) {
+  if (!nvme_ || (nvme_->dirty_sessions.empty() && nvme_->closed_sessions.empty())) return;
+  const uint64_t steady_now = now_ms();
+  const uint64_t wall_now = wall_now_ms();
+  std::vector<NvmeSessionRecord> puts;
+  for (const policy::SessionKey& key : nvme_->dirty_sessions) {
+    if (const policy::Session* session = sessions_.find(key.namespace_id, key.id)) {
+      puts.push_back(to_record(*session, namespace_names_[key.namespace_id], steady_now, wall_now));
+    }
+  }
+  nvme_->dirty_sessions.clear();
+  ++nvme_->session_jobs;
+  nvme_->tier->write_sessions(std::move(puts), std::exchange(nvme_->closed_sessions, {}), sync,
+                              on_control_thread<Status>(io_, [this](Status status) {
+                                --nvme_->session_jobs;
+                                if (!status.is_ok()) {
+                                  KVTIER_LOG_WARN("NVMe tier: session records: {}",
+                                                  status.to_string());
+                                }
+                                check_drain();
+                              }));
+}
+
+void Service::release_nvme_slots() {
+  if (!nvme_) return;
+  std::vector<BlockStore::PendingRelease> pending = store_->take_pending_releases();
+  pending.insert(pending.end(), nvme_->failed_releases.begin(), nvme_->failed_releases.end());
+  nvme_->failed_releases.clear();
+  if (pending.empty()) return;
+  std::vector<std::pair<NvmeBlockKey, uint64_t>> slots;
+  slots.reserve(pending.size());
+  for (const BlockStore::PendingRelease& release : pending) {
+    slots.emplace_back(nvme_key(release.key), release.location.offset);
+  }
+  ++nvme_->release_jobs;
+  nvme_->tier->release_blocks(
+      std::move(slots), on_control_thread<Status>(io_, [this, pending](Status status) {
+        --nvme_->release_jobs;
+        if (status.is_ok()) {
+          for (const BlockStore::PendingRelease& release : pending) {
+            store_->confirm_release(release.location, release.bytes);
+          }
+        } else {
+          // The slots stay reserved: reusing one while an entry may still name it could
+          // pair that entry with another block's bytes. Retried with the next releases.
+          KVTIER_LOG_WARN("NVMe tier: deleting {} index entries failed, retrying later: {}",
+                          pending.size(), status.to_string());
+          nvme_->failed_releases.insert(nvme_->failed_releases.end(), pending.begin(),
+                                        pending.end());
+        }
+        check_drain();
+      }));
+}
+
+void Service::stop(std::function<void()> stopped) {
+  if (nvme_ && nvme_->draining()) {
+    // A second stop: the operator does not want to wait. Whatever was not written
+    // is lost like after a crash, which the on-disk order makes harmless.
+    KVTIER_LOG_WARN("stop requested again: exiting without finishing the drain to NVMe");
+    nvme_->drain_phase = NvmeState::DrainPhase::kDone;
+    if (nvme_->drain_deadline) nvme_->drain_deadline->cancel();
+    io_.stop();
+    if (stopped) stopped();
+    return;
+  }
+  stopping_ = true;
+  plan_timer_.cancel();
+  if (!nvme_ || nvme_->drain_phase == NvmeState::DrainPhase::kDone) {
+    if (stopped) stopped();
+    return;
+  }
+  start_drain(std::move(stopped));
+}
+
+void Service::start_drain(std::function<void()> stopped) {
+  nvme_->drain_phase = NvmeState::DrainPhase::kMoving;
+  nvme_->drained = std::move(stopped);
+  nvme_->drain_started_ms = now_ms();
+  nvme_->drained_bytes_before = counters_.bytes_demoted;
+  nvme_->drain_deadline = std::make_unique<asio::steady_timer>(io_);
+  nvme_->drain_deadline->expires_after(std::chrono::milliseconds(config_.drain_timeout_ms));
+  nvme_->drain_deadline->async_wait([this](const boost::system::error_code& ec) {
+    if (ec || !nvme_->draining()) return;
+    KVTIER_LOG_WARN("drain to NVMe did not finish within {}; exiting with the rest unwritten",
+                    format_duration_ms(config_.drain_timeout_ms));
+    nvme_->drain_phase = NvmeState::DrainPhase::kDone;
+    io_.stop();
+    if (auto drained = std::exchange(nvme_->drained, nullptr)) drained();
+  });
+  KVTIER_LOG_INFO("draining the RAM/HBM blocks of {} sessions to NVMe (at most {})",
+                  sessions_.size(), format_duration_ms(config_.drain_timeout_ms));
+  check_drain();
+}
+
+void Service::check_drain() {
+  if (!nvme_ || !nvme_->draining()) return;
+  if (nvme_->jobs_in_flight() || counters_.copies_in_flight > 0) return;
+  if (nvme_->drain_phase == NvmeState::DrainPhase::kMoving) {
+    // Everything a live session holds and NVMe does not have yet. Blocks in memory the
+    // CPU cannot address (GPU HBM) go to RAM first, then on to NVMe next round.
+    std::vector<BlockKey> to_nvme;
+    std::vector<policy::Move> to_ram;
+    std::unordered_set<BlockKey, BlockKeyHasher> seen;
+    sessions_.for_each([&](const policy::Session& session) {
+      for (const BlockHash& hash : session.blocks) {
+        const BlockKey key{session.layout, hash};
+        auto info = store_->lookup(key);
+        if (!info || info->location.tier == Tier::kNvme || info->state != BlockState::kReady ||
+            nvme_->drain_failed.contains(key) || !seen.insert(key).second) {
+          continue;
+        }
+        const auto& memory = store_->memory(info->location.tier);
+        if (memory != nullptr && memory->host_data() != nullptr) {
+          to_nvme.push_back(key);
+        } else if (store_->has_room(Tier::kRam, store_->block_bytes(key.layout))) {
+          to_ram.push_back({policy::MoveKind::kDemote, key, info->location.tier, Tier::kRam});
+        }
+      }
+    });
+    if (!to_ram.empty()) apply_moves(to_ram);
+    demote_to_nvme(to_nvme);
+    if (nvme_->jobs_in_flight() || counters_.copies_in_flight > 0) return;
+    // Nothing more can move: write the session table, synced, and finish.
+    nvme_->drain_phase = NvmeState::DrainPhase::kFlushing;
+    for (const policy::Session* session : sessions_.by_last_active())
+      note_session_changed(*session);
+    flush_sessions(/*sync=*/true);
+    if (nvme_->jobs_in_flight()) return;
+  }
+  size_t left = 0;
+  sessions_.for_each([&](const policy::Session& session) {
+    for (const BlockHash& hash : session.blocks) {
+      auto info = store_->lookup({session.layout, hash});
+      if (info && info->location.tier != Tier::kNvme) ++left;
+    }
+  });
+  KVTIER_LOG_INFO("drain to NVMe done in {}: {} written; {} session blocks could not be",
+                  format_duration_ms(now_ms() - nvme_->drain_started_ms),
+                  format_bytes(counters_.bytes_demoted - nvme_->drained_bytes_before), left);
+  nvme_->drain_phase = NvmeState::DrainPhase::kDone;
+  if (nvme_->drain_deadline) nvme_->drain_deadline->cancel();
+  if (auto drained = std::exchange(nvme_->drained, nullptr)) drained();
+}
+
+}  // namespace kvtier::daemon

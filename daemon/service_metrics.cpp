@@ -1,0 +1,139 @@
+// What the Service measures per request, and its /metrics page.
+//
+// A request is timed from its frame's arrival (record_request) to its reply
+// (record_reply, called from reply() for every answer, error or not). Lookup hits by
+// tier come from the Lookup reply itself; a Load's from the tiers its leading blocks
+// were in when it arrived, counted for the blocks the reply says were loaded.
+#include <kj/exception.h>
+
+#include <algorithm>
+
+#include "common/units.h"
+#include "daemon/service.h"
+
+#ifndef KVTIER_VERSION
+#define KVTIER_VERSION "unknown"
+#endif
+
+namespace kvtier::daemon {
+namespace {
+
+size_t kind_of(wire::Request::Which which) {
+  const auto kind = static_cast<size_t>(which);
+  return kind < RequestMetrics::kMaxKinds ? kind : RequestMetrics::kUnknownKind;
+}
+
+}  // namespace
+
+void Service::record_request(EngineContext& engine, uint64_t id, wire::Request::Reader request) {
+  auto& pending = engine.pending_requests[id];
+  pending.kind = kind_of(request.which());
+  pending.started = std::chrono::steady_clock::now();
+  pending.load_hit_tiers.clear();
+  if (request.which() != wire::Request::LOAD || !engine.hello_done || store_ == nullptr) return;
+  try {
+    for (auto block : request.getLoad().getBlocks()) {
+      auto hash = block.getHash();
+      if (hash.size() == 0 || hash.size() > BlockHash::kMaxBytes) break;
+      auto info = store_->lookup(
+          {engine.layout_key, BlockHash(std::span<const uint8_t>(hash.begin(), hash.size()))});
+      if (!info) break;
+      pending.load_hit_tiers.push_back(info->location.tier);
+    }
+  } catch (const kj::Exception&) {
+    // A malformed list: dispatch() reports it; there is nothing to count.
+    pending.load_hit_tiers.clear();
+  }
+}
+
+void Service::record_reply(const ConnectionPtr& c, uint64_t id, wire::Response::Reader response) {
+  const StatusCode code =
+      response.isError()
+          ? static_cast<StatusCode>(static_cast<uint16_t>(response.getError().getCode()))
+          : StatusCode::kOk;
+  auto engine = std::static_pointer_cast<EngineContext>(c->user_state);
+  if (engine == nullptr) return;  // the connection closed; nobody waits for this reply
+  auto pending = engine->pending_requests.find(id);
+  if (pending == engine->pending_requests.end()) {
+    request_metrics_.observe(RequestMetrics::kUnknownKind, std::chrono::nanoseconds(0), code);
+    return;
+  }
+  request_metrics_.observe(pending->second.kind,
+                           std::chrono::steady_clock::now() - pending->second.started, code);
+  if (response.isLookup()) {
+    for (auto tier : response.getLookup().getTiers())
+      request_metrics_.count_hit(static_cast<Tier>(tier));
+  } else if (response.isLoad()) {
+    const auto& tiers = pending->second.load_hit_tiers;
+    const size_t loaded = std::min<size_t>(response.getLoad().getLoadedCount(), tiers.size());
+    for (size_t i = 0; i < loaded; ++i) request_metrics_.count_hit(tiers[i]);
+  }
+  if (!admin_pins_.empty() && (response.isSave() || response.isCloseSession())) {
+    // A pinned session may have new blocks (pin them) or be gone (unpin).
+    refresh_admin_pins();
+  }
+  engine->pending_requests.erase(pending);
+}
+
+std::string Service::render_metrics() const {
+  PrometheusText out;
+  out.family("kvtier_build_info", "gauge", "Always 1; the labels say what is running.");
+  out.sample("kvtier_build_info",
+             fmt::format("version=\"{}\",device=\"{}\"", KVTIER_VERSION, device_->name()),
+             uint64_t{1});
+  out.family("kvtier_uptime_seconds", "gauge", "Seconds since the daemon started.");
+  out.sample("kvtier_uptime_seconds", "", static_cast<double>(now_ms() - started_ms_) / 1000.0);
+
+  const auto tiers = store_ ? store_->usage() : std::vector<TierUsage>{};
+  auto per_tier = [&](std::string_view name, std::string_view help, auto field) {
+    out.family(name, "gauge", help);
+    for (const TierUsage& tier : tiers) {
+      out.sample(name, fmt::format("tier=\"{}\"", tier_name(tier.tier)), field(tier));
+    }
+  };
+  per_tier("kvtier_tier_capacity_bytes", "Configured capacity of each tier.",
+           [](const TierUsage& t) { return t.capacity_bytes; });
+  per_tier("kvtier_tier_used_bytes", "Bytes in allocated slots, per tier.",
+           [](const TierUsage& t) { return t.used_bytes; });
+  per_tier("kvtier_tier_blocks", "Blocks resident, per tier.",
+           [](const TierUsage& t) { return t.blocks; });
+
+  out.family("kvtier_sessions", "gauge", "Open sessions by state.");
+  out.sample("kvtier_sessions", "state=\"active\"",
+             static_cast<uint64_t>(sessions_.count(policy::SessionState::kActive)));
+  out.sample("kvtier_sessions", "state=\"idle\"",
+             static_cast<uint64_t>(sessions_.count(policy::SessionState::kIdle)));
+  out.family("kvtier_pinned_sessions", "gauge", "Sessions an admin pinned (kvtierctl pin).");
+  out.sample("kvtier_pinned_sessions", "", static_cast<uint64_t>(admin_pins_.size()));
+  out.family("kvtier_connections", "gauge", "Connected clients (engines and kvtierctl).");
+  out.sample("kvtier_connections", "",
+             static_cast<uint64_t>(connection_count_ ? connection_count_() : 0));
+
+  out.family("kvtier_lookup_hits_total", "counter", "Blocks found by Lookup and Load.");
+  out.sample("kvtier_lookup_hits_total", "", counters_.lookup_hits);
+  out.family("kvtier_lookup_misses_total", "counter", "Blocks asked for and not held.");
+  out.sample("kvtier_lookup_misses_total", "", counters_.lookup_misses);
+  out.family("kvtier_moved_bytes_total", "counter",
+             "Bytes moved: save (engine to daemon), load (daemon to engine), demote (down a "
+             "tier, a policy move), promote (up a tier, a policy move).");
+  out.sample("kvtier_moved_bytes_total", "direction=\"save\"", counters_.bytes_saved);
+  out.sample("kvtier_moved_bytes_total", "direction=\"load\"", counters_.bytes_loaded);
+  out.sample("kvtier_moved_bytes_total", "direction=\"demote\"", counters_.bytes_demoted);
+  out.sample("kvtier_moved_bytes_total", "direction=\"promote\"", counters_.bytes_promoted);
+  out.family("kvtier_blocks_evicted_total", "counter",
+             "Blocks dropped to make room or by kvtierctl evict (a policy move).");
+  out.sample("kvtier_blocks_evicted_total", "", counters_.blocks_evicted);
+  out.family("kvtier_data_loss_blocks_total", "counter",
+             "Blocks dropped because their bytes were corrupt or lost.");
+  out.sample("kvtier_data_loss_blocks_total", "", counters_.data_loss_blocks);
+  out.family("kvtier_copies_in_flight", "gauge", "Device copy batches not yet complete.");
+  out.sample("kvtier_copies_in_flight", "", counters_.copies_in_flight);
+  out.family("kvtier_pinned_blocks", "gauge",
+             "Blocks pinned, by reason: copy (a copy is reading them) or admin (kvtierctl pin).");
+  out.sample("kvtier_pinned_blocks", "reason=\"copy\"", copy_pinned_blocks());
+  out.sample("kvtier_pinned_blocks", "reason=\"admin\"", admin_pinned_blocks());
+  request_metrics_.render(out);
+  return out.text();
+}
+
+}  // namespace kvtier::daemon

@@ -1,0 +1,55 @@
+// kvtierd's side of the systemd protocols, over libsystemd: readiness and status
+// notification (sd_notify), the watchdog, and socket activation (sd_listen_fds).
+// Outside systemd (no NOTIFY_SOCKET, no LISTEN_FDS, no WATCHDOG_USEC) every call is a
+// no-op and the daemon runs the same.
+//
+// Thread-safety: ServiceNotifier belongs to the control thread: its timer runs there,
+// so a wedged control loop stops the WATCHDOG=1 pings and systemd restarts the daemon.
+#pragma once
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/steady_timer.hpp>
+
+#include <chrono>
+#include <functional>
+#include <string>
+#include <string_view>
+
+#include "common/status.h"
+#include "common/unique_fd.h"
+
+namespace kvtier::daemon {
+
+// The listening Unix stream socket systemd passed (socket activation), or an invalid
+// fd when none was passed. InvalidArgument when systemd passed something else.
+Result<UniqueFd> take_activation_socket();
+
+class ServiceNotifier {
+ public:
+  // `status_line` is called on the control thread for each STATUS= update.
+  ServiceNotifier(boost::asio::io_context& io, std::function<std::string()> status_line);
+
+  // READY=1 with a first STATUS=, then starts the watchdog/status timer.
+  void ready();
+  // RELOADING=1 … READY=1 around a SIGHUP reload.
+  void reloading();
+  void reloaded();
+  // STOPPING=1; stops the timer (the watchdog stays quiet from here: TimeoutStopSec rules).
+  void stopping();
+
+  // The interval systemd expects WATCHDOG=1 within (0 when the watchdog is off).
+  std::chrono::microseconds watchdog_interval() const { return watchdog_; }
+
+ private:
+  void tick();
+  static void notify(const std::string& message);
+
+  boost::asio::steady_timer timer_;
+  std::function<std::string()> status_line_;
+  std::chrono::microseconds watchdog_{0};
+  std::chrono::milliseconds period_;
+  std::chrono::steady_clock::time_point next_status_;
+  bool stopped_ = false;
+};
+
+}  // namespace kvtier::daemon

@@ -1,0 +1,174 @@
+// kPredictive: value order under pressure, shared prefixes, drop instead of demote,
+// idle thresholds that spare imminent returns, and predictive prefetch — with a
+// population taught to the GapModel on a ManualClock first.
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "policy/clock.h"
+#include "policy/planner.h"
+#include "policy/session_table.h"
+#include "tests/policy/fake_placement_view.h"
+
+namespace kvtier::policy {
+namespace {
+
+using fake::describe;
+using fake::FakePlacementView;
+using fake::hashes_of;
+using fake::kLayout;
+using Strings = std::vector<std::string>;
+
+constexpr uint64_t kGapMs = 45'000;  // how long the taught regulars take to come back
+
+class PlannerPredictiveTest : public ::testing::Test {
+ protected:
+  PlannerPredictiveTest() {
+    config_.mode = PolicyMode::kPredictive;
+    planner_.set_config(config_);
+    view_.set_capacity(Tier::kHbm, 1'000);  // high 900, low 750
+    view_.set_capacity(Tier::kRam, 10'000);
+    // 40 conversations that always come back after 45 s; 120 that never do. So a first
+    // idle period ends in a return a quarter of the time, later ones always.
+    start_ = fake::teach_population(clock_, table_, 40, 4, kGapMs, 120, 3'600'000, 0);
+  }
+
+  // A session whose turn ended at start_ + at_ms, that has come back `returns` times
+  // before (at the taught pace).
+  Session& idle(const std::string& id, std::initializer_list<uint8_t> blocks, uint32_t returns,
+                uint64_t at_ms) {
+    clock_.set_ms(start_ + at_ms);
+    Session& s = *table_.get_or_create(kLayout.namespace_id, id, kLayout).value();
+    (void)table_.record_save(s, hashes_of(blocks), true);
+    s.returns = returns;
+    s.sum_log_gap = returns * std::log(kGapMs + 1.0);
+    return s;
+  }
+  void put(Tier tier, std::initializer_list<uint8_t> ns) {
+    for (uint8_t n : ns) view_.put(n, tier);
+  }
+  void at(uint64_t ms) { clock_.set_ms(start_ + ms); }
+  Strings plan() { return describe(planner_.plan_demotions(table_, view_)); }
+  void reconfigure() { planner_.set_config(config_); }
+
+  ManualClock clock_{0};
+  SessionTable table_{clock_};
+  FakePlacementView view_;
+  PlannerConfig config_{};
+  Planner planner_{config_, clock_};
+  uint64_t start_ = 0;
+};
+
+TEST_F(PlannerPredictiveTest, PressureTakesTheUnlikelyReturnFirstNotTheOldest) {
+  idle("regular", {1, 2, 3, 4, 5}, 3, 0);          // older, but comes back
+  idle("first-turn", {6, 7, 8, 9, 10}, 0, 1'000);  // newer, a quarter come back
+  put(Tier::kHbm, {1, 2, 3, 4, 5, 6, 7, 8, 9, 10});
+  at(2'000);
+  EXPECT_EQ(plan(), (Strings{"D 10 hbm->ram", "D 9 hbm->ram", "D 8 hbm->ram"}));
+
+  // The session-aware policy would take the least recently active session's tail.
+  config_.mode = PolicyMode::kSessionAware;
+  reconfigure();
+  EXPECT_EQ(plan(), (Strings{"D 5 hbm->ram", "D 4 hbm->ram", "D 3 hbm->ram"}));
+}
+
+TEST_F(PlannerPredictiveTest, EqualWorthGoesLeastRecentlyUsedFirstTailFirst) {
+  idle("a", {1, 2, 3, 4, 5}, 0, 0);
+  idle("b", {6, 7, 8, 9, 10}, 0, 0);  // alike: same history, same idle time
+  for (uint8_t n = 1; n <= 10; ++n) {
+    view_.put(n, Tier::kHbm, {.last_access_ms = n <= 5 ? 200u : 100u});
+  }
+  at(500);
+  // Whole sessions go before any other session's tail is cut.
+  EXPECT_EQ(plan(), (Strings{"D 10 hbm->ram", "D 9 hbm->ram", "D 8 hbm->ram"}));
+}
+
+TEST_F(PlannerPredictiveTest, ASharedPrefixIsWorthMoreThanEitherTail) {
+  config_.hbm_low_watermark = 0.25;
+  reconfigure();
+  view_.set_capacity(Tier::kHbm, 400);  // high 360, low 100
+  idle("a", {1, 2}, 0, 0);
+  idle("b", {1, 3}, 0, 0);
+  idle("c", {4}, 0, 0);
+  put(Tier::kHbm, {1, 2, 3, 4});
+  at(1'000);
+  const Strings moves = plan();
+  ASSERT_EQ(moves.size(), 3u);
+  EXPECT_EQ(std::count(moves.begin(), moves.end(), "D 1 hbm->ram"), 0);
+}
+
+TEST_F(PlannerPredictiveTest, DropsInsteadOfDemotingWhenRecomputeIsFaster) {
+  config_.cost.read_bytes_per_s = {1e12, 1e9, 1.0};  // NVMe: 100 s for a 100-byte block
+  config_.cost.tokens_per_block = 16;                // 2 ms of prefill at 8k tokens/s
+  reconfigure();
+  view_.set_capacity(Tier::kRam, 1'000);
+  view_.set_capacity(Tier::kNvme, 10'000);
+  idle("s", {1, 2, 3, 4, 5, 6, 7, 8, 9, 10}, 0, 0);
+  put(Tier::kRam, {1, 2, 3, 4, 5, 6, 7, 8, 9, 10});
+  at(1'000);
+  const std::vector<Move> moves = planner_.plan_demotions(table_, view_);
+  EXPECT_EQ(describe(moves), (Strings{"E 10 ram->none", "E 9 ram->none", "E 8 ram->none"}));
+  for (const Move& move : moves) EXPECT_EQ(move.reason, MoveReason::kRecomputeCheaper);
+
+  // With the default (fast) NVMe the same blocks are demoted.
+  config_.cost = CostConfig{};
+  reconfigure();
+  EXPECT_EQ(plan(), (Strings{"D 10 ram->nvme", "D 9 ram->nvme", "D 8 ram->nvme"}));
+}
+
+TEST_F(PlannerPredictiveTest, IdleThresholdSparesSessionsAboutToReturn) {
+  idle("regular", {1, 2}, 3, 0);
+  idle("first-turn", {3, 4}, 0, 0);
+  put(Tier::kHbm, {1, 2, 3, 4});
+  at(31'000);  // both past hbm_idle_ms; the regular usually answers at 45 s
+  EXPECT_EQ(plan(), (Strings{"D 4 hbm->ram", "D 3 hbm->ram"}));
+  at(200'000);  // long past its rhythm: now it goes too
+  EXPECT_EQ(plan(), (Strings{"D 4 hbm->ram", "D 3 hbm->ram", "D 2 hbm->ram", "D 1 hbm->ram"}));
+}
+
+TEST_F(PlannerPredictiveTest, PrefetchesImminentReturnsIntoHeadroom) {
+  view_.set_capacity(Tier::kNvme, 10'000);
+  idle("regular", {1, 2, 3}, 3, 0);
+  idle("first-turn", {4, 5}, 0, 0);
+  put(Tier::kRam, {1, 2});
+  put(Tier::kNvme, {3});
+  put(Tier::kRam, {4, 5});
+  at(20'000);  // the regular is due around 45 s
+  const std::vector<Move> moves = planner_.plan_demotions(table_, view_);
+  EXPECT_EQ(describe(moves), (Strings{"P 3 nvme->ram", "P 1 ram->hbm", "P 2 ram->hbm"}));
+  for (const Move& move : moves) EXPECT_EQ(move.reason, MoveReason::kPredictedReturn);
+
+  // Only into headroom: HBM at its low watermark takes nothing.
+  view_.set_used(Tier::kHbm, 750);
+  EXPECT_EQ(plan(), (Strings{"P 3 nvme->ram"}));
+}
+
+TEST_F(PlannerPredictiveTest, PrefetchStaysWithinItsShareOfTheLink) {
+  config_.cost.read_bytes_per_s = {1e12, 2'000, 5e9};  // RAM → HBM: 2000 B/s
+  config_.plan_interval_ms = 100;                      // 200 B per plan, half for prefetch
+  reconfigure();
+  idle("regular", {1, 2, 3}, 3, 0);
+  put(Tier::kRam, {1, 2, 3});
+  at(20'000);
+  EXPECT_EQ(plan(), (Strings{"P 1 ram->hbm"}));
+}
+
+TEST_F(PlannerPredictiveTest, MakeRoomEvictsWhatIsLeastLikelyToBeReadAgain) {
+  view_.set_capacity(Tier::kRam, 500);
+  idle("regular", {1, 2}, 3, 0);
+  idle("first-turn", {3, 4}, 0, 5'000);
+  Session& busy = idle("busy", {5}, 3, 0);
+  table_.record_activity(busy);
+  put(Tier::kRam, {1, 2, 3, 4, 5});
+  at(6'000);
+  EXPECT_EQ(describe(planner_.make_room(Tier::kRam, 200, table_, view_)),
+            (Strings{"E 4 ram->none", "E 3 ram->none"}));
+  EXPECT_EQ(describe(planner_.make_room(Tier::kRam, 500, table_, view_)),
+            (Strings{"E 4 ram->none", "E 3 ram->none", "E 2 ram->none", "E 1 ram->none",
+                     "E 5 ram->none"}));
+}
+
+}  // namespace
+}  // namespace kvtier::policy

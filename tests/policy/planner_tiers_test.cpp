@@ -1,0 +1,179 @@
+// The cost model, kLru (the LRU-tiering baseline) and the session-aware rules that
+// involve RAM and NVMe: watermark cascades, the RAM idle threshold, durable sessions
+// and BeginTurn (plan_turn_start), on a ManualClock.
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "policy/clock.h"
+#include "policy/cost_model.h"
+#include "policy/planner.h"
+#include "policy/session_table.h"
+#include "tests/policy/fake_placement_view.h"
+
+namespace kvtier::policy {
+namespace {
+
+using fake::describe;
+using fake::FakePlacementView;
+using fake::kLayout;
+using Strings = std::vector<std::string>;
+
+TEST(CostModelTest, ReloadAgainstRecompute) {
+  CostModel cost(CostConfig{{1000e9, 25e9, 5e9}, 8000, 512});
+  EXPECT_DOUBLE_EQ(cost.recompute_ms(kLayout), 64.0);  // 512 tokens at 8k tokens/s
+  EXPECT_NEAR(cost.reload_ms(Tier::kNvme, 64ull << 20), 13.42, 0.01);
+  EXPECT_TRUE(std::isinf(cost.reload_ms(Tier::kNone, 1)));
+  EXPECT_NEAR(cost.saving_ms(Tier::kRam, kLayout, 64ull << 20), 64.0 - 2.684, 0.01);
+  EXPECT_TRUE(cost.worth_keeping(Tier::kNvme, kLayout, 64ull << 20));
+  // A small model on a slow disk: recomputing 16 tokens beats reading 64 MiB.
+  cost.set_layout(kLayout, LayoutCost{16, 20'000});
+  EXPECT_DOUBLE_EQ(cost.recompute_ms(kLayout), 0.8);
+  EXPECT_FALSE(cost.worth_keeping(Tier::kNvme, kLayout, 64ull << 20));
+  EXPECT_EQ(cost.saving_ms(Tier::kNvme, kLayout, 64ull << 20), 0.0);
+  EXPECT_TRUE(cost.worth_keeping(Tier::kHbm, kLayout, 64ull << 20));
+}
+
+class PlannerTiersTest : public ::testing::Test {
+ protected:
+  PlannerTiersTest() {
+    view_.set_capacity(Tier::kHbm, 1'000);   // high 900, low 750
+    view_.set_capacity(Tier::kRam, 1'000);   // high 900, low 750
+    view_.set_capacity(Tier::kNvme, 1'000);  // high 980, low 950
+  }
+  void use(PolicyMode mode) {
+    config_.mode = mode;
+    planner_.set_config(config_);
+  }
+  Session& save(const std::string& id, std::initializer_list<uint8_t> blocks, bool end_of_turn,
+                uint64_t at_ms) {
+    return fake::save_session(clock_, table_, id, blocks, end_of_turn, at_ms);
+  }
+  void put(Tier tier, std::initializer_list<uint8_t> ns, uint64_t last_access_ms = 0) {
+    for (uint8_t n : ns) view_.put(n, tier, {.last_access_ms = last_access_ms});
+  }
+  Strings plan() { return describe(planner_.plan_demotions(table_, view_)); }
+  Strings turn_start(const Session& s) {
+    return describe(planner_.plan_turn_start(s, table_, view_));
+  }
+
+  ManualClock clock_{0};
+  SessionTable table_{clock_};
+  FakePlacementView view_;
+  PlannerConfig config_{};
+  Planner planner_{config_, clock_};
+};
+
+TEST_F(PlannerTiersTest, LruDemotesLeastRecentlyUsedDeepestFirstAndCascades) {
+  use(PolicyMode::kLru);
+  save("a", {1, 2, 3}, true, 100);
+  save("b", {4, 5, 6, 7, 8, 9, 10}, true, 200);
+  put(Tier::kHbm, {1, 2, 3}, 100);  // one request's blocks: same access time
+  put(Tier::kHbm, {4, 5, 6, 7, 8, 9, 10}, 200);
+  for (uint8_t n = 11; n <= 19; ++n) {  // 900: at the high mark, unreferenced
+    view_.put(n, Tier::kRam, {.session_refs = 0, .last_access_ms = 60u - n});
+  }
+  view_.put(20, Tier::kNvme, {.bytes = 980, .session_refs = 0, .last_access_ms = 1});
+  clock_.set_ms(300);
+  // HBM 1000 → 750 (three blocks go); RAM would reach 1150 → sheds 400 to NVMe; NVMe
+  // would reach 1380 → evicts. Planned bottom-up, so each level has room.
+  EXPECT_EQ(plan(),
+            (Strings{"E 20 nvme->none", "D 19 ram->nvme", "D 18 ram->nvme", "D 17 ram->nvme",
+                     "D 16 ram->nvme", "D 3 hbm->ram", "D 2 hbm->ram", "D 1 hbm->ram"}));
+}
+
+TEST_F(PlannerTiersTest, LruIgnoresIdleTimeAndTurnStarts) {
+  use(PolicyMode::kLru);
+  Session& s = save("s", {1, 2}, true, 0);
+  put(Tier::kHbm, {1});
+  put(Tier::kRam, {2});
+  clock_.set_ms(10'000'000);  // idle far past every threshold
+  EXPECT_TRUE(plan().empty());
+  table_.record_activity(s);
+  EXPECT_TRUE(turn_start(s).empty());  // request-scoped: no BeginTurn prefetch
+}
+
+TEST_F(PlannerTiersTest, HbmOnlyEvictsLeastRecentlyUsedPastTheWatermark) {
+  use(PolicyMode::kLru);
+  view_.set_capacity(Tier::kRam, 0);
+  view_.set_capacity(Tier::kNvme, 0);
+  save("s", {1, 2, 3, 4, 5, 6, 7, 8, 9, 10}, true, 0);
+  for (uint8_t n = 1; n <= 10; ++n) view_.put(n, Tier::kHbm, {.last_access_ms = n});
+  EXPECT_EQ(plan(), (Strings{"E 1 hbm->none", "E 2 hbm->none", "E 3 hbm->none"}));
+}
+
+TEST_F(PlannerTiersTest, RamIdleThresholdMovesIdleSessionsToNvme) {
+  use(PolicyMode::kSessionAware);
+  config_.ram_idle_ms = 60'000;
+  planner_.set_config(config_);
+  save("old", {1, 2}, true, 0);
+  save("young", {3}, true, 50'000);
+  put(Tier::kRam, {1, 2, 3});
+  clock_.set_ms(59'999);
+  EXPECT_TRUE(plan().empty());
+  clock_.set_ms(60'000);
+  EXPECT_EQ(plan(), (Strings{"D 2 ram->nvme", "D 1 ram->nvme"}));
+  view_.set_capacity(Tier::kNvme, 0);  // RAM is then the slowest tier: blocks stay
+  EXPECT_TRUE(plan().empty());
+}
+
+TEST_F(PlannerTiersTest, DurableSessionsSkipIdleThresholdsAndLeaveLast) {
+  use(PolicyMode::kSessionAware);
+  Session& durable = save("system-prompt", {1, 2}, true, 0);
+  table_.set_priority(durable, 1);
+  save("chat", {3, 4, 5, 6, 7, 8, 9, 10}, false, 500);  // active
+  put(Tier::kHbm, {1, 2, 3, 4, 5, 6, 7, 8, 9, 10});
+  clock_.set_ms(1'000'000);
+  // Over the high watermark (1000 > 900): the active chat's tail goes, the durable
+  // prompt stays although it is idle and older.
+  EXPECT_EQ(plan(), (Strings{"D 10 hbm->ram", "D 9 hbm->ram", "D 8 hbm->ram"}));
+}
+
+TEST_F(PlannerTiersTest, TurnStartPromotesThePrefixDisplacingIdleSessions) {
+  use(PolicyMode::kSessionAware);
+  save("idle-old", {1, 2, 3, 4}, true, 100);
+  save("busy", {5, 6, 7, 8}, false, 150);
+  Session& s = save("s", {11, 12, 13}, true, 200);
+  put(Tier::kHbm, {1, 2, 3, 4, 5, 6, 7, 8});  // 800 of 900 allowed
+  put(Tier::kRam, {11});
+  put(Tier::kNvme, {12, 13});
+  clock_.set_ms(300);
+  table_.record_activity(s);
+  // 11 fits; 12 needs room: the idle session's tail leaves (the active one's does not).
+  EXPECT_EQ(turn_start(s), (Strings{"P 11 ram->hbm", "D 4 hbm->ram", "P 12 nvme->hbm",
+                                    "D 3 hbm->ram", "P 13 nvme->hbm"}));
+}
+
+TEST_F(PlannerTiersTest, TurnStartBringsNvmeBlocksToRamWhenHbmIsFull) {
+  use(PolicyMode::kSessionAware);
+  save("busy", {1, 2, 3, 4, 5, 6, 7, 8, 9}, false, 100);
+  Session& s = save("s", {11, 12}, true, 200);
+  put(Tier::kHbm, {1, 2, 3, 4, 5, 6, 7, 8, 9});  // full of an active session
+  put(Tier::kNvme, {11, 12});
+  clock_.set_ms(300);
+  table_.record_activity(s);
+  EXPECT_EQ(turn_start(s), (Strings{"P 11 nvme->ram", "P 12 nvme->ram"}));
+}
+
+TEST_F(PlannerTiersTest, RecentMovesSummarizeEachPlan) {
+  use(PolicyMode::kSessionAware);
+  save("s", {1, 2, 3}, true, 0);
+  put(Tier::kHbm, {1, 2, 3});
+  clock_.set_ms(40'000);
+  ASSERT_EQ(plan().size(), 3u);
+  ASSERT_EQ(planner_.recent_moves().size(), 1u);
+  const PlanRecord& record = planner_.recent_moves().back();
+  EXPECT_EQ(record.at_ms, 40'000u);
+  EXPECT_EQ(record.kind, MoveKind::kDemote);
+  EXPECT_EQ(record.from, Tier::kHbm);
+  EXPECT_EQ(record.to, Tier::kRam);
+  EXPECT_EQ(record.reason, MoveReason::kIdle);
+  EXPECT_EQ(record.blocks, 3u);
+  EXPECT_EQ(record.bytes, 300u);
+  EXPECT_EQ(move_reason_name(record.reason), "idle");
+}
+
+}  // namespace
+}  // namespace kvtier::policy

@@ -1,0 +1,141 @@
+// Injected slab-file faults through FaultInjectingSlabIo: a failed write fails only its
+// block and commits nothing for it; a failed sync commits nothing; read errors are
+// reported, and only known-bad bytes are marked corrupt.
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "tests/tiers/nvme_test_util.h"
+
+namespace kvtier {
+namespace {
+
+using nvme_test::AlignedBuffer;
+using nvme_test::block_key;
+using nvme_test::read_now;
+using nvme_test::TempDir;
+using nvme_test::write_now;
+
+constexpr uint64_t kBlock = 16 << 10;
+
+SlabIoFault fault(const std::string& spec) {
+  auto parsed = parse_slab_io_fault(spec);
+  EXPECT_TRUE(parsed.is_ok()) << spec << ": " << parsed.status().to_string();
+  return parsed.is_ok() ? *parsed : SlabIoFault{};
+}
+
+class NvmeFaultTest : public ::testing::Test {
+ protected:
+  std::unique_ptr<NvmeTier> open(std::vector<std::string> faults, NvmeRecovery* recovered) {
+    NvmeTierOptions options;
+    options.dir = dir_.path();
+    options.capacity_bytes = 1 << 20;
+    options.slab_bytes = 256 << 10;
+    for (const std::string& spec : faults) options.faults.push_back(fault(spec));
+    auto tier = NvmeTier::open(options, recovered);
+    EXPECT_TRUE(tier.is_ok()) << tier.status().to_string();
+    return tier.is_ok() ? std::move(*tier) : nullptr;
+  }
+  NvmeTier::WriteItem write_item(uint32_t n) {
+    return {block_key(n), source_.data() + n * kBlock, kBlock, n * kBlock, 0};
+  }
+  NvmeTier::ReadItem read_item(uint32_t n) {
+    return {block_key(n), destination_.data() + n * kBlock, kBlock, n * kBlock};
+  }
+  size_t recovered_blocks() {
+    NvmeRecovery recovered;
+    auto tier = open({}, &recovered);
+    return recovered.blocks.size();
+  }
+
+  TempDir dir_;
+  AlignedBuffer source_{4 * kBlock, 3};
+  AlignedBuffer destination_{4 * kBlock, 4};
+};
+
+TEST(SlabIoFaultSpec, ParsesEveryKindAndRejectsNonsense) {
+  auto write = parse_slab_io_fault("write:3:ENOSPC");
+  ASSERT_TRUE(write.is_ok());
+  EXPECT_EQ(write->kind, SlabIoFault::Kind::kWrite);
+  EXPECT_EQ(write->nth, 3u);
+  EXPECT_FALSE(write->and_later);
+  EXPECT_EQ(write->error, ENOSPC);
+  auto read = parse_slab_io_fault("read:2+:5");
+  ASSERT_TRUE(read.is_ok());
+  EXPECT_TRUE(read->and_later);
+  EXPECT_EQ(read->error, 5);
+  EXPECT_TRUE(parse_slab_io_fault("shortread:1").is_ok());
+  EXPECT_TRUE(parse_slab_io_fault("flip:4").is_ok());
+  EXPECT_TRUE(parse_slab_io_fault("sync:1:EIO").is_ok());
+  for (const char* bad : {"", "write", "write:0:EIO", "write:1", "flip:1:EIO", "write:x:EIO",
+                          "write:1:ENOPE", "erase:1"}) {
+    EXPECT_FALSE(parse_slab_io_fault(bad).is_ok()) << bad;
+  }
+}
+
+TEST_F(NvmeFaultTest, FailedWriteFailsOnlyItsBlockAndIndexesNothingForIt) {
+  NvmeRecovery recovered;
+  {
+    auto tier = open({"write:2:ENOSPC"}, &recovered);
+    ASSERT_NE(tier, nullptr);
+    auto results = write_now(*tier, {write_item(0), write_item(1), write_item(2)});
+    EXPECT_TRUE(results[0].is_ok());
+    EXPECT_EQ(results[1].code(), StatusCode::kResourceExhausted) << results[1].to_string();
+    EXPECT_NE(results[1].message().find("No space left"), std::string::npos);
+    EXPECT_TRUE(results[2].is_ok());
+    auto read = read_now(*tier, {read_item(1)});
+    EXPECT_EQ(read[0].status.code(), StatusCode::kDataLoss);  // nothing indexed for it
+  }
+  EXPECT_EQ(recovered_blocks(), 2u);
+}
+
+TEST_F(NvmeFaultTest, FailedSyncCommitsNothing) {
+  NvmeRecovery recovered;
+  {
+    auto tier = open({"sync:1:EIO"}, &recovered);
+    ASSERT_NE(tier, nullptr);
+    auto results = write_now(*tier, {write_item(0), write_item(1)});
+    EXPECT_EQ(results[0].code(), StatusCode::kDataLoss) << results[0].to_string();
+    EXPECT_EQ(results[1].code(), StatusCode::kDataLoss);
+    auto again = write_now(*tier, {write_item(0)});  // the fault was one-shot
+    EXPECT_TRUE(again[0].is_ok()) << again[0].to_string();
+  }
+  EXPECT_EQ(recovered_blocks(), 1u);
+}
+
+TEST_F(NvmeFaultTest, ReadErrorsAreReportedAndOnlyBadBytesAreCorrupt) {
+  NvmeRecovery recovered;
+  auto tier = open({"read:1:EIO", "shortread:2", "flip:3"}, &recovered);
+  ASSERT_NE(tier, nullptr);
+  auto results = write_now(*tier, {write_item(0), write_item(1), write_item(2), write_item(3)});
+  for (const Status& status : results) ASSERT_TRUE(status.is_ok());
+
+  auto eio = read_now(*tier, {read_item(0)});
+  EXPECT_EQ(eio[0].status.code(), StatusCode::kDataLoss);
+  EXPECT_NE(eio[0].status.message().find("Input/output error"), std::string::npos);
+  EXPECT_FALSE(eio[0].corrupt);  // the medium may recover: the block is kept
+  auto short_read = read_now(*tier, {read_item(1)});
+  EXPECT_EQ(short_read[0].status.code(), StatusCode::kDataLoss);
+  EXPECT_TRUE(short_read[0].corrupt);
+  auto flipped = read_now(*tier, {read_item(2)});
+  EXPECT_EQ(flipped[0].status.code(), StatusCode::kDataLoss);
+  EXPECT_NE(flipped[0].status.message().find("checksum mismatch"), std::string::npos);
+  EXPECT_TRUE(flipped[0].corrupt);
+  auto clean = read_now(*tier, {read_item(0), read_item(3)});
+  EXPECT_TRUE(clean[0].status.is_ok()) << clean[0].status.to_string();
+  EXPECT_TRUE(clean[1].status.is_ok()) << clean[1].status.to_string();
+  EXPECT_EQ(std::memcmp(source_.data(), destination_.data(), kBlock), 0);
+}
+
+TEST_F(NvmeFaultTest, AndLaterFailsEveryWriteFromTheNth) {
+  NvmeRecovery recovered;
+  auto tier = open({"write:2+:EIO"}, &recovered);
+  ASSERT_NE(tier, nullptr);
+  auto results = write_now(*tier, {write_item(0), write_item(1), write_item(2)});
+  EXPECT_TRUE(results[0].is_ok());
+  EXPECT_FALSE(results[1].is_ok());
+  EXPECT_FALSE(results[2].is_ok());
+}
+
+}  // namespace
+}  // namespace kvtier

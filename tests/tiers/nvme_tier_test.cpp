@@ -1,0 +1,215 @@
+// NvmeTier against a real RocksDB and a real slab file in a temporary directory:
+// round trips, recovery after reopen, checksums, conditional release, and the format
+// version check.
+#include "tiers/nvme_tier.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#include <gtest/gtest.h>
+
+#include "tests/tiers/nvme_test_util.h"
+
+namespace kvtier {
+namespace {
+
+using nvme_test::AlignedBuffer;
+using nvme_test::block_key;
+using nvme_test::read_now;
+using nvme_test::release_now;
+using nvme_test::TempDir;
+using nvme_test::write_now;
+
+constexpr uint64_t kBlock = 64 << 10;
+constexpr uint64_t kCapacity = 4 << 20;
+constexpr uint64_t kSlab = 1 << 20;
+
+class NvmeTierTest : public ::testing::Test {
+ protected:
+  void SetUp() override { ASSERT_TRUE(dir_.ok()); }
+
+  std::unique_ptr<NvmeTier> open(NvmeRecovery* recovered, NvmeTierOptions options = {}) {
+    options.dir = dir_.path();
+    options.capacity_bytes = kCapacity;
+    options.slab_bytes = kSlab;
+    options.io_buffers = {source_.span(), destination_.span()};
+    auto tier = NvmeTier::open(options, recovered);
+    EXPECT_TRUE(tier.is_ok()) << tier.status().to_string();
+    return tier.is_ok() ? std::move(*tier) : nullptr;
+  }
+  // Block n: kBlock bytes at source_ + n × kBlock, stored at slot n.
+  NvmeTier::WriteItem write_item(uint32_t n) {
+    return {block_key(n), source_.data() + n * kBlock, kBlock, n * kBlock, 1000 + n};
+  }
+  NvmeTier::ReadItem read_item(uint32_t n) {
+    return {block_key(n), destination_.data() + n * kBlock, kBlock, n * kBlock};
+  }
+  bool same_bytes(uint32_t n) const {
+    return std::memcmp(source_.data() + n * kBlock, destination_.data() + n * kBlock, kBlock) == 0;
+  }
+
+  TempDir dir_;
+  AlignedBuffer source_{8 * kBlock, 1};
+  AlignedBuffer destination_{8 * kBlock, 2};
+};
+
+TEST_F(NvmeTierTest, WritesAndReadsBackBitExact) {
+  NvmeRecovery recovered;
+  auto tier = open(&recovered);
+  ASSERT_NE(tier, nullptr);
+  EXPECT_TRUE(recovered.blocks.empty());
+  auto written = write_now(*tier, {write_item(0), write_item(1), write_item(5)});
+  for (const Status& status : written) EXPECT_TRUE(status.is_ok()) << status.to_string();
+  auto read = read_now(*tier, {read_item(0), read_item(1), read_item(5)});
+  for (const auto& outcome : read)
+    EXPECT_TRUE(outcome.status.is_ok()) << outcome.status.to_string();
+  EXPECT_TRUE(same_bytes(0));
+  EXPECT_TRUE(same_bytes(1));
+  EXPECT_TRUE(same_bytes(5));
+}
+
+TEST_F(NvmeTierTest, IndexAndSessionsSurviveReopen) {
+  {
+    NvmeRecovery recovered;
+    auto tier = open(&recovered);
+    ASSERT_NE(tier, nullptr);
+    auto written = write_now(*tier, {write_item(2), write_item(3)});
+    ASSERT_TRUE(written[0].is_ok() && written[1].is_ok());
+    NvmeSessionRecord session;
+    session.namespace_name = "uid:1000";
+    session.session_id = "conversation";
+    session.layout_digest = 0x1234;
+    session.turns = 3;
+    session.state = 1;
+    session.blocks = {block_key(2).hash, block_key(3).hash};
+    std::promise<Status> done;
+    tier->write_sessions({session}, {}, true, [&](Status s) { done.set_value(s); });
+    ASSERT_TRUE(done.get_future().get().is_ok());
+  }
+  NvmeRecovery recovered;
+  auto tier = open(&recovered);
+  ASSERT_NE(tier, nullptr);
+  ASSERT_EQ(recovered.blocks.size(), 2u);
+  ASSERT_EQ(recovered.layouts.size(), 1u);
+  EXPECT_EQ(recovered.layouts[0].block_bytes, kBlock);
+  EXPECT_EQ(recovered.layouts[0].namespace_name, "uid:1000");
+  for (const auto& block : recovered.blocks) {
+    EXPECT_EQ(block.record.bytes, kBlock);
+    EXPECT_TRUE(block.key == block_key(2) || block.key == block_key(3));
+    EXPECT_EQ(block.record.offset, block.key == block_key(2) ? 2 * kBlock : 3 * kBlock);
+  }
+  ASSERT_EQ(recovered.sessions.size(), 1u);
+  EXPECT_EQ(recovered.sessions[0].session_id, "conversation");
+  EXPECT_EQ(recovered.sessions[0].turns, 3u);
+  EXPECT_EQ(recovered.sessions[0].blocks.size(), 2u);
+  auto read = read_now(*tier, {read_item(2), read_item(3)});
+  EXPECT_TRUE(read[0].status.is_ok() && read[1].status.is_ok());
+  EXPECT_TRUE(same_bytes(2) && same_bytes(3));
+}
+
+TEST_F(NvmeTierTest, FlippedByteOnDiskIsCorruptDataLoss) {
+  NvmeRecovery recovered;
+  auto tier = open(&recovered);
+  ASSERT_NE(tier, nullptr);
+  ASSERT_TRUE(write_now(*tier, {write_item(1)})[0].is_ok());
+  {
+    int fd = ::open((dir_.path() + "/slabs.dat").c_str(), O_RDWR);
+    ASSERT_GE(fd, 0);
+    char byte = 0;
+    ASSERT_EQ(::pread(fd, &byte, 1, kBlock + 100), 1);
+    byte ^= 1;
+    ASSERT_EQ(::pwrite(fd, &byte, 1, kBlock + 100), 1);
+    ::close(fd);
+  }
+  auto read = read_now(*tier, {read_item(1)});
+  EXPECT_EQ(read[0].status.code(), StatusCode::kDataLoss) << read[0].status.to_string();
+  EXPECT_NE(read[0].status.message().find("checksum mismatch"), std::string::npos);
+  EXPECT_TRUE(read[0].corrupt);
+}
+
+TEST_F(NvmeTierTest, ReadOfAnUnindexedSlotIsCorrupt) {
+  NvmeRecovery recovered;
+  auto tier = open(&recovered);
+  ASSERT_NE(tier, nullptr);
+  auto read = read_now(*tier, {read_item(4)});
+  EXPECT_EQ(read[0].status.code(), StatusCode::kDataLoss);
+  EXPECT_TRUE(read[0].corrupt);
+}
+
+TEST_F(NvmeTierTest, ReleaseDeletesOnlyAnEntryNamingThatSlot) {
+  NvmeRecovery recovered;
+  auto tier = open(&recovered);
+  ASSERT_NE(tier, nullptr);
+  ASSERT_TRUE(write_now(*tier, {write_item(1), write_item(2)})[0].is_ok());
+  // A stale release (the key was written again elsewhere since) must not delete it.
+  ASSERT_TRUE(release_now(*tier, {{block_key(1), 7 * kBlock}}).is_ok());
+  ASSERT_TRUE(release_now(*tier, {{block_key(2), 2 * kBlock}}).is_ok());
+  tier.reset();
+  auto reopened = open(&recovered);
+  ASSERT_NE(reopened, nullptr);
+  ASSERT_EQ(recovered.blocks.size(), 1u);
+  EXPECT_TRUE(recovered.blocks[0].key == block_key(1));
+}
+
+TEST_F(NvmeTierTest, BufferedIoWhenDirectIsNotAllowed) {
+  NvmeRecovery recovered;
+  NvmeTierOptions options;
+  options.allow_direct_io = false;
+  auto tier = open(&recovered, options);
+  ASSERT_NE(tier, nullptr);
+  EXPECT_NE(tier->describe().find("buffered"), std::string::npos) << tier->describe();
+  ASSERT_TRUE(write_now(*tier, {write_item(6)})[0].is_ok());
+  ASSERT_TRUE(read_now(*tier, {read_item(6)})[0].status.is_ok());
+  EXPECT_TRUE(same_bytes(6));
+}
+
+TEST_F(NvmeTierTest, UnalignedBlocksFallBackToBufferedIo) {
+  NvmeRecovery recovered;
+  auto tier = open(&recovered);
+  ASSERT_NE(tier, nullptr);
+  // 1000-byte blocks at odd offsets: O_DIRECT cannot take them, buffered I/O must.
+  NvmeTier::WriteItem item{block_key(9), source_.data() + 3, 1000, 3 * kBlock + 1000, 0};
+  ASSERT_TRUE(write_now(*tier, {item})[0].is_ok());
+  NvmeTier::ReadItem read{block_key(9), destination_.data() + 5, 1000, 3 * kBlock + 1000};
+  ASSERT_TRUE(read_now(*tier, {read})[0].status.is_ok());
+  EXPECT_EQ(std::memcmp(source_.data() + 3, destination_.data() + 5, 1000), 0);
+}
+
+TEST_F(NvmeTierTest, RefusesAnotherFormatVersionNamingBoth) {
+  {
+    NvmeRecovery recovered;
+    ASSERT_NE(open(&recovered), nullptr);
+  }
+  ASSERT_TRUE(NvmeIndex::overwrite_format_version(dir_.path() + "/index", 99).is_ok());
+  NvmeTierOptions options;
+  options.dir = dir_.path();
+  options.capacity_bytes = kCapacity;
+  NvmeRecovery recovered;
+  auto tier = NvmeTier::open(options, &recovered);
+  ASSERT_FALSE(tier.is_ok());
+  EXPECT_EQ(tier.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(tier.status().message().find("format version 99"), std::string::npos)
+      << tier.status().to_string();
+  EXPECT_NE(tier.status().message().find("format version 1"), std::string::npos)
+      << tier.status().to_string();
+}
+
+TEST_F(NvmeTierTest, AnExistingTierKeepsItsSlabSize) {
+  {
+    NvmeRecovery recovered;
+    ASSERT_NE(open(&recovered), nullptr);
+  }
+  NvmeTierOptions options;
+  options.dir = dir_.path();
+  options.capacity_bytes = kCapacity;
+  options.slab_bytes = 2 * kSlab;
+  NvmeRecovery recovered;
+  auto tier = NvmeTier::open(options, &recovered);
+  ASSERT_TRUE(tier.is_ok()) << tier.status().to_string();
+  EXPECT_EQ((*tier)->slab_bytes(), kSlab);
+}
+
+}  // namespace
+}  // namespace kvtier

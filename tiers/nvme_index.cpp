@@ -1,0 +1,283 @@
+#include "tiers/nvme_index.h"
+
+#include <rocksdb/db.h>
+#include <rocksdb/options.h>
+#include <rocksdb/write_batch.h>
+
+#include <algorithm>
+#include <filesystem>
+
+#include "common/log.h"
+
+namespace kvtier {
+namespace {
+
+// The one rocksdb::Status conversion. A full disk is worth retrying later; corruption
+// means the bytes are gone; an I/O error leaves the index unusable for now.
+Status from_rocksdb(const rocksdb::Status& status, std::string_view what) {
+  if (status.ok()) return Status::ok();
+  StatusCode code = StatusCode::kInternal;
+  if (status.IsNoSpace() || status.IsBusy() || status.IsTryAgain() || status.IsTimedOut() ||
+      status.IsMemoryLimit()) {
+    code = StatusCode::kResourceExhausted;
+  } else if (status.IsCorruption()) {
+    code = StatusCode::kDataLoss;
+  } else if (status.IsIOError()) {
+    code = StatusCode::kUnavailable;
+  } else if (status.IsNotFound()) {
+    code = StatusCode::kNotFound;
+  } else if (status.IsInvalidArgument() || status.IsNotSupported()) {
+    code = StatusCode::kInvalidArgument;
+  }
+  return Status(code, fmt::format("{}: rocksdb: {}", what, status.ToString()));
+}
+
+rocksdb::Slice slice(std::string_view bytes) {
+  return {bytes.data(), bytes.size()};
+}
+std::string_view view(const rocksdb::Slice& s) {
+  return {s.data(), s.size()};
+}
+
+rocksdb::WriteOptions durable() {
+  rocksdb::WriteOptions options;
+  options.sync = true;
+  return options;
+}
+
+rocksdb::ReadOptions scan_options() {
+  rocksdb::ReadOptions options;
+  options.fill_cache = false;  // a start-up scan must not evict what serving reads cached
+  options.readahead_size = 2 << 20;
+  return options;
+}
+
+rocksdb::DBOptions db_options() {
+  rocksdb::DBOptions options;
+  options.create_if_missing = true;
+  options.create_missing_column_families = true;
+  options.keep_log_file_num = 4;
+  options.max_log_file_size = 16 << 20;
+  // Sessions change rarely, so without a cap an idle family would pin old WAL files.
+  options.max_total_wal_size = 64 << 20;
+  options.max_background_jobs = 2;
+  return options;
+}
+
+rocksdb::ColumnFamilyOptions family_options() {
+  rocksdb::ColumnFamilyOptions options;
+  // Small memtables: index records are ~60 bytes, and memory per indexed block is a
+  // target (DESIGN.md); 8 MiB holds ~100k recent records.
+  options.write_buffer_size = 8 << 20;
+  options.max_write_buffer_number = 2;
+  return options;
+}
+
+template <typename Fn>
+Status scan(rocksdb::DB* db, rocksdb::ColumnFamilyHandle* family, std::string_view prefix,
+            const char* what, Fn&& fn) {
+  std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(scan_options(), family));
+  for (it->Seek(slice(prefix)); it->Valid(); it->Next()) {
+    if (!it->key().starts_with(slice(prefix))) break;
+    fn(view(it->key()), view(it->value()));
+  }
+  return from_rocksdb(it->status(), what);
+}
+
+}  // namespace
+
+Result<std::unique_ptr<NvmeIndex>> NvmeIndex::open(const std::string& dir,
+                                                   uint64_t new_slab_bytes) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return errno_status(ec.value(), "create " + dir);
+  std::unique_ptr<NvmeIndex> index(new NvmeIndex());
+  index->created_ = !std::filesystem::exists(dir + "/CURRENT");
+
+  std::vector<std::string> names = {rocksdb::kDefaultColumnFamilyName, kNvmeBlocksFamily,
+                                    kNvmeSessionsFamily, kNvmeMetaFamily};
+  if (!index->created_) {
+    // Every existing family must be opened; a newer format may have added some.
+    std::vector<std::string> existing;
+    Status listed = from_rocksdb(
+        rocksdb::DB::ListColumnFamilies(rocksdb::DBOptions(), dir, &existing), "list families");
+    if (!listed.is_ok()) return listed;
+    for (const std::string& name : existing) {
+      if (std::find(names.begin(), names.end(), name) == names.end()) names.push_back(name);
+    }
+  }
+  std::vector<rocksdb::ColumnFamilyDescriptor> families;
+  for (const std::string& name : names) families.emplace_back(name, family_options());
+  rocksdb::DB* db = nullptr;
+  Status opened = from_rocksdb(
+      rocksdb::DB::Open(db_options(), dir, families, &index->handles_, &db), "open " + dir);
+  if (!opened.is_ok()) return opened;
+  index->db_.reset(db);
+  index->blocks_ = index->handles_[1];
+  index->sessions_ = index->handles_[2];
+  index->meta_ = index->handles_[3];
+  KVTIER_RETURN_IF_ERROR(index->load_or_init_meta(new_slab_bytes, dir));
+  return index;
+}
+
+NvmeIndex::~NvmeIndex() {
+  if (!db_) return;
+  for (rocksdb::ColumnFamilyHandle* handle : handles_) {
+    (void)db_->DestroyColumnFamilyHandle(handle);
+  }
+  rocksdb::Status closed = db_->Close();
+  if (!closed.ok()) KVTIER_LOG_WARN("closing the NVMe index: {}", closed.ToString());
+}
+
+Status NvmeIndex::load_or_init_meta(uint64_t new_slab_bytes, const std::string& dir) {
+  std::string version_bytes;
+  rocksdb::Status got =
+      db_->Get(rocksdb::ReadOptions(), meta_, kNvmeFormatVersionKey, &version_bytes);
+  if (got.IsNotFound()) {
+    // No version: a fresh store, or one whose creation was interrupted before the meta
+    // write. Anything else without a version is not ours to interpret.
+    std::unique_ptr<rocksdb::Iterator> blocks(db_->NewIterator(rocksdb::ReadOptions(), blocks_));
+    blocks->SeekToFirst();
+    std::unique_ptr<rocksdb::Iterator> sessions(
+        db_->NewIterator(rocksdb::ReadOptions(), sessions_));
+    sessions->SeekToFirst();
+    if (blocks->Valid() || sessions->Valid()) {
+      return data_loss("NVMe index {} has records but no format version; refusing to use it", dir);
+    }
+    rocksdb::WriteBatch batch;
+    (void)batch.Put(meta_, kNvmeFormatVersionKey, encode_u32(kNvmeFormatVersion));
+    (void)batch.Put(meta_, kNvmeSlabBytesKey, encode_u64(new_slab_bytes));
+    KVTIER_RETURN_IF_ERROR(
+        from_rocksdb(db_->Write(durable(), &batch), "write the NVMe index format version"));
+    slab_bytes_ = new_slab_bytes;
+    created_ = true;
+    return Status::ok();
+  }
+  KVTIER_RETURN_IF_ERROR(from_rocksdb(got, "read the NVMe index format version"));
+  auto version = decode_u32(version_bytes);
+  if (!version) return data_loss("NVMe index {}: the stored format version is malformed", dir);
+  if (*version != kNvmeFormatVersion) {
+    return invalid_argument(
+        "NVMe index {} has format version {}, but this kvtierd reads format version {}{}", dir,
+        *version, kNvmeFormatVersion,
+        *version > kNvmeFormatVersion
+            ? ": it was written by a newer kvtierd; run that version or use another --data-dir"
+            : ": no migration exists; move the directory away to start empty");
+  }
+  std::string slab_bytes;
+  KVTIER_RETURN_IF_ERROR(from_rocksdb(
+      db_->Get(rocksdb::ReadOptions(), meta_, kNvmeSlabBytesKey, &slab_bytes), "read slab_bytes"));
+  auto parsed = decode_u64(slab_bytes);
+  if (!parsed || *parsed == 0) return data_loss("NVMe index {}: slab_bytes is malformed", dir);
+  slab_bytes_ = *parsed;
+  return Status::ok();
+}
+
+Status NvmeIndex::for_each_layout(const std::function<void(const NvmeLayoutRecord&)>& fn) const {
+  return scan(db_.get(), meta_, nvme_layout_prefix(), "scan layouts",
+              [&](std::string_view key, std::string_view value) {
+                if (auto record = decode_layout(key, value)) fn(*record);
+              });
+}
+
+Status NvmeIndex::for_each_block(
+    const std::function<void(NvmeBlockKey&&, const NvmeBlockRecord&)>& fn,
+    std::vector<std::string>* malformed) const {
+  return scan(db_.get(), blocks_, "", "scan blocks",
+              [&](std::string_view key, std::string_view value) {
+                auto decoded_key = decode_block_key(key);
+                auto record = decode_block_record(value);
+                if (decoded_key && record) {
+                  fn(std::move(*decoded_key), *record);
+                } else if (malformed != nullptr) {
+                  malformed->emplace_back(key);
+                }
+              });
+}
+
+Status NvmeIndex::for_each_session(const std::function<void(NvmeSessionRecord&&)>& fn,
+                                   std::vector<std::string>* malformed) const {
+  return scan(db_.get(), sessions_, "", "scan sessions",
+              [&](std::string_view key, std::string_view value) {
+                if (auto record = decode_session(key, value)) {
+                  fn(std::move(*record));
+                } else if (malformed != nullptr) {
+                  malformed->emplace_back(key);
+                }
+              });
+}
+
+uint64_t NvmeIndex::estimated_blocks() const {
+  uint64_t keys = 0;
+  if (!db_->GetIntProperty(blocks_, "rocksdb.estimate-num-keys", &keys)) return 0;
+  return keys;
+}
+
+Result<std::optional<NvmeBlockRecord>> NvmeIndex::get_block(const NvmeBlockKey& key) const {
+  std::string value;
+  rocksdb::Status got = db_->Get(rocksdb::ReadOptions(), blocks_, encode_block_key(key), &value);
+  if (got.IsNotFound()) return std::optional<NvmeBlockRecord>();
+  KVTIER_RETURN_IF_ERROR(from_rocksdb(got, "read a block record"));
+  return decode_block_record(value);
+}
+
+Status NvmeIndex::commit_blocks(std::span<const std::pair<NvmeBlockKey, NvmeBlockRecord>> blocks,
+                                std::span<const NvmeLayoutRecord> layouts) {
+  rocksdb::WriteBatch batch;
+  for (const NvmeLayoutRecord& layout : layouts) {
+    (void)batch.Put(meta_, encode_layout_key(layout.namespace_name, layout.layout_digest),
+                    encode_u64(layout.block_bytes));
+  }
+  for (const auto& [key, record] : blocks) {
+    (void)batch.Put(blocks_, encode_block_key(key), encode_block_record(record));
+  }
+  return from_rocksdb(db_->Write(durable(), &batch), "commit block records");
+}
+
+Status NvmeIndex::delete_blocks_at(std::span<const std::pair<NvmeBlockKey, uint64_t>> blocks) {
+  rocksdb::WriteBatch batch;
+  for (const auto& [key, offset] : blocks) {
+    auto record = get_block(key);
+    if (!record.is_ok()) return record.status();
+    if (!record->has_value() || (*record)->offset != offset) continue;
+    (void)batch.Delete(blocks_, encode_block_key(key));
+  }
+  if (batch.Count() == 0) return Status::ok();
+  return from_rocksdb(db_->Write(durable(), &batch), "delete block records");
+}
+
+Status NvmeIndex::delete_raw_block_keys(std::span<const std::string> keys) {
+  rocksdb::WriteBatch batch;
+  for (const std::string& key : keys) (void)batch.Delete(blocks_, key);
+  return from_rocksdb(db_->Write(durable(), &batch), "delete unusable block records");
+}
+
+Status NvmeIndex::write_sessions(std::span<const NvmeSessionRecord> puts,
+                                 std::span<const std::pair<std::string, std::string>> deletes,
+                                 bool sync) {
+  rocksdb::WriteBatch batch;
+  for (const NvmeSessionRecord& record : puts) {
+    (void)batch.Put(sessions_, encode_session_key(record.namespace_name, record.session_id),
+                    encode_session_value(record));
+  }
+  for (const auto& [namespace_name, session_id] : deletes) {
+    (void)batch.Delete(sessions_, encode_session_key(namespace_name, session_id));
+  }
+  rocksdb::WriteOptions options;
+  options.sync = sync;
+  return from_rocksdb(db_->Write(options, &batch), "write session records");
+}
+
+Status NvmeIndex::overwrite_format_version(const std::string& dir, uint32_t version) {
+  auto index = open(dir, 1);
+  if (!index.is_ok() && index.status().code() != StatusCode::kInvalidArgument) {
+    return index.status();
+  }
+  if (!index.is_ok()) return invalid_argument("{} cannot be opened to rewrite", dir);
+  NvmeIndex& opened = **index;
+  return from_rocksdb(
+      opened.db_->Put(durable(), opened.meta_, kNvmeFormatVersionKey, encode_u32(version)),
+      "overwrite the format version");
+}
+
+}  // namespace kvtier

@@ -1,0 +1,213 @@
+#include "tiers/nvme_tier.h"
+
+#include <algorithm>
+#include <filesystem>
+
+#include "common/log.h"
+#include "tiers/nvme_worker.h"
+
+namespace kvtier {
+namespace {
+
+Status prefixed(const Status& status, std::string_view prefix) {
+  return Status(status.code(), fmt::format("{}: {}", prefix, status.message()));
+}
+
+}  // namespace
+
+Result<std::unique_ptr<NvmeTier>> NvmeTier::open(const NvmeTierOptions& options,
+                                                 NvmeRecovery* recovered) {
+  std::error_code ec;
+  std::filesystem::create_directories(options.dir, ec);
+  if (ec) return errno_status(ec.value(), "create " + options.dir);
+  if (options.capacity_bytes == 0) return invalid_argument("the NVMe tier capacity is 0");
+
+  std::unique_ptr<NvmeTier> tier(new NvmeTier());
+  tier->capacity_bytes_ = options.capacity_bytes;
+  auto index = NvmeIndex::open(options.dir + "/index", options.slab_bytes);
+  if (!index.is_ok()) return index.status();
+  tier->index_ = std::move(*index);
+  if (!tier->index_->created() && tier->index_->slab_bytes() != options.slab_bytes) {
+    // Recorded offsets follow the carving the tier was created with.
+    KVTIER_LOG_INFO("NVMe tier {} keeps the slab size it was created with ({} bytes, not {})",
+                    options.dir, tier->index_->slab_bytes(), options.slab_bytes);
+  }
+
+  SlabFileOptions file;
+  file.path = options.dir + "/slabs.dat";
+  file.size_bytes = options.capacity_bytes;
+  file.queue_depth = options.queue_depth;
+  file.buffers = options.io_buffers;
+  file.allow_direct_io = options.allow_direct_io;
+  auto io = open_uring_slab_io(file);
+  if (!io.is_ok()) return io.status();
+  tier->io_ = std::move(*io);
+  if (!options.faults.empty()) {
+    KVTIER_LOG_WARN("NVMe tier: injecting {} fault(s) into slab file I/O (test setting)",
+                    options.faults.size());
+    tier->io_ = std::make_unique<FaultInjectingSlabIo>(std::move(tier->io_), options.faults);
+  }
+
+  NvmeRecovery state;
+  KVTIER_RETURN_IF_ERROR(tier->index_->for_each_layout([&](const NvmeLayoutRecord& layout) {
+    state.layouts.push_back(layout);
+    tier->recorded_layouts_.emplace(layout.namespace_name, layout.layout_digest);
+  }));
+  std::vector<std::string> malformed_blocks, malformed_sessions;
+  state.blocks.reserve(tier->index_->estimated_blocks() * 11 / 10);
+  KVTIER_RETURN_IF_ERROR(tier->index_->for_each_block(
+      [&](NvmeBlockKey&& key, const NvmeBlockRecord& record) {
+        state.blocks.push_back({std::move(key), record});
+      },
+      &malformed_blocks));
+  KVTIER_RETURN_IF_ERROR(tier->index_->for_each_session(
+      [&](NvmeSessionRecord&& session) { state.sessions.push_back(std::move(session)); },
+      &malformed_sessions));
+  state.malformed_records = malformed_blocks.size() + malformed_sessions.size();
+  if (!malformed_blocks.empty()) {
+    KVTIER_LOG_WARN("NVMe index: deleting {} malformed block records", malformed_blocks.size());
+    KVTIER_RETURN_IF_ERROR(tier->index_->delete_raw_block_keys(malformed_blocks));
+  }
+  if (!malformed_sessions.empty()) {
+    KVTIER_LOG_WARN("NVMe index: ignoring {} malformed session records", malformed_sessions.size());
+  }
+  *recovered = std::move(state);
+  tier->writer_ = std::make_unique<NvmeWorker>("kvtier-nvme-wr");
+  tier->reader_ = std::make_unique<NvmeWorker>("kvtier-nvme-rd");
+  return tier;
+}
+
+NvmeTier::~NvmeTier() {
+  // Workers first: the index and the slab file must outlive the job in progress.
+  writer_.reset();
+  reader_.reset();
+}
+
+void NvmeTier::write_blocks(std::vector<WriteItem> items,
+                            std::function<void(std::vector<Status>)> done) {
+  writer_->post([this, items = std::move(items), done = std::move(done)]() mutable {
+    std::vector<Status> results;
+    run_write(items, results);
+    done(std::move(results));
+  });
+}
+
+void NvmeTier::run_write(std::vector<WriteItem>& items, std::vector<Status>& results) {
+  std::vector<SlabIoOp> ops;
+  std::vector<uint64_t> checksums;
+  ops.reserve(items.size());
+  for (const WriteItem& item : items) {
+    // The checksum is of the very bytes handed to the drive: the source is pinned and
+    // unchanged until `done`.
+    checksums.push_back(nvme_payload_checksum({item.source, item.bytes}));
+    ops.push_back(
+        {SlabIoKind::kWrite, item.offset, const_cast<std::byte*>(item.source), item.bytes});
+  }
+  std::vector<SlabIoResult> written(ops.size());
+  io_->run(SlabIoChannel::kWrite, ops, written);
+  results.clear();
+  for (SlabIoResult& result : written) results.push_back(std::move(result.status));
+
+  std::vector<std::pair<NvmeBlockKey, NvmeBlockRecord>> records;
+  std::vector<NvmeLayoutRecord> layouts;
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (!results[i].is_ok()) continue;
+    const WriteItem& item = items[i];
+    records.push_back(
+        {item.key, {item.offset, item.bytes, checksums[i], item.last_access_wall_ms}});
+    const std::pair<std::string, uint64_t> layout{item.key.namespace_name, item.key.layout_digest};
+    if (!recorded_layouts_.contains(layout) &&
+        std::none_of(layouts.begin(), layouts.end(), [&](const NvmeLayoutRecord& l) {
+          return l.namespace_name == layout.first && l.layout_digest == layout.second;
+        })) {
+      layouts.push_back({layout.first, layout.second, item.bytes});
+    }
+  }
+  if (records.empty()) return;
+  // Durable payloads first: an index entry must never name bytes a crash could lose.
+  Status step = io_->sync();
+  if (step.is_ok()) step = index_->commit_blocks(records, layouts);
+  if (!step.is_ok()) {
+    for (Status& result : results) {
+      if (result.is_ok()) result = step;
+    }
+    return;
+  }
+  for (const NvmeLayoutRecord& layout : layouts) {
+    recorded_layouts_.emplace(layout.namespace_name, layout.layout_digest);
+  }
+}
+
+void NvmeTier::read_blocks(std::vector<ReadItem> items,
+                           std::function<void(std::vector<ReadOutcome>)> done) {
+  reader_->post([this, items = std::move(items), done = std::move(done)]() mutable {
+    std::vector<ReadOutcome> outcomes;
+    run_read(items, outcomes);
+    done(std::move(outcomes));
+  });
+}
+
+void NvmeTier::run_read(std::vector<ReadItem>& items, std::vector<ReadOutcome>& outcomes) {
+  outcomes.assign(items.size(), ReadOutcome{});
+  std::vector<SlabIoOp> ops;
+  std::vector<size_t> op_item;
+  std::vector<uint64_t> expected;
+  for (size_t i = 0; i < items.size(); ++i) {
+    const ReadItem& item = items[i];
+    const std::string what =
+        fmt::format("block {} at offset {}", item.key.hash.to_hex(), item.offset);
+    // The checksum comes from the index, not from memory: the index is what survives,
+    // and reading it also checks that it names the slot the caller is about to read.
+    auto record = index_->get_block(item.key);
+    if (!record.is_ok()) {
+      outcomes[i] = {prefixed(record.status(), what), false};
+    } else if (!record->has_value()) {
+      outcomes[i] = {data_loss("{}: the NVMe index has no entry for it", what), true};
+    } else if ((*record)->offset != item.offset || (*record)->bytes != item.bytes) {
+      outcomes[i] = {data_loss("{}: the NVMe index names {} bytes at offset {}", what,
+                               (*record)->bytes, (*record)->offset),
+                     true};
+    } else {
+      ops.push_back({SlabIoKind::kRead, item.offset, item.destination, item.bytes});
+      op_item.push_back(i);
+      expected.push_back((*record)->checksum);
+    }
+  }
+  std::vector<SlabIoResult> read(ops.size());
+  if (!ops.empty()) io_->run(SlabIoChannel::kRead, ops, read);
+  for (size_t j = 0; j < ops.size(); ++j) {
+    ReadOutcome& outcome = outcomes[op_item[j]];
+    if (!read[j].status.is_ok()) {
+      outcome = {std::move(read[j].status), read[j].short_transfer};
+      continue;
+    }
+    const uint64_t actual = nvme_payload_checksum({ops[j].buffer, ops[j].bytes});
+    if (actual != expected[j]) {
+      outcome = {
+          data_loss("block {} at offset {}: checksum mismatch (stored {:016x}, read {:016x})",
+                    items[op_item[j]].key.hash.to_hex(), ops[j].file_offset, expected[j], actual),
+          true};
+    }
+  }
+}
+
+void NvmeTier::release_blocks(std::vector<std::pair<NvmeBlockKey, uint64_t>> slots,
+                              std::function<void(Status)> done) {
+  writer_->post([this, slots = std::move(slots), done = std::move(done)]() {
+    done(index_->delete_blocks_at(slots));
+  });
+}
+
+void NvmeTier::write_sessions(std::vector<NvmeSessionRecord> puts,
+                              std::vector<std::pair<std::string, std::string>> deletes, bool sync,
+                              std::function<void(Status)> done) {
+  writer_->post([this, puts = std::move(puts), deletes = std::move(deletes), sync,
+                 done = std::move(done)]() { done(index_->write_sessions(puts, deletes, sync)); });
+}
+
+void NvmeTier::flush() {
+  writer_->flush();
+  reader_->flush();
+}
+
+}  // namespace kvtier

@@ -1,0 +1,142 @@
+// NvmeTier: the third tier — block payloads in a preallocated slab file written and
+// read with io_uring (O_DIRECT, straight from/to the daemon's RAM pool), and a RocksDB
+// index of blocks, sessions and layouts (formats: nvme_format.h). It moves bytes and
+// keeps the index; which block goes where, and which slot it gets, is decided by the
+// caller (the daemon, over BlockStore's slot allocation).
+//
+// Crash safety comes from the order of operations, which this class enforces:
+//   write:   payload written → fdatasync → index entry committed (WAL synced) → done
+//   release: index entry deleted (WAL synced) → done → only then may the caller reuse
+//            the slot
+// so after any crash every index entry names a slot holding exactly the bytes it was
+// committed with; checksums (xxHash3-64, verified on every read) catch the rest (a
+// flipped bit on the medium, a torn sector), and a read never returns unverified bytes.
+//
+// Threading: two worker threads — a writer (payload writes, syncs, every index write,
+// in submission order) and a reader (payload reads and checksum checks), each with
+// its own io_uring ring — so a Load's reads do not queue behind a long demotion. The
+// public methods may be called from any thread; they queue a job and return at once.
+// Each `done` callback runs exactly once, on a worker thread, unless the tier is
+// destroyed before the job started (then it is dropped, never called); it must only
+// hand the result back (the daemon posts it to its control thread).
+//
+// Ownership: the caller keeps every item's memory alive and unchanged (writes) or
+// unused by others (reads) until `done` runs; the daemon pins the blocks for that.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <set>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/status.h"
+#include "tiers/nvme_format.h"
+#include "tiers/nvme_index.h"
+#include "tiers/nvme_io.h"
+
+namespace kvtier {
+
+class NvmeWorker;
+
+struct NvmeTierOptions {
+  std::string dir;                    // the tier's directory (index/ and slabs.dat inside)
+  uint64_t capacity_bytes = 0;        // size of slabs.dat; the tier never holds more
+  uint64_t slab_bytes = 64ull << 20;  // carving unit for a new tier (an existing one keeps its own)
+  unsigned queue_depth = 32;          // payload I/Os in flight per worker
+  std::vector<std::span<std::byte>> io_buffers;  // memory to register for fixed-buffer I/O
+  bool allow_direct_io = true;
+  std::vector<SlabIoFault> faults;  // when non-empty, the slab I/O is wrapped to inject these
+};
+
+// What the index held at start-up. Records are as stored; the caller checks them
+// against its configuration (capacity, slot carving, layouts) and releases the ones
+// it cannot use.
+struct NvmeRecovery {
+  struct Block {
+    NvmeBlockKey key;
+    NvmeBlockRecord record;
+  };
+  std::vector<NvmeLayoutRecord> layouts;
+  std::vector<Block> blocks;
+  std::vector<NvmeSessionRecord> sessions;
+  uint64_t malformed_records = 0;  // undecodable records found (and deleted)
+};
+
+class NvmeTier {
+ public:
+  // Opens (creating when missing) the index and the slab file, and reads the index
+  // into `recovered`. Fails when the index has another format version
+  // (InvalidArgument naming both), is damaged, or the slab file cannot be created at
+  // its size (ResourceExhausted on a full file system).
+  static Result<std::unique_ptr<NvmeTier>> open(const NvmeTierOptions& options,
+                                                NvmeRecovery* recovered);
+  ~NvmeTier();  // finishes the job each worker is running, drops queued ones
+  NvmeTier(const NvmeTier&) = delete;
+  NvmeTier& operator=(const NvmeTier&) = delete;
+
+  uint64_t capacity_bytes() const { return capacity_bytes_; }
+  uint64_t slab_bytes() const { return index_->slab_bytes(); }
+  std::string describe() const { return io_->describe(); }
+
+  struct WriteItem {
+    NvmeBlockKey key;
+    const std::byte* source;  // the block's bytes (in the RAM pool)
+    uint64_t bytes;
+    uint64_t offset;  // its slot in slabs.dat
+    uint64_t last_access_wall_ms;
+  };
+  // Writes each payload to its slot, makes them durable and commits their index
+  // entries; `done` gets one status per item (an item fails alone when its write
+  // failed; a failed sync or commit fails every item). An OK item is readable.
+  void write_blocks(std::vector<WriteItem> items, std::function<void(std::vector<Status>)> done);
+
+  struct ReadItem {
+    NvmeBlockKey key;
+    std::byte* destination;
+    uint64_t bytes;
+    uint64_t offset;  // the slot the caller believes the block is in
+  };
+  struct ReadOutcome {
+    Status status;
+    // The stored block is known bad (checksum mismatch, short read, or no index entry
+    // for that slot): drop it. False for errors that may pass (EIO).
+    bool corrupt = false;
+  };
+  // Reads each payload and verifies it against its index entry's checksum. A block
+  // whose bytes do not verify is DataLoss and its destination must not be used.
+  void read_blocks(std::vector<ReadItem> items, std::function<void(std::vector<ReadOutcome>)> done);
+
+  // Deletes, durably, the index entry of each (key, slot offset) that still names that
+  // slot. After `done` with OK the caller may reuse the slots.
+  void release_blocks(std::vector<std::pair<NvmeBlockKey, uint64_t>> slots,
+                      std::function<void(Status)> done);
+
+  // Session records: puts and deletes (namespace name, session id), one batch.
+  void write_sessions(std::vector<NvmeSessionRecord> puts,
+                      std::vector<std::pair<std::string, std::string>> deletes, bool sync,
+                      std::function<void(Status)> done);
+
+  // Blocks until every job queued before the call has finished. Not from a worker.
+  void flush();
+
+ private:
+  NvmeTier() = default;
+  void run_write(std::vector<WriteItem>& items, std::vector<Status>& results);
+  void run_read(std::vector<ReadItem>& items, std::vector<ReadOutcome>& outcomes);
+
+  // Constant after open.
+  std::unique_ptr<NvmeIndex> index_;
+  std::unique_ptr<SlabIo> io_;
+  uint64_t capacity_bytes_ = 0;
+  // Layouts with a record in meta; touched only by the writer thread after open.
+  std::set<std::pair<std::string, uint64_t>> recorded_layouts_;
+  // Declared last: destroyed first, so no job runs while the members above go away.
+  std::unique_ptr<NvmeWorker> writer_;
+  std::unique_ptr<NvmeWorker> reader_;
+};
+
+}  // namespace kvtier

@@ -1,0 +1,62 @@
+#include "tiers/nvme_worker.h"
+
+#include <pthread.h>
+
+namespace kvtier {
+
+NvmeWorker::NvmeWorker(std::string name) : name_(std::move(name)), thread_([this] { run(); }) {}
+
+NvmeWorker::~NvmeWorker() {
+  {
+    std::lock_guard lock(mu_);
+    stopping_ = true;
+  }
+  changed_.notify_all();
+  thread_.join();
+}
+
+void NvmeWorker::post(std::function<void()> job) {
+  {
+    std::lock_guard lock(mu_);
+    jobs_.push_back(std::move(job));
+    ++queued_;
+  }
+  changed_.notify_all();
+}
+
+void NvmeWorker::flush() {
+  std::unique_lock lock(mu_);
+  const uint64_t target = queued_;
+  changed_.wait(lock, [&] { return finished_ >= target || stopping_; });
+}
+
+void NvmeWorker::run() {
+  (void)::pthread_setname_np(::pthread_self(), name_.substr(0, 15).c_str());
+  std::unique_lock lock(mu_);
+  while (true) {
+    changed_.wait(lock, [&] { return stopping_ || !jobs_.empty(); });
+    if (stopping_) {
+      // Queued jobs are dropped without running: none of them has touched the disk,
+      // and each is safe to lose (see NvmeTier).
+      std::deque<std::function<void()>> dropped = std::move(jobs_);
+      jobs_.clear();
+      lock.unlock();
+      const uint64_t count = dropped.size();
+      dropped.clear();  // outside the lock: what the jobs captured may do anything
+      lock.lock();
+      finished_ += count;
+      changed_.notify_all();
+      return;
+    }
+    std::function<void()> job = std::move(jobs_.front());
+    jobs_.pop_front();
+    lock.unlock();
+    job();
+    job = nullptr;  // release what the job captured before reporting it finished
+    lock.lock();
+    ++finished_;
+    changed_.notify_all();
+  }
+}
+
+}  // namespace kvtier
