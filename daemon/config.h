@@ -63,7 +63,7 @@ struct DaemonConfig {
   LogLevel log_level = LogLevel::kInfo;
 
   // Placement policy (policy/planner.h) and its inputs.
-  std::string policy = "session";  // lru | session | predictive
+  std::string policy = "predictive";  // lru | session | predictive
   double ram_high_watermark = 0.90;   // RAM fill that starts demotion to NVMe (or eviction)
   double ram_low_watermark = 0.75;
   double nvme_high_watermark = 0.98;  // NVMe fill that starts eviction

@@ -183,6 +183,10 @@ int run(int argc, char** argv) {
                   format_bytes(config.hbm_bytes), format_bytes(config.ram_bytes), device_name);
   notifier.ready();
   io.run();
+  // The signal handlers are gone with the loop: a late SIGTERM while the daemon winds
+  // down must not turn a clean exit into death by signal.
+  ::signal(SIGTERM, SIG_IGN);
+  ::signal(SIGINT, SIG_IGN);
   KVTIER_LOG_INFO("kvtierd stopped");
   return 0;
 }

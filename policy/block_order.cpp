@@ -110,11 +110,11 @@ PlanIndex::PlanIndex(PlanContext& ctx, PlanScratch& scratch) : s_(scratch) {
       outlook.p[2] = predictor.probability_ever(s);
     }
     for (Tier tier : {Tier::kHbm, Tier::kRam}) {
-      // Past the threshold, and (kPredictive) not expected back within it.
-      const bool past = ctx.predictive() ? ctx.idle_for_threshold(s, tier) &&
-                                               outlook.p[static_cast<size_t>(tier)] <
-                                                   ctx.config.imminent_probability
-                                         : ctx.idle_for_threshold(s, tier);
+      // Past the threshold, and (kPredictive, once it has data) not expected back
+      // within it.
+      const bool spared = ctx.predictive() && ctx.predictor().informed() &&
+                          outlook.p[static_cast<size_t>(tier)] >= ctx.config.imminent_probability;
+      const bool past = ctx.idle_for_threshold(s, tier) && !spared;
       if (past) outlook.past_threshold |= bit(tier);
     }
     ref_begin_.push_back(static_cast<uint32_t>(refs_.size()));
@@ -246,6 +246,7 @@ std::vector<Candidate> sacrifice_order(PlanContext& ctx, const PlanState& plan, 
     uint8_t priority;
     bool active;
     double loss;
+    uint32_t hottest;  // the hottest holder's place in the session order
     size_t at;
   };
   std::vector<Ranked> ranked;
@@ -264,15 +265,18 @@ std::vector<Candidate> sacrifice_order(PlanContext& ctx, const PlanState& plan, 
                             ctx.next_turn_ms(tier, c.key, c.placement.bytes);
     const double loss = b.value[static_cast<size_t>(horizon)] * std::max(0.0, worse_by) /
                         static_cast<double>(std::max<uint64_t>(c.placement.bytes, 1));
-    ranked.push_back({b.priority, b.active, loss, i});
+    ranked.push_back({b.priority, b.active, loss, found < 0 ? 0u : b.hottest, i});
   }
   std::sort(ranked.begin(), ranked.end(), [&](const Ranked& a, const Ranked& b) {
     if (std::tie(a.priority, a.active) != std::tie(b.priority, b.active)) {
       return std::tie(a.priority, a.active) < std::tie(b.priority, b.active);
     }
     if (a.loss != b.loss) return a.loss < b.loss;
-    // Equal worth (sessions alike, or one session's blocks): the least recently used
-    // first, and among blocks used together the deepest in the prefix first.
+    // Equal worth (sessions alike, or one session's blocks): the least recently
+    // active session first, each session's tail first (its prefix is read first on
+    // every turn, whenever each block was last touched), then block LRU.
+    if (a.hottest != b.hottest) return a.hottest < b.hottest;
+    if (blocks[a.at].depth != blocks[b.at].depth) return blocks[a.at].depth > blocks[b.at].depth;
     return lru_less(blocks[a.at], blocks[b.at]);
   });
   std::vector<Candidate> out;

@@ -145,8 +145,8 @@ enum class Sacrifice { kDemote, kEvict };
 //    shared block goes with its hottest holder;
 //  kPredictive: durable and active last; otherwise least loss first, where loss =
 //    value × (next-turn cost after the move − cost now) per byte; among equal losses
-//    the least recently used, and among blocks used together the deepest in the
-//    prefix first (a block is worth nothing without those before it).
+//    the least recently active session's first, each session's tail first (a block
+//    is worth nothing without those before it).
 std::vector<Candidate> sacrifice_order(PlanContext& ctx, const PlanState& plan, Tier tier,
                                        Sacrifice kind);
 

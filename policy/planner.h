@@ -29,10 +29,11 @@
 //      A block whose reload from the lower tier would be slower than recomputing it
 //      is dropped instead of demoted.
 //    - Idle thresholds spare a session predicted to return within the threshold with
-//      probability ≥ imminent_probability.
+//      probability ≥ imminent_probability (once the predictor has seen returns).
 //    - Predictive prefetch: blocks of such sessions move up one tier (NVMe → RAM →
 //      HBM) while the upper tier is under its low watermark, within a share of the
-//      link's bandwidth per plan.
+//      link's bandwidth per plan (once the predictor has seen returns: never on the
+//      prior alone).
 //  make_room() picks blocks to evict for a save that does not fit, in each mode's
 //  order of sacrifice.
 //

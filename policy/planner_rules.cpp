@@ -71,6 +71,8 @@ void relieve_pressure(PlanContext& ctx, PlanState& plan) {
 }
 
 void prefetch_predicted_returns(PlanContext& ctx, PlanState& plan) {
+  // Moving blocks on the prior alone would be a guess: wait for observed returns.
+  if (!ctx.predictor().informed()) return;
   PlanIndex& index = ctx.index();
   const std::vector<const Session*>& order = ctx.session_order();
   // NVMe → RAM first, then RAM → HBM: a block moves at most one tier per plan.

@@ -89,6 +89,7 @@ ReturnPredictor::ReturnPredictor(const SessionTable& sessions, uint64_t now_ms) 
     }
   }
   population_known_ = model.total_returns() > 0;
+  informed_ = model.total_returns() >= kMinReturnsToAct;
   population_mean_log_gap_ = model.mean_log_gap();
 }
 

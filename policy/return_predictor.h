@@ -37,6 +37,12 @@ class ReturnPredictor {
   // Median time from now until it comes back, given that it does; 0 when active.
   double median_return_in_ms(const Session& session) const;
 
+  // Whether the daemon has seen enough returns (kMinReturnsToAct) for predictions to
+  // be acted on; before that they are the prior's, good for ranking, not for moving
+  // blocks on a guess.
+  static constexpr uint64_t kMinReturnsToAct = 10;
+  bool informed() const { return informed_; }
+
   // The survival curve of a stratum at idle time `idle_ms` (tests and diagnostics).
   double survival(int stratum, double idle_ms) const;
 
@@ -56,6 +62,7 @@ class ReturnPredictor {
   std::array<Curve, GapModel::kStrata> curves_;
   double population_mean_log_gap_ = 0;
   bool population_known_ = false;
+  bool informed_ = false;
   uint64_t now_ms_ = 0;
 };
 

@@ -74,15 +74,18 @@ TEST_F(PlannerPredictiveTest, PressureTakesTheUnlikelyReturnFirstNotTheOldest) {
   EXPECT_EQ(plan(), (Strings{"D 5 hbm->ram", "D 4 hbm->ram", "D 3 hbm->ram"}));
 }
 
-TEST_F(PlannerPredictiveTest, EqualWorthGoesLeastRecentlyUsedFirstTailFirst) {
-  idle("a", {1, 2, 3, 4, 5}, 0, 0);
-  idle("b", {6, 7, 8, 9, 10}, 0, 0);  // alike: same history, same idle time
+TEST_F(PlannerPredictiveTest, EqualWorthGoesOneSessionAtATimeTailFirst) {
+  view_.set_capacity(Tier::kRam, 1'000);  // the slowest tier: pressure evicts
+  idle("older", {1, 2, 3, 4, 5}, 0, 0);
+  idle("newer", {6, 7, 8, 9, 10}, 0, 1'000);
   for (uint8_t n = 1; n <= 10; ++n) {
-    view_.put(n, Tier::kHbm, {.last_access_ms = n <= 5 ? 200u : 100u});
+    // The older session's blocks were read more recently than the newer one's.
+    view_.put(n, Tier::kRam, {.last_access_ms = n <= 5 ? 300u : 100u});
   }
-  at(500);
-  // Whole sessions go before any other session's tail is cut.
-  EXPECT_EQ(plan(), (Strings{"D 10 hbm->ram", "D 9 hbm->ram", "D 8 hbm->ram"}));
+  at(3 * 86'400'000ull);  // days later both are worth nothing: equal losses
+  // The least recently active session's tail first, whatever each block's own
+  // access time: cutting a prefix would make the rest of a session useless.
+  EXPECT_EQ(plan(), (Strings{"E 5 ram->none", "E 4 ram->none", "E 3 ram->none"}));
 }
 
 TEST_F(PlannerPredictiveTest, ASharedPrefixIsWorthMoreThanEitherTail) {
