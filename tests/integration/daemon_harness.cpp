@@ -183,8 +183,13 @@ Result<std::unique_ptr<Daemon>> Daemon::start(const std::vector<std::string>& fl
   UniqueFd log(::open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
   if (!log.valid()) return errno_status(errno, "open " + log_path);
   // The engines in these tests share memfd regions: the host backend, even on a GPU machine.
-  std::vector<std::string> argv = {binary_path("kvtierd"), "--socket", dir + "/kvtierd.sock",
-                                   "--data-dir", dir + "/data", "--device", "host"};
+  std::vector<std::string> argv = {binary_path("kvtierd"),
+                                   "--socket",
+                                   dir + "/kvtierd.sock",
+                                   "--data-dir",
+                                   dir + "/data",
+                                   "--device",
+                                   "host"};
   argv.insert(argv.end(), flags.begin(), flags.end());
   auto pid = spawn(argv, log.get(), log.get());
   if (!pid.is_ok()) {
