@@ -1,8 +1,11 @@
 #include "client/gpu_paged_cache.h"
 
+#include "common/gpu_uuid.h"
+
 #include <cuda_runtime_api.h>
 
 #include <cstring>
+#include <span>
 #include <vector>
 
 namespace kvtier {
@@ -14,12 +17,8 @@ Status cuda_error(cudaError_t error, std::string_view what) {
 }
 
 std::string format_uuid(const cudaUUID_t& uuid) {
-  const auto* b = reinterpret_cast<const unsigned char*>(uuid.bytes);
-  return fmt::format(
-      "GPU-{:02x}{:02x}{:02x}{:02x}-{:02x}{:02x}-{:02x}{:02x}-{:02x}{:02x}-{:02x}{:02x}{:02x}{:02x}"
-      "{:02x}{:02x}",
-      b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14],
-      b[15]);
+  return format_gpu_uuid(
+      std::span<const uint8_t, 16>(reinterpret_cast<const uint8_t*>(uuid.bytes), 16));
 }
 
 }  // namespace

@@ -1,5 +1,7 @@
 #include "cuda/cuda_device.h"
 
+#include "common/gpu_uuid.h"
+
 #include <condition_variable>
 #include <deque>
 #include <mutex>
@@ -17,12 +19,8 @@ using namespace cuda_internal;
 enum Direction { kDeviceToHost = 0, kHostToDevice = 1, kDeviceToDevice = 2, kDirections = 3 };
 
 std::string format_uuid(const cudaUUID_t& uuid) {
-  const auto* b = reinterpret_cast<const unsigned char*>(uuid.bytes);
-  return fmt::format(
-      "GPU-{:02x}{:02x}{:02x}{:02x}-{:02x}{:02x}-{:02x}{:02x}-{:02x}{:02x}-{:02x}{:02x}{:02x}{:02x}"
-      "{:02x}{:02x}",
-      b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14],
-      b[15]);
+  return format_gpu_uuid(
+      std::span<const uint8_t, 16>(reinterpret_cast<const uint8_t*>(uuid.bytes), 16));
 }
 
 class CudaDevice final : public Device {
