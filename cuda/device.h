@@ -15,7 +15,10 @@
 //
 // Ownership: Memory objects are shared_ptr; a CopyBatch holds references to the
 // memories it touches, so an engine region closed while a copy is in flight stays
-// mapped until that copy completes.
+// mapped until that copy completes. Every Device drops a batch's references *before*
+// it calls the batch's `done`: once the daemon has seen the completions of all batches
+// that used a region, its own reference is the last one, and dropping it closes the
+// mapping there and then (UnregisterRegion relies on this).
 #pragma once
 
 #include <array>
@@ -46,14 +49,37 @@ class Memory {
   virtual std::string describe() const = 0;
 };
 
-// How an engine shares a region. Built by the IPC layer from a RegisterRegion request.
+// One physical chunk of a CUDA VMM region (one cuMemCreate handle, exported as an fd).
+struct VmmChunk {
+  UniqueFd fd;
+  uint64_t bytes = 0;  // the chunk's size; a multiple of the allocation granularity
+};
+
+// How an engine shares a region. Built by the daemon from a RegisterRegion request.
 struct RegionHandle {
   enum class Kind : uint8_t { kMemfd, kCudaIpc, kCudaVmmFd };
   Kind kind = Kind::kMemfd;
-  uint64_t size_bytes = 0;                 // size the engine declared
-  UniqueFd fd;                             // kMemfd, kCudaVmmFd
-  std::array<std::byte, 64> ipc_handle{};  // kCudaIpc: cudaIpcMemHandle_t
-  std::string gpu_uuid;                    // cuda kinds: which GPU
+  uint64_t size_bytes = 0;  // size the engine declared
+  // kCudaIpc: start of the region from the base of the exported allocation;
+  // kCudaVmmFd: from the start of the first chunk. 0 for kMemfd.
+  uint64_t offset_bytes = 0;
+  UniqueFd fd;                             // kMemfd
+  std::vector<VmmChunk> vmm_chunks;        // kCudaVmmFd: in address order
+  std::array<std::byte, 64> ipc_handle{};  // kCudaIpc: CUipcMemHandle
+  std::string gpu_uuid;                    // cuda kinds: which GPU ("GPU-…")
+};
+
+// Who is waiting for a batch. Foreground batches (an engine's Save or Load) never wait
+// behind background ones (the policy's moves between tiers): they run on their own
+// streams, and a device may cut background batches into bounded pieces.
+enum class CopyPriority : uint8_t { kForeground, kBackground };
+
+// A GPU the device serves.
+struct GpuInfo {
+  std::string uuid;  // "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx"
+  std::string name;  // "NVIDIA H100 80GB HBM3"
+  int ordinal = 0;   // the driver's device ordinal
+  int numa_node = -1;  // host NUMA node closest to it; -1 unknown
 };
 
 // One contiguous copy inside a batch. Offsets are bytes from the start of each memory.
@@ -70,6 +96,7 @@ struct CopySegment {
 struct CopyBatch {
   std::vector<std::shared_ptr<Memory>> memories;  // kept alive until completion
   std::vector<CopySegment> segments;
+  CopyPriority priority = CopyPriority::kForeground;
   uint64_t total_bytes() const;
   // Adds `memory` to `memories` if absent; returns its index.
   uint32_t memory_index(const std::shared_ptr<Memory>& memory);
@@ -78,11 +105,20 @@ struct CopyBatch {
 // Called exactly once per submitted batch, on a device thread.
 using CopyDone = std::function<void(Status)>;
 
+// Merges segments that continue each other (same memories, both offsets contiguous)
+// into one, keeping the batch's meaning; returns how many segments it removed. Engine
+// planes of consecutive blocks often sit back to back, and one copy of N bytes costs
+// far less than N/k copies of k bytes on every backend.
+size_t merge_adjacent_segments(std::vector<CopySegment>& segments);
+
 class Device {
  public:
   virtual ~Device() = default;
 
   virtual std::string_view name() const = 0;  // "host", "NVIDIA H100 80GB HBM3"
+  // The GPUs this device serves, in the order their parts appear in the arena; empty
+  // for the host backend.
+  virtual std::vector<GpuInfo> gpus() const { return {}; }
 
   // Opens engine memory. Fails with InvalidArgument when the handle is of the wrong
   // kind for this device, is not what it claims (an fd that is not a memfd), or its
@@ -92,8 +128,16 @@ class Device {
 
   // The daemon's tier memory, allocated once at start-up and touched up front so that
   // no copy pays for page faults. ResourceExhausted when it cannot be had.
-  virtual Result<std::shared_ptr<Memory>> allocate_arena(uint64_t bytes) = 0;        // HBM
-  virtual Result<std::shared_ptr<Memory>> allocate_pinned_pool(uint64_t bytes) = 0;  // RAM
+  //
+  // The arena (HBM) holds `bytes_per_gpu` on every GPU the device serves (rounded
+  // down to a multiple of `part_alignment`, so that no slab of that size straddles two
+  // GPUs), laid out as one Memory: GPU i's part is [i·part, (i+1)·part). The host
+  // backend has one part.
+  virtual Result<std::shared_ptr<Memory>> allocate_arena(uint64_t bytes_per_gpu,
+                                                         uint64_t part_alignment = 1) = 0;
+  // The pinned RAM pool, on the NUMA node of the GPUs it serves where the machine
+  // says which.
+  virtual Result<std::shared_ptr<Memory>> allocate_pinned_pool(uint64_t bytes) = 0;
 
   // Validates the batch (indices, every segment inside its memories) and queues it.
   // An invalid batch is rejected synchronously with InvalidArgument and `done` is not
@@ -103,6 +147,14 @@ class Device {
 
   // Blocks until every submitted batch has completed. For shutdown and tests.
   virtual void drain() = 0;
+
+  // `handler` runs once, on a device thread, when the device hits an error that leaves
+  // it unusable (a sticky CUDA error: the context is lost, and every byte in device
+  // memory with it). The daemon then stops serving and exits non-zero. Default: the
+  // device has no such errors.
+  virtual void set_fatal_error_handler(std::function<void(const Status&)> handler) {
+    (void)handler;
+  }
 };
 
 // Memcpy on `copy_threads` worker threads (at least 1).
@@ -120,14 +172,19 @@ class FaultInjectingDevice final : public Device {
 
   std::string_view name() const override { return inner_->name(); }
   Result<std::shared_ptr<Memory>> open_region(RegionHandle handle) override;
-  Result<std::shared_ptr<Memory>> allocate_arena(uint64_t bytes) override {
-    return inner_->allocate_arena(bytes);
+  std::vector<GpuInfo> gpus() const override { return inner_->gpus(); }
+  Result<std::shared_ptr<Memory>> allocate_arena(uint64_t bytes_per_gpu,
+                                                 uint64_t part_alignment = 1) override {
+    return inner_->allocate_arena(bytes_per_gpu, part_alignment);
   }
   Result<std::shared_ptr<Memory>> allocate_pinned_pool(uint64_t bytes) override {
     return inner_->allocate_pinned_pool(bytes);
   }
   Status submit(CopyBatch batch, CopyDone done) override;
   void drain() override { inner_->drain(); }
+  void set_fatal_error_handler(std::function<void(const Status&)> handler) override {
+    inner_->set_fatal_error_handler(std::move(handler));
+  }
 
  private:
   std::unique_ptr<Device> inner_;

@@ -192,7 +192,7 @@ std::unique_ptr<Device> make_host_device(int copy_threads) {
 
 // Everything one submitted batch needs until its last shard finishes.
 struct HostDevice::Batch {
-  CopyBatch copies;  // holds the memories alive until `done` has returned
+  CopyBatch copies;  // holds the memories alive until the last shard finished
   std::vector<std::byte*> bases;
   std::vector<std::vector<CopySegment>> shards;
   CopyDone done;
@@ -253,8 +253,9 @@ Result<std::shared_ptr<Memory>> HostDevice::open_region(RegionHandle handle) {
       fmt::format("memfd region {}", format_bytes(handle.size_bytes)), std::move(handle.fd)));
 }
 
-Result<std::shared_ptr<Memory>> HostDevice::allocate_arena(uint64_t bytes) {
-  return allocate_anonymous(bytes, "hbm arena (host memory)");
+Result<std::shared_ptr<Memory>> HostDevice::allocate_arena(uint64_t bytes_per_gpu,
+                                                           uint64_t /*part_alignment*/) {
+  return allocate_anonymous(bytes_per_gpu, "hbm arena (host memory)");
 }
 
 Result<std::shared_ptr<Memory>> HostDevice::allocate_pinned_pool(uint64_t bytes) {
@@ -321,6 +322,7 @@ bool HostDevice::run_task(const Task& task) {
   // reports the batch complete.
   if (batch.shards_left.fetch_sub(1, std::memory_order_acq_rel) != 1) return false;
   CopyDone done = std::move(batch.done);
+  batch.copies = CopyBatch();  // the device lets go of the memories before `done` (device.h)
   done(Status::ok());
   return true;
 }

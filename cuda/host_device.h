@@ -43,7 +43,9 @@ class HostDevice final : public Device {
 
   std::string_view name() const override { return "host"; }
   Result<std::shared_ptr<Memory>> open_region(RegionHandle handle) override;
-  Result<std::shared_ptr<Memory>> allocate_arena(uint64_t bytes) override;
+  // One part (there is no GPU): `part_alignment` is ignored.
+  Result<std::shared_ptr<Memory>> allocate_arena(uint64_t bytes_per_gpu,
+                                                 uint64_t part_alignment = 1) override;
   Result<std::shared_ptr<Memory>> allocate_pinned_pool(uint64_t bytes) override;
   // Rejects (InvalidArgument naming the segment, `done` not called) a memory index out
   // of range, a null or non-host memory, a segment outside either memory, a segment

@@ -9,7 +9,7 @@
 # Client → daemon: Request. Daemon → client: Response with the same `id`. Requests may
 # be pipelined; replies may come back in any order, so clients match them by `id`.
 #
-# File descriptors (memfd regions; CUDA VMM shareable handles later) travel as
+# File descriptors (memfd regions; CUDA VMM shareable handles) travel as
 # SCM_RIGHTS ancillary data sent together with the first byte of the frame of the
 # request that uses them. The daemon queues received descriptors in arrival order and
 # each request that declares `fdCount > 0` takes that many from the head of the queue.
@@ -71,7 +71,8 @@ struct Hello {
   protocolVersion @0 :UInt32;  # must equal the daemon's protocolVersion
   layout @1 :Layout;           # the KV layout all later block ids refer to
   engineName @2 :Text;         # free text for logs and kvtierctl ("vllm-rank0")
-  deviceKind @3 :DeviceKind;   # what kind of regions this engine registers
+  deviceKind @3 :DeviceKind;   # what kind of regions this engine registers; must match the
+                               # daemon's backend (invalidArgument otherwise)
   prefillTokensPerSecond @4 :Float64;  # engine's prefill speed, 0 if unknown (policy input)
 }
 
@@ -81,6 +82,9 @@ struct HelloReply {
   blockBytes @2 :UInt64;       # bytes of one logical block (sum of plane bytes)
   namespaceName @3 :Text;      # the namespace this connection's blocks live in
   maxBlocksPerRequest @4 :UInt32;  # larger Save/Load/Lookup lists are rejected
+  deviceKind @5 :DeviceKind;   # the daemon's backend (host: memfd regions; cuda: GPU regions)
+  gpuUuids @6 :List(Text);     # cuda: the GPUs this daemon serves ("GPU-…"); regions name one
+  deviceName @7 :Text;         # "host" or the GPU models, for logs
 }
 
 struct RegisterRegion {
@@ -89,7 +93,18 @@ struct RegisterRegion {
   kind @2 :RegionKind;         # how the region is shared
   ipcHandle @3 :Data;          # cudaIpcMemHandle_t bytes (64) for kind = cudaIpc
   gpuUuid @4 :Text;            # GPU the region lives on (cuda kinds)
-  fdCount @5 :UInt32;          # descriptors attached to this frame (1 for memfd / cudaVmmFd)
+  fdCount @5 :UInt32;          # descriptors attached to this request: 1 for memfd, one per
+                               # chunk for cudaVmmFd (at most 1024; the client may spread
+                               # them over several sendmsg calls, each ≤ 250, before the
+                               # frame's last byte)
+  offsetBytes @6 :UInt64;      # cudaIpc: where the region starts, from the base of the
+                               # allocation the handle exports (cuMemGetAddressRange);
+                               # cudaVmmFd: from the start of the first chunk. 0 for memfd.
+                               # offsetBytes + sizeBytes must lie inside the allocation
+  chunkBytes @7 :List(UInt64); # cudaVmmFd: size of each chunk (one cuMemCreate handle),
+                               # in address order; the daemon maps them back to back in
+                               # one reserved range. Each a multiple of the allocation
+                               # granularity. Empty for other kinds
 
   enum RegionKind {
     memfd @0;                  # host shared memory; one fd attached
@@ -101,6 +116,14 @@ struct RegisterRegion {
 struct RegisterRegionReply {
   regionId @0 :UInt32;         # echoes the request
 }
+
+struct UnregisterRegion {      # the engine is about to free (or stop sharing) a region
+  regionId @0 :UInt32;         # a region registered on this connection
+}
+
+struct UnregisterRegionReply { # sent only after every daemon copy touching the region
+  regionId @0 :UInt32;         # finished and the daemon's mapping of it is closed: the
+}                              # engine may free the memory once it has this reply
 
 struct BlockRef {
   hash @0 :Data;               # engine-computed chained prefix hash, 1..32 bytes
@@ -315,6 +338,7 @@ struct Request {
     pin @12 :Pin;                         # admin
     drain @13 :Drain;                     # admin
     getConfig @14 :GetConfig;             # admin
+    unregisterRegion @15 :UnregisterRegion;  # stop sharing a region (reply: safe to free)
   }
 }
 
@@ -336,5 +360,6 @@ struct Response {
     pin @13 :PinReply;
     drain @14 :DrainReply;
     getConfig @15 :GetConfigReply;
+    unregisterRegion @16 :UnregisterRegionReply;
   }
 }
