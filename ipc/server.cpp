@@ -62,16 +62,27 @@ void Connection::on_readable() {
   // Drain what the socket has, up to a bound so one chatty client can't starve others.
   for (int rounds = 0; rounds < 16 && open_; ++rounds) {
     auto space = parser_.write_space();
-    auto received = receive_some(socket_.native_handle(), space, fds_);
+    std::vector<UniqueFd> arrived;
+    auto received = receive_some(socket_.native_handle(), space, arrived);
     if (!received.is_ok()) {
       KVTIER_LOG_DEBUG("connection {}: {}", id_, received.status().to_string());
       finish();
       return;
     }
     if (received->would_block) break;
-    if (received->fds_truncated || fds_.size() > limits_.max_queued_fds) {
-      fail_framing(invalid_argument("too many file descriptors sent; at most {} may wait unclaimed",
-                                    limits_.max_queued_fds));
+    for (UniqueFd& fd : arrived) fds_.push_back(std::move(fd));
+    if (received->fds_truncated) {
+      // The peer's descriptors and the requests that count on them no longer match.
+      fail_framing(invalid_argument(
+          "file descriptors were lost in transit (MSG_CTRUNC: more than {} in one sendmsg, or "
+          "kvtierd is out of descriptors)",
+          kMaxFdsPerRecvmsg));
+      return;
+    }
+    if (fds_.size() > limits_.max_queued_fds) {
+      fail_framing(invalid_argument(
+          "too many file descriptors sent: {} wait unclaimed and at most {} may", fds_.size(),
+          limits_.max_queued_fds));
       return;
     }
     if (received->bytes == 0) {
@@ -124,6 +135,7 @@ void Connection::request_done() {
 void Connection::fail_framing(const Status& status) {
   KVTIER_LOG_DEBUG("connection {} (uid {}): framing error: {}", id_, peer_.uid, status.message());
   outgoing_.push_back(framing_error_reply(status));
+  fds_.clear();  // nothing will claim them now
   close_after_write_ = true;
   write_next();
 }
@@ -137,7 +149,7 @@ void Connection::send(kj::Array<capnp::word> frame) {
 Result<UniqueFd> Connection::take_fd() {
   if (fds_.empty()) return not_found("no file descriptor was received with this request");
   UniqueFd fd = std::move(fds_.front());
-  fds_.erase(fds_.begin());
+  fds_.pop_front();
   return fd;
 }
 

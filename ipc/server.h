@@ -6,7 +6,12 @@
 // every whole frame to the RequestHandler, and writes replies in the order they are
 // sent (which need not be the order requests came in).
 //
-// Framing errors (a header over the limits, a stream ending inside a frame) get an
+// Descriptors (SCM_RIGHTS) are queued per connection in arrival order; a request that
+// declares N takes N from the head (take_fd). A request may carry up to
+// kMaxFdsPerRequest, arriving over several recvmsg calls before its frame completes.
+//
+// Framing errors (a header over the limits, a stream ending inside a frame, more
+// unclaimed descriptors than `max_queued_fds`, descriptors lost in transit) get an
 // Error reply with id 0 and close that connection only. Every other problem is the
 // handler's to answer.
 //
@@ -47,7 +52,8 @@ class RequestHandler {
 struct ConnectionLimits {
   FrameLimits frame;
   uint32_t max_in_flight = 64;   // requests being handled; reading pauses above this
-  uint32_t max_queued_fds = 16;  // received descriptors not yet claimed by a request
+  // Received descriptors not yet claimed by a request; one request may need them all.
+  uint32_t max_queued_fds = kMaxFdsPerRequest;
 };
 
 class Connection : public std::enable_shared_from_this<Connection> {
@@ -63,6 +69,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void send(kj::Array<capnp::word> frame);
   // Takes the oldest received descriptor not yet claimed; NotFound when none.
   Result<UniqueFd> take_fd();
+  size_t queued_fds() const { return fds_.size(); }
 
   // The handler finished one request (for the in-flight limit).
   void request_done();
@@ -88,7 +95,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   const ConnectionLimits limits_;
   RequestHandler& handler_;
   FrameParser parser_;
-  std::vector<UniqueFd> fds_;  // received, unclaimed, oldest first
+  std::deque<UniqueFd> fds_;  // received, unclaimed, oldest first
   std::deque<kj::Array<capnp::word>> outgoing_;
   uint32_t in_flight_ = 0;
   bool reading_ = false;

@@ -3,6 +3,7 @@
 #include <sys/socket.h>
 #include <sys/un.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -18,33 +19,43 @@ Result<PeerCredentials> peer_credentials(int socket_fd) {
 }
 
 Status send_all(int socket_fd, std::span<const std::byte> bytes, std::span<const int> fds) {
-  if (fds.size() > kMaxFdsPerMessage) {
-    return invalid_argument("{} descriptors in one message; the limit is {}", fds.size(),
-                            kMaxFdsPerMessage);
+  if (fds.size() > kMaxFdsPerRequest) {
+    return invalid_argument("{} descriptors in one request; the limit is {}", fds.size(),
+                            kMaxFdsPerRequest);
+  }
+  const size_t groups = (fds.size() + kMaxFdsPerSendmsg - 1) / kMaxFdsPerSendmsg;
+  if (groups > bytes.size()) {
+    return invalid_argument("{} descriptors need at least {} bytes to travel with; the message has {}",
+                            fds.size(), groups, bytes.size());
   }
   size_t sent = 0;
-  bool fds_pending = !fds.empty();
+  size_t fds_sent = 0;
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFdsPerSendmsg)];
   while (sent < bytes.size()) {
-    iovec iov{const_cast<std::byte*>(bytes.data() + sent), bytes.size() - sent};
+    const size_t fd_count = std::min(kMaxFdsPerSendmsg, fds.size() - fds_sent);
+    // Every group but the last goes with one byte of its own: descriptors attach to
+    // the bytes of the sendmsg that carries them, and the receiver must have them all
+    // before the frame's last byte completes the request.
+    const bool more_groups = fds_sent + fd_count < fds.size();
+    iovec iov{const_cast<std::byte*>(bytes.data() + sent), more_groups ? 1 : bytes.size() - sent};
     msghdr msg{};
     msg.msg_iov = &iov;
     msg.msg_iovlen = 1;
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFdsPerMessage)];
-    if (fds_pending) {
+    if (fd_count > 0) {
       msg.msg_control = control;
-      msg.msg_controllen = CMSG_SPACE(sizeof(int) * fds.size());
+      msg.msg_controllen = CMSG_SPACE(sizeof(int) * fd_count);
       cmsghdr* cmsg = CMSG_FIRSTHDR(&msg);
       cmsg->cmsg_level = SOL_SOCKET;
       cmsg->cmsg_type = SCM_RIGHTS;
-      cmsg->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
-      std::memcpy(CMSG_DATA(cmsg), fds.data(), sizeof(int) * fds.size());
+      cmsg->cmsg_len = CMSG_LEN(sizeof(int) * fd_count);
+      std::memcpy(CMSG_DATA(cmsg), fds.data() + fds_sent, sizeof(int) * fd_count);
     }
     ssize_t n = ::sendmsg(socket_fd, &msg, MSG_NOSIGNAL);
     if (n < 0) {
       if (errno == EINTR) continue;
       return errno_status(errno, "sendmsg");
     }
-    fds_pending = false;
+    fds_sent += fd_count;
     sent += static_cast<size_t>(n);
   }
   return Status::ok();
@@ -56,7 +67,7 @@ Result<Received> receive_some(int socket_fd, std::span<std::byte> into, std::vec
   msghdr msg{};
   msg.msg_iov = &iov;
   msg.msg_iovlen = 1;
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFdsPerMessage)];
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFdsPerRecvmsg)];
   msg.msg_control = control;
   msg.msg_controllen = sizeof(control);
   ssize_t n;

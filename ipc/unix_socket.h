@@ -16,7 +16,15 @@
 
 namespace kvtier::ipc {
 
-inline constexpr size_t kMaxFdsPerMessage = 8;
+// Descriptor passing limits. Linux takes at most SCM_MAX_FD (253) descriptors in one
+// SCM_RIGHTS message, so a request with more (a CUDA VMM region is one fd per chunk)
+// sends them in several sendmsg calls of at most kMaxFdsPerSendmsg, each carrying at
+// least one byte of the request's frame. The receiver never gets two calls' descriptors
+// from one recvmsg (Linux ends a read at a message that carries descriptors), so a
+// control buffer for kMaxFdsPerRecvmsg always suffices.
+inline constexpr size_t kMaxFdsPerSendmsg = 250;
+inline constexpr size_t kMaxFdsPerRecvmsg = 253;
+inline constexpr size_t kMaxFdsPerRequest = 1024;
 
 struct PeerCredentials {
   pid_t pid = 0;
@@ -26,14 +34,18 @@ struct PeerCredentials {
 
 Result<PeerCredentials> peer_credentials(int socket_fd);
 
-// Sends all of `bytes`; `fds` (at most kMaxFdsPerMessage) travel with the first byte.
-// Blocking sockets only (the client side).
+// Sends all of `bytes` with `fds` (at most kMaxFdsPerRequest) attached: up to
+// kMaxFdsPerSendmsg with each of the first bytes, one sendmsg per group, the last
+// group with the rest of the bytes. InvalidArgument when there are more descriptors
+// than that or fewer bytes than groups. Blocking sockets only (the client side).
 Status send_all(int socket_fd, std::span<const std::byte> bytes, std::span<const int> fds = {});
 
 struct Received {
   size_t bytes = 0;            // 0 means the peer closed the stream
   bool would_block = false;    // non-blocking socket had nothing to read
-  bool fds_truncated = false;  // the peer sent more descriptors than fit (they are closed)
+  // MSG_CTRUNC: descriptors were lost (more than fit, or this process is out of
+  // descriptors); those that arrived are in `fds`. The stream can no longer be trusted.
+  bool fds_truncated = false;
 };
 // One recvmsg: bytes into `into`, received descriptors appended to `fds`. Descriptors
 // are received close-on-exec. With `wait` false it never blocks (would_block instead).
