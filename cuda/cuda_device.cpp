@@ -1,255 +1,306 @@
 #include "cuda/cuda_device.h"
 
-#include "common/gpu_uuid.h"
-
+#include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <mutex>
+#include <set>
 #include <thread>
-#include <vector>
 
+#include "common/gpu_uuid.h"
 #include "common/log.h"
+#include "cuda/copy_lane.h"
 #include "cuda/cuda_memory.h"
 
 namespace kvtier {
 namespace {
 
-using namespace cuda_internal;
+using namespace cuda;
 
+// Where a segment's copy runs: GPU (index in the GpuSet), direction, priority.
 enum Direction { kDeviceToHost = 0, kHostToDevice = 1, kDeviceToDevice = 2, kDirections = 3 };
+constexpr int kPriorities = 2;
+constexpr int kLanesPerGpu = kDirections * kPriorities;
 
-std::string format_uuid(const cudaUUID_t& uuid) {
-  return format_gpu_uuid(
-      std::span<const uint8_t, 16>(reinterpret_cast<const uint8_t*>(uuid.bytes), 16));
-}
-
-class CudaDevice final : public Device {
+class CudaDevice final : public Device, public LaneOwner {
  public:
-  CudaDevice(int ordinal, std::string name, std::string uuid, CudaDeviceOptions options)
-      : ordinal_(ordinal), name_(std::move(name)), uuid_(std::move(uuid)), options_(options) {}
+  CudaDevice(GpuSetPtr gpus, std::string name, CudaDeviceOptions options)
+      : gpus_(std::move(gpus)), name_(std::move(name)), options_(std::move(options)) {}
 
   Status init() {
-    KVTIER_RETURN_IF_ERROR(driver_.load());
-    for (auto& stream : streams_) {
-      KVTIER_RETURN_IF_ERROR(cuda_status(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking),
-                                         "cudaStreamCreate"));
+    const DriverApi& driver = gpus_->driver();
+    for (const GpuContext& gpu : gpus_->gpus()) {
+      KVTIER_RETURN_IF_ERROR(gpus_->make_current(gpu.index));
+      int least = 0, greatest = 0;
+      KVTIER_RETURN_IF_ERROR(driver_status(
+          driver.ctx_get_stream_priority_range(&least, &greatest), "cuCtxGetStreamPriorityRange"));
+      for (int priority = 0; priority < kPriorities; ++priority) {
+        for (int direction = 0; direction < kDirections; ++direction) {
+          const bool background = priority == static_cast<int>(CopyPriority::kBackground);
+          auto lane = std::make_unique<CopyLane>(
+              *this, gpus_, gpu.index, background ? options_.background_piece_bytes : 0,
+              fmt::format("{}/{}{}", gpu.index, kDirectionNames[direction],
+                          background ? "/bg" : ""));
+          KVTIER_RETURN_IF_ERROR(lane->start(background ? least : greatest));
+          lanes_.push_back(std::move(lane));
+        }
+      }
     }
-    completer_ = std::thread([this] { complete_in_order(); });
     return Status::ok();
   }
 
   ~CudaDevice() override {
     drain();
-    {
-      std::lock_guard lock(mu_);
-      stopping_ = true;
-    }
-    work_ready_.notify_all();
-    if (completer_.joinable()) completer_.join();
-    for (auto& stream : streams_) {
-      if (stream != nullptr) cudaStreamDestroy(stream);
-    }
+    for (auto& lane : lanes_) lane->stop();
   }
 
   std::string_view name() const override { return name_; }
 
+  std::vector<GpuInfo> gpus() const override {
+    std::vector<GpuInfo> infos;
+    for (const GpuContext& gpu : gpus_->gpus()) infos.push_back(gpu.info);
+    return infos;
+  }
+
   Result<std::shared_ptr<Memory>> open_region(RegionHandle handle) override {
     if (handle.size_bytes == 0) return invalid_argument("sizeBytes is 0");
-    if (!handle.gpu_uuid.empty() && handle.gpu_uuid != uuid_) {
-      return invalid_argument("the region is on GPU {}; this daemon serves {} ({})",
-                              handle.gpu_uuid, uuid_, name_);
-    }
+    auto gpu = find_gpu(handle.gpu_uuid);
+    if (!gpu.is_ok()) return gpu.status();
     switch (handle.kind) {
       case RegionHandle::Kind::kCudaIpc:
-        return open_ipc_region(handle, ordinal_, driver_);
+        return open_ipc_region(gpus_, *gpu, handle);
       case RegionHandle::Kind::kCudaVmmFd:
-        if (!handle.fd.valid()) return invalid_argument("a VMM region needs its fd");
-        return open_vmm_region(handle, ordinal_, driver_);
+        return open_vmm_region(gpus_, *gpu, handle);
       case RegionHandle::Kind::kMemfd:
         break;
     }
-    return invalid_argument("the CUDA backend opens cudaIpc and cudaVmmFd regions, not memfd");
+    return invalid_argument("this kvtierd runs the CUDA backend: regions are cudaIpc or cudaVmmFd, "
+                            "not memfd");
   }
 
-  Result<std::shared_ptr<Memory>> allocate_arena(uint64_t bytes) override {
-    if (bytes == 0) return invalid_argument("hbm arena: bytes is 0");
-    KVTIER_RETURN_IF_ERROR(cuda_status(cudaSetDevice(ordinal_), "cudaSetDevice"));
-    void* data = nullptr;
-    KVTIER_RETURN_IF_ERROR(
-        cuda_status(cudaMalloc(&data, bytes), fmt::format("cudaMalloc {} bytes", bytes)));
-    return std::shared_ptr<Memory>(std::make_shared<DeviceAllocation>(data, bytes, ordinal_));
+  Result<std::shared_ptr<Memory>> allocate_arena(uint64_t bytes_per_gpu,
+                                                 uint64_t part_alignment) override {
+    if (bytes_per_gpu == 0) return invalid_argument("hbm arena: bytes is 0");
+    return cuda::allocate_arena(gpus_, bytes_per_gpu, part_alignment);
   }
 
   Result<std::shared_ptr<Memory>> allocate_pinned_pool(uint64_t bytes) override {
-    KVTIER_RETURN_IF_ERROR(cuda_status(cudaSetDevice(ordinal_), "cudaSetDevice"));
-    return allocate_pinned(bytes, options_.pool_touch_threads);
+    std::set<int> nodes;
+    for (const GpuContext& gpu : gpus_->gpus()) {
+      if (gpu.info.numa_node >= 0) nodes.insert(gpu.info.numa_node);
+    }
+    return cuda::allocate_pinned_pool(gpus_, bytes, std::vector<int>(nodes.begin(), nodes.end()),
+                                      options_.pool_touch_threads);
   }
 
   Status submit(CopyBatch batch, CopyDone done) override {
-    struct Run {
-      std::vector<void*> dsts;
-      std::vector<const void*> srcs;
-      std::vector<size_t> sizes;
-    };
-    Run runs[kDirections];
-    std::vector<std::byte*> addresses;
-    for (const auto& memory : batch.memories) {
-      std::byte* address = memory ? copy_address(*memory) : nullptr;
-      if (address == nullptr)
-        return invalid_argument("batch names memory the CUDA backend did not open");
-      addresses.push_back(address);
+    if (lost_.load(std::memory_order_acquire)) {
+      return unavailable("the GPU context is lost (a sticky CUDA error); kvtierd must restart");
     }
+    std::vector<CudaMemory*> memories;
+    for (const auto& memory : batch.memories) {
+      auto* cuda_memory = dynamic_cast<CudaMemory*>(memory.get());
+      if (cuda_memory == nullptr)
+        return invalid_argument("batch names memory the CUDA backend did not open");
+      memories.push_back(cuda_memory);
+    }
+    std::vector<LaneRun> runs(lanes_.size());
     for (size_t i = 0; i < batch.segments.size(); ++i) {
       const CopySegment& s = batch.segments[i];
-      if (s.src_memory >= addresses.size() || s.dst_memory >= addresses.size()) {
+      if (s.src_memory >= memories.size() || s.dst_memory >= memories.size()) {
         return invalid_argument("segment {} names a memory index out of range", i);
       }
-      const Memory& src = *batch.memories[s.src_memory];
-      const Memory& dst = *batch.memories[s.dst_memory];
+      const CudaMemory& src = *memories[s.src_memory];
+      const CudaMemory& dst = *memories[s.dst_memory];
       if (s.src_offset > src.size_bytes() || s.bytes > src.size_bytes() - s.src_offset ||
           s.dst_offset > dst.size_bytes() || s.bytes > dst.size_bytes() - s.dst_offset) {
         return invalid_argument("segment {} lies outside its memories", i);
       }
+    }
+    merge_adjacent_segments(batch.segments);
+    for (size_t i = 0; i < batch.segments.size(); ++i) {
+      const CopySegment& s = batch.segments[i];
       if (s.bytes == 0) continue;
-      const bool src_gpu = src.location() == MemoryLocation::kGpu,
-                 dst_gpu = dst.location() == MemoryLocation::kGpu;
-      const int direction = src_gpu && dst_gpu ? kDeviceToDevice
-                            : src_gpu          ? kDeviceToHost
-                                               : kHostToDevice;
-      runs[direction].dsts.push_back(addresses[s.dst_memory] + s.dst_offset);
-      runs[direction].srcs.push_back(addresses[s.src_memory] + s.src_offset);
-      runs[direction].sizes.push_back(s.bytes);
+      const CudaMemory& src = *memories[s.src_memory];
+      const CudaMemory& dst = *memories[s.dst_memory];
+      const int src_gpu = src.gpu_at(s.src_offset), dst_gpu = dst.gpu_at(s.dst_offset);
+      if (src_gpu != src.gpu_at(s.src_offset + s.bytes - 1) ||
+          dst_gpu != dst.gpu_at(s.dst_offset + s.bytes - 1)) {
+        return invalid_argument("segment {} straddles two GPUs' parts of the arena", i);
+      }
+      // The engine-side GPU's copy engines move the bytes; between two GPUs, the
+      // destination's.
+      const int gpu = dst_gpu >= 0 ? dst_gpu : std::max(src_gpu, 0);
+      const int direction = src_gpu >= 0 && dst_gpu >= 0 ? kDeviceToDevice
+                            : src_gpu >= 0               ? kDeviceToHost
+                                                         : kHostToDevice;
+      const size_t lane = static_cast<size_t>(gpu) * kLanesPerGpu +
+                          static_cast<size_t>(batch.priority) * kDirections + direction;
+      runs[lane].add(dst.address() + s.dst_offset, src.address() + s.src_offset, s.bytes);
     }
-    Pending pending{std::move(batch), std::move(done), {}, Status::ok()};
-    KVTIER_RETURN_IF_ERROR(cuda_status(cudaSetDevice(ordinal_), "cudaSetDevice"));
-    for (int d = 0; d < kDirections; ++d) {
-      if (runs[d].sizes.empty()) continue;
-      Status issued = issue(streams_[d], runs[d].dsts, runs[d].srcs, runs[d].sizes);
-      cudaEvent_t event = nullptr;
-      Status recorded = cuda_status(
-          cudaEventCreateWithFlags(&event, cudaEventDisableTiming | cudaEventBlockingSync),
-          "cudaEventCreate");
-      if (recorded.is_ok())
-        recorded = cuda_status(cudaEventRecord(event, streams_[d]), "cudaEventRecord");
-      if (event != nullptr) pending.events.push_back(event);
-      // Whatever was enqueued must finish before `done` runs, so an error here is
-      // reported through the completion, not by returning early.
-      if (!issued.is_ok() && pending.error.is_ok()) pending.error = issued;
-      if (!recorded.is_ok() && pending.error.is_ok()) pending.error = recorded;
-    }
+
+    const auto parts = static_cast<int>(
+        std::count_if(runs.begin(), runs.end(), [](const LaneRun& run) { return !run.empty(); }));
+    auto state = std::make_shared<BatchState>(std::move(batch), std::move(done), std::max(parts, 1));
     {
       std::lock_guard lock(mu_);
-      queue_.push_back(std::move(pending));
+      ++in_flight_;
     }
-    work_ready_.notify_one();
+    if (parts == 0) {  // nothing to copy: complete through a lane all the same
+      lanes_.front()->enqueue(state, LaneRun());
+      return Status::ok();
+    }
+    for (size_t lane = 0; lane < lanes_.size(); ++lane) {
+      if (!runs[lane].empty()) lanes_[lane]->enqueue(state, std::move(runs[lane]));
+    }
     return Status::ok();
   }
 
   void drain() override {
     std::unique_lock lock(mu_);
-    all_done_.wait(lock, [this] { return queue_.empty() && !completing_; });
+    all_done_.wait(lock, [this] { return in_flight_ == 0; });
+  }
+
+  void set_fatal_error_handler(std::function<void(const Status&)> handler) override {
+    std::lock_guard lock(mu_);
+    fatal_handler_ = std::move(handler);
+  }
+
+  // LaneOwner: called on lane threads.
+  void batch_finished() override {
+    std::lock_guard lock(mu_);
+    if (--in_flight_ == 0) all_done_.notify_all();
+  }
+  void context_lost(const Status& error) override {
+    if (lost_.exchange(true, std::memory_order_acq_rel)) return;
+    KVTIER_LOG_ERROR("GPU context lost: {}", error.to_string());
+    std::function<void(const Status&)> handler;
+    {
+      std::lock_guard lock(mu_);
+      handler = fatal_handler_;
+    }
+    if (handler) handler(error);
   }
 
  private:
-  struct Pending {
-    CopyBatch batch;  // keeps the memories alive until the copies finished
-    CopyDone done;
-    std::vector<cudaEvent_t> events;
-    Status error;
-  };
+  static constexpr const char* kDirectionNames[kDirections] = {"d2h", "h2d", "d2d"};
 
-  Status issue(cudaStream_t stream, std::vector<void*>& dsts, std::vector<const void*>& srcs,
-               std::vector<size_t>& sizes) {
-    if (use_batch_api_) {
-      cudaMemcpyAttributes attributes{};
-      attributes.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
-      attributes.flags = cudaMemcpyFlagPreferOverlapWithCompute;
-      size_t attribute_index = 0;
-      cudaError_t error = cudaMemcpyBatchAsync(dsts.data(), srcs.data(), sizes.data(), sizes.size(),
-                                               &attributes, &attribute_index, 1, stream);
-      if (error == cudaSuccess) return Status::ok();
-      if (error != cudaErrorNotSupported && error != cudaErrorInvalidValue) {
-        return cuda_status(error, "cudaMemcpyBatchAsync");
-      }
-      (void)cudaGetLastError();
-      use_batch_api_ = false;  // older driver: one call per segment from now on
-      KVTIER_LOG_INFO("cudaMemcpyBatchAsync unavailable ({}); using cudaMemcpyAsync per segment",
-                      cudaGetErrorName(error));
+  Result<int> find_gpu(const std::string& uuid) const {
+    const auto& all = gpus_->gpus();
+    if (uuid.empty()) {
+      if (all.size() == 1) return 0;
+      return invalid_argument("gpuUuid is empty, but this kvtierd serves {} GPUs: name one",
+                              all.size());
     }
-    for (size_t i = 0; i < sizes.size(); ++i) {
-      KVTIER_RETURN_IF_ERROR(
-          cuda_status(cudaMemcpyAsync(dsts[i], srcs[i], sizes[i], cudaMemcpyDefault, stream),
-                      "cudaMemcpyAsync"));
+    for (const GpuContext& gpu : all) {
+      if (gpu.info.uuid == uuid) return gpu.index;
     }
-    return Status::ok();
+    std::vector<std::string> served;
+    for (const GpuContext& gpu : all) served.push_back(gpu.info.uuid);
+    return invalid_argument("gpuUuid {} is not served by this kvtierd (it serves {})", uuid,
+                            fmt::join(served, ", "));
   }
 
-  // Streams complete in order, so waiting in submission order never delays a batch
-  // behind a later one on the same stream.
-  void complete_in_order() {
-    cudaSetDevice(ordinal_);
-    while (true) {
-      Pending pending;
-      {
-        std::unique_lock lock(mu_);
-        work_ready_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
-        if (queue_.empty()) return;
-        pending = std::move(queue_.front());
-        queue_.pop_front();
-        completing_ = true;
-      }
-      Status status = pending.error;
-      for (cudaEvent_t event : pending.events) {
-        Status synced = cuda_status(cudaEventSynchronize(event), "copy");
-        if (!synced.is_ok() && status.is_ok()) status = synced;
-        cudaEventDestroy(event);
-      }
-      pending.done(status);
-      pending.batch = CopyBatch();  // release regions before announcing the drain
-      {
-        std::lock_guard lock(mu_);
-        completing_ = false;
-      }
-      all_done_.notify_all();
-    }
-  }
-
-  const int ordinal_;
+  const GpuSetPtr gpus_;
   const std::string name_;
-  const std::string uuid_;
   const CudaDeviceOptions options_;
-  DriverApi driver_;
-  cudaStream_t streams_[kDirections] = {};
-  bool use_batch_api_ = true;  // touched only by the submitting (control) thread
+  std::vector<std::unique_ptr<CopyLane>> lanes_;  // [gpu][priority][direction]
+  std::atomic<bool> lost_{false};
 
   std::mutex mu_;  // protects the fields below
-  std::condition_variable work_ready_;
   std::condition_variable all_done_;
-  std::deque<Pending> queue_;
-  bool completing_ = false;
-  bool stopping_ = false;
-  std::thread completer_;
+  uint64_t in_flight_ = 0;
+  std::function<void(const Status&)> fatal_handler_;
 };
+
+std::string describe_gpus(const std::vector<GpuContext>& gpus) {
+  std::vector<std::string> names;
+  for (const GpuContext& gpu : gpus) names.push_back(gpu.info.name);
+  if (std::all_of(names.begin(), names.end(), [&](const auto& n) { return n == names.front(); })) {
+    return names.size() == 1 ? names.front() : fmt::format("{} × {}", names.size(), names.front());
+  }
+  return fmt::format("{}", fmt::join(names, " + "));
+}
+
+Result<GpuContext> describe_gpu(const DriverApi& driver, int ordinal) {
+  GpuContext gpu;
+  gpu.ordinal = ordinal;
+  KVTIER_RETURN_IF_ERROR(driver_status(driver.device_get(&gpu.device, ordinal), "cuDeviceGet"));
+  char name[256] = {};
+  KVTIER_RETURN_IF_ERROR(
+      driver_status(driver.device_get_name(name, sizeof(name) - 1, gpu.device), "cuDeviceGetName"));
+  CUuuid uuid{};
+  KVTIER_RETURN_IF_ERROR(driver_status(driver.device_get_uuid(&uuid, gpu.device), "cuDeviceGetUuid"));
+  gpu.info.name = name;
+  gpu.info.ordinal = ordinal;
+  gpu.info.uuid = format_gpu_uuid(
+      std::span<const uint8_t, 16>(reinterpret_cast<const uint8_t*>(uuid.bytes), 16));
+  int numa = -1;
+  // Older drivers do not know the attribute: then the node is unknown.
+  if (driver.device_get_attribute(&numa, CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID, gpu.device) !=
+      CUDA_SUCCESS) {
+    numa = -1;
+  }
+  gpu.info.numa_node = numa;
+  return gpu;
+}
 
 }  // namespace
 
 Result<std::unique_ptr<Device>> make_cuda_device(const CudaDeviceOptions& options) {
+  auto loaded = cuda::DriverApi::get();
+  if (!loaded.is_ok()) return loaded.status();
+  const cuda::DriverApi& driver = **loaded;
   int count = 0;
-  cudaError_t error = cudaGetDeviceCount(&count);
-  if (error != cudaSuccess || count == 0) {
-    (void)cudaGetLastError();
-    return unavailable("no CUDA device: {}",
-                       error != cudaSuccess ? cudaGetErrorString(error) : "0 GPUs");
+  KVTIER_RETURN_IF_ERROR(driver_status(driver.device_get_count(&count), "cuDeviceGetCount"));
+  if (count == 0) return unavailable("no CUDA device: the driver shows 0 GPUs");
+  std::vector<GpuContext> present;
+  for (int ordinal = 0; ordinal < count; ++ordinal) {
+    auto gpu = describe_gpu(driver, ordinal);
+    if (!gpu.is_ok()) return gpu.status();
+    present.push_back(std::move(*gpu));
   }
-  if (options.device_ordinal < 0 || options.device_ordinal >= count) {
-    return invalid_argument("GPU ordinal {} is outside 0..{}", options.device_ordinal, count - 1);
+  std::vector<GpuContext> chosen;
+  if (options.gpu_uuids.empty()) {
+    chosen = present;
+  } else {
+    for (const std::string& uuid : options.gpu_uuids) {
+      auto it = std::find_if(present.begin(), present.end(),
+                             [&](const GpuContext& gpu) { return gpu.info.uuid == uuid; });
+      if (it == present.end()) {
+        std::vector<std::string> there;
+        for (const GpuContext& gpu : present) there.push_back(gpu.info.uuid);
+        return invalid_argument("--gpus: {} is not on this machine (it has {})", uuid,
+                                fmt::join(there, ", "));
+      }
+      if (std::any_of(chosen.begin(), chosen.end(),
+                      [&](const GpuContext& gpu) { return gpu.info.uuid == uuid; })) {
+        return invalid_argument("--gpus: {} is listed twice", uuid);
+      }
+      chosen.push_back(*it);
+    }
   }
-  cudaDeviceProp props{};
-  KVTIER_RETURN_IF_ERROR(cuda_status(cudaGetDeviceProperties(&props, options.device_ordinal),
-                                     "cudaGetDeviceProperties"));
-  auto device = std::make_unique<CudaDevice>(options.device_ordinal, props.name,
-                                             format_uuid(props.uuid), options);
+  for (size_t i = 0; i < chosen.size(); ++i) {
+    chosen[i].index = static_cast<int>(i);
+    CUresult retained = driver.primary_ctx_retain(&chosen[i].context, chosen[i].device);
+    if (retained != CUDA_SUCCESS) {
+      for (size_t j = 0; j < i; ++j) driver.primary_ctx_release(chosen[j].device);
+      return driver_status(retained, fmt::format("cuDevicePrimaryCtxRetain {}", chosen[i].info.uuid));
+    }
+  }
+  const std::string name = describe_gpus(chosen);
+  for (const GpuContext& gpu : chosen) {
+    KVTIER_LOG_INFO("serving GPU {} ({}, ordinal {}, NUMA node {})", gpu.info.uuid, gpu.info.name,
+                    gpu.ordinal, gpu.info.numa_node);
+  }
+  auto gpus = std::make_shared<const GpuSet>(driver, std::move(chosen));
+  auto device = std::make_unique<CudaDevice>(std::move(gpus), name, options);
   KVTIER_RETURN_IF_ERROR(device->init());
+  if (driver.memcpy_batch_v13000 == nullptr && driver.memcpy_batch_v12080 == nullptr) {
+    KVTIER_LOG_INFO("driver {}.{} has no cuMemcpyBatchAsync: one cuMemcpyAsync per segment",
+                    driver.driver_version / 1000, driver.driver_version % 1000 / 10);
+  }
   return std::unique_ptr<Device>(std::move(device));
 }
 

@@ -1,42 +1,55 @@
-// CudaDevice: the Device backend for NVIDIA GPUs (built when the CUDA toolkit is
-// found; see KVTIER_HAVE_CUDA).
+// CudaDevice: the Device backend for NVIDIA GPUs, on the CUDA driver API only
+// (cuda/driver_api.h: libcuda.so.1 loaded at run time, no CUDA runtime).
 //
-// Regions: legacy CUDA IPC handles (cudaIpcOpenMemHandle) and CUDA VMM POSIX-fd
-// shareable handles (cuMemImportFromShareableHandle + map), which is what PyTorch's
-// expandable segments produce. The engine names its GPU by UUID ("GPU-…"); an empty
-// UUID means the daemon's device. The "HBM" arena is one cudaMalloc; the RAM pool is
-// mmap + parallel first touch + cudaHostRegister (pinned, so the copy engines DMA
-// straight into it).
+// GPUs: one kvtierd serves every GPU of the node it is told to (`--gpus all` or a list
+// of UUIDs). For each it retains the primary context (made current on every thread
+// that calls CUDA), creates its own streams and owns a part of the HBM arena. Engines
+// name their GPU by UUID in RegisterRegion.
 //
-// Copies: one non-default stream per direction (D2H, H2D, D2D); the segments of a
-// batch for one direction go out as one cudaMemcpyBatchAsync (falling back to one
-// cudaMemcpyAsync per segment where the driver lacks it). Completion: an event per
-// used stream; a completion thread waits on them in submission order and calls `done`.
+// Regions: legacy CUDA IPC handles, opened at the allocation base and offset by the
+// engine's `offset_bytes` (checked against the allocation's size), and CUDA VMM
+// regions (PyTorch expandable segments): N shareable fds, imported and mapped back to
+// back into one reserved address range, access set once, the region starting
+// `offset_bytes` into the first chunk. The importer's mapping keeps VMM memory alive
+// even if the engine frees it, which legacy IPC does not.
 //
-// The driver API (VMM import, address ranges) is reached through
-// cudaGetDriverEntryPointByVersion, and the runtime is linked statically, so kvtierd
-// starts on machines without an NVIDIA driver and simply reports no CUDA device.
+// Arena: one reserved address range holding `bytes_per_gpu` of cuMemCreate memory
+// from each GPU in turn, so the daemon addresses it as one Memory. RAM pool: mmap on
+// the GPUs' NUMA node, faulted in by several threads, then cuMemHostRegister'ed.
 //
-// Thread-safety: as Device. Ownership: regions close their handles (cudaIpcCloseMemHandle,
-// cuMemUnmap/Release) when their last shared_ptr goes — after in-flight copies.
+// Copies: per GPU, one stream per (direction, priority). A batch's segments are
+// merged where contiguous and go out per stream as one cuMemcpyBatchAsync (driver
+// ≥ 12.8) or one cuMemcpyAsync each; each stream has its own completion thread, so a
+// batch completes when its own streams are done and never waits for another stream's
+// work (no head-of-line blocking between a Load and a background demotion). Background
+// batches are issued in pieces of at most `background_piece_bytes`, each after the
+// previous finished, so the copy engines are never queued deep with background work.
+//
+// Errors: a sticky error (the context is lost) fails the batch with DataLoss and calls
+// the fatal-error handler once; every later submit fails with Unavailable.
+//
+// Thread-safety: as Device. Ownership: regions close their mappings when their last
+// shared_ptr goes, which is after every copy that used them completed.
 #pragma once
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "cuda/device.h"
 
 namespace kvtier {
 
 struct CudaDeviceOptions {
-  int device_ordinal = 0;      // which GPU the daemon serves
-  int pool_touch_threads = 4;  // parallel first touch of the pinned pool
+  // GPUs to serve: empty = every GPU the driver shows; else their UUIDs ("GPU-…").
+  std::vector<std::string> gpu_uuids;
+  int pool_touch_threads = 4;                    // parallel first touch of the pinned pool
+  uint64_t background_piece_bytes = 64ull << 20;  // at most this much background copying
+                                                  // queued per stream at a time
 };
 
-// Unavailable ("no CUDA device: …") when there is no driver or no GPU.
+// Unavailable ("no CUDA driver: …" / "no CUDA device") when there is no driver or no
+// GPU; InvalidArgument when a UUID in `gpu_uuids` is not on this machine.
 Result<std::unique_ptr<Device>> make_cuda_device(const CudaDeviceOptions& options);
-
-// The one cudaError_t conversion. Defined only in CUDA builds.
-Status cuda_status(int cuda_error, std::string_view what);
 
 }  // namespace kvtier

@@ -1,212 +1,305 @@
 #include "cuda/cuda_memory.h"
 
-#include <sys/mman.h>
-
-#include <cerrno>
+#include <algorithm>
 #include <cstring>
-#include <thread>
-#include <vector>
+#include <numeric>
 
 #include "common/log.h"
-#include "cuda/cuda_device.h"
+#include "common/units.h"
 
-namespace kvtier {
+namespace kvtier::cuda {
 
-Status cuda_status(int cuda_error, std::string_view what) {
-  auto error = static_cast<cudaError_t>(cuda_error);
-  if (error == cudaSuccess) return Status::ok();
-  StatusCode code = StatusCode::kInternal;
-  switch (error) {
-    case cudaErrorMemoryAllocation:
-    case cudaErrorHostMemoryAlreadyRegistered:
-      code = StatusCode::kResourceExhausted;
-      break;
-    case cudaErrorInvalidValue:
-    case cudaErrorInvalidDevicePointer:
-    case cudaErrorInvalidResourceHandle:
-    case cudaErrorMapBufferObjectFailed:
-      code = StatusCode::kInvalidArgument;
-      break;
-    case cudaErrorNoDevice:
-    case cudaErrorInsufficientDriver:
-    case cudaErrorInvalidDevice:
-      code = StatusCode::kUnavailable;
-      break;
-    case cudaErrorECCUncorrectable:
-    case cudaErrorIllegalAddress:
-    case cudaErrorLaunchFailure:
-      // The bytes of this copy cannot be trusted; the context may be gone too.
-      code = StatusCode::kDataLoss;
-      break;
-    default:
-      break;
+GpuSet::~GpuSet() {
+  for (const GpuContext& gpu : gpus_) driver_.primary_ctx_release(gpu.device);
+}
+
+Status GpuSet::make_current(int index) const {
+  return driver_status(driver_.ctx_set_current(gpus_[index].context), "cuCtxSetCurrent");
+}
+
+namespace {
+
+// A reserved address range with chunks mapped into it; unmaps and frees on
+// destruction. Physical memory is released with its last mapping (the handles are
+// released right after mapping).
+class MappedRange {
+ public:
+  MappedRange(GpuSetPtr gpus, int owner)
+      : gpus_(std::move(gpus)), driver_(gpus_->driver()), owner_(owner) {}
+  ~MappedRange() {
+    if (base_ == 0) return;
+    (void)gpus_->make_current(owner_);
+    for (const auto& [offset, bytes] : mapped_) driver_.mem_unmap(base_ + offset, bytes);
+    driver_.mem_address_free(base_, reserved_bytes_);
   }
-  return Status(
-      code, fmt::format("{}: {} ({})", what, cudaGetErrorString(error), cudaGetErrorName(error)));
-}
+  MappedRange(const MappedRange&) = delete;
+  MappedRange& operator=(const MappedRange&) = delete;
 
-namespace cuda_internal {
-
-Status driver_status(CUresult result, std::string_view what) {
-  if (result == CUDA_SUCCESS) return Status::ok();
-  StatusCode code = result == CUDA_ERROR_OUT_OF_MEMORY ? StatusCode::kResourceExhausted
-                    : result == CUDA_ERROR_INVALID_VALUE || result == CUDA_ERROR_INVALID_HANDLE
-                        ? StatusCode::kInvalidArgument
-                        : StatusCode::kInternal;
-  return Status(code, fmt::format("{}: CUresult {}", what, static_cast<int>(result)));
-}
-
-Status DriverApi::load() {
-  auto resolve = [](const char* symbol, auto& fn) -> Status {
-    void* address = nullptr;
-    cudaDriverEntryPointQueryResult found{};
-    cudaError_t error =
-        cudaGetDriverEntryPointByVersion(symbol, &address, 12000, cudaEnableDefault, &found);
-    if (error != cudaSuccess || found != cudaDriverEntryPointSuccess || address == nullptr) {
-      return unavailable("CUDA driver entry point {} not found", symbol);
-    }
-    fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(address);
+  Status reserve(uint64_t bytes, uint64_t alignment) {
+    KVTIER_RETURN_IF_ERROR(driver_status(driver_.mem_address_reserve(&base_, bytes, alignment, 0, 0),
+                                         fmt::format("cuMemAddressReserve {} bytes", bytes)));
+    reserved_bytes_ = bytes;
     return Status::ok();
-  };
-  KVTIER_RETURN_IF_ERROR(resolve("cuMemImportFromShareableHandle", mem_import));
-  KVTIER_RETURN_IF_ERROR(resolve("cuMemGetAllocationPropertiesFromHandle", mem_properties));
-  KVTIER_RETURN_IF_ERROR(resolve("cuMemGetAllocationGranularity", mem_granularity));
-  KVTIER_RETURN_IF_ERROR(resolve("cuMemAddressReserve", address_reserve));
-  KVTIER_RETURN_IF_ERROR(resolve("cuMemAddressFree", address_free));
-  KVTIER_RETURN_IF_ERROR(resolve("cuMemMap", mem_map));
-  KVTIER_RETURN_IF_ERROR(resolve("cuMemUnmap", mem_unmap));
-  KVTIER_RETURN_IF_ERROR(resolve("cuMemSetAccess", mem_set_access));
-  KVTIER_RETURN_IF_ERROR(resolve("cuMemRelease", mem_release));
-  KVTIER_RETURN_IF_ERROR(resolve("cuMemGetAddressRange", address_range));
-  return Status::ok();
+  }
+  // Maps `handle` (`bytes` of it) at `offset`, then releases the handle: the mapping
+  // holds the memory from now on.
+  Status map_and_release(uint64_t offset, uint64_t bytes, CUmemGenericAllocationHandle handle) {
+    Status mapped = driver_status(driver_.mem_map(base_ + offset, bytes, 0, handle, 0),
+                                  fmt::format("cuMemMap {} bytes at +{}", bytes, offset));
+    if (mapped.is_ok()) mapped_.emplace_back(offset, bytes);
+    driver_.mem_release(handle);
+    return mapped;
+  }
+  // Read/write access for `gpus` to [offset, offset + bytes); each GPU other than
+  // those in `required` is best effort (peer access may be unsupported).
+  Status set_access(uint64_t offset, uint64_t bytes, int required) {
+    const int required_ordinal = gpus_->gpu(required).ordinal;
+    std::vector<CUmemAccessDesc> access;
+    for (const GpuContext& gpu : gpus_->gpus()) {
+      CUmemAccessDesc desc{};
+      desc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+      desc.location.id = gpu.ordinal;
+      desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+      access.push_back(desc);
+    }
+    CUresult all = driver_.mem_set_access(base_ + offset, bytes, access.data(), access.size());
+    if (all == CUDA_SUCCESS) return Status::ok();
+    KVTIER_LOG_WARN("{}; granting GPU {} only (copies between GPUs go through the driver)",
+                    driver_status(all, "cuMemSetAccess for every served GPU").message(),
+                    required_ordinal);
+    CUmemAccessDesc own{};
+    own.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    own.location.id = required_ordinal;
+    own.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    return driver_status(driver_.mem_set_access(base_ + offset, bytes, &own, 1), "cuMemSetAccess");
+  }
+  CUdeviceptr base() const { return base_; }
+
+ private:
+  const GpuSetPtr gpus_;
+  const DriverApi& driver_;
+  const int owner_;
+  CUdeviceptr base_ = 0;
+  uint64_t reserved_bytes_ = 0;
+  std::vector<std::pair<uint64_t, uint64_t>> mapped_;  // (offset, bytes)
+};
+
+Result<uint64_t> granularity(const DriverApi& driver, const GpuContext& gpu,
+                             CUmemAllocationGranularity_flags which) {
+  CUmemAllocationProp prop{};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = gpu.ordinal;
+  size_t bytes = 0;
+  KVTIER_RETURN_IF_ERROR(driver_status(
+      driver.mem_get_allocation_granularity(&bytes, &prop, which),
+      "cuMemGetAllocationGranularity"));
+  if (bytes == 0) return internal_error("cuMemGetAllocationGranularity returned 0");
+  return uint64_t{bytes};
 }
 
-DeviceAllocation::~DeviceAllocation() {
-  cudaSetDevice(ordinal_);
-  cudaFree(data_);
+class Arena final : public CudaMemory {
+ public:
+  Arena(std::unique_ptr<MappedRange> range, uint64_t part_bytes, size_t parts)
+      : range_(std::move(range)), part_bytes_(part_bytes), parts_(parts) {}
+  uint64_t size_bytes() const override { return part_bytes_ * parts_; }
+  MemoryLocation location() const override { return MemoryLocation::kGpu; }
+  std::string describe() const override {
+    return fmt::format("hbm arena ({} on each of {} GPUs)", format_bytes(part_bytes_), parts_);
+  }
+  CUdeviceptr address() const override { return range_->base(); }
+  int gpu_at(uint64_t offset) const override { return static_cast<int>(offset / part_bytes_); }
+
+ private:
+  std::unique_ptr<MappedRange> range_;
+  uint64_t part_bytes_;
+  size_t parts_;
+};
+
+class IpcRegion final : public CudaMemory {
+ public:
+  IpcRegion(GpuSetPtr gpus, int gpu, CUdeviceptr base, uint64_t offset, uint64_t bytes)
+      : gpus_(std::move(gpus)), gpu_(gpu), base_(base), offset_(offset), bytes_(bytes) {}
+  ~IpcRegion() override {
+    (void)gpus_->make_current(gpu_);
+    gpus_->driver().ipc_close_mem_handle(base_);
+  }
+  uint64_t size_bytes() const override { return bytes_; }
+  MemoryLocation location() const override { return MemoryLocation::kGpu; }
+  std::string describe() const override {
+    return fmt::format("cuda ipc region {} at +{} on {}", format_bytes(bytes_), offset_,
+                       gpus_->gpu(gpu_).info.uuid);
+  }
+  CUdeviceptr address() const override { return base_ + offset_; }
+  int gpu_at(uint64_t) const override { return gpu_; }
+
+ private:
+  const GpuSetPtr gpus_;
+  const int gpu_;
+  CUdeviceptr base_;
+  uint64_t offset_;
+  uint64_t bytes_;
+};
+
+class VmmRegion final : public CudaMemory {
+ public:
+  VmmRegion(std::unique_ptr<MappedRange> range, std::string uuid, int gpu, uint64_t offset,
+            uint64_t bytes, size_t chunks)
+      : range_(std::move(range)),
+        uuid_(std::move(uuid)),
+        gpu_(gpu),
+        offset_(offset),
+        bytes_(bytes),
+        chunks_(chunks) {}
+  uint64_t size_bytes() const override { return bytes_; }
+  MemoryLocation location() const override { return MemoryLocation::kGpu; }
+  std::string describe() const override {
+    return fmt::format("cuda vmm region {} in {} chunks at +{} on {}", format_bytes(bytes_),
+                       chunks_, offset_, uuid_);
+  }
+  CUdeviceptr address() const override { return range_->base() + offset_; }
+  int gpu_at(uint64_t) const override { return gpu_; }
+
+ private:
+  std::unique_ptr<MappedRange> range_;
+  const std::string uuid_;
+  const int gpu_;
+  uint64_t offset_;
+  uint64_t bytes_;
+  size_t chunks_;
+};
+
+}  // namespace
+
+Result<std::shared_ptr<Memory>> allocate_arena(const GpuSetPtr& gpu_set, uint64_t bytes_per_gpu,
+                                               uint64_t part_alignment) {
+  const DriverApi& driver = gpu_set->driver();
+  const std::vector<GpuContext>& gpus = gpu_set->gpus();
+  if (gpus.empty()) return internal_error("hbm arena: no GPU to allocate it on");
+  uint64_t alignment = 1;
+  for (const GpuContext& gpu : gpus) {
+    auto unit = granularity(driver, gpu, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED);
+    if (!unit.is_ok()) return unit.status();
+    alignment = std::lcm(alignment, *unit);
+  }
+  alignment = std::lcm(alignment, std::max<uint64_t>(part_alignment, 1));
+  const uint64_t part = bytes_per_gpu / alignment * alignment;
+  if (part == 0) {
+    return invalid_argument("hbm arena: {} bytes per GPU is less than one unit of {} bytes",
+                            bytes_per_gpu, alignment);
+  }
+  KVTIER_RETURN_IF_ERROR(gpu_set->make_current(0));
+  auto range = std::make_unique<MappedRange>(gpu_set, 0);
+  KVTIER_RETURN_IF_ERROR(range->reserve(part * gpus.size(), alignment));
+  for (const GpuContext& gpu : gpus) {
+    KVTIER_RETURN_IF_ERROR(gpu_set->make_current(gpu.index));
+    CUmemAllocationProp prop{};
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = gpu.ordinal;
+    CUmemGenericAllocationHandle handle{};
+    KVTIER_RETURN_IF_ERROR(
+        driver_status(driver.mem_create(&handle, part, &prop, 0),
+                      fmt::format("cuMemCreate {} of HBM on {}", format_bytes(part), gpu.info.uuid)));
+    const uint64_t offset = part * static_cast<uint64_t>(gpu.index);
+    KVTIER_RETURN_IF_ERROR(range->map_and_release(offset, part, handle));
+    KVTIER_RETURN_IF_ERROR(range->set_access(offset, part, gpu.index));
+  }
+  return std::shared_ptr<Memory>(std::make_shared<Arena>(std::move(range), part, gpus.size()));
 }
 
-IpcRegion::~IpcRegion() {
-  cudaSetDevice(ordinal_);
-  cudaIpcCloseMemHandle(data_);
-}
-
-VmmRegion::~VmmRegion() {
-  driver_.mem_unmap(address_, mapped_bytes_);
-  driver_.address_free(address_, mapped_bytes_);
-  driver_.mem_release(handle_);
-}
-
-PinnedPool::~PinnedPool() {
-  cudaHostUnregister(data_);
-  ::munmap(data_, bytes_);
-}
-
-std::byte* copy_address(Memory& memory) {
-  if (auto* m = dynamic_cast<DeviceAllocation*>(&memory)) return m->device_data();
-  if (auto* m = dynamic_cast<IpcRegion*>(&memory)) return m->device_data();
-  if (auto* m = dynamic_cast<VmmRegion*>(&memory)) return m->device_data();
-  if (auto* m = dynamic_cast<PinnedPool*>(&memory)) return m->host_data();
-  return nullptr;
-}
-
-Result<std::shared_ptr<Memory>> open_ipc_region(RegionHandle& handle, int ordinal,
-                                                const DriverApi& driver) {
-  cudaIpcMemHandle_t ipc{};
+Result<std::shared_ptr<Memory>> open_ipc_region(const GpuSetPtr& gpus, int gpu,
+                                                RegionHandle& handle) {
+  const DriverApi& driver = gpus->driver();
+  CUipcMemHandle ipc{};
   static_assert(sizeof(ipc) == sizeof(handle.ipc_handle));
   std::memcpy(&ipc, handle.ipc_handle.data(), sizeof(ipc));
-  void* data = nullptr;
-  KVTIER_RETURN_IF_ERROR(cuda_status(cudaSetDevice(ordinal), "cudaSetDevice"));
-  // A handle from another machine, of a freed allocation, or garbage fails here.
-  KVTIER_RETURN_IF_ERROR(cuda_status(
-      cudaIpcOpenMemHandle(&data, ipc, cudaIpcMemLazyEnablePeerAccess), "cudaIpcOpenMemHandle"));
-  auto region = std::make_shared<IpcRegion>(data, handle.size_bytes, ordinal);
+  KVTIER_RETURN_IF_ERROR(gpus->make_current(gpu));
   CUdeviceptr base = 0;
-  size_t size = 0;
+  // A handle from another machine, of a freed allocation, or garbage fails here.
   KVTIER_RETURN_IF_ERROR(
-      driver_status(driver.address_range(&base, &size, reinterpret_cast<CUdeviceptr>(data)),
-                    "cuMemGetAddressRange"));
-  const uint64_t available = base + size - reinterpret_cast<CUdeviceptr>(data);
-  if (handle.size_bytes > available) {
-    return invalid_argument("sizeBytes {} exceeds the {} bytes the IPC allocation holds",
-                            handle.size_bytes, available);
-  }
-  return std::shared_ptr<Memory>(std::move(region));
-}
-
-Result<std::shared_ptr<Memory>> open_vmm_region(RegionHandle& handle, int ordinal,
-                                                const DriverApi& driver) {
-  CUmemGenericAllocationHandle allocation{};
+      driver_status(driver.ipc_open_mem_handle(&base, ipc, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS),
+                    "cuIpcOpenMemHandle"));
+  auto region = std::make_shared<IpcRegion>(gpus, gpu, base, handle.offset_bytes, handle.size_bytes);
+  CUdeviceptr allocation_base = 0;
+  size_t allocation_bytes = 0;
   KVTIER_RETURN_IF_ERROR(driver_status(
-      driver.mem_import(&allocation,
-                        reinterpret_cast<void*>(static_cast<uintptr_t>(handle.fd.get())),
-                        CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
-      "cuMemImportFromShareableHandle"));
-  CUmemAllocationProp prop{};
-  Status status = driver_status(driver.mem_properties(&prop, allocation),
-                                "cuMemGetAllocationPropertiesFromHandle");
-  size_t granularity = 0;
-  if (status.is_ok()) {
-    status =
-        driver_status(driver.mem_granularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
-                      "cuMemGetAllocationGranularity");
+      driver.mem_get_address_range(&allocation_base, &allocation_bytes, base),
+      "cuMemGetAddressRange"));
+  if (allocation_base != base) {
+    return invalid_argument("ipcHandle: the driver opened the handle at +{} inside an allocation, "
+                            "not at its base", base - allocation_base);
   }
-  if (status.is_ok() && prop.location.id != ordinal) {
-    status = invalid_argument("the VMM allocation lives on GPU {}, not on the daemon's GPU {}",
-                              prop.location.id, ordinal);
+  if (handle.offset_bytes > allocation_bytes ||
+      handle.size_bytes > allocation_bytes - handle.offset_bytes) {
+    return invalid_argument(
+        "offsetBytes {} + sizeBytes {} exceed the {} bytes of the allocation the IPC handle "
+        "exports",
+        handle.offset_bytes, handle.size_bytes, allocation_bytes);
   }
-  const uint64_t mapped =
-      granularity ? (handle.size_bytes + granularity - 1) / granularity * granularity : 0;
-  CUdeviceptr address = 0;
-  if (status.is_ok())
-    status = driver_status(driver.address_reserve(&address, mapped, granularity, 0, 0),
-                           "cuMemAddressReserve");
-  if (status.is_ok()) {
-    // Fails when the allocation is smaller than the size the engine declared.
-    status = driver_status(driver.mem_map(address, mapped, 0, allocation, 0),
-                           "cuMemMap (is sizeBytes right?)");
-    if (!status.is_ok()) driver.address_free(address, mapped);
-  }
-  if (!status.is_ok()) {
-    driver.mem_release(allocation);
-    return status;
-  }
-  auto region = std::make_shared<VmmRegion>(driver, address, mapped, handle.size_bytes, allocation);
-  CUmemAccessDesc access{};
-  access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  access.location.id = ordinal;
-  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-  KVTIER_RETURN_IF_ERROR(
-      driver_status(driver.mem_set_access(address, mapped, &access, 1), "cuMemSetAccess"));
   return std::shared_ptr<Memory>(std::move(region));
 }
 
-Result<std::shared_ptr<Memory>> allocate_pinned(uint64_t bytes, int touch_threads) {
-  if (bytes == 0) return invalid_argument("ram pool: bytes is 0");
-  void* mapped = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (mapped == MAP_FAILED) return errno_status(errno, "mmap ram pool");
-  auto* data = static_cast<std::byte*>(mapped);
-  (void)::madvise(mapped, bytes, MADV_HUGEPAGE);
-  // First touch from several threads: faulting in tens of GiB is CPU-bound in the
-  // kernel, and cudaHostRegister on untouched memory would fault it in on one thread.
-  const int threads = std::max(1, touch_threads);
-  const uint64_t chunk = (bytes / threads + 4095) & ~uint64_t{4095};
-  std::vector<std::thread> touchers;
-  for (int t = 0; t < threads; ++t) {
-    touchers.emplace_back([=] {
-      const uint64_t begin = std::min(bytes, chunk * t), end = std::min(bytes, begin + chunk);
-      for (uint64_t offset = begin; offset < end; offset += 4096) data[offset] = std::byte{0};
-    });
+Result<std::shared_ptr<Memory>> open_vmm_region(const GpuSetPtr& gpus, int gpu_index,
+                                                RegionHandle& handle) {
+  const DriverApi& driver = gpus->driver();
+  const GpuContext& gpu = gpus->gpu(gpu_index);
+  if (handle.vmm_chunks.empty()) return invalid_argument("a VMM region needs at least one chunk");
+  // What cuMemMap insists on: the minimum granularity (the engine allocated the chunks).
+  auto unit = granularity(driver, gpu, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+  if (!unit.is_ok()) return unit.status();
+  uint64_t total = 0;
+  for (size_t i = 0; i < handle.vmm_chunks.size(); ++i) {
+    const uint64_t bytes = handle.vmm_chunks[i].bytes;
+    if (bytes == 0 || bytes % *unit != 0) {
+      return invalid_argument("chunkBytes[{}] = {} is not a positive multiple of the allocation "
+                              "granularity ({} bytes)", i, bytes, *unit);
+    }
+    if (bytes > (uint64_t{1} << 44) - total) return invalid_argument("chunkBytes add up past 16 TiB");
+    total += bytes;
   }
-  for (auto& toucher : touchers) toucher.join();
-  Status registered =
-      cuda_status(cudaHostRegister(mapped, bytes, cudaHostRegisterDefault), "cudaHostRegister");
-  if (!registered.is_ok()) {
-    ::munmap(mapped, bytes);
-    return registered;
+  if (handle.offset_bytes > total || handle.size_bytes > total - handle.offset_bytes) {
+    return invalid_argument("offsetBytes {} + sizeBytes {} exceed the {} bytes of the chunks",
+                            handle.offset_bytes, handle.size_bytes, total);
   }
-  return std::shared_ptr<Memory>(std::make_shared<PinnedPool>(data, bytes));
+  KVTIER_RETURN_IF_ERROR(gpus->make_current(gpu_index));
+  auto range = std::make_unique<MappedRange>(gpus, gpu_index);
+  KVTIER_RETURN_IF_ERROR(range->reserve(total, *unit));
+  uint64_t offset = 0;
+  for (size_t i = 0; i < handle.vmm_chunks.size(); ++i) {
+    VmmChunk& chunk = handle.vmm_chunks[i];
+    CUmemGenericAllocationHandle imported{};
+    KVTIER_RETURN_IF_ERROR(driver_status(
+        driver.mem_import_from_shareable_handle(
+            &imported, reinterpret_cast<void*>(static_cast<uintptr_t>(chunk.fd.get())),
+            CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
+        fmt::format("chunk {}: cuMemImportFromShareableHandle", i)));
+    chunk.fd.reset();  // the handle holds the memory now
+    CUmemAllocationProp prop{};
+    Status checked = driver_status(driver.mem_get_allocation_properties(&prop, imported),
+                                   "cuMemGetAllocationPropertiesFromHandle");
+    if (checked.is_ok() && (prop.location.type != CU_MEM_LOCATION_TYPE_DEVICE ||
+                            prop.location.id != gpu.ordinal)) {
+      checked = invalid_argument("chunk {} lives on device ordinal {}, not on {} (ordinal {})", i,
+                                 prop.location.id, gpu.info.uuid, gpu.ordinal);
+    }
+    if (!checked.is_ok()) {
+      driver.mem_release(imported);
+      return checked;
+    }
+    // Fails when the chunk is smaller than the engine declared.
+    Status mapped = range->map_and_release(offset, chunk.bytes, imported);
+    if (!mapped.is_ok()) {
+      return Status(mapped.code(), fmt::format("chunk {} (is chunkBytes right?): {}", i,
+                                               mapped.message()));
+    }
+    offset += chunk.bytes;
+  }
+  // Access once, for the whole range.
+  KVTIER_RETURN_IF_ERROR(range->set_access(0, total, gpu_index));
+  return std::shared_ptr<Memory>(
+      std::make_shared<VmmRegion>(std::move(range), gpu.info.uuid, gpu_index, handle.offset_bytes,
+                                  handle.size_bytes, handle.vmm_chunks.size()));
 }
 
-}  // namespace cuda_internal
-}  // namespace kvtier
+}  // namespace kvtier::cuda

@@ -1,122 +1,91 @@
-// Memory kinds of the CUDA backend and the driver entry points they need. Internal to
-// cuda/; the daemon sees only cuda_device.h.
+// Memory kinds of the CUDA backend. Internal to cuda/; the daemon sees only
+// cuda_device.h.
+//
+// Every kind knows the address copies use (a device virtual address, or a host
+// pointer for the pinned pool; with unified addressing both are CUdeviceptr values)
+// and which served GPU holds each byte. Destructors close what the constructor's
+// factory opened, with the owning GPU's context made current first: the last
+// reference may be dropped on any thread.
 #pragma once
 
 #include <cuda.h>
-#include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "common/status.h"
-#include "common/unique_fd.h"
 #include "cuda/device.h"
+#include "cuda/driver_api.h"
 
-namespace kvtier::cuda_internal {
+namespace kvtier::cuda {
 
-// Driver API functions, resolved at run time through the runtime (no link-time
-// dependency on libcuda, so the daemon runs on machines without a driver).
-struct DriverApi {
-  decltype(&::cuMemImportFromShareableHandle) mem_import = nullptr;
-  decltype(&::cuMemGetAllocationPropertiesFromHandle) mem_properties = nullptr;
-  decltype(&::cuMemGetAllocationGranularity) mem_granularity = nullptr;
-  decltype(&::cuMemAddressReserve) address_reserve = nullptr;
-  decltype(&::cuMemAddressFree) address_free = nullptr;
-  decltype(&::cuMemMap) mem_map = nullptr;
-  decltype(&::cuMemUnmap) mem_unmap = nullptr;
-  decltype(&::cuMemSetAccess) mem_set_access = nullptr;
-  decltype(&::cuMemRelease) mem_release = nullptr;
-  decltype(&::cuMemGetAddressRange) address_range = nullptr;
-
-  Status load();
+// One GPU the device serves: constant after start-up.
+struct GpuContext {
+  int index = 0;  // position among the served GPUs (and of its arena part)
+  int ordinal = 0;
+  CUdevice device = 0;
+  CUcontext context = nullptr;  // the retained primary context
+  GpuInfo info;
 };
 
-Status driver_status(CUresult result, std::string_view what);
-
-// Device memory the daemon allocated (the arena).
-class DeviceAllocation final : public Memory {
+// The served GPUs with their retained primary contexts, released when the last
+// holder goes. The device and every memory it opened hold it, so a region closed
+// after the device is gone still finds its context (and the driver table, which
+// lives as long as the process).
+class GpuSet {
  public:
-  DeviceAllocation(void* data, uint64_t bytes, int ordinal)
-      : data_(data), bytes_(bytes), ordinal_(ordinal) {}
-  ~DeviceAllocation() override;
-  uint64_t size_bytes() const override { return bytes_; }
-  MemoryLocation location() const override { return MemoryLocation::kGpu; }
-  std::byte* host_data() override { return nullptr; }
-  std::string describe() const override { return "hbm arena (cudaMalloc)"; }
-  std::byte* device_data() const { return static_cast<std::byte*>(data_); }
+  GpuSet(const DriverApi& driver, std::vector<GpuContext> gpus)
+      : driver_(driver), gpus_(std::move(gpus)) {}
+  ~GpuSet();
+  GpuSet(const GpuSet&) = delete;
+  GpuSet& operator=(const GpuSet&) = delete;
 
- private:
-  void* data_;
-  uint64_t bytes_;
-  int ordinal_;
-};
-
-// An engine's memory opened from a legacy IPC handle.
-class IpcRegion final : public Memory {
- public:
-  IpcRegion(void* data, uint64_t bytes, int ordinal)
-      : data_(data), bytes_(bytes), ordinal_(ordinal) {}
-  ~IpcRegion() override;
-  uint64_t size_bytes() const override { return bytes_; }
-  MemoryLocation location() const override { return MemoryLocation::kGpu; }
-  std::byte* host_data() override { return nullptr; }
-  std::string describe() const override { return "cuda ipc region"; }
-  std::byte* device_data() const { return static_cast<std::byte*>(data_); }
-
- private:
-  void* data_;
-  uint64_t bytes_;
-  int ordinal_;
-};
-
-// An engine's memory imported from a VMM shareable fd and mapped here.
-class VmmRegion final : public Memory {
- public:
-  VmmRegion(const DriverApi& driver, CUdeviceptr address, uint64_t mapped_bytes, uint64_t bytes,
-            CUmemGenericAllocationHandle handle)
-      : driver_(driver),
-        address_(address),
-        mapped_bytes_(mapped_bytes),
-        bytes_(bytes),
-        handle_(handle) {}
-  ~VmmRegion() override;
-  uint64_t size_bytes() const override { return bytes_; }
-  MemoryLocation location() const override { return MemoryLocation::kGpu; }
-  std::byte* host_data() override { return nullptr; }
-  std::string describe() const override { return "cuda vmm region"; }
-  std::byte* device_data() const { return reinterpret_cast<std::byte*>(address_); }
+  const DriverApi& driver() const { return driver_; }
+  const std::vector<GpuContext>& gpus() const { return gpus_; }
+  const GpuContext& gpu(int index) const { return gpus_[index]; }
+  // Makes GPU `index`'s context current on the calling thread.
+  Status make_current(int index) const;
 
  private:
   const DriverApi& driver_;
-  CUdeviceptr address_;
-  uint64_t mapped_bytes_;
-  uint64_t bytes_;
-  CUmemGenericAllocationHandle handle_;
+  std::vector<GpuContext> gpus_;
 };
+using GpuSetPtr = std::shared_ptr<const GpuSet>;
 
-// The pinned RAM pool: host memory registered with CUDA.
-class PinnedPool final : public Memory {
+class CudaMemory : public Memory {
  public:
-  PinnedPool(std::byte* data, uint64_t bytes) : data_(data), bytes_(bytes) {}
-  ~PinnedPool() override;
-  uint64_t size_bytes() const override { return bytes_; }
-  MemoryLocation location() const override { return MemoryLocation::kHost; }
-  std::byte* host_data() override { return data_; }
-  std::string describe() const override { return "ram pool (pinned)"; }
-
- private:
-  std::byte* data_;
-  uint64_t bytes_;
+  // The address copies use for byte 0.
+  virtual CUdeviceptr address() const = 0;
+  // Index (GpuContext::index) of the served GPU holding the byte at `offset`; -1 for
+  // host memory.
+  virtual int gpu_at(uint64_t offset) const = 0;
+  std::byte* host_data() override { return nullptr; }
 };
 
-// The address copies use for `memory`: device pointer for GPU memory, host pointer for
-// pinned memory. nullptr for memory this backend did not create.
-std::byte* copy_address(Memory& memory);
+// The HBM arena: `part_bytes` from each served GPU, mapped back to back in one
+// reserved address range.
+Result<std::shared_ptr<Memory>> allocate_arena(const GpuSetPtr& gpus, uint64_t bytes_per_gpu,
+                                               uint64_t part_alignment);
 
-Result<std::shared_ptr<Memory>> open_ipc_region(RegionHandle& handle, int ordinal,
-                                                const DriverApi& driver);
-Result<std::shared_ptr<Memory>> open_vmm_region(RegionHandle& handle, int ordinal,
-                                                const DriverApi& driver);
-Result<std::shared_ptr<Memory>> allocate_pinned(uint64_t bytes, int touch_threads);
+// An engine's legacy IPC allocation, opened on `gpu`, starting `handle.offset_bytes`
+// from the allocation base.
+Result<std::shared_ptr<Memory>> open_ipc_region(const GpuSetPtr& gpus, int gpu,
+                                                RegionHandle& handle);
 
-}  // namespace kvtier::cuda_internal
+// An engine's VMM chunks, imported and mapped back to back; the region starts
+// `handle.offset_bytes` into the first chunk. Every served GPU gets read/write access
+// where the machine allows peer access; `gpu` always does.
+Result<std::shared_ptr<Memory>> open_vmm_region(const GpuSetPtr& gpus, int gpu,
+                                                RegionHandle& handle);
+
+// The pinned RAM pool: checked against the memory the machine (and the cgroup) has
+// left, bound to `numa_nodes` (preferred for one node, interleaved for several, left
+// alone for none), faulted in by `touch_threads` threads, then registered with the
+// driver as portable pinned memory.
+Result<std::shared_ptr<Memory>> allocate_pinned_pool(const GpuSetPtr& gpus, uint64_t bytes,
+                                                     const std::vector<int>& numa_nodes,
+                                                     int touch_threads);
+
+}  // namespace kvtier::cuda

@@ -1,0 +1,175 @@
+#include "cuda/copy_lane.h"
+
+#include "common/log.h"
+
+namespace kvtier::cuda {
+
+CopyLane::CopyLane(LaneOwner& owner, GpuSetPtr gpus, int gpu, uint64_t piece_bytes,
+                   std::string name)
+    : owner_(owner),
+      gpus_(std::move(gpus)),
+      driver_(gpus_->driver()),
+      gpu_(gpu),
+      piece_bytes_(piece_bytes),
+      name_(std::move(name)) {}
+
+CopyLane::~CopyLane() { stop(); }
+
+Status CopyLane::start(int priority) {
+  KVTIER_RETURN_IF_ERROR(gpus_->make_current(gpu_));
+  KVTIER_RETURN_IF_ERROR(driver_status(
+      driver_.stream_create_with_priority(&stream_, CU_STREAM_NON_BLOCKING, priority),
+      fmt::format("cuStreamCreateWithPriority (lane {})", name_)));
+  thread_ = std::thread([this] { loop(); });
+  return Status::ok();
+}
+
+void CopyLane::stop() {
+  {
+    std::lock_guard lock(mu_);
+    stopping_ = true;
+  }
+  ready_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  if (stream_ != nullptr) {
+    (void)gpus_->make_current(gpu_);
+    driver_.stream_destroy(stream_);
+    stream_ = nullptr;
+  }
+}
+
+void CopyLane::enqueue(std::shared_ptr<BatchState> batch, LaneRun run) {
+  Job job{std::move(batch), {}, nullptr, Status::ok()};
+  if (piece_bytes_ == 0) {
+    // Foreground: into the copy engine's queue now, from the caller's thread.
+    if (!run.empty()) {
+      job.error = gpus_->make_current(gpu_);
+      if (job.error.is_ok()) job.error = issue(run, 0, run.sizes.size());
+      // Whatever was issued must finish before `done`: record even after an error.
+      Status recorded = record(&job.event);
+      if (job.error.is_ok()) job.error = recorded;
+    }
+  } else {
+    job.run = std::move(run);
+  }
+  {
+    std::lock_guard lock(mu_);
+    queue_.push_back(std::move(job));
+  }
+  ready_.notify_one();
+}
+
+Status CopyLane::issue(LaneRun& run, size_t begin, size_t end) {
+  const size_t count = end - begin;
+  if (count > 1 && (driver_.memcpy_batch_v13000 != nullptr || driver_.memcpy_batch_v12080 != nullptr)) {
+    CUmemcpyAttributes attributes{};
+    // The sources were written before the request (the engine synchronized, or an
+    // earlier copy on the daemon's side completed): stream order suffices.
+    attributes.srcAccessOrder = CU_MEMCPY_SRC_ACCESS_ORDER_STREAM;
+    attributes.flags = CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE;
+    size_t attribute_index = 0;
+    if (driver_.memcpy_batch_v13000 != nullptr) {
+      return driver_status(
+          driver_.memcpy_batch_v13000(run.dsts.data() + begin, run.srcs.data() + begin,
+                                      run.sizes.data() + begin, count, &attributes,
+                                      &attribute_index, 1, stream_),
+          "cuMemcpyBatchAsync");
+    }
+    size_t fail_index = SIZE_MAX;
+    return driver_status(
+        driver_.memcpy_batch_v12080(run.dsts.data() + begin, run.srcs.data() + begin,
+                                    run.sizes.data() + begin, count, &attributes,
+                                    &attribute_index, 1, &fail_index, stream_),
+        "cuMemcpyBatchAsync");
+  }
+  for (size_t i = begin; i < end; ++i) {
+    KVTIER_RETURN_IF_ERROR(driver_status(
+        driver_.memcpy_async(run.dsts[i], run.srcs[i], run.sizes[i], stream_), "cuMemcpyAsync"));
+  }
+  return Status::ok();
+}
+
+Status CopyLane::record(CUevent* event) {
+  KVTIER_RETURN_IF_ERROR(driver_status(
+      driver_.event_create(event, CU_EVENT_DISABLE_TIMING | CU_EVENT_BLOCKING_SYNC),
+      "cuEventCreate"));
+  return driver_status(driver_.event_record(*event, stream_), "cuEventRecord");
+}
+
+Status CopyLane::wait(CUevent event) {
+  Status status = driver_status(driver_.event_synchronize(event), "copy");
+  driver_.event_destroy(event);
+  return status;
+}
+
+void CopyLane::run_background(Job& job) {
+  LaneRun& run = job.run;
+  size_t begin = 0;
+  Status status;
+  while (begin < run.sizes.size() && status.is_ok()) {
+    size_t end = begin;
+    uint64_t bytes = 0;
+    do {
+      bytes += run.sizes[end++];
+    } while (end < run.sizes.size() && bytes + run.sizes[end] <= piece_bytes_);
+    status = gpus_->make_current(gpu_);
+    if (status.is_ok()) status = issue(run, begin, end);
+    CUevent event = nullptr;
+    Status recorded = record(&event);
+    if (status.is_ok()) status = recorded;
+    if (event != nullptr) {
+      Status waited = wait(event);
+      if (status.is_ok()) status = waited;
+    }
+    begin = end;
+  }
+  finish(job, status);
+}
+
+void CopyLane::finish(Job& job, const Status& status) {
+  BatchState& state = *job.batch;
+  if (!status.is_ok()) {
+    if (status.code() == StatusCode::kDataLoss) owner_.context_lost(status);
+    std::lock_guard lock(state.mu);
+    if (state.error.is_ok()) state.error = status;
+  }
+  if (state.parts_left.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+    CopyDone done = std::move(state.done);
+    Status error;
+    {
+      std::lock_guard lock(state.mu);
+      error = state.error;
+    }
+    state.batch = CopyBatch();  // let go of the memories before `done` (device.h)
+    job.batch.reset();
+    done(error);
+    owner_.batch_finished();
+  }
+  job.batch.reset();
+}
+
+void CopyLane::loop() {
+  (void)gpus_->make_current(gpu_);
+  while (true) {
+    Job job;
+    {
+      std::unique_lock lock(mu_);
+      ready_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;
+      job = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    if (piece_bytes_ != 0) {
+      run_background(job);
+      continue;
+    }
+    Status status = job.error;
+    if (job.event != nullptr) {
+      Status waited = wait(job.event);
+      if (status.is_ok()) status = waited;
+    }
+    finish(job, status);
+  }
+}
+
+}  // namespace kvtier::cuda
