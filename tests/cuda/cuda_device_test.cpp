@@ -1,22 +1,130 @@
-// CudaDevice on a real GPU; every test skips with "no CUDA device" where there is none.
+// CudaDevice through the CUDA driver API: on the fake driver (tests/fakecuda, ctest
+// sets LD_LIBRARY_PATH and KVTIER_TEST_CUDA=fake) and on a real GPU
+// (KVTIER_TEST_CUDA=real). On the real driver the tests skip where there is no GPU,
+// unless /dev/nvidiactl exists or KVTIER_REQUIRE_GPU=1: then they fail.
+//
+// Engine memory here is VMM memory made in this process and handed to the device as
+// exported fds, as an engine's would arrive; legacy IPC needs a second process and is
+// covered by the integration tests.
 #include "cuda/cuda_device.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
+#include <chrono>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <future>
-#include <numeric>
 #include <vector>
+
+#include "cuda/driver_api.h"
 
 namespace kvtier {
 namespace {
+
+using cuda::DriverApi;
+
+bool on_fake_driver() {
+  const char* mode = std::getenv("KVTIER_TEST_CUDA");
+  return mode != nullptr && std::string(mode) == "fake";
+}
+
+bool gpu_required() {
+  const char* required = std::getenv("KVTIER_REQUIRE_GPU");
+  return (required != nullptr && std::string(required) == "1") ||
+         std::filesystem::exists("/dev/nvidiactl");
+}
+
+std::byte pattern_byte(uint64_t i, uint64_t seed) {
+  return static_cast<std::byte>(((i + seed) * 2654435761u) >> 13);
+}
+
+// Exportable device memory made by "the engine": chunks of the granularity mapped
+// back to back, with their fds.
+class EngineVmm {
+ public:
+  EngineVmm(const DriverApi& driver, int ordinal, size_t chunks) : driver_(driver) {
+    CUdevice device = 0;
+    EXPECT_EQ(driver.device_get(&device, ordinal), CUDA_SUCCESS);
+    EXPECT_EQ(driver.primary_ctx_retain(&context_, device), CUDA_SUCCESS);
+    EXPECT_EQ(driver.ctx_set_current(context_), CUDA_SUCCESS);
+    CUmemAllocationProp prop{};
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = ordinal;
+    prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    size_t granularity = 0;
+    EXPECT_EQ(driver.mem_get_allocation_granularity(&granularity, &prop,
+                                                    CU_MEM_ALLOC_GRANULARITY_MINIMUM),
+              CUDA_SUCCESS);
+    chunk_bytes_ = granularity;
+    bytes_ = chunk_bytes_ * chunks;
+    EXPECT_EQ(driver.mem_address_reserve(&base_, bytes_, chunk_bytes_, 0, 0), CUDA_SUCCESS);
+    for (size_t i = 0; i < chunks; ++i) {
+      CUmemGenericAllocationHandle handle{};
+      EXPECT_EQ(driver.mem_create(&handle, chunk_bytes_, &prop, 0), CUDA_SUCCESS);
+      EXPECT_EQ(driver.mem_map(base_ + i * chunk_bytes_, chunk_bytes_, 0, handle, 0), CUDA_SUCCESS);
+      int fd = -1;
+      EXPECT_EQ(driver.mem_export_to_shareable_handle(&fd, handle,
+                                                      CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
+                CUDA_SUCCESS);
+      fds_.emplace_back(fd);
+      driver.mem_release(handle);
+    }
+    CUmemAccessDesc access{};
+    access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    access.location.id = ordinal;
+    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    EXPECT_EQ(driver.mem_set_access(base_, bytes_, &access, 1), CUDA_SUCCESS);
+  }
+  ~EngineVmm() {
+    driver_.ctx_set_current(context_);
+    driver_.mem_unmap(base_, bytes_);
+    driver_.mem_address_free(base_, bytes_);
+  }
+  uint64_t bytes() const { return bytes_; }
+  // A handle for the daemon: duplicates of the chunk fds, the region at `offset`.
+  RegionHandle handle(uint64_t offset, uint64_t size, const std::string& uuid) const {
+    RegionHandle handle;
+    handle.kind = RegionHandle::Kind::kCudaVmmFd;
+    handle.offset_bytes = offset;
+    handle.size_bytes = size;
+    handle.gpu_uuid = uuid;
+    for (const UniqueFd& fd : fds_) handle.vmm_chunks.push_back({UniqueFd(::dup(fd.get())), chunk_bytes_});
+    return handle;
+  }
+  void write(uint64_t offset, const std::vector<std::byte>& bytes) {
+    driver_.ctx_set_current(context_);
+    ASSERT_EQ(driver_.memcpy_htod(base_ + offset, bytes.data(), bytes.size()), CUDA_SUCCESS);
+  }
+  std::vector<std::byte> read(uint64_t offset, uint64_t bytes) {
+    std::vector<std::byte> out(bytes);
+    driver_.ctx_set_current(context_);
+    EXPECT_EQ(driver_.memcpy_dtoh(out.data(), base_ + offset, bytes), CUDA_SUCCESS);
+    return out;
+  }
+
+ private:
+  const DriverApi& driver_;
+  CUcontext context_ = nullptr;
+  CUdeviceptr base_ = 0;
+  uint64_t chunk_bytes_ = 0;
+  uint64_t bytes_ = 0;
+  std::vector<UniqueFd> fds_;
+};
 
 class CudaDeviceTest : public ::testing::Test {
  protected:
   void SetUp() override {
     auto device = make_cuda_device(CudaDeviceOptions{});
-    if (!device.is_ok()) GTEST_SKIP() << device.status().message();
+    if (!device.is_ok()) {
+      if (on_fake_driver() || gpu_required()) FAIL() << device.status().to_string();
+      GTEST_SKIP() << device.status().message();
+    }
     device_ = std::move(*device);
+    driver_ = *DriverApi::get();
   }
 
   Status run(CopyBatch batch) {
@@ -28,74 +136,243 @@ class CudaDeviceTest : public ::testing::Test {
   }
 
   std::unique_ptr<Device> device_;
+  const DriverApi* driver_ = nullptr;
 };
 
-TEST_F(CudaDeviceTest, GathersIntoTheArenaAndScattersBackBitExact) {
+TEST_F(CudaDeviceTest, GathersIntoEveryGpusArenaPartAndScattersBackBitExact) {
   constexpr uint64_t kPlane = 32 << 10, kPlanes = 64, kBlocks = 8;
-  auto arena = device_->allocate_arena(kPlane * kPlanes * kBlocks);
-  auto pool = device_->allocate_pinned_pool(2 * kPlane * kPlanes * kBlocks);
+  constexpr uint64_t kBytes = kPlane * kPlanes * kBlocks;  // 16 MiB
+  const auto gpus = device_->gpus();
+  ASSERT_FALSE(gpus.empty());
+  auto arena = device_->allocate_arena(kBytes, 2 << 20);
+  auto pool = device_->allocate_pinned_pool(2 * kBytes);
   ASSERT_TRUE(arena.is_ok()) << arena.status().to_string();
   ASSERT_TRUE(pool.is_ok()) << pool.status().to_string();
+  ASSERT_EQ((*arena)->size_bytes(), kBytes * gpus.size());
   std::byte* host = (*pool)->host_data();
-  const uint64_t half = kPlane * kPlanes * kBlocks;
-  for (uint64_t i = 0; i < half; ++i) host[i] = static_cast<std::byte>((i * 2654435761u) >> 13);
-  std::memset(host + half, 0, half);
-
-  // Plane-major in the pool (as an engine keeps it), block-major in the arena.
-  CopyBatch up;
-  uint32_t src = up.memory_index(*pool), dst = up.memory_index(*arena);
-  for (uint64_t b = 0; b < kBlocks; ++b) {
-    for (uint64_t p = 0; p < kPlanes; ++p) {
-      up.segments.push_back(
-          {src, dst, (p * kBlocks + b) * kPlane, (b * kPlanes + p) * kPlane, kPlane});
+  for (size_t gpu = 0; gpu < gpus.size(); ++gpu) {
+    const uint64_t part = gpu * kBytes;
+    for (uint64_t i = 0; i < kBytes; ++i) host[i] = pattern_byte(i, gpu);
+    std::memset(host + kBytes, 0, kBytes);
+    // Plane-major in the pool (as an engine keeps it), block-major in the arena.
+    CopyBatch up;
+    uint32_t src = up.memory_index(*pool), dst = up.memory_index(*arena);
+    for (uint64_t b = 0; b < kBlocks; ++b) {
+      for (uint64_t p = 0; p < kPlanes; ++p) {
+        up.segments.push_back(
+            {src, dst, (p * kBlocks + b) * kPlane, part + (b * kPlanes + p) * kPlane, kPlane});
+      }
     }
-  }
-  ASSERT_TRUE(run(std::move(up)).is_ok());
-  CopyBatch down;
-  src = down.memory_index(*arena);
-  dst = down.memory_index(*pool);
-  for (uint64_t b = 0; b < kBlocks; ++b) {
-    for (uint64_t p = 0; p < kPlanes; ++p) {
-      down.segments.push_back(
-          {src, dst, (b * kPlanes + p) * kPlane, half + (p * kBlocks + b) * kPlane, kPlane});
+    ASSERT_TRUE(run(std::move(up)).is_ok());
+    CopyBatch down;
+    src = down.memory_index(*arena);
+    dst = down.memory_index(*pool);
+    for (uint64_t b = 0; b < kBlocks; ++b) {
+      for (uint64_t p = 0; p < kPlanes; ++p) {
+        down.segments.push_back(
+            {src, dst, part + (b * kPlanes + p) * kPlane, kBytes + (p * kBlocks + b) * kPlane, kPlane});
+      }
     }
+    ASSERT_TRUE(run(std::move(down)).is_ok());
+    EXPECT_EQ(std::memcmp(host, host + kBytes, kBytes), 0) << "GPU " << gpus[gpu].uuid;
   }
-  ASSERT_TRUE(run(std::move(down)).is_ok());
-  EXPECT_EQ(std::memcmp(host, host + half, half), 0);
 }
 
-TEST_F(CudaDeviceTest, RejectsSegmentsOutsideTheArena) {
-  auto arena = device_->allocate_arena(1 << 20);
-  auto pool = device_->allocate_pinned_pool(1 << 20);
+TEST_F(CudaDeviceTest, ServesDistinctGpus) {
+  const auto gpus = device_->gpus();
+  if (on_fake_driver()) ASSERT_EQ(gpus.size(), 2u);
+  for (size_t i = 0; i < gpus.size(); ++i) {
+    EXPECT_EQ(gpus[i].uuid.rfind("GPU-", 0), 0u) << gpus[i].uuid;
+    for (size_t j = 0; j < i; ++j) EXPECT_NE(gpus[i].uuid, gpus[j].uuid);
+  }
+  CudaDeviceOptions only_last;
+  only_last.gpu_uuids = {gpus.back().uuid};
+  auto narrowed = make_cuda_device(only_last);
+  ASSERT_TRUE(narrowed.is_ok()) << narrowed.status().to_string();
+  ASSERT_EQ((*narrowed)->gpus().size(), 1u);
+  EXPECT_EQ((*narrowed)->gpus()[0].uuid, gpus.back().uuid);
+  CudaDeviceOptions unknown;
+  unknown.gpu_uuids = {"GPU-00000000-0000-0000-0000-000000000000"};
+  auto refused = make_cuda_device(unknown);
+  EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("not on this machine"), std::string::npos);
+}
+
+TEST_F(CudaDeviceTest, VmmRegionOfManyChunksAtAnOffsetRoundTripsAndLeavesItsSurroundings) {
+  const auto gpus = device_->gpus();
+  const int ordinal = gpus.back().ordinal;
+  EngineVmm engine(*driver_, ordinal, 10);
+  const uint64_t offset = (1 << 20) + 4096;
+  const uint64_t size = engine.bytes() - offset - (1 << 20);  // spans all 10 chunks
+  std::vector<std::byte> original(engine.bytes());
+  for (uint64_t i = 0; i < original.size(); ++i) original[i] = pattern_byte(i, 7);
+  engine.write(0, original);
+
+  auto region = device_->open_region(engine.handle(offset, size, gpus.back().uuid));
+  ASSERT_TRUE(region.is_ok()) << region.status().to_string();
+  auto arena = device_->allocate_arena(size + (2 << 20), 2 << 20);
+  ASSERT_TRUE(arena.is_ok()) << arena.status().to_string();
+  // Region → arena (one segment per 64 KiB "plane", reversed so nothing is adjacent
+  // in the source order), then back into the region shifted by one plane.
+  constexpr uint64_t kPiece = 64 << 10;
+  const uint64_t pieces = size / kPiece;
+  CopyBatch gather;
+  uint32_t src = gather.memory_index(*region), dst = gather.memory_index(*arena);
+  for (uint64_t i = 0; i < pieces; ++i)
+    gather.segments.push_back({src, dst, i * kPiece, (pieces - 1 - i) * kPiece, kPiece});
+  ASSERT_TRUE(run(std::move(gather)).is_ok());
+  CopyBatch scatter;
+  src = scatter.memory_index(*arena);
+  dst = scatter.memory_index(*region);
+  for (uint64_t i = 0; i + 1 < pieces; ++i)
+    scatter.segments.push_back({src, dst, (pieces - 1 - i) * kPiece, (i + 1) * kPiece, kPiece});
+  ASSERT_TRUE(run(std::move(scatter)).is_ok());
+
+  std::vector<std::byte> expected = original;
+  std::memcpy(expected.data() + offset + kPiece, original.data() + offset, (pieces - 1) * kPiece);
+  std::vector<std::byte> actual = engine.read(0, engine.bytes());
+  ASSERT_EQ(actual.size(), expected.size());
+  EXPECT_EQ(std::memcmp(actual.data(), expected.data(), offset), 0) << "bytes before the region";
+  EXPECT_EQ(std::memcmp(actual.data() + offset, expected.data() + offset, size), 0);
+  EXPECT_EQ(std::memcmp(actual.data() + offset + size, expected.data() + offset + size,
+                        actual.size() - offset - size),
+            0)
+      << "bytes after the region";
+}
+
+TEST_F(CudaDeviceTest, RejectsBadRegionsWithTheFieldNamed) {
+  const auto gpus = device_->gpus();
+  EngineVmm engine(*driver_, gpus.front().ordinal, 2);
+  auto expect_invalid = [](const Result<std::shared_ptr<Memory>>& opened, const char* fragment) {
+    ASSERT_FALSE(opened.is_ok()) << fragment;
+    EXPECT_EQ(opened.status().code(), StatusCode::kInvalidArgument) << opened.status().to_string();
+    EXPECT_NE(opened.status().message().find(fragment), std::string::npos)
+        << opened.status().message();
+  };
+  expect_invalid(device_->open_region(engine.handle(4096, engine.bytes(), gpus.front().uuid)),
+                 "offsetBytes");
+  RegionHandle odd = engine.handle(0, 4096, gpus.front().uuid);
+  odd.vmm_chunks[0].bytes = 4096;
+  expect_invalid(device_->open_region(std::move(odd)), "chunkBytes[0]");
+  expect_invalid(
+      device_->open_region(engine.handle(0, 4096, "GPU-00000000-0000-0000-0000-000000000000")),
+      "not served");
+  if (gpus.size() > 1) expect_invalid(device_->open_region(engine.handle(0, 4096, "")), "gpuUuid");
+  RegionHandle memfd;
+  memfd.kind = RegionHandle::Kind::kMemfd;
+  memfd.size_bytes = 4096;
+  expect_invalid(device_->open_region(std::move(memfd)), "memfd");
+}
+
+TEST_F(CudaDeviceTest, RejectsSegmentsOutsideTheArenaOrAcrossGpuParts) {
+  auto arena = device_->allocate_arena(2 << 20, 2 << 20);
+  auto pool = device_->allocate_pinned_pool(4 << 20);
   ASSERT_TRUE(arena.is_ok() && pool.is_ok());
-  CopyBatch batch;
-  uint32_t src = batch.memory_index(*pool), dst = batch.memory_index(*arena);
-  batch.segments.push_back({src, dst, 0, (1 << 20) - 8, 16});
   bool called = false;
-  Status status = device_->submit(std::move(batch), [&](Status) { called = true; });
-  EXPECT_EQ(status.code(), StatusCode::kInvalidArgument);
+  CopyBatch outside;
+  uint32_t src = outside.memory_index(*pool), dst = outside.memory_index(*arena);
+  outside.segments.push_back({src, dst, 0, (*arena)->size_bytes() - 8, 16});
+  EXPECT_EQ(device_->submit(std::move(outside), [&](Status) { called = true; }).code(),
+            StatusCode::kInvalidArgument);
+  if (device_->gpus().size() > 1) {
+    CopyBatch straddling;
+    src = straddling.memory_index(*pool);
+    dst = straddling.memory_index(*arena);
+    straddling.segments.push_back({src, dst, 0, (2 << 20) - 8, 16});
+    Status refused = device_->submit(std::move(straddling), [&](Status) { called = true; });
+    EXPECT_EQ(refused.code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(refused.message().find("straddles"), std::string::npos) << refused.message();
+  }
   device_->drain();
   EXPECT_FALSE(called);
 }
 
-TEST_F(CudaDeviceTest, RefusesMemfdRegionsAndForeignIpcHandles) {
-  RegionHandle memfd;
-  memfd.kind = RegionHandle::Kind::kMemfd;
-  memfd.size_bytes = 4096;
-  EXPECT_EQ(device_->open_region(std::move(memfd)).status().code(), StatusCode::kInvalidArgument);
-  RegionHandle garbage;
-  garbage.kind = RegionHandle::Kind::kCudaIpc;
-  garbage.size_bytes = 4096;
-  std::iota(reinterpret_cast<uint8_t*>(garbage.ipc_handle.data()),
-            reinterpret_cast<uint8_t*>(garbage.ipc_handle.data()) + garbage.ipc_handle.size(), 1);
-  auto opened = device_->open_region(std::move(garbage));
-  EXPECT_FALSE(opened.is_ok());
-  RegionHandle other_gpu;
-  other_gpu.kind = RegionHandle::Kind::kCudaIpc;
-  other_gpu.size_bytes = 4096;
-  other_gpu.gpu_uuid = "GPU-00000000-0000-0000-0000-000000000000";
-  auto wrong = device_->open_region(std::move(other_gpu));
-  EXPECT_EQ(wrong.status().code(), StatusCode::kInvalidArgument);
+TEST_F(CudaDeviceTest, ReleasesTheBatchsMemoriesBeforeDone) {
+  auto arena = device_->allocate_arena(2 << 20, 2 << 20);
+  auto pool = device_->allocate_pinned_pool(2 << 20);
+  ASSERT_TRUE(arena.is_ok() && pool.is_ok());
+  std::weak_ptr<Memory> watched = *pool;
+  CopyBatch batch;
+  uint32_t src = batch.memory_index(*pool), dst = batch.memory_index(*arena);
+  batch.segments.push_back({src, dst, 0, 0, 1 << 20});
+  std::promise<long> uses_at_done;
+  ASSERT_TRUE(device_->submit(std::move(batch), [&](Status) {
+                       uses_at_done.set_value(watched.use_count());
+                     }).is_ok());
+  EXPECT_EQ(uses_at_done.get_future().get(), 1) << "only the test's own reference is left";
+}
+
+// Run with KVTIER_FAKECUDA_COPY_US_PER_MIB set (ctest does) so that the background
+// batch takes long on the fake; on a real GPU 512 MiB takes ~10–20 ms.
+TEST_F(CudaDeviceTest, SlowCopiesForegroundNeverWaitsBehindBackground) {
+  constexpr uint64_t kBackground = 256ull << 20;
+  auto arena = device_->allocate_arena(kBackground + (4 << 20), 2 << 20);
+  auto pool = device_->allocate_pinned_pool(kBackground + (4 << 20));
+  ASSERT_TRUE(arena.is_ok()) << arena.status().to_string();
+  ASSERT_TRUE(pool.is_ok()) << pool.status().to_string();
+  std::promise<std::chrono::steady_clock::time_point> background_done, foreground_done;
+  for (auto direction : {0, 1}) {  // same direction as the background, then the other
+    background_done = {};
+    foreground_done = {};
+    CopyBatch background;
+    background.priority = CopyPriority::kBackground;
+    uint32_t a = background.memory_index(*arena), p = background.memory_index(*pool);
+    for (uint64_t offset = 0; offset < kBackground; offset += 2 << 20)
+      background.segments.push_back({a, p, offset, offset, 1 << 20});  // not adjacent: no merge
+    ASSERT_TRUE(device_->submit(std::move(background), [&](Status s) {
+                         EXPECT_TRUE(s.is_ok()) << s.to_string();
+                         background_done.set_value(std::chrono::steady_clock::now());
+                       }).is_ok());
+    CopyBatch foreground;
+    a = foreground.memory_index(*arena);
+    p = foreground.memory_index(*pool);
+    if (direction == 0) {
+      foreground.segments.push_back({a, p, kBackground, kBackground, 1 << 20});
+    } else {
+      foreground.segments.push_back({p, a, kBackground, kBackground, 1 << 20});
+    }
+    ASSERT_TRUE(device_->submit(std::move(foreground), [&](Status s) {
+                         EXPECT_TRUE(s.is_ok()) << s.to_string();
+                         foreground_done.set_value(std::chrono::steady_clock::now());
+                       }).is_ok());
+    const auto foreground_at = foreground_done.get_future().get();
+    const auto background_at = background_done.get_future().get();
+    EXPECT_LT(foreground_at, background_at) << "direction " << direction;
+  }
+}
+
+// Run with KVTIER_FAKECUDA_FAULT_FILE set (ctest does); the file appears mid-run.
+TEST_F(CudaDeviceTest, StickyErrorFailsTheBatchAndCallsTheFatalHandlerOnce) {
+  const char* trigger = std::getenv("KVTIER_FAKECUDA_FAULT_FILE");
+  ASSERT_NE(trigger, nullptr) << "ctest sets KVTIER_FAKECUDA_FAULT_FILE for this test";
+  std::filesystem::remove(trigger);
+  auto arena = device_->allocate_arena(2 << 20, 2 << 20);
+  auto pool = device_->allocate_pinned_pool(2 << 20);
+  ASSERT_TRUE(arena.is_ok() && pool.is_ok());
+  std::atomic<int> fatal_calls{0};
+  std::promise<Status> fatal;
+  device_->set_fatal_error_handler([&](const Status& error) {
+    if (fatal_calls.fetch_add(1) == 0) fatal.set_value(error);
+  });
+  auto copy = [&] {
+    CopyBatch batch;
+    uint32_t src = batch.memory_index(*pool), dst = batch.memory_index(*arena);
+    batch.segments.push_back({src, dst, 0, 0, 1 << 20});
+    return run(std::move(batch));
+  };
+  ASSERT_TRUE(copy().is_ok());
+  std::ofstream(trigger) << "illegal-address\n";
+  Status failed = copy();
+  std::filesystem::remove(trigger);
+  EXPECT_EQ(failed.code(), StatusCode::kDataLoss) << failed.to_string();
+  Status reported = fatal.get_future().get();
+  EXPECT_EQ(reported.code(), StatusCode::kDataLoss);
+  EXPECT_NE(reported.message().find("CUDA_ERROR_ILLEGAL_ADDRESS"), std::string::npos)
+      << reported.message();
+  Status after = copy();
+  EXPECT_EQ(after.code(), StatusCode::kUnavailable) << after.to_string();
+  device_->drain();
+  EXPECT_EQ(fatal_calls.load(), 1);
 }
 
 }  // namespace
