@@ -10,6 +10,9 @@
 #include <cstdio>
 
 #include "bench/benchmarks.h"
+#ifdef KVTIER_HAVE_CUDA
+#include "bench/gpu_bench.h"
+#endif
 #include "bench/nvme_bench.h"
 #include "bench/sim_bench.h"
 
@@ -84,6 +87,10 @@ int main(int argc, char** argv) {
   CLI::App* sim_app = add_sim_subcommand(app, sim);
   NvmeBenchOptions nvme;
   CLI::App* nvme_app = add_nvme_subcommand(app, nvme);
+#ifdef KVTIER_HAVE_CUDA
+  GpuBenchOptions gpu;
+  CLI::App* gpu_app = add_gpu_subcommand(app, gpu);
+#endif
 
   try {
     app.parse(argc, argv);
@@ -94,6 +101,9 @@ int main(int argc, char** argv) {
   if (copy_app->parsed())
     return finish("copy", run_copy_bench(common, copy), json, require_targets);
   if (sim_app->parsed()) return finish("sim", run_sim_bench(sim), json, require_targets);
+#ifdef KVTIER_HAVE_CUDA
+  if (gpu_app->parsed()) return finish("gpu", run_gpu_bench(gpu), json, require_targets);
+#endif
   if (nvme_app->parsed()) {
     return finish("nvme", run_nvme_bench(common, nvme), json, require_targets);
   }
