@@ -4,6 +4,8 @@
 
 #include <cstdlib>
 
+#include "ipc/unix_socket.h"
+
 namespace kvtier {
 namespace {
 
@@ -143,13 +145,14 @@ Result<T> Client::call(const std::function<void(wire::Request::Builder)>& fill,
 }
 
 Result<HelloInfo> Client::hello(const LayoutSpec& layout, const std::string& engine_name,
-                                double prefill_tokens_per_second) {
+                                double prefill_tokens_per_second, DeviceKind device_kind) {
   return call<HelloInfo>(
       [&](wire::Request::Builder request) {
         auto hello = request.initHello();
         hello.setProtocolVersion(wire::PROTOCOL_VERSION);
         hello.setEngineName(engine_name);
-        hello.setDeviceKind(wire::DeviceKind::HOST);
+        hello.setDeviceKind(device_kind == DeviceKind::kCuda ? wire::DeviceKind::CUDA
+                                                             : wire::DeviceKind::HOST);
         hello.setPrefillTokensPerSecond(prefill_tokens_per_second);
         auto out = hello.initLayout();
         out.setModelId(layout.model_id);
@@ -173,8 +176,17 @@ Result<HelloInfo> Client::hello(const LayoutSpec& layout, const std::string& eng
       [](wire::Response::Reader response) -> Result<HelloInfo> {
         if (!response.isHello()) return unexpected_reply(response, "Hello");
         auto reply = response.getHello();
-        return HelloInfo{reply.getProtocolVersion(), reply.getLayoutDigest(), reply.getBlockBytes(),
-                         reply.getNamespaceName().cStr(), reply.getMaxBlocksPerRequest()};
+        HelloInfo info;
+        info.protocol_version = reply.getProtocolVersion();
+        info.layout_digest = reply.getLayoutDigest();
+        info.block_bytes = reply.getBlockBytes();
+        info.namespace_name = reply.getNamespaceName().cStr();
+        info.max_blocks_per_request = reply.getMaxBlocksPerRequest();
+        info.device_kind =
+            reply.getDeviceKind() == wire::DeviceKind::CUDA ? DeviceKind::kCuda : DeviceKind::kHost;
+        for (auto uuid : reply.getGpuUuids()) info.gpu_uuids.emplace_back(uuid.cStr());
+        info.device_name = reply.getDeviceName().cStr();
+        return info;
       });
 }
 
@@ -210,11 +222,13 @@ Status Client::register_memfd_region(uint32_t region_id, int memfd, uint64_t siz
 
 Status Client::register_cuda_ipc_region(uint32_t region_id,
                                         std::span<const std::byte, 64> ipc_handle,
-                                        uint64_t size_bytes, const std::string& gpu_uuid) {
+                                        uint64_t offset_bytes, uint64_t size_bytes,
+                                        const std::string& gpu_uuid) {
   return register_region(
       region_id,
       [&](wire::RegisterRegion::Builder region) {
         region.setSizeBytes(size_bytes);
+        region.setOffsetBytes(offset_bytes);
         region.setKind(wire::RegisterRegion::RegionKind::CUDA_IPC);
         region.setIpcHandle(capnp::Data::Reader(reinterpret_cast<const uint8_t*>(ipc_handle.data()),
                                                 ipc_handle.size()));
@@ -223,17 +237,39 @@ Status Client::register_cuda_ipc_region(uint32_t region_id,
       {});
 }
 
-Status Client::register_cuda_vmm_region(uint32_t region_id, int fd, uint64_t size_bytes,
+Status Client::register_cuda_vmm_region(uint32_t region_id, std::span<const VmmChunkFd> chunks,
+                                        uint64_t offset_bytes, uint64_t size_bytes,
                                         const std::string& gpu_uuid) {
-  int fds[] = {fd};
+  if (chunks.size() > ipc::kMaxFdsPerRequest) {
+    return invalid_argument("a VMM region of {} chunks: at most {} descriptors go in one request",
+                            chunks.size(), ipc::kMaxFdsPerRequest);
+  }
+  std::vector<int> fds;
+  fds.reserve(chunks.size());
+  for (const VmmChunkFd& chunk : chunks) fds.push_back(chunk.fd);
   return register_region(
       region_id,
       [&](wire::RegisterRegion::Builder region) {
         region.setSizeBytes(size_bytes);
+        region.setOffsetBytes(offset_bytes);
         region.setKind(wire::RegisterRegion::RegionKind::CUDA_VMM_FD);
         region.setGpuUuid(gpu_uuid);
+        auto sizes = region.initChunkBytes(static_cast<unsigned>(chunks.size()));
+        for (unsigned i = 0; i < chunks.size(); ++i) sizes.set(i, chunks[i].bytes);
       },
       fds);
+}
+
+Pending<uint32_t> Client::unregister_region_async(uint32_t region_id) {
+  auto id = send([&](wire::Request::Builder request) {
+    request.initUnregisterRegion().setRegionId(region_id);
+  });
+  return Pending<uint32_t>(this, std::move(id),
+                           [](wire::Response::Reader response) -> Result<uint32_t> {
+                             if (!response.isUnregisterRegion())
+                               return unexpected_reply(response, "UnregisterRegion");
+                             return response.getUnregisterRegion().getRegionId();
+                           });
 }
 
 Pending<SaveResult> Client::save_async(const std::string& session_id,
@@ -433,5 +469,6 @@ Result<std::vector<ConfigEntryInfo>> Client::get_config() {
 template class Pending<SaveResult>;
 template class Pending<LookupResult>;
 template class Pending<LoadResult>;
+template class Pending<uint32_t>;
 
 }  // namespace kvtier

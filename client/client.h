@@ -6,6 +6,7 @@
 //   client->register_memfd_region(0, fd, size);      // per KV region
 //   client->save("conv-42", blocks, /*end_of_turn=*/true);
 //   client->lookup(hashes); client->load("conv-42", blocks);
+//   client->unregister_region(0);                    // before freeing the region
 //
 // Every call has a blocking form and an async form (`*_async`) returning a Pending<T>
 // whose wait() blocks for the reply; requests may be pipelined and replies arrive in
@@ -52,12 +53,28 @@ struct LayoutSpec {
   std::string extra_key;
 };
 
+// What kind of regions an engine registers; must match the daemon's backend.
+enum class DeviceKind : uint8_t {
+  kHost,  // memfd regions (the daemon runs the host backend)
+  kCuda,  // GPU regions: CUDA IPC or VMM handles (the daemon runs the cuda backend)
+};
+
 struct HelloInfo {
-  uint32_t protocol_version;
-  uint64_t layout_digest;
-  uint64_t block_bytes;
+  uint32_t protocol_version = 0;
+  uint64_t layout_digest = 0;
+  uint64_t block_bytes = 0;
   std::string namespace_name;
-  uint32_t max_blocks_per_request;
+  uint32_t max_blocks_per_request = 0;
+  DeviceKind device_kind = DeviceKind::kHost;  // the daemon's backend
+  std::vector<std::string> gpu_uuids;          // cuda: the GPUs it serves ("GPU-…")
+  std::string device_name;                     // "host" or the GPU models, for logs
+};
+
+// One chunk of a CUDA VMM region: the POSIX fd of one cuMemCreate handle (the caller
+// keeps owning it) and the chunk's size in bytes.
+struct VmmChunkFd {
+  int fd = -1;
+  uint64_t bytes = 0;
 };
 
 struct BlockRef {
@@ -176,17 +193,37 @@ class Client {
   // $XDG_RUNTIME_DIR/kvtier/kvtierd.sock, else ./var/kvtierd.sock.
   static std::string default_socket_path();
 
+  // `device_kind` must match the daemon's backend (InvalidArgument otherwise, naming
+  // the backend the daemon runs).
   Result<HelloInfo> hello(const LayoutSpec& layout, const std::string& engine_name = "engine",
-                          double prefill_tokens_per_second = 0);
+                          double prefill_tokens_per_second = 0,
+                          DeviceKind device_kind = DeviceKind::kHost);
   Status register_memfd_region(uint32_t region_id, int memfd, uint64_t size_bytes);
-  // GPU regions for a daemon on the CUDA backend: a legacy cudaIpcMemHandle_t, or a
-  // CUDA VMM POSIX-fd shareable handle (what PyTorch's expandable segments allocate).
-  // `gpu_uuid` names the GPU ("GPU-…"); empty means the daemon's GPU. The engine
-  // synchronizes its writes to the blocks it names before each Save.
+  // GPU regions for a daemon on the CUDA backend. `gpu_uuid` names the GPU ("GPU-…");
+  // empty means the daemon's only GPU (InvalidArgument when it serves several). The
+  // engine synchronizes its writes to the blocks it names before each Save.
+  //
+  // Legacy IPC: `ipc_handle` (a CUipcMemHandle) exports the whole allocation; the region
+  // is `size_bytes` starting `offset_bytes` from the allocation's base (find both from
+  // any device pointer with cuMemGetAddressRange).
   Status register_cuda_ipc_region(uint32_t region_id, std::span<const std::byte, 64> ipc_handle,
-                                  uint64_t size_bytes, const std::string& gpu_uuid);
-  Status register_cuda_vmm_region(uint32_t region_id, int fd, uint64_t size_bytes,
+                                  uint64_t offset_bytes, uint64_t size_bytes,
                                   const std::string& gpu_uuid);
+  // CUDA VMM (PyTorch expandable segments): the chunks' shareable fds in address order
+  // (at most ipc::kMaxFdsPerRequest; the daemon maps them back to back), and the region
+  // `size_bytes` starting `offset_bytes` into the first chunk. The fds are sent, not
+  // taken: the caller still owns them.
+  Status register_cuda_vmm_region(uint32_t region_id, std::span<const VmmChunkFd> chunks,
+                                  uint64_t offset_bytes, uint64_t size_bytes,
+                                  const std::string& gpu_uuid);
+  // Before the engine frees (or stops sharing) a region: the reply comes once every
+  // daemon copy touching it has finished and the daemon's mapping is closed, so the
+  // memory may be freed then. NotFound for a region not registered on this connection.
+  // Save and Load fail (InvalidArgument) while a plane's region is unregistered; the id
+  // may be registered again after the reply.
+  Status unregister_region(uint32_t region_id) {
+    return unregister_region_async(region_id).wait().status();
+  }
 
   Result<SaveResult> save(const std::string& session_id, std::span<const BlockRef> blocks,
                           bool end_of_turn) {
@@ -219,6 +256,8 @@ class Client {
                                  bool end_of_turn);
   Pending<LookupResult> lookup_async(std::span<const BlockHash> hashes);
   Pending<LoadResult> load_async(const std::string& session_id, std::span<const BlockRef> blocks);
+  // The reply's value is the region id.
+  Pending<uint32_t> unregister_region_async(uint32_t region_id);
 
  private:
   template <typename T>

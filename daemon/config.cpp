@@ -5,6 +5,7 @@
 #include <grp.h>
 
 #include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <cstdlib>
 
@@ -142,7 +143,12 @@ const std::vector<Setting>& settings() {
                    check_directory),
       text_setting("device", &C::device, kRestart, "copy backend: host, cuda or auto",
                    check_device),
-      size_setting("hbm-bytes", &C::hbm_bytes, kRestart, "daemon HBM arena size (e.g. 8GiB)"),
+      text_setting("gpus", &C::gpus, kRestart,
+                   "cuda backend: GPUs to serve, \"all\" or comma-separated UUIDs "
+                   "(GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx, as nvidia-smi -L prints them)",
+                   check_gpus),
+      size_setting("hbm-bytes", &C::hbm_bytes, kRestart,
+                   "daemon HBM arena size per GPU (e.g. 8GiB; every GPU served gets this much)"),
       size_setting("ram-bytes", &C::ram_bytes, kRestart, "pinned RAM pool size (e.g. 64GiB)"),
       size_setting("nvme-bytes", &C::nvme_bytes, kRestart, "NVMe tier capacity (0: no NVMe tier)"),
       integer_setting("nvme-queue-depth", &C::nvme_queue_depth, 1, 4096, kRestart,
@@ -248,6 +254,24 @@ Status validate(const DaemonConfig& config) {
                             config.nvme_low_watermark, config.nvme_high_watermark);
   }
   return Status::ok();
+}
+
+std::vector<std::string> gpu_uuid_list(const DaemonConfig& config) {
+  std::vector<std::string> uuids;
+  if (config.gpus == "all") return uuids;
+  std::string_view text = config.gpus;
+  while (!text.empty()) {
+    const size_t comma = text.find(',');
+    std::string uuid(text.substr(0, comma));
+    // The hex digits in lower case, as the CUDA device prints them; "GPU-" stays.
+    for (size_t i = 4; i < uuid.size(); ++i) {
+      uuid[i] = static_cast<char>(std::tolower(static_cast<unsigned char>(uuid[i])));
+    }
+    uuids.push_back(std::move(uuid));
+    if (comma == std::string_view::npos) break;
+    text.remove_prefix(comma + 1);
+  }
+  return uuids;
 }
 
 std::string default_socket_path() {

@@ -35,7 +35,9 @@ struct DaemonConfig {
   std::string socket_path;  // default: $XDG_RUNTIME_DIR/kvtier/kvtierd.sock or ./var/kvtierd.sock
   std::string data_dir = "./var";       // NVMe tier data (used by the NVMe tier)
   std::string device = "auto";          // host | cuda | auto
-  uint64_t hbm_bytes = 1ull << 30;      // daemon arena ("HBM"; host memory on the host backend)
+  std::string gpus = "all";             // cuda: "all" or GPU UUIDs, comma-separated
+  uint64_t hbm_bytes = 1ull << 30;      // daemon arena ("HBM") per GPU; host memory on the host
+                                        // backend
   uint64_t ram_bytes = 2ull << 30;      // pinned RAM pool
   uint64_t nvme_bytes = 0;              // NVMe tier capacity; 0 = no NVMe tier
   uint32_t nvme_queue_depth = 32;       // NVMe tier: payload I/Os in flight per io_uring ring
@@ -107,6 +109,9 @@ const Setting* find_setting(std::string_view key);
 Status resolve_names(DaemonConfig& config);
 // Checks what no single setting can: combinations and cross-field limits.
 Status validate(const DaemonConfig& config);
+
+// The GPUs `gpus` names, lower case, in the order given; empty for "all".
+std::vector<std::string> gpu_uuid_list(const DaemonConfig& config);
 
 // The config a fresh daemon starts from (socket path from the environment).
 DaemonConfig default_config();

@@ -93,12 +93,7 @@ Result<BlockListRequest> Service::parse_block_list(const EngineContext& engine,
     return invalid_argument("blocks has {} entries; at most {} per request", blocks.size(),
                             config_.max_blocks_per_request);
   }
-  for (const PlaneLayout& plane : engine.layout.planes) {
-    if (engine.regions.count(plane.region_id) == 0) {
-      return invalid_argument("region {} named by the layout is not registered yet",
-                              plane.region_id);
-    }
-  }
+  KVTIER_RETURN_IF_ERROR(check_regions_registered(engine));
   // A Load writes into the engine's blocks: two entries naming one target would race.
   std::unordered_map<uint64_t, unsigned> load_targets;
   request.hashes.reserve(blocks.size());
@@ -154,6 +149,9 @@ Status Service::submit_copy(CopyBatch batch, std::function<void(Status)> done) {
         asio::post(io_, [this, guard, done, status]() {
           --counters_.copies_in_flight;
           done(status);
+          // The device let go of the batch's memories before it called us: a region
+          // being unregistered may have lost its last copy.
+          reply_to_finished_unregisters();
         });
       });
   if (!submitted.is_ok()) --counters_.copies_in_flight;
@@ -188,6 +186,7 @@ Status Service::handle_save(const ConnectionPtr& c, EngineContext& engine, uint6
     return invalid_argument("session '{}' belongs to another layout", request.session_id);
   }
   CopyBatch batch;
+  batch.priority = CopyPriority::kForeground;  // an engine waits for it
   std::vector<BlockKey> written;
   uint32_t deduplicated = 0;
   for (size_t i = 0; i < request.hashes.size(); ++i) {
@@ -298,6 +297,8 @@ void Service::run_planner() {
 
 void Service::apply_moves(const std::vector<policy::Move>& moves) {
   CopyBatch batch;
+  // The policy's moves never hold up an engine's Save or Load.
+  batch.priority = CopyPriority::kBackground;
   struct Started {
     BlockKey key;
     policy::MoveKind kind;

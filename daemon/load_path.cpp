@@ -86,9 +86,16 @@ Status Service::handle_load(const ConnectionPtr& c, EngineContext& engine, uint6
       if (load->entries[i].pinned) store_->unpin(load->entries[i].key);
     }
     load->entries.resize(count);
+    // A Load that waited for NVMe may find a region unregistered meanwhile.
+    if (Status registered = check_regions_registered(*engine_ref); !registered.is_ok()) {
+      for (const PendingLoad::Entry& entry : load->entries) store_->unpin(entry.key);
+      reply_error(c, id, registered);
+      return;
+    }
     counters_.lookup_hits += count;
     counters_.lookup_misses += total - count;
     CopyBatch batch;
+    batch.priority = CopyPriority::kForeground;  // an engine waits for it
     for (const PendingLoad::Entry& entry : load->entries) {
       add_plane_segments(batch, *engine_ref, entry.engine_block_id, *entry.pinned,
                          /*to_engine=*/true);

@@ -1,12 +1,17 @@
 // kvtierd: wiring. Parse the config, pick the Device, allocate the tiers, listen (or
 // take the socket systemd passed), serve /metrics, tell systemd we are ready, and run
-// the control thread until SIGINT/SIGTERM. SIGHUP reloads the configuration.
+// the control thread until SIGINT/SIGTERM. SIGHUP reloads the configuration. Exit
+// codes: 0 stopped, 1 could not start, 2 bad configuration or device, 3 the device was
+// lost (a sticky GPU error; systemd restarts the daemon).
 #include <signal.h>
+#include <sys/resource.h>
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/signal_set.hpp>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <functional>
 
 #include "common/log.h"
@@ -28,8 +33,15 @@ using namespace kvtier;
 Result<std::unique_ptr<Device>> make_device(const daemon::DaemonConfig& config) {
 #ifdef KVTIER_HAVE_CUDA
   if (config.device != "host") {
-    auto cuda = make_cuda_device(CudaDeviceOptions{});
-    if (cuda.is_ok() || config.device == "cuda") return cuda;
+    CudaDeviceOptions options;
+    options.gpu_uuids = daemon::gpu_uuid_list(config);
+    auto cuda = make_cuda_device(options);
+    // auto falls back only where there is no GPU at all; a GPU named in --gpus that is
+    // not here is a configuration error either way.
+    if (cuda.is_ok() || config.device == "cuda" ||
+        cuda.status().code() != StatusCode::kUnavailable) {
+      return cuda;
+    }
     KVTIER_LOG_INFO("device auto: {}; using the host backend (memfd regions)",
                     cuda.status().message());
   }
@@ -42,6 +54,18 @@ Result<std::unique_ptr<Device>> make_device(const daemon::DaemonConfig& config) 
     KVTIER_LOG_INFO("device auto: built without CUDA; using the host backend");
 #endif
   return make_host_device(config.copy_threads);
+}
+
+// A CUDA VMM region arrives as one descriptor per chunk (up to 1024 in one request), so
+// the soft limit of 1024 that many services start with is too tight.
+void raise_descriptor_limit() {
+  rlimit limit{};
+  if (::getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur >= limit.rlim_max) return;
+  limit.rlim_cur = limit.rlim_max;
+  if (::setrlimit(RLIMIT_NOFILE, &limit) != 0) {
+    KVTIER_LOG_WARN("cannot raise the open-file limit to {}: {}", limit.rlim_max,
+                    std::strerror(errno));
+  }
 }
 
 // SIGHUP: re-read the same --config file and flags. Reloadable settings take effect
@@ -92,6 +116,7 @@ int run(int argc, char** argv) {
   const daemon::DaemonConfig& config = command_line->config;
   set_log_level(config.log_level);
   ::signal(SIGPIPE, SIG_IGN);
+  raise_descriptor_limit();
   // Taken before any thread starts: sd_listen_fds() edits the environment.
   auto activation_socket = daemon::take_activation_socket();
   if (!activation_socket.is_ok()) {
@@ -178,6 +203,15 @@ int run(int argc, char** argv) {
     });
   };
   wait_for_hangup();
+  // A lost GPU context: the service wrote what it can and stops the loop; close
+  // everything else so that nothing is served until systemd starts a fresh daemon.
+  service.set_fatal_exit([&](int) {
+    notifier.stopping();
+    stop_signals.cancel();
+    reload_signals.cancel();
+    metrics.stop();
+    server.stop();
+  });
 
   KVTIER_LOG_INFO("kvtierd listening on {} (hbm {}, ram {}, device {})", listening_on,
                   format_bytes(config.hbm_bytes), format_bytes(config.ram_bytes), device_name);
@@ -187,6 +221,11 @@ int run(int argc, char** argv) {
   // down must not turn a clean exit into death by signal.
   ::signal(SIGTERM, SIG_IGN);
   ::signal(SIGINT, SIG_IGN);
+  if (service.exit_code() != 0) {
+    KVTIER_LOG_ERROR("kvtierd stopped after a fatal device error (exit code {})",
+                     service.exit_code());
+    return service.exit_code();
+  }
   KVTIER_LOG_INFO("kvtierd stopped");
   return 0;
 }

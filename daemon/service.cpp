@@ -2,6 +2,7 @@
 
 #include <capnp/message.h>
 #include <kj/exception.h>
+#include <boost/asio/post.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -84,9 +85,16 @@ Service::~Service() {
 }
 
 Status Service::start() {
+  gpus_ = device_->gpus();
+  backend_kind_ = gpus_.empty() ? wire::DeviceKind::HOST : wire::DeviceKind::CUDA;
+  // The device calls this on one of its threads; everything it does happens here.
+  device_->set_fatal_error_handler([this](const Status& status) {
+    asio::post(io_, [this, status] { on_device_lost(status); });
+  });
   std::vector<BlockStore::TierMemory> tiers;
   if (config_.hbm_bytes > 0) {
-    auto arena = device_->allocate_arena(config_.hbm_bytes);
+    // hbm-bytes on every GPU, in parts that never split a slab between two GPUs.
+    auto arena = device_->allocate_arena(config_.hbm_bytes, config_.slab_bytes);
     if (!arena.is_ok()) return arena.status();
     tiers.push_back({Tier::kHbm, *arena, config_.slab_bytes});
   }
@@ -105,6 +113,30 @@ Status Service::start() {
 }
 
 // Service::stop is in persistence.cpp: with an NVMe tier, stopping drains to it.
+
+void Service::on_device_lost(const Status& status) {
+  if (exit_code_ != 0) return;
+  exit_code_ = kExitDeviceLost;
+  KVTIER_LOG_ERROR(
+      "GPU context lost: {}; exiting so systemd restarts kvtierd (NVMe contents survive)",
+      status.to_string());
+  stopping_ = true;
+  plan_timer_.cancel();
+  if (nvme_) {
+    // A drain in progress ends here: what it would copy from RAM or HBM can no longer
+    // be trusted. What is on NVMe is, and the session table says which sessions use
+    // it (a session ends at its first block that is not there after the restart).
+    nvme_->drain_phase = NvmeState::DrainPhase::kDone;
+    if (nvme_->drain_deadline) nvme_->drain_deadline->cancel();
+    for (const policy::Session* session : sessions_.by_last_active()) {
+      note_session_changed(*session);
+    }
+    flush_sessions(/*sync=*/true);
+    nvme_->tier->flush();  // blocks until the table (and writes before it) are durable
+  }
+  if (fatal_exit_) fatal_exit_(exit_code_);
+  io_.stop();
+}
 
 uint32_t Service::namespace_for(uid_t uid, std::string* name) {
   auto shared = config_.shared_namespaces.find(uid);
@@ -138,6 +170,9 @@ void Service::on_disconnect(const ConnectionPtr& connection) {
     KVTIER_LOG_DEBUG("connection {} closed; releasing {} regions", connection->id(),
                      engine->regions.size());
   }
+  // Nobody is left to tell: Unregisters waiting for copies just let go.
+  std::erase_if(parked_unregisters_,
+                [&](const ParkedUnregister& parked) { return parked.connection == connection; });
   connection->user_state.reset();
 }
 
@@ -167,7 +202,7 @@ Status Service::dispatch(const ConnectionPtr& c, EngineContext& engine,
   std::vector<UniqueFd> fds;
   if (which == wire::Request::REGISTER_REGION) {
     const uint32_t count = request.getRegisterRegion().getFdCount();
-    for (uint32_t i = 0; i < count && i < ipc::kMaxFdsPerMessage; ++i) {
+    for (uint32_t i = 0; i < count && i < ipc::kMaxFdsPerRequest; ++i) {
       auto fd = c->take_fd();
       if (!fd.is_ok()) {
         return invalid_argument("fdCount is {} but only {} descriptors arrived with the request",
@@ -175,8 +210,8 @@ Status Service::dispatch(const ConnectionPtr& c, EngineContext& engine,
       }
       fds.push_back(std::move(*fd));
     }
-    if (count > ipc::kMaxFdsPerMessage) {
-      return invalid_argument("fdCount {} exceeds {}", count, ipc::kMaxFdsPerMessage);
+    if (count > ipc::kMaxFdsPerRequest) {
+      return invalid_argument("fdCount {} exceeds {}", count, ipc::kMaxFdsPerRequest);
     }
   }
   if (id == 0) return invalid_argument("request id 0 is reserved; use ids from 1");
@@ -189,6 +224,8 @@ Status Service::dispatch(const ConnectionPtr& c, EngineContext& engine,
       return handle_hello(c, engine, id, request.getHello());
     case wire::Request::REGISTER_REGION:
       return handle_register_region(c, engine, id, request.getRegisterRegion(), std::move(fds));
+    case wire::Request::UNREGISTER_REGION:
+      return handle_unregister_region(c, engine, id, request.getUnregisterRegion().getRegionId());
     case wire::Request::SAVE: {
       auto save = request.getSave();
       auto parsed =
@@ -260,6 +297,17 @@ Status Service::handle_hello(const ConnectionPtr& c, EngineContext& engine, uint
   }
   if (hello.getEngineName().size() > 128)
     return invalid_argument("engineName is longer than 128 bytes");
+  if (hello.getDeviceKind() != backend_kind_) {
+    if (backend_kind_ == wire::DeviceKind::HOST) {
+      return invalid_argument(
+          "deviceKind is cuda, but this kvtierd runs the host backend: it takes memfd regions "
+          "only (GPU regions need a kvtierd started with --device cuda on a GPU machine)");
+    }
+    return invalid_argument(
+        "deviceKind is host, but this kvtierd runs the cuda backend ({}): it takes GPU regions "
+        "(cudaIpc, cudaVmmFd) only",
+        device_->name());
+  }
   LayoutLimits limits;
   limits.max_block_bytes = std::min<uint64_t>(limits.max_block_bytes, config_.slab_bytes);
   auto layout = EngineLayout::from_wire(hello.getLayout(), limits);
@@ -288,68 +336,10 @@ Status Service::handle_hello(const ConnectionPtr& c, EngineContext& engine, uint
     out.setBlockBytes(engine.layout.block_bytes);
     out.setNamespaceName(engine.namespace_name);
     out.setMaxBlocksPerRequest(config_.max_blocks_per_request);
-  });
-  return Status::ok();
-}
-
-Status Service::handle_register_region(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
-                                       wire::RegisterRegion::Reader region,
-                                       std::vector<UniqueFd> fds) {
-  const uint32_t region_id = region.getRegionId();
-  if (engine.regions.count(region_id) != 0) {
-    return invalid_argument("regionId {} is already registered on this connection", region_id);
-  }
-  if (engine.regions.size() >= config_.max_regions_per_connection) {
-    return resource_exhausted("this connection already has {} regions, the limit",
-                              engine.regions.size());
-  }
-  bool used = std::any_of(engine.layout.planes.begin(), engine.layout.planes.end(),
-                          [&](const PlaneLayout& p) { return p.region_id == region_id; });
-  if (!used)
-    return invalid_argument("regionId {} is not named by any plane of the layout", region_id);
-  const uint64_t size = region.getSizeBytes();
-  if (size == 0 || size > (1ull << 40))
-    return invalid_argument("sizeBytes {} is outside 1..1TiB", size);
-
-  RegionHandle handle;
-  handle.size_bytes = size;
-  switch (region.getKind()) {
-    case wire::RegisterRegion::RegionKind::MEMFD:
-      if (fds.size() != 1)
-        return invalid_argument("a memfd region needs exactly one descriptor (fdCount = 1)");
-      handle.kind = RegionHandle::Kind::kMemfd;
-      handle.fd = std::move(fds[0]);
-      break;
-    case wire::RegisterRegion::RegionKind::CUDA_IPC: {
-      handle.kind = RegionHandle::Kind::kCudaIpc;
-      auto bytes = region.getIpcHandle();
-      if (bytes.size() != handle.ipc_handle.size()) {
-        return invalid_argument("ipcHandle has {} bytes; a CUDA IPC handle has 64", bytes.size());
-      }
-      std::memcpy(handle.ipc_handle.data(), bytes.begin(), bytes.size());
-      handle.gpu_uuid = region.getGpuUuid().cStr();
-      break;
-    }
-    case wire::RegisterRegion::RegionKind::CUDA_VMM_FD:
-      if (fds.size() != 1)
-        return invalid_argument("a VMM region needs exactly one descriptor (fdCount = 1)");
-      handle.kind = RegionHandle::Kind::kCudaVmmFd;
-      handle.fd = std::move(fds[0]);
-      handle.gpu_uuid = region.getGpuUuid().cStr();
-      break;
-    default:
-      return invalid_argument("kind {} is not a known region kind",
-                              static_cast<int>(region.getKind()));
-  }
-  KVTIER_RETURN_IF_ERROR(engine.layout.check_region(region_id, size));
-  auto memory = device_->open_region(std::move(handle));
-  if (!memory.is_ok()) {
-    return Status(memory.status().code(),
-                  fmt::format("regionId {}: {}", region_id, memory.status().message()));
-  }
-  engine.regions.emplace(region_id, std::move(*memory));
-  reply(c, id, [&](wire::Response::Builder response) {
-    response.initRegisterRegion().setRegionId(region_id);
+    out.setDeviceKind(backend_kind_);
+    auto uuids = out.initGpuUuids(static_cast<unsigned>(gpus_.size()));
+    for (unsigned i = 0; i < gpus_.size(); ++i) uuids.set(i, gpus_[i].uuid);
+    out.setDeviceName(std::string(device_->name()));
   });
   return Status::ok();
 }

@@ -84,7 +84,11 @@ class Service final : public ipc::RequestHandler {
   Service(asio::io_context& io, DaemonConfig config, std::unique_ptr<Device> device);
   ~Service() override;
 
-  // Allocates the tiers' memory and starts the planner timer.
+  // kvtierd's exit code after a fatal device error (README: Operations).
+  static constexpr int kExitDeviceLost = 3;
+
+  // Allocates the tiers' memory (the HBM arena: hbm-bytes on every GPU), registers the
+  // device's fatal-error handler and starts the planner timer.
   Status start();
   // Stops the planner timer; in-flight copies still complete. With an NVMe tier it
   // first drains the RAM/HBM blocks of live sessions to NVMe and writes the session
@@ -94,6 +98,12 @@ class Service final : public ipc::RequestHandler {
   void set_connection_count_source(std::function<size_t()> source) {
     connection_count_ = std::move(source);
   }
+  // What main does when the device is lost (stop the server, the metrics endpoint,
+  // the signal handlers); called on the control thread with the exit code, after the
+  // session table was written and before the event loop is stopped.
+  void set_fatal_exit(std::function<void(int exit_code)> exit) { fatal_exit_ = std::move(exit); }
+  // 0, or kExitDeviceLost once the device was lost.
+  int exit_code() const { return exit_code_; }
   // admin.cpp: takes the reloadable settings (thresholds, watermarks, planner period)
   // of `fresh`; the caller logs what else changed and needs a restart.
   void apply_reloaded_config(const DaemonConfig& fresh);
@@ -118,8 +128,23 @@ class Service final : public ipc::RequestHandler {
                   wire::Request::Reader request);
   Status handle_hello(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
                       wire::Hello::Reader hello);
+  // regions.cpp: engine regions in and out.
   Status handle_register_region(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
                                 wire::RegisterRegion::Reader region, std::vector<UniqueFd> fds);
+  // Replies once the daemon's mapping of the region is closed: at once when no copy
+  // holds it, else when the last copy that does has completed.
+  Status handle_unregister_region(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
+                                  uint32_t region_id);
+  // Runs after every copy completion: replies to the Unregisters whose region is no
+  // longer held by any copy.
+  void reply_to_finished_unregisters();
+  // InvalidArgument naming the first region the layout's planes need that is not
+  // registered (never registered, or unregistered).
+  Status check_regions_registered(const EngineContext& engine) const;
+  // The device hit an error that leaves it unusable (device.h): log, write the session
+  // table, and stop with kExitDeviceLost. RAM and HBM are not drained: after a lost
+  // context their bytes cannot be trusted.
+  void on_device_lost(const Status& status);
   Status handle_begin_turn(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
                            const std::string& session_id);
   Status handle_close_session(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
@@ -232,6 +257,20 @@ class Service final : public ipc::RequestHandler {
   std::vector<std::string> namespace_names_;  // index = namespace id
   uint64_t started_ms_ = 0;
   bool stopping_ = false;
+  // The backend engines must match (Hello) and the GPUs regions may name; set in start().
+  wire::DeviceKind backend_kind_ = wire::DeviceKind::HOST;
+  std::vector<GpuInfo> gpus_;
+  // Unregisters waiting for copies that still use their region; the entry holds the
+  // daemon's last reference, dropped (closing the mapping) just before the reply.
+  struct ParkedUnregister {
+    std::shared_ptr<Memory> memory;
+    ConnectionPtr connection;
+    uint64_t request_id;
+    uint32_t region_id;
+  };
+  std::vector<ParkedUnregister> parked_unregisters_;
+  std::function<void(int)> fatal_exit_;
+  int exit_code_ = 0;
   // Last: destroyed first, so the tier's workers stop before the memory they read
   // into and write from goes away.
   std::unique_ptr<NvmeState> nvme_;

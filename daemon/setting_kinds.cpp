@@ -5,6 +5,10 @@
 
 #include <boost/asio/ip/address.hpp>
 
+#include <algorithm>
+#include <cctype>
+#include <vector>
+
 #include "common/json.h"
 #include "common/units.h"
 
@@ -105,6 +109,46 @@ Setting text_setting(std::string_view key, std::string DaemonConfig::*field, boo
 Status check_device(std::string_view text) {
   if (text == "host" || text == "cuda" || text == "auto") return Status::ok();
   return invalid_argument("'{}' is not one of host, cuda, auto", text);
+}
+
+namespace {
+
+// "GPU-" and 8-4-4-4-12 hex digits, as nvidia-smi -L and the CUDA driver print it.
+bool is_gpu_uuid(std::string_view text) {
+  static constexpr std::string_view kShape = "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx";
+  if (text.size() != kShape.size() || text.substr(0, 4) != "GPU-") return false;
+  for (size_t i = 4; i < text.size(); ++i) {
+    if (kShape[i] == '-' ? text[i] != '-' : !std::isxdigit(static_cast<unsigned char>(text[i])))
+      return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+Status check_gpus(std::string_view text) {
+  if (text == "all") return Status::ok();
+  if (text.empty())
+    return invalid_argument("empty: use \"all\" or a comma-separated list of GPU UUIDs");
+  std::vector<std::string> seen;
+  while (true) {
+    const size_t comma = text.find(',');
+    std::string_view uuid = text.substr(0, comma);
+    if (!is_gpu_uuid(uuid)) {
+      return invalid_argument(
+          "'{}' is not a GPU UUID (GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx, as nvidia-smi -L "
+          "prints it) or \"all\"",
+          uuid);
+    }
+    std::string lower(uuid);
+    for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    if (std::find(seen.begin(), seen.end(), lower) != seen.end()) {
+      return invalid_argument("{} is listed twice", uuid);
+    }
+    seen.push_back(std::move(lower));
+    if (comma == std::string_view::npos) return Status::ok();
+    text.remove_prefix(comma + 1);
+  }
 }
 
 Status check_socket_path(std::string_view text) {

@@ -62,6 +62,7 @@ Setting integer_setting(std::string_view key, Int DaemonConfig::*field, int64_t 
 }
 
 Status check_device(std::string_view text);        // host | cuda | auto
+Status check_gpus(std::string_view text);          // all | GPU-xxxxxxxx-xxxx-…[,GPU-…]
 Status check_socket_path(std::string_view text);   // non-empty, fits sockaddr_un
 Status check_directory(std::string_view text);     // non-empty, not an existing non-directory
 Status check_metrics_addr(std::string_view text);  // IP:PORT or "off"

@@ -10,9 +10,13 @@
 # be pipelined; replies may come back in any order, so clients match them by `id`.
 #
 # File descriptors (memfd regions; CUDA VMM shareable handles) travel as
-# SCM_RIGHTS ancillary data sent together with the first byte of the frame of the
-# request that uses them. The daemon queues received descriptors in arrival order and
-# each request that declares `fdCount > 0` takes that many from the head of the queue.
+# SCM_RIGHTS ancillary data sent together with the bytes of the frame of the request
+# that uses them, at most 250 per sendmsg (Linux takes 253 in one message): a request
+# with more sends them in several calls, each with at least one byte of the frame,
+# all before its last byte. The daemon queues received descriptors in arrival order and
+# each request that declares `fdCount > 0` takes that many from the head of the queue
+# (a refused request still takes, and closes, them). More than 1024 descriptors waiting
+# unclaimed, or descriptors lost in transit (MSG_CTRUNC), are framing errors.
 #
 # Ordering contract for GPU regions: the engine's writes to the blocks it names in a
 # Save must be complete (stream synchronized) before it sends the Save; after a Load
@@ -118,8 +122,9 @@ struct RegisterRegionReply {
 }
 
 struct UnregisterRegion {      # the engine is about to free (or stop sharing) a region
-  regionId @0 :UInt32;         # a region registered on this connection
-}
+  regionId @0 :UInt32;         # a region registered on this connection (notFound otherwise);
+}                              # later Save/Load fail (invalidArgument) until it is registered
+                               # again, which may follow the reply
 
 struct UnregisterRegionReply { # sent only after every daemon copy touching the region
   regionId @0 :UInt32;         # finished and the daemon's mapping of it is closed: the

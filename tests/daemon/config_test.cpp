@@ -61,6 +61,30 @@ TEST_F(ConfigTest, DefaultsAreValid) {
   EXPECT_FALSE(parsed->check_config);
 }
 
+TEST_F(ConfigTest, GpusIsAllOrAListOfUuids) {
+  auto parsed = parse({});
+  ASSERT_TRUE(parsed.is_ok()) << parsed.status().to_string();
+  EXPECT_EQ(parsed->config.gpus, "all");
+  EXPECT_TRUE(gpu_uuid_list(parsed->config).empty());
+  parsed = parse({"--gpus", "GPU-5F4A1B2C-0000-1111-2222-333344445555,gpu-x"});
+  EXPECT_TRUE(FailsNaming(parsed, {"gpus", "'gpu-x' is not a GPU UUID"}));
+  parsed = parse({"--gpus", "GPU-5f4a1b2c-0000-1111-2222-33334444555"});  // one digit short
+  EXPECT_TRUE(FailsNaming(parsed, {"gpus", "is not a GPU UUID"}));
+  parsed =
+      parse({"--gpus",
+             "GPU-5f4a1b2c-0000-1111-2222-333344445555,GPU-5F4A1B2C-0000-1111-2222-333344445555"});
+  EXPECT_TRUE(FailsNaming(parsed, {"gpus", "listed twice"}));
+  const auto path = write(
+      "gpus = "
+      "\"GPU-5F4A1B2C-0000-1111-2222-333344445555,GPU-00000000-aaaa-bbbb-cccc-dddddddddddd\"\n");
+  parsed = parse({"--config", path});
+  ASSERT_TRUE(parsed.is_ok()) << parsed.status().to_string();
+  EXPECT_EQ(gpu_uuid_list(parsed->config),
+            (std::vector<std::string>{"GPU-5f4a1b2c-0000-1111-2222-333344445555",
+                                      "GPU-00000000-aaaa-bbbb-cccc-dddddddddddd"}));
+  EXPECT_FALSE(find_setting("gpus")->reloadable);
+}
+
 TEST_F(ConfigTest, FileSetsEveryKindAndFlagsOverrideIt) {
   const auto path = write(R"(
 hbm-bytes = "256MiB"

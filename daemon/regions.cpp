@@ -1,0 +1,240 @@
+// Engine regions: RegisterRegion (check the request, open the memory) and
+// UnregisterRegion, whose reply waits until the daemon's mapping is closed.
+//
+// A mapping closes when the region's last shared_ptr goes. The connection's
+// EngineContext holds one, and every CopyBatch that touches the region holds one until
+// the device is done with it; devices drop those before they call `done`
+// (cuda/device.h). So an Unregister takes the region out of its connection at once (no
+// later request can name it) and, while copies still hold it, parks the daemon's own
+// reference; every copy completion on the control thread looks again, and the reply
+// goes out when the parked reference is the last one, right after dropping it.
+#include <strings.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "common/log.h"
+#include "daemon/service.h"
+
+namespace kvtier::daemon {
+namespace {
+
+constexpr uint64_t kMaxRegionBytes = 1ull << 40;
+constexpr size_t kMaxGpuUuidBytes = 64;
+
+std::string_view kind_name(RegionHandle::Kind kind) {
+  switch (kind) {
+    case RegionHandle::Kind::kMemfd:
+      return "memfd";
+    case RegionHandle::Kind::kCudaIpc:
+      return "cudaIpc";
+    case RegionHandle::Kind::kCudaVmmFd:
+      return "cudaVmmFd";
+  }
+  return "unknown";
+}
+
+// The request's fields checked against each other (the backend's checks come later,
+// so a malformed request is named as such on any daemon). Takes the descriptors.
+Result<RegionHandle> handle_from_wire(wire::RegisterRegion::Reader region,
+                                      std::vector<UniqueFd> fds) {
+  RegionHandle handle;
+  handle.size_bytes = region.getSizeBytes();
+  handle.offset_bytes = region.getOffsetBytes();
+  const auto chunks = region.getChunkBytes();
+  switch (region.getKind()) {
+    case wire::RegisterRegion::RegionKind::MEMFD:
+      if (fds.size() != 1)
+        return invalid_argument("a memfd region needs exactly one descriptor (fdCount = 1)");
+      if (handle.offset_bytes != 0) {
+        return invalid_argument("offsetBytes is {}; a memfd region starts at byte 0 of its memfd",
+                                handle.offset_bytes);
+      }
+      if (chunks.size() != 0) {
+        return invalid_argument("chunkBytes has {} entries; only a cudaVmmFd region has chunks",
+                                chunks.size());
+      }
+      handle.kind = RegionHandle::Kind::kMemfd;
+      handle.fd = std::move(fds[0]);
+      return handle;
+    case wire::RegisterRegion::RegionKind::CUDA_IPC: {
+      if (!fds.empty()) {
+        return invalid_argument(
+            "fdCount is {}; a cudaIpc region travels as ipcHandle, with no descriptor", fds.size());
+      }
+      if (chunks.size() != 0) {
+        return invalid_argument("chunkBytes has {} entries; only a cudaVmmFd region has chunks",
+                                chunks.size());
+      }
+      auto bytes = region.getIpcHandle();
+      if (bytes.size() != handle.ipc_handle.size()) {
+        return invalid_argument("ipcHandle has {} bytes; a CUDA IPC handle has 64", bytes.size());
+      }
+      if (handle.offset_bytes > UINT64_MAX - handle.size_bytes) {
+        return invalid_argument("offsetBytes {} + sizeBytes {} overflows", handle.offset_bytes,
+                                handle.size_bytes);
+      }
+      handle.kind = RegionHandle::Kind::kCudaIpc;
+      std::memcpy(handle.ipc_handle.data(), bytes.begin(), bytes.size());
+      handle.gpu_uuid = region.getGpuUuid().cStr();
+      return handle;
+    }
+    case wire::RegisterRegion::RegionKind::CUDA_VMM_FD: {
+      if (chunks.size() != fds.size()) {
+        return invalid_argument(
+            "chunkBytes has {} entries but fdCount is {}: a cudaVmmFd region gives one chunk "
+            "size per descriptor",
+            chunks.size(), fds.size());
+      }
+      if (fds.empty())
+        return invalid_argument("a cudaVmmFd region needs at least one descriptor (fdCount ≥ 1)");
+      uint64_t total = 0;
+      for (unsigned i = 0; i < chunks.size(); ++i) {
+        if (chunks[i] == 0) return invalid_argument("chunkBytes[{}] is 0", i);
+        if (__builtin_add_overflow(total, chunks[i], &total)) {
+          return invalid_argument(
+              "chunkBytes overflow: chunks 0..{} add up to more than 2^64 bytes", i);
+        }
+      }
+      if (handle.offset_bytes > total || handle.size_bytes > total - handle.offset_bytes) {
+        return invalid_argument(
+            "offsetBytes {} + sizeBytes {} is beyond the {} bytes of the {} chunks (chunkBytes)",
+            handle.offset_bytes, handle.size_bytes, total, chunks.size());
+      }
+      handle.kind = RegionHandle::Kind::kCudaVmmFd;
+      handle.vmm_chunks.reserve(fds.size());
+      for (unsigned i = 0; i < chunks.size(); ++i) {
+        handle.vmm_chunks.push_back({std::move(fds[i]), chunks[i]});
+      }
+      handle.gpu_uuid = region.getGpuUuid().cStr();
+      return handle;
+    }
+  }
+  return invalid_argument("kind {} is not a known region kind", static_cast<int>(region.getKind()));
+}
+
+std::string uuid_list(const std::vector<GpuInfo>& gpus) {
+  std::string out;
+  for (const GpuInfo& gpu : gpus) out += (out.empty() ? "" : ", ") + gpu.uuid;
+  return out;
+}
+
+}  // namespace
+
+Status Service::handle_register_region(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
+                                       wire::RegisterRegion::Reader region,
+                                       std::vector<UniqueFd> fds) {
+  const uint32_t region_id = region.getRegionId();
+  if (engine.regions.count(region_id) != 0) {
+    return invalid_argument("regionId {} is already registered on this connection", region_id);
+  }
+  if (engine.regions.size() >= config_.max_regions_per_connection) {
+    return resource_exhausted("this connection already has {} regions, the limit",
+                              engine.regions.size());
+  }
+  bool used = std::any_of(engine.layout.planes.begin(), engine.layout.planes.end(),
+                          [&](const PlaneLayout& p) { return p.region_id == region_id; });
+  if (!used)
+    return invalid_argument("regionId {} is not named by any plane of the layout", region_id);
+  const uint64_t size = region.getSizeBytes();
+  if (size == 0 || size > kMaxRegionBytes)
+    return invalid_argument("sizeBytes {} is outside 1..1TiB", size);
+
+  auto handle = handle_from_wire(region, std::move(fds));
+  if (!handle.is_ok()) return handle.status();
+  const bool cuda_kind = handle->kind != RegionHandle::Kind::kMemfd;
+  if (cuda_kind && backend_kind_ != wire::DeviceKind::CUDA) {
+    return invalid_argument(
+        "kind {}: this kvtierd runs the host backend and cannot open cuda regions; register "
+        "memfd regions (or use a kvtierd started with --device cuda)",
+        kind_name(handle->kind));
+  }
+  if (!cuda_kind && backend_kind_ == wire::DeviceKind::CUDA) {
+    return invalid_argument(
+        "kind memfd: this kvtierd runs the cuda backend ({}) and opens GPU regions only "
+        "(cudaIpc, cudaVmmFd)",
+        device_->name());
+  }
+  if (cuda_kind) {
+    std::string& uuid = handle->gpu_uuid;
+    if (uuid.size() > kMaxGpuUuidBytes) {
+      return invalid_argument("gpuUuid is longer than {} bytes", kMaxGpuUuidBytes);
+    }
+    if (uuid.empty()) {
+      if (gpus_.size() != 1) {
+        return invalid_argument("gpuUuid is empty, but this kvtierd serves {} GPUs ({}): name one",
+                                gpus_.size(), uuid_list(gpus_));
+      }
+      uuid = gpus_[0].uuid;  // the one GPU there is
+    } else {
+      auto served = std::find_if(gpus_.begin(), gpus_.end(), [&](const GpuInfo& gpu) {
+        return ::strcasecmp(gpu.uuid.c_str(), uuid.c_str()) == 0;
+      });
+      if (served == gpus_.end()) {
+        return invalid_argument("gpuUuid '{}' is not a GPU this kvtierd serves ({})", uuid,
+                                uuid_list(gpus_));
+      }
+      uuid = served->uuid;  // the daemon's spelling
+    }
+  }
+  KVTIER_RETURN_IF_ERROR(engine.layout.check_region(region_id, size));
+  auto memory = device_->open_region(std::move(*handle));
+  if (!memory.is_ok()) {
+    return Status(memory.status().code(),
+                  fmt::format("regionId {}: {}", region_id, memory.status().message()));
+  }
+  engine.regions.emplace(region_id, std::move(*memory));
+  reply(c, id, [&](wire::Response::Builder response) {
+    response.initRegisterRegion().setRegionId(region_id);
+  });
+  return Status::ok();
+}
+
+Status Service::handle_unregister_region(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
+                                         uint32_t region_id) {
+  auto it = engine.regions.find(region_id);
+  if (it == engine.regions.end()) {
+    return not_found("regionId {} is not registered on this connection", region_id);
+  }
+  std::shared_ptr<Memory> memory = std::move(it->second);
+  engine.regions.erase(it);
+  if (memory.use_count() > 1) {
+    KVTIER_LOG_DEBUG("connection {}: regionId {} unregistered; waiting for the copies using it",
+                     c->id(), region_id);
+    parked_unregisters_.push_back({std::move(memory), c, id, region_id});
+    return Status::ok();
+  }
+  memory.reset();  // closes the mapping
+  reply(c, id, [&](wire::Response::Builder response) {
+    response.initUnregisterRegion().setRegionId(region_id);
+  });
+  return Status::ok();
+}
+
+void Service::reply_to_finished_unregisters() {
+  for (size_t i = 0; i < parked_unregisters_.size();) {
+    if (parked_unregisters_[i].memory.use_count() > 1) {
+      ++i;
+      continue;
+    }
+    ParkedUnregister finished = std::move(parked_unregisters_[i]);
+    parked_unregisters_.erase(parked_unregisters_.begin() + static_cast<ptrdiff_t>(i));
+    finished.memory.reset();  // closes the mapping before the engine hears it may free
+    reply(finished.connection, finished.request_id, [&](wire::Response::Builder response) {
+      response.initUnregisterRegion().setRegionId(finished.region_id);
+    });
+  }
+}
+
+Status Service::check_regions_registered(const EngineContext& engine) const {
+  for (size_t i = 0; i < engine.layout.planes.size(); ++i) {
+    const uint32_t region_id = engine.layout.planes[i].region_id;
+    if (engine.regions.count(region_id) == 0) {
+      return invalid_argument("regionId {} is not registered (layout.planes[{}] names it)",
+                              region_id, i);
+    }
+  }
+  return Status::ok();
+}
+
+}  // namespace kvtier::daemon
