@@ -1,8 +1,12 @@
 // kvtier-example-engine: a stand-in inference engine. It registers a paged KV cache
-// (memfd shared memory), saves a multi-turn session block by block as an engine would
-// at the end of each turn, wipes its cache, then looks the session up and loads it
-// back into different engine blocks and checks every byte. Exit status 0 only when
-// every byte matched.
+// (memfd shared memory, or GPU memory with --device cuda: one cuMemAlloc shared through
+// legacy IPC, or VMM chunks shared as fds), saves a multi-turn session block by block
+// as an engine would at the end of each turn, wipes its cache, then looks the session
+// up and loads it back into different engine blocks and checks every byte. Before it
+// exits it unregisters its regions, as an engine must before freeing them. Exit status
+// 0 only when every byte (and, on a GPU, every canary byte around the KV tensors)
+// matched.
+#include <fmt/ranges.h>
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
@@ -23,6 +27,8 @@ using kvtier::BlockRef;
 struct Options {
   std::string socket = kvtier::Client::default_socket_path();
   std::string device = "host";
+  int gpu = 0;                     // --device cuda: index among the CUDA devices
+  std::string gpu_memory = "ipc";  // --device cuda: ipc or vmm
   std::string session = "example-session";
   bool save_only = false;
   bool verify_only = false;
@@ -41,6 +47,11 @@ class EngineCache {
   virtual kvtier::Result<bool> verify(uint64_t block_id, const kvtier::BlockHash& hash) = 0;
   virtual kvtier::Status wipe() = 0;
   virtual kvtier::Status synchronize() { return kvtier::Status::ok(); }
+  // Sends UnregisterRegion for every region register_with registered and waits for
+  // each reply: only then may the memory be freed.
+  virtual kvtier::Status unregister(kvtier::Client& client) = 0;
+  // DataLoss naming the memory around the KV cache that something overwrote.
+  virtual kvtier::Status check_guards() { return kvtier::Status::ok(); }
 };
 
 class HostCache final : public EngineCache {
@@ -62,6 +73,15 @@ class HostCache final : public EngineCache {
     cache_.wipe();
     return kvtier::Status::ok();
   }
+  kvtier::Status unregister(kvtier::Client& client) override {
+    auto reply = client.unregister_region_async(cache_.region_id()).wait();
+    if (!reply.is_ok()) return reply.status();
+    if (*reply != cache_.region_id()) {
+      return kvtier::internal_error("UnregisterRegion {}: the reply names region {}",
+                                    cache_.region_id(), *reply);
+    }
+    return kvtier::Status::ok();
+  }
 
  private:
   kvtier::PagedCache cache_;
@@ -73,7 +93,20 @@ class GpuCache final : public EngineCache {
   explicit GpuCache(std::unique_ptr<kvtier::GpuPagedCache> cache) : cache_(std::move(cache)) {}
   const kvtier::LayoutSpec& layout() const override { return cache_->layout(); }
   kvtier::Status register_with(kvtier::Client& client) override {
-    return cache_->register_with(client);
+    KVTIER_RETURN_IF_ERROR(cache_->register_with(client));
+    for (const kvtier::CudaRegionInfo& region : cache_->regions()) {
+      const std::string shared =
+          region.kind == kvtier::CudaRegionKind::kVmm
+              ? fmt::format("VMM, {} chunks of {} in all", region.chunk_count,
+                            kvtier::format_bytes(region.allocation_bytes))
+              : fmt::format("legacy IPC, a {} allocation",
+                            kvtier::format_bytes(region.allocation_bytes));
+      std::printf("registered %s of GPU %d (%s) at +%llu (%s)\n",
+                  kvtier::format_bytes(region.size_bytes).c_str(), region.device_ordinal,
+                  region.gpu_uuid.c_str(), static_cast<unsigned long long>(region.offset_bytes),
+                  shared.c_str());
+    }
+    return kvtier::Status::ok();
   }
   kvtier::Status fill(uint64_t block_id, const kvtier::BlockHash& hash) override {
     return cache_->fill(block_id, hash);
@@ -83,24 +116,34 @@ class GpuCache final : public EngineCache {
   }
   kvtier::Status wipe() override { return cache_->wipe(); }
   kvtier::Status synchronize() override { return cache_->synchronize(); }
+  kvtier::Status unregister(kvtier::Client& client) override { return cache_->unregister(client); }
+  kvtier::Status check_guards() override {
+    auto damaged = cache_->damaged_canaries();
+    if (!damaged.is_ok()) return damaged.status();
+    if (damaged->empty()) return kvtier::Status::ok();
+    return kvtier::data_loss("canaries overwritten: {}", fmt::join(*damaged, "; "));
+  }
 
  private:
   std::unique_ptr<kvtier::GpuPagedCache> cache_;
 };
 #endif
 
-kvtier::Result<std::unique_ptr<EngineCache>> make_cache(const std::string& device,
-                                                        const kvtier::PagedCacheShape& shape) {
-  if (device == "cuda") {
+kvtier::Result<std::unique_ptr<EngineCache>> make_cache(const Options& options) {
+  if (options.device == "cuda") {
 #ifdef KVTIER_HAVE_CUDA
-    auto cache = kvtier::GpuPagedCache::create(shape);
+    auto mode =
+        options.gpu_memory == "vmm" ? kvtier::GpuMemoryMode::kVmm : kvtier::GpuMemoryMode::kIpc;
+    auto cache = kvtier::GpuPagedCache::create(options.shape, options.gpu, mode);
     if (!cache.is_ok()) return cache.status();
     return std::unique_ptr<EngineCache>(std::make_unique<GpuCache>(std::move(*cache)));
 #else
-    return kvtier::invalid_argument("--device cuda: built without the CUDA toolkit");
+    return kvtier::invalid_argument(
+        "--device cuda: this kvtier-example-engine was built without the CUDA toolkit headers "
+        "(rebuild with -DKVTIER_CUDA=ON on a machine that has them)");
 #endif
   }
-  auto cache = kvtier::PagedCache::create(shape);
+  auto cache = kvtier::PagedCache::create(options.shape);
   if (!cache.is_ok()) return cache.status();
   return std::unique_ptr<EngineCache>(std::make_unique<HostCache>(std::move(*cache)));
 }
@@ -110,24 +153,10 @@ int fail(const std::string& what, const kvtier::Status& status) {
   return 1;
 }
 
-int run(const Options& options) {
+// Saves and/or loads the session through the registered cache; the exit status.
+int save_and_load(const Options& options, EngineCache& cache, kvtier::Client& client,
+                  const kvtier::HelloInfo& hello) {
   const uint64_t total_blocks = uint64_t{options.turns} * options.blocks_per_turn;
-  if (total_blocks * 2 > options.shape.num_blocks) {
-    std::fprintf(stderr, "kvtier-example-engine: %llu session blocks need --num-blocks >= %llu\n",
-                 static_cast<unsigned long long>(total_blocks),
-                 static_cast<unsigned long long>(total_blocks * 2));
-    return 2;
-  }
-  auto made = make_cache(options.device, options.shape);
-  if (!made.is_ok()) return fail("create KV cache", made.status());
-  EngineCache& cache = **made;
-  auto client = kvtier::Client::connect(options.socket);
-  if (!client.is_ok()) return fail("connect", client.status());
-  auto hello = (*client)->hello(cache.layout(), "kvtier-example-engine");
-  if (!hello.is_ok()) return fail("hello", hello.status());
-  auto registered = cache.register_with(**client);
-  if (!registered.is_ok()) return fail("register region", registered);
-
   auto hashes = kvtier::PagedCache::chain_hashes(options.session, total_blocks);
   // Blocks live at scattered engine block ids, as they do in a paged cache; the load
   // restores them into a different set of ids.
@@ -151,24 +180,24 @@ int run(const Options& options) {
       // The engine's writes must be complete before the daemon reads the blocks.
       if (auto synced = cache.synchronize(); !synced.is_ok()) return fail("synchronize", synced);
       // An engine saves the whole prefix at each turn's end; the daemon dedups.
-      auto saved = (*client)->save(options.session, std::span(saved_refs).first(end), true);
+      auto saved = client.save(options.session, std::span(saved_refs).first(end), true);
       if (!saved.is_ok()) return fail(fmt::format("save turn {}", turn + 1), saved.status());
       stored += saved->stored;
     }
     std::printf("saved session '%s': %u turns, %llu blocks of %s (digest %016llx)\n",
                 options.session.c_str(), options.turns, static_cast<unsigned long long>(stored),
-                kvtier::format_bytes(hello->block_bytes).c_str(),
-                static_cast<unsigned long long>(hello->layout_digest));
+                kvtier::format_bytes(hello.block_bytes).c_str(),
+                static_cast<unsigned long long>(hello.layout_digest));
     if (options.save_only) return 0;
   }
 
   if (auto wiped = cache.wipe(); !wiped.is_ok()) return fail("wipe", wiped);
   if (auto synced = cache.synchronize(); !synced.is_ok()) return fail("synchronize", synced);
-  auto begun = (*client)->begin_turn(options.session);
+  auto begun = client.begin_turn(options.session);
   if (!begun.is_ok()) return fail("begin turn", begun.status());
-  auto found = (*client)->lookup(hashes);
+  auto found = client.lookup(hashes);
   if (!found.is_ok()) return fail("lookup", found.status());
-  auto loaded = (*client)->load(options.session, load_refs);
+  auto loaded = client.load(options.session, load_refs);
   if (!loaded.is_ok()) return fail("load", loaded.status());
   uint64_t matched = 0;
   for (uint64_t i = 0; i < loaded->loaded_count; ++i) {
@@ -188,6 +217,42 @@ int run(const Options& options) {
   return ok ? 0 : 1;
 }
 
+int run(const Options& options) {
+  const uint64_t total_blocks = uint64_t{options.turns} * options.blocks_per_turn;
+  if (total_blocks * 2 > options.shape.num_blocks) {
+    std::fprintf(stderr, "kvtier-example-engine: %llu session blocks need --num-blocks >= %llu\n",
+                 static_cast<unsigned long long>(total_blocks),
+                 static_cast<unsigned long long>(total_blocks * 2));
+    return 2;
+  }
+  // Declared before the client: should anything below return early, the connection
+  // closes (and the daemon drops its mappings) before the cache's memory is freed.
+  auto made = make_cache(options);
+  if (!made.is_ok()) return fail("create KV cache", made.status());
+  EngineCache& cache = **made;
+  auto client = kvtier::Client::connect(options.socket);
+  if (!client.is_ok()) return fail("connect", client.status());
+  const auto device_kind =
+      options.device == "cuda" ? kvtier::DeviceKind::kCuda : kvtier::DeviceKind::kHost;
+  auto hello = (*client)->hello(cache.layout(), "kvtier-example-engine", 0, device_kind);
+  if (!hello.is_ok()) return fail("hello", hello.status());
+  auto registered = cache.register_with(**client);
+  if (!registered.is_ok()) return fail("register region", registered);
+
+  int exit_code = save_and_load(options, cache, **client, *hello);
+  if (auto guards = cache.check_guards(); !guards.is_ok()) {
+    fail("check the memory around the KV cache", guards);
+    exit_code = 1;
+  } else if (options.device == "cuda") {
+    std::printf("canaries around the KV cache intact\n");
+  }
+  if (auto unregistered = cache.unregister(**client); !unregistered.is_ok()) {
+    fail("unregister regions", unregistered);
+    exit_code = 1;
+  }
+  return exit_code;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -196,6 +261,12 @@ int main(int argc, char** argv) {
   app.add_option("--socket", options.socket, "kvtierd socket path");
   app.add_option("--device", options.device, "host (memfd) or cuda")
       ->check(CLI::IsMember({"host", "cuda"}));
+  app.add_option("--gpu", options.gpu, "--device cuda: GPU index among the CUDA devices")
+      ->check(CLI::Range(0, 1023));
+  app.add_option("--gpu-memory", options.gpu_memory,
+                 "--device cuda: ipc (one cuMemAlloc, K and V regions at offsets, legacy IPC) or "
+                 "vmm (cuMemCreate chunks shared as fds)")
+      ->check(CLI::IsMember({"ipc", "vmm"}));
   app.add_option("--session", options.session, "session id");
   app.add_flag("--save-only", options.save_only, "save the session and exit");
   app.add_flag("--verify-only", options.verify_only, "load a session saved earlier and verify it");
