@@ -65,6 +65,10 @@ class CudaDevice final : public Device, public LaneOwner {
 
   Result<std::shared_ptr<Memory>> open_region(RegionHandle handle) override {
     if (handle.size_bytes == 0) return invalid_argument("sizeBytes is 0");
+    if (handle.kind == RegionHandle::Kind::kMemfd) {
+      return invalid_argument(
+          "this kvtierd runs the CUDA backend: regions are cudaIpc or cudaVmmFd, not memfd");
+    }
     auto gpu = find_gpu(handle.gpu_uuid);
     if (!gpu.is_ok()) return gpu.status();
     switch (handle.kind) {
@@ -75,8 +79,7 @@ class CudaDevice final : public Device, public LaneOwner {
       case RegionHandle::Kind::kMemfd:
         break;
     }
-    return invalid_argument("this kvtierd runs the CUDA backend: regions are cudaIpc or cudaVmmFd, "
-                            "not memfd");
+    return invalid_argument("region kind {} is unknown", static_cast<int>(handle.kind));
   }
 
   Result<std::shared_ptr<Memory>> allocate_arena(uint64_t bytes_per_gpu,

@@ -124,7 +124,7 @@ class CudaDeviceTest : public ::testing::Test {
       GTEST_SKIP() << device.status().message();
     }
     device_ = std::move(*device);
-    driver_ = *DriverApi::get();
+    driver_ = DriverApi::get().value();
   }
 
   Status run(CopyBatch batch) {
@@ -180,7 +180,9 @@ TEST_F(CudaDeviceTest, GathersIntoEveryGpusArenaPartAndScattersBackBitExact) {
 
 TEST_F(CudaDeviceTest, ServesDistinctGpus) {
   const auto gpus = device_->gpus();
-  if (on_fake_driver()) ASSERT_EQ(gpus.size(), 2u);
+  if (on_fake_driver()) {
+    ASSERT_EQ(gpus.size(), 2u);
+  }
   for (size_t i = 0; i < gpus.size(); ++i) {
     EXPECT_EQ(gpus[i].uuid.rfind("GPU-", 0), 0u) << gpus[i].uuid;
     for (size_t j = 0; j < i; ++j) EXPECT_NE(gpus[i].uuid, gpus[j].uuid);
