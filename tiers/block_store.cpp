@@ -39,7 +39,7 @@ BlockStore::BlockStore(std::vector<TierMemory> tiers) {
     const uint64_t capacity_bytes =
         tier.memory != nullptr ? tier.memory->size_bytes() : tier.capacity_bytes;
     tiers_.push_back(TierState{tier.tier, std::move(tier.memory),
-                               SlabAllocator(capacity_bytes, tier.slab_bytes), 0,
+                               SlabAllocator(capacity_bytes, tier.slab_bytes, tier.parts), 0,
                                tier.confirm_release, 0});
   }
 }
@@ -72,7 +72,7 @@ uint64_t BlockStore::block_bytes(const LayoutKey& layout) const {
 
 Result<std::optional<BlockLocation>> BlockStore::reserve(const BlockKey& key,
                                                          std::span<const Tier> allowed,
-                                                         uint64_t now_ms) {
+                                                         uint64_t now_ms, int preferred_part) {
   auto layout = layouts_.find(key.layout);
   if (layout == layouts_.end()) {
     return invalid_argument("layout {:016x} in namespace {} is not registered",
@@ -84,7 +84,7 @@ Result<std::optional<BlockLocation>> BlockStore::reserve(const BlockKey& key,
   for (TierState& tier : tiers_) {
     if (std::find(allowed.begin(), allowed.end(), tier.tier) == allowed.end()) continue;
     if (!tier.slabs.can_allocate(table.block_bytes)) continue;
-    Result<uint64_t> offset = tier.slabs.allocate(table.block_bytes);
+    Result<uint64_t> offset = tier.slabs.allocate(table.block_bytes, preferred_part);
     if (!offset.is_ok()) return offset.status();  // can_allocate said yes: a bug
     Entry& entry = table.blocks[key.hash];
     entry.location = BlockLocation{tier.tier, *offset};
@@ -159,7 +159,8 @@ void BlockStore::unpin(const BlockKey& key) {
 }
 
 Result<std::pair<BlockLocation, BlockLocation>> BlockStore::begin_move(const BlockKey& key,
-                                                                       Tier to) {
+                                                                       Tier to,
+                                                                       int preferred_part) {
   Entry* entry = find(key);
   if (entry == nullptr) return invalid_argument("block {} is not stored", key.hash.to_hex());
   if (entry->state != BlockState::kReady) {
@@ -185,7 +186,7 @@ Result<std::pair<BlockLocation, BlockLocation>> BlockStore::begin_move(const Blo
                               tier_name(to), bytes, destination->slabs.used_bytes(),
                               destination->slabs.capacity_bytes());
   }
-  Result<uint64_t> offset = destination->slabs.allocate(bytes);
+  Result<uint64_t> offset = destination->slabs.allocate(bytes, preferred_part);
   if (!offset.is_ok()) return offset.status();  // can_allocate said yes: a bug
 
   const BlockLocation target{to, *offset};
@@ -316,6 +317,11 @@ TierUsage BlockStore::usage(Tier tier) const {
 bool BlockStore::has_room(Tier tier, uint64_t slot_bytes) const {
   const TierState* state = tier_state(tier);
   return state != nullptr && state->slabs.can_allocate(slot_bytes);
+}
+
+uint32_t BlockStore::part_of(const BlockLocation& location) const {
+  const TierState* state = tier_state(location.tier);
+  return state == nullptr ? 0 : state->slabs.part_of(location.offset);
 }
 
 BlockStore::Entry* BlockStore::find(const BlockKey& key) {

@@ -75,6 +75,7 @@ class BlockStore {
     uint64_t slab_bytes;             // carving unit (clamped to the memory size)
     uint64_t capacity_bytes = 0;     // size of a tier without memory (NVMe)
     bool confirm_release = false;    // freed slots wait for confirm_release()
+    uint32_t parts = 1;              // equal parts (the arena: one per GPU; SlabAllocator)
   };
   // Tiers in order from fastest (HBM) to slowest.
   explicit BlockStore(std::vector<TierMemory> tiers);
@@ -94,9 +95,11 @@ class BlockStore {
   // If `key` is already present (in any state), returns nullopt: the caller dedups.
   // Otherwise reserves a slot in the fastest tier in `allowed` that has room, inserts
   // the block as kWriting with one pin, and returns its location. ResourceExhausted
-  // when no allowed tier has a free slot.
+  // when no allowed tier has a free slot. In a tier made of parts, `preferred_part`
+  // (the writer's GPU) is tried first.
   Result<std::optional<BlockLocation>> reserve(const BlockKey& key, std::span<const Tier> allowed,
-                                               uint64_t now_ms);
+                                               uint64_t now_ms,
+                                               int preferred_part = SlabAllocator::kAnyPart);
   // The copy into a reserved block completed: the block becomes kReady and unpinned.
   void commit_write(const BlockKey& key);
   // The copy failed: the block is removed and its slot freed.
@@ -117,7 +120,8 @@ class BlockStore {
   // block kMoving and pins it. Returns (from, to) locations. InvalidArgument when the
   // block is absent, not kReady, already in `to`, or its previous move's old slot is
   // still pinned by readers; ResourceExhausted when `to` has no room.
-  Result<std::pair<BlockLocation, BlockLocation>> begin_move(const BlockKey& key, Tier to);
+  Result<std::pair<BlockLocation, BlockLocation>> begin_move(
+      const BlockKey& key, Tier to, int preferred_part = SlabAllocator::kAnyPart);
   // The copy landed: the block now lives at the destination; the old slot is freed
   // as soon as no reader pins it. With `ok` false the destination slot is freed and
   // the block stays where it was.
@@ -160,6 +164,8 @@ class BlockStore {
   std::vector<TierUsage> usage() const;  // configured tiers, fastest first
   TierUsage usage(Tier tier) const;
   bool has_room(Tier tier, uint64_t slot_bytes) const;
+  // The part of `tier` holding a block at `location` (0 for tiers of one part).
+  uint32_t part_of(const BlockLocation& location) const;
   uint64_t pinned_blocks() const { return pinned_blocks_; }
   uint64_t block_count() const { return block_count_; }
 

@@ -201,5 +201,55 @@ TEST(SlabAllocatorTest, RandomOperationsMatchModel) {
   }
 }
 
+// The HBM arena holds one part per GPU: a writer's part comes first while it has room.
+TEST(SlabAllocatorParts, PrefersTheWritersPartAndFallsBackWhenItIsFull) {
+  constexpr uint64_t kSlab = 1 << 20;
+  SlabAllocator slabs(4 * kSlab, kSlab, 2);  // parts: slabs {0,1} and {2,3}
+  ASSERT_EQ(slabs.parts(), 2u);
+  std::vector<uint64_t> in_part_one;
+  for (int i = 0; i < 8; ++i) {  // 4 slots per slab: two slabs of part 1
+    auto offset = slabs.allocate(kSlab / 4, 1);
+    ASSERT_TRUE(offset.is_ok());
+    EXPECT_EQ(slabs.part_of(*offset), 1u) << i;
+    EXPECT_GE(*offset, 2 * kSlab);
+    in_part_one.push_back(*offset);
+  }
+  // Part 1 is full: the next slot comes from part 0 rather than failing.
+  auto spilled = slabs.allocate(kSlab / 4, 1);
+  ASSERT_TRUE(spilled.is_ok());
+  EXPECT_EQ(slabs.part_of(*spilled), 0u);
+  // A slot freed in part 1 is the next one part 1 gets, before part 0's partial slab.
+  slabs.free(in_part_one[3], kSlab / 4);
+  auto back = slabs.allocate(kSlab / 4, 1);
+  ASSERT_TRUE(back.is_ok());
+  EXPECT_EQ(*back, in_part_one[3]);
+  // Without a preference, partial slabs anywhere come before free slabs.
+  auto any = slabs.allocate(kSlab / 4);
+  ASSERT_TRUE(any.is_ok());
+  EXPECT_EQ(*any / kSlab, *spilled / kSlab);
+  EXPECT_EQ(slabs.free_slabs(), 1u);
+  // Freed slabs return to their own part.
+  for (uint64_t offset : in_part_one) slabs.free(offset, kSlab / 4);
+  EXPECT_EQ(slabs.free_slabs(), 3u);
+  auto whole = slabs.allocate(kSlab, 1);
+  ASSERT_TRUE(whole.is_ok());
+  EXPECT_EQ(slabs.part_of(*whole), 1u);
+}
+
+TEST(SlabAllocatorParts, RebuildsAnyPartAndIgnoresPartsThatAreNotWholeSlabs) {
+  constexpr uint64_t kSlab = 1 << 20;
+  SlabAllocator slabs(4 * kSlab, kSlab, 2);
+  ASSERT_TRUE(slabs.allocate_at(3 * kSlab + kSlab / 2, kSlab / 2).is_ok());
+  EXPECT_EQ(slabs.free_slabs(), 3u);
+  auto next = slabs.allocate(kSlab / 2, 1);  // the rest of the rebuilt slab
+  ASSERT_TRUE(next.is_ok());
+  EXPECT_EQ(*next, 3 * kSlab);
+  SlabAllocator uneven(3 * kSlab, kSlab, 2);  // 3 slabs cannot make 2 equal parts
+  EXPECT_EQ(uneven.parts(), 1u);
+  auto offset = uneven.allocate(kSlab, 1);  // a preference for a part that is not there
+  ASSERT_TRUE(offset.is_ok());
+  EXPECT_EQ(*offset, 0u);
+}
+
 }  // namespace
 }  // namespace kvtier
