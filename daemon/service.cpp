@@ -50,6 +50,16 @@ bool is_operator_request(wire::Request::Which which) {
   }
 }
 
+std::string device_kind_name(wire::DeviceKind kind) {
+  switch (kind) {
+    case wire::DeviceKind::HOST:
+      return "host";
+    case wire::DeviceKind::CUDA:
+      return "cuda";
+  }
+  return fmt::format("{} (unknown)", static_cast<int>(kind));
+}
+
 }  // namespace
 
 policy::PlannerConfig planner_config(const DaemonConfig& config) {
@@ -300,13 +310,14 @@ Status Service::handle_hello(const ConnectionPtr& c, EngineContext& engine, uint
   if (hello.getDeviceKind() != backend_kind_) {
     if (backend_kind_ == wire::DeviceKind::HOST) {
       return invalid_argument(
-          "deviceKind is cuda, but this kvtierd runs the host backend: it takes memfd regions "
-          "only (GPU regions need a kvtierd started with --device cuda on a GPU machine)");
+          "deviceKind {}: this kvtierd runs the host backend and takes memfd regions only (GPU "
+          "regions need a kvtierd started with --device cuda on a GPU machine)",
+          device_kind_name(hello.getDeviceKind()));
     }
     return invalid_argument(
-        "deviceKind is host, but this kvtierd runs the cuda backend ({}): it takes GPU regions "
-        "(cudaIpc, cudaVmmFd) only",
-        device_->name());
+        "deviceKind {}: this kvtierd runs the cuda backend ({}) and takes GPU regions only "
+        "(cudaIpc, cudaVmmFd)",
+        device_kind_name(hello.getDeviceKind()), device_->name());
   }
   LayoutLimits limits;
   limits.max_block_bytes = std::min<uint64_t>(limits.max_block_bytes, config_.slab_bytes);
