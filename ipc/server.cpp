@@ -80,9 +80,9 @@ void Connection::on_readable() {
       return;
     }
     if (fds_.size() > limits_.max_queued_fds) {
-      fail_framing(invalid_argument(
-          "too many file descriptors sent: {} wait unclaimed and at most {} may", fds_.size(),
-          limits_.max_queued_fds));
+      fail_framing(
+          invalid_argument("too many file descriptors sent: {} wait unclaimed and at most {} may",
+                           fds_.size(), limits_.max_queued_fds));
       return;
     }
     if (received->bytes == 0) {

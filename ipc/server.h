@@ -51,7 +51,7 @@ class RequestHandler {
 
 struct ConnectionLimits {
   FrameLimits frame;
-  uint32_t max_in_flight = 64;   // requests being handled; reading pauses above this
+  uint32_t max_in_flight = 64;  // requests being handled; reading pauses above this
   // Received descriptors not yet claimed by a request; one request may need them all.
   uint32_t max_queued_fds = kMaxFdsPerRequest;
 };

@@ -25,8 +25,9 @@ Status send_all(int socket_fd, std::span<const std::byte> bytes, std::span<const
   }
   const size_t groups = (fds.size() + kMaxFdsPerSendmsg - 1) / kMaxFdsPerSendmsg;
   if (groups > bytes.size()) {
-    return invalid_argument("{} descriptors need at least {} bytes to travel with; the message has {}",
-                            fds.size(), groups, bytes.size());
+    return invalid_argument(
+        "{} descriptors need at least {} bytes to travel with; the message has {}", fds.size(),
+        groups, bytes.size());
   }
   size_t sent = 0;
   size_t fds_sent = 0;

@@ -41,8 +41,8 @@ Result<PeerCredentials> peer_credentials(int socket_fd);
 Status send_all(int socket_fd, std::span<const std::byte> bytes, std::span<const int> fds = {});
 
 struct Received {
-  size_t bytes = 0;            // 0 means the peer closed the stream
-  bool would_block = false;    // non-blocking socket had nothing to read
+  size_t bytes = 0;          // 0 means the peer closed the stream
+  bool would_block = false;  // non-blocking socket had nothing to read
   // MSG_CTRUNC: descriptors were lost (more than fit, or this process is out of
   // descriptors); those that arrived are in `fds`. The stream can no longer be trusted.
   bool fds_truncated = false;
