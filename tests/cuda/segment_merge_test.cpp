@@ -62,7 +62,9 @@ TEST(SegmentMerge, PreservesTheBytesMovedOnRandomPlaneLayouts) {
     const size_t removed = merge_adjacent_segments(segments);
     EXPECT_EQ(segments.size() + removed, count);
     EXPECT_EQ(byte_map(segments), before) << "round " << round;
-    if (packed && planes == 1 && blocks > 1) EXPECT_EQ(segments.size(), 1u);
+    if (packed && planes == 1 && blocks > 1) {
+      EXPECT_EQ(segments.size(), 1u);
+    }
   }
 }
 
