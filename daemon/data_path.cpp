@@ -159,9 +159,9 @@ Status Service::submit_copy(CopyBatch batch, std::function<void(Status)> done) {
 }
 
 Result<std::optional<BlockLocation>> Service::reserve_block(const BlockKey& key,
-                                                            uint64_t block_bytes) {
+                                                            uint64_t block_bytes, int gpu_part) {
   static constexpr Tier kSaveTiers[] = {Tier::kHbm, Tier::kRam};
-  auto reserved = store_->reserve(key, kSaveTiers, now_ms());
+  auto reserved = store_->reserve(key, kSaveTiers, now_ms(), gpu_part);
   if (reserved.is_ok() || reserved.status().code() != StatusCode::kResourceExhausted)
     return reserved;
   // Every tier is full: drop the coldest blocks to make room, from the slowest tier
@@ -171,7 +171,7 @@ Result<std::optional<BlockLocation>> Service::reserve_block(const BlockKey& key,
     auto moves = planner_.make_room(victim_tier, block_bytes, sessions_, *view_);
     if (moves.empty()) continue;
     apply_moves(moves);
-    return store_->reserve(key, kSaveTiers, now_ms());
+    return store_->reserve(key, kSaveTiers, now_ms(), gpu_part);
   }
   return resource_exhausted(
       "no room for a {}-byte block: every tier is full of blocks that are being copied or read; "
@@ -191,7 +191,7 @@ Status Service::handle_save(const ConnectionPtr& c, EngineContext& engine, uint6
   uint32_t deduplicated = 0;
   for (size_t i = 0; i < request.hashes.size(); ++i) {
     BlockKey key{engine.layout_key, request.hashes[i]};
-    auto slot = reserve_block(key, engine.layout.block_bytes);
+    auto slot = reserve_block(key, engine.layout.block_bytes, engine.gpu_part);
     if (!slot.is_ok()) {
       for (const BlockKey& done : written) store_->abort_write(done);
       return slot.status();
@@ -295,7 +295,7 @@ void Service::run_planner() {
   });
 }
 
-void Service::apply_moves(const std::vector<policy::Move>& moves) {
+void Service::apply_moves(const std::vector<policy::Move>& moves, int hbm_part) {
   CopyBatch batch;
   // The policy's moves never hold up an engine's Save or Load.
   batch.priority = CopyPriority::kBackground;
@@ -323,7 +323,8 @@ void Service::apply_moves(const std::vector<policy::Move>& moves) {
       (move.to == Tier::kHbm ? nvme_to_hbm : nvme_to_ram).push_back(move.block);
       continue;
     }
-    auto locations = store_->begin_move(move.block, move.to);
+    auto locations = store_->begin_move(
+        move.block, move.to, move.to == Tier::kHbm ? hbm_part : SlabAllocator::kAnyPart);
     if (!locations.is_ok()) {
       KVTIER_LOG_DEBUG("move of {} skipped: {}", move.block.hash.to_hex(),
                        locations.status().to_string());

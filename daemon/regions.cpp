@@ -155,6 +155,7 @@ Status Service::handle_register_region(const ConnectionPtr& c, EngineContext& en
         "(cudaIpc, cudaVmmFd)",
         device_->name());
   }
+  int gpu_index = SlabAllocator::kAnyPart;
   if (cuda_kind) {
     std::string& uuid = handle->gpu_uuid;
     if (uuid.size() > kMaxGpuUuidBytes) {
@@ -166,6 +167,7 @@ Status Service::handle_register_region(const ConnectionPtr& c, EngineContext& en
                                 gpus_.size(), uuid_list(gpus_));
       }
       uuid = gpus_[0].uuid;  // the one GPU there is
+      gpu_index = 0;
     } else {
       auto served = std::find_if(gpus_.begin(), gpus_.end(), [&](const GpuInfo& gpu) {
         return ::strcasecmp(gpu.uuid.c_str(), uuid.c_str()) == 0;
@@ -175,6 +177,7 @@ Status Service::handle_register_region(const ConnectionPtr& c, EngineContext& en
                                 uuid_list(gpus_));
       }
       uuid = served->uuid;  // the daemon's spelling
+      gpu_index = static_cast<int>(served - gpus_.begin());
     }
   }
   KVTIER_RETURN_IF_ERROR(engine.layout.check_region(region_id, size));
@@ -184,6 +187,7 @@ Status Service::handle_register_region(const ConnectionPtr& c, EngineContext& en
                   fmt::format("regionId {}: {}", region_id, memory.status().message()));
   }
   engine.regions.emplace(region_id, std::move(*memory));
+  if (cuda_kind) engine.gpu_part = gpu_index;
   reply(c, id, [&](wire::Response::Builder response) {
     response.initRegisterRegion().setRegionId(region_id);
   });

@@ -106,7 +106,9 @@ Status Service::start() {
     // hbm-bytes on every GPU, in parts that never split a slab between two GPUs.
     auto arena = device_->allocate_arena(config_.hbm_bytes, config_.slab_bytes);
     if (!arena.is_ok()) return arena.status();
-    tiers.push_back({Tier::kHbm, *arena, config_.slab_bytes});
+    BlockStore::TierMemory hbm{Tier::kHbm, *arena, config_.slab_bytes};
+    hbm.parts = static_cast<uint32_t>(std::max<size_t>(gpus_.size(), 1));
+    tiers.push_back(std::move(hbm));
   }
   if (config_.ram_bytes > 0) {
     auto pool = device_->allocate_pinned_pool(config_.ram_bytes);
@@ -361,7 +363,7 @@ Status Service::handle_begin_turn(const ConnectionPtr& c, EngineContext& engine,
   if (session == nullptr) return not_found("unknown session '{}'", session_id);
   sessions_.record_activity(*session);
   auto moves = planner_.plan_turn_start(*session, sessions_, *view_);
-  apply_moves(moves);
+  apply_moves(moves, engine.gpu_part);  // toward the GPU of the engine that will load them
   const uint32_t known = static_cast<uint32_t>(session->blocks.size());
   // The plan may also demote other sessions' blocks to make room: count promotions.
   const auto promoted = std::count_if(moves.begin(), moves.end(), [](const policy::Move& move) {

@@ -55,6 +55,9 @@ struct EngineContext {
   EngineLayout layout;
   LayoutKey layout_key;
   std::map<uint32_t, std::shared_ptr<Memory>> regions;  // region id → opened memory
+  // The served GPU (index in Device::gpus()) its last GPU region is on: its blocks go
+  // to that GPU's part of the arena when there is room. kAnyPart for host engines.
+  int gpu_part = SlabAllocator::kAnyPart;
   // Requests not yet answered, for the latency metrics (service_metrics.cpp).
   struct PendingRequest {
     size_t kind;
@@ -201,13 +204,16 @@ class Service final : public ipc::RequestHandler {
                    const BlockListRequest& request, const std::vector<BlockKey>& written,
                    uint32_t deduplicated, const Status& copy_status);
   // Reserves a slot for a new block, evicting cold blocks if every tier is full.
-  Result<std::optional<BlockLocation>> reserve_block(const BlockKey& key, uint64_t block_bytes);
+  Result<std::optional<BlockLocation>> reserve_block(const BlockKey& key, uint64_t block_bytes,
+                                                     int gpu_part = SlabAllocator::kAnyPart);
   void add_plane_segments(CopyBatch& batch, const EngineContext& engine, uint64_t engine_block_id,
                           const BlockLocation& slot, bool to_engine);
   // Submits `batch`; `done` runs later on the control thread.
   Status submit_copy(CopyBatch batch, std::function<void(Status)> done);
   void run_planner();
-  void apply_moves(const std::vector<policy::Move>& moves);
+  // Moves into HBM go to `hbm_part` (the GPU of the engine that asked) where it has room.
+  void apply_moves(const std::vector<policy::Move>& moves,
+                   int hbm_part = SlabAllocator::kAnyPart);
   void evict_blocks(const std::vector<BlockKey>& keys);
   // Removes blocks whose bytes turned out corrupt (counted as data loss), cutting the
   // sessions that held them as evict_blocks does.
