@@ -97,6 +97,16 @@ std::string describe_stats(const StatsInfo& stats) {
 
 }  // namespace
 
+bool names_flag(const std::vector<std::string>& flags, std::string_view name) {
+  for (const std::string& flag : flags) {
+    if (flag == name ||
+        (flag.starts_with(name) && flag.size() > name.size() && flag[name.size()] == '=')) {
+      return true;
+    }
+  }
+  return false;
+}
+
 std::string binary_path(const std::string& name) {
   // KVTIER_TEST_BIN_DIR runs the suite against binaries built elsewhere.
   const char* dir = std::getenv("KVTIER_TEST_BIN_DIR");
@@ -182,14 +192,11 @@ Result<std::unique_ptr<Daemon>> Daemon::start(const std::vector<std::string>& fl
   const std::string log_path = dir + "/kvtierd.log";
   UniqueFd log(::open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
   if (!log.valid()) return errno_status(errno, "open " + log_path);
-  // The engines in these tests share memfd regions: the host backend, even on a GPU machine.
-  std::vector<std::string> argv = {binary_path("kvtierd"),
-                                   "--socket",
-                                   dir + "/kvtierd.sock",
-                                   "--data-dir",
-                                   dir + "/data",
-                                   "--device",
-                                   "host"};
+  std::vector<std::string> argv = {binary_path("kvtierd"), "--socket", dir + "/kvtierd.sock",
+                                   "--data-dir", dir + "/data"};
+  // Engines share memfd regions unless the caller picks a backend: the host backend by
+  // default, even on a GPU machine (kvtierd refuses a flag given twice).
+  if (!names_flag(flags, "--device")) argv.insert(argv.end(), {"--device", "host"});
   argv.insert(argv.end(), flags.begin(), flags.end());
   auto pid = spawn(argv, log.get(), log.get());
   if (!pid.is_ok()) {

@@ -68,12 +68,15 @@ ProcessResult run_process(const std::vector<std::string>& argv, milliseconds tim
 
 // The flags every test starts from: small tiers, two copy threads.
 std::vector<std::string> small_tier_flags();
+// Whether `flags` set `name` ("--device cuda" or "--device=cuda").
+bool names_flag(const std::vector<std::string>& flags, std::string_view name);
 
 // One kvtierd process with its own temporary directory (socket and log inside).
 class Daemon {
  public:
-  // Starts kvtierd with `flags` (besides --socket) and waits until the socket accepts
-  // connections. Unavailable when it exits or never listens; the message has its log.
+  // Starts kvtierd with `flags` (besides --socket and --data-dir; --device host unless
+  // `flags` name a device) and waits until the socket accepts connections. Unavailable
+  // when it exits or never listens; the message has its log.
   static Result<std::unique_ptr<Daemon>> start(
       const std::vector<std::string>& flags = small_tier_flags());
   ~Daemon();  // SIGKILLs a daemon still running; removes the directory; logs on failure

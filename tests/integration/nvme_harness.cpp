@@ -67,15 +67,11 @@ Result<std::unique_ptr<PersistentDaemon>> PersistentDaemon::start(
   const std::string log_path = run_dir + "/kvtierd.log";
   UniqueFd log(::open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644));
   if (!log.valid()) return errno_status(errno, "open " + log_path);
-  // --device host: on a machine with a GPU, auto would pick the cuda backend, which
-  // takes no memfd regions.
-  std::vector<std::string> argv = {binary_path("kvtierd"),
-                                   "--socket",
-                                   run_dir + "/kvtierd.sock",
-                                   "--data-dir",
-                                   data_dir,
-                                   "--device",
-                                   "host"};
+  std::vector<std::string> argv = {binary_path("kvtierd"), "--socket", run_dir + "/kvtierd.sock",
+                                   "--data-dir", data_dir};
+  // --device host unless the caller picks a backend: on a machine with a GPU, auto
+  // would pick the cuda backend, which takes no memfd regions.
+  if (!names_flag(flags, "--device")) argv.insert(argv.end(), {"--device", "host"});
   argv.insert(argv.end(), flags.begin(), flags.end());
   std::vector<char*> args;
   for (const std::string& arg : argv) args.push_back(const_cast<char*>(arg.c_str()));

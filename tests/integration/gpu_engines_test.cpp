@@ -1,0 +1,115 @@
+// Engines with GPU memory against the real kvtierd --device cuda: two engine processes
+// on two GPUs at once; legacy IPC with K and V at offsets inside one allocation; a VMM
+// region of many chunks starting inside the first. Every run saves, wipes and loads a
+// session through the daemon and checks every byte and every canary around its tensors.
+#include <gtest/gtest.h>
+
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "tests/integration/gpu_harness.h"
+
+namespace kvtier::integration {
+namespace {
+
+// One "registered ..." line of the example engine: a region it shared with the daemon.
+struct RegisteredRegion {
+  int gpu = -1;
+  uint64_t offset_bytes = 0;
+  std::string sharing;  // "legacy IPC, a 16.0 MiB allocation" or "VMM, 9 chunks of ..."
+};
+
+std::vector<RegisteredRegion> registered_regions(const std::string& engine_stdout) {
+  static const std::regex line(
+      R"(registered .* of GPU (\d+) \(GPU-[0-9a-f-]+\) at \+(\d+) \((.*)\))");
+  std::vector<RegisteredRegion> out;
+  for (auto it = std::sregex_iterator(engine_stdout.begin(), engine_stdout.end(), line);
+       it != std::sregex_iterator(); ++it) {
+    out.push_back({std::stoi((*it)[1]), std::stoull((*it)[2]), (*it)[3]});
+  }
+  return out;
+}
+
+TEST(GpuEngines, TwoEnginesOnTwoGpusSaveAndLoadThroughOneDaemonAtOnce) {
+  auto daemon = start_cuda_daemon(cuda_daemon_flags());
+  if (!daemon) return;
+  auto hello = hello_as_cuda_engine(daemon->socket_path());
+  ASSERT_TRUE(hello.is_ok()) << hello.status().to_string();
+  if (cuda_driver_under_test() == CudaDriver::kFake) {
+    ASSERT_GE(hello->gpu_uuids.size(), 2u) << "the fake driver has two GPUs by default";
+  }
+  // A one-GPU machine runs both engines on its GPU.
+  const int second_gpu = hello->gpu_uuids.size() > 1 ? 1 : 0;
+
+  const GpuEngineRun first{.gpu = 0, .memory = "ipc", .session = "engine-on-gpu0"};
+  const GpuEngineRun second{.gpu = second_gpu, .memory = "vmm", .session = "engine-on-gpu1"};
+  auto a = BackgroundProcess::start(first.args(daemon->socket_path()));
+  ASSERT_TRUE(a.is_ok()) << a.status().to_string();
+  auto b = BackgroundProcess::start(second.args(daemon->socket_path()));
+  ASSERT_TRUE(b.is_ok()) << b.status().to_string();
+  const ProcessResult a_result = (*a)->finish();
+  const ProcessResult b_result = (*b)->finish();
+  EXPECT_TRUE(EngineRoundTripped(a_result, first));
+  EXPECT_TRUE(EngineRoundTripped(b_result, second));
+  for (const RegisteredRegion& region : registered_regions(a_result.stdout_text)) {
+    EXPECT_EQ(region.gpu, 0) << a_result.stdout_text;
+  }
+  const auto b_regions = registered_regions(b_result.stdout_text);
+  ASSERT_EQ(b_regions.size(), 1u) << b_result.stdout_text;
+  EXPECT_EQ(b_regions[0].gpu, second_gpu);
+
+  // Each session is one set of blocks whichever GPU saved it: the first engine's
+  // session loads bit-exact into VMM memory on the other GPU.
+  const GpuEngineRun across{.gpu = second_gpu,
+                            .memory = "vmm",
+                            .session = first.session,
+                            .mode = GpuEngineRun::Mode::kVerifyOnly};
+  EXPECT_TRUE(EngineRoundTripped(run_gpu_engine(daemon->socket_path(), across), across));
+
+  ExitStatus stopped = daemon->stop();
+  EXPECT_TRUE(stopped.ok()) << "kvtierd " << stopped.describe();
+}
+
+TEST(GpuEngines, LegacyIpcWithKAndVAtOffsetsInOneAllocationLeavesCanariesIntact) {
+  auto daemon = start_cuda_daemon(cuda_daemon_flags());
+  if (!daemon) return;
+  const GpuEngineRun run{.gpu = 0, .memory = "ipc", .session = "kv-at-offsets"};
+  const ProcessResult result = run_gpu_engine(daemon->socket_path(), run);
+  EXPECT_TRUE(EngineRoundTripped(result, run));
+
+  // K and V are two regions of one allocation, both at non-zero offsets, V after K.
+  const auto regions = registered_regions(result.stdout_text);
+  ASSERT_EQ(regions.size(), 2u) << result.stdout_text;
+  for (const RegisteredRegion& region : regions) {
+    EXPECT_NE(region.sharing.find("legacy IPC"), std::string::npos) << region.sharing;
+    EXPECT_GT(region.offset_bytes, 0u);
+  }
+  EXPECT_EQ(regions[0].sharing, regions[1].sharing) << "K and V share one allocation";
+  EXPECT_GT(regions[1].offset_bytes, regions[0].offset_bytes);
+
+  ExitStatus stopped = daemon->stop();
+  EXPECT_TRUE(stopped.ok()) << "kvtierd " << stopped.describe();
+}
+
+TEST(GpuEngines, VmmRegionOfEightOrMoreChunksStartingAtAnOffsetRoundTrips) {
+  auto daemon = start_cuda_daemon(cuda_daemon_flags());
+  if (!daemon) return;
+  const GpuEngineRun run{.gpu = 0, .memory = "vmm", .session = "vmm-chunks"};
+  const ProcessResult result = run_gpu_engine(daemon->socket_path(), run);
+  EXPECT_TRUE(EngineRoundTripped(result, run));
+
+  const auto regions = registered_regions(result.stdout_text);
+  ASSERT_EQ(regions.size(), 1u) << result.stdout_text;
+  std::smatch chunks;
+  ASSERT_TRUE(std::regex_search(regions[0].sharing, chunks, std::regex(R"(VMM, (\d+) chunks)")))
+      << regions[0].sharing;
+  EXPECT_GE(std::stoul(chunks[1]), 8u) << regions[0].sharing;
+  EXPECT_GT(regions[0].offset_bytes, 0u);
+
+  ExitStatus stopped = daemon->stop();
+  EXPECT_TRUE(stopped.ok()) << "kvtierd " << stopped.describe();
+}
+
+}  // namespace
+}  // namespace kvtier::integration
