@@ -103,10 +103,12 @@ Status Service::start() {
   });
   std::vector<BlockStore::TierMemory> tiers;
   if (config_.hbm_bytes > 0) {
-    // hbm-bytes on every GPU, in parts that never split a slab between two GPUs.
-    auto arena = device_->allocate_arena(config_.hbm_bytes, config_.slab_bytes);
+    // hbm-bytes on every GPU, in parts that never split a slab between two GPUs; a
+    // part smaller than slab-bytes is one slab.
+    const uint64_t hbm_slab_bytes = std::min(config_.slab_bytes, config_.hbm_bytes);
+    auto arena = device_->allocate_arena(config_.hbm_bytes, hbm_slab_bytes);
     if (!arena.is_ok()) return arena.status();
-    BlockStore::TierMemory hbm{Tier::kHbm, *arena, config_.slab_bytes};
+    BlockStore::TierMemory hbm{Tier::kHbm, *arena, hbm_slab_bytes};
     hbm.parts = static_cast<uint32_t>(std::max<size_t>(gpus_.size(), 1));
     tiers.push_back(std::move(hbm));
   }
