@@ -1,7 +1,7 @@
 #include "bench/gpu_bench.h"
 
-#include <CLI/CLI.hpp>
 #include <unistd.h>
+#include <CLI/CLI.hpp>
 
 #include <chrono>
 #include <cstring>
@@ -16,8 +16,8 @@ namespace kvtier::bench {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-using cuda::DriverApi;
 using cuda::driver_status;
+using cuda::DriverApi;
 
 double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
@@ -32,24 +32,26 @@ class EngineMemory {
     CUdevice device = 0;
     KVTIER_RETURN_IF_ERROR(driver_status(driver.device_get(&device, ordinal), "cuDeviceGet"));
     memory->device_ = device;
+    KVTIER_RETURN_IF_ERROR(driver_status(driver.primary_ctx_retain(&memory->context_, device),
+                                         "cuDevicePrimaryCtxRetain"));
     KVTIER_RETURN_IF_ERROR(
-        driver_status(driver.primary_ctx_retain(&memory->context_, device), "cuDevicePrimaryCtxRetain"));
-    KVTIER_RETURN_IF_ERROR(driver_status(driver.ctx_set_current(memory->context_), "cuCtxSetCurrent"));
+        driver_status(driver.ctx_set_current(memory->context_), "cuCtxSetCurrent"));
     CUmemAllocationProp prop{};
     prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
     prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     prop.location.id = ordinal;
     prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
     size_t granularity = 0;
-    KVTIER_RETURN_IF_ERROR(driver_status(
-        driver.mem_get_allocation_granularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
-        "cuMemGetAllocationGranularity"));
+    KVTIER_RETURN_IF_ERROR(driver_status(driver.mem_get_allocation_granularity(
+                                             &granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
+                                         "cuMemGetAllocationGranularity"));
     // PyTorch's expandable segments map 20 MiB chunks; use that where it divides.
     memory->chunk_bytes_ = (20ull << 20) % granularity == 0 ? 20ull << 20 : granularity;
-    memory->bytes_ = (bytes + memory->chunk_bytes_ - 1) / memory->chunk_bytes_ * memory->chunk_bytes_;
-    KVTIER_RETURN_IF_ERROR(driver_status(
-        driver.mem_address_reserve(&memory->base_, memory->bytes_, granularity, 0, 0),
-        "cuMemAddressReserve"));
+    memory->bytes_ =
+        (bytes + memory->chunk_bytes_ - 1) / memory->chunk_bytes_ * memory->chunk_bytes_;
+    KVTIER_RETURN_IF_ERROR(
+        driver_status(driver.mem_address_reserve(&memory->base_, memory->bytes_, granularity, 0, 0),
+                      "cuMemAddressReserve"));
     for (uint64_t offset = 0; offset < memory->bytes_; offset += memory->chunk_bytes_) {
       CUmemGenericAllocationHandle handle{};
       KVTIER_RETURN_IF_ERROR(
@@ -85,7 +87,8 @@ class EngineMemory {
     handle.kind = RegionHandle::Kind::kCudaVmmFd;
     handle.size_bytes = bytes_;
     handle.gpu_uuid = uuid;
-    for (const UniqueFd& fd : fds_) handle.vmm_chunks.push_back({UniqueFd(::dup(fd.get())), chunk_bytes_});
+    for (const UniqueFd& fd : fds_)
+      handle.vmm_chunks.push_back({UniqueFd(::dup(fd.get())), chunk_bytes_});
     return handle;
   }
   CUdeviceptr base() const { return base_; }
@@ -136,7 +139,8 @@ CopyBatch plane_batch(const std::shared_ptr<Memory>& engine, const std::shared_p
 Result<double> baseline_seconds(const DriverApi& driver, CUstream stream, CUdeviceptr dst,
                                 CUdeviceptr src, uint64_t bytes) {
   const auto start = Clock::now();
-  KVTIER_RETURN_IF_ERROR(driver_status(driver.memcpy_async(dst, src, bytes, stream), "cuMemcpyAsync"));
+  KVTIER_RETURN_IF_ERROR(
+      driver_status(driver.memcpy_async(dst, src, bytes, stream), "cuMemcpyAsync"));
   KVTIER_RETURN_IF_ERROR(driver_status(driver.stream_synchronize(stream), "cuStreamSynchronize"));
   return seconds_since(start);
 }
@@ -171,7 +175,8 @@ Result<BenchReport> run_gpu_bench(const GpuBenchOptions& options) {
   report.config("gpu", gpu.name);
   report.config("gpu_uuid", gpu.uuid);
   report.config("driver_version", int64_t{driver.driver_version});
-  report.config("batch_api", driver.memcpy_batch_v13000 != nullptr || driver.memcpy_batch_v12080 != nullptr);
+  report.config("batch_api",
+                driver.memcpy_batch_v13000 != nullptr || driver.memcpy_batch_v12080 != nullptr);
   report.config("bytes_per_measurement", static_cast<int64_t>(bytes));
   report.config("rounds", int64_t{options.rounds});
 
@@ -275,8 +280,9 @@ Result<BenchReport> run_gpu_bench(const GpuBenchOptions& options) {
     report.result("session_load_from_ram_ms", load_s * 1e3);
   }
   if (gpu.name.find("fake") != std::string::npos) {
-    report.note("fake CUDA driver: the copy path ran end to end; its speeds are memcpy's, "
-                "not a GPU's, and say nothing about the targets");
+    report.note(
+        "fake CUDA driver: the copy path ran end to end; its speeds are memcpy's, "
+        "not a GPU's, and say nothing about the targets");
   }
   return report;
 }
@@ -288,7 +294,8 @@ CLI::App* add_gpu_subcommand(CLI::App& app, GpuBenchOptions& options) {
   gpu->add_option("--bytes", options.bytes, "bytes per measurement (rounded to 2 MiB)")
       ->check(CLI::Range(uint64_t{2} << 20, uint64_t{64} << 30));
   gpu->add_option("--rounds", options.rounds, "rounds (medians)")->check(CLI::Range(1u, 1000u));
-  gpu->add_option("--session-tokens", options.session_tokens, "tokens of the session part (0: skip)");
+  gpu->add_option("--session-tokens", options.session_tokens,
+                  "tokens of the session part (0: skip)");
   gpu->add_option("--bytes-per-token", options.bytes_per_token, "KV bytes per token");
   gpu->add_option("--pool-bytes", options.pool_bytes, "pinned pool measured for s/GiB")
       ->check(CLI::Range(uint64_t{2} << 20, uint64_t{1} << 40));

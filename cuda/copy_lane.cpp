@@ -13,13 +13,15 @@ CopyLane::CopyLane(LaneOwner& owner, GpuSetPtr gpus, int gpu, uint64_t piece_byt
       piece_bytes_(piece_bytes),
       name_(std::move(name)) {}
 
-CopyLane::~CopyLane() { stop(); }
+CopyLane::~CopyLane() {
+  stop();
+}
 
 Status CopyLane::start(int priority) {
   KVTIER_RETURN_IF_ERROR(gpus_->make_current(gpu_));
-  KVTIER_RETURN_IF_ERROR(driver_status(
-      driver_.stream_create_with_priority(&stream_, CU_STREAM_NON_BLOCKING, priority),
-      fmt::format("cuStreamCreateWithPriority (lane {})", name_)));
+  KVTIER_RETURN_IF_ERROR(
+      driver_status(driver_.stream_create_with_priority(&stream_, CU_STREAM_NON_BLOCKING, priority),
+                    fmt::format("cuStreamCreateWithPriority (lane {})", name_)));
   thread_ = std::thread([this] { loop(); });
   return Status::ok();
 }
@@ -61,7 +63,8 @@ void CopyLane::enqueue(std::shared_ptr<BatchState> batch, LaneRun run) {
 
 Status CopyLane::issue(LaneRun& run, size_t begin, size_t end) {
   const size_t count = end - begin;
-  if (count > 1 && (driver_.memcpy_batch_v13000 != nullptr || driver_.memcpy_batch_v12080 != nullptr)) {
+  if (count > 1 &&
+      (driver_.memcpy_batch_v13000 != nullptr || driver_.memcpy_batch_v12080 != nullptr)) {
     CUmemcpyAttributes attributes{};
     // The sources were written before the request (the engine synchronized, or an
     // earlier copy on the daemon's side completed): stream order suffices.
@@ -78,8 +81,8 @@ Status CopyLane::issue(LaneRun& run, size_t begin, size_t end) {
     size_t fail_index = SIZE_MAX;
     return driver_status(
         driver_.memcpy_batch_v12080(run.dsts.data() + begin, run.srcs.data() + begin,
-                                    run.sizes.data() + begin, count, &attributes,
-                                    &attribute_index, 1, &fail_index, stream_),
+                                    run.sizes.data() + begin, count, &attributes, &attribute_index,
+                                    1, &fail_index, stream_),
         "cuMemcpyBatchAsync");
   }
   for (size_t i = begin; i < end; ++i) {
@@ -90,9 +93,9 @@ Status CopyLane::issue(LaneRun& run, size_t begin, size_t end) {
 }
 
 Status CopyLane::record(CUevent* event) {
-  KVTIER_RETURN_IF_ERROR(driver_status(
-      driver_.event_create(event, CU_EVENT_DISABLE_TIMING | CU_EVENT_BLOCKING_SYNC),
-      "cuEventCreate"));
+  KVTIER_RETURN_IF_ERROR(
+      driver_status(driver_.event_create(event, CU_EVENT_DISABLE_TIMING | CU_EVENT_BLOCKING_SYNC),
+                    "cuEventCreate"));
   return driver_status(driver_.event_record(*event, stream_), "cuEventRecord");
 }
 

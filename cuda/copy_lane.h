@@ -55,7 +55,7 @@ struct LaneRun {
 // What lanes report to the device.
 class LaneOwner {
  public:
-  virtual void batch_finished() = 0;                  // after a batch's done returned
+  virtual void batch_finished() = 0;                   // after a batch's done returned
   virtual void context_lost(const Status& error) = 0;  // a sticky error was seen
  protected:
   ~LaneOwner() = default;

@@ -33,8 +33,8 @@ class CudaDevice final : public Device, public LaneOwner {
     for (const GpuContext& gpu : gpus_->gpus()) {
       KVTIER_RETURN_IF_ERROR(gpus_->make_current(gpu.index));
       int least = 0, greatest = 0;
-      KVTIER_RETURN_IF_ERROR(driver_status(
-          driver.ctx_get_stream_priority_range(&least, &greatest), "cuCtxGetStreamPriorityRange"));
+      KVTIER_RETURN_IF_ERROR(driver_status(driver.ctx_get_stream_priority_range(&least, &greatest),
+                                           "cuCtxGetStreamPriorityRange"));
       for (int priority = 0; priority < kPriorities; ++priority) {
         for (int direction = 0; direction < kDirections; ++direction) {
           const bool background = priority == static_cast<int>(CopyPriority::kBackground);
@@ -145,7 +145,8 @@ class CudaDevice final : public Device, public LaneOwner {
 
     const auto parts = static_cast<int>(
         std::count_if(runs.begin(), runs.end(), [](const LaneRun& run) { return !run.empty(); }));
-    auto state = std::make_shared<BatchState>(std::move(batch), std::move(done), std::max(parts, 1));
+    auto state =
+        std::make_shared<BatchState>(std::move(batch), std::move(done), std::max(parts, 1));
     {
       std::lock_guard lock(mu_);
       ++in_flight_;
@@ -234,7 +235,8 @@ Result<GpuContext> describe_gpu(const DriverApi& driver, int ordinal) {
   KVTIER_RETURN_IF_ERROR(
       driver_status(driver.device_get_name(name, sizeof(name) - 1, gpu.device), "cuDeviceGetName"));
   CUuuid uuid{};
-  KVTIER_RETURN_IF_ERROR(driver_status(driver.device_get_uuid(&uuid, gpu.device), "cuDeviceGetUuid"));
+  KVTIER_RETURN_IF_ERROR(
+      driver_status(driver.device_get_uuid(&uuid, gpu.device), "cuDeviceGetUuid"));
   gpu.info.name = name;
   gpu.info.ordinal = ordinal;
   gpu.info.uuid = format_gpu_uuid(
@@ -289,7 +291,8 @@ Result<std::unique_ptr<Device>> make_cuda_device(const CudaDeviceOptions& option
     CUresult retained = driver.primary_ctx_retain(&chosen[i].context, chosen[i].device);
     if (retained != CUDA_SUCCESS) {
       for (size_t j = 0; j < i; ++j) driver.primary_ctx_release(chosen[j].device);
-      return driver_status(retained, fmt::format("cuDevicePrimaryCtxRetain {}", chosen[i].info.uuid));
+      return driver_status(retained,
+                           fmt::format("cuDevicePrimaryCtxRetain {}", chosen[i].info.uuid));
     }
   }
   const std::string name = describe_gpus(chosen);

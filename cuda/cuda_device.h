@@ -43,7 +43,7 @@ namespace kvtier {
 struct CudaDeviceOptions {
   // GPUs to serve: empty = every GPU the driver shows; else their UUIDs ("GPU-…").
   std::vector<std::string> gpu_uuids;
-  int pool_touch_threads = 4;                    // parallel first touch of the pinned pool
+  int pool_touch_threads = 4;                     // parallel first touch of the pinned pool
   uint64_t background_piece_bytes = 64ull << 20;  // at most this much background copying
                                                   // queued per stream at a time
 };

@@ -36,8 +36,9 @@ class MappedRange {
   MappedRange& operator=(const MappedRange&) = delete;
 
   Status reserve(uint64_t bytes, uint64_t alignment) {
-    KVTIER_RETURN_IF_ERROR(driver_status(driver_.mem_address_reserve(&base_, bytes, alignment, 0, 0),
-                                         fmt::format("cuMemAddressReserve {} bytes", bytes)));
+    KVTIER_RETURN_IF_ERROR(
+        driver_status(driver_.mem_address_reserve(&base_, bytes, alignment, 0, 0),
+                      fmt::format("cuMemAddressReserve {} bytes", bytes)));
     reserved_bytes_ = bytes;
     return Status::ok();
   }
@@ -91,9 +92,8 @@ Result<uint64_t> granularity(const DriverApi& driver, const GpuContext& gpu,
   prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
   prop.location.id = gpu.ordinal;
   size_t bytes = 0;
-  KVTIER_RETURN_IF_ERROR(driver_status(
-      driver.mem_get_allocation_granularity(&bytes, &prop, which),
-      "cuMemGetAllocationGranularity"));
+  KVTIER_RETURN_IF_ERROR(driver_status(driver.mem_get_allocation_granularity(&bytes, &prop, which),
+                                       "cuMemGetAllocationGranularity"));
   if (bytes == 0) return internal_error("cuMemGetAllocationGranularity returned 0");
   return uint64_t{bytes};
 }
@@ -198,9 +198,9 @@ Result<std::shared_ptr<Memory>> allocate_arena(const GpuSetPtr& gpu_set, uint64_
     prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     prop.location.id = gpu.ordinal;
     CUmemGenericAllocationHandle handle{};
-    KVTIER_RETURN_IF_ERROR(
-        driver_status(driver.mem_create(&handle, part, &prop, 0),
-                      fmt::format("cuMemCreate {} of HBM on {}", format_bytes(part), gpu.info.uuid)));
+    KVTIER_RETURN_IF_ERROR(driver_status(
+        driver.mem_create(&handle, part, &prop, 0),
+        fmt::format("cuMemCreate {} of HBM on {}", format_bytes(part), gpu.info.uuid)));
     const uint64_t offset = part * static_cast<uint64_t>(gpu.index);
     KVTIER_RETURN_IF_ERROR(range->map_and_release(offset, part, handle));
     KVTIER_RETURN_IF_ERROR(range->set_access(offset, part, gpu.index));
@@ -220,15 +220,18 @@ Result<std::shared_ptr<Memory>> open_ipc_region(const GpuSetPtr& gpus, int gpu,
   KVTIER_RETURN_IF_ERROR(
       driver_status(driver.ipc_open_mem_handle(&base, ipc, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS),
                     "cuIpcOpenMemHandle"));
-  auto region = std::make_shared<IpcRegion>(gpus, gpu, base, handle.offset_bytes, handle.size_bytes);
+  auto region =
+      std::make_shared<IpcRegion>(gpus, gpu, base, handle.offset_bytes, handle.size_bytes);
   CUdeviceptr allocation_base = 0;
   size_t allocation_bytes = 0;
-  KVTIER_RETURN_IF_ERROR(driver_status(
-      driver.mem_get_address_range(&allocation_base, &allocation_bytes, base),
-      "cuMemGetAddressRange"));
+  KVTIER_RETURN_IF_ERROR(
+      driver_status(driver.mem_get_address_range(&allocation_base, &allocation_bytes, base),
+                    "cuMemGetAddressRange"));
   if (allocation_base != base) {
-    return invalid_argument("ipcHandle: the driver opened the handle at +{} inside an allocation, "
-                            "not at its base", base - allocation_base);
+    return invalid_argument(
+        "ipcHandle: the driver opened the handle at +{} inside an allocation, "
+        "not at its base",
+        base - allocation_base);
   }
   if (handle.offset_bytes > allocation_bytes ||
       handle.size_bytes > allocation_bytes - handle.offset_bytes) {
@@ -252,10 +255,13 @@ Result<std::shared_ptr<Memory>> open_vmm_region(const GpuSetPtr& gpus, int gpu_i
   for (size_t i = 0; i < handle.vmm_chunks.size(); ++i) {
     const uint64_t bytes = handle.vmm_chunks[i].bytes;
     if (bytes == 0 || bytes % *unit != 0) {
-      return invalid_argument("chunkBytes[{}] = {} is not a positive multiple of the allocation "
-                              "granularity ({} bytes)", i, bytes, *unit);
+      return invalid_argument(
+          "chunkBytes[{}] = {} is not a positive multiple of the allocation "
+          "granularity ({} bytes)",
+          i, bytes, *unit);
     }
-    if (bytes > (uint64_t{1} << 44) - total) return invalid_argument("chunkBytes add up past 16 TiB");
+    if (bytes > (uint64_t{1} << 44) - total)
+      return invalid_argument("chunkBytes add up past 16 TiB");
     total += bytes;
   }
   if (handle.offset_bytes > total || handle.size_bytes > total - handle.offset_bytes) {
@@ -278,8 +284,8 @@ Result<std::shared_ptr<Memory>> open_vmm_region(const GpuSetPtr& gpus, int gpu_i
     CUmemAllocationProp prop{};
     Status checked = driver_status(driver.mem_get_allocation_properties(&prop, imported),
                                    "cuMemGetAllocationPropertiesFromHandle");
-    if (checked.is_ok() && (prop.location.type != CU_MEM_LOCATION_TYPE_DEVICE ||
-                            prop.location.id != gpu.ordinal)) {
+    if (checked.is_ok() &&
+        (prop.location.type != CU_MEM_LOCATION_TYPE_DEVICE || prop.location.id != gpu.ordinal)) {
       checked = invalid_argument("chunk {} lives on device ordinal {}, not on {} (ordinal {})", i,
                                  prop.location.id, gpu.info.uuid, gpu.ordinal);
     }
@@ -290,8 +296,8 @@ Result<std::shared_ptr<Memory>> open_vmm_region(const GpuSetPtr& gpus, int gpu_i
     // Fails when the chunk is smaller than the engine declared.
     Status mapped = range->map_and_release(offset, chunk.bytes, imported);
     if (!mapped.is_ok()) {
-      return Status(mapped.code(), fmt::format("chunk {} (is chunkBytes right?): {}", i,
-                                               mapped.message()));
+      return Status(mapped.code(),
+                    fmt::format("chunk {} (is chunkBytes right?): {}", i, mapped.message()));
     }
     offset += chunk.bytes;
   }

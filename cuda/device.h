@@ -76,9 +76,9 @@ enum class CopyPriority : uint8_t { kForeground, kBackground };
 
 // A GPU the device serves.
 struct GpuInfo {
-  std::string uuid;  // "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx"
-  std::string name;  // "NVIDIA H100 80GB HBM3"
-  int ordinal = 0;   // the driver's device ordinal
+  std::string uuid;    // "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx"
+  std::string name;    // "NVIDIA H100 80GB HBM3"
+  int ordinal = 0;     // the driver's device ordinal
   int numa_node = -1;  // host NUMA node closest to it; -1 unknown
 };
 

@@ -30,8 +30,8 @@ class Loader {
   void resolve(const char* symbol, int version, Fn& fn, bool optional = false) {
     void* address = nullptr;
     CUdriverProcAddressQueryResult found = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
-    CUresult result = get_proc_address_(symbol, &address, version, CU_GET_PROC_ADDRESS_DEFAULT,
-                                        &found);
+    CUresult result =
+        get_proc_address_(symbol, &address, version, CU_GET_PROC_ADDRESS_DEFAULT, &found);
     if (result == CUDA_SUCCESS && found == CU_GET_PROC_ADDRESS_SUCCESS && address != nullptr) {
       fn = reinterpret_cast<Fn>(address);
       return;
@@ -58,8 +58,9 @@ Status load_into(DriverApi& api) {
   }
   auto get_proc_address = reinterpret_cast<GetProcAddress>(::dlsym(library, "cuGetProcAddress_v2"));
   if (get_proc_address == nullptr) {
-    return unavailable("no CUDA driver: libcuda.so.1 has no cuGetProcAddress_v2 (driver older "
-                       "than CUDA 12.0)");
+    return unavailable(
+        "no CUDA driver: libcuda.so.1 has no cuGetProcAddress_v2 (driver older "
+        "than CUDA 12.0)");
   }
   Loader loader(get_proc_address);
   loader.resolve("cuInit", 2000, api.init);

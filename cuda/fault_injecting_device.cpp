@@ -25,7 +25,8 @@ Status FaultInjectingDevice::submit(CopyBatch batch, CopyDone done) {
   }
   // The failing submit goes to the inner device with its memories but no segments:
   // nothing is copied, yet `done` still runs asynchronously on a device thread, after
-  // the memories were let go, and drain() waits for it, as for a real failure. Its segments are not validated: the batch fails whatever it holds.
+  // the memories were let go, and drain() waits for it, as for a real failure. Its segments are not
+  // validated: the batch fails whatever it holds.
   batch.segments.clear();
   return inner_->submit(std::move(batch),
                         [done = std::move(done), error = submit_error_](Status) { done(error); });

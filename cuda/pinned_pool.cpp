@@ -5,8 +5,8 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <cstring>
 #include <chrono>
+#include <cstring>
 #include <fstream>
 #include <string>
 #include <thread>
@@ -56,7 +56,8 @@ uint64_t available_memory_bytes() {
       break;
     }
   }
-  std::ifstream max_file("/sys/fs/cgroup/memory.max"), current_file("/sys/fs/cgroup/memory.current");
+  std::ifstream max_file("/sys/fs/cgroup/memory.max"),
+      current_file("/sys/fs/cgroup/memory.current");
   std::string max_text;
   uint64_t current = 0;
   if (max_file >> max_text && max_text != "max" && current_file >> current) {
@@ -119,9 +120,10 @@ Result<std::shared_ptr<Memory>> allocate_pinned_pool(const GpuSetPtr& gpus, uint
   if (bytes == 0) return invalid_argument("ram pool: bytes is 0");
   const uint64_t available = available_memory_bytes();
   if (bytes > available) {
-    return resource_exhausted("ram pool: {} requested but only {} of memory is available "
-                              "(MemAvailable, cgroup memory.max); lower ram-bytes",
-                              format_bytes(bytes), format_bytes(available));
+    return resource_exhausted(
+        "ram pool: {} requested but only {} of memory is available "
+        "(MemAvailable, cgroup memory.max); lower ram-bytes",
+        format_bytes(bytes), format_bytes(available));
   }
   const auto started = std::chrono::steady_clock::now();
   void* mapped = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -136,8 +138,9 @@ Result<std::shared_ptr<Memory>> allocate_pinned_pool(const GpuSetPtr& gpus, uint
   Status registered = gpus->make_current(0);
   if (registered.is_ok()) {
     // Portable: pinned for every context, so each GPU's copy engines DMA straight in.
-    registered = driver_status(gpus->driver().mem_host_register(mapped, bytes, CU_MEMHOSTREGISTER_PORTABLE),
-                               "cuMemHostRegister");
+    registered =
+        driver_status(gpus->driver().mem_host_register(mapped, bytes, CU_MEMHOSTREGISTER_PORTABLE),
+                      "cuMemHostRegister");
   }
   if (!registered.is_ok()) {
     ::munmap(mapped, bytes);
@@ -147,8 +150,9 @@ Result<std::shared_ptr<Memory>> allocate_pinned_pool(const GpuSetPtr& gpus, uint
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   KVTIER_LOG_INFO("ram pool: {} pinned in {:.2f} s ({:.2f} s/GiB){}", format_bytes(bytes), seconds,
                   seconds / (static_cast<double>(bytes) / (1ull << 30)),
-                  numa_nodes.empty() ? std::string()
-                                     : fmt::format(" on NUMA node(s) {}", fmt::join(numa_nodes, ",")));
+                  numa_nodes.empty()
+                      ? std::string()
+                      : fmt::format(" on NUMA node(s) {}", fmt::join(numa_nodes, ",")));
   return std::shared_ptr<Memory>(std::make_shared<PinnedPool>(gpus, data, bytes));
 }
 

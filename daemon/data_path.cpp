@@ -323,8 +323,8 @@ void Service::apply_moves(const std::vector<policy::Move>& moves, int hbm_part) 
       (move.to == Tier::kHbm ? nvme_to_hbm : nvme_to_ram).push_back(move.block);
       continue;
     }
-    auto locations = store_->begin_move(
-        move.block, move.to, move.to == Tier::kHbm ? hbm_part : SlabAllocator::kAnyPart);
+    auto locations = store_->begin_move(move.block, move.to,
+                                        move.to == Tier::kHbm ? hbm_part : SlabAllocator::kAnyPart);
     if (!locations.is_ok()) {
       KVTIER_LOG_DEBUG("move of {} skipped: {}", move.block.hash.to_hex(),
                        locations.status().to_string());

@@ -212,8 +212,7 @@ class Service final : public ipc::RequestHandler {
   Status submit_copy(CopyBatch batch, std::function<void(Status)> done);
   void run_planner();
   // Moves into HBM go to `hbm_part` (the GPU of the engine that asked) where it has room.
-  void apply_moves(const std::vector<policy::Move>& moves,
-                   int hbm_part = SlabAllocator::kAnyPart);
+  void apply_moves(const std::vector<policy::Move>& moves, int hbm_part = SlabAllocator::kAnyPart);
   void evict_blocks(const std::vector<BlockKey>& keys);
   // Removes blocks whose bytes turned out corrupt (counted as data loss), cutting the
   // sessions that held them as evict_blocks does.

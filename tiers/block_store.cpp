@@ -158,8 +158,7 @@ void BlockStore::unpin(const BlockKey& key) {
   deferred_frees_.erase(deferred);
 }
 
-Result<std::pair<BlockLocation, BlockLocation>> BlockStore::begin_move(const BlockKey& key,
-                                                                       Tier to,
+Result<std::pair<BlockLocation, BlockLocation>> BlockStore::begin_move(const BlockKey& key, Tier to,
                                                                        int preferred_part) {
   Entry* entry = find(key);
   if (entry == nullptr) return invalid_argument("block {} is not stored", key.hash.to_hex());

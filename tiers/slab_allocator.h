@@ -15,8 +15,8 @@
 
 #include <cstdint>
 #include <optional>
-#include <utility>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "common/status.h"

@@ -92,7 +92,8 @@ class EngineVmm {
     handle.offset_bytes = offset;
     handle.size_bytes = size;
     handle.gpu_uuid = uuid;
-    for (const UniqueFd& fd : fds_) handle.vmm_chunks.push_back({UniqueFd(::dup(fd.get())), chunk_bytes_});
+    for (const UniqueFd& fd : fds_)
+      handle.vmm_chunks.push_back({UniqueFd(::dup(fd.get())), chunk_bytes_});
     return handle;
   }
   void write(uint64_t offset, const std::vector<std::byte>& bytes) {
@@ -169,8 +170,8 @@ TEST_F(CudaDeviceTest, GathersIntoEveryGpusArenaPartAndScattersBackBitExact) {
     dst = down.memory_index(*pool);
     for (uint64_t b = 0; b < kBlocks; ++b) {
       for (uint64_t p = 0; p < kPlanes; ++p) {
-        down.segments.push_back(
-            {src, dst, part + (b * kPlanes + p) * kPlane, kBytes + (p * kBlocks + b) * kPlane, kPlane});
+        down.segments.push_back({src, dst, part + (b * kPlanes + p) * kPlane,
+                                 kBytes + (p * kBlocks + b) * kPlane, kPlane});
       }
     }
     ASSERT_TRUE(run(std::move(down)).is_ok());
@@ -298,9 +299,10 @@ TEST_F(CudaDeviceTest, ReleasesTheBatchsMemoriesBeforeDone) {
   uint32_t src = batch.memory_index(*pool), dst = batch.memory_index(*arena);
   batch.segments.push_back({src, dst, 0, 0, 1 << 20});
   std::promise<long> uses_at_done;
-  ASSERT_TRUE(device_->submit(std::move(batch), [&](Status) {
-                       uses_at_done.set_value(watched.use_count());
-                     }).is_ok());
+  ASSERT_TRUE(
+      device_
+          ->submit(std::move(batch), [&](Status) { uses_at_done.set_value(watched.use_count()); })
+          .is_ok());
   EXPECT_EQ(uses_at_done.get_future().get(), 1) << "only the test's own reference is left";
 }
 
@@ -321,10 +323,13 @@ TEST_F(CudaDeviceTest, SlowCopiesForegroundNeverWaitsBehindBackground) {
     uint32_t a = background.memory_index(*arena), p = background.memory_index(*pool);
     for (uint64_t offset = 0; offset < kBackground; offset += 2 << 20)
       background.segments.push_back({a, p, offset, offset, 1 << 20});  // not adjacent: no merge
-    ASSERT_TRUE(device_->submit(std::move(background), [&](Status s) {
-                         EXPECT_TRUE(s.is_ok()) << s.to_string();
-                         background_done.set_value(std::chrono::steady_clock::now());
-                       }).is_ok());
+    ASSERT_TRUE(device_
+                    ->submit(std::move(background),
+                             [&](Status s) {
+                               EXPECT_TRUE(s.is_ok()) << s.to_string();
+                               background_done.set_value(std::chrono::steady_clock::now());
+                             })
+                    .is_ok());
     CopyBatch foreground;
     a = foreground.memory_index(*arena);
     p = foreground.memory_index(*pool);
@@ -333,10 +338,13 @@ TEST_F(CudaDeviceTest, SlowCopiesForegroundNeverWaitsBehindBackground) {
     } else {
       foreground.segments.push_back({p, a, kBackground, kBackground, 1 << 20});
     }
-    ASSERT_TRUE(device_->submit(std::move(foreground), [&](Status s) {
-                         EXPECT_TRUE(s.is_ok()) << s.to_string();
-                         foreground_done.set_value(std::chrono::steady_clock::now());
-                       }).is_ok());
+    ASSERT_TRUE(device_
+                    ->submit(std::move(foreground),
+                             [&](Status s) {
+                               EXPECT_TRUE(s.is_ok()) << s.to_string();
+                               foreground_done.set_value(std::chrono::steady_clock::now());
+                             })
+                    .is_ok());
     const auto foreground_at = foreground_done.get_future().get();
     const auto background_at = background_done.get_future().get();
     EXPECT_LT(foreground_at, background_at) << "direction " << direction;

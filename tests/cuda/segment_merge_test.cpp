@@ -53,7 +53,8 @@ TEST(SegmentMerge, PreservesTheBytesMovedOnRandomPlaneLayouts) {
     std::vector<CopySegment> segments;
     for (uint64_t b = 0; b < blocks; ++b) {
       for (uint64_t p = 0; p < planes; ++p) {
-        segments.push_back({0, 1, p * stride * blocks + b * stride, (b * planes + p) * plane, plane});
+        segments.push_back(
+            {0, 1, p * stride * blocks + b * stride, (b * planes + p) * plane, plane});
       }
     }
     std::shuffle(segments.begin(), segments.end(), random);

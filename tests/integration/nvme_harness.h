@@ -40,8 +40,9 @@ std::vector<std::string> with_flag(std::vector<std::string> flags, const std::st
 class PersistentDaemon {
  public:
   // Starts kvtierd with --data-dir `data_dir`, its socket and log in `run_dir`, plus
-  // `flags` (and --device host unless they name a device); waits until the socket accepts connections. Unavailable with the log
-  // when it exits first (e.g. refuses the data directory) or never listens.
+  // `flags` (and --device host unless they name a device); waits until the socket accepts
+  // connections. Unavailable with the log when it exits first (e.g. refuses the data directory) or
+  // never listens.
   static Result<std::unique_ptr<PersistentDaemon>> start(const std::string& run_dir,
                                                          const std::string& data_dir,
                                                          const std::vector<std::string>& flags);
