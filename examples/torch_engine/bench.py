@@ -219,17 +219,19 @@ def main() -> int:
                 if tier == "nvme":
                     daemon.idle_sessions_to_nvme()
                 for size in sizes:
-                    times = []
+                    times, restore_times = [], []
                     for _ in range(args.repeats):
                         wait_for_tier(engine, tier)
                         restored = measure(engine, size)
                         times.append(restored.ttft_s * 1000)
+                        restore_times.append(restored.restore_s * 1000)
                         results[size].same_first_token &= restored.tokens[0] == first_tokens[size]
                         results[size].restored_tokens = restored.restored_tokens
                         setattr(results[size], f"{tier}_tiers", tiers_seen(restored))
                     setattr(results[size], f"{tier}_ms", statistics.median(times))
-                    log(f"{tier} {size}: {statistics.median(times):.1f} ms "
-                        f"({getattr(results[size], f'{tier}_tiers')})")
+                    log(f"{tier} {size}: {statistics.median(times):.1f} ms, of which "
+                        f"{statistics.median(restore_times):.1f} ms begin_turn + hashes + "
+                        f"lookup + load (lookup saw {getattr(results[size], f'{tier}_tiers')})")
     finally:
         daemon.stop()
 

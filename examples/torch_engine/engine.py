@@ -90,6 +90,7 @@ class TurnResult:
     ttft_s: float  # message arrival → first token's logits
     prompt_tokens: int  # the conversation including this message
     restored_tokens: int  # of those, taken from a held prefix (kvtier or own memory)
+    restore_s: float = 0.0  # of ttft_s: begin_turn, hashing, lookup and load
     lookup_hits: int = 0  # kvtier: leading blocks the daemon held
     lookup_tiers: list[str] = dataclasses.field(default_factory=list)
     saved_blocks: int = 0  # kvtier: blocks this turn's save copied
@@ -209,6 +210,7 @@ class Engine:
         table, held_blocks = self._prefix(conversation.session_id, prompt, hashes,
                                           self.cache.blocks_for(len(prompt) + max_new_tokens),
                                           result)
+        result.restore_s = time.perf_counter() - started
         try:
             start = min(held_blocks * self.cache.block_size, len(prompt) - 1)
             result.restored_tokens = start

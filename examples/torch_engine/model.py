@@ -247,8 +247,8 @@ def _paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start_po
     group = num_heads // num_kv_heads
     # Each KV head with its group of query heads as one batch entry: [kv_heads, group, T, dim].
     queries = (q * head_dim ** -0.5).view(tokens, num_kv_heads, group, head_dim).permute(1, 2, 0, 3)
-    keys = k.permute(1, 2, 0).contiguous()    # [kv_heads, dim, context]
-    values = v.permute(1, 0, 2).contiguous()  # [kv_heads, context, dim]
+    # [kv_heads, context, dim] views: BLAS reads the strided rows, no copy needed.
+    keys, values = k.transpose(0, 1), v.transpose(0, 1)
     out = torch.empty(num_kv_heads, group, tokens, head_dim)
     for first in range(0, tokens, ATTENTION_QUERY_CHUNK):
         last = min(tokens, first + ATTENTION_QUERY_CHUNK)
@@ -258,7 +258,7 @@ def _paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start_po
         scores = workspace.scores[:num_heads * chunk * visible].view(shape)
         probabilities = workspace.probabilities[:num_heads * chunk * visible].view(shape)
         chunk_queries = queries[:, :, first:last].reshape(num_kv_heads, group * chunk, head_dim)
-        torch.bmm(chunk_queries, keys[:, :, :visible], out=scores)
+        torch.bmm(chunk_queries, keys[:, :visible].transpose(1, 2), out=scores)
         # Only the chunk's own keys can lie in a query's future.
         scores.view(num_kv_heads, group, chunk, visible)[..., visible - chunk:].masked_fill_(
             workspace.future_mask(chunk), float("-inf"))
