@@ -1,0 +1,143 @@
+"""Conversions between Python values and kvtier.h's C structures, for client.py."""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+from array import array
+from ctypes import c_int, c_uint32, c_void_p
+from itertools import accumulate
+from typing import Sequence, Tuple
+
+from . import _lib
+from .errors import InvalidArgument
+from .results import BeginTurnResult, LoadResult, LookupResult, SaveResult
+
+Block = Tuple[bytes, int]  # (block hash, engine block id)
+
+
+def text(name: str, value: str) -> bytes:
+    if not isinstance(value, str):
+        raise InvalidArgument(f"{name} must be a str, got {type(value).__name__}")
+    return value.encode("utf-8")
+
+
+# Hash and block lists are packed straight into kvtier_hash / kvtier_block_ref arrays
+# as 64-bit words (pointer, length, [engine block id]), the hashes joined into one bytes
+# object the pointers point into: an order of magnitude cheaper than ctypes structs,
+# which matters for a Lookup of ~20 µs. The length field is a uint32 followed by 4
+# bytes of padding, so writing it as a little-endian uint64 is exact; elsewhere, and
+# for input the fast path refuses, the ctypes structs below do it field by field.
+_PACK_WORDS = sys.byteorder == "little" and ctypes.sizeof(_lib.Hash) == 16 \
+    and ctypes.sizeof(_lib.BlockRef) == 24
+
+
+def _pack(hashes: Sequence[bytes], block_ids: Sequence[int] | None):
+    """(array to pass, objects to keep alive) for hashes (and engine block ids)."""
+    count = len(hashes)
+    lengths = array("Q", map(len, hashes))
+    joined = b"".join(hashes)
+    base = ctypes.cast(ctypes.c_char_p(joined), c_void_p).value or 0
+    addresses = array("Q", accumulate(lengths, initial=base))
+    if addresses.pop() != base + len(joined):  # len() of a memoryview counts items
+        raise TypeError("hashes must be bytes-like objects of bytes")
+    step = 2 if block_ids is None else 3
+    words = array("Q", bytes(8 * step * count))
+    words[0::step] = addresses
+    words[1::step] = lengths
+    if block_ids is not None:
+        words[2::step] = array("Q", block_ids)
+    return words.buffer_info()[0], (words, joined)
+
+
+def hash_array(hashes: Sequence[bytes]):
+    """(pointer to kvtier_hash[count], count, keep-alive)."""
+    count = len(hashes)
+    if _PACK_WORDS:
+        try:
+            pointer, keep = _pack(hashes, None)
+            return pointer, count, keep
+        except TypeError:
+            pass
+    normalized = [_hash_bytes(h, f"hashes[{i}]") for i, h in enumerate(hashes)]
+    refs = (_lib.Hash * count)(*[(h, len(h)) for h in normalized])
+    return refs, count, refs
+
+
+def _hash_bytes(value: object, name: str) -> bytes:
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, (bytearray, memoryview)):
+        return bytes(value)
+    raise InvalidArgument(f"{name} must be bytes (a block hash), got {type(value).__name__}")
+
+
+def block_array(blocks: Sequence[Block]):
+    """(pointer to kvtier_block_ref[count] or None, count, keep-alive)."""
+    count = len(blocks)
+    if count == 0:
+        return None, 0, None
+    if _PACK_WORDS:
+        try:
+            hashes, block_ids = zip(*blocks)
+            pointer, keep = _pack(hashes, block_ids)
+            return pointer, count, keep
+        except (TypeError, ValueError, OverflowError):
+            pass
+    normalized = []
+    for i, block in enumerate(blocks):
+        try:
+            block_hash, block_id = block
+        except (TypeError, ValueError):
+            raise InvalidArgument(
+                f"blocks[{i}] must be a (hash, engine_block_id) pair, got {block!r}") from None
+        if isinstance(block_id, bool) or not isinstance(block_id, int) \
+                or not 0 <= block_id < 2**64:
+            raise InvalidArgument(
+                f"blocks[{i}] engine_block_id must be a non-negative int, got {block_id!r}")
+        normalized.append((_hash_bytes(block_hash, f"blocks[{i}] hash"), block_id))
+    refs = (_lib.BlockRef * count)(*[(h, len(h), b) for h, b in normalized])
+    return refs, count, refs
+
+
+def check_int(name: str, value: object, low: int = 0, high: int = 2**64 - 1) -> None:
+    """ctypes would wrap a negative or oversized int silently: refuse it here."""
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise InvalidArgument(f"{name} must be an int in {low}..{high}, got {value!r}")
+
+
+def check_region_id(region_id: int) -> None:
+    check_int("region_id", region_id, 0, 2**32 - 1)
+
+
+def tensor_extent_bytes(tensor) -> int:
+    """Bytes from the tensor's first element to the end of its last (strides ≥ 0)."""
+    if tensor.numel() == 0:
+        return 0
+    if any(stride < 0 for stride in tensor.stride()):
+        raise InvalidArgument("a tensor with negative strides cannot be a region")
+    last = sum((size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride()))
+    return (last + 1) * tensor.element_size()
+
+
+def save_result(out: _lib.SaveResult) -> SaveResult:
+    return SaveResult(stored=out.stored, deduplicated=out.deduplicated)
+
+
+def tiers_out(count: int) -> array:
+    """Room for kvtier_lookup's tiers_out (kvtier_tier is a C enum: an int)."""
+    return array("i", bytes(ctypes.sizeof(c_int) * count))
+
+
+def lookup_result(hit_count: c_uint32, tiers: array) -> LookupResult:
+    hits = hit_count.value
+    return LookupResult(hit_count=hits, tiers=list(map(_lib.TIER_NAMES.__getitem__, tiers[:hits])))
+
+
+def load_result(out: _lib.LoadResult) -> LoadResult:
+    return LoadResult(loaded_count=out.loaded_count,
+                      stop_reason=_lib.error_or_none(out.stop_code, out.stop_message))
+
+
+def begin_turn_result(out: _lib.BeginTurnResult) -> BeginTurnResult:
+    return BeginTurnResult(known_blocks=out.known_blocks, promoted_blocks=out.promoted_blocks)

@@ -1,0 +1,162 @@
+"""Bad input from Python raises a clear exception, and the daemon serves on."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import kvtier
+from kvtier.hashing import block_hashes
+from kvtier.torch import (flashinfer_planes, layout_from_tensors, memfd_tensor, mla_planes,
+                          vllm_planes)
+
+SHAPE = (2, 4, 4, 2, 8)  # [2, blocks, block_size, heads, head_dim]
+
+
+def serving(daemon) -> bool:
+    """A new connection gets answers: the daemon survived whatever came before."""
+    with kvtier.Client(daemon.socket_path) as probe:
+        cache = memfd_tensor(SHAPE, torch.float16)
+        probe.hello(layout_from_tensors("probe", [cache], 0))
+        probe.register_tensor(0, cache)
+        return probe.lookup([b"\x01" * 32]).hit_count == 0 and probe.stats().connections >= 1
+
+
+def test_wrong_dtype_is_invalid_argument():
+    with pytest.raises(kvtier.InvalidArgument, match="float64 is not a KV cache dtype"):
+        vllm_planes([memfd_tensor(SHAPE, torch.float64)], 0)
+    with pytest.raises(kvtier.InvalidArgument, match="all layers must match"):
+        vllm_planes([memfd_tensor(SHAPE, torch.float16), memfd_tensor(SHAPE, torch.bfloat16)], 0)
+    with pytest.raises(ValueError):  # InvalidArgument is a ValueError too
+        mla_planes([memfd_tensor((4, 4, 8), torch.int64)], 0)
+
+
+def test_non_contiguous_or_misshapen_tensor_is_invalid_argument():
+    cache = memfd_tensor(SHAPE, torch.float16)
+    with pytest.raises(kvtier.InvalidArgument, match="not contiguous within a block"):
+        vllm_planes([cache.transpose(3, 4)], 0)
+    with pytest.raises(kvtier.InvalidArgument, match="not contiguous within a block"):
+        vllm_planes([cache[..., :4]], 0)
+    with pytest.raises(kvtier.InvalidArgument, match="dim 0 must be 2"):
+        vllm_planes([memfd_tensor((3, 4, 4, 2, 8), torch.float16)], 0)
+    with pytest.raises(kvtier.InvalidArgument, match="dim 1 must be 2"):
+        flashinfer_planes([cache], 0)
+    with pytest.raises(kvtier.InvalidArgument, match="expected"):
+        mla_planes([cache], 0)
+    with pytest.raises(kvtier.InvalidArgument, match="2 region ids for 1 layers"):
+        vllm_planes([cache], [0, 1])
+
+
+def test_tensor_outside_a_registered_region(client, daemon, unique):
+    plain = torch.zeros(SHAPE, dtype=torch.float16)
+    with pytest.raises(kvtier.InvalidArgument, match="outside any kvtier.torch.memfd_tensor"):
+        vllm_planes([plain], 0)
+    cache = memfd_tensor(SHAPE, torch.float16)
+    other = memfd_tensor(SHAPE, torch.float16)
+    layout = layout_from_tensors(unique("unregistered"), [cache, other], [0, 1])
+    client.hello(layout)
+    with pytest.raises(kvtier.InvalidArgument, match="memfd_tensor"):
+        client.register_tensor(1, plain)
+    with pytest.raises(kvtier.InvalidArgument, match="takes a torch.Tensor"):
+        client.register_tensor(1, [1, 2, 3])
+    client.register_tensor(0, cache)  # region 1 never registered
+    hashes = block_hashes(range(8), 4)
+    with pytest.raises(kvtier.InvalidArgument) as error:
+        client.save(unique("session"), list(zip(hashes, [0, 1])))
+    assert "region" in error.value.message
+    # The connection is still good: register the missing region and save.
+    client.register_tensor(1, other)
+    assert client.save(unique("session"), list(zip(hashes, [0, 1]))).stored == 2
+    assert serving(daemon)
+
+
+def test_bad_requests_name_the_problem(client, daemon, unique):
+    cache = memfd_tensor(SHAPE, torch.float16)
+    client.hello(layout_from_tensors(unique("bad-requests"), [cache], 0))
+    client.register_tensor(0, cache)
+    session = unique("session")
+    with pytest.raises(kvtier.InvalidArgument):
+        client.lookup([b"x" * 33])  # hashes are 1..32 bytes
+    with pytest.raises(kvtier.InvalidArgument):
+        client.lookup([b""])
+    with pytest.raises(kvtier.InvalidArgument, match="must be bytes"):
+        client.lookup(["not bytes"])
+    with pytest.raises(kvtier.InvalidArgument, match="non-negative"):
+        client.save(session, [(b"h" * 32, -1)])
+    with pytest.raises(kvtier.InvalidArgument, match="pair"):
+        client.save(session, [b"h" * 32])
+    with pytest.raises(kvtier.InvalidArgument):
+        client.save(session, [(b"h" * 32, 4)])  # the layout has blocks 0..3
+    with pytest.raises(kvtier.NotFound):
+        client.begin_turn(unique("never-saved"))
+    with pytest.raises(kvtier.NotFound):
+        client.unregister_region(9)
+    missing = client.load(session, [(b"m" * 32, 0)])
+    assert missing.loaded_count == 0 and isinstance(missing.stop_reason, kvtier.NotFound)
+    assert serving(daemon)
+
+
+def test_layout_validation():
+    plane = kvtier.Plane(0, 0, 64, 64)
+    with pytest.raises(kvtier.InvalidArgument, match="bytes_per_block"):
+        kvtier.Plane(0, 0, 64, 0)
+    with pytest.raises(kvtier.InvalidArgument, match="region_id"):
+        kvtier.Plane(-1, 0, 64, 64)
+    with pytest.raises(kvtier.InvalidArgument, match="model_id is empty"):
+        kvtier.Layout("", 1, 1, 1, "fp16", 16, 4, [plane])
+    with pytest.raises(kvtier.InvalidArgument, match="planes is empty"):
+        kvtier.Layout("m", 1, 1, 1, "fp16", 16, 4, [])
+    with pytest.raises(kvtier.InvalidArgument, match="overlap"):
+        kvtier.Layout("m", 1, 1, 1, "fp16", 16, 4, [kvtier.Plane(0, 0, 32, 64)])
+    with pytest.raises(kvtier.InvalidArgument, match="tp_rank"):
+        kvtier.Layout("m", 1, 1, 1, "fp16", 16, 4, [plane], tp_rank=2, tp_size=2)
+    assert kvtier.Layout("m", 1, 1, 1, "fp16", 16, 4, [plane, plane]).block_bytes == 128
+
+
+def test_hello_mismatch_is_reported(client):
+    cache = memfd_tensor(SHAPE, torch.float16)
+    with pytest.raises(kvtier.InvalidArgument):
+        client.hello(layout_from_tensors("cuda-engine", [cache], 0), device="cuda")
+    with pytest.raises(kvtier.InvalidArgument, match="device"):
+        client.hello(layout_from_tensors("x", [cache], 0), device="tpu")
+
+
+def test_dead_daemon_is_unavailable(own_daemon):
+    cache = memfd_tensor(SHAPE, torch.float16)
+    client = kvtier.Client(own_daemon.socket_path)
+    client.hello(layout_from_tensors("dead-daemon", [cache], 0))
+    client.register_tensor(0, cache)
+    hashes = block_hashes(range(8), 4)
+    assert client.save("s", list(zip(hashes, [0, 1]))).stored == 2
+    own_daemon.kill()
+    with pytest.raises(kvtier.Unavailable):
+        client.lookup(hashes)
+    with pytest.raises(kvtier.Unavailable):
+        client.save_async("s", list(zip(hashes, [0, 1]))).result()
+    client.close()  # unregistering fails quietly: the daemon is gone
+    with pytest.raises(kvtier.Unavailable):
+        kvtier.Client(own_daemon.socket_path)
+
+
+def test_closed_client_raises_client_closed(daemon):
+    client = kvtier.Client(daemon.socket_path)
+    cache = memfd_tensor(SHAPE, torch.float16)
+    client.hello(layout_from_tensors("closed-client", [cache], 0))
+    client.register_tensor(0, cache)
+    pending = client.lookup_async([b"p" * 32])
+    client.close()
+    client.close()  # idempotent
+    assert client.closed
+    for call in (lambda: client.lookup([b"x"]), lambda: client.stats(),
+                 lambda: client.save("s", []), lambda: client.register_tensor(0, cache),
+                 lambda: client.begin_turn_async("s")):
+        with pytest.raises(kvtier.ClientClosed):
+            call()
+    assert pending.result().hit_count == 0  # sent before close(): its reply still comes
+    assert isinstance(kvtier.ClientClosed(), kvtier.KvtierError)
+    assert serving(daemon)
+
+
+def test_no_daemon_is_unavailable(tmp_path):
+    with pytest.raises(kvtier.Unavailable):
+        kvtier.Client(str(tmp_path / "nobody.sock"))
