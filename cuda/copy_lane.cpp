@@ -4,13 +4,12 @@
 
 namespace kvtier::cuda {
 
-CopyLane::CopyLane(LaneOwner& owner, GpuSetPtr gpus, int gpu, uint64_t piece_bytes,
-                   std::string name)
+CopyLane::CopyLane(LaneOwner& owner, GpuSetPtr gpus, int gpu, LaneOptions options, std::string name)
     : owner_(owner),
       gpus_(std::move(gpus)),
       driver_(gpus_->driver()),
       gpu_(gpu),
-      piece_bytes_(piece_bytes),
+      options_(options),
       name_(std::move(name)) {}
 
 CopyLane::~CopyLane() {
@@ -42,14 +41,16 @@ void CopyLane::stop() {
 
 void CopyLane::enqueue(std::shared_ptr<BatchState> batch, LaneRun run) {
   Job job{std::move(batch), {}, nullptr, Status::ok()};
-  if (piece_bytes_ == 0) {
+  if (options_.piece_bytes == 0) {
     // Foreground: into the copy engine's queue now, from the caller's thread.
     if (!run.empty()) {
       job.error = gpus_->make_current(gpu_);
-      if (job.error.is_ok()) job.error = issue(run, 0, run.sizes.size());
-      // Whatever was issued must finish before `done`: record even after an error.
-      Status recorded = record(&job.event);
-      if (job.error.is_ok()) job.error = recorded;
+      if (job.error.is_ok()) {
+        job.error = issue(run, 0, run.sizes.size());
+        // Whatever was issued must finish before `done`: record even after an error.
+        Status recorded = record(&job.event);
+        if (job.error.is_ok()) job.error = recorded;
+      }
     }
   } else {
     job.run = std::move(run);
@@ -62,14 +63,31 @@ void CopyLane::enqueue(std::shared_ptr<BatchState> batch, LaneRun run) {
 }
 
 Status CopyLane::issue(LaneRun& run, size_t begin, size_t end) {
+  size_t stretch = begin;
+  for (size_t i = begin; i < end; ++i) {
+    if (run.peer_sources[i] < 0) continue;
+    KVTIER_RETURN_IF_ERROR(issue_stretch(run, stretch, i));
+    stretch = i + 1;
+    // Between two GPUs: the driver uses peer access where the GPUs have it and stages
+    // through host memory where they do not.
+    KVTIER_RETURN_IF_ERROR(driver_status(
+        driver_.memcpy_peer_async(run.dsts[i], gpus_->gpu(gpu_).context, run.srcs[i],
+                                  gpus_->gpu(run.peer_sources[i]).context, run.sizes[i], stream_),
+        "cuMemcpyPeerAsync"));
+  }
+  return issue_stretch(run, stretch, end);
+}
+
+Status CopyLane::issue_stretch(LaneRun& run, size_t begin, size_t end) {
   const size_t count = end - begin;
-  if (count > 1 &&
-      (driver_.memcpy_batch_v13000 != nullptr || driver_.memcpy_batch_v12080 != nullptr)) {
+  const bool batch_api =
+      driver_.memcpy_batch_v13000 != nullptr || driver_.memcpy_batch_v12080 != nullptr;
+  if (count > 1 && batch_api && options_.batch_allowed) {
     CUmemcpyAttributes attributes{};
     // The sources were written before the request (the engine synchronized, or an
     // earlier copy on the daemon's side completed): stream order suffices.
     attributes.srcAccessOrder = CU_MEMCPY_SRC_ACCESS_ORDER_STREAM;
-    attributes.flags = CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE;
+    attributes.flags = options_.batch_flags;
     size_t attribute_index = 0;
     if (driver_.memcpy_batch_v13000 != nullptr) {
       return driver_status(
@@ -114,9 +132,10 @@ void CopyLane::run_background(Job& job) {
     uint64_t bytes = 0;
     do {
       bytes += run.sizes[end++];
-    } while (end < run.sizes.size() && bytes + run.sizes[end] <= piece_bytes_);
+    } while (end < run.sizes.size() && bytes + run.sizes[end] <= options_.piece_bytes);
     status = gpus_->make_current(gpu_);
-    if (status.is_ok()) status = issue(run, begin, end);
+    if (!status.is_ok()) break;
+    status = issue(run, begin, end);
     CUevent event = nullptr;
     Status recorded = record(&event);
     if (status.is_ok()) status = recorded;
@@ -162,7 +181,7 @@ void CopyLane::loop() {
       job = std::move(queue_.front());
       queue_.pop_front();
     }
-    if (piece_bytes_ != 0) {
+    if (options_.piece_bytes != 0) {
       run_background(job);
       continue;
     }

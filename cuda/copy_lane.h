@@ -44,12 +44,23 @@ struct LaneRun {
   std::vector<CUdeviceptr> dsts;
   std::vector<CUdeviceptr> srcs;
   std::vector<size_t> sizes;
-  void add(CUdeviceptr dst, CUdeviceptr src, uint64_t bytes) {
+  // Per copy: the served GPU whose memory the source is when it is not the lane's GPU
+  // (a copy between GPUs, issued with cuMemcpyPeerAsync), else -1.
+  std::vector<int> peer_sources;
+  void add(CUdeviceptr dst, CUdeviceptr src, uint64_t bytes, int peer_source = -1) {
     dsts.push_back(dst);
     srcs.push_back(src);
     sizes.push_back(bytes);
+    peer_sources.push_back(peer_source);
   }
   bool empty() const { return sizes.empty(); }
+};
+
+// How a lane issues copies.
+struct LaneOptions {
+  uint64_t piece_bytes = 0;   // 0: foreground; else background in pieces of at most this
+  bool batch_allowed = true;  // cuMemcpyBatchAsync may take this lane's operands
+  unsigned batch_flags = 0;   // CUmemcpyFlags for the batch's attributes
 };
 
 // What lanes report to the device.
@@ -63,8 +74,7 @@ class LaneOwner {
 
 class CopyLane {
  public:
-  // `piece_bytes` 0: a foreground lane; otherwise a background lane with that bound.
-  CopyLane(LaneOwner& owner, GpuSetPtr gpus, int gpu, uint64_t piece_bytes, std::string name);
+  CopyLane(LaneOwner& owner, GpuSetPtr gpus, int gpu, LaneOptions options, std::string name);
   ~CopyLane();
   CopyLane(const CopyLane&) = delete;
   CopyLane& operator=(const CopyLane&) = delete;
@@ -82,9 +92,11 @@ class CopyLane {
     CUevent event = nullptr;  // foreground: recorded after the run was issued
     Status error;             // foreground: issuing failed
   };
-  // Issues segments [begin, end) of `run` on the stream: one batch call where the
-  // driver has it, else one cuMemcpyAsync each.
+  // Issues copies [begin, end) of `run` on the stream: stretches of copies within the
+  // lane's GPU as one batch call where the driver has it and the lane allows it, else
+  // one cuMemcpyAsync each; copies from another GPU with cuMemcpyPeerAsync.
   Status issue(LaneRun& run, size_t begin, size_t end);
+  Status issue_stretch(LaneRun& run, size_t begin, size_t end);
   Status record(CUevent* event);
   Status wait(CUevent event);
   void run_background(Job& job);
@@ -95,7 +107,7 @@ class CopyLane {
   const GpuSetPtr gpus_;
   const DriverApi& driver_;
   const int gpu_;
-  const uint64_t piece_bytes_;
+  const LaneOptions options_;
   const std::string name_;
   CUstream stream_ = nullptr;
 

@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <condition_variable>
 #include <deque>
+#include <fstream>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -38,8 +40,17 @@ class CudaDevice final : public Device, public LaneOwner {
       for (int priority = 0; priority < kPriorities; ++priority) {
         for (int direction = 0; direction < kDirections; ++direction) {
           const bool background = priority == static_cast<int>(CopyPriority::kBackground);
+          LaneOptions lane_options;
+          lane_options.piece_bytes = background ? options_.background_piece_bytes : 0;
+          // Host operands in a batch need the device to use registered host pointers.
+          lane_options.batch_allowed = direction == kDeviceToDevice || gpu.host_pointers_in_batches;
+          // Overlap with compute is worth asking for between host and device; on one
+          // GPU it would pin the copy to the copy engines, far slower than the SMs.
+          lane_options.batch_flags = direction == kDeviceToDevice
+                                         ? 0u
+                                         : unsigned{CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE};
           auto lane = std::make_unique<CopyLane>(
-              *this, gpus_, gpu.index, background ? options_.background_piece_bytes : 0,
+              *this, gpus_, gpu.index, lane_options,
               fmt::format("{}/{}{}", gpu.index, kDirectionNames[direction],
                           background ? "/bg" : ""));
           KVTIER_RETURN_IF_ERROR(lane->start(background ? least : greatest));
@@ -140,7 +151,9 @@ class CudaDevice final : public Device, public LaneOwner {
                                                          : kHostToDevice;
       const size_t lane = static_cast<size_t>(gpu) * kLanesPerGpu +
                           static_cast<size_t>(batch.priority) * kDirections + direction;
-      runs[lane].add(dst.address() + s.dst_offset, src.address() + s.src_offset, s.bytes);
+      const bool between_gpus = src_gpu >= 0 && dst_gpu >= 0 && src_gpu != dst_gpu;
+      runs[lane].add(dst.address() + s.dst_offset, src.address() + s.src_offset, s.bytes,
+                     between_gpus ? src_gpu : -1);
     }
 
     const auto parts = static_cast<int>(
@@ -227,6 +240,17 @@ std::string describe_gpus(const std::vector<GpuContext>& gpus) {
   return fmt::format("{}", fmt::join(names, " + "));
 }
 
+int numa_node_from_sysfs(const DriverApi& driver, CUdevice device) {
+  char bus_id[64] = {};
+  if (driver.device_get_pci_bus_id(bus_id, sizeof(bus_id) - 1, device) != CUDA_SUCCESS) return -1;
+  std::string path = "/sys/bus/pci/devices/" + std::string(bus_id) + "/numa_node";
+  std::transform(path.begin(), path.end(), path.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  std::ifstream file(path);
+  int node = -1;
+  return file >> node ? node : -1;
+}
+
 Result<GpuContext> describe_gpu(const DriverApi& driver, int ordinal) {
   GpuContext gpu;
   gpu.ordinal = ordinal;
@@ -242,12 +266,19 @@ Result<GpuContext> describe_gpu(const DriverApi& driver, int ordinal) {
   gpu.info.uuid = format_gpu_uuid(
       std::span<const uint8_t, 16>(reinterpret_cast<const uint8_t*>(uuid.bytes), 16));
   int numa = -1;
-  // Older drivers do not know the attribute: then the node is unknown.
+  // The attribute exists from CUDA 12.2 on; before, the PCI device's sysfs entry says.
   if (driver.device_get_attribute(&numa, CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID, gpu.device) !=
-      CUDA_SUCCESS) {
-    numa = -1;
+          CUDA_SUCCESS ||
+      numa < 0) {
+    numa = numa_node_from_sysfs(driver, gpu.device);
   }
   gpu.info.numa_node = numa;
+  int host_pointers = 1;
+  if (driver.device_get_attribute(&host_pointers,
+                                  CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM,
+                                  gpu.device) == CUDA_SUCCESS) {
+    gpu.host_pointers_in_batches = host_pointers != 0;
+  }
   return gpu;
 }
 
@@ -286,6 +317,18 @@ Result<std::unique_ptr<Device>> make_cuda_device(const CudaDeviceOptions& option
       chosen.push_back(*it);
     }
   }
+  if (chosen.size() > 64) return invalid_argument("--gpus: at most 64 GPUs per kvtierd");
+  for (size_t i = 0; i < chosen.size(); ++i) {
+    for (size_t j = 0; j < chosen.size(); ++j) {
+      int can_access = 0;
+      if (i != j &&
+          driver.device_can_access_peer(&can_access, chosen[i].device, chosen[j].device) ==
+              CUDA_SUCCESS &&
+          can_access != 0) {
+        chosen[i].peers |= uint64_t{1} << j;
+      }
+    }
+  }
   for (size_t i = 0; i < chosen.size(); ++i) {
     chosen[i].index = static_cast<int>(i);
     CUresult retained = driver.primary_ctx_retain(&chosen[i].context, chosen[i].device);
@@ -297,8 +340,11 @@ Result<std::unique_ptr<Device>> make_cuda_device(const CudaDeviceOptions& option
   }
   const std::string name = describe_gpus(chosen);
   for (const GpuContext& gpu : chosen) {
-    KVTIER_LOG_INFO("serving GPU {} ({}, ordinal {}, NUMA node {})", gpu.info.uuid, gpu.info.name,
-                    gpu.ordinal, gpu.info.numa_node);
+    KVTIER_LOG_INFO(
+        "serving GPU {} ({}, ordinal {}, NUMA node {}, direct access to {} of the other {}{})",
+        gpu.info.uuid, gpu.info.name, gpu.ordinal, gpu.info.numa_node,
+        __builtin_popcountll(gpu.peers), chosen.size() - 1,
+        gpu.host_pointers_in_batches ? "" : "; no host pointers in batch copies");
   }
   auto gpus = std::make_shared<const GpuSet>(driver, std::move(chosen));
   auto device = std::make_unique<CudaDevice>(std::move(gpus), name, options);

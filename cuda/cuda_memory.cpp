@@ -51,28 +51,22 @@ class MappedRange {
     driver_.mem_release(handle);
     return mapped;
   }
-  // Read/write access for `gpus` to [offset, offset + bytes); each GPU other than
-  // those in `required` is best effort (peer access may be unsupported).
-  Status set_access(uint64_t offset, uint64_t bytes, int required) {
-    const int required_ordinal = gpus_->gpu(required).ordinal;
+  // Read/write access to [offset, offset + bytes) for the GPU holding it and every
+  // served GPU that can reach that GPU's memory directly (cuDeviceCanAccessPeer); the
+  // others copy through cuMemcpyPeerAsync, which the driver stages where it must.
+  Status set_access(uint64_t offset, uint64_t bytes, int owner) {
     std::vector<CUmemAccessDesc> access;
     for (const GpuContext& gpu : gpus_->gpus()) {
+      if (gpu.index != owner && (gpu.peers >> owner & 1) == 0) continue;
       CUmemAccessDesc desc{};
       desc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
       desc.location.id = gpu.ordinal;
       desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
       access.push_back(desc);
     }
-    CUresult all = driver_.mem_set_access(base_ + offset, bytes, access.data(), access.size());
-    if (all == CUDA_SUCCESS) return Status::ok();
-    KVTIER_LOG_WARN("{}; granting GPU {} only (copies between GPUs go through the driver)",
-                    driver_status(all, "cuMemSetAccess for every served GPU").message(),
-                    required_ordinal);
-    CUmemAccessDesc own{};
-    own.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    own.location.id = required_ordinal;
-    own.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    return driver_status(driver_.mem_set_access(base_ + offset, bytes, &own, 1), "cuMemSetAccess");
+    return driver_status(
+        driver_.mem_set_access(base_ + offset, bytes, access.data(), access.size()),
+        "cuMemSetAccess");
   }
   CUdeviceptr base() const { return base_; }
 
@@ -176,13 +170,14 @@ Result<std::shared_ptr<Memory>> allocate_arena(const GpuSetPtr& gpu_set, uint64_
   const DriverApi& driver = gpu_set->driver();
   const std::vector<GpuContext>& gpus = gpu_set->gpus();
   if (gpus.empty()) return internal_error("hbm arena: no GPU to allocate it on");
-  uint64_t alignment = 1;
+  uint64_t reserve_alignment = 1;  // a power of two, as cuMemAddressReserve requires
   for (const GpuContext& gpu : gpus) {
     auto unit = granularity(driver, gpu, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED);
     if (!unit.is_ok()) return unit.status();
-    alignment = std::lcm(alignment, *unit);
+    reserve_alignment = std::max(reserve_alignment, *unit);
   }
-  alignment = std::lcm(alignment, std::max<uint64_t>(part_alignment, 1));
+  // Parts are whole granules and whole slabs (so no slab straddles two GPUs).
+  const uint64_t alignment = std::lcm(reserve_alignment, std::max<uint64_t>(part_alignment, 1));
   const uint64_t part = bytes_per_gpu / alignment * alignment;
   if (part == 0) {
     return invalid_argument("hbm arena: {} bytes per GPU is less than one unit of {} bytes",
@@ -190,7 +185,7 @@ Result<std::shared_ptr<Memory>> allocate_arena(const GpuSetPtr& gpu_set, uint64_
   }
   KVTIER_RETURN_IF_ERROR(gpu_set->make_current(0));
   auto range = std::make_unique<MappedRange>(gpu_set, 0);
-  KVTIER_RETURN_IF_ERROR(range->reserve(part * gpus.size(), alignment));
+  KVTIER_RETURN_IF_ERROR(range->reserve(part * gpus.size(), reserve_alignment));
   for (const GpuContext& gpu : gpus) {
     KVTIER_RETURN_IF_ERROR(gpu_set->make_current(gpu.index));
     CUmemAllocationProp prop{};
@@ -302,7 +297,7 @@ Result<std::shared_ptr<Memory>> open_vmm_region(const GpuSetPtr& gpus, int gpu_i
     offset += chunk.bytes;
   }
   // Access once, for the whole range.
-  KVTIER_RETURN_IF_ERROR(range->set_access(0, total, gpu_index));
+  KVTIER_RETURN_IF_ERROR(range->set_access(0, total, gpu_index));  // once, for all chunks
   return std::shared_ptr<Memory>(
       std::make_shared<VmmRegion>(std::move(range), gpu.info.uuid, gpu_index, handle.offset_bytes,
                                   handle.size_bytes, handle.vmm_chunks.size()));

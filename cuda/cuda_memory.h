@@ -28,6 +28,10 @@ struct GpuContext {
   CUdevice device = 0;
   CUcontext context = nullptr;  // the retained primary context
   GpuInfo info;
+  uint64_t peers = 0;  // bit i: this GPU can access served GPU i's memory directly
+  // CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM: the pinned pool's host
+  // addresses may go into batch copies (not so on some paravirtualized GPUs).
+  bool host_pointers_in_batches = true;
 };
 
 // The served GPUs with their retained primary contexts, released when the last

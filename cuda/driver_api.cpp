@@ -79,6 +79,8 @@ Status load_into(DriverApi& api) {
   loader.resolve("cuDeviceGetUuid", 11040, api.device_get_uuid);
   loader.resolve("cuDeviceGetAttribute", 2000, api.device_get_attribute);
   loader.resolve("cuDeviceTotalMem", 3020, api.device_total_mem);
+  loader.resolve("cuDeviceCanAccessPeer", 4000, api.device_can_access_peer);
+  loader.resolve("cuDeviceGetPCIBusId", 4010, api.device_get_pci_bus_id);
   loader.resolve("cuDevicePrimaryCtxRetain", 7000, api.primary_ctx_retain);
   loader.resolve("cuDevicePrimaryCtxRelease", 11000, api.primary_ctx_release);
   loader.resolve("cuCtxSetCurrent", 4000, api.ctx_set_current);
@@ -126,6 +128,7 @@ Status load_into(DriverApi& api) {
   loader.resolve("cuEventQuery", 2000, api.event_query);
   loader.resolve("cuEventDestroy", 4000, api.event_destroy);
   loader.resolve("cuMemcpyAsync", 4000, api.memcpy_async);
+  loader.resolve("cuMemcpyPeerAsync", 4000, api.memcpy_peer_async);
   // By version, not by trying: the 12.8 and 13.0 signatures differ, and calling one
   // through the other's type would pass garbage.
   if (api.driver_version >= 13000) {
@@ -192,6 +195,8 @@ Result<const DriverApi*> DriverApi::get() {
   return static_cast<const DriverApi*>(&api);
 }
 
+// The codes cuda.h documents as leaving the context (or the process) unusable: "the
+// process must be terminated and relaunched".
 bool is_sticky_error(CUresult result) {
   switch (result) {
     case CUDA_ERROR_ILLEGAL_ADDRESS:
@@ -203,8 +208,12 @@ bool is_sticky_error(CUresult result) {
     case CUDA_ERROR_INVALID_ADDRESS_SPACE:
     case CUDA_ERROR_INVALID_PC:
     case CUDA_ERROR_LAUNCH_TIMEOUT:
-    case CUDA_ERROR_CONTEXT_IS_DESTROYED:
-    case CUDA_ERROR_UNKNOWN:
+    case CUDA_ERROR_ASSERT:
+    case CUDA_ERROR_CONTAINED:
+    case CUDA_ERROR_NVLINK_UNCORRECTABLE:
+    case CUDA_ERROR_TENSOR_MEMORY_LEAK:
+    case CUDA_ERROR_MPS_CLIENT_TERMINATED:
+    case CUDA_ERROR_EXTERNAL_DEVICE:
       return true;
     default:
       return false;

@@ -41,6 +41,8 @@ struct DriverApi {
   PFN_cuDeviceGetUuid_v11040 device_get_uuid = nullptr;
   PFN_cuDeviceGetAttribute_v2000 device_get_attribute = nullptr;
   PFN_cuDeviceTotalMem_v3020 device_total_mem = nullptr;
+  PFN_cuDeviceCanAccessPeer_v4000 device_can_access_peer = nullptr;
+  PFN_cuDeviceGetPCIBusId_v4010 device_get_pci_bus_id = nullptr;
   PFN_cuDevicePrimaryCtxRetain_v7000 primary_ctx_retain = nullptr;
   PFN_cuDevicePrimaryCtxRelease_v11000 primary_ctx_release = nullptr;
   PFN_cuCtxSetCurrent_v4000 ctx_set_current = nullptr;
@@ -91,6 +93,7 @@ struct DriverApi {
   PFN_cuEventQuery_v2000 event_query = nullptr;
   PFN_cuEventDestroy_v4000 event_destroy = nullptr;
   PFN_cuMemcpyAsync_v4000 memcpy_async = nullptr;
+  PFN_cuMemcpyPeerAsync_v4000 memcpy_peer_async = nullptr;      // between two GPUs' contexts
   PFN_cuMemcpyBatchAsync_v12080 memcpy_batch_v12080 = nullptr;  // driver 12.8 – 12.9
   PFN_cuMemcpyBatchAsync_v13000 memcpy_batch_v13000 = nullptr;  // driver ≥ 13.0
 

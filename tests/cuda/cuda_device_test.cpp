@@ -243,6 +243,42 @@ TEST_F(CudaDeviceTest, VmmRegionOfManyChunksAtAnOffsetRoundTripsAndLeavesItsSurr
       << "bytes after the region";
 }
 
+// A block of an engine on one GPU stored in another GPU's part of the arena and read
+// back: cuMemcpyPeerAsync between the GPUs' contexts, with peer access or without it
+// (ctest also runs this with the fake's peer access off, where only the owning GPU may
+// touch each memory).
+TEST_F(CudaDeviceTest, CopiesBetweenGpusWithOrWithoutPeerAccess) {
+  const auto gpus = device_->gpus();
+  if (gpus.size() < 2) GTEST_SKIP() << "one GPU";
+  EngineVmm engine(*driver_, gpus.back().ordinal, 2);
+  const uint64_t size = 1 << 20;
+  std::vector<std::byte> original(engine.bytes());
+  for (uint64_t i = 0; i < original.size(); ++i) original[i] = pattern_byte(i, 11);
+  engine.write(0, original);
+  auto region = device_->open_region(engine.handle(0, engine.bytes(), gpus.back().uuid));
+  ASSERT_TRUE(region.is_ok()) << region.status().to_string();
+  auto arena = device_->allocate_arena(2 << 20, 2 << 20);
+  auto pool = device_->allocate_pinned_pool(2 << 20);
+  ASSERT_TRUE(arena.is_ok() && pool.is_ok());
+  CopyBatch to_other_gpu;  // region (last GPU) → arena part 0 (first GPU), in 4 pieces
+  uint32_t src = to_other_gpu.memory_index(*region), dst = to_other_gpu.memory_index(*arena);
+  for (uint64_t piece = 0; piece < 4; ++piece)
+    to_other_gpu.segments.push_back({src, dst, piece * (size / 2), piece * (size / 4), size / 4});
+  ASSERT_TRUE(run(std::move(to_other_gpu)).is_ok());
+  CopyBatch back_to_engine;  // arena part 0 → the region's second MiB
+  src = back_to_engine.memory_index(*arena);
+  dst = back_to_engine.memory_index(*region);
+  back_to_engine.segments.push_back({src, dst, 0, engine.bytes() / 2, size});
+  ASSERT_TRUE(run(std::move(back_to_engine)).is_ok());
+  std::vector<std::byte> actual = engine.read(engine.bytes() / 2, size);
+  for (uint64_t piece = 0; piece < 4; ++piece) {
+    EXPECT_EQ(std::memcmp(actual.data() + piece * (size / 4), original.data() + piece * (size / 2),
+                          size / 4),
+              0)
+        << "piece " << piece;
+  }
+}
+
 TEST_F(CudaDeviceTest, RejectsBadRegionsWithTheFieldNamed) {
   const auto gpus = device_->gpus();
   EngineVmm engine(*driver_, gpus.front().ordinal, 2);

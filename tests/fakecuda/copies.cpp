@@ -27,9 +27,11 @@ CUresult execute_segment(const Segment& segment, int memset_value, Context& cont
   std::vector<Exporter> exporters;
   {
     auto lock = memory.lock();
-    CUresult e = memory.pin(segment.dst, context.device, true, &pinned, &exporters);
+    const int dst_device = segment.dst_device >= 0 ? segment.dst_device : context.device;
+    const int src_device = segment.src_device >= 0 ? segment.src_device : context.device;
+    CUresult e = memory.pin(segment.dst, dst_device, true, &pinned, &exporters);
     if (e == CUDA_SUCCESS && memset_value < 0) {
-      e = memory.pin(segment.src, context.device, false, &pinned, &exporters);
+      e = memory.pin(segment.src, src_device, false, &pinned, &exporters);
     }
     if (e != CUDA_SUCCESS) {
       memory.unpin(&pinned);
@@ -123,12 +125,16 @@ CUresult memcpy_batch(CUdeviceptr* dsts, CUdeviceptr* srcs, size_t* sizes, size_
   Work work;
   work.segments.resize(count);
   size_t attribute = 0;
+  const bool host_pointers_ok = config().host_pointer_for_registered;
   for (size_t i = 0; i < count; ++i) {
     while (attribute + 1 < numAttrs && attrsIdxs[attribute + 1] <= i) ++attribute;
     Segment& segment = work.segments[i];
     if (CUresult e = resolve_copy(dsts[i], srcs[i], sizes[i], false, false, &segment)) {
       if (failIdx != nullptr) *failIdx = i;
       return e;
+    }
+    if (!host_pointers_ok && (segment.src.range_ids.empty() || segment.dst.range_ids.empty())) {
+      work.host_pointer_fault = true;
     }
     // A host source read "during the API call" may be gone when the copy runs: stage it.
     if (attrs[attribute].srcAccessOrder == CU_MEMCPY_SRC_ACCESS_ORDER_DURING_API_CALL &&
@@ -146,7 +152,7 @@ CUresult memcpy_batch(CUdeviceptr* dsts, CUdeviceptr* srcs, size_t* sizes, size_
 }  // namespace
 
 CUresult execute_work(Work& work, Context& context) {
-  if (work.async_copy && fault_file_exists()) {
+  if ((work.async_copy && fault_file_exists()) || work.host_pointer_fault) {
     break_context(context, CUDA_ERROR_ILLEGAL_ADDRESS);
     return CUDA_ERROR_ILLEGAL_ADDRESS;
   }
@@ -173,6 +179,30 @@ FAKECUDA_EXPORT CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t 
   Work work;
   work.segments.resize(1);
   if (CUresult e = resolve_copy(dst, src, ByteCount, false, false, &work.segments[0])) return e;
+  stream->enqueue(std::move(work));
+  return CUDA_SUCCESS;
+}
+
+FAKECUDA_EXPORT CUresult cuMemcpyPeerAsync(CUdeviceptr dstDevice, CUcontext dstContext,
+                                           CUdeviceptr srcDevice, CUcontext srcContext,
+                                           size_t ByteCount, CUstream hStream) {
+  Context* current = nullptr;
+  if (CUresult e = require_context(&current)) return e;
+  Context* dst_context = find_context(dstContext);
+  Context* src_context = find_context(srcContext);
+  if (dst_context == nullptr || src_context == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  std::shared_ptr<Stream> stream;
+  if (CUresult e = find_stream(hStream, *current, &stream)) return e;
+  if (CUresult e = stream->context().sticky.load()) return e;
+  Work work;
+  work.segments.resize(1);
+  // Both sides must be device memory; each is accessed by its own context's device,
+  // whatever the peer access between them (the driver stages when there is none).
+  if (CUresult e = resolve_copy(dstDevice, srcDevice, ByteCount, true, true, &work.segments[0])) {
+    return e;
+  }
+  work.segments[0].dst_device = dst_context->device;
+  work.segments[0].src_device = src_context->device;
   stream->enqueue(std::move(work));
   return CUDA_SUCCESS;
 }

@@ -57,6 +57,9 @@ Config read_config() {
   if (const char* path = std::getenv("KVTIER_FAKECUDA_FAULT_FILE")) c.fault_file = path;
   c.poison_orphans = env_number("KVTIER_FAKECUDA_POISON_ORPHANS", 0, false) != 0;
   c.copy_us_per_mib = env_number("KVTIER_FAKECUDA_COPY_US_PER_MIB", 0, false);
+  c.peer_access = env_number("KVTIER_FAKECUDA_PEER_ACCESS", 1, false) != 0;
+  c.host_pointer_for_registered =
+      env_number("KVTIER_FAKECUDA_HOST_POINTER_FOR_REGISTERED_MEM", 1, false) != 0;
   return c;
 }
 
@@ -238,6 +241,9 @@ FAKECUDA_EXPORT CUresult cuDeviceGetAttribute(int* pi, CUdevice_attribute attrib
     case CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED:
       *pi = 1;
       break;
+    case CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM:
+      *pi = config().host_pointer_for_registered ? 1 : 0;
+      break;
     case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID:
       *pi = 0x18 + dev;
       break;  // distinct per device
@@ -314,5 +320,21 @@ FAKECUDA_EXPORT CUresult cuCtxGetStreamPriorityRange(int* leastPriority, int* gr
   if (CUresult e = require_context(&context)) return e;
   if (leastPriority != nullptr) *leastPriority = kLeastStreamPriority;
   if (greatestPriority != nullptr) *greatestPriority = kGreatestStreamPriority;
+  return CUDA_SUCCESS;
+}
+
+FAKECUDA_EXPORT CUresult cuDeviceCanAccessPeer(int* canAccessPeer, CUdevice dev, CUdevice peerDev) {
+  if (CUresult e = require_init()) return e;
+  if (canAccessPeer == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (!valid_device(dev) || !valid_device(peerDev)) return CUDA_ERROR_INVALID_DEVICE;
+  *canAccessPeer = dev != peerDev && config().peer_access ? 1 : 0;
+  return CUDA_SUCCESS;
+}
+
+FAKECUDA_EXPORT CUresult cuDeviceGetPCIBusId(char* pciBusId, int len, CUdevice dev) {
+  if (CUresult e = require_init()) return e;
+  if (pciBusId == nullptr || len <= 0) return CUDA_ERROR_INVALID_VALUE;
+  if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
+  std::snprintf(pciBusId, static_cast<size_t>(len), "0000:%02X:00.0", 0x18 + dev);
   return CUDA_SUCCESS;
 }

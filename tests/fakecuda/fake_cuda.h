@@ -58,6 +58,12 @@
 //   KVTIER_FAKECUDA_POISON_ORPHANS  =1: a copy touching legacy-IPC memory whose exporter
 //                                   process is gone faults the same way
 //   KVTIER_FAKECUDA_COPY_US_PER_MIB stream workers sleep this many µs per MiB copied
+//   KVTIER_FAKECUDA_PEER_ACCESS     =0: no device can access another's memory
+//                                   (cuDeviceCanAccessPeer 0, cuMemSetAccess refuses
+//                                   other devices); cuMemcpyPeerAsync still copies
+//   KVTIER_FAKECUDA_HOST_POINTER_FOR_REGISTERED_MEM
+//                                   =0: the attribute is 0 and a batch copy given a
+//                                   host pointer faults (as on paravirtualized GPUs)
 //
 // Thread-safety: every entry point may be called from any thread. Driver state is
 // process-global, as the real driver's is; each table is reachable only under its lock
@@ -97,7 +103,10 @@ struct Config {
   std::string fault_file;  // empty: no fault switch
   bool poison_orphans = false;
   uint64_t copy_us_per_mib = 0;
+  bool peer_access = true;                  // cuDeviceCanAccessPeer between any two devices
+  bool host_pointer_for_registered = true;  // CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM
 };
+
 const Config& config();
 
 // A primary context. Never freed, so a CUcontext stays a valid pointer for the life of

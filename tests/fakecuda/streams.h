@@ -27,13 +27,18 @@ namespace kvtier::fakecuda {
 struct Segment {
   Operand dst;
   Operand src;  // unused by memset
+  // cuMemcpyPeerAsync: the devices reading and writing (the contexts named); -1: the
+  // stream's device.
+  int dst_device = -1;
+  int src_device = -1;
 };
 
 // One unit of stream work: a copy or batch of copies, or a memset.
 struct Work {
   std::vector<Segment> segments;
-  int memset_value = -1;                              // ≥ 0: set each dst byte to this value
-  bool async_copy = true;                             // the fault-file switch applies to it
+  int memset_value = -1;            // ≥ 0: set each dst byte to this value
+  bool async_copy = true;           // the fault-file switch applies to it
+  bool host_pointer_fault = false;  // a batch given a host pointer the device may not use
   std::vector<std::unique_ptr<std::byte[]>> staging;  // sources read during the API call
   std::shared_ptr<std::promise<CUresult>> done;       // set when a caller waits for it
 };

@@ -284,6 +284,17 @@ FAKECUDA_EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUme
   // The range must be fully mapped.
   const std::vector<Range*> cover = memory.vmm_cover(ptr, size);
   if (cover.empty()) return CUDA_ERROR_INVALID_VALUE;
+  if (!config().peer_access) {
+    // Without peer access only the device holding the memory may be granted it.
+    for (Range* range : cover) {
+      for (size_t i = 0; i < count; ++i) {
+        if (desc[i].location.id != range->device &&
+            desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_NONE) {
+          return CUDA_ERROR_INVALID_DEVICE;
+        }
+      }
+    }
+  }
   for (Range* range : cover) {
     for (size_t i = 0; i < count; ++i) {
       const uint32_t bit = uint32_t{1} << desc[i].location.id;
