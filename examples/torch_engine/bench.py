@@ -245,6 +245,12 @@ def main() -> int:
             "results": {},
             "targets": [],
         }
+        largest = ordered[-1]
+        for tier in ("ram", "nvme"):  # restoring must beat recomputing by a wide margin
+            ratio = getattr(largest, f"{tier}_ratio")
+            report["targets"].append({"metric": f"ratio_{tier}_{largest.history_tokens}",
+                                      "value": round(ratio, 5), "op": "<=", "target": 0.1,
+                                      "met": ratio <= 0.1})
         for r in ordered:
             n = r.history_tokens
             report["results"].update({
