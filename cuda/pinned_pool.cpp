@@ -16,6 +16,11 @@
 #include "common/units.h"
 #include "cuda/cuda_memory.h"
 
+// Linux 5.14; older C libraries lack the name.
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23
+#endif
+
 namespace kvtier::cuda {
 namespace {
 
@@ -95,13 +100,11 @@ Status fault_in(std::byte* data, uint64_t bytes, int touch_threads) {
     touchers.emplace_back([=, &errors] {
       const uint64_t begin = std::min(bytes, chunk * t), end = std::min(bytes, begin + chunk);
       if (begin == end) return;
-#ifdef MADV_POPULATE_WRITE
       if (::madvise(data + begin, end - begin, MADV_POPULATE_WRITE) == 0) return;
       if (errno != EINVAL) {  // EINVAL: a kernel older than 5.14; touch instead
         errors[t] = errno;
         return;
       }
-#endif
       for (uint64_t offset = begin; offset < end; offset += 4096) data[offset] = std::byte{0};
     });
   }
