@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kvtierd_process import BUILD_DIR, DEFAULT_FLAGS, REPO, Kvtierd
+from kvtierd_process import REPO, Kvtierd
 
 ENGINE_DIR = REPO / "examples" / "torch_engine"
 sys.path.insert(0, str(ENGINE_DIR))
@@ -40,11 +40,8 @@ MESSAGES = [
 ]
 NEW_TOKENS = 20
 # Demote every idle session at once, all the way to NVMe.
-# kvtierd refuses a flag given twice: those the harness already sets are left to it.
-NVME_FLAGS = [part for name, value in (
-    ("--nvme-bytes", "64MiB"), ("--slab-bytes", "1MiB"), ("--hbm-idle-ms", "0"),
-    ("--ram-idle-ms", "0"), ("--plan-interval-ms", "10ms"), ("--drain-timeout", "5s"))
-    if name not in DEFAULT_FLAGS for part in (name, value)]
+NVME_FLAGS = ["--nvme-bytes", "64MiB", "--slab-bytes", "1MiB", "--hbm-idle-ms", "0",
+              "--ram-idle-ms", "0", "--plan-interval-ms", "10ms", "--drain-timeout", "5s"]
 
 
 @pytest.fixture(scope="module")
@@ -109,27 +106,6 @@ def test_restored_prefix_gives_the_same_answer(daemon, model):
             engine.close()
 
 
-class RestartableKvtierd(Kvtierd):
-    """A kvtierd that can be restarted on the same socket and data dir after a kill."""
-
-    def __init__(self, extra_flags: list[str]):
-        self.extra_flags = extra_flags
-        super().__init__(extra_flags)
-
-    def restart(self, timeout_s: float = 20.0) -> None:
-        assert not self.running()
-        argv = [str(BUILD_DIR / "kvtierd"), "--socket", self.socket_path, "--data-dir",
-                str(self.dir / "data"), *DEFAULT_FLAGS, *self.extra_flags]
-        with open(self.log_path, "ab") as log:
-            self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
-                                            stdin=subprocess.DEVNULL)
-        deadline = time.monotonic() + timeout_s
-        while not self._accepting():
-            assert self.process.poll() is None, f"kvtierd exited on restart:\n{self.log()}"
-            assert time.monotonic() < deadline, f"kvtierd did not come back:\n{self.log()}"
-            time.sleep(0.02)
-
-
 def wait_until_on_nvme(engine: Engine, timeout_s: float = 20.0) -> None:
     deadline = time.monotonic() + timeout_s
     while True:
@@ -142,7 +118,7 @@ def wait_until_on_nvme(engine: Engine, timeout_s: float = 20.0) -> None:
 
 
 def test_same_answer_after_kill_nine_with_the_session_on_nvme(model):
-    daemon = RestartableKvtierd(NVME_FLAGS)
+    daemon = Kvtierd(NVME_FLAGS)
     config = model.config
     engine = Engine(config, "kvtier", socket_path=daemon.socket_path, model=model)
     reference = Engine(config, "memory", model=model)
