@@ -83,8 +83,33 @@ Result<uint64_t> Client::send(const std::function<void(wire::Request::Builder)>&
   return id;
 }
 
+void Client::file_frame_locked(Result<ipc::Frame> frame) {
+  if (!frame.is_ok()) {
+    connection_error_ = frame.status();
+    return;
+  }
+  uint64_t reply_id = 0;
+  Status parsed = ipc::catch_malformed("reply", [&] {
+    reply_id = frame->reader().getRoot<wire::Response>().getId();
+    return Status::ok();
+  });
+  if (!parsed.is_ok()) {
+    connection_error_ = parsed;
+    return;
+  }
+  if (reply_id == 0) {
+    // The daemon could not parse our stream and closes the connection.
+    auto response = frame->reader().getRoot<wire::Response>();
+    connection_error_ = response.isError() ? status_from_wire(response.getError())
+                                           : unavailable("kvtierd closed the connection");
+    return;
+  }
+  if (abandoned_.erase(reply_id) > 0) return;
+  arrived_.emplace(reply_id, std::move(*frame));
+}
+
 Result<ipc::Frame> Client::wait_for(uint64_t id) {
-  std::lock_guard lock(receive_mutex_);
+  std::unique_lock lock(receive_mutex_);
   while (true) {
     if (auto it = arrived_.find(id); it != arrived_.end()) {
       ipc::Frame frame = std::move(it->second);
@@ -92,30 +117,59 @@ Result<ipc::Frame> Client::wait_for(uint64_t id) {
       return frame;
     }
     if (!connection_error_.is_ok()) return connection_error_;
-    auto frame = transport_.receive();
-    if (!frame.is_ok()) {
-      connection_error_ = frame.status();
-      return connection_error_;
+    if (reader_active_) {
+      reply_filed_.wait(lock);
+      continue;
     }
-    uint64_t reply_id = 0;
-    Status parsed = ipc::catch_malformed("reply", [&] {
-      reply_id = frame->reader().getRoot<wire::Response>().getId();
-      return Status::ok();
-    });
-    if (!parsed.is_ok()) {
-      connection_error_ = parsed;
-      return parsed;
+    // Become the reader. The socket is read without the mutex so that pollers and
+    // other waiters can look at what was filed meanwhile.
+    reader_active_ = true;
+    lock.unlock();
+    Result<ipc::Frame> frame = internal_error("no reply read");
+    try {
+      frame = transport_.receive();
+    } catch (...) {
+      // Whatever happens, the reader role is handed back below: others wait on it.
+      frame = internal_error("reading a reply from kvtierd threw an exception");
     }
-    if (reply_id == 0) {
-      // The daemon could not parse our stream and closes the connection.
-      auto response = frame->reader().getRoot<wire::Response>();
-      connection_error_ = response.isError() ? status_from_wire(response.getError())
-                                             : unavailable("kvtierd closed the connection");
-      return connection_error_;
-    }
-    if (reply_id == id) return std::move(*frame);
-    arrived_.emplace(reply_id, std::move(*frame));
+    lock.lock();
+    reader_active_ = false;
+    file_frame_locked(std::move(frame));
+    reply_filed_.notify_all();
   }
+}
+
+bool Client::reply_ready(uint64_t id) {
+  std::unique_lock lock(receive_mutex_);
+  if (arrived_.contains(id) || !connection_error_.is_ok()) return true;
+  // A reader is blocked on the socket: it will file our reply when it comes.
+  if (reader_active_) return false;
+  reader_active_ = true;
+  lock.unlock();
+  std::vector<Result<ipc::Frame>> received;
+  try {
+    while (true) {
+      auto frame = transport_.try_receive();
+      if (frame.is_ok() && !frame->has_value()) break;
+      if (!frame.is_ok()) {
+        received.emplace_back(frame.status());
+        break;
+      }
+      received.emplace_back(std::move(**frame));
+    }
+  } catch (...) {
+    received.emplace_back(internal_error("reading a reply from kvtierd threw an exception"));
+  }
+  lock.lock();
+  reader_active_ = false;
+  for (auto& frame : received) file_frame_locked(std::move(frame));
+  reply_filed_.notify_all();
+  return arrived_.contains(id) || !connection_error_.is_ok();
+}
+
+void Client::abandon_reply(uint64_t id) {
+  std::lock_guard lock(receive_mutex_);
+  if (arrived_.erase(id) == 0) abandoned_.insert(id);
 }
 
 template <typename T>
@@ -135,6 +189,18 @@ Result<T> Pending<T>::wait() {
   });
   if (!decoded.is_ok()) return decoded;
   return result;
+}
+
+template <typename T>
+bool Pending<T>::ready() {
+  if (!id_.is_ok()) return true;
+  return client_->reply_ready(*id_);
+}
+
+template <typename T>
+void Pending<T>::abandon() {
+  if (id_.is_ok()) client_->abandon_reply(*id_);
+  id_ = internal_error("the reply was abandoned");
 }
 
 template <typename T>
@@ -325,23 +391,26 @@ Pending<LoadResult> Client::load_async(const std::string& session_id,
       });
 }
 
-Result<BeginTurnResult> Client::begin_turn(const std::string& session_id) {
-  return call<BeginTurnResult>(
-      [&](wire::Request::Builder request) { request.initBeginTurn().setSessionId(session_id); },
-      [](wire::Response::Reader response) -> Result<BeginTurnResult> {
+Pending<BeginTurnResult> Client::begin_turn_async(const std::string& session_id) {
+  auto id = send(
+      [&](wire::Request::Builder request) { request.initBeginTurn().setSessionId(session_id); });
+  return Pending<BeginTurnResult>(
+      this, std::move(id), [](wire::Response::Reader response) -> Result<BeginTurnResult> {
         if (!response.isBeginTurn()) return unexpected_reply(response, "BeginTurn");
         auto reply = response.getBeginTurn();
         return BeginTurnResult{reply.getKnownBlocks(), reply.getPromotedBlocks()};
       });
 }
 
-Result<uint32_t> Client::close_session(const std::string& session_id) {
-  return call<uint32_t>(
-      [&](wire::Request::Builder request) { request.initCloseSession().setSessionId(session_id); },
-      [](wire::Response::Reader response) -> Result<uint32_t> {
-        if (!response.isCloseSession()) return unexpected_reply(response, "CloseSession");
-        return response.getCloseSession().getReleasedBlocks();
-      });
+Pending<uint32_t> Client::close_session_async(const std::string& session_id) {
+  auto id = send(
+      [&](wire::Request::Builder request) { request.initCloseSession().setSessionId(session_id); });
+  return Pending<uint32_t>(this, std::move(id),
+                           [](wire::Response::Reader response) -> Result<uint32_t> {
+                             if (!response.isCloseSession())
+                               return unexpected_reply(response, "CloseSession");
+                             return response.getCloseSession().getReleasedBlocks();
+                           });
 }
 
 Result<StatsInfo> Client::stats(bool all_namespaces) {
@@ -469,6 +538,7 @@ Result<std::vector<ConfigEntryInfo>> Client::get_config() {
 template class Pending<SaveResult>;
 template class Pending<LookupResult>;
 template class Pending<LoadResult>;
+template class Pending<BeginTurnResult>;
 template class Pending<uint32_t>;
 
 }  // namespace kvtier

@@ -16,11 +16,13 @@
 // serialized, and whichever thread waits reads replies for everyone.
 #pragma once
 
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <span>
 #include <string>
 #include <vector>
@@ -170,11 +172,20 @@ struct ConfigEntryInfo {
 
 class Client;
 
-// A reply not yet waited for. wait() may be called once.
+// A reply not yet waited for. wait() may be called once. One thread at a time per
+// Pending; the Client must outlive it.
 template <typename T>
 class Pending {
  public:
   Result<T> wait();
+  // Never blocks: true when wait() would return without waiting (the reply, or the
+  // connection's failure, has arrived, or the request was never sent). May read
+  // replies that arrived for others; safe alongside any other thread's calls.
+  bool ready();
+  // OK once the request went out; otherwise why it was not sent (wait() returns it).
+  const Status& send_status() const { return id_.status(); }
+  // Gives the reply up: it is dropped when it arrives. wait() may not follow.
+  void abandon();
 
  private:
   friend class Client;
@@ -235,8 +246,13 @@ class Client {
   Result<LoadResult> load(const std::string& session_id, std::span<const BlockRef> blocks) {
     return load_async(session_id, blocks).wait();
   }
-  Result<BeginTurnResult> begin_turn(const std::string& session_id);
-  Result<uint32_t> close_session(const std::string& session_id);
+  Result<BeginTurnResult> begin_turn(const std::string& session_id) {
+    return begin_turn_async(session_id).wait();
+  }
+  // The reply's value is the number of blocks the session referenced.
+  Result<uint32_t> close_session(const std::string& session_id) {
+    return close_session_async(session_id).wait();
+  }
   Result<StatsInfo> stats(bool all_namespaces = false);
   Result<std::vector<SessionInfo>> list_sessions(bool all_namespaces = false);
   // One session; `namespace_name` empty means the caller's (another one needs admin).
@@ -256,6 +272,8 @@ class Client {
                                  bool end_of_turn);
   Pending<LookupResult> lookup_async(std::span<const BlockHash> hashes);
   Pending<LoadResult> load_async(const std::string& session_id, std::span<const BlockRef> blocks);
+  Pending<BeginTurnResult> begin_turn_async(const std::string& session_id);
+  Pending<uint32_t> close_session_async(const std::string& session_id);
   // The reply's value is the region id.
   Pending<uint32_t> unregister_region_async(uint32_t region_id);
 
@@ -269,6 +287,12 @@ class Client {
                         std::span<const int> fds = {});
   // Blocks until the reply to `id` arrives.
   Result<ipc::Frame> wait_for(uint64_t id);
+  // Reads what has arrived without blocking; true when wait_for(id) would not block.
+  bool reply_ready(uint64_t id);
+  // The reply to `id` will not be waited for: drop it (now or when it arrives).
+  void abandon_reply(uint64_t id);
+  // Files one received frame (or the stream's failure) under receive_mutex_.
+  void file_frame_locked(Result<ipc::Frame> frame);
   Status register_region(uint32_t region_id,
                          const std::function<void(wire::RegisterRegion::Builder)>& fill,
                          std::span<const int> fds);
@@ -279,9 +303,15 @@ class Client {
 
   ipc::ClientTransport transport_;
   std::mutex send_mutex_;
-  std::mutex receive_mutex_;                // held by the thread reading replies
-  uint64_t next_id_ = 1;                    // guarded by send_mutex_
-  std::map<uint64_t, ipc::Frame> arrived_;  // replies for other waiters; receive_mutex_
+  uint64_t next_id_ = 1;  // guarded by send_mutex_
+  // Replies are read by one thread at a time (the reader, `reader_active_`), which
+  // reads the socket without holding receive_mutex_, files what it read, and wakes
+  // the others; waiters not reading sleep on reply_filed_.
+  std::mutex receive_mutex_;
+  std::condition_variable reply_filed_;
+  bool reader_active_ = false;              // receive_mutex_
+  std::map<uint64_t, ipc::Frame> arrived_;  // replies not yet claimed; receive_mutex_
+  std::set<uint64_t> abandoned_;            // replies nobody will claim; receive_mutex_
   Status connection_error_;                 // sticky once the stream broke; receive_mutex_
 };
 
