@@ -37,7 +37,8 @@
  * kvtier_close must not run concurrently with, or be followed by, any other call on
  * that client. A kvtier_pending belongs to one thread at a time. A pending keeps its
  * connection alive: after kvtier_close the socket stays open until the client's last
- * pending is freed, so freeing pendings after closing their client is allowed.
+ * pending is freed, so waiting for and freeing pendings after closing their client is
+ * allowed.
  *
  * COMPATIBILITY. Structs are plain data with fixed-width fields; their layout, the
  * enums' values and every function's signature are part of ABI version 0 (symbols
@@ -64,7 +65,8 @@ typedef enum kvtier_status {
   KVTIER_PERMISSION_DENIED = 4,  /* the caller may not do this */
   KVTIER_UNAVAILABLE = 5,        /* the daemon went away (or the feature is absent): reconnect */
   KVTIER_DATA_LOSS = 6,          /* the bytes are gone or corrupt: recompute them */
-  KVTIER_INTERNAL = 7            /* a bug */
+  KVTIER_INTERNAL = 7,           /* a bug */
+  KVTIER_STATUS_FORCE_32BIT = 0x7fffffff /* not a status: keeps the enum 32-bit wide */
 } kvtier_status;
 
 /* The message of the calling thread's latest kvtier_* call ("" after a success).
@@ -81,25 +83,27 @@ const char* kvtier_version(void);
 
 /* Where a block is held. Values equal kvtier::Tier and the wire enum. */
 typedef enum kvtier_tier {
-  KVTIER_TIER_HBM = 0,  /* the daemon's GPU arena (host backend: its "HBM" budget) */
-  KVTIER_TIER_RAM = 1,  /* pinned host RAM pool */
-  KVTIER_TIER_NVME = 2, /* slab files on NVMe */
-  KVTIER_TIER_NONE = 3  /* not held */
+  KVTIER_TIER_HBM = 0,                 /* the daemon's GPU arena (host backend: its "HBM" budget) */
+  KVTIER_TIER_RAM = 1,                 /* pinned host RAM pool */
+  KVTIER_TIER_NVME = 2,                /* slab files on NVMe */
+  KVTIER_TIER_NONE = 3,                /* not held */
+  KVTIER_TIER_FORCE_32BIT = 0x7fffffff /* not a tier: keeps the enum 32-bit wide */
 } kvtier_tier;
 #define KVTIER_TIER_COUNT 3 /* tiers that hold bytes (HBM, RAM, NVME) */
 
 /* What kind of regions an engine registers; must match the daemon's backend. */
 typedef enum kvtier_device_kind {
-  KVTIER_DEVICE_HOST = 0, /* memfd regions (kvtierd --device host) */
-  KVTIER_DEVICE_CUDA = 1  /* CUDA IPC or VMM regions (kvtierd --device cuda) */
+  KVTIER_DEVICE_HOST = 0,                /* memfd regions (kvtierd --device host) */
+  KVTIER_DEVICE_CUDA = 1,                /* CUDA IPC or VMM regions (kvtierd --device cuda) */
+  KVTIER_DEVICE_FORCE_32BIT = 0x7fffffff /* not a kind: keeps the enum 32-bit wide */
 } kvtier_device_kind;
 
-#define KVTIER_MAX_HASH_BYTES 32     /* a block hash is 1..32 opaque bytes */
-#define KVTIER_NAME_BYTES 256        /* fixed char arrays below, NUL included */
-#define KVTIER_GPU_UUID_BYTES 64     /* "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" + NUL */
-#define KVTIER_MAX_GPUS 64           /* GPU UUIDs a kvtier_hello_info holds */
-#define KVTIER_MESSAGE_BYTES 512     /* kvtier_load_result.stop_message, NUL included */
-#define KVTIER_IPC_HANDLE_BYTES 64   /* sizeof(CUipcMemHandle) */
+#define KVTIER_MAX_HASH_BYTES 32   /* a block hash is 1..32 opaque bytes */
+#define KVTIER_NAME_BYTES 256      /* fixed char arrays below, NUL included */
+#define KVTIER_GPU_UUID_BYTES 64   /* "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" + NUL */
+#define KVTIER_MAX_GPUS 64         /* GPU UUIDs a kvtier_hello_info holds */
+#define KVTIER_MESSAGE_BYTES 512   /* kvtier_load_result.stop_message, NUL included */
+#define KVTIER_IPC_HANDLE_BYTES 64 /* sizeof(CUipcMemHandle) */
 
 /* One per-block slice of engine memory: block b's bytes of this plane are
  * [offset_bytes + b * stride_bytes, + bytes_per_block) of region region_id. */
@@ -116,16 +120,16 @@ typedef struct kvtier_plane {
  * except dtype: NULL means "fp16". The daemon validates everything and names the bad
  * field (e.g. "layout.planes[2].bytesPerBlock") in KVTIER_INVALID_ARGUMENT. */
 typedef struct kvtier_layout {
-  const char* model_id;   /* e.g. "meta-llama/Llama-3-8B" */
-  const char* dtype;      /* "fp16", "bf16", "fp8_e4m3", ... */
-  const char* extra_key;  /* anything else that makes blocks incompatible (LoRA id) */
+  const char* model_id;  /* e.g. "meta-llama/Llama-3-8B" */
+  const char* dtype;     /* "fp16", "bf16", "fp8_e4m3", ... */
+  const char* extra_key; /* anything else that makes blocks incompatible (LoRA id) */
   uint32_t num_layers;
-  uint32_t num_kv_heads;  /* on this rank */
+  uint32_t num_kv_heads; /* on this rank */
   uint32_t head_dim;
   uint32_t tokens_per_block;
   uint32_t tp_rank;
   uint32_t tp_size;
-  uint64_t num_blocks;    /* engine block ids are 0..num_blocks-1 */
+  uint64_t num_blocks;        /* engine block ids are 0..num_blocks-1 */
   const kvtier_plane* planes; /* plane_count entries, in the order a block concatenates them */
   uint32_t plane_count;
   uint32_t reserved; /* 0 */
@@ -135,12 +139,12 @@ typedef struct kvtier_layout {
  * fit their arrays. */
 typedef struct kvtier_hello_info {
   uint32_t protocol_version;
-  uint32_t max_blocks_per_request; /* longer save/lookup/load lists are refused */
-  uint64_t layout_digest;          /* equal digests share blocks */
-  uint64_t block_bytes;            /* one logical block: the sum of plane bytes */
-  uint32_t device_kind;            /* a kvtier_device_kind: the daemon's backend */
-  uint32_t gpu_count;              /* GPUs the daemon serves (only the first
-                                      KVTIER_MAX_GPUS are in gpu_uuids) */
+  uint32_t max_blocks_per_request;        /* longer save/lookup/load lists are refused */
+  uint64_t layout_digest;                 /* equal digests share blocks */
+  uint64_t block_bytes;                   /* one logical block: the sum of plane bytes */
+  uint32_t device_kind;                   /* a kvtier_device_kind: the daemon's backend */
+  uint32_t gpu_count;                     /* GPUs the daemon serves (only the first
+                                             KVTIER_MAX_GPUS are in gpu_uuids) */
   char namespace_name[KVTIER_NAME_BYTES]; /* where this connection's blocks live */
   char device_name[KVTIER_NAME_BYTES];    /* "host" or the GPU models, for logs */
   char gpu_uuids[KVTIER_MAX_GPUS][KVTIER_GPU_UUID_BYTES];
@@ -165,10 +169,10 @@ typedef struct kvtier_save_result {
 } kvtier_save_result;
 
 typedef struct kvtier_load_result {
-  uint32_t loaded_count;   /* leading blocks restored into the engine's blocks */
-  uint32_t stop_code;      /* a kvtier_status: KVTIER_OK when every block was restored;
-                              else why the prefix ended (NOT_FOUND: not held, DATA_LOSS:
-                              corrupt or lost, RESOURCE_EXHAUSTED: ...) */
+  uint32_t loaded_count; /* leading blocks restored into the engine's blocks */
+  uint32_t stop_code;    /* a kvtier_status: KVTIER_OK when every block was restored;
+                            else why the prefix ended (NOT_FOUND: not held, DATA_LOSS:
+                            corrupt or lost, RESOURCE_EXHAUSTED: ...) */
   char stop_message[KVTIER_MESSAGE_BYTES]; /* "" when stop_code is KVTIER_OK */
 } kvtier_load_result;
 
@@ -232,7 +236,9 @@ kvtier_status kvtier_hello(kvtier_client* client, const kvtier_layout* layout,
  * A region is engine memory the daemon maps; layout planes name regions by id. The
  * memory must stay allocated until kvtier_unregister_region returned for it. */
 
-/* Host backend: a memfd (memfd_create) of exactly size_bytes. fd stays the caller's. */
+/* Host backend: a memfd of exactly size_bytes, created with MFD_ALLOW_SEALING (the
+ * daemon seals it against shrinking, or the engine did: F_SEAL_SHRINK). fd stays the
+ * caller's. */
 kvtier_status kvtier_register_memfd(kvtier_client* client, uint32_t region_id, int fd,
                                     uint64_t size_bytes);
 
@@ -313,11 +319,10 @@ kvtier_status kvtier_stats(kvtier_client* client, kvtier_stats_info* out);
 kvtier_status kvtier_save_async(kvtier_client* client, const char* session_id,
                                 const kvtier_block_ref* refs, uint32_t count, int end_of_turn,
                                 kvtier_pending** out);
-kvtier_status kvtier_lookup_async(kvtier_client* client, const kvtier_hash* hashes,
-                                  uint32_t count, kvtier_pending** out);
+kvtier_status kvtier_lookup_async(kvtier_client* client, const kvtier_hash* hashes, uint32_t count,
+                                  kvtier_pending** out);
 kvtier_status kvtier_load_async(kvtier_client* client, const char* session_id,
-                                const kvtier_block_ref* refs, uint32_t count,
-                                kvtier_pending** out);
+                                const kvtier_block_ref* refs, uint32_t count, kvtier_pending** out);
 kvtier_status kvtier_begin_turn_async(kvtier_client* client, const char* session_id,
                                       kvtier_pending** out);
 kvtier_status kvtier_close_session_async(kvtier_client* client, const char* session_id,
@@ -338,8 +343,7 @@ kvtier_status kvtier_pending_wait_lookup(kvtier_pending* pending, uint32_t* hit_
 kvtier_status kvtier_pending_wait_load(kvtier_pending* pending, kvtier_load_result* out);
 kvtier_status kvtier_pending_wait_begin_turn(kvtier_pending* pending,
                                              kvtier_begin_turn_result* out);
-kvtier_status kvtier_pending_wait_close_session(kvtier_pending* pending,
-                                                uint32_t* released_blocks);
+kvtier_status kvtier_pending_wait_close_session(kvtier_pending* pending, uint32_t* released_blocks);
 
 /* Frees a pending, waited for or not (a reply not waited for is discarded when it
  * arrives; the request itself still runs). NULL is a no-op. */

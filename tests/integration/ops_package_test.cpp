@@ -1,6 +1,7 @@
 // `cpack -G DEB` builds a package an operator can install: the binaries, units,
-// sysusers/tmpfiles snippets, example config (a conffile) and README in the standard
-// places, with units that name the installed paths and binaries that run.
+// sysusers/tmpfiles snippets, example config (a conffile), README, and the C interface
+// (kvtier.h, libkvtier.so.0, kvtier.pc) in the standard places, with units that name the
+// installed paths and binaries that run.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -43,6 +44,16 @@ TEST(Package, DebBuildsWithTheExpectedFiles) {
         << contents.stdout_text;
   }
   EXPECT_EQ(contents.stdout_text.find("/usr/local"), std::string::npos) << contents.stdout_text;
+  // The C interface: header, library with its soname and dev links, pkg-config file.
+  const std::string libdir = "./usr/" KVTIER_INSTALL_LIBDIR "/";
+  for (const std::string& path :
+       {std::string("./usr/include/kvtier/kvtier.h\n"), libdir + "libkvtier.so.0.1.0\n",
+        libdir + "libkvtier.so.0 -> libkvtier.so.0.1.0\n",
+        libdir + "libkvtier.so -> libkvtier.so.0\n", libdir + "pkgconfig/kvtier.pc\n"}) {
+    EXPECT_NE(contents.stdout_text.find(path), std::string::npos)
+        << path << " is not in the package:\n"
+        << contents.stdout_text;
+  }
 
   auto name = shell("dpkg-deb -f '" + deb + "' Package");
   EXPECT_EQ(name.stdout_text, "kvtier\n") << name.describe();
@@ -69,6 +80,28 @@ TEST(Package, DebBuildsWithTheExpectedFiles) {
   EXPECT_TRUE(check.status.ok()) << check.describe();
   auto ctl = run_process({dir + "/root/usr/bin/kvtierctl", "--help"});
   EXPECT_TRUE(ctl.status.ok()) << ctl.describe();
+
+  // libkvtier: the soname the links name, only kvtier_* exported, a shlibs entry, and a
+  // .pc that points at /usr.
+  const std::string library = dir + "/root/usr/" KVTIER_INSTALL_LIBDIR "/libkvtier.so.0.1.0";
+  auto soname = shell("readelf -d '" + library + "'");
+  EXPECT_NE(soname.stdout_text.find("Library soname: [libkvtier.so.0]"), std::string::npos)
+      << soname.describe();
+  auto exported =
+      shell("nm -D --defined-only '" + library + "' | grep -v ' kvtier_' | grep -v ' KVTIER_0$'");
+  EXPECT_EQ(exported.stdout_text, "") << "symbols other than kvtier_*: " << exported.describe();
+  auto shlibs = shell("dpkg-deb -I '" + deb + "' shlibs");
+  EXPECT_NE(shlibs.stdout_text.find("libkvtier 0 kvtier"), std::string::npos) << shlibs.describe();
+  auto triggers = shell("dpkg-deb -I '" + deb + "' triggers");
+  EXPECT_NE(triggers.stdout_text.find("activate-noawait ldconfig"), std::string::npos)
+      << triggers.describe();
+  const std::string pkg_config =
+      "PKG_CONFIG_PATH='" + dir + "/root/usr/" KVTIER_INSTALL_LIBDIR "/pkgconfig' pkg-config ";
+  auto pc = shell(pkg_config + "--modversion kvtier && " + pkg_config +
+                  "--variable=libdir kvtier && " + pkg_config + "--variable=includedir kvtier");
+  EXPECT_EQ(pc.stdout_text,
+            KVTIER_PROJECT_VERSION "\n/usr/" KVTIER_INSTALL_LIBDIR "\n/usr/include\n")
+      << pc.describe();
   std::filesystem::remove_all(dir);
 }
 

@@ -1,0 +1,29 @@
+#!/bin/sh
+# libkvtier.so exports the C interface and nothing else: every defined dynamic symbol
+# is kvtier_* in version node KVTIER_0 (nm also lists the node itself, an absolute
+# symbol), and the soname is libkvtier.so.0.
+# Usage: check_exports.sh PATH/TO/libkvtier.so
+set -eu
+library="$1"
+symbols=$(nm -D --defined-only "$library")
+unexpected=$(printf '%s\n' "$symbols" | awk '
+  $3 == "KVTIER_0" && $2 == "A" { next }
+  $3 ~ /^kvtier_[a-z0-9_]+@@KVTIER_0$/ { next }
+  { print }')
+if [ -n "$unexpected" ]; then
+  echo "libkvtier exports symbols outside kvtier_*@@KVTIER_0:" >&2
+  printf '%s\n' "$unexpected" >&2
+  exit 1
+fi
+count=$(printf '%s\n' "$symbols" | grep -c ' T kvtier_')
+if [ "$count" -lt 20 ]; then
+  echo "only $count kvtier_* functions exported:" >&2
+  printf '%s\n' "$symbols" >&2
+  exit 1
+fi
+soname=$(readelf -d "$library" | sed -n 's/.*Library soname: \[\(.*\)\]/\1/p')
+if [ "$soname" != "libkvtier.so.0" ]; then
+  echo "soname is '$soname', expected libkvtier.so.0" >&2
+  exit 1
+fi
+echo "$count kvtier_* functions, soname $soname"
