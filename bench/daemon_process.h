@@ -39,6 +39,7 @@ class DaemonProcess {
   DaemonProcess& operator=(const DaemonProcess&) = delete;
   ~DaemonProcess();
 
+  pid_t pid() const { return pid_; }  // -1 once stopped
   const std::string& socket_path() const { return socket_path_; }
   const std::string& log_path() const { return log_path_; }
   const std::string& temp_dir() const { return temp_dir_; }

@@ -14,6 +14,7 @@
 #include "bench/gpu_bench.h"
 #endif
 #include "bench/nvme_bench.h"
+#include "bench/scale_bench.h"
 #include "bench/sim_bench.h"
 
 namespace {
@@ -87,6 +88,8 @@ int main(int argc, char** argv) {
   CLI::App* sim_app = add_sim_subcommand(app, sim);
   NvmeBenchOptions nvme;
   CLI::App* nvme_app = add_nvme_subcommand(app, nvme);
+  ScaleBenchOptions scale;
+  CLI::App* scale_app = add_scale_subcommand(app, scale);
 #ifdef KVTIER_HAVE_CUDA
   GpuBenchOptions gpu;
   CLI::App* gpu_app = add_gpu_subcommand(app, gpu);
@@ -104,6 +107,8 @@ int main(int argc, char** argv) {
 #ifdef KVTIER_HAVE_CUDA
   if (gpu_app->parsed()) return finish("gpu", run_gpu_bench(gpu), json, require_targets);
 #endif
+  if (scale_app->parsed())
+    return finish("scale", run_scale_bench(common, scale), json, require_targets);
   if (nvme_app->parsed()) {
     return finish("nvme", run_nvme_bench(common, nvme), json, require_targets);
   }

@@ -1,0 +1,54 @@
+// kvtier-bench scale: what one request costs as the daemon grows (kvtier issue 11).
+//
+// One kvtierd on the host backend, with 2 KiB blocks, is grown to each of `sizes`
+// sessions (each a finished turn: a shared 2-block system prompt and 4 blocks of its
+// own; scale_workload.h). At each size it times, interleaved, `ops_per_size` rounds of
+//   BeginTurn of an idle session · Lookup of 32 held hashes (the prefix, then blocks
+//   of sessions across the daemon) · Load of a 16-block prefix, verified bit-exact ·
+//   Save of 16 new blocks ending that session's turn (timed to its reply, and again
+//   until the daemon answers the next request: save_until_idle, which catches the
+//   work done after the reply) · Stats (`kvtierctl status`),
+// after `warmup_per_size` untimed rounds. Each request is sent once an untimed 1-hash
+// Lookup has come back, so none waits behind another's leftovers (the planner's
+// timer may still run before any of them). Twice, each on a daemon of its own:
+//  * nopressure: HBM holds every block below its high watermark;
+//  * pressure: HBM of 1 MiB, always over its high watermark once grown, so Saves
+//    trigger demotions to RAM and BeginTurn displaces idle sessions' blocks.
+// In both, idle demotion is off (hbm-idle-ms 1h) and RAM never fills: no evictions.
+//
+// Targets: each op's p50 and p99 at the largest size within 2× of its value at the
+// smallest; the daemon's RSS growth from start to the largest size (before its
+// measured rounds) within 1 KiB per session + 8 B per session reference + 128 B per
+// block held (DESIGN.md). Missing a target is a result, not a failure.
+//
+// Thread-safety: run_scale_bench() is called from main only.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "bench/benchmarks.h"
+#include "bench/report.h"
+#include "common/status.h"
+
+namespace CLI {
+class App;
+}
+
+namespace kvtier::bench {
+
+struct ScaleBenchOptions {
+  std::vector<uint64_t> sizes = {100, 1'000, 10'000, 50'000};  // sessions, ascending
+  uint32_t ops_per_size = 300;    // timed rounds per size (each times every op once)
+  uint32_t warmup_per_size = 16;  // untimed rounds first
+  std::vector<std::string> modes = {"nopressure", "pressure"};
+  // Grow under the measured settings too (today the planner then indexes every session
+  // after every Save, and growing to 50k sessions takes a long time).
+  bool grow_as_measured = false;
+};
+
+Result<BenchReport> run_scale_bench(const CommonOptions& common, const ScaleBenchOptions& options);
+CLI::App* add_scale_subcommand(CLI::App& app, ScaleBenchOptions& options);
+
+}  // namespace kvtier::bench
