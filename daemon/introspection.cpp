@@ -13,11 +13,14 @@ Status Service::handle_stats(const ConnectionPtr& c, EngineContext& engine, uint
     return permission_denied("stats of all namespaces need uid 0 or the admin group");
   }
   auto tiers = store_->usage();
-  uint64_t active = 0, idle = 0;
-  sessions_.for_each([&](const policy::Session& session) {
-    if (!all_namespaces && session.namespace_id != engine.namespace_id && !engine.is_admin) return;
-    (session.state == policy::SessionState::kActive ? active : idle) += 1;
-  });
+  // Admins see every namespace's sessions counted; engines see their own.
+  const bool every_namespace = all_namespaces || engine.is_admin;
+  const uint64_t active =
+      every_namespace ? sessions_.count(policy::SessionState::kActive)
+                      : sessions_.count(engine.namespace_id, policy::SessionState::kActive);
+  const uint64_t idle = every_namespace
+                            ? sessions_.count(policy::SessionState::kIdle)
+                            : sessions_.count(engine.namespace_id, policy::SessionState::kIdle);
   reply(c, id, [&](wire::Response::Builder response) {
     auto out = response.initStats();
     auto list = out.initTiers(static_cast<unsigned>(tiers.size()));

@@ -199,8 +199,8 @@ Status Service::recover_nvme() {
     restored.created_ms = wall_to_steady_ms(record.created_wall_ms, steady_now, wall_now);
     restored.last_active_ms = wall_to_steady_ms(record.last_active_wall_ms, steady_now, wall_now);
     restored.turns = record.turns;
-    restored.state =
-        record.state == 0 ? policy::SessionState::kActive : policy::SessionState::kIdle;
+    sessions_.restore_state(
+        restored, record.state == 0 ? policy::SessionState::kActive : policy::SessionState::kIdle);
     restored.priority = record.priority;
     restored.returns = record.returns;
     restored.sum_log_gap = record.sum_log_gap;

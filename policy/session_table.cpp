@@ -18,6 +18,7 @@ Result<Session*> SessionTable::get_or_create(uint32_t namespace_id, const std::s
     session.state = SessionState::kActive;
     session.created_ms = now;
     session.last_active_ms = now;
+    count_in(session, +1);
     return &session;
   }
   // Blocks are interchangeable only within one layout, so a session id reused by an
@@ -55,17 +56,17 @@ std::vector<BlockHash> SessionTable::record_save(Session& session,
   end_idle_period(session);
   session.last_active_ms = clock_.now_ms();
   if (end_of_turn) {
-    session.state = SessionState::kIdle;
+    set_state(session, SessionState::kIdle);
     ++session.turns;
   } else {
-    session.state = SessionState::kActive;
+    set_state(session, SessionState::kActive);
   }
   return appended;
 }
 
 void SessionTable::record_activity(Session& session) {
   end_idle_period(session);
-  session.state = SessionState::kActive;
+  set_state(session, SessionState::kActive);
   session.last_active_ms = clock_.now_ms();
 }
 
@@ -85,6 +86,7 @@ Result<std::vector<BlockHash>> SessionTable::close(uint32_t namespace_id, const 
     gap_model_.record_censored(session.returns,
                                now > session.last_active_ms ? now - session.last_active_ms : 0);
   }
+  count_in(session, -1);
   std::vector<BlockHash> blocks = std::move(it->second.blocks);
   sessions_.erase(it);
   return blocks;
@@ -113,12 +115,24 @@ std::vector<const Session*> SessionTable::by_last_active() const {
   return out;
 }
 
-size_t SessionTable::count(SessionState state) const {
-  size_t n = 0;
-  for (const auto& [key, session] : sessions_) {
-    if (session.state == state) ++n;
-  }
-  return n;
+size_t SessionTable::count(uint32_t namespace_id, SessionState state) const {
+  auto it = by_namespace_.find(namespace_id);
+  return it == by_namespace_.end() ? 0 : it->second[static_cast<size_t>(state)];
+}
+
+void SessionTable::set_state(Session& session, SessionState state) {
+  if (session.state == state) return;
+  count_in(session, -1);
+  session.state = state;
+  count_in(session, +1);
+}
+
+void SessionTable::count_in(const Session& session, int delta) {
+  const auto state = static_cast<size_t>(session.state);
+  totals_[state] += delta;
+  auto& counts = by_namespace_[session.namespace_id];
+  counts[state] += delta;
+  if (counts[0] == 0 && counts[1] == 0) by_namespace_.erase(session.namespace_id);
 }
 
 }  // namespace kvtier::policy

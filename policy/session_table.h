@@ -11,6 +11,7 @@
 // Thread-safety: none; the control thread owns it (the simulator owns its own).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <unordered_map>
@@ -70,6 +71,9 @@ class SessionTable {
   // A turn started (BeginTurn) or the session read its blocks (Load): active, touched.
   // An idle session becoming active is a return: its gap feeds the GapModel.
   void record_activity(Session& session);
+  // Sets a session's state as recovered from disk (the counts below follow it). Every
+  // other state change goes through record_save / record_activity.
+  void restore_state(Session& session, SessionState state) { set_state(session, state); }
   // Marks a session (e.g. one holding a shared system prompt) durable or not.
   void set_priority(Session& session, uint8_t priority) { session.priority = priority; }
   // Drops a block from a session (it was evicted or lost); returns whether it was there.
@@ -88,16 +92,24 @@ class SessionTable {
   }
 
   size_t size() const { return sessions_.size(); }
-  size_t count(SessionState state) const;
+  // Sessions in `state`, in all namespaces or in one; kept as counts, so O(1).
+  size_t count(SessionState state) const { return totals_[static_cast<size_t>(state)]; }
+  size_t count(uint32_t namespace_id, SessionState state) const;
   uint64_t now_ms() const { return clock_.now_ms(); }
   const GapModel& gap_model() const { return gap_model_; }
 
  private:
   void end_idle_period(Session& session);
+  void set_state(Session& session, SessionState state);
+  void count_in(const Session& session, int delta);
 
   const Clock& clock_;
   GapModel gap_model_;
   std::unordered_map<SessionKey, Session, SessionKeyHasher> sessions_;
+  // Sessions per state, in total and per namespace: Stats reads them instead of
+  // walking every session.
+  std::array<size_t, 2> totals_{};
+  std::unordered_map<uint32_t, std::array<size_t, 2>> by_namespace_;
 };
 
 }  // namespace kvtier::policy

@@ -108,6 +108,46 @@ TEST_F(SessionTableTest, EndOfTurnMakesIdleAndCountsTurns) {
   EXPECT_EQ(table_.count(SessionState::kActive), 0u);
 }
 
+// The counts Stats reads are kept as sessions change state, not computed by walking.
+TEST_F(SessionTableTest, CountsFollowEveryStateChangePerNamespace) {
+  auto walk = [&](uint32_t namespace_id, SessionState state) {
+    size_t n = 0;
+    table_.for_each([&](const Session& s) {
+      if (s.namespace_id == namespace_id && s.state == state) ++n;
+    });
+    return n;
+  };
+  auto check = [&] {
+    for (uint32_t ns : {1u, 2u}) {
+      for (SessionState state : {SessionState::kActive, SessionState::kIdle}) {
+        EXPECT_EQ(table_.count(ns, state), walk(ns, state)) << "namespace " << ns;
+      }
+    }
+    EXPECT_EQ(table_.count(SessionState::kActive) + table_.count(SessionState::kIdle),
+              table_.size());
+  };
+  Session* a = table_.get_or_create(1, "a", kLayout).value();
+  Session* b = table_.get_or_create(1, "b", kLayout).value();
+  Session* c = table_.get_or_create(2, "c", kLayout).value();
+  check();
+  table_.record_save(*a, hashes_of({1, 2}), true);
+  table_.record_save(*c, hashes_of({3}), true);
+  check();
+  EXPECT_EQ(table_.count(1, SessionState::kIdle), 1u);
+  EXPECT_EQ(table_.count(2, SessionState::kIdle), 1u);
+  table_.record_activity(*a);
+  table_.record_save(*b, hashes_of({4}), false);
+  check();
+  table_.restore_state(*b, SessionState::kIdle);
+  check();
+  ASSERT_TRUE(table_.close(1, "b").is_ok());
+  ASSERT_TRUE(table_.close(2, "c").is_ok());
+  check();
+  EXPECT_EQ(table_.count(2, SessionState::kIdle), 0u);
+  EXPECT_EQ(table_.count(SessionState::kActive), 1u);
+  EXPECT_EQ(table_.count(SessionState::kIdle), 0u);
+}
+
 TEST_F(SessionTableTest, ForgetBlockKeepsPrefixOrder) {
   Session& s = *table_.get_or_create(7, "s", kLayout).value();
   (void)table_.record_save(s, hashes_of({1, 2, 3}), false);
