@@ -67,13 +67,21 @@ std::string status_json(const StatsInfo& s) {
     tiers += fmt::format(R"({{"tier":"{}","capacity_bytes":{},"used_bytes":{},"blocks":{}}})",
                          tier_name(t.tier), t.capacity_bytes, t.used_bytes, t.blocks);
   }
+  std::string gpus;
+  for (const auto& g : s.gpus) {
+    if (!gpus.empty()) gpus += ",";
+    gpus +=
+        fmt::format(R"({{"uuid":{},"name":{},"hbm_capacity_bytes":{},"hbm_used_bytes":{}}})",
+                    json_quote(g.uuid), json_quote(g.name), g.hbm_capacity_bytes, g.hbm_used_bytes);
+  }
   return fmt::format(
-      R"({{"device":{},"uptime_ms":{},"tiers":[{}],"sessions":{{"active":{},"idle":{},"pinned":{}}},)"
+      R"({{"device":{},"uptime_ms":{},"tiers":[{}],"gpus":[{}],)"
+      R"("sessions":{{"active":{},"idle":{},"pinned":{}}},)"
       R"("lookups":{{"hits":{},"misses":{}}},)"
       R"("bytes":{{"saved":{},"loaded":{},"demoted":{},"promoted":{}}},)"
       R"("pinned_blocks":{},"admin_pinned_blocks":{},"copies_in_flight":{},"connections":{},)"
       R"("blocks_evicted":{},"data_loss_blocks":{},"policy":{},"recent_moves":{}}})",
-      json_quote(s.device_name), s.uptime_ms, tiers, s.sessions_active, s.sessions_idle,
+      json_quote(s.device_name), s.uptime_ms, tiers, gpus, s.sessions_active, s.sessions_idle,
       s.pinned_sessions, s.lookup_hits, s.lookup_misses, s.bytes_saved, s.bytes_loaded,
       s.bytes_demoted, s.bytes_promoted, s.pinned_blocks, s.admin_pinned_blocks, s.copies_in_flight,
       s.connections, s.blocks_evicted, s.data_loss_blocks, json_quote(s.policy),
@@ -89,6 +97,11 @@ std::string status_text(const StatsInfo& s) {
     out += fmt::format("{:<6} {:>12} {:>12} {:>5.1f}% {:>10}\n", tier_name(t.tier),
                        format_bytes(t.capacity_bytes), format_bytes(t.used_bytes),
                        percent(t.used_bytes, t.capacity_bytes), t.blocks);
+  }
+  for (const auto& g : s.gpus) {
+    out += fmt::format("  hbm on {} ({}): {} of {} ({:.1f}%)\n", g.uuid, g.name,
+                       format_bytes(g.hbm_used_bytes), format_bytes(g.hbm_capacity_bytes),
+                       percent(g.hbm_used_bytes, g.hbm_capacity_bytes));
   }
   out += fmt::format("\nsessions   {} active, {} idle, {} pinned\n", s.sessions_active,
                      s.sessions_idle, s.pinned_sessions);

@@ -450,6 +450,10 @@ Result<StatsInfo> Client::stats(bool all_namespaces) {
                                        move.getBlocks(), move.getBytes()});
         }
         info.policy = r.getPolicy().cStr();
+        for (auto gpu : r.getGpus()) {
+          info.gpus.push_back({gpu.getUuid().cStr(), gpu.getName().cStr(),
+                               gpu.getHbmCapacityBytes(), gpu.getHbmUsedBytes()});
+        }
         return info;
       });
 }

@@ -134,6 +134,14 @@ struct StatsInfo {
   };
   std::vector<PlannerMovesInfo> recent_moves;
   std::string policy;
+  // The CUDA backend's GPUs and their parts of the HBM arena (empty on the host backend).
+  struct GpuStatsInfo {
+    std::string uuid;
+    std::string name;
+    uint64_t hbm_capacity_bytes;
+    uint64_t hbm_used_bytes;
+  };
+  std::vector<GpuStatsInfo> gpus;
 };
 
 struct SessionInfo {

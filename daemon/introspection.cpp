@@ -15,9 +15,9 @@ Status Service::handle_stats(const ConnectionPtr& c, EngineContext& engine, uint
   auto tiers = store_->usage();
   // Admins see every namespace's sessions counted; engines see their own.
   const bool every_namespace = all_namespaces || engine.is_admin;
-  const uint64_t active =
-      every_namespace ? sessions_.count(policy::SessionState::kActive)
-                      : sessions_.count(engine.namespace_id, policy::SessionState::kActive);
+  const uint64_t active = every_namespace
+                              ? sessions_.count(policy::SessionState::kActive)
+                              : sessions_.count(engine.namespace_id, policy::SessionState::kActive);
   const uint64_t idle = every_namespace
                             ? sessions_.count(policy::SessionState::kIdle)
                             : sessions_.count(engine.namespace_id, policy::SessionState::kIdle);
@@ -48,6 +48,16 @@ Status Service::handle_stats(const ConnectionPtr& c, EngineContext& engine, uint
     out.setDeviceName(std::string(device_->name()));
     out.setUptimeMs(now_ms() - started_ms_);
     out.setPolicy(std::string(policy::policy_mode_name(planner_.config().mode)));
+    // The arena's parts follow Device::gpus() order.
+    const std::vector<uint64_t> hbm_parts = store_->part_used_bytes(Tier::kHbm);
+    auto gpus = out.initGpus(static_cast<unsigned>(gpus_.size()));
+    for (unsigned i = 0; i < gpus_.size(); ++i) {
+      gpus[i].setUuid(gpus_[i].uuid);
+      gpus[i].setName(gpus_[i].name);
+      const bool has_part = hbm_parts.size() == gpus_.size();
+      gpus[i].setHbmCapacityBytes(has_part ? store_->part_capacity_bytes(Tier::kHbm) : 0);
+      gpus[i].setHbmUsedBytes(has_part ? hbm_parts[i] : 0);
+    }
     const auto& recent = planner_.recent_moves();
     auto moves = out.initRecentMoves(static_cast<unsigned>(recent.size()));
     const uint64_t now = now_ms();

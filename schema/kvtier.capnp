@@ -221,6 +221,14 @@ struct StatsReply {
   pinnedSessions @17 :UInt32;  # sessions an admin pinned
   recentMoves @18 :List(PlannerMoves);  # the planner's latest decisions, oldest first
   policy @19 :Text;            # placement policy: "lru", "session" or "predictive"
+  gpus @20 :List(GpuStats);    # cuda backend: each served GPU's part of the HBM arena
+}
+
+struct GpuStats {
+  uuid @0 :Text;               # "GPU-…", as in HelloReply.gpuUuids
+  name @1 :Text;               # the GPU model
+  hbmCapacityBytes @2 :UInt64; # its part of the arena
+  hbmUsedBytes @3 :UInt64;     # bytes in allocated slots of that part
 }
 
 enum MoveKind {

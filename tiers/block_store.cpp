@@ -318,6 +318,21 @@ bool BlockStore::has_room(Tier tier, uint64_t slot_bytes) const {
   return state != nullptr && state->slabs.can_allocate(slot_bytes);
 }
 
+std::vector<uint64_t> BlockStore::part_used_bytes(Tier tier) const {
+  const TierState* state = tier_state(tier);
+  std::vector<uint64_t> used;
+  if (state == nullptr) return used;
+  for (uint32_t part = 0; part < state->slabs.parts(); ++part) {
+    used.push_back(state->slabs.used_bytes(part));
+  }
+  return used;
+}
+
+uint64_t BlockStore::part_capacity_bytes(Tier tier) const {
+  const TierState* state = tier_state(tier);
+  return state == nullptr ? 0 : state->slabs.part_capacity_bytes();
+}
+
 uint32_t BlockStore::part_of(const BlockLocation& location) const {
   const TierState* state = tier_state(location.tier);
   return state == nullptr ? 0 : state->slabs.part_of(location.offset);

@@ -166,6 +166,10 @@ class BlockStore {
   bool has_room(Tier tier, uint64_t slot_bytes) const;
   // The part of `tier` holding a block at `location` (0 for tiers of one part).
   uint32_t part_of(const BlockLocation& location) const;
+  // Used bytes of each part of `tier` (one entry for tiers of one part; empty when the
+  // tier is not configured), and the capacity of one part.
+  std::vector<uint64_t> part_used_bytes(Tier tier) const;
+  uint64_t part_capacity_bytes(Tier tier) const;
   uint64_t pinned_blocks() const { return pinned_blocks_; }
   uint64_t block_count() const { return block_count_; }
 

@@ -30,6 +30,7 @@ SlabAllocator::SlabAllocator(uint64_t capacity_bytes, uint64_t slab_bytes, uint3
   slabs_per_part_ = slab_count == 0 ? 1 : slab_count / parts;
   slabs_.resize(slab_count);
   free_slabs_.resize(parts);
+  used_bytes_by_part_.resize(parts);
   // Pushed in reverse so that the lowest slab is handed out first: offsets grow from
   // the start of the memory, which makes dumps and tests easier to read.
   for (uint32_t i = slab_count; i > 0; --i) free_slabs_[slab_part(i - 1)].push_back(i - 1);
@@ -111,6 +112,7 @@ Result<uint64_t> SlabAllocator::allocate(uint64_t slot_bytes, int preferred_part
   if (!from_partial && !full) add_partial(slab_index);
 
   used_bytes_ += slot_bytes;
+  used_bytes_by_part_[slab_part(slab_index)] += slot_bytes;
   ++used_slots_;
   return static_cast<uint64_t>(slab_index) * slab_bytes_ + static_cast<uint64_t>(slot) * slot_bytes;
 }
@@ -127,6 +129,7 @@ void SlabAllocator::free(uint64_t offset, uint64_t slot_bytes) {
   const bool was_full = slab.used == slots_per_slab;
   --slab.used;
   used_bytes_ -= slot_bytes;
+  used_bytes_by_part_[slab_part(slab_index)] -= slot_bytes;
   --used_slots_;
 
   if (slab.used == 0) {
@@ -189,6 +192,7 @@ Status SlabAllocator::allocate_at(uint64_t offset, uint64_t slot_bytes) {
   if (was_free && !full) add_partial(index);
   if (!was_free && full) remove_partial(index);
   used_bytes_ += slot_bytes;
+  used_bytes_by_part_[slab_part(index)] += slot_bytes;
   ++used_slots_;
   return Status::ok();
 }

@@ -53,6 +53,8 @@ class SlabAllocator {
   uint64_t capacity_bytes() const { return capacity_bytes_; }
   uint64_t slab_bytes() const { return slab_bytes_; }
   uint64_t used_bytes() const { return used_bytes_; }  // sum of allocated slot sizes
+  uint64_t used_bytes(uint32_t part) const { return used_bytes_by_part_[part]; }
+  uint64_t part_capacity_bytes() const { return uint64_t{slabs_per_part_} * slab_bytes_; }
   uint64_t used_slots() const { return used_slots_; }
   uint64_t free_slabs() const { return free_slab_count_; }
   uint32_t parts() const { return static_cast<uint32_t>(free_slabs_.size()); }
@@ -85,6 +87,7 @@ class SlabAllocator {
   // slot size → per part: slabs of that size with at least one free slot
   std::unordered_map<uint64_t, std::vector<std::vector<uint32_t>>> partial_slabs_;
   uint64_t used_bytes_ = 0;
+  std::vector<uint64_t> used_bytes_by_part_;
   uint64_t used_slots_ = 0;
 };
 

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "tests/integration/gpu_harness.h"
+#include "tests/integration/nvme_harness.h"
 
 namespace kvtier::integration {
 namespace {
@@ -29,6 +30,38 @@ std::vector<RegisteredRegion> registered_regions(const std::string& engine_stdou
     out.push_back({std::stoi((*it)[1]), std::stoull((*it)[2]), (*it)[3]});
   }
   return out;
+}
+
+// An engine's blocks go to its own GPU's part of the arena, and Stats says how full
+// each part is.
+TEST(GpuEngines, AnEnginesBlocksLandInItsOwnGpusPartOfTheArena) {
+  // Idle sessions stay in HBM for the test's whole life.
+  auto daemon = start_cuda_daemon(with_flag(cuda_daemon_flags(), "--hbm-idle-ms", "600000"));
+  if (!daemon) return;
+  auto client = daemon->connect();
+  ASSERT_TRUE(client.is_ok()) << client.status().to_string();
+  auto before = (*client)->stats();
+  ASSERT_TRUE(before.is_ok()) << before.status().to_string();
+  if (before->gpus.size() < 2) GTEST_SKIP() << "one GPU";
+  for (const auto& gpu : before->gpus) {
+    EXPECT_EQ(gpu.hbm_used_bytes, 0u) << gpu.uuid;
+    EXPECT_GT(gpu.hbm_capacity_bytes, 0u) << gpu.uuid;
+  }
+  const GpuEngineRun on_second{
+      .gpu = 1, .memory = "vmm", .session = "lands-on-gpu1", .mode = GpuEngineRun::Mode::kSaveOnly};
+  ASSERT_TRUE(EngineRoundTripped(run_gpu_engine(daemon->socket_path(), on_second), on_second));
+  auto after = (*client)->stats();
+  ASSERT_TRUE(after.is_ok()) << after.status().to_string();
+  const uint64_t block_bytes = 256 << 10;  // gpu_engine_shape: 4 layers × K/V × 32 KiB
+  EXPECT_EQ(after->gpus[1].hbm_used_bytes, on_second.session_blocks() * block_bytes);
+  EXPECT_EQ(after->gpus[0].hbm_used_bytes, 0u);
+  const GpuEngineRun on_first{
+      .gpu = 0, .memory = "ipc", .session = "lands-on-gpu0", .mode = GpuEngineRun::Mode::kSaveOnly};
+  ASSERT_TRUE(EngineRoundTripped(run_gpu_engine(daemon->socket_path(), on_first), on_first));
+  auto both = (*client)->stats();
+  ASSERT_TRUE(both.is_ok()) << both.status().to_string();
+  EXPECT_EQ(both->gpus[0].hbm_used_bytes, on_first.session_blocks() * block_bytes);
+  EXPECT_EQ(both->gpus[1].hbm_used_bytes, on_second.session_blocks() * block_bytes);
 }
 
 TEST(GpuEngines, TwoEnginesOnTwoGpusSaveAndLoadThroughOneDaemonAtOnce) {

@@ -218,6 +218,9 @@ TEST(SlabAllocatorParts, PrefersTheWritersPartAndFallsBackWhenItIsFull) {
   auto spilled = slabs.allocate(kSlab / 4, 1);
   ASSERT_TRUE(spilled.is_ok());
   EXPECT_EQ(slabs.part_of(*spilled), 0u);
+  EXPECT_EQ(slabs.used_bytes(1), 2 * kSlab);
+  EXPECT_EQ(slabs.used_bytes(0), kSlab / 4);
+  EXPECT_EQ(slabs.part_capacity_bytes(), 2 * kSlab);
   // A slot freed in part 1 is the next one part 1 gets, before part 0's partial slab.
   slabs.free(in_part_one[3], kSlab / 4);
   auto back = slabs.allocate(kSlab / 4, 1);
