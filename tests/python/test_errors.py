@@ -47,6 +47,28 @@ def test_non_contiguous_or_misshapen_tensor_is_invalid_argument():
         vllm_planes([cache], [0, 1])
 
 
+def test_layers_in_different_memfds_need_their_own_region_ids():
+    first, second = memfd_tensor(SHAPE, torch.float16), memfd_tensor(SHAPE, torch.float16)
+    with pytest.raises(kvtier.InvalidArgument, match="share region id 0"):
+        vllm_planes([first, second], 0)
+    planes = vllm_planes([first, second], [0, 1])
+    assert [p.region_id for p in planes] == [0, 0, 1, 1]
+    assert planes[2].offset_bytes == planes[0].offset_bytes == 0
+
+
+def test_memfd_registry_forgets_a_freed_cache_and_keeps_a_live_one():
+    from kvtier import _memfd
+
+    live = memfd_tensor(SHAPE, torch.float16)
+    dead = memfd_tensor(SHAPE, torch.float16)
+    dead_address = dead.data_ptr()
+    del dead
+    import gc
+    gc.collect()
+    assert _memfd.find(live.data_ptr()) is not None
+    assert _memfd.find(dead_address) is None  # nothing else was mapped since
+
+
 def test_tensor_outside_a_registered_region(client, daemon, unique):
     plain = torch.zeros(SHAPE, dtype=torch.float16)
     with pytest.raises(kvtier.InvalidArgument, match="outside any kvtier.torch.memfd_tensor"):

@@ -27,7 +27,10 @@ class MemfdBuffer:
 
 _MAP_POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # fault the pages in now, not mid-copy
 _lock = threading.Lock()
-_by_address: dict[int, MemfdBuffer] = {}  # guarded by _lock
+# address → (buffer, its mmap): the weak reference reads None from the moment the mmap
+# starts being freed, before the finalizer below runs, so a mapping being torn down (and
+# whatever is mapped at its address next) is never mistaken for a live memfd.
+_by_address: dict[int, tuple[MemfdBuffer, weakref.ref]] = {}  # guarded by _lock
 
 
 def create(name: str, size_bytes: int) -> tuple[mmap.mmap, MemfdBuffer]:
@@ -50,24 +53,29 @@ def create(name: str, size_bytes: int) -> tuple[mmap.mmap, MemfdBuffer]:
     address = _address_of(mapping)
     buffer = MemfdBuffer(fd=fd, address=address, size_bytes=size_bytes)
     with _lock:
-        _by_address[address] = buffer
-    weakref.finalize(mapping, _forget, address, fd)
+        _by_address[address] = (buffer, weakref.ref(mapping))
+    weakref.finalize(mapping, _forget, buffer)
     return mapping, buffer
 
 
 def find(address: int) -> MemfdBuffer | None:
     """The live memfd buffer whose mapping contains address, if any."""
     with _lock:
-        for buffer in _by_address.values():
+        for buffer, mapping in _by_address.values():
+            if mapping() is None:
+                continue  # being unmapped
             if buffer.address <= address < buffer.address + buffer.size_bytes:
                 return buffer
     return None
 
 
-def _forget(address: int, fd: int) -> None:
+def _forget(buffer: MemfdBuffer) -> None:
     with _lock:
-        _by_address.pop(address, None)
-    os.close(fd)
+        entry = _by_address.get(buffer.address)
+        # A new mapping may already sit at this address: drop only our own entry.
+        if entry is not None and entry[0] is buffer:
+            del _by_address[buffer.address]
+    os.close(buffer.fd)
 
 
 def _address_of(mapping: mmap.mmap) -> int:

@@ -160,11 +160,11 @@ class Client:
         gpus = min(out.gpu_count, _lib.MAX_GPUS)
         self.hello_info = HelloInfo(
             layout_digest=out.layout_digest, block_bytes=out.block_bytes,
-            namespace=out.namespace_name.decode(),
+            namespace=out.namespace_name.decode("utf-8", "replace"),
             max_blocks_per_request=out.max_blocks_per_request,
             device="cuda" if out.device_kind == _lib.DEVICE_CUDA else "host",
-            gpu_uuids=tuple(out.gpu_uuids[i].value.decode() for i in range(gpus)),
-            device_name=out.device_name.decode(), protocol_version=out.protocol_version)
+            gpu_uuids=tuple(out.gpu_uuids[i].value.decode("utf-8", "replace") for i in range(gpus)),
+            device_name=out.device_name.decode("utf-8", "replace"), protocol_version=out.protocol_version)
         self.layout = layout
         return self.hello_info
 
@@ -268,15 +268,19 @@ class Client:
         registered on this connection. Save and Load naming it fail until it is
         registered again."""
         _marshal.check_region_id(region_id)
+        handle = self._acquire()
         try:
-            handle = self._acquire()
-            try:
-                _lib.check(self._lib.kvtier_unregister_region(handle, region_id))
-            finally:
-                self._release()
-        finally:
+            _lib.check(self._lib.kvtier_unregister_region(handle, region_id))
+        except NotFound:
             with self._lock:
                 self._regions.pop(region_id, None)
+            raise
+        finally:
+            self._release()
+        # Only now: after any other error the daemon may still map the region or be
+        # copying into it, so the memory stays referenced until close().
+        with self._lock:
+            self._regions.pop(region_id, None)
 
     # ---- data path (blocking) ------------------------------------------------------
 
@@ -332,8 +336,8 @@ class Client:
                  for i, t in enumerate(out.tiers)}
         fields = {name: getattr(out, name) for name, _ in _lib.StatsInfo._fields_
                   if name not in ("tiers", "device_name", "policy")}
-        return Stats(tiers=tiers, device_name=out.device_name.decode(),
-                     policy=out.policy.decode(), **fields)
+        return Stats(tiers=tiers, device_name=out.device_name.decode("utf-8", "replace"),
+                     policy=out.policy.decode("utf-8", "replace"), **fields)
 
     @contextlib.contextmanager
     def session(self, session_id: str) -> Iterator[Session]:

@@ -31,13 +31,18 @@ class Pending(Generic[T]):
         self._outcome: tuple[bool, object] | None = None
 
     def done(self) -> bool:
-        """True when result() would return without waiting."""
-        with self._lock:
+        """True when result() would return without waiting. Never blocks: False while
+        another thread is inside result()."""
+        if not self._lock.acquire(blocking=False):
+            return False
+        try:
             if self._outcome is not None:
                 return True
             ready = c_int(0)
             _lib.check(_lib.library().kvtier_pending_poll(self._handle, byref(ready)))
             return bool(ready.value)
+        finally:
+            self._lock.release()
 
     def result(self) -> T:
         """Waits for the reply; returns the result or raises its KvtierError."""
@@ -46,7 +51,7 @@ class Pending(Generic[T]):
                 handle, self._handle = self._handle, None
                 try:
                     self._outcome = (True, self._wait(handle))
-                except KvtierError as error:
+                except Exception as error:  # noqa: BLE001 - kept, so every call sees it
                     self._outcome = (False, error)
                 finally:
                     _lib.library().kvtier_pending_free(handle)

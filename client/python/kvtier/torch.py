@@ -154,8 +154,23 @@ def _planes(kv_caches: Tensors, region_ids: RegionIds, rank: int, layout_text: s
     ids = _region_id_list(region_ids, len(layers), helper)
     _check_layers(layers, rank, layout_text, helper)
     lowest: dict[int, int] = {}
-    for region_id, layer in zip(ids, layers):
+    holders: dict[int, tuple[object, int]] = {}  # region id → (what holds it, first layer)
+    for i, (region_id, layer) in enumerate(zip(ids, layers)):
         lowest[region_id] = min(lowest.get(region_id, layer.data_ptr()), layer.data_ptr())
+        # One region is one memfd (CPU) or one allocation (CUDA): layers in different
+        # ones under one region id would get offsets into memory kvtierd never maps.
+        if layer.device.type == "cpu":
+            holder = _memfd.find(layer.data_ptr())
+        else:
+            holder = layer.untyped_storage().data_ptr()
+        if holder is None:
+            continue  # reported by _region_base
+        first = holders.setdefault(region_id, (holder, i))
+        if first[0] != holder:
+            raise InvalidArgument(
+                f"{helper}: layers {first[1]} and {i} are in different memory "
+                f"(memfd tensors or CUDA allocations) but share region id {region_id}; give "
+                f"each its own region id")
     planes: list[Plane] = []
     for i, (region_id, layer) in enumerate(zip(ids, layers)):
         element = layer.element_size()
