@@ -1,6 +1,8 @@
 // The C boundary of the data path: Save, Lookup, Load, BeginTurn, CloseSession, each
 // blocking and as a kvtier_pending.
+#include <algorithm>
 #include <cstring>
+#include <new>
 #include <string>
 #include <utility>
 
@@ -19,7 +21,9 @@ void write_save_result(const SaveResult& result, kvtier_save_result* out) {
 
 void write_lookup_result(const LookupResult& result, uint32_t count, uint32_t* hit_count,
                          kvtier_tier* tiers_out) {
-  if (hit_count != nullptr) *hit_count = result.hit_count;
+  // Never more hits than hashes asked about, whatever the reply says: callers index
+  // tiers_out by it.
+  if (hit_count != nullptr) *hit_count = std::min(result.hit_count, count);
   if (tiers_out == nullptr) return;
   for (uint32_t i = 0; i < count; ++i) {
     tiers_out[i] = i < result.hit_count && i < result.tiers.size()
@@ -47,7 +51,12 @@ namespace {
 template <typename T>
 Status make_pending(kvtier_client* client, Pending<T> reply, uint32_t count, kvtier_pending** out) {
   if (!reply.send_status().is_ok()) return reply.send_status();
-  *out = new kvtier_pending{client->client, std::move(reply), count, false};
+  auto* pending = new (std::nothrow) kvtier_pending{client->client, std::move(reply), count, false};
+  if (pending == nullptr) {
+    reply.abandon();  // sent: its reply must not wait in the client forever
+    return resource_exhausted("out of memory for a pending request");
+  }
+  *out = pending;
   return Status::ok();
 }
 

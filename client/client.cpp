@@ -64,8 +64,14 @@ std::string Client::default_socket_path() {
 Result<std::unique_ptr<Client>> Client::connect(const std::string& socket_path) {
   auto transport = ipc::ClientTransport::connect(socket_path);
   if (!transport.is_ok()) {
-    return Status(StatusCode::kUnavailable, fmt::format("cannot reach kvtierd at {}: {}",
-                                                        socket_path, transport.status().message()));
+    // A path that cannot be a socket or a socket this user may not open will not get
+    // better by reconnecting: only the rest is Unavailable.
+    const StatusCode code = transport.status().code();
+    return Status(
+        code == StatusCode::kInvalidArgument || code == StatusCode::kPermissionDenied
+            ? code
+            : StatusCode::kUnavailable,
+        fmt::format("cannot reach kvtierd at {}: {}", socket_path, transport.status().message()));
   }
   return std::unique_ptr<Client>(new Client(std::move(*transport)));
 }
@@ -134,8 +140,12 @@ Result<ipc::Frame> Client::wait_for(uint64_t id) {
     }
     lock.lock();
     reader_active_ = false;
+    // Waiters are woken even if filing throws (out of memory): they would sleep forever.
+    struct WakeWaiters {
+      std::condition_variable& filed;
+      ~WakeWaiters() { filed.notify_all(); }
+    } wake{reply_filed_};
     file_frame_locked(std::move(frame));
-    reply_filed_.notify_all();
   }
 }
 
@@ -158,12 +168,20 @@ bool Client::reply_ready(uint64_t id) {
       received.emplace_back(std::move(**frame));
     }
   } catch (...) {
-    received.emplace_back(internal_error("reading a reply from kvtierd threw an exception"));
+    // Not emplace_back here: it could throw again and leave the reader role taken.
+    lock.lock();
+    reader_active_ = false;
+    connection_error_ = internal_error("reading a reply from kvtierd threw an exception");
+    reply_filed_.notify_all();
+    return true;
   }
   lock.lock();
   reader_active_ = false;
+  struct WakeWaiters {
+    std::condition_variable& filed;
+    ~WakeWaiters() { filed.notify_all(); }
+  } wake{reply_filed_};
   for (auto& frame : received) file_frame_locked(std::move(frame));
-  reply_filed_.notify_all();
   return arrived_.contains(id) || !connection_error_.is_ok();
 }
 
