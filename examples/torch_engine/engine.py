@@ -20,8 +20,10 @@ Two other modes share every line but steps 1, 3 and 5, for comparison:
 The last prompt token is always prefilled (it yields the first logits), so a prompt
 whose every block is held still recomputes its last block from the last token on.
 
-Errors: Unavailable → reconnect once (new Client, hello, register) and otherwise
-recompute; a Load that stops early (DataLoss, NotFound) → compute from there on.
+Errors: no daemon when the engine starts → kvtier.Unavailable from the constructor (the
+caller says so); Unavailable later → reconnect once (new Client, hello, register) and
+otherwise recompute; a Load that stops early (DataLoss, NotFound) → compute from there
+on. Cache blocks go back to the cache on every path, errors included.
 Thread-safety: none; one engine per thread.
 """
 
@@ -133,6 +135,8 @@ class Engine:
                                                                      name="torch-engine-kv")
         self.cache = PagedKVCache(config, num_blocks, block_size, allocate_tensor=allocate)
         if mode == "kvtier":
+            # No daemon at start is the caller's to report (Unavailable); a daemon that
+            # goes away later only makes turns recompute.
             self.connect()
 
     # ---- kvtier connection -----------------------------------------------------------
@@ -294,6 +298,9 @@ class Engine:
             return table, loaded
         except kvtier.Unavailable:
             return table, 0
+        except BaseException:
+            self.cache.free(table)  # the caller never sees the table: give it back
+            raise
 
     def _keep(self, conversation: Conversation, table: list[int], full_blocks: int,
               result: TurnResult) -> None:
@@ -317,8 +324,11 @@ class Engine:
                     result.deduplicated_blocks += saved.deduplicated
             except (kvtier.Unavailable, kvtier.ResourceExhausted) as error:
                 print(f"torch-engine: turn not saved to kvtier: {error}", file=sys.stderr)
-        # Wiped, so a later turn can only see this KV again through kvtierd.
-        self.cache.free(table, wipe=self.mode == "kvtier")
+            finally:
+                # Wiped, so a later turn can only see this KV again through kvtierd.
+                self.cache.free(table, wipe=True)
+            return
+        self.cache.free(table)
 
 
 def main(argv: list[str] | None = None) -> int:
