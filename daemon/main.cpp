@@ -136,6 +136,22 @@ int run(int argc, char** argv) {
     KVTIER_LOG_ERROR("cannot allocate tiers: {}", started.to_string());
     return 1;
   }
+  // /metrics on the control thread: rendering reads the Service's state directly. Bound
+  // before the socket listens, so a daemon that cannot serve its configured metrics
+  // address exits before any engine could connect to it.
+  daemon::MetricsServer metrics(io, [&service] { return service.render_metrics(); });
+  if (config.metrics_addr != "off") {
+    if (Status bound = metrics.listen(config.metrics_addr); bound.is_ok()) {
+      KVTIER_LOG_INFO("metrics at http://{}/metrics", metrics.address());
+    } else if (config.metrics_addr == daemon::kDefaultMetricsAddr) {
+      // Only the default may be taken (another kvtierd, a test): say so and go on.
+      KVTIER_LOG_WARN("metrics: {}; running without /metrics (set metrics-addr)", bound.message());
+    } else {
+      KVTIER_LOG_ERROR("metrics-addr {}: {}", config.metrics_addr, bound.message());
+      return 1;
+    }
+  }
+
   ipc::ConnectionLimits limits;
   limits.max_in_flight = config.max_in_flight_per_connection;
   ipc::Server server(io, service, limits);
@@ -150,20 +166,6 @@ int run(int argc, char** argv) {
   } else if (Status listening = server.listen(config.socket_path); !listening.is_ok()) {
     KVTIER_LOG_ERROR("cannot listen on {}: {}", config.socket_path, listening.message());
     return 1;
-  }
-
-  // /metrics on the control thread: rendering reads the Service's state directly.
-  daemon::MetricsServer metrics(io, [&service] { return service.render_metrics(); });
-  if (config.metrics_addr != "off") {
-    if (Status bound = metrics.listen(config.metrics_addr); bound.is_ok()) {
-      KVTIER_LOG_INFO("metrics at http://{}/metrics", metrics.address());
-    } else if (config.metrics_addr == daemon::kDefaultMetricsAddr) {
-      // Only the default may be taken (another kvtierd, a test): say so and go on.
-      KVTIER_LOG_WARN("metrics: {}; running without /metrics (set metrics-addr)", bound.message());
-    } else {
-      KVTIER_LOG_ERROR("metrics-addr {}: {}", config.metrics_addr, bound.message());
-      return 1;
-    }
   }
 
   daemon::ServiceNotifier notifier(io, [&service] { return service.status_line(); });
