@@ -52,6 +52,21 @@ milliseconds remaining(Clock::time_point deadline) {
   return left.count() > 0 ? left : milliseconds{0};
 }
 
+std::string describe_stats(const StatsInfo& stats) {
+  std::string text;
+  for (const TierStatsInfo& tier : stats.tiers) {
+    text += fmt::format("{}: {}/{} bytes, {} blocks; ", tier_name(tier.tier), tier.used_bytes,
+                        tier.capacity_bytes, tier.blocks);
+  }
+  return text + fmt::format(
+                    "copies_in_flight {}, pinned_blocks {}, demoted {} bytes, evicted {} blocks, "
+                    "connections {}",
+                    stats.copies_in_flight, stats.pinned_blocks, stats.bytes_demoted,
+                    stats.blocks_evicted, stats.connections);
+}
+
+}  // namespace
+
 std::string read_all(int fd) {
   std::string text;
   char buffer[4096];
@@ -65,7 +80,6 @@ std::string read_all(int fd) {
   return text;
 }
 
-// Spawns argv with stdout/stderr redirected to the given fds (stdin from /dev/null).
 Result<pid_t> spawn(const std::vector<std::string>& argv, int stdout_fd, int stderr_fd) {
   std::vector<char*> args;
   for (const std::string& arg : argv) args.push_back(const_cast<char*>(arg.c_str()));
@@ -81,21 +95,6 @@ Result<pid_t> spawn(const std::vector<std::string>& argv, int stdout_fd, int std
   if (error != 0) return errno_status(error, "posix_spawn " + argv[0]);
   return pid;
 }
-
-std::string describe_stats(const StatsInfo& stats) {
-  std::string text;
-  for (const TierStatsInfo& tier : stats.tiers) {
-    text += fmt::format("{}: {}/{} bytes, {} blocks; ", tier_name(tier.tier), tier.used_bytes,
-                        tier.capacity_bytes, tier.blocks);
-  }
-  return text + fmt::format(
-                    "copies_in_flight {}, pinned_blocks {}, demoted {} bytes, evicted {} blocks, "
-                    "connections {}",
-                    stats.copies_in_flight, stats.pinned_blocks, stats.bytes_demoted,
-                    stats.blocks_evicted, stats.connections);
-}
-
-}  // namespace
 
 bool names_flag(const std::vector<std::string>& flags, std::string_view name) {
   for (const std::string& flag : flags) {

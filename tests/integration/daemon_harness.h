@@ -63,6 +63,12 @@ struct ProcessResult {
   std::string describe() const;  // status plus both outputs, for failure messages
 };
 
+// Starts `argv` (argv[0] a path) with posix_spawn, stdin from /dev/null and stdout and
+// stderr on the given descriptors.
+Result<pid_t> spawn(const std::vector<std::string>& argv, int stdout_fd, int stderr_fd);
+// Everything written to `fd` (a memfd or file), from its start.
+std::string read_all(int fd);
+
 // Runs `argv` (argv[0] a path) with posix_spawn, capturing stdout and stderr.
 ProcessResult run_process(const std::vector<std::string>& argv, milliseconds timeout = kDeadline);
 

@@ -14,23 +14,9 @@
 
 #include "tests/integration/nvme_harness.h"
 
-extern char** environ;
 
 namespace kvtier::integration {
 namespace {
-
-std::string read_all(int fd) {
-  std::string text;
-  char buffer[4096];
-  off_t offset = 0;
-  while (true) {
-    ssize_t n = ::pread(fd, buffer, sizeof(buffer), offset);
-    if (n <= 0) break;
-    text.append(buffer, static_cast<size_t>(n));
-    offset += n;
-  }
-  return text;
-}
 
 bool contains(const std::string& text, std::string_view fragment) {
   return text.find(fragment) != std::string::npos;
@@ -137,20 +123,10 @@ Result<std::unique_ptr<BackgroundProcess>> BackgroundProcess::start(
   UniqueFd out(::memfd_create("stdout", MFD_CLOEXEC));
   UniqueFd err(::memfd_create("stderr", MFD_CLOEXEC));
   if (!out.valid() || !err.valid()) return errno_status(errno, "memfd_create");
-  std::vector<char*> args;
-  for (const std::string& arg : argv) args.push_back(const_cast<char*>(arg.c_str()));
-  args.push_back(nullptr);
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_adddup2(&actions, out.get(), 1);
-  posix_spawn_file_actions_adddup2(&actions, err.get(), 2);
-  pid_t pid = -1;
-  int error = ::posix_spawn(&pid, args[0], &actions, nullptr, args.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
-  if (error != 0) return errno_status(error, "posix_spawn " + argv[0]);
+  auto pid = spawn(argv, out.get(), err.get());
+  if (!pid.is_ok()) return pid.status();
   return std::unique_ptr<BackgroundProcess>(
-      new BackgroundProcess(pid, std::move(out), std::move(err)));
+      new BackgroundProcess(*pid, std::move(out), std::move(err)));
 }
 
 BackgroundProcess::~BackgroundProcess() {

@@ -15,7 +15,6 @@
 #include "common/unique_fd.h"
 #include "ipc/unix_socket.h"
 
-extern char** environ;
 
 namespace kvtier::integration {
 namespace {
@@ -73,20 +72,10 @@ Result<std::unique_ptr<PersistentDaemon>> PersistentDaemon::start(
   // would pick the cuda backend, which takes no memfd regions.
   if (!names_flag(flags, "--device")) argv.insert(argv.end(), {"--device", "host"});
   argv.insert(argv.end(), flags.begin(), flags.end());
-  std::vector<char*> args;
-  for (const std::string& arg : argv) args.push_back(const_cast<char*>(arg.c_str()));
-  args.push_back(nullptr);
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_adddup2(&actions, log.get(), 1);
-  posix_spawn_file_actions_adddup2(&actions, log.get(), 2);
-  pid_t pid = -1;
-  int error = ::posix_spawn(&pid, args[0], &actions, nullptr, args.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
-  if (error != 0) return errno_status(error, "posix_spawn kvtierd");
+  auto pid = spawn(argv, log.get(), log.get());
+  if (!pid.is_ok()) return pid.status();
 
-  std::unique_ptr<PersistentDaemon> daemon(new PersistentDaemon(run_dir, pid));
+  std::unique_ptr<PersistentDaemon> daemon(new PersistentDaemon(run_dir, *pid));
   const auto deadline = Clock::now() + milliseconds{20'000};
   while (true) {
     if (!daemon->running()) {

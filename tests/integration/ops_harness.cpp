@@ -21,22 +21,6 @@
 extern char** environ;
 
 namespace kvtier::integration {
-namespace {
-
-std::string read_fd(int fd) {
-  std::string text;
-  char buffer[4096];
-  off_t offset = 0;
-  while (true) {
-    ssize_t n = ::pread(fd, buffer, sizeof(buffer), offset);
-    if (n <= 0) break;
-    text.append(buffer, static_cast<size_t>(n));
-    offset += n;
-  }
-  return text;
-}
-
-}  // namespace
 
 ProcessResult run_as(uid_t uid, gid_t gid, const std::vector<std::string>& argv) {
   ProcessResult result;
@@ -53,8 +37,8 @@ ProcessResult run_as(uid_t uid, gid_t gid, const std::vector<std::string>& argv)
     return 97;
   });
   result.status = wait_for_exit(child);
-  result.stdout_text = read_fd(out.get());
-  result.stderr_text = read_fd(err.get());
+  result.stdout_text = read_all(out.get());
+  result.stderr_text = read_all(err.get());
   return result;
 }
 
