@@ -131,18 +131,21 @@ class CudaDevice final : public Device, public LaneOwner {
           s.dst_offset > dst.size_bytes() || s.bytes > dst.size_bytes() - s.dst_offset) {
         return invalid_argument("segment {} lies outside its memories", i);
       }
+      if (s.bytes != 0 && (src.gpu_at(s.src_offset) != src.gpu_at(s.src_offset + s.bytes - 1) ||
+                           dst.gpu_at(s.dst_offset) != dst.gpu_at(s.dst_offset + s.bytes - 1))) {
+        return invalid_argument("segment {} straddles two GPUs' parts of the arena", i);
+      }
     }
-    merge_adjacent_segments(batch.segments);
+    // Merged runs stay within one GPU's memory: a run's GPU picks its stream.
+    merge_adjacent_segments(batch.segments, [&](uint32_t memory, uint64_t offset) {
+      return offset > 0 && memories[memory]->gpu_at(offset) != memories[memory]->gpu_at(offset - 1);
+    });
     for (size_t i = 0; i < batch.segments.size(); ++i) {
       const CopySegment& s = batch.segments[i];
       if (s.bytes == 0) continue;
       const CudaMemory& src = *memories[s.src_memory];
       const CudaMemory& dst = *memories[s.dst_memory];
       const int src_gpu = src.gpu_at(s.src_offset), dst_gpu = dst.gpu_at(s.dst_offset);
-      if (src_gpu != src.gpu_at(s.src_offset + s.bytes - 1) ||
-          dst_gpu != dst.gpu_at(s.dst_offset + s.bytes - 1)) {
-        return invalid_argument("segment {} straddles two GPUs' parts of the arena", i);
-      }
       // The engine-side GPU's copy engines move the bytes; between two GPUs, the
       // destination's.
       const int gpu = dst_gpu >= 0 ? dst_gpu : std::max(src_gpu, 0);

@@ -17,7 +17,8 @@ uint32_t CopyBatch::memory_index(const std::shared_ptr<Memory>& memory) {
   return static_cast<uint32_t>(memories.size() - 1);
 }
 
-size_t merge_adjacent_segments(std::vector<CopySegment>& segments) {
+size_t merge_adjacent_segments(std::vector<CopySegment>& segments,
+                               const std::function<bool(uint32_t, uint64_t)>& splits_at) {
   if (segments.size() < 2) return 0;
   // Sorting by (memories, source offset) puts continuations next to each other
   // whatever order the caller produced; copies within a batch are unordered anyway.
@@ -33,7 +34,9 @@ size_t merge_adjacent_segments(std::vector<CopySegment>& segments) {
     const bool continues = next.src_memory == last.src_memory &&
                            next.dst_memory == last.dst_memory &&
                            next.src_offset == last.src_offset + last.bytes &&
-                           next.dst_offset == last.dst_offset + last.bytes;
+                           next.dst_offset == last.dst_offset + last.bytes &&
+                           !(splits_at && (splits_at(next.src_memory, next.src_offset) ||
+                                           splits_at(next.dst_memory, next.dst_offset)));
     if (continues) {
       last.bytes += next.bytes;
     } else {

@@ -108,8 +108,12 @@ using CopyDone = std::function<void(Status)>;
 // Merges segments that continue each other (same memories, both offsets contiguous)
 // into one, keeping the batch's meaning; returns how many segments it removed. Engine
 // planes of consecutive blocks often sit back to back, and one copy of N bytes costs
-// far less than N/k copies of k bytes on every backend.
-size_t merge_adjacent_segments(std::vector<CopySegment>& segments);
+// far less than N/k copies of k bytes on every backend. `splits_at(memory, offset)`,
+// when given, says where a memory changes character (a GPU's part of the arena ends):
+// no merged segment crosses such an offset on either side.
+size_t merge_adjacent_segments(
+    std::vector<CopySegment>& segments,
+    const std::function<bool(uint32_t memory, uint64_t offset)>& splits_at = {});
 
 class Device {
  public:

@@ -31,6 +31,20 @@ TEST(SegmentMerge, MergesContinuationsInAnyOrder) {
   EXPECT_EQ(segments[0].bytes, 300u);
 }
 
+TEST(SegmentMerge, NeverJoinsAcrossWhereAMemorySplits) {
+  // Memory 1 splits at 1000 (one GPU's part ends): 900..1000 and 1000..1100 stay apart,
+  // on either side of the copy.
+  std::vector<CopySegment> segments = {{0, 1, 0, 900, 100}, {0, 1, 100, 1000, 100}};
+  auto split_at_1000 = [](uint32_t memory, uint64_t offset) {
+    return memory == 1 && offset == 1000;
+  };
+  EXPECT_EQ(merge_adjacent_segments(segments, split_at_1000), 0u);
+  EXPECT_EQ(segments.size(), 2u);
+  std::vector<CopySegment> reversed = {{1, 0, 900, 0, 100}, {1, 0, 1000, 100, 100}};
+  EXPECT_EQ(merge_adjacent_segments(reversed, split_at_1000), 0u);
+  EXPECT_EQ(merge_adjacent_segments(segments), 1u);  // without the split they join
+}
+
 TEST(SegmentMerge, KeepsWhatDoesNotContinue) {
   std::vector<CopySegment> segments = {
       {0, 1, 0, 1000, 100},    // source continues below but destination does not
