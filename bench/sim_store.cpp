@@ -79,12 +79,11 @@ SimStore::TierSpace SimStore::space(Tier tier) const {
   return {capacity_[index(tier)], used_[index(tier)]};
 }
 
-void SimStore::for_each_unreferenced(
+void SimStore::for_each_in_tier(
     Tier tier, const std::function<void(const BlockKey&, const BlockPlacement&)>& fn) const {
   if (tier == Tier::kNone) return;
   for (uint32_t id : residents_[index(tier)]) {
-    const Block& block = blocks_[id];
-    if (block.session_refs == 0) fn(key_of(id), to_placement(block));
+    fn(key_of(id), to_placement(blocks_[id]));
   }
 }
 

@@ -42,7 +42,7 @@ class SimStore final : public policy::PlacementView {
   // ---- PlacementView ----
   BlockPlacement placement(const BlockKey& key) const override;
   TierSpace space(Tier tier) const override;
-  void for_each_unreferenced(
+  void for_each_in_tier(
       Tier tier,
       const std::function<void(const BlockKey&, const BlockPlacement&)>& fn) const override;
 

@@ -8,6 +8,7 @@
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/post.hpp>
 
+#include <algorithm>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -34,12 +35,11 @@ class StorePlacementView final : public policy::PlacementView {
     // used would make the planner evict again for room already being made.
     return {usage.capacity_bytes, usage.used_bytes - store_.unconfirmed_release_bytes(tier)};
   }
-  void for_each_unreferenced(
+  void for_each_in_tier(
       Tier tier,
       const std::function<void(const BlockKey&, const BlockPlacement&)>& fn) const override {
-    store_.for_each_in_tier(tier, [&](const BlockKey& key, const BlockInfo& info) {
-      if (info.session_refs == 0) fn(key, to_placement(key, info));
-    });
+    store_.for_each_in_tier(
+        tier, [&](const BlockKey& key, const BlockInfo& info) { fn(key, to_placement(key, info)); });
   }
 
  private:
@@ -54,19 +54,28 @@ using KeySet = std::unordered_set<BlockKey, BlockKeyHasher>;
 
 // A session is a prefix: once one of its blocks is gone, the blocks after it can never
 // be loaded as part of that prefix, so the session is cut there and drops its
-// references to the rest. `cut` is told about every session it shortened.
+// references to the rest. Only the sessions holding a removed block are visited (the
+// table's reverse index). `cut` is told about every session it shortened.
 void cut_sessions_at(const KeySet& removed, policy::SessionTable& sessions, BlockStore& store,
                      const std::function<void(const policy::Session&)>& cut) {
-  for (const policy::Session* view : sessions.by_last_active()) {
-    policy::Session* session = sessions.find(view->namespace_id, view->id);
-    auto& blocks = session->blocks;
+  std::vector<policy::Session*> holders;
+  for (const BlockKey& key : removed) {
+    const policy::BlockHolders* h = sessions.holders(key);
+    if (h == nullptr) continue;
+    h->for_each([&](const policy::Session& s) {
+      holders.push_back(sessions.find(s.namespace_id, s.id));
+    });
+  }
+  std::sort(holders.begin(), holders.end());
+  holders.erase(std::unique(holders.begin(), holders.end()), holders.end());
+  for (policy::Session* session : holders) {
+    const auto& blocks = session->blocks;
     for (size_t i = 0; i < blocks.size(); ++i) {
       if (removed.count({session->layout, blocks[i]}) == 0) continue;
-      for (size_t j = i; j < blocks.size(); ++j) {
-        BlockKey key{session->layout, blocks[j]};
+      for (const BlockHash& hash : sessions.truncate(*session, i)) {
+        BlockKey key{session->layout, hash};
         if (removed.count(key) == 0) store.drop_session_ref(key);
       }
-      blocks.resize(i);
       cut(*session);
       break;
     }
@@ -159,16 +168,23 @@ Status Service::submit_copy(CopyBatch batch, std::function<void(Status)> done) {
 }
 
 Result<std::optional<BlockLocation>> Service::reserve_block(const BlockKey& key,
-                                                            uint64_t block_bytes, int gpu_part) {
+                                                            uint64_t block_bytes, int gpu_part,
+                                                            uint64_t room_bytes) {
   static constexpr Tier kSaveTiers[] = {Tier::kHbm, Tier::kRam};
   auto reserved = store_->reserve(key, kSaveTiers, now_ms(), gpu_part);
   if (reserved.is_ok() || reserved.status().code() != StatusCode::kResourceExhausted)
     return reserved;
   // Every tier is full: drop the coldest blocks to make room, from the slowest tier
   // that has any to give (RAM may hold only blocks in flight while HBM holds cold ones).
+  // Room for the rest of the request at once (`room_bytes`), so that a request plans
+  // once, not once per block; for one block when that much cannot be had.
   for (Tier victim_tier : {Tier::kRam, Tier::kHbm}) {
     if (store_->memory(victim_tier) == nullptr) continue;
-    auto moves = planner_.make_room(victim_tier, block_bytes, sessions_, *view_);
+    auto moves = planner_.make_room(victim_tier, std::max(room_bytes, block_bytes), sessions_,
+                                    *view_);
+    if (moves.empty() && room_bytes > block_bytes) {
+      moves = planner_.make_room(victim_tier, block_bytes, sessions_, *view_);
+    }
     if (moves.empty()) continue;
     apply_moves(moves);
     return store_->reserve(key, kSaveTiers, now_ms(), gpu_part);
@@ -191,7 +207,8 @@ Status Service::handle_save(const ConnectionPtr& c, EngineContext& engine, uint6
   uint32_t deduplicated = 0;
   for (size_t i = 0; i < request.hashes.size(); ++i) {
     BlockKey key{engine.layout_key, request.hashes[i]};
-    auto slot = reserve_block(key, engine.layout.block_bytes, engine.gpu_part);
+    const uint64_t rest = (request.hashes.size() - i) * engine.layout.block_bytes;
+    auto slot = reserve_block(key, engine.layout.block_bytes, engine.gpu_part, rest);
     if (!slot.is_ok()) {
       for (const BlockKey& done : written) store_->abort_write(done);
       return slot.status();
@@ -252,7 +269,17 @@ void Service::finish_save(const ConnectionPtr& c, uint64_t id, const EngineConte
     out.setDeduplicated(deduplicated);
   });
   if (!session.is_ok()) KVTIER_LOG_WARN("save: {}", session.status().to_string());
-  run_planner();
+  plan_soon();
+}
+
+void Service::plan_soon() {
+  // Saves finishing together share one plan, run after their replies are sent.
+  if (plan_posted_ || stopping_) return;
+  plan_posted_ = true;
+  asio::post(io_, [this] {
+    plan_posted_ = false;
+    run_planner();
+  });
 }
 
 Status Service::handle_lookup(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
@@ -328,6 +355,7 @@ void Service::apply_moves(const std::vector<policy::Move>& moves, int hbm_part) 
     if (!locations.is_ok()) {
       KVTIER_LOG_DEBUG("move of {} skipped: {}", move.block.hash.to_hex(),
                        locations.status().to_string());
+      planner_.revisit(sessions_, move.block);
       continue;
     }
     const uint64_t bytes = store_->block_bytes(move.block.layout);
@@ -348,7 +376,10 @@ void Service::apply_moves(const std::vector<policy::Move>& moves, int hbm_part) 
   Status submitted = submit_copy(std::move(batch), [this, started](Status status) {
     for (const Started& move : started) {
       store_->finish_move(move.key, status.is_ok());
-      if (!status.is_ok()) continue;
+      if (!status.is_ok()) {
+        planner_.revisit(sessions_, move.key);
+        continue;
+      }
       (move.kind == policy::MoveKind::kDemote ? counters_.bytes_demoted
                                               : counters_.bytes_promoted) += move.bytes;
     }

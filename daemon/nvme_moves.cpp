@@ -5,6 +5,7 @@
 // is never in a state a crash can corrupt; a failed demotion leaves the block where
 // it was.
 #include <algorithm>
+#include <unordered_set>
 
 #include "common/log.h"
 #include "common/units.h"
@@ -44,7 +45,10 @@ void for_each_job(std::vector<Item>& items, std::vector<BlockKey>& keys, Fn&& su
 
 void Service::demote_to_nvme(const std::vector<BlockKey>& keys) {
   if (!nvme_ || keys.empty()) return;
-  if (!nvme_->draining() && now_ms() < nvme_->write_paused_until_ms) return;
+  if (!nvme_->draining() && now_ms() < nvme_->write_paused_until_ms) {
+    for (const BlockKey& key : keys) planner_.revisit(sessions_, key);  // after the pause
+    return;
+  }
   // Session records first (the writer keeps order): an index that names a block
   // always comes with the session record that refers to it.
   flush_sessions(false);
@@ -69,6 +73,13 @@ void Service::demote_to_nvme(const std::vector<BlockKey>& keys) {
     items.push_back({nvme_key(key), memory->host_data() + from.offset, bytes, to.offset,
                      steady_to_wall_ms(info->last_access_ms, steady_now, wall_now)});
     started.push_back(key);
+  }
+  if (started.size() < keys.size()) {
+    // Blocks that could not start now (no room yet, busy): planned again later.
+    std::unordered_set<BlockKey, BlockKeyHasher> going(started.begin(), started.end());
+    for (const BlockKey& key : keys) {
+      if (!going.contains(key)) planner_.revisit(sessions_, key);
+    }
   }
   if (needed_bytes > 0) {
     // NVMe is full: its coldest blocks go. Their slots are reusable once their index
@@ -97,6 +108,7 @@ void Service::demote_to_nvme(const std::vector<BlockKey>& keys) {
                       continue;
                     }
                     ++failed;
+                    planner_.revisit(sessions_, job_keys[i]);
                     if (first_error == nullptr) first_error = &results[i];
                     if (nvme_->draining()) nvme_->drain_failed.insert(job_keys[i]);
                   }

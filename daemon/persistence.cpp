@@ -197,13 +197,13 @@ Status Service::recover_nvme() {
       store_->add_session_ref({layout, hash});
     }
     restored.created_ms = wall_to_steady_ms(record.created_wall_ms, steady_now, wall_now);
-    restored.last_active_ms = wall_to_steady_ms(record.last_active_wall_ms, steady_now, wall_now);
     restored.turns = record.turns;
-    sessions_.restore_state(
-        restored, record.state == 0 ? policy::SessionState::kActive : policy::SessionState::kIdle);
-    restored.priority = record.priority;
     restored.returns = record.returns;
     restored.sum_log_gap = record.sum_log_gap;
+    sessions_.set_priority(restored, record.priority);
+    sessions_.restore(
+        restored, record.state == 0 ? policy::SessionState::kActive : policy::SessionState::kIdle,
+        wall_to_steady_ms(record.last_active_wall_ms, steady_now, wall_now));
     if (present.size() < record.blocks.size()) {
       ++cut_sessions;
       note_session_changed(restored);

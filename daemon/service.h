@@ -203,14 +203,17 @@ class Service final : public ipc::RequestHandler {
   void finish_save(const ConnectionPtr& c, uint64_t id, const EngineContext& engine,
                    const BlockListRequest& request, const std::vector<BlockKey>& written,
                    uint32_t deduplicated, const Status& copy_status);
-  // Reserves a slot for a new block, evicting cold blocks if every tier is full.
+  // Reserves a slot for a new block, evicting cold blocks if every tier is full: room
+  // for `room_bytes` (the rest of the request) at once when it can be had.
   Result<std::optional<BlockLocation>> reserve_block(const BlockKey& key, uint64_t block_bytes,
-                                                     int gpu_part = SlabAllocator::kAnyPart);
+                                                     int gpu_part, uint64_t room_bytes);
   void add_plane_segments(CopyBatch& batch, const EngineContext& engine, uint64_t engine_block_id,
                           const BlockLocation& slot, bool to_engine);
   // Submits `batch`; `done` runs later on the control thread.
   Status submit_copy(CopyBatch batch, std::function<void(Status)> done);
   void run_planner();
+  // Runs the planner once the current handlers are done (coalesces post-Save plans).
+  void plan_soon();
   // Moves into HBM go to `hbm_part` (the GPU of the engine that asked) where it has room.
   void apply_moves(const std::vector<policy::Move>& moves, int hbm_part = SlabAllocator::kAnyPart);
   void evict_blocks(const std::vector<BlockKey>& keys);
@@ -252,6 +255,7 @@ class Service final : public ipc::RequestHandler {
   policy::SessionTable sessions_;
   policy::Planner planner_;
   asio::steady_timer plan_timer_;
+  bool plan_posted_ = false;  // plan_soon() has a run queued
   Counters counters_;
   RequestMetrics request_metrics_;
   // Admin-pinned sessions → the blocks their pin holds (one BlockStore pin each).

@@ -1,19 +1,19 @@
 // Internal to the planner (not part of policy's interface): what one planning call
-// reads (PlanContext), one pass over the session table that every rule shares
-// (PlanIndex), and the order in which each policy gives blocks up (sacrifice_order).
+// reads (PlanContext) and the order in which each policy gives blocks up
+// (sacrifice_order).
 //
-// Planning runs after every save and on a timer, so it must not walk the session
-// table once per rule: PlanIndex walks it once, looks each referenced block's
-// placement up once, and keeps per-block and per-session facts in flat arrays.
+// A plan must cost what it moves and what the tiers it relieves hold, never what the
+// daemon holds in total: blocks are enumerated per tier (PlacementView), and what a
+// block's holders say about it (in a turn, durable, how recently active, how deep in
+// their prefixes) is kept per block by the SessionTable (BlockHolders), not gathered
+// by walking every session.
 //
 // Thread-safety: none; values local to one planning call.
 #pragma once
 
-#include <array>
 #include <cstdint>
-#include <memory>
 #include <optional>
-#include <span>
+#include <unordered_map>
 #include <vector>
 
 #include "policy/plan_state.h"
@@ -22,77 +22,11 @@
 
 namespace kvtier::policy::detail {
 
-// A block some session references, as this planning call sees it.
-struct IndexedBlock {
-  BlockKey key;
-  Placement placement;
-  uint32_t hottest = 0;  // position (in session order) of its hottest holder
-  uint32_t depth = 0;    // its index in its holders' prefixes (the largest, if they differ)
-  uint8_t wanted = 0;    // bit t: a holder is not past tier t's idle threshold
-  bool active = false;   // a holder is in a turn
-  uint8_t priority = 0;  // the highest priority among its holders
-  // kPredictive: Σ over holders of P(return within tier t's horizon) — HBM and RAM
-  // use their idle thresholds, NVMe "ever" — so shared prefixes are worth more.
-  std::array<double, kTierCount> value{};
-};
-
-// Per session (in session order): past which tiers' idle thresholds it is, and
-// (kPredictive) its return probabilities for each tier's horizon.
-struct SessionOutlook {
-  uint8_t past_threshold = 0;  // bit t
-  std::array<double, kTierCount> p{};
-};
-
-class PlanContext;
-
-// The buffers a planning call fills, kept by the Planner between calls so that a
-// plan in the steady state allocates (and page-faults) nothing.
-struct PlanScratch {
-  static constexpr uint32_t kEmpty = UINT32_MAX;
-  struct Slot {  // 8 bytes: the table is probed at random, so it must stay small
-    uint32_t fingerprint = 0;
-    uint32_t block = kEmpty;  // index into blocks
-  };
-  std::vector<const Session*> order;
-  std::vector<IndexedBlock> blocks;
-  std::vector<uint32_t> refs;
-  std::vector<uint32_t> ref_begin;
-  std::vector<SessionOutlook> outlooks;
-  std::vector<Slot> slots;  // open addressing over blocks
-};
-
-class PlanIndex {
- public:
-  // Fills `scratch` (which must outlive this index) from one pass over the sessions.
-  PlanIndex(PlanContext& ctx, PlanScratch& scratch);
-
-  std::vector<IndexedBlock>& blocks() { return s_.blocks; }
-  const std::vector<IndexedBlock>& blocks() const { return s_.blocks; }
-  // Indices into blocks() of session `position`'s references, in prefix order.
-  std::span<const uint32_t> refs(size_t position) const {
-    return {s_.refs.data() + s_.ref_begin[position], s_.refs.data() + s_.ref_begin[position + 1]};
-  }
-  const SessionOutlook& outlook(size_t position) const { return s_.outlooks[position]; }
-  // The index of `key` in blocks(), or -1 when no session references it.
-  int64_t find(const BlockKey& key) const;
-
- private:
-  static uint64_t fingerprint_of(const BlockKey& key);
-
-  PlanScratch& s_;
-  uint64_t mask_ = 0;
-};
-
 class PlanContext {
  public:
   PlanContext(const PlannerConfig& config, const CostModel& cost, const SessionTable& sessions,
-              const PlacementView& view, uint64_t now_ms, PlanScratch& scratch)
-      : config(config),
-        cost(cost),
-        sessions(sessions),
-        view(view),
-        now_ms(now_ms),
-        scratch_(scratch) {}
+              const PlacementView& view, uint64_t now_ms)
+      : config(config), cost(cost), sessions(sessions), view(view), now_ms(now_ms) {}
 
   const PlannerConfig& config;
   const CostModel& cost;
@@ -101,18 +35,24 @@ class PlanContext {
   const uint64_t now_ms;
 
   bool predictive() const { return config.mode == PolicyMode::kPredictive; }
-  // Each built on first use, then kept for the rest of the call.
+  // Built on first use, then kept for the rest of the call.
   const ReturnPredictor& predictor();
-  PlanIndex& index();
-  // Sessions holding blocks, in the order they give blocks up: normal idle sessions,
-  // then normal active ones, then durable ones; each group least recently active
-  // first (ties by id, then namespace: plans must not depend on hash-map order).
-  const std::vector<const Session*>& session_order();
 
   // Whether `session` is idle, not durable, and idle for at least `tier`'s idle
-  // threshold. (kPredictive also spares it when it is predicted back within the
-  // threshold with probability ≥ imminent_probability: SessionOutlook has the verdict.)
+  // threshold.
   bool idle_for_threshold(const Session& session, Tier tier) const;
+  // The same, and (kPredictive, once the predictor has seen returns) not predicted back
+  // within the threshold with probability >= imminent_probability.
+  bool past_threshold(const Session& session, Tier tier);
+  // Whether some holder of the block is not past `tier`'s threshold (in a turn,
+  // durable, recently active, or predicted back): then the block stays in `tier`.
+  // Judged once per block per call.
+  bool wanted(const BlockKey& key, const BlockHolders& holders, Tier tier);
+  // kPredictive: Σ over the block's holders of P(return within `horizon`'s threshold)
+  // (HBM, RAM) or P(return at all) (NVMe), so shared prefixes are worth more. Blocks
+  // held by more than kValueSample sessions are valued from a sample of them, scaled.
+  static constexpr uint32_t kValueSample = 64;
+  double value(const BlockHolders& holders, Tier horizon);
 
   // Cost at the next turn of a block in `tier`: its reload time, or its recompute
   // time when `tier` is kNone (or reloading would be slower).
@@ -124,29 +64,33 @@ class PlanContext {
                          uint64_t bytes) const;
 
  private:
-  PlanScratch& scratch_;
+  double probability(const Session& session, Tier horizon);
+
   std::optional<ReturnPredictor> predictor_;
-  std::optional<PlanIndex> index_;
-  bool session_order_ready_ = false;
+  std::unordered_map<BlockKey, uint8_t, BlockKeyHasher> wanted_;  // bit t: judged, bit 4+t: wanted
 };
 
+// A movable block in a tier, with its holders (nullptr when no session holds it).
 struct Candidate {
   BlockKey key;
   Placement placement;
-  uint32_t depth = 0;  // index in the prefix of the sessions holding it; 0 when none
+  const BlockHolders* holders = nullptr;
+  uint32_t depth() const { return holders == nullptr ? 0 : holders->depth; }
 };
 
 enum class Sacrifice { kDemote, kEvict };
 
 // Movable blocks now in `tier`, in the order the configured policy gives them up:
 //  kLru: least recently used first (blocks used together: deepest in the prefix first);
-//  kSessionAware: idle sessions' blocks (least recently active session first, tail
+//  kSessionAware: idle sessions' blocks (least recently active holder first, tail
 //    first), blocks no session holds (LRU), active sessions', durable sessions'; a
-//    shared block goes with its hottest holder;
+//    shared block goes with its most recently active holder. For kEvict the blocks no
+//    session holds go first;
 //  kPredictive: durable and active last; otherwise least loss first, where loss =
 //    value × (next-turn cost after the move − cost now) per byte; among equal losses
-//    the least recently active session's first, each session's tail first (a block
-//    is worth nothing without those before it).
+//    the least recently active holder's first, each session's tail first (a block is
+//    worth nothing without those before it).
+// O(b log b) for the b blocks in `tier`.
 std::vector<Candidate> sacrifice_order(PlanContext& ctx, const PlanState& plan, Tier tier,
                                        Sacrifice kind);
 

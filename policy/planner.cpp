@@ -52,35 +52,40 @@ Planner::Planner(PlannerConfig config, const Clock& clock)
     : config_(config),
       cost_(config.cost),
       clock_(clock),
-      scratch_(std::make_unique<detail::PlanScratch>()) {}
+      idle_scan_(std::make_unique<detail::IdleScan>()) {}
 
 Planner::~Planner() = default;
 
 void Planner::set_config(const PlannerConfig& config) {
   config_ = config;
   cost_.set_config(config.cost);
+  *idle_scan_ = detail::IdleScan{};  // thresholds may have changed: look at every session again
 }
 
 std::vector<Move> Planner::plan_demotions(const SessionTable& sessions,
                                           const PlacementView& view) const {
-  detail::PlanContext ctx(config_, cost_, sessions, view, clock_.now_ms(), *scratch_);
+  detail::PlanContext ctx(config_, cost_, sessions, view, clock_.now_ms());
   detail::PlanState plan(view);
-  if (config_.mode != PolicyMode::kLru) detail::demote_idle_sessions(ctx, plan);
+  if (config_.mode != PolicyMode::kLru) detail::demote_idle_sessions(ctx, plan, *idle_scan_);
   detail::relieve_pressure(ctx, plan);
   if (config_.mode == PolicyMode::kPredictive) detail::prefetch_predicted_returns(ctx, plan);
   return record(plan.take_moves());
 }
 
+void Planner::revisit(const SessionTable& sessions, const BlockKey& key) const {
+  detail::revisit_holders(sessions, key, clock_.now_ms(), *idle_scan_);
+}
+
 std::vector<Move> Planner::make_room(Tier tier, uint64_t bytes, const SessionTable& sessions,
                                      const PlacementView& view) const {
-  detail::PlanContext ctx(config_, cost_, sessions, view, clock_.now_ms(), *scratch_);
+  detail::PlanContext ctx(config_, cost_, sessions, view, clock_.now_ms());
   return record(detail::room_for(ctx, tier, bytes));
 }
 
 std::vector<Move> Planner::plan_turn_start(const Session& session, const SessionTable& sessions,
                                            const PlacementView& view) const {
   if (config_.mode == PolicyMode::kLru) return {};
-  detail::PlanContext ctx(config_, cost_, sessions, view, clock_.now_ms(), *scratch_);
+  detail::PlanContext ctx(config_, cost_, sessions, view, clock_.now_ms());
   return record(detail::turn_start(ctx, session));
 }
 

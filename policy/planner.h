@@ -55,7 +55,7 @@
 
 namespace kvtier::policy {
 namespace detail {
-struct PlanScratch;
+struct IdleScan;
 }
 
 enum class PolicyMode : uint8_t { kLru = 0, kSessionAware = 1, kPredictive = 2 };
@@ -133,8 +133,9 @@ class PlacementView {
     uint64_t used_bytes = 0;
   };
   virtual TierSpace space(Tier tier) const = 0;
-  // Visible blocks in `tier` that no session references, with their placements.
-  virtual void for_each_unreferenced(
+  // Visible blocks in `tier`, with their placements. Must cost what the tier holds,
+  // not what every tier holds: plans under pressure enumerate the pressed tier.
+  virtual void for_each_in_tier(
       Tier tier, const std::function<void(const BlockKey&, const BlockPlacement&)>& fn) const = 0;
 };
 
@@ -154,7 +155,15 @@ class Planner {
 
   // Periodic and after-save planning: idle demotions, watermark demotions and
   // evictions, drops and (kPredictive) prefetch — every rule of the mode but BeginTurn.
+  // Its cost follows what changed, not what is held: idle demotion looks only at
+  // sessions that crossed a threshold since the last call (it remembers how far it
+  // got), pressure at the blocks of the tiers over their watermarks, prefetch at the
+  // most recently active idle sessions.
   std::vector<Move> plan_demotions(const SessionTable& sessions, const PlacementView& view) const;
+
+  // A planned move of `key` did not happen (its copy failed, or the tier could not
+  // take it then): idle demotion looks at the idle sessions holding it again next plan.
+  void revisit(const SessionTable& sessions, const BlockKey& key) const;
 
   // Blocks to evict from `tier` so that `bytes` more fit; empty when nothing may go
   // (all pinned) — the caller then reports ResourceExhausted.
@@ -187,8 +196,8 @@ class Planner {
   // Observability only: what recent plans decided. Kept here (mutable) so planning
   // stays a const operation on the state it reads.
   mutable std::deque<PlanRecord> recent_;
-  // Buffers reused from one plan to the next (no state carries over between plans).
-  mutable std::unique_ptr<detail::PlanScratch> scratch_;
+  // How far idle demotion has looked (planner_rules.h); reset by set_config.
+  mutable std::unique_ptr<detail::IdleScan> idle_scan_;
 };
 
 }  // namespace kvtier::policy

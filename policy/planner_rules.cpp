@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <set>
 
 namespace kvtier::policy::detail {
 namespace {
@@ -20,25 +21,108 @@ bool leave_tier(PlanContext& ctx, PlanState& plan, Tier tier, const Candidate& c
 
 }  // namespace
 
-void demote_idle_sessions(PlanContext& ctx, PlanState& plan) {
+namespace {
+
+// kRetry: look again next plan; kSpared: predicted back, look again in kRecheckMs.
+enum class Outcome { kDone, kRetry, kSpared, kBlocked };
+
+// Plans `session`'s blocks in `tier` out of it, tail first. kRetry when some of its
+// blocks may still need to leave `tier` later: busy now, or on their way down to it.
+Outcome demote_session(PlanContext& ctx, PlanState& plan, const Session& session, Tier tier) {
+  if (!ctx.idle_for_threshold(session, tier)) return Outcome::kDone;  // durable
+  if (!ctx.past_threshold(session, tier)) return Outcome::kSpared;    // predicted back
+  Outcome outcome = Outcome::kDone;
+  for (auto it = session.blocks.rbegin(); it != session.blocks.rend(); ++it) {
+    const BlockKey key{session.layout, *it};
+    const Placement placement = ctx.view.placement(key);
+    if (placement.tier == Tier::kNone || placement.tier > tier) continue;
+    const BlockHolders* holders = ctx.sessions.holders(key);
+    if (placement.tier < tier) {
+      // Above: moving now, or leaving its tier too (nobody there wants it), it will be
+      // in `tier` later. Kept above by a warmer holder, that holder takes it down.
+      if (plan.planned(key) || !placement.movable ||
+          (holders != nullptr && !ctx.wanted(key, *holders, placement.tier))) {
+        outcome = Outcome::kRetry;
+      }
+      continue;
+    }
+    if (plan.planned(key)) continue;
+    // A block that a session within its threshold also holds stays.
+    if (holders != nullptr && ctx.wanted(key, *holders, tier)) continue;
+    if (!placement.movable) {
+      outcome = Outcome::kRetry;  // being read or moved: look again later
+      continue;
+    }
+    if (!leave_tier(ctx, plan, tier, {key, placement, holders}, MoveReason::kIdle)) {
+      return Outcome::kBlocked;  // the tier below is full
+    }
+  }
+  return outcome;
+}
+
+}  // namespace
+
+void demote_idle_sessions(PlanContext& ctx, PlanState& plan, IdleScan& scan) {
+  const std::set<SessionTable::IdleKey>& idle = ctx.sessions.idle_sessions();
+  auto key_of = [](const IdleScan::Position& p) {
+    return SessionTable::IdleKey{p.last_active_ms, p.touch_seq, nullptr};
+  };
   for (Tier tier : {Tier::kHbm, Tier::kRam}) {
     // An idle session leaves a tier only for a tier below it: the slowest tier keeps
     // what it holds until pressure evicts it.
     if (!plan.configured(tier) || plan.below(tier) == Tier::kNone) continue;
-    const uint8_t tier_bit = static_cast<uint8_t>(1u << static_cast<unsigned>(tier));
-    PlanIndex& index = ctx.index();
-    const size_t sessions = ctx.session_order().size();
-    for (size_t i = 0; i < sessions; ++i) {
-      if ((index.outlook(i).past_threshold & tier_bit) == 0) continue;
-      const auto refs = index.refs(i);
-      for (auto it = refs.rbegin(); it != refs.rend(); ++it) {  // tail first
-        const IndexedBlock& b = index.blocks()[*it];
-        // A block that a session within its threshold also holds stays.
-        if ((b.wanted & tier_bit) != 0 || b.placement.tier != tier) continue;
-        (void)leave_tier(ctx, plan, tier, {b.key, b.placement}, MoveReason::kIdle);
+    IdleScan::PerTier& state = scan.tiers[static_cast<size_t>(tier)];
+    const uint64_t threshold = idle_threshold_of(ctx.config, tier);
+    auto due = [&](Outcome outcome) {
+      return ctx.now_ms + (outcome == Outcome::kSpared ? IdleScan::kRecheckMs : 0);
+    };
+    // Sessions to look at again: still idle since then (touched or closed ones left
+    // the idle order, and will be seen when they cross again).
+    bool blocked = false;
+    for (auto r = state.retry.begin(); r != state.retry.end();) {
+      auto found = idle.find(key_of({r->second.last_active_ms, r->first}));
+      if (found == idle.end()) {
+        r = state.retry.erase(r);
+        continue;
+      }
+      if (r->second.due_ms > ctx.now_ms || blocked) {
+        ++r;
+        continue;
+      }
+      const Outcome outcome = demote_session(ctx, plan, *found->session, tier);
+      if (outcome == Outcome::kBlocked) blocked = true;
+      if (outcome == Outcome::kDone) {
+        r = state.retry.erase(r);
+      } else {
+        r->second.due_ms = due(outcome);
+        ++r;
       }
     }
+    if (blocked) continue;
+    // Sessions that crossed the threshold since the last plan, in the order they did.
+    auto it = state.cursor ? idle.upper_bound(key_of(*state.cursor)) : idle.begin();
+    for (; it != idle.end(); ++it) {
+      if (ctx.now_ms < it->last_active_ms || ctx.now_ms - it->last_active_ms < threshold) break;
+      const Outcome outcome = demote_session(ctx, plan, *it->session, tier);
+      if (outcome == Outcome::kBlocked) break;  // again from here next time
+      if (outcome != Outcome::kDone) {
+        state.retry[it->touch_seq] = IdleScan::Retry{due(outcome), it->last_active_ms};
+      }
+      state.cursor = IdleScan::Position{it->last_active_ms, it->touch_seq};
+    }
   }
+}
+
+void revisit_holders(const SessionTable& sessions, const BlockKey& key, uint64_t now_ms,
+                     IdleScan& scan) {
+  const BlockHolders* holders = sessions.holders(key);
+  if (holders == nullptr) return;
+  holders->for_each([&](const Session& s) {
+    if (s.state != SessionState::kIdle) return;
+    for (IdleScan::PerTier& tier : scan.tiers) {
+      tier.retry[s.touch_seq] = IdleScan::Retry{now_ms, s.last_active_ms};
+    }
+  });
 }
 
 void relieve_pressure(PlanContext& ctx, PlanState& plan) {
@@ -73,29 +157,35 @@ void relieve_pressure(PlanContext& ctx, PlanState& plan) {
 void prefetch_predicted_returns(PlanContext& ctx, PlanState& plan) {
   // Moving blocks on the prior alone would be a guess: wait for observed returns.
   if (!ctx.predictor().informed()) return;
-  PlanIndex& index = ctx.index();
-  const std::vector<const Session*>& order = ctx.session_order();
+  const std::set<SessionTable::IdleKey>& idle = ctx.sessions.idle_sessions();
   // NVMe → RAM first, then RAM → HBM: a block moves at most one tier per plan.
   for (Tier upper : {Tier::kRam, Tier::kHbm}) {
     const Tier lower = plan.below(upper);
     if (!plan.configured(upper) || lower == Tier::kNone) continue;
+    if (plan.used(lower) == 0) continue;  // nothing there to bring up
     const uint64_t limit = fraction_of(watermarks_of(ctx.config, upper).low, plan.capacity(upper));
     if (plan.used(upper) >= limit) continue;
     struct Prospect {
       double probability;
-      size_t position;
+      size_t recency;  // 0: the most recently active
+      const Session* session;
     };
     std::vector<Prospect> prospects;
-    for (size_t i = 0; i < order.size(); ++i) {
-      const Session& s = *order[i];
-      if (s.state != SessionState::kIdle || s.blocks.empty()) continue;
-      const double p = s.priority > 0 ? 1.0 : index.outlook(i).p[static_cast<size_t>(upper)];
-      if (p >= ctx.config.imminent_probability) prospects.push_back({p, i});
+    size_t recency = 0;
+    for (auto it = idle.rbegin(); it != idle.rend() && recency < kProspectWindow;
+         ++it, ++recency) {
+      const Session& s = *it->session;
+      if (s.blocks.empty()) continue;
+      const double p = s.priority > 0 ? 1.0
+                       : upper == Tier::kHbm
+                           ? ctx.predictor().probability_within(s, ctx.config.hbm_idle_ms)
+                           : ctx.predictor().probability_within(s, ctx.config.ram_idle_ms);
+      if (p >= ctx.config.imminent_probability) prospects.push_back({p, recency, &s});
     }
-    // Most likely first; among equals the most recently active (later in the order).
+    // Most likely first; among equals the most recently active.
     std::sort(prospects.begin(), prospects.end(), [](const Prospect& a, const Prospect& b) {
       if (a.probability != b.probability) return a.probability > b.probability;
-      return a.position > b.position;
+      return a.recency < b.recency;
     });
     const double budget = ctx.cost.config().read_bytes_per_s[static_cast<size_t>(lower)] *
                           static_cast<double>(ctx.config.plan_interval_ms) / 1000.0 *
@@ -103,16 +193,18 @@ void prefetch_predicted_returns(PlanContext& ctx, PlanState& plan) {
     double moved = 0;
     bool full = false;
     for (const Prospect& prospect : prospects) {
-      for (uint32_t at : index.refs(prospect.position)) {  // prefix first: it is read first
-        const IndexedBlock& b = index.blocks()[at];
-        if (b.placement.tier != lower || !b.placement.movable || plan.planned(b.key)) continue;
-        if (!fits(plan.used(upper), b.placement.bytes, limit) ||
-            moved + static_cast<double>(b.placement.bytes) > budget) {
+      const Session& s = *prospect.session;
+      for (const BlockHash& hash : s.blocks) {  // prefix first: it is read first
+        const BlockKey key{s.layout, hash};
+        const Placement placement = ctx.view.placement(key);
+        if (placement.tier != lower || !placement.movable || plan.planned(key)) continue;
+        if (!fits(plan.used(upper), placement.bytes, limit) ||
+            moved + static_cast<double>(placement.bytes) > budget) {
           full = true;
           break;
         }
-        if (plan.move(b.key, b.placement, upper, MoveReason::kPredictedReturn, limit)) {
-          moved += static_cast<double>(b.placement.bytes);
+        if (plan.move(key, placement, upper, MoveReason::kPredictedReturn, limit)) {
+          moved += static_cast<double>(placement.bytes);
         }
       }
       if (full) break;
@@ -158,13 +250,8 @@ std::vector<Move> turn_start(PlanContext& ctx, const Session& session) {
       if (!fits(plan.used(top), placement.bytes, top_limit) && !victims_ready) {
         victims_ready = true;
         // Blocks of sessions in a turn (this one included) or durable ones stay.
-        const PlanIndex& index = ctx.index();
         for (const Candidate& c : sacrifice_order(ctx, plan, top, Sacrifice::kDemote)) {
-          const int64_t at = c.placement.session_refs == 0 ? -1 : index.find(c.key);
-          if (at >= 0) {
-            const IndexedBlock& b = index.blocks()[static_cast<size_t>(at)];
-            if (b.active || b.priority > 0) continue;
-          }
+          if (c.holders != nullptr && (c.holders->active > 0 || c.holders->durable > 0)) continue;
           victims.push_back(c);
         }
       }

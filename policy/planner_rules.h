@@ -5,7 +5,11 @@
 // Thread-safety: none; called within one planning call.
 #pragma once
 
+#include <array>
 #include <cstdint>
+#include <map>
+#include <optional>
+#include <utility>
 #include <vector>
 
 #include "policy/block_order.h"
@@ -13,9 +17,38 @@
 
 namespace kvtier::policy::detail {
 
+// What idle demotion remembers from one plan to the next (the Planner keeps it), so
+// that a plan looks only at sessions that crossed a threshold since the last one:
+// per tier, how far along the table's idle order it has looked, and the sessions to
+// look at again later (predicted back, or with blocks busy at the time).
+struct IdleScan {
+  struct Position {
+    uint64_t last_active_ms;
+    uint64_t touch_seq;
+  };
+  struct Retry {
+    uint64_t due_ms;
+    uint64_t last_active_ms;
+  };
+  struct PerTier {
+    std::optional<Position> cursor;  // the last session looked at; none: from the start
+    std::map<uint64_t, Retry> retry;  // by the session's touch_seq
+  };
+  std::array<PerTier, 2> tiers;  // HBM, RAM
+  // Predicted-back sessions are looked at again after this long.
+  static constexpr uint64_t kRecheckMs = 1'000;
+};
+
 // Sessions past a tier's idle threshold leave it (HBM → next tier; RAM → NVMe when
 // NVMe is configured). Blocks that a session within its threshold also holds stay.
-void demote_idle_sessions(PlanContext& ctx, PlanState& plan);
+// Sessions are taken in the order they crossed; one whose blocks cannot move because
+// the tier below is full holds the scan there until the next plan.
+void demote_idle_sessions(PlanContext& ctx, PlanState& plan, IdleScan& scan);
+
+// The idle sessions holding `key` are looked at again by the next plan (a move planned
+// for it did not happen).
+void revisit_holders(const SessionTable& sessions, const BlockKey& key, uint64_t now_ms,
+                     IdleScan& scan);
 
 // Every tier over its high watermark sheds down to its low watermark, counting what
 // the tier above will shed into it; the slowest tier evicts. Planned bottom-up so
@@ -24,7 +57,9 @@ void relieve_pressure(PlanContext& ctx, PlanState& plan);
 
 // kPredictive: blocks of sessions predicted to return within the upper tier's idle
 // threshold move up one tier while it is under its low watermark, within the
-// bandwidth share of one plan interval.
+// bandwidth share of one plan interval. Prospects are the kProspectWindow most
+// recently active idle sessions (a plan must not cost the whole idle population).
+inline constexpr size_t kProspectWindow = 1024;
 void prefetch_predicted_returns(PlanContext& ctx, PlanState& plan);
 
 // Evictions from `tier` so that `bytes` more fit; empty when impossible.

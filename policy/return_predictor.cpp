@@ -66,11 +66,11 @@ ReturnPredictor::ReturnPredictor(const SessionTable& sessions, uint64_t now_ms) 
   }
   // Sessions idle right now are censored at their current idle time: they have stayed
   // away at least that long. Without them the curve would only know about returners
-  // and would overstate every return probability.
-  sessions.for_each([&](const Session& session) {
-    if (session.state != SessionState::kIdle) return;
-    censored[GapModel::stratum_of(session.returns)][GapModel::bin_of(idle_ms(session))] += 1;
-  });
+  // and would overstate every return probability. The table keeps their counts.
+  const SessionTable::Census& census = sessions.idle_census(now_ms);
+  for (int s = 0; s < kStrata; ++s) {
+    for (int b = 0; b < kBins; ++b) censored[s][b] += census[s][b];
+  }
   Counts pooled_events{}, pooled_censored{};
   for (int s = 0; s < kStrata; ++s) {
     for (int b = 0; b < kBins; ++b) {

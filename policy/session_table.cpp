@@ -18,6 +18,7 @@ Result<Session*> SessionTable::get_or_create(uint32_t namespace_id, const std::s
     session.state = SessionState::kActive;
     session.created_ms = now;
     session.last_active_ms = now;
+    session.touch_seq = ++touch_seq_;
     count_in(session, +1);
     return &session;
   }
@@ -49,32 +50,199 @@ std::vector<BlockHash> SessionTable::record_save(Session& session,
   std::vector<BlockHash> appended;
   for (const BlockHash& hash : hashes) {
     if (present.insert(hash).second) {
+      add_holder(session, hash, static_cast<uint32_t>(session.blocks.size()));
       session.blocks.push_back(hash);
       appended.push_back(hash);
     }
   }
+  // Out of the idle order before the return is counted: the census files it by its
+  // return count.
+  if (session.state == SessionState::kIdle) idle_erase(session);
   end_idle_period(session);
-  session.last_active_ms = clock_.now_ms();
-  if (end_of_turn) {
-    set_state(session, SessionState::kIdle);
-    ++session.turns;
-  } else {
-    set_state(session, SessionState::kActive);
-  }
+  if (end_of_turn) ++session.turns;
+  change(session, end_of_turn ? SessionState::kIdle : SessionState::kActive, clock_.now_ms());
   return appended;
 }
 
 void SessionTable::record_activity(Session& session) {
+  if (session.state == SessionState::kIdle) idle_erase(session);
   end_idle_period(session);
-  set_state(session, SessionState::kActive);
-  session.last_active_ms = clock_.now_ms();
+  change(session, SessionState::kActive, clock_.now_ms());
+}
+
+void SessionTable::restore(Session& session, SessionState state, uint64_t last_active_ms) {
+  change(session, state, last_active_ms);
+}
+
+void SessionTable::change(Session& session, SessionState state, uint64_t now_ms) {
+  if (session.state == SessionState::kIdle) idle_erase(session);
+  const int active_delta = (state == SessionState::kActive ? 1 : 0) -
+                           (session.state == SessionState::kActive ? 1 : 0);
+  set_state(session, state);
+  session.last_active_ms = now_ms;
+  session.touch_seq = ++touch_seq_;
+  for (const BlockHash& hash : session.blocks) {
+    auto it = holders_.find(BlockKey{session.layout, hash});
+    if (it == holders_.end()) continue;  // not reachable: every block has its holder
+    BlockHolders& h = it->second;
+    h.active = static_cast<uint32_t>(static_cast<int64_t>(h.active) + active_delta);
+    h.hot_seq = session.touch_seq;
+    h.hot_ms = std::max(h.hot_ms, now_ms);
+  }
+  if (state == SessionState::kIdle) idle_insert(session);
+}
+
+void SessionTable::set_priority(Session& session, uint8_t priority) {
+  const uint8_t old = session.priority;
+  if (old == priority) return;
+  session.priority = priority;
+  for (const BlockHash& hash : session.blocks) {
+    auto it = holders_.find(BlockKey{session.layout, hash});
+    if (it == holders_.end()) continue;
+    BlockHolders& h = it->second;
+    h.durable += (priority > 0 ? 1 : 0) - (old > 0 ? 1 : 0);
+    if (priority >= h.max_priority) {
+      h.max_priority = priority;
+    } else if (old == h.max_priority) {
+      h.max_priority = 0;
+      h.for_each([&](const Session& s) { h.max_priority = std::max(h.max_priority, s.priority); });
+    }
+  }
+}
+
+void SessionTable::add_holder(const Session& session, const BlockHash& hash, uint32_t depth) {
+  BlockHolders& h = holders_[BlockKey{session.layout, hash}];
+  if (h.first == nullptr) {
+    h.first = &session;
+  } else {
+    h.more.push_back(&session);
+  }
+  if (session.state == SessionState::kActive) ++h.active;
+  if (session.priority > 0) ++h.durable;
+  h.max_priority = std::max(h.max_priority, session.priority);
+  h.depth = std::max(h.depth, depth);
+  h.hot_seq = std::max(h.hot_seq, session.touch_seq);
+  h.hot_ms = std::max(h.hot_ms, session.last_active_ms);
+}
+
+void SessionTable::drop_holder(const Session& session, const BlockHash& hash) {
+  auto it = holders_.find(BlockKey{session.layout, hash});
+  if (it == holders_.end()) return;
+  BlockHolders& h = it->second;
+  // Shared blocks: a scan of their holders (a block held by n sessions costs O(n) to
+  // leave; n is the sharing, not the daemon's size).
+  if (h.first == &session) {
+    if (h.more.empty()) {
+      h.first = nullptr;
+    } else {
+      h.first = h.more.back();
+      h.more.pop_back();
+    }
+  } else {
+    auto at = std::find(h.more.begin(), h.more.end(), &session);
+    if (at == h.more.end()) return;
+    *at = h.more.back();
+    h.more.pop_back();
+  }
+  if (h.first == nullptr) {
+    holders_.erase(it);
+    return;
+  }
+  if (session.state == SessionState::kActive) --h.active;
+  if (session.priority > 0) --h.durable;
+  if (session.priority > 0 && session.priority == h.max_priority) {
+    h.max_priority = 0;
+    h.for_each([&](const Session& s) { h.max_priority = std::max(h.max_priority, s.priority); });
+  }
+}
+
+const BlockHolders* SessionTable::holders(const BlockKey& key) const {
+  auto it = holders_.find(key);
+  return it == holders_.end() ? nullptr : &it->second;
+}
+
+void SessionTable::idle_insert(Session& session) {
+  auto [it, inserted] = idle_.insert(idle_key(session));
+  if (census_dirty_) return;
+  if (std::next(it) != idle_.end()) {
+    census_dirty_ = true;  // not the newest (recovery): recount once, on next use
+    return;
+  }
+  // The newest idle session has been idle for 0 ms: bin 0, before no edge.
+  census_[GapModel::stratum_of(session.returns)][0] += 1;
+  for (int b = 1; b < GapModel::kBins; ++b) {
+    if (edge_[b] == idle_.end()) edge_[b] = it;
+  }
+}
+
+void SessionTable::idle_erase(const Session& session) {
+  auto it = idle_.find(idle_key(session));
+  if (it == idle_.end()) return;
+  if (!census_dirty_) {
+    int bin = 0;  // the edges it is before: the bin the census counts it in
+    for (int b = 1; b < GapModel::kBins; ++b) {
+      if (edge_[b] == idle_.end() || *it < *edge_[b]) bin = b;
+    }
+    census_[GapModel::stratum_of(session.returns)][bin] -= 1;
+    for (int b = 1; b < GapModel::kBins; ++b) {
+      if (edge_[b] == it) edge_[b] = std::next(it);
+    }
+  }
+  idle_.erase(it);
+}
+
+const SessionTable::Census& SessionTable::idle_census(uint64_t now_ms) const {
+  if (census_dirty_ || now_ms < census_ms_) {
+    rebuild_census(now_ms);
+    return census_;
+  }
+  census_ms_ = now_ms;
+  // Ascending edges: a session that crossed several since the last call moves one bin
+  // per edge.
+  for (int b = 1; b < GapModel::kBins; ++b) {
+    for (auto& e = edge_[b]; e != idle_.end(); ++e) {
+      const uint64_t idle = now_ms > e->last_active_ms ? now_ms - e->last_active_ms : 0;
+      if (GapModel::bin_of(static_cast<double>(idle)) < b) break;
+      auto& row = census_[GapModel::stratum_of(e->session->returns)];
+      row[b - 1] -= 1;
+      row[b] += 1;
+    }
+  }
+  return census_;
+}
+
+void SessionTable::rebuild_census(uint64_t now_ms) const {
+  census_ = Census{};
+  edge_.fill(idle_.end());
+  int lowest_unset = GapModel::kBins;  // edges b >= this are set
+  for (auto it = idle_.begin(); it != idle_.end(); ++it) {
+    const uint64_t idle = now_ms > it->last_active_ms ? now_ms - it->last_active_ms : 0;
+    const int bin = GapModel::bin_of(static_cast<double>(idle));
+    census_[GapModel::stratum_of(it->session->returns)][bin] += 1;
+    // Idle times fall along the order: this is the first session under every edge
+    // above its bin that no earlier session was under.
+    for (int b = std::max(bin + 1, 1); b < lowest_unset; ++b) edge_[b] = it;
+    lowest_unset = std::min(lowest_unset, std::max(bin + 1, 1));
+  }
+  census_ms_ = now_ms;
+  census_dirty_ = false;
 }
 
 bool SessionTable::forget_block(Session& session, const BlockHash& hash) {
   auto it = std::find(session.blocks.begin(), session.blocks.end(), hash);
   if (it == session.blocks.end()) return false;
+  drop_holder(session, hash);
   session.blocks.erase(it);
   return true;
+}
+
+std::vector<BlockHash> SessionTable::truncate(Session& session, size_t length) {
+  if (length >= session.blocks.size()) return {};
+  std::vector<BlockHash> dropped(session.blocks.begin() + static_cast<ptrdiff_t>(length),
+                                 session.blocks.end());
+  for (const BlockHash& hash : dropped) drop_holder(session, hash);
+  session.blocks.resize(length);
+  return dropped;
 }
 
 Result<std::vector<BlockHash>> SessionTable::close(uint32_t namespace_id, const std::string& id) {
@@ -86,6 +254,8 @@ Result<std::vector<BlockHash>> SessionTable::close(uint32_t namespace_id, const 
     gap_model_.record_censored(session.returns,
                                now > session.last_active_ms ? now - session.last_active_ms : 0);
   }
+  if (session.state == SessionState::kIdle) idle_erase(session);
+  for (const BlockHash& hash : session.blocks) drop_holder(session, hash);
   count_in(session, -1);
   std::vector<BlockHash> blocks = std::move(it->second.blocks);
   sessions_.erase(it);

@@ -13,6 +13,7 @@
 
 #include <array>
 #include <cstdint>
+#include <set>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -38,6 +39,31 @@ struct Session {
   uint32_t returns = 0;         // idle periods that ended with the session coming back
   double sum_log_gap = 0;       // Σ ln(gap ms + 1) over those returns (its turn rhythm)
   uint8_t priority = 0;         // 0: normal; > 0: durable — kept above every normal session
+  // The order of its last activity among all sessions' (a daemon-wide counter): orders
+  // sessions touched in the same millisecond. Set by the table.
+  uint64_t touch_seq = 0;
+};
+
+// Who holds one block, kept by the table as sessions change: the reverse index from a
+// block to its sessions, and the facts the planner orders blocks by, so that a plan
+// reads them per block instead of walking every session.
+struct BlockHolders {
+  uint32_t count() const { return static_cast<uint32_t>(more.size()) + (first ? 1 : 0); }
+  template <typename Fn>
+  void for_each(Fn&& fn) const {
+    if (first) fn(*first);
+    for (const Session* s : more) fn(*s);
+  }
+  const Session* first = nullptr;  // most blocks have one holder: no allocation for it
+  std::vector<const Session*> more;
+  uint32_t active = 0;       // holders in a turn
+  uint32_t durable = 0;      // holders with priority > 0
+  uint8_t max_priority = 0;  // the highest priority among holders
+  uint32_t depth = 0;        // the largest index of the block in a holder's prefix
+  // The latest touch_seq (and its time) of any holder. A holder leaving does not lower
+  // it: it says when the block was last part of an active conversation.
+  uint64_t hot_seq = 0;
+  uint64_t hot_ms = 0;
 };
 
 struct SessionKey {
@@ -55,6 +81,9 @@ struct SessionKeyHasher {
 class SessionTable {
  public:
   explicit SessionTable(const Clock& clock) : clock_(clock) {}
+  // Its indexes point into itself.
+  SessionTable(const SessionTable&) = delete;
+  SessionTable& operator=(const SessionTable&) = delete;
 
   // Returns the session, creating it (active, no blocks) when absent. A session's
   // layout is fixed by its first use: InvalidArgument when `layout` differs.
@@ -71,13 +100,45 @@ class SessionTable {
   // A turn started (BeginTurn) or the session read its blocks (Load): active, touched.
   // An idle session becoming active is a return: its gap feeds the GapModel.
   void record_activity(Session& session);
-  // Sets a session's state as recovered from disk (the counts below follow it). Every
-  // other state change goes through record_save / record_activity.
-  void restore_state(Session& session, SessionState state) { set_state(session, state); }
+  // Sets a session's state and last activity as recovered from disk (the counts and
+  // indexes below follow). Every other state change goes through record_save /
+  // record_activity.
+  void restore(Session& session, SessionState state, uint64_t last_active_ms);
+  void restore_state(Session& session, SessionState state) {
+    restore(session, state, session.last_active_ms);
+  }
   // Marks a session (e.g. one holding a shared system prompt) durable or not.
-  void set_priority(Session& session, uint8_t priority) { session.priority = priority; }
+  void set_priority(Session& session, uint8_t priority);
   // Drops a block from a session (it was evicted or lost); returns whether it was there.
   bool forget_block(Session& session, const BlockHash& hash);
+  // Cuts a session's prefix to its first `length` blocks; returns the blocks it no
+  // longer holds (the caller drops their references).
+  std::vector<BlockHash> truncate(Session& session, size_t length);
+
+  // Who holds `key`; nullptr when no session does. O(1).
+  const BlockHolders* holders(const BlockKey& key) const;
+
+  // An idle session's place in the idle order: least recently active first.
+  struct IdleKey {
+    uint64_t last_active_ms;
+    uint64_t touch_seq;
+    Session* session;
+    friend bool operator<(const IdleKey& a, const IdleKey& b) {
+      return a.last_active_ms != b.last_active_ms ? a.last_active_ms < b.last_active_ms
+                                                  : a.touch_seq < b.touch_seq;
+    }
+  };
+  // Every idle session, least recently active first.
+  const std::set<IdleKey>& idle_sessions() const { return idle_; }
+  static IdleKey idle_key(const Session& s) {
+    return IdleKey{s.last_active_ms, s.touch_seq, const_cast<Session*>(&s)};
+  }
+  // The sessions idle right now, counted by GapModel stratum and by the bin of their
+  // idle time at `now_ms` (the return predictor's censored observations). Kept as
+  // sessions come and go and brought up to `now_ms` here: O(sessions whose idle time
+  // crossed a bin edge since the last call), not O(idle sessions).
+  using Census = std::array<std::array<double, GapModel::kBins>, GapModel::kStrata>;
+  const Census& idle_census(uint64_t now_ms) const;
 
   // Removes the session; returns its blocks so the caller can drop references.
   // Closing an idle session tells the GapModel it stayed away at least that long.
@@ -102,6 +163,13 @@ class SessionTable {
   void end_idle_period(Session& session);
   void set_state(Session& session, SessionState state);
   void count_in(const Session& session, int delta);
+  // The session becomes `state`, touched at `now_ms` (its blocks' holders follow).
+  void change(Session& session, SessionState state, uint64_t now_ms);
+  void add_holder(const Session& session, const BlockHash& hash, uint32_t depth);
+  void drop_holder(const Session& session, const BlockHash& hash);
+  void idle_insert(Session& session);
+  void idle_erase(const Session& session);
+  void rebuild_census(uint64_t now_ms) const;
 
   const Clock& clock_;
   GapModel gap_model_;
@@ -110,6 +178,16 @@ class SessionTable {
   // walking every session.
   std::array<size_t, 2> totals_{};
   std::unordered_map<uint32_t, std::array<size_t, 2>> by_namespace_;
+  std::unordered_map<BlockKey, BlockHolders, BlockKeyHasher> holders_;
+  uint64_t touch_seq_ = 0;
+  std::set<IdleKey> idle_;
+  // The census of idle_ (mutable: brought up to date by the const reader). edge_[b],
+  // for b >= 1, is the first idle session whose idle time was under bin b's start at
+  // census_ms_ (the sessions before it are in bin b or later).
+  mutable Census census_{};
+  mutable std::array<std::set<IdleKey>::const_iterator, GapModel::kBins> edge_{};
+  mutable uint64_t census_ms_ = 0;
+  mutable bool census_dirty_ = true;
 };
 
 }  // namespace kvtier::policy

@@ -40,7 +40,7 @@ BlockStore::BlockStore(std::vector<TierMemory> tiers) {
         tier.memory != nullptr ? tier.memory->size_bytes() : tier.capacity_bytes;
     tiers_.push_back(TierState{tier.tier, std::move(tier.memory),
                                SlabAllocator(capacity_bytes, tier.slab_bytes, tier.parts), 0,
-                               tier.confirm_release, 0});
+                               tier.confirm_release, 0, {}});
   }
 }
 
@@ -86,10 +86,12 @@ Result<std::optional<BlockLocation>> BlockStore::reserve(const BlockKey& key,
     if (!tier.slabs.can_allocate(table.block_bytes)) continue;
     Result<uint64_t> offset = tier.slabs.allocate(table.block_bytes, preferred_part);
     if (!offset.is_ok()) return offset.status();  // can_allocate said yes: a bug
-    Entry& entry = table.blocks[key.hash];
+    auto [node, inserted] = table.blocks.try_emplace(key.hash);
+    Entry& entry = node->second;
     entry.location = BlockLocation{tier.tier, *offset};
     entry.last_access_ms = now_ms;
     entry.state = BlockState::kWriting;
+    add_resident(layout->first, node->first, entry);
     change_pins(entry, +1);  // the writer's pin
     ++tier.blocks;
     ++block_count_;
@@ -122,6 +124,7 @@ void BlockStore::abort_write(const BlockKey& key) {
   release_slot(key, entry->location, table.block_bytes);
   --tier_state(entry->location.tier)->blocks;
   --block_count_;
+  remove_resident(*entry);
   table.blocks.erase(key.hash);
 }
 
@@ -214,7 +217,13 @@ void BlockStore::finish_move(const BlockKey& key, bool ok) {
   const BlockLocation old = entry->location;
   --tier_state(old.tier)->blocks;
   ++tier_state(target.tier)->blocks;
+  remove_resident(*entry);
   entry->location = target;
+  {
+    auto layout = layouts_.find(key.layout);
+    auto node = layout->second.blocks.find(key.hash);
+    add_resident(layout->first, node->first, *entry);
+  }
   // Readers that pinned the block before the switch still read the old slot.
   if (entry->pins > 0) {
     deferred_frees_[key] = old;
@@ -228,11 +237,12 @@ bool BlockStore::evict(const BlockKey& key) {
   if (layout == layouts_.end()) return false;
   auto it = layout->second.blocks.find(key.hash);
   if (it == layout->second.blocks.end()) return false;
-  const Entry& entry = it->second;
+  Entry& entry = it->second;
   if (entry.state != BlockState::kReady || entry.pins > 0) return false;
   release_slot(key, entry.location, layout->second.block_bytes);
   --tier_state(entry.location.tier)->blocks;
   --block_count_;
+  remove_resident(entry);
   layout->second.blocks.erase(it);
   return true;
 }
@@ -251,10 +261,12 @@ Status BlockStore::insert_recovered(const BlockKey& key, const BlockLocation& lo
   if (tier == nullptr)
     return invalid_argument("tier {} is not configured", tier_name(location.tier));
   KVTIER_RETURN_IF_ERROR(tier->slabs.allocate_at(location.offset, layout->second.block_bytes));
-  Entry& entry = layout->second.blocks[key.hash];
+  auto [node, inserted] = layout->second.blocks.try_emplace(key.hash);
+  Entry& entry = node->second;
   entry.location = location;
   entry.last_access_ms = last_access_ms;
   entry.state = BlockState::kReady;
+  add_resident(layout->first, node->first, entry);
   ++tier->blocks;
   ++block_count_;
   return Status::ok();
@@ -291,13 +303,29 @@ void BlockStore::drop_session_ref(const BlockKey& key) {
 
 void BlockStore::for_each_in_tier(
     Tier tier, const std::function<void(const BlockKey&, const BlockInfo&)>& fn) const {
-  for (const auto& [layout, table] : layouts_) {
-    for (const auto& [hash, entry] : table.blocks) {
-      if (entry.state == BlockState::kWriting || entry.location.tier != tier) continue;
-      fn(BlockKey{layout, hash}, BlockInfo{entry.state, entry.location, entry.pins,
-                                           entry.session_refs, entry.last_access_ms});
-    }
+  const TierState* state = tier_state(tier);
+  if (state == nullptr) return;
+  for (const TierState::Resident& resident : state->residents) {
+    const Entry& entry = *resident.entry;
+    if (entry.state == BlockState::kWriting) continue;
+    fn(BlockKey{*resident.layout, *resident.hash},
+       BlockInfo{entry.state, entry.location, entry.pins, entry.session_refs,
+                 entry.last_access_ms});
   }
+}
+
+void BlockStore::add_resident(const LayoutKey& layout, const BlockHash& hash, Entry& entry) {
+  TierState* state = tier_state(entry.location.tier);
+  entry.resident_at = static_cast<uint32_t>(state->residents.size());
+  state->residents.push_back({&layout, &hash, &entry});
+}
+
+void BlockStore::remove_resident(Entry& entry) {
+  std::vector<TierState::Resident>& residents = tier_state(entry.location.tier)->residents;
+  const uint32_t at = entry.resident_at;
+  residents[at] = residents.back();
+  residents[at].entry->resident_at = at;
+  residents.pop_back();
 }
 
 std::vector<TierUsage> BlockStore::usage() const {

@@ -158,7 +158,8 @@ class BlockStore {
 
   // ---- enumeration and stats ----
 
-  // Calls fn for every visible block in `tier` (any order).
+  // Calls fn for every visible block in `tier` (any order). O(blocks in the tier): each
+  // tier keeps a list of the blocks it holds.
   void for_each_in_tier(Tier tier,
                         const std::function<void(const BlockKey&, const BlockInfo&)>& fn) const;
   std::vector<TierUsage> usage() const;  // configured tiers, fastest first
@@ -180,6 +181,7 @@ class BlockStore {
     uint32_t session_refs = 0;
     uint16_t pins = 0;
     BlockState state = BlockState::kWriting;
+    uint32_t resident_at = 0;  // index in its tier's residents
   };
   struct LayoutTable {
     uint64_t block_bytes = 0;
@@ -192,6 +194,14 @@ class BlockStore {
     uint64_t blocks = 0;
     bool confirm_release = false;
     uint64_t unconfirmed_bytes = 0;
+    // The blocks (any state) whose location is in this tier, in no order: enumeration
+    // by tier costs what the tier holds, not what the store holds.
+    struct Resident {
+      const LayoutKey* layout;  // keys of node-based maps: stable until erased
+      const BlockHash* hash;
+      Entry* entry;
+    };
+    std::vector<Resident> residents;
   };
 
   Entry* find(const BlockKey& key);
@@ -200,6 +210,9 @@ class BlockStore {
   const TierState* tier_state(Tier tier) const;
   void release_slot(const BlockKey& key, const BlockLocation& location, uint64_t block_bytes);
   void change_pins(Entry& entry, int delta);
+  // Keep TierState::residents in step with Entry::location.tier.
+  void add_resident(const LayoutKey& layout, const BlockHash& hash, Entry& entry);
+  void remove_resident(Entry& entry);
 
   std::vector<TierState> tiers_;
   std::unordered_map<LayoutKey, LayoutTable, LayoutKeyHasher> layouts_;

@@ -59,11 +59,11 @@ class FakePlacementView final : public PlacementView {
     return it->second;
   }
   TierSpace space(Tier tier) const override { return spaces_[index(tier)]; }
-  void for_each_unreferenced(
+  void for_each_in_tier(
       Tier tier,
       const std::function<void(const BlockKey&, const BlockPlacement&)>& fn) const override {
     for (const auto& [key, placement] : blocks_) {
-      if (placement.tier == tier && placement.session_refs == 0) fn(key, placement);
+      if (placement.tier == tier) fn(key, placement);
     }
   }
 
