@@ -198,11 +198,16 @@ const SessionTable::Census& SessionTable::idle_census(uint64_t now_ms) const {
   }
   census_ms_ = now_ms;
   // Ascending edges: a session that crossed several since the last call moves one bin
-  // per edge.
+  // per edge. At most kCensusMovesPerCall moves per call: sessions that went idle
+  // together cross edges together, and the census may lag a little rather than stall
+  // a plan (an edge is only started once the one before it is done, so the counts
+  // stay consistent).
+  size_t budget = kCensusMovesPerCall;
   for (int b = 1; b < GapModel::kBins; ++b) {
     for (auto& e = edge_[b]; e != idle_.end(); ++e) {
       const uint64_t idle = now_ms > e->last_active_ms ? now_ms - e->last_active_ms : 0;
       if (GapModel::bin_of(static_cast<double>(idle)) < b) break;
+      if (budget-- == 0) return census_;
       auto& row = census_[GapModel::stratum_of(e->session->returns)];
       row[b - 1] -= 1;
       row[b] += 1;

@@ -136,8 +136,10 @@ class SessionTable {
   // The sessions idle right now, counted by GapModel stratum and by the bin of their
   // idle time at `now_ms` (the return predictor's censored observations). Kept as
   // sessions come and go and brought up to `now_ms` here: O(sessions whose idle time
-  // crossed a bin edge since the last call), not O(idle sessions).
+  // crossed a bin edge since the last call, at most kCensusMovesPerCall; the rest
+  // next call), not O(idle sessions).
   using Census = std::array<std::array<double, GapModel::kBins>, GapModel::kStrata>;
+  static constexpr size_t kCensusMovesPerCall = 2048;
   const Census& idle_census(uint64_t now_ms) const;
 
   // Removes the session; returns its blocks so the caller can drop references.

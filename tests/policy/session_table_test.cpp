@@ -1,5 +1,7 @@
 #include "policy/session_table.h"
 
+#include <algorithm>
+#include <unordered_map>
 #include <string>
 #include <vector>
 
@@ -190,6 +192,116 @@ TEST_F(SessionTableTest, ByLastActiveIsLeastRecentFirstWithTiesById) {
   EXPECT_EQ(ids(table_.by_last_active()),
             (std::vector<std::string>{"gamma", "zeta", "alpha", "beta"}));
 }
+
+}  // namespace
+}  // namespace kvtier::policy
+
+namespace kvtier::policy {
+namespace {
+
+// The indexes the table keeps as sessions change (the reverse index with its per-block
+// facts, the idle order, the idle census) must equal what a walk over every session
+// computes, after any sequence of saves, returns, priority changes, cuts and closes.
+class SessionTableIndexTest : public ::testing::TestWithParam<uint32_t> {};
+
+TEST_P(SessionTableIndexTest, IndexesMatchAWalkOverEverySession) {
+  ManualClock clock(1'000);
+  SessionTable table(clock);
+  uint64_t rng = 0x9E3779B97F4A7C15ull * (GetParam() + 1);
+  auto next = [&](uint64_t n) {
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return rng % n;
+  };
+  std::vector<std::string> names;
+  for (int i = 0; i < 40; ++i) names.push_back("s" + std::to_string(i));
+  for (int step = 0; step < 3'000; ++step) {
+    clock.advance_ms(next(4) == 0 ? next(20'000) : next(50));
+    const std::string& name = names[next(names.size())];
+    const uint32_t ns = 1 + static_cast<uint32_t>(next(2));
+    const LayoutKey layout{ns, kLayout.layout_digest};
+    switch (next(8)) {
+      case 0:
+      case 1:
+      case 2: {  // a save of a few blocks from a small shared pool (shared prefixes)
+        Session* s = table.get_or_create(ns, name, layout).value();
+        std::vector<BlockHash> hashes;
+        for (uint64_t k = next(5); k > 0; --k) hashes.push_back(hash_of(static_cast<uint8_t>(next(60))));
+        (void)table.record_save(*s, hashes, next(2) == 0);
+        break;
+      }
+      case 3:
+        if (Session* s = table.find(ns, name)) table.record_activity(*s);
+        break;
+      case 4:
+        (void)table.close(ns, name);
+        break;
+      case 5:
+        if (Session* s = table.find(ns, name)) table.set_priority(*s, static_cast<uint8_t>(next(3)));
+        break;
+      case 6:
+        if (Session* s = table.find(ns, name); s != nullptr && !s->blocks.empty()) {
+          if (next(2) == 0) {
+            (void)table.truncate(*s, next(s->blocks.size()));
+          } else {
+            (void)table.forget_block(*s, s->blocks[next(s->blocks.size())]);
+          }
+        }
+        break;
+      default:
+        break;
+    }
+    if (step % 97 != 0) continue;
+    // The walk.
+    struct Facts {
+      uint32_t count = 0, active = 0, durable = 0;
+      uint8_t max_priority = 0;
+    };
+    std::unordered_map<BlockKey, Facts, BlockKeyHasher> facts;
+    SessionTable::Census census{};
+    size_t idle = 0;
+    table.for_each([&](const Session& s) {
+      for (const BlockHash& h : s.blocks) {
+        Facts& f = facts[BlockKey{s.layout, h}];
+        ++f.count;
+        f.active += s.state == SessionState::kActive;
+        f.durable += s.priority > 0;
+        f.max_priority = std::max(f.max_priority, s.priority);
+      }
+      if (s.state == SessionState::kIdle) {
+        ++idle;
+        const uint64_t idle_ms = clock.now_ms() - s.last_active_ms;
+        census[GapModel::stratum_of(s.returns)][GapModel::bin_of(static_cast<double>(idle_ms))] += 1;
+      }
+    });
+    for (const auto& [key, f] : facts) {
+      const BlockHolders* h = table.holders(key);
+      ASSERT_NE(h, nullptr) << "step " << step;
+      EXPECT_EQ(h->count(), f.count) << "step " << step;
+      EXPECT_EQ(h->active, f.active) << "step " << step;
+      EXPECT_EQ(h->durable, f.durable) << "step " << step;
+      EXPECT_EQ(h->max_priority, f.max_priority) << "step " << step;
+    }
+    for (uint8_t n = 0; n < 60; ++n) {
+      for (uint32_t ns2 : {1u, 2u}) {
+        const BlockKey key{{ns2, kLayout.layout_digest}, hash_of(n)};
+        EXPECT_EQ(table.holders(key) != nullptr, facts.contains(key)) << "step " << step;
+      }
+    }
+    ASSERT_EQ(table.idle_sessions().size(), idle) << "step " << step;
+    uint64_t last = 0;
+    for (const SessionTable::IdleKey& k : table.idle_sessions()) {
+      EXPECT_EQ(k.session->state, SessionState::kIdle);
+      EXPECT_EQ(k.last_active_ms, k.session->last_active_ms);
+      EXPECT_GE(k.last_active_ms, last);
+      last = k.last_active_ms;
+    }
+    EXPECT_EQ(table.idle_census(clock.now_ms()), census) << "step " << step;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Seeds, SessionTableIndexTest, ::testing::Values(1u, 2u, 3u, 4u));
 
 }  // namespace
 }  // namespace kvtier::policy
