@@ -29,8 +29,9 @@ std::string describe_tiers(const StatsInfo& stats) {
 }
 
 std::string describe_session(const SessionInfo& session) {
-  std::string text = fmt::format("active {}, idle_ms {}, blocks {}, per tier (hbm ram nvme none):",
-                                 session.active, session.idle_ms, session.blocks);
+  std::string text =
+      fmt::format("active {}, idle_ms {}, blocks {}, per tier (hbm ram nvme none):", session.active,
+                  session.idle_ms, session.blocks);
   for (uint32_t count : session.blocks_per_tier) text += fmt::format(" {}", count);
   return text;
 }
@@ -75,9 +76,8 @@ Status InProcessDaemon::start_serving() {
   ipc::ConnectionLimits limits;
   limits.max_in_flight = config_.max_in_flight_per_connection;
   server_ = std::make_unique<ipc::Server>(io_, *service_, limits);
-  service_->set_connection_count_source([server = server_.get()] {
-    return server->connection_count();
-  });
+  service_->set_connection_count_source(
+      [server = server_.get()] { return server->connection_count(); });
   KVTIER_RETURN_IF_ERROR(server_->listen(config_.socket_path));
   control_thread_ = std::thread([this] { io_.run(); });
   // listen() returned, so the socket accepts (connections wait in its backlog until
@@ -131,8 +131,8 @@ void InProcessDaemon::fail_open_region(Status error) {
   run_on_control_thread([&] { device_->fail_open_region(std::move(error)); });
 }
 
-Result<StatsInfo> InProcessDaemon::wait_for_stats(
-    const std::function<bool(const StatsInfo&)>& done, std::chrono::milliseconds timeout) const {
+Result<StatsInfo> InProcessDaemon::wait_for_stats(const std::function<bool(const StatsInfo&)>& done,
+                                                  std::chrono::milliseconds timeout) const {
   auto client = connect();
   if (!client.is_ok()) return client.status();
   const auto deadline = Clock::now() + timeout;

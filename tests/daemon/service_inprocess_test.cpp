@@ -20,7 +20,9 @@ using integration::NoLeakedSlots;
 
 constexpr size_t kBlocks = 4;
 
-PagedCacheShape test_shape() { return integration::small_shape(/*num_blocks=*/16); }
+PagedCacheShape test_shape() {
+  return integration::small_shape(/*num_blocks=*/16);
+}
 
 class InProcess : public ::testing::Test {
  protected:
@@ -146,7 +148,8 @@ TEST_F(InProcess, IdleTimeOnTheManualClockDemotesToRamAndBeginTurnBringsItBack) 
   auto demoted = daemon_->wait_for_session("idle-first", in_tier(Tier::kRam), kDeadline);
   ASSERT_TRUE(demoted.is_ok()) << demoted.status().to_string();
   EXPECT_FALSE(demoted->active);
-  auto kept = daemon_->wait_for_session("idle-second", in_tier(Tier::kHbm), std::chrono::milliseconds{0});
+  auto kept =
+      daemon_->wait_for_session("idle-second", in_tier(Tier::kHbm), std::chrono::milliseconds{0});
   ASSERT_TRUE(kept.is_ok()) << "a session idle " << idle_ms - 600 + 1
                             << " ms left HBM before its threshold: " << kept.status().to_string();
 

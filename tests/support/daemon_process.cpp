@@ -76,7 +76,9 @@ Result<DaemonProcess> DaemonProcess::start(DaemonProcessOptions options) {
   SpawnOptions spawn_options;
   spawn_options.argv = {o.binary, "--socket", o.socket_path, "--data-dir", o.data_dir};
   // kvtierd refuses a flag given twice, so the default device only when none is named.
-  if (!names_flag(o.flags, "--device")) spawn_options.argv.insert(spawn_options.argv.end(), {"--device", "host"});
+  if (!names_flag(o.flags, "--device")) {
+    spawn_options.argv.insert(spawn_options.argv.end(), {"--device", "host"});
+  }
   spawn_options.argv.insert(spawn_options.argv.end(), o.flags.begin(), o.flags.end());
   spawn_options.stdout_fd = log.get();
   spawn_options.stderr_fd = log.get();
@@ -94,8 +96,8 @@ Status DaemonProcess::wait_until_listening() {
   const auto deadline = Clock::now() + options_.ready_timeout;
   while (true) {
     if (!running()) {
-      return unavailable("kvtierd {} before it listened on {}; end of {}:\n{}",
-                         exit_->describe(), options_.socket_path, options_.log_path, log_tail());
+      return unavailable("kvtierd {} before it listened on {}; end of {}:\n{}", exit_->describe(),
+                         options_.socket_path, options_.log_path, log_tail());
     }
     if (ipc::connect_unix(options_.socket_path).is_ok()) return Status::ok();
     if (Clock::now() >= deadline) {
