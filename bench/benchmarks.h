@@ -4,14 +4,18 @@
 // a benchmark never reports speed for wrong data).
 //
 // Unless CommonOptions::socket names a running daemon, each subcommand starts its own
-// kvtierd (DaemonProcess) sized for the run and stops it with SIGTERM at the end.
+// kvtierd (support::DaemonProcess) sized for the run and stops it with SIGTERM at the end.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "bench/report.h"
 #include "common/status.h"
+#include "tests/support/daemon_process.h"
 
 namespace kvtier::bench {
 
@@ -21,6 +25,26 @@ struct CommonOptions {
   int threads = 2;             // daemon --copy-threads and the memcpy baseline's threads
   bool keep_temp_dir = false;  // keep the private daemon's temp dir (log, data)
 };
+
+// How long a private kvtierd gets to exit after SIGTERM before it is SIGKILLed.
+inline constexpr std::chrono::milliseconds kDaemonStopTimeout{10'000};
+
+// A private kvtierd for one subcommand, started with `flags`: the binary from --kvtierd
+// (else the one next to kvtier-bench), in a fresh temp dir (socket, data dir and log
+// there; kept with --keep-temp-dir), never writing to the bench's stdout, and sent
+// SIGTERM if the bench dies mid-run.
+inline support::DaemonProcessOptions private_daemon_options(const CommonOptions& common,
+                                                            std::vector<std::string> flags) {
+  support::DaemonProcessOptions options;
+  options.binary = common.kvtierd_path.empty() ? support::kvtierd_next_to_this_executable()
+                                               : common.kvtierd_path;
+  options.temp_prefix = "kvtier-bench";
+  options.keep_dir = common.keep_temp_dir;
+  options.die_with_parent = true;
+  options.ready_timeout = std::chrono::milliseconds{15'000};
+  options.flags = std::move(flags);
+  return options;
+}
 
 struct CopyOptions {
   uint32_t blocks = 256;      // 2 MiB blocks per round (256 = 512 MiB)

@@ -23,7 +23,6 @@
 #include <thread>
 
 #include "bench/benchmarks.h"
-#include "bench/daemon_process.h"
 #include "client/client.h"
 #include "client/paged_cache.h"
 
@@ -160,19 +159,16 @@ Result<BenchReport> run_copy_bench(const CommonOptions& common, const CopyOption
   const uint64_t slab = 64ull << 20;
   const uint64_t hbm_bytes = (options.rounds * round_bytes * 5 / 4 + slab - 1) / slab * slab;
 
-  std::optional<DaemonProcess> daemon;
+  std::optional<support::DaemonProcess> daemon;
   std::string socket = common.socket;
   if (socket.empty()) {
-    DaemonOptions daemon_options;
-    daemon_options.kvtierd_path = common.kvtierd_path;
-    daemon_options.keep_temp_dir = common.keep_temp_dir;
-    daemon_options.args = {"--hbm-bytes",          std::to_string(hbm_bytes),
-                           "--ram-bytes",          "64MiB",
-                           "--copy-threads",       std::to_string(common.threads),
-                           "--hbm-high-watermark", "1.0",
-                           "--hbm-low-watermark",  "0.95",
-                           "--hbm-idle-ms",        "1h"};
-    auto started = DaemonProcess::start(daemon_options);
+    auto started = support::DaemonProcess::start(private_daemon_options(
+        common, {"--hbm-bytes",          std::to_string(hbm_bytes),
+                 "--ram-bytes",          "64MiB",
+                 "--copy-threads",       std::to_string(common.threads),
+                 "--hbm-high-watermark", "1.0",
+                 "--hbm-low-watermark",  "0.95",
+                 "--hbm-idle-ms",        "1h"}));
     if (!started.is_ok()) return started.status();
     daemon.emplace(std::move(*started));
     socket = daemon->socket_path();
@@ -308,7 +304,7 @@ Result<BenchReport> run_copy_bench(const CommonOptions& common, const CopyOption
         {gb / *save_seconds, gb / *load_seconds, gb / gather_seconds, gb / *scatter_seconds});
   }
 
-  Status stopped = daemon ? daemon->stop() : Status::ok();
+  Status stopped = daemon ? daemon->stop_cleanly(kDaemonStopTimeout) : Status::ok();
   if (!stopped.is_ok()) return stopped;
 
   BenchReport report("copy");

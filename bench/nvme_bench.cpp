@@ -1,10 +1,7 @@
 // kvtier-bench nvme, throughput part: NvmeTier vs fio on the same directory.
 #include "bench/nvme_bench.h"
 
-#include <fcntl.h>
-#include <spawn.h>
 #include <sys/mman.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -14,14 +11,12 @@
 #include <filesystem>
 #include <future>
 
-#include "common/unique_fd.h"
+#include "tests/support/process.h"
 #include "tiers/nvme_tier.h"
 
 #ifndef MADV_POPULATE_WRITE
 #define MADV_POPULATE_WRITE 23
 #endif
-
-extern char** environ;
 
 namespace kvtier::bench {
 namespace {
@@ -71,37 +66,12 @@ std::string find_on_path(const std::string& name) {
 
 // Runs argv, returning its stdout (an error with stderr when it fails).
 Result<std::string> capture(const std::vector<std::string>& argv) {
-  UniqueFd out(::memfd_create("fio-out", MFD_CLOEXEC));
-  UniqueFd err(::memfd_create("fio-err", MFD_CLOEXEC));
-  std::vector<char*> args;
-  for (const std::string& arg : argv) args.push_back(const_cast<char*>(arg.c_str()));
-  args.push_back(nullptr);
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_adddup2(&actions, out.get(), 1);
-  posix_spawn_file_actions_adddup2(&actions, err.get(), 2);
-  pid_t pid = -1;
-  int error = ::posix_spawn(&pid, args[0], &actions, nullptr, args.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
-  if (error != 0) return errno_status(error, "spawn " + argv[0]);
-  int status = 0;
-  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  // Bounded only against a hung fio: a baseline run takes seconds.
+  support::ProcessResult result = support::run_process(argv, std::chrono::hours(1));
+  if (!result.status.ok()) {
+    return internal_error("{} {}: {}", argv[0], result.status.describe(), result.stderr_text);
   }
-  auto read_all = [](int fd) {
-    std::string text;
-    char buffer[8192];
-    off_t at = 0;
-    ssize_t n;
-    while ((n = ::pread(fd, buffer, sizeof(buffer), at)) > 0) {
-      text.append(buffer, static_cast<size_t>(n));
-      at += n;
-    }
-    return text;
-  };
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-    return internal_error("{} failed: {}", argv[0], read_all(err.get()));
-  }
-  return read_all(out.get());
+  return result.stdout_text;
 }
 
 // fio's measured bandwidth (bytes/s) for `rw` ("write" or "read") from its JSON.

@@ -5,9 +5,6 @@
 // sparse slab file) rather than through the daemon: what is measured is reopening
 // it, and filling it through Save + demotion would take minutes on a small machine.
 #include <fcntl.h>
-#include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -16,13 +13,11 @@
 #include <sstream>
 #include <thread>
 
-#include "bench/daemon_process.h"
+#include "bench/benchmarks.h"
 #include "bench/nvme_bench.h"
 #include "client/client.h"
 #include "common/unique_fd.h"
 #include "tiers/nvme_index.h"
-
-extern char** environ;
 
 namespace kvtier::bench {
 namespace {
@@ -68,70 +63,31 @@ Status sparse_slab_file(const std::string& data_dir, uint64_t bytes) {
 }
 
 struct Started {
-  pid_t pid = -1;
-  double listen_seconds = 0;
-  std::string socket;
-  std::string log_path;
+  support::DaemonProcess daemon;
+  double listen_seconds = 0;  // spawn → the socket accepts
 };
 
+// kvtierd `name` on `data_dir`, its socket and log named after it in `dir`.
 Result<Started> start_daemon(const std::string& kvtierd, const std::string& dir,
                              const std::string& name, const std::string& data_dir,
                              uint64_t nvme_bytes) {
-  Started started;
-  started.socket = dir + "/" + name + ".sock";
-  started.log_path = dir + "/" + name + ".log";
-  UniqueFd log(::open(started.log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-  if (!log.valid()) return errno_status(errno, "open " + started.log_path);
-  std::vector<std::string> argv = {kvtierd,
-                                   "--socket",
-                                   started.socket,
-                                   "--data-dir",
-                                   data_dir,
-                                   "--device",
-                                   "host",
-                                   "--hbm-bytes",
-                                   "4MiB",
-                                   "--ram-bytes",
-                                   "8MiB",
-                                   "--nvme-bytes",
-                                   std::to_string(nvme_bytes),
-                                   "--slab-bytes",
-                                   "64MiB",
-                                   "--metrics-addr",
-                                   "off"};
-  std::vector<char*> args;
-  for (const std::string& arg : argv) args.push_back(const_cast<char*>(arg.c_str()));
-  args.push_back(nullptr);
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_adddup2(&actions, log.get(), 1);
-  posix_spawn_file_actions_adddup2(&actions, log.get(), 2);
+  support::DaemonProcessOptions options;
+  options.binary = kvtierd;
+  options.dir = dir;
+  options.socket_path = dir + "/" + name + ".sock";
+  options.log_path = dir + "/" + name + ".log";
+  options.data_dir = data_dir;
+  options.flags = {"--hbm-bytes",    "4MiB",
+                   "--ram-bytes",    "8MiB",
+                   "--nvme-bytes",   std::to_string(nvme_bytes),
+                   "--slab-bytes",   "64MiB",
+                   "--metrics-addr", "off"};
+  options.die_with_parent = true;
+  options.ready_timeout = std::chrono::milliseconds{120'000};
   const auto start = Clock::now();
-  int error = ::posix_spawn(&started.pid, args[0], &actions, nullptr, args.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
-  if (error != 0) return errno_status(error, "spawn " + kvtierd);
-  while (true) {
-    if (Client::connect(started.socket).is_ok()) break;
-    int status = 0;
-    if (::waitpid(started.pid, &status, WNOHANG) == started.pid || seconds_since(start) > 120) {
-      ::kill(started.pid, SIGKILL);
-      return unavailable("kvtierd on {} did not come up; see {}", data_dir, started.log_path);
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  started.listen_seconds = seconds_since(start);
-  return started;
-}
-
-Status stop_daemon(const Started& started) {
-  ::kill(started.pid, SIGTERM);
-  int status = 0;
-  while (::waitpid(started.pid, &status, 0) < 0 && errno == EINTR) {
-  }
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-    return internal_error("kvtierd did not exit cleanly; see {}", started.log_path);
-  }
-  return Status::ok();
+  auto daemon = support::DaemonProcess::start(std::move(options));
+  if (!daemon.is_ok()) return daemon.status();
+  return Started{std::move(*daemon), seconds_since(start)};
 }
 
 uint64_t rss_bytes(pid_t pid) {
@@ -165,8 +121,9 @@ Status run_nvme_recovery_bench(const CommonOptions& common, const NvmeBenchOptio
   // watermark, which would make the count below a policy measurement.
   const uint64_t nvme_bytes =
       (blocks * kSmallBlockBytes * 10 / 9 + kSlabBytes - 1) / kSlabBytes * kSlabBytes;
-  const std::string kvtierd =
-      common.kvtierd_path.empty() ? kvtierd_next_to_this_executable() : common.kvtierd_path;
+  const std::string kvtierd = common.kvtierd_path.empty()
+                                  ? support::kvtierd_next_to_this_executable()
+                                  : common.kvtierd_path;
   const std::string full = dir + "/recovery-full";
   const std::string empty = dir + "/recovery-empty";
   const auto populate_start = Clock::now();
@@ -177,24 +134,24 @@ Status run_nvme_recovery_bench(const CommonOptions& common, const NvmeBenchOptio
 
   auto baseline = start_daemon(kvtierd, dir, "empty", empty, nvme_bytes);
   if (!baseline.is_ok()) return baseline.status();
-  const uint64_t rss_empty = rss_bytes(baseline->pid);
-  KVTIER_RETURN_IF_ERROR(stop_daemon(*baseline));
+  const uint64_t rss_empty = rss_bytes(baseline->daemon.pid());
+  KVTIER_RETURN_IF_ERROR(baseline->daemon.stop_cleanly(kDaemonStopTimeout));
 
   auto recovered = start_daemon(kvtierd, dir, "full", full, nvme_bytes);
   if (!recovered.is_ok()) return recovered.status();
-  const uint64_t rss_full = rss_bytes(recovered->pid);
+  const uint64_t rss_full = rss_bytes(recovered->daemon.pid());
   uint64_t nvme_blocks = 0;
-  if (auto client = Client::connect(recovered->socket); client.is_ok()) {
+  if (auto client = Client::connect(recovered->daemon.socket_path()); client.is_ok()) {
     if (auto stats = (*client)->stats(); stats.is_ok()) {
       for (const TierStatsInfo& tier : stats->tiers) {
         if (tier.tier == Tier::kNvme) nvme_blocks = tier.blocks;
       }
     }
   }
-  KVTIER_RETURN_IF_ERROR(stop_daemon(*recovered));
+  KVTIER_RETURN_IF_ERROR(recovered->daemon.stop_cleanly(kDaemonStopTimeout));
   if (nvme_blocks != blocks) {
     return internal_error("kvtierd recovered {} of {} blocks; see {}", nvme_blocks, blocks,
-                          recovered->log_path);
+                          recovered->daemon.log_path());
   }
   const double bytes_per_block = (static_cast<double>(rss_full) - static_cast<double>(rss_empty)) /
                                  static_cast<double>(blocks);
@@ -202,7 +159,7 @@ Status run_nvme_recovery_bench(const CommonOptions& common, const NvmeBenchOptio
   report.config("recovery_block_bytes", static_cast<int64_t>(kSmallBlockBytes));
   report.result("recovery_index_write_s", populate_seconds);
   report.result("recovery_start_to_listen_s", recovered->listen_seconds);
-  report.result("recovery_index_reload_ms", recovery_ms_from_log(recovered->log_path));
+  report.result("recovery_index_reload_ms", recovery_ms_from_log(recovered->daemon.log_path()));
   report.result("empty_start_to_listen_s", baseline->listen_seconds);
   report.result("rss_empty_mib", static_cast<double>(rss_empty) / (1 << 20));
   report.result("rss_recovered_mib", static_cast<double>(rss_full) / (1 << 20));

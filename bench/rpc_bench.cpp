@@ -25,7 +25,6 @@
 #include <thread>
 
 #include "bench/benchmarks.h"
-#include "bench/daemon_process.h"
 #include "client/client.h"
 #include "client/paged_cache.h"
 #include "common/unique_fd.h"
@@ -185,17 +184,14 @@ Result<BenchReport> run_rpc_bench(const CommonOptions& common, const RpcOptions&
   shape.head_dim = 64;
   shape.num_blocks = options.hashes;
 
-  std::optional<DaemonProcess> daemon;
+  std::optional<support::DaemonProcess> daemon;
   std::string socket = common.socket;
   if (socket.empty()) {
-    DaemonOptions daemon_options;
-    daemon_options.kvtierd_path = common.kvtierd_path;
-    daemon_options.keep_temp_dir = common.keep_temp_dir;
-    daemon_options.args = {"--hbm-bytes",    "64MiB",
-                           "--ram-bytes",    "64MiB",
-                           "--copy-threads", std::to_string(common.threads),
-                           "--hbm-idle-ms",  "1h"};
-    auto started = DaemonProcess::start(daemon_options);
+    auto started = support::DaemonProcess::start(private_daemon_options(
+        common, {"--hbm-bytes",    "64MiB",
+                 "--ram-bytes",    "64MiB",
+                 "--copy-threads", std::to_string(common.threads),
+                 "--hbm-idle-ms",  "1h"}));
     if (!started.is_ok()) return started.status();
     daemon.emplace(std::move(*started));
     socket = daemon->socket_path();
@@ -273,7 +269,7 @@ Result<BenchReport> run_rpc_bench(const CommonOptions& common, const RpcOptions&
   peer->reset();
   cross_peer.reset();
   client->reset();
-  Status stopped = daemon ? daemon->stop() : Status::ok();
+  Status stopped = daemon ? daemon->stop_cleanly(kDaemonStopTimeout) : Status::ok();
   if (!stopped.is_ok()) return stopped;
 
   BenchReport report("rpc");

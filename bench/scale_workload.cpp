@@ -81,18 +81,16 @@ Result<std::unique_ptr<ScaleDaemon>> ScaleDaemon::start(const CommonOptions& com
   const std::string config_path = config_dir + "/" + spec.mode + ".toml";
   // The daemon starts on the measured settings; growing switches away from them.
   KVTIER_RETURN_IF_ERROR(write_settings(config_path, /*measuring=*/true));
-  DaemonOptions options;
-  options.kvtierd_path = common.kvtierd_path;
-  options.keep_temp_dir = common.keep_temp_dir;
+  support::DaemonProcessOptions options =
+      private_daemon_options(common, {"--config",       config_path,
+                                      "--hbm-bytes",    std::to_string(spec.hbm_bytes),
+                                      "--ram-bytes",    std::to_string(spec.ram_bytes),
+                                      "--slab-bytes",   std::to_string(spec.slab_bytes),
+                                      "--copy-threads", std::to_string(common.threads),
+                                      "--hbm-idle-ms",  "1h",
+                                      "--metrics-addr", "off"});
   // The pools are pre-faulted before the daemon listens (about 2.5 s/GiB today).
-  options.ready_timeout_ms = 120'000;
-  options.args = {"--config",       config_path,
-                  "--hbm-bytes",    std::to_string(spec.hbm_bytes),
-                  "--ram-bytes",    std::to_string(spec.ram_bytes),
-                  "--slab-bytes",   std::to_string(spec.slab_bytes),
-                  "--copy-threads", std::to_string(common.threads),
-                  "--hbm-idle-ms",  "1h",
-                  "--metrics-addr", "off"};
+  options.ready_timeout = std::chrono::milliseconds{120'000};
   PagedCacheShape shape;
   shape.model_id = "kvtier-bench/scale";
   shape.num_layers = 1;
@@ -102,7 +100,7 @@ Result<std::unique_ptr<ScaleDaemon>> ScaleDaemon::start(const CommonOptions& com
   auto cache = PagedCache::create(shape);
   if (!cache.is_ok()) return cache.status();
 
-  auto started = DaemonProcess::start(options);
+  auto started = support::DaemonProcess::start(std::move(options));
   if (!started.is_ok()) return started.status();
   auto client = Client::connect(started->socket_path());
   if (!client.is_ok()) return client.status();
@@ -120,8 +118,9 @@ Result<std::unique_ptr<ScaleDaemon>> ScaleDaemon::start(const CommonOptions& com
   return daemon;
 }
 
-ScaleDaemon::ScaleDaemon(DaemonProcess daemon, PagedCache cache, std::unique_ptr<Client> client,
-                         ScaleDaemonSpec spec, std::string config_path)
+ScaleDaemon::ScaleDaemon(support::DaemonProcess daemon, PagedCache cache,
+                         std::unique_ptr<Client> client, ScaleDaemonSpec spec,
+                         std::string config_path)
     : daemon_(std::move(daemon)),
       cache_(std::move(cache)),
       client_(std::move(client)),
@@ -131,7 +130,7 @@ ScaleDaemon::ScaleDaemon(DaemonProcess daemon, PagedCache cache, std::unique_ptr
 
 ScaleDaemon::~ScaleDaemon() {
   client_.reset();
-  (void)daemon_.stop();
+  (void)daemon_.stop_cleanly(kDaemonStopTimeout);
 }
 
 uint64_t ScaleDaemon::session_refs() const {

@@ -31,7 +31,6 @@
 #include <vector>
 
 #include "bench/benchmarks.h"
-#include "bench/daemon_process.h"
 #include "client/client.h"
 #include "client/paged_cache.h"
 #include "common/status.h"
@@ -88,12 +87,12 @@ class ScaleDaemon {
   // The daemon's resident set (/proc/<pid>/status VmRSS), in bytes.
   Result<uint64_t> rss_bytes() const;
   Result<StatsInfo> stats() { return client_->stats(); }
-  Status stop() { return daemon_.stop(); }
+  Status stop() { return daemon_.stop_cleanly(kDaemonStopTimeout); }
 
  private:
   static constexpr uint32_t kPipelineDepth = 32;  // Saves in flight while growing
 
-  ScaleDaemon(DaemonProcess daemon, PagedCache cache, std::unique_ptr<Client> client,
+  ScaleDaemon(support::DaemonProcess daemon, PagedCache cache, std::unique_ptr<Client> client,
               ScaleDaemonSpec spec, std::string config_path);
   // Rewrites the config file for growing or measuring and, unless the daemon already
   // runs it, SIGHUPs the daemon and waits until Stats reports the policy.
@@ -105,7 +104,7 @@ class ScaleDaemon {
   // The first `count` blocks of session `s`'s chain.
   std::vector<BlockHash> chain_prefix(uint64_t s, uint32_t count) const;
 
-  DaemonProcess daemon_;
+  support::DaemonProcess daemon_;
   PagedCache cache_;
   std::unique_ptr<Client> client_;
   ScaleDaemonSpec spec_;

@@ -82,10 +82,12 @@ policy::PlannerConfig planner_config(const DaemonConfig& config) {
   return planner;
 }
 
-Service::Service(asio::io_context& io, DaemonConfig config, std::unique_ptr<Device> device)
+Service::Service(asio::io_context& io, DaemonConfig config, std::unique_ptr<Device> device,
+                 const policy::Clock* clock)
     : io_(io),
       config_(std::move(config)),
       device_(std::move(device)),
+      clock_(clock != nullptr ? *clock : steady_clock_),
       sessions_(clock_),
       planner_(planner_config(config_), clock_),
       plan_timer_(io) {}

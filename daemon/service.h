@@ -84,7 +84,11 @@ struct NvmeState;  // persistence.h
 
 class Service final : public ipc::RequestHandler {
  public:
-  Service(asio::io_context& io, DaemonConfig config, std::unique_ptr<Device> device);
+  // `clock` is the policy's time (idle thresholds, turn gaps); nullptr: an owned
+  // SteadyClock. An injected clock is borrowed: it must outlive the Service and is read
+  // only on the control thread, so a test's ManualClock must be advanced there too.
+  Service(asio::io_context& io, DaemonConfig config, std::unique_ptr<Device> device,
+          const policy::Clock* clock = nullptr);
   ~Service() override;
 
   // kvtierd's exit code after a fatal device error (README: Operations).
@@ -249,7 +253,8 @@ class Service final : public ipc::RequestHandler {
   asio::io_context& io_;
   DaemonConfig config_;  // reloadable settings change on SIGHUP (apply_reloaded_config)
   std::unique_ptr<Device> device_;
-  policy::SteadyClock clock_;
+  policy::SteadyClock steady_clock_;
+  const policy::Clock& clock_;  // steady_clock_ unless the constructor was given one
   std::unique_ptr<BlockStore> store_;
   std::unique_ptr<policy::PlacementView> view_;  // the planner's window on store_
   policy::SessionTable sessions_;

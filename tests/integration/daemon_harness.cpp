@@ -1,31 +1,12 @@
 #include "tests/integration/daemon_harness.h"
 
-#include <fcntl.h>
-#include <poll.h>
-#include <signal.h>
-#include <spawn.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
-#include <sys/wait.h>
 #include <unistd.h>
-
-#include <capnp/message.h>
 
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
-#include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <thread>
-
-#include "common/unique_fd.h"
-#include "ipc/framing.h"
-#include "ipc/unix_socket.h"
-
-extern char** environ;
 
 namespace kvtier::integration {
 namespace {
@@ -35,22 +16,6 @@ using Clock = std::chrono::steady_clock;
 // The poll loops below re-check a condition at this interval until their deadline;
 // nothing is synchronised by the interval itself.
 constexpr milliseconds kPollInterval{2};
-
-ExitStatus decode_wait_status(int status) {
-  ExitStatus out;
-  if (WIFEXITED(status)) {
-    out.exited = true;
-    out.code = WEXITSTATUS(status);
-  } else if (WIFSIGNALED(status)) {
-    out.signal = WTERMSIG(status);
-  }
-  return out;
-}
-
-milliseconds remaining(Clock::time_point deadline) {
-  auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
-  return left.count() > 0 ? left : milliseconds{0};
-}
 
 std::string describe_stats(const StatsInfo& stats) {
   std::string text;
@@ -67,79 +32,10 @@ std::string describe_stats(const StatsInfo& stats) {
 
 }  // namespace
 
-std::string read_all(int fd) {
-  std::string text;
-  char buffer[4096];
-  off_t offset = 0;
-  while (true) {
-    ssize_t n = ::pread(fd, buffer, sizeof(buffer), offset);
-    if (n <= 0) break;
-    text.append(buffer, static_cast<size_t>(n));
-    offset += n;
-  }
-  return text;
-}
-
-Result<pid_t> spawn(const std::vector<std::string>& argv, int stdout_fd, int stderr_fd) {
-  std::vector<char*> args;
-  for (const std::string& arg : argv) args.push_back(const_cast<char*>(arg.c_str()));
-  args.push_back(nullptr);
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_adddup2(&actions, stdout_fd, 1);
-  posix_spawn_file_actions_adddup2(&actions, stderr_fd, 2);
-  pid_t pid = -1;
-  int error = ::posix_spawn(&pid, args[0], &actions, nullptr, args.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
-  if (error != 0) return errno_status(error, "posix_spawn " + argv[0]);
-  return pid;
-}
-
-bool names_flag(const std::vector<std::string>& flags, std::string_view name) {
-  for (const std::string& flag : flags) {
-    if (flag == name ||
-        (flag.starts_with(name) && flag.size() > name.size() && flag[name.size()] == '=')) {
-      return true;
-    }
-  }
-  return false;
-}
-
 std::string binary_path(const std::string& name) {
   // KVTIER_TEST_BIN_DIR runs the suite against binaries built elsewhere.
   const char* dir = std::getenv("KVTIER_TEST_BIN_DIR");
   return std::string(dir != nullptr && *dir != '\0' ? dir : KVTIER_BIN_DIR) + "/" + name;
-}
-
-std::string ExitStatus::describe() const {
-  if (timed_out) return "timed out (killed by the harness)";
-  if (exited) return fmt::format("exited with code {}", code);
-  if (signal != 0) return fmt::format("killed by signal {} ({})", signal, ::strsignal(signal));
-  return "did not finish";
-}
-
-ExitStatus wait_for_exit(pid_t pid, milliseconds timeout) {
-  const auto deadline = Clock::now() + timeout;
-  UniqueFd pidfd(static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)));
-  int status = 0;
-  while (true) {
-    pid_t reaped = ::waitpid(pid, &status, WNOHANG);
-    if (reaped == pid) return decode_wait_status(status);
-    if (reaped < 0 && errno != EINTR) return ExitStatus{};  // not our child
-    if (Clock::now() >= deadline) break;
-    if (pidfd.valid()) {
-      pollfd fd{pidfd.get(), POLLIN, 0};
-      (void)::poll(&fd, 1, static_cast<int>(remaining(deadline).count()));
-    } else {
-      std::this_thread::sleep_for(kPollInterval);
-    }
-  }
-  ::kill(pid, SIGKILL);
-  ::waitpid(pid, &status, 0);
-  ExitStatus out;
-  out.timed_out = true;
-  return out;
 }
 
 pid_t fork_child(const std::function<int()>& body) {
@@ -160,103 +56,35 @@ pid_t fork_child(const std::function<int()>& body) {
   ::_exit(code);
 }
 
-std::string ProcessResult::describe() const {
-  return fmt::format("{}\n--- stdout ---\n{}--- stderr ---\n{}", status.describe(), stdout_text,
-                     stderr_text);
-}
-
-ProcessResult run_process(const std::vector<std::string>& argv, milliseconds timeout) {
-  ProcessResult result;
-  UniqueFd out(::memfd_create("stdout", MFD_CLOEXEC));
-  UniqueFd err(::memfd_create("stderr", MFD_CLOEXEC));
-  auto pid = spawn(argv, out.get(), err.get());
-  if (!pid.is_ok()) {
-    result.stderr_text = pid.status().to_string();
-    return result;
-  }
-  result.status = wait_for_exit(*pid, timeout);
-  result.stdout_text = read_all(out.get());
-  result.stderr_text = read_all(err.get());
-  return result;
-}
-
 std::vector<std::string> small_tier_flags() {
   return {"--hbm-bytes", "32MiB", "--ram-bytes", "64MiB", "--copy-threads", "2"};
 }
 
 Result<std::unique_ptr<Daemon>> Daemon::start(const std::vector<std::string>& flags) {
-  char dir_template[] = "/tmp/kvtier-it-XXXXXX";
-  if (::mkdtemp(dir_template) == nullptr) return errno_status(errno, "mkdtemp");
-  const std::string dir = dir_template;
-  const std::string log_path = dir + "/kvtierd.log";
-  UniqueFd log(::open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-  if (!log.valid()) return errno_status(errno, "open " + log_path);
-  std::vector<std::string> argv = {binary_path("kvtierd"), "--socket", dir + "/kvtierd.sock",
-                                   "--data-dir", dir + "/data"};
-  // Engines share memfd regions unless the caller picks a backend: the host backend by
-  // default, even on a GPU machine (kvtierd refuses a flag given twice).
-  if (!names_flag(flags, "--device")) argv.insert(argv.end(), {"--device", "host"});
-  argv.insert(argv.end(), flags.begin(), flags.end());
-  auto pid = spawn(argv, log.get(), log.get());
-  if (!pid.is_ok()) {
-    std::filesystem::remove_all(dir);
-    return pid.status();
-  }
-  std::unique_ptr<Daemon> daemon(new Daemon(dir, *pid));
-  const auto deadline = Clock::now() + milliseconds{20'000};
-  while (true) {
-    if (!daemon->running()) {
-      return unavailable("kvtierd {}; its log:\n{}", daemon->exit_->describe(), daemon->log());
-    }
-    if (ipc::connect_unix(daemon->socket_path()).is_ok()) return daemon;
-    if (Clock::now() >= deadline) {
-      return unavailable("kvtierd did not accept connections within 20 s; its log:\n{}",
-                         daemon->log());
-    }
-    std::this_thread::sleep_for(kPollInterval);
-  }
+  support::DaemonProcessOptions options;
+  options.binary = binary_path("kvtierd");
+  // In /tmp whatever $TMPDIR says: ops tests let other uids reach the socket.
+  options.temp_parent = "/tmp";
+  options.temp_prefix = "kvtier-it";
+  options.flags = flags;
+  auto process = support::DaemonProcess::start(std::move(options));
+  if (!process.is_ok()) return process.status();
+  return std::unique_ptr<Daemon>(new Daemon(std::move(*process)));
 }
 
 Daemon::~Daemon() {
-  if (running()) {
-    ::kill(pid_, SIGKILL);
-    exit_ = wait_for_exit(pid_);
-  }
+  process_.kill();
   if (::testing::Test::HasFailure()) {
     std::fprintf(stderr, "---- kvtierd log (%s) ----\n%s---- end of kvtierd log ----\n",
-                 dir_.c_str(), log().c_str());
+                 dir().c_str(), log().c_str());
   }
-  std::error_code ignored;
-  std::filesystem::remove_all(dir_, ignored);
-}
-
-bool Daemon::running() {
-  if (exit_) return false;
-  int status = 0;
-  if (::waitpid(pid_, &status, WNOHANG) == pid_) {
-    exit_ = decode_wait_status(status);
-    return false;
-  }
-  return true;
-}
-
-ExitStatus Daemon::stop(milliseconds timeout) {
-  if (!running()) return *exit_;
-  ::kill(pid_, SIGTERM);
-  exit_ = wait_for_exit(pid_, timeout);
-  return *exit_;
-}
-
-std::string Daemon::log() const {
-  std::ifstream in(dir_ + "/kvtierd.log");
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
 }
 
 Status Daemon::open_to_all_users() const {
-  if (::chmod(dir_.c_str(), 0755) != 0) return errno_status(errno, "chmod " + dir_);
-  if (::chmod(socket_path_.c_str(), 0666) != 0) return errno_status(errno, "chmod " + socket_path_);
+  if (::chmod(dir().c_str(), 0755) != 0) return errno_status(errno, "chmod " + dir());
+  if (::chmod(socket_path().c_str(), 0666) != 0) {
+    return errno_status(errno, "chmod " + socket_path());
+  }
   return Status::ok();
 }
 
@@ -283,13 +111,13 @@ Result<StatsInfo> Daemon::wait_until_settled(milliseconds timeout) const {
 }
 
 ProcessResult Daemon::run_example_engine(const std::vector<std::string>& args) const {
-  std::vector<std::string> argv = {binary_path("kvtier-example-engine"), "--socket", socket_path_};
+  std::vector<std::string> argv = {binary_path("kvtier-example-engine"), "--socket", socket_path()};
   argv.insert(argv.end(), args.begin(), args.end());
   return run_process(argv);
 }
 
 ProcessResult Daemon::run_kvtierctl(const std::vector<std::string>& args) const {
-  std::vector<std::string> argv = {binary_path("kvtierctl"), "--socket", socket_path_};
+  std::vector<std::string> argv = {binary_path("kvtierctl"), "--socket", socket_path()};
   argv.insert(argv.end(), args.begin(), args.end());
   return run_process(argv);
 }

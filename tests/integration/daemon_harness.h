@@ -29,6 +29,8 @@
 #include "client/client.h"
 #include "client/paged_cache.h"
 #include "schema/kvtier.capnp.h"
+#include "tests/support/daemon_process.h"
+#include "tests/support/process.h"
 
 namespace kvtier::integration {
 
@@ -39,45 +41,30 @@ inline constexpr milliseconds kDeadline{60'000};
 // ($KVTIER_TEST_BIN_DIR, when set, names another directory holding them).
 std::string binary_path(const std::string& name);
 
-// How a child process ended.
-struct ExitStatus {
-  bool exited = false;     // exited normally (code is valid)
-  int code = -1;           // exit code
-  int signal = 0;          // terminating signal, when killed
-  bool timed_out = false;  // overstayed its deadline and was SIGKILLed by the harness
-  bool ok() const { return exited && code == 0; }
-  std::string describe() const;
-};
-
-// Waits until child `pid` ends or `timeout` passes (then SIGKILLs and reaps it).
-ExitStatus wait_for_exit(pid_t pid, milliseconds timeout = kDeadline);
+// Child processes (tests/support/process.h): how one ended, waiting with a deadline,
+// spawning one with its output on given descriptors; names_flag from daemon_process.h.
+using support::ExitStatus;
+using support::names_flag;
+using support::ProcessResult;
+using support::read_all;
+using support::spawn;
+using support::wait_for_exit;
 
 // Forks; the child runs `body` and _exit()s with its result (98 when it throws).
 // REQUIRES: the calling process has only one thread.
 pid_t fork_child(const std::function<int()>& body);
 
-struct ProcessResult {
-  ExitStatus status;
-  std::string stdout_text;
-  std::string stderr_text;
-  std::string describe() const;  // status plus both outputs, for failure messages
-};
-
-// Starts `argv` (argv[0] a path) with posix_spawn, stdin from /dev/null and stdout and
-// stderr on the given descriptors.
-Result<pid_t> spawn(const std::vector<std::string>& argv, int stdout_fd, int stderr_fd);
-// Everything written to `fd` (a memfd or file), from its start.
-std::string read_all(int fd);
-
-// Runs `argv` (argv[0] a path) with posix_spawn, capturing stdout and stderr.
-ProcessResult run_process(const std::vector<std::string>& argv, milliseconds timeout = kDeadline);
+// Runs `argv` (argv[0] a path), capturing stdout and stderr; SIGKILL after `timeout`.
+inline ProcessResult run_process(const std::vector<std::string>& argv,
+                                 milliseconds timeout = kDeadline) {
+  return support::run_process(argv, timeout);
+}
 
 // The flags every test starts from: small tiers, two copy threads.
 std::vector<std::string> small_tier_flags();
-// Whether `flags` set `name` ("--device cuda" or "--device=cuda").
-bool names_flag(const std::vector<std::string>& flags, std::string_view name);
 
-// One kvtierd process with its own temporary directory (socket and log inside).
+// One kvtierd process (a support::DaemonProcess) with its own temporary directory
+// (socket and log inside), that prints its log when the test failed.
 class Daemon {
  public:
   // Starts kvtierd with `flags` (besides --socket and --data-dir; --device host unless
@@ -90,19 +77,19 @@ class Daemon {
   Daemon(const Daemon&) = delete;
   Daemon& operator=(const Daemon&) = delete;
 
-  const std::string& dir() const { return dir_; }
-  const std::string& socket_path() const { return socket_path_; }
-  pid_t pid() const { return pid_; }
+  const std::string& dir() const { return process_.dir(); }
+  const std::string& socket_path() const { return process_.socket_path(); }
+  pid_t pid() const { return process_.pid(); }
   // Whether the process is still alive (reaps it if it died).
-  bool running();
-  // SIGTERM, then waits for the exit.
-  ExitStatus stop(milliseconds timeout = kDeadline);
-  std::string log() const;
+  bool running() { return process_.running(); }
+  // SIGTERM, then waits for the exit (SIGKILL after `timeout`).
+  ExitStatus stop(milliseconds timeout = kDeadline) { return process_.stop(timeout); }
+  std::string log() const { return process_.log(); }
 
   // Lets other uids reach the socket (directory 0755, socket 0666).
   Status open_to_all_users() const;
 
-  Result<std::unique_ptr<Client>> connect() const { return Client::connect(socket_path_); }
+  Result<std::unique_ptr<Client>> connect() const { return Client::connect(socket_path()); }
   // Polls Stats on one connection until `done` holds; the last Stats, or an error
   // saying what was last seen when the deadline passes.
   Result<StatsInfo> wait_for_stats(const std::function<bool(const StatsInfo&)>& done,
@@ -114,12 +101,8 @@ class Daemon {
   ProcessResult run_kvtierctl(const std::vector<std::string>& args) const;
 
  private:
-  Daemon(std::string dir, pid_t pid)
-      : dir_(std::move(dir)), socket_path_(dir_ + "/kvtierd.sock"), pid_(pid) {}
-  std::string dir_;
-  std::string socket_path_;
-  pid_t pid_;
-  std::optional<ExitStatus> exit_;  // set once reaped
+  explicit Daemon(support::DaemonProcess process) : process_(std::move(process)) {}
+  support::DaemonProcess process_;
 };
 
 // A fixture with one daemon per test, started with daemon_flags() and stopped with

@@ -1,19 +1,10 @@
 #include "tests/integration/nvme_harness.h"
 
-#include <fcntl.h>
-#include <signal.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <thread>
-
-#include "common/unique_fd.h"
-#include "ipc/unix_socket.h"
-
 
 namespace kvtier::integration {
 namespace {
@@ -56,88 +47,30 @@ std::vector<std::string> with_flag(std::vector<std::string> flags, const std::st
   return flags;
 }
 
-PersistentDaemon::PersistentDaemon(std::string run_dir, pid_t pid)
-    : run_dir_(std::move(run_dir)), socket_path_(run_dir_ + "/kvtierd.sock"), pid_(pid) {}
-
 Result<std::unique_ptr<PersistentDaemon>> PersistentDaemon::start(
     const std::string& run_dir, const std::string& data_dir,
     const std::vector<std::string>& flags) {
-  const std::string log_path = run_dir + "/kvtierd.log";
-  UniqueFd log(::open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644));
-  if (!log.valid()) return errno_status(errno, "open " + log_path);
-  std::vector<std::string> argv = {binary_path("kvtierd"), "--socket", run_dir + "/kvtierd.sock",
-                                   "--data-dir", data_dir};
-  // --device host unless the caller picks a backend: on a machine with a GPU, auto
-  // would pick the cuda backend, which takes no memfd regions.
-  if (!names_flag(flags, "--device")) argv.insert(argv.end(), {"--device", "host"});
-  argv.insert(argv.end(), flags.begin(), flags.end());
-  auto pid = spawn(argv, log.get(), log.get());
-  if (!pid.is_ok()) return pid.status();
-
-  std::unique_ptr<PersistentDaemon> daemon(new PersistentDaemon(run_dir, *pid));
-  const auto deadline = Clock::now() + milliseconds{20'000};
-  while (true) {
-    if (!daemon->running()) {
-      return unavailable("kvtierd {}; its log:\n{}", daemon->exit_->describe(), daemon->log());
-    }
-    if (ipc::connect_unix(daemon->socket_path()).is_ok()) return daemon;
-    if (Clock::now() >= deadline) {
-      return unavailable("kvtierd did not accept connections within 20 s; its log:\n{}",
-                         daemon->log());
-    }
-    std::this_thread::sleep_for(kPollInterval);
-  }
+  support::DaemonProcessOptions options;
+  options.binary = binary_path("kvtierd");
+  options.dir = run_dir;  // socket and log; the data directory lives elsewhere
+  options.data_dir = data_dir;
+  options.flags = flags;
+  auto process = support::DaemonProcess::start(std::move(options));
+  if (!process.is_ok()) return process.status();
+  return std::unique_ptr<PersistentDaemon>(new PersistentDaemon(std::move(*process)));
 }
 
 PersistentDaemon::~PersistentDaemon() {
-  if (running()) kill9();
+  process_.kill();
   if (::testing::Test::HasFailure()) {
     std::fprintf(stderr, "---- kvtierd log (%s) ----\n%s---- end of kvtierd log ----\n",
-                 run_dir_.c_str(), log().c_str());
+                 process_.dir().c_str(), log().c_str());
   }
-}
-
-bool PersistentDaemon::running() {
-  if (exit_) return false;
-  int status = 0;
-  if (::waitpid(pid_, &status, WNOHANG) == pid_) {
-    ExitStatus out;
-    if (WIFEXITED(status)) {
-      out.exited = true;
-      out.code = WEXITSTATUS(status);
-    } else if (WIFSIGNALED(status)) {
-      out.signal = WTERMSIG(status);
-    }
-    exit_ = out;
-    return false;
-  }
-  return true;
-}
-
-ExitStatus PersistentDaemon::stop(milliseconds timeout) {
-  if (!running()) return *exit_;
-  ::kill(pid_, SIGTERM);
-  exit_ = wait_for_exit(pid_, timeout);
-  return *exit_;
-}
-
-ExitStatus PersistentDaemon::kill9() {
-  if (!running()) return *exit_;
-  ::kill(pid_, SIGKILL);
-  exit_ = wait_for_exit(pid_);
-  return *exit_;
-}
-
-std::string PersistentDaemon::log() const {
-  std::ifstream in(run_dir_ + "/kvtierd.log");
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
 }
 
 Result<StatsInfo> PersistentDaemon::wait_for_stats(
     const std::function<bool(const StatsInfo&)>& done, milliseconds timeout) const {
-  auto client = Client::connect(socket_path_);
+  auto client = Client::connect(socket_path());
   if (!client.is_ok()) return client.status();
   const auto deadline = Clock::now() + timeout;
   while (true) {
@@ -157,7 +90,7 @@ Result<StatsInfo> PersistentDaemon::wait_for_stats(
 }
 
 ProcessResult PersistentDaemon::run_kvtierctl(const std::vector<std::string>& args) const {
-  std::vector<std::string> argv = {binary_path("kvtierctl"), "--socket", socket_path_};
+  std::vector<std::string> argv = {binary_path("kvtierctl"), "--socket", socket_path()};
   argv.insert(argv.end(), args.begin(), args.end());
   return run_process(argv);
 }

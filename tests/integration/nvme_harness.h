@@ -48,23 +48,22 @@ class PersistentDaemon {
                                                          const std::vector<std::string>& flags);
   ~PersistentDaemon();  // SIGKILLs a daemon still running
 
-  const std::string& socket_path() const { return socket_path_; }
-  pid_t pid() const { return pid_; }
-  bool running();
-  ExitStatus stop(milliseconds timeout = kDeadline);  // SIGTERM, wait
-  ExitStatus kill9();                                 // SIGKILL, wait
-  std::string log() const;                            // everything every daemon in run_dir wrote
+  const std::string& socket_path() const { return process_.socket_path(); }
+  pid_t pid() const { return process_.pid(); }
+  bool running() { return process_.running(); }
+  // SIGTERM, wait (SIGKILL after `timeout`).
+  ExitStatus stop(milliseconds timeout = kDeadline) { return process_.stop(timeout); }
+  ExitStatus kill9() { return process_.kill(); }  // SIGKILL, wait
+  // Everything every daemon in run_dir wrote (they append to one log).
+  std::string log() const { return process_.log(); }
 
   Result<StatsInfo> wait_for_stats(const std::function<bool(const StatsInfo&)>& done,
                                    milliseconds timeout = kDeadline) const;
   ProcessResult run_kvtierctl(const std::vector<std::string>& args) const;
 
  private:
-  PersistentDaemon(std::string run_dir, pid_t pid);
-  std::string run_dir_;
-  std::string socket_path_;
-  pid_t pid_;
-  std::optional<ExitStatus> exit_;
+  explicit PersistentDaemon(support::DaemonProcess process) : process_(std::move(process)) {}
+  support::DaemonProcess process_;
 };
 
 // Result of loading a prefix back into an engine: how many leading blocks came back,

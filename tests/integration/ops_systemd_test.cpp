@@ -12,8 +12,6 @@
 
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <thread>
 
 #include "common/unique_fd.h"
@@ -98,32 +96,20 @@ TEST(SystemdNotify, ReadyWatchdogReloadingAndStopping) {
   std::filesystem::remove_all(dir);
 }
 
-// Starts kvtierd with `listening` as fd 3 and LISTEN_FDS=1, as systemd does.
-pid_t start_activated(int listening, const std::string& dir, const std::string& log_name) {
-  const std::string log = dir + "/" + log_name;
-  const std::string binary = binary_path("kvtierd");
+// Starts kvtierd with `listening` as fd 3 and LISTEN_FDS=1, as systemd does; its log
+// is dir/log_name.
+Result<support::DaemonProcess> start_activated(int listening, const std::string& dir,
+                                               const std::string& log_name) {
+  support::DaemonProcessOptions options;
+  options.binary = binary_path("kvtierd");
+  options.dir = dir;
   // --socket names a path the daemon must not use: it was handed a socket.
-  std::vector<std::string> argv = {binary,       "--socket",       dir + "/unused.sock",
-                                   "--data-dir", dir + "/data",    "--device",
-                                   "host",       "--metrics-addr", "off"};
-  for (const auto& flag : small_tier_flags()) argv.push_back(flag);
-  return fork_child([&] {
-    UniqueFd out(::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644));
-    ::dup2(out.get(), STDOUT_FILENO);
-    ::dup2(out.get(), STDERR_FILENO);
-    if (listening == 3) {
-      ::fcntl(3, F_SETFD, 0);  // keep it across exec
-    } else {
-      ::dup2(listening, 3);
-    }
-    ::setenv("LISTEN_FDS", "1", 1);
-    ::setenv("LISTEN_PID", std::to_string(::getpid()).c_str(), 1);
-    std::vector<char*> args;
-    for (const std::string& arg : argv) args.push_back(const_cast<char*>(arg.c_str()));
-    args.push_back(nullptr);
-    ::execv(args[0], args.data());
-    return 97;
-  });
+  options.socket_path = dir + "/unused.sock";
+  options.log_path = dir + "/" + log_name;
+  options.flags = {"--metrics-addr", "off"};
+  for (const auto& flag : small_tier_flags()) options.flags.push_back(flag);
+  options.activation_fd = listening;
+  return support::DaemonProcess::start(std::move(options));
 }
 
 Result<StatsInfo> stats_within(const std::string& socket_path, milliseconds timeout) {
@@ -153,7 +139,8 @@ TEST(SocketActivation, ServesThePassedSocketAcrossARestart) {
   ASSERT_EQ(::bind(listening.get(), reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
   ASSERT_EQ(::listen(listening.get(), 16), 0);
 
-  pid_t first = start_activated(listening.get(), dir, "first.log");
+  auto first = start_activated(listening.get(), dir, "first.log");
+  ASSERT_TRUE(first.is_ok()) << first.status().to_string();
   auto stats = stats_within(path, kDeadline);
   ASSERT_TRUE(stats.is_ok()) << stats.status().to_string();
   EXPECT_FALSE(std::filesystem::exists(dir + "/unused.sock"))
@@ -167,8 +154,7 @@ TEST(SocketActivation, ServesThePassedSocketAcrossARestart) {
     ASSERT_TRUE(saved.is_ok()) << saved.status().to_string();
     EXPECT_EQ(saved->stored, 4u);
   }
-  ::kill(first, SIGTERM);
-  ExitStatus first_exit = wait_for_exit(first);
+  ExitStatus first_exit = first->stop();
   EXPECT_TRUE(first_exit.ok()) << first_exit.describe();
   EXPECT_TRUE(std::filesystem::exists(path)) << "the daemon removed systemd's socket file";
 
@@ -177,13 +163,13 @@ TEST(SocketActivation, ServesThePassedSocketAcrossARestart) {
   ASSERT_TRUE(waiting.is_ok()) << waiting.status().to_string();
   ASSERT_TRUE(waiting->send(1, [](wire::Request::Builder r) { r.initStats(); }).is_ok());
 
-  pid_t second = start_activated(listening.get(), dir, "second.log");
+  auto second = start_activated(listening.get(), dir, "second.log");
+  ASSERT_TRUE(second.is_ok()) << second.status().to_string();
   auto reply = waiting->receive_reply();
   ASSERT_TRUE(reply.is_ok()) << reply.status().to_string();
   EXPECT_EQ(reply->id, 1u);
   EXPECT_EQ(reply->which, wire::Response::STATS) << reply->error.to_string();
-  ::kill(second, SIGTERM);
-  EXPECT_TRUE(wait_for_exit(second).ok());
+  EXPECT_TRUE(second->stop().ok());
   std::filesystem::remove_all(dir);
 }
 
@@ -192,14 +178,12 @@ TEST(SocketActivation, APassedFdThatIsNotAListeningSocketIsRefused) {
   ASSERT_NE(::mkdtemp(dir_template), nullptr);
   const std::string dir = dir_template;
   UniqueFd not_a_socket(::open("/dev/null", O_RDONLY | O_CLOEXEC));
-  pid_t daemon = start_activated(not_a_socket.get(), dir, "kvtierd.log");
-  ExitStatus status = wait_for_exit(daemon);
+  auto daemon = start_activated(not_a_socket.get(), dir, "kvtierd.log");
+  ASSERT_TRUE(daemon.is_ok()) << daemon.status().to_string();
+  ExitStatus status = daemon->wait();
   EXPECT_TRUE(status.exited && status.code == 1) << status.describe();
-  std::ifstream log(dir + "/kvtierd.log");
-  std::stringstream text;
-  text << log.rdbuf();
-  EXPECT_NE(text.str().find("none is a listening Unix stream socket"), std::string::npos)
-      << text.str();
+  EXPECT_NE(daemon->log().find("none is a listening Unix stream socket"), std::string::npos)
+      << daemon->log();
   std::filesystem::remove_all(dir);
 }
 

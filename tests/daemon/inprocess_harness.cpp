@@ -1,0 +1,167 @@
+#include "tests/daemon/inprocess_harness.h"
+
+#include <stdlib.h>
+
+#include <boost/asio/post.hpp>
+
+#include <filesystem>
+#include <future>
+
+#include "ipc/unix_socket.h"
+
+namespace kvtier::daemon {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// The polls below re-check their condition at this interval until their deadline;
+// nothing is synchronised by the interval itself.
+constexpr std::chrono::milliseconds kPollInterval{2};
+
+std::string describe_tiers(const StatsInfo& stats) {
+  std::string text;
+  for (const TierStatsInfo& tier : stats.tiers) {
+    text += fmt::format("{}: {} blocks, {} bytes used; ", tier_name(tier.tier), tier.blocks,
+                        tier.used_bytes);
+  }
+  return text + fmt::format("copies_in_flight {}, pinned_blocks {}", stats.copies_in_flight,
+                            stats.pinned_blocks);
+}
+
+std::string describe_session(const SessionInfo& session) {
+  std::string text =
+      fmt::format("active {}, idle_ms {}, blocks {}, per tier (hbm ram nvme none):", session.active,
+                  session.idle_ms, session.blocks);
+  for (uint32_t count : session.blocks_per_tier) text += fmt::format(" {}", count);
+  return text;
+}
+
+}  // namespace
+
+DaemonConfig inprocess_config() {
+  DaemonConfig config = default_config();
+  config.device = "host";
+  config.hbm_bytes = 4ull << 20;
+  config.ram_bytes = 8ull << 20;
+  config.slab_bytes = 1ull << 20;
+  config.copy_threads = 2;
+  config.policy = "session";
+  config.hbm_idle_ms = 1'000;  // on the manual clock
+  config.plan_interval_ms = 10;
+  config.metrics_addr = "off";
+  return config;
+}
+
+InProcessDaemon::InProcessDaemon(DaemonConfig config, std::string dir)
+    : config_(std::move(config)), dir_(std::move(dir)), work_guard_(io_.get_executor()) {
+  config_.socket_path = dir_ + "/kvtierd.sock";
+  config_.data_dir = dir_ + "/data";
+}
+
+Result<std::unique_ptr<InProcessDaemon>> InProcessDaemon::start(DaemonConfig config) {
+  char pattern[] = "/tmp/kvtier-inprocess-XXXXXX";
+  if (::mkdtemp(pattern) == nullptr) return errno_status(errno, "mkdtemp");
+  std::unique_ptr<InProcessDaemon> daemon(new InProcessDaemon(std::move(config), pattern));
+  KVTIER_RETURN_IF_ERROR(daemon->start_serving());
+  return daemon;
+}
+
+// As daemon/main.cpp does, minus signals, systemd and /metrics: the Service first (it
+// allocates the tiers), then the server on its socket, then the control thread.
+Status InProcessDaemon::start_serving() {
+  auto device = std::make_unique<FaultInjectingDevice>(make_host_device(config_.copy_threads));
+  device_ = device.get();
+  service_ = std::make_unique<Service>(io_, config_, std::move(device), &clock_);
+  KVTIER_RETURN_IF_ERROR(service_->start());
+  ipc::ConnectionLimits limits;
+  limits.max_in_flight = config_.max_in_flight_per_connection;
+  server_ = std::make_unique<ipc::Server>(io_, *service_, limits);
+  service_->set_connection_count_source(
+      [server = server_.get()] { return server->connection_count(); });
+  KVTIER_RETURN_IF_ERROR(server_->listen(config_.socket_path));
+  control_thread_ = std::thread([this] { io_.run(); });
+  // listen() returned, so the socket accepts (connections wait in its backlog until
+  // the control thread takes them); checked once so a broken setup fails here.
+  auto probe = ipc::connect_unix(config_.socket_path);
+  return probe.is_ok() ? Status::ok() : probe.status();
+}
+
+InProcessDaemon::~InProcessDaemon() {
+  if (control_thread_.joinable()) {
+    run_on_control_thread([this] {
+      server_->stop();
+      service_->stop();
+    });
+    // Without the guard, run() returns once the last in-flight copy has completed.
+    work_guard_.reset();
+    control_thread_.join();
+  }
+  server_.reset();
+  service_.reset();  // drains the device
+  std::error_code ignored;
+  std::filesystem::remove_all(dir_, ignored);
+}
+
+// Unbounded wait: the control thread never blocks, so the work runs within one turn of
+// the event loop; a test that hangs regardless is ended by ctest's timeout.
+void InProcessDaemon::run_on_control_thread(const std::function<void()>& work) {
+  std::promise<void> done;
+  boost::asio::post(io_, [&] {
+    work();
+    done.set_value();
+  });
+  done.get_future().wait();
+}
+
+void InProcessDaemon::advance_clock_ms(uint64_t millis) {
+  run_on_control_thread([&] { clock_.advance_ms(millis); });
+}
+
+uint64_t InProcessDaemon::now_ms() {
+  uint64_t now = 0;
+  run_on_control_thread([&] { now = clock_.now_ms(); });
+  return now;
+}
+
+void InProcessDaemon::fail_nth_submit(int nth, Status error) {
+  run_on_control_thread([&] { device_->fail_nth_submit(nth, std::move(error)); });
+}
+
+void InProcessDaemon::fail_open_region(Status error) {
+  run_on_control_thread([&] { device_->fail_open_region(std::move(error)); });
+}
+
+Result<StatsInfo> InProcessDaemon::wait_for_stats(const std::function<bool(const StatsInfo&)>& done,
+                                                  std::chrono::milliseconds timeout) const {
+  auto client = connect();
+  if (!client.is_ok()) return client.status();
+  const auto deadline = Clock::now() + timeout;
+  while (true) {
+    auto stats = (*client)->stats();
+    if (!stats.is_ok() || done(*stats)) return stats;
+    if (Clock::now() >= deadline) {
+      return internal_error("condition not reached within {} ms; last stats: {}", timeout.count(),
+                            describe_tiers(*stats));
+    }
+    std::this_thread::sleep_for(kPollInterval);
+  }
+}
+
+Result<SessionInfo> InProcessDaemon::wait_for_session(
+    const std::string& session_id, const std::function<bool(const SessionInfo&)>& done,
+    std::chrono::milliseconds timeout) const {
+  auto client = connect();
+  if (!client.is_ok()) return client.status();
+  const auto deadline = Clock::now() + timeout;
+  while (true) {
+    auto session = (*client)->get_session(session_id);
+    if (!session.is_ok() || done(*session)) return session;
+    if (Clock::now() >= deadline) {
+      return internal_error("session '{}': condition not reached within {} ms; last seen: {}",
+                            session_id, timeout.count(), describe_session(*session));
+    }
+    std::this_thread::sleep_for(kPollInterval);
+  }
+}
+
+}  // namespace kvtier::daemon
