@@ -133,7 +133,7 @@ Status Service::handle_evict(const ConnectionPtr& c, EngineContext& engine, uint
       ++kept;  // another session still holds it
     }
   }
-  evict_blocks(unshared);
+  mover_->evict(unshared);
   for (const BlockKey& key : unshared) {
     if (store_->lookup(key)) {
       ++kept;  // a copy is reading it; it stays as prefix cache until the planner needs room
@@ -177,9 +177,9 @@ Status Service::handle_pin(const ConnectionPtr& c, EngineContext& engine, uint64
   return Status::ok();
 }
 
-// Starts moving every unpinned block in RAM and HBM to NVMe, through the same moves the
-// planner and the SIGTERM drain use. Blocks in GPU memory go to RAM first (the NVMe
-// tier writes from host memory); a second drain, or the stop, takes them on.
+// Starts moving every unpinned block in RAM and HBM to NVMe, through the same executor
+// the planner and the SIGTERM drain use (blocks in GPU memory go through RAM: the NVMe
+// tier writes from host memory).
 Status Service::handle_drain(const ConnectionPtr& c, EngineContext& engine, uint64_t id) {
   KVTIER_RETURN_IF_ERROR(require_admin(engine, c->peer(), config_, "drain"));
   if (nvme_ == nullptr) {
@@ -190,22 +190,15 @@ Status Service::handle_drain(const ConnectionPtr& c, EngineContext& engine, uint
   std::unordered_set<BlockKey, BlockKeyHasher> admin_pinned;
   for (const auto& [session, blocks] : admin_pins_)
     admin_pinned.insert(blocks.begin(), blocks.end());
-  std::vector<BlockKey> to_nvme;
-  std::vector<policy::Move> to_ram;
+  // Every ready block in memory goes to NVMe (from GPU memory through RAM).
+  std::vector<policy::Move> to_nvme;
   for (Tier tier : {Tier::kHbm, Tier::kRam}) {
-    const auto& memory = store_->memory(tier);
-    if (memory == nullptr) continue;
     store_->for_each_in_tier(tier, [&](const BlockKey& key, const BlockInfo& info) {
       if (info.state != BlockState::kReady || admin_pinned.count(key) != 0) return;
-      if (memory->host_data() != nullptr) {
-        to_nvme.push_back(key);
-      } else {
-        to_ram.push_back({policy::MoveKind::kDemote, key, tier, Tier::kRam});
-      }
+      to_nvme.push_back({policy::MoveKind::kDemote, key, tier, Tier::kNvme});
     });
   }
-  apply_moves(to_ram);
-  demote_to_nvme(to_nvme);
+  mover_->apply(to_nvme);
   uint64_t blocks = 0, bytes = 0;
   auto count_moving = [&](const BlockKey& key) {
     auto info = store_->lookup(key);
@@ -214,8 +207,7 @@ Status Service::handle_drain(const ConnectionPtr& c, EngineContext& engine, uint
       bytes += store_->block_bytes(key.layout);
     }
   };
-  for (const BlockKey& key : to_nvme) count_moving(key);
-  for (const policy::Move& move : to_ram) count_moving(move.block);
+  for (const policy::Move& move : to_nvme) count_moving(move.block);
   KVTIER_LOG_INFO("drain (uid {}): {} blocks ({}) on their way to NVMe; {} pinned blocks stay",
                   c->peer().uid, blocks, format_bytes(bytes), admin_pinned.size());
   reply(c, id, [&](wire::Response::Builder response) {

@@ -186,7 +186,7 @@ Result<std::optional<BlockLocation>> Service::reserve_block(const BlockKey& key,
       moves = planner_.make_room(victim_tier, block_bytes, sessions_, *view_);
     }
     if (moves.empty()) continue;
-    apply_moves(moves);
+    mover_->apply(moves);
     return store_->reserve(key, kSaveTiers, now_ms(), gpu_part);
   }
   return resource_exhausted(
@@ -313,113 +313,56 @@ Status Service::handle_lookup(const ConnectionPtr& c, EngineContext& engine, uin
 
 void Service::run_planner() {
   if (stopping_ || store_ == nullptr) return;
-  apply_moves(planner_.plan_demotions(sessions_, *view_));
+  mover_->apply(planner_.plan_demotions(sessions_, *view_));
   flush_sessions(/*sync=*/false);
-  release_nvme_slots();
+  mover_->release_slots();
   plan_timer_.expires_after(std::chrono::milliseconds(config_.plan_interval_ms));
   plan_timer_.async_wait([this](const boost::system::error_code& ec) {
     if (!ec) run_planner();
   });
 }
 
-void Service::apply_moves(const std::vector<policy::Move>& moves, int hbm_part) {
-  CopyBatch batch;
-  // The policy's moves never hold up an engine's Save or Load.
-  batch.priority = CopyPriority::kBackground;
-  struct Started {
-    BlockKey key;
-    policy::MoveKind kind;
-    uint64_t bytes;
-  };
-  std::vector<Started> started;
-  std::vector<BlockKey> evictions;
-  std::vector<BlockKey> to_nvme, nvme_to_hbm, nvme_to_ram;
-  for (const policy::Move& move : moves) {
-    if (move.kind == policy::MoveKind::kEvict) {
-      evictions.push_back(move.block);
-      continue;
-    }
-    // Moves to or from NVMe go through the NVMe tier's I/O, not the Device.
-    auto info = store_->lookup(move.block);
-    if (!info) continue;
-    if (move.to == Tier::kNvme) {
-      to_nvme.push_back(move.block);
-      continue;
-    }
-    if (info->location.tier == Tier::kNvme) {
-      (move.to == Tier::kHbm ? nvme_to_hbm : nvme_to_ram).push_back(move.block);
-      continue;
-    }
-    auto locations = store_->begin_move(move.block, move.to,
-                                        move.to == Tier::kHbm ? hbm_part : SlabAllocator::kAnyPart);
-    if (!locations.is_ok()) {
-      KVTIER_LOG_DEBUG("move of {} skipped: {}", move.block.hash.to_hex(),
-                       locations.status().to_string());
-      planner_.revisit(sessions_, move.block);
-      continue;
-    }
-    const uint64_t bytes = store_->block_bytes(move.block.layout);
-    const auto& [from, to] = *locations;
-    batch.segments.push_back({batch.memory_index(store_->memory(from.tier)),
-                              batch.memory_index(store_->memory(to.tier)), from.offset, to.offset,
-                              bytes});
-    started.push_back({move.block, move.kind, bytes});
-  }
-  if (!evictions.empty()) evict_blocks(evictions);
-  if (nvme_) {
-    demote_to_nvme(to_nvme);
-    (void)promote_from_nvme(nvme_to_hbm, Tier::kHbm);
-    (void)promote_from_nvme(nvme_to_ram, Tier::kRam);
-    release_nvme_slots();
-  }
-  if (started.empty()) return;
-  Status submitted = submit_copy(std::move(batch), [this, started](Status status) {
-    for (const Started& move : started) {
-      store_->finish_move(move.key, status.is_ok());
-      if (!status.is_ok()) {
-        planner_.revisit(sessions_, move.key);
-        continue;
-      }
-      (move.kind == policy::MoveKind::kDemote ? counters_.bytes_demoted
-                                              : counters_.bytes_promoted) += move.bytes;
-    }
-    if (!status.is_ok())
-      KVTIER_LOG_WARN("{} block moves failed: {}", started.size(), status.to_string());
-    check_drain();
-  });
-  if (!submitted.is_ok()) {
-    for (const Started& move : started) store_->finish_move(move.key, false);
-    KVTIER_LOG_ERROR("block moves rejected: {}", submitted.to_string());
-  }
-}
-
-void Service::evict_blocks(const std::vector<BlockKey>& keys) {
-  KeySet evicted;
-  bool referenced = false;
-  for (const BlockKey& key : keys) {
-    auto info = store_->lookup(key);
-    if (!info || !store_->evict(key)) continue;
-    evicted.insert(key);
-    referenced |= info->session_refs > 0;
-    ++counters_.blocks_evicted;
-  }
-  if (referenced) {
-    cut_sessions_at(evicted, sessions_, *store_,
-                    [this](const policy::Session& session) { note_session_changed(session); });
-  }
-  release_nvme_slots();
-}
-
-void Service::drop_lost_blocks(const std::vector<BlockKey>& keys) {
-  KeySet lost;
-  for (const BlockKey& key : keys) {
-    if (!store_->evict(key)) continue;
-    lost.insert(key);
-    ++counters_.data_loss_blocks;
-  }
-  cut_sessions_at(lost, sessions_, *store_,
+void Service::on_blocks_removed(const std::vector<BlockKey>& keys, bool lost) {
+  KeySet removed(keys.begin(), keys.end());
+  if (lost) KVTIER_LOG_WARN("{} blocks dropped: their bytes were lost", keys.size());
+  cut_sessions_at(removed, sessions_, *store_,
                   [this](const policy::Session& session) { note_session_changed(session); });
-  release_nvme_slots();
+}
+
+void Service::make_mover() {
+  for (Tier tier : {Tier::kHbm, Tier::kRam}) {
+    if (store_->memory(tier) != nullptr) {
+      storage_tiers_.push_back(std::make_unique<MemoryTier>(tier, store_->memory(tier)));
+    }
+  }
+  if (nvme_) {
+    storage_tiers_.push_back(std::make_unique<NvmeStorageTier>(
+        *nvme_->tier, [this](const BlockKey& key) { return nvme_key(key); }));
+  }
+  std::vector<StorageTier*> tiers;
+  for (const auto& tier : storage_tiers_) tiers.push_back(tier.get());
+  MoveExecutor::Hooks hooks;
+  hooks.copy = [this](CopyBatch batch, std::function<void(Status)> done) {
+    return submit_copy(std::move(batch), std::move(done));
+  };
+  hooks.control_thread = [this]() -> std::function<void(std::function<void()>)> {
+    auto guard = asio::make_work_guard(io_);
+    return [this, guard](std::function<void()> fn) { asio::post(io_, [guard, fn] { fn(); }); };
+  };
+  hooks.make_room = [this](Tier tier, uint64_t bytes) {
+    return planner_.make_room(tier, bytes, sessions_, *view_);
+  };
+  hooks.not_moved = [this](const BlockKey& key) { planner_.revisit(sessions_, key); };
+  hooks.removed = [this](const std::vector<BlockKey>& keys, bool lost) {
+    on_blocks_removed(keys, lost);
+  };
+  hooks.before_persistent_write = [this] { flush_sessions(/*sync=*/false); };
+  hooks.settled = [this] { check_drain(); };
+  hooks.now_ms = [this] { return now_ms(); };
+  hooks.wall_ms_of = [this](uint64_t steady_ms) {
+    return steady_to_wall_ms(steady_ms, now_ms(), wall_now_ms());
+  };
+  mover_ = std::make_unique<MoveExecutor>(*store_, std::move(tiers), std::move(hooks));
 }
 
 }  // namespace kvtier::daemon

@@ -1,7 +1,7 @@
 // Load: scatter the leading held blocks of a prefix into the engine's blocks.
 //
 // Blocks on NVMe are never scattered from the disk: a Load first has them read into
-// RAM (or host HBM) through the NVMe tier (nvme_moves.cpp), waits for those reads —
+// RAM (or host HBM) by the move executor (tiers/move_executor.h), waits for those reads —
 // joining a read already running rather than reading twice — for at most
 // nvme-load-wait-ms, and then scatters what is readable, in prefix order. A block
 // whose bytes failed their checksum ends the prefix with DataLoss.
@@ -54,7 +54,7 @@ Status Service::handle_load(const ConnectionPtr& c, EngineContext& engine, uint6
       break;
     }
     PendingLoad::Entry entry{key, request.engine_block_ids[i], std::nullopt, Status::ok()};
-    if (info->location.tier != Tier::kNvme) {
+    if (store_->memory(info->location.tier) != nullptr) {  // the Device copies from it
       entry.pinned = store_->pin(key, now_ms());
       if (!entry.pinned) {
         load->scan_stop = resource_exhausted("blocks[{}] has too many readers; retry", i);
@@ -62,7 +62,7 @@ Status Service::handle_load(const ConnectionPtr& c, EngineContext& engine, uint6
       }
     } else {
       ++load->waiting;
-      if (nvme_ && !nvme_->reads.contains(key)) to_read.push_back(key);
+      if (!mover_->reading(key)) to_read.push_back(key);
     }
     load->entries.push_back(std::move(entry));
   }
@@ -92,15 +92,13 @@ Status Service::handle_load(const ConnectionPtr& c, EngineContext& engine, uint6
       reply_error(c, id, registered);
       return;
     }
-    counters_.lookup_hits += count;
-    counters_.lookup_misses += total - count;
     CopyBatch batch;
     batch.priority = CopyPriority::kForeground;  // an engine waits for it
     for (const PendingLoad::Entry& entry : load->entries) {
       add_plane_segments(batch, *engine_ref, entry.engine_block_id, *entry.pinned,
                          /*to_engine=*/true);
     }
-    auto done = [this, c, id, load, stop_reason,
+    auto done = [this, c, id, load, stop_reason, total,
                  block_bytes = engine_ref->layout.block_bytes](Status status) {
       for (const PendingLoad::Entry& entry : load->entries) store_->unpin(entry.key);
       if (!status.is_ok()) {
@@ -108,6 +106,9 @@ Status Service::handle_load(const ConnectionPtr& c, EngineContext& engine, uint6
                     Status(status.code(), "copying the blocks out failed: " + status.message()));
         return;
       }
+      // Counted once the bytes reached the engine: a failed copy served nothing.
+      counters_.lookup_hits += load->entries.size();
+      counters_.lookup_misses += total - load->entries.size();
       counters_.bytes_loaded += load->entries.size() * block_bytes;
       reply(c, id, [&](wire::Response::Builder response) {
         auto out = response.initLoad();
@@ -133,7 +134,7 @@ Status Service::handle_load(const ConnectionPtr& c, EngineContext& engine, uint6
   }
 
   // Blocks on NVMe: read them (one batch), or join the reads already running.
-  (void)promote_from_nvme(to_read, Tier::kRam);
+  (void)mover_->read_into_memory(to_read);
   load->deadline = std::make_unique<asio::steady_timer>(io_);
   load->deadline->expires_after(std::chrono::milliseconds(config_.nvme_load_wait_ms));
   load->deadline->async_wait([this, load, finish](const boost::system::error_code& ec) {
@@ -148,7 +149,7 @@ Status Service::handle_load(const ConnectionPtr& c, EngineContext& engine, uint6
   });
   for (size_t i = 0; i < load->entries.size(); ++i) {
     if (load->entries[i].pinned) continue;
-    await_nvme_block(load->entries[i].key, [this, load, finish, i](const Status& status) {
+    mover_->await_readable(load->entries[i].key, [this, load, finish, i](const Status& status) {
       if (load->finished) return;
       PendingLoad::Entry& entry = load->entries[i];
       if (status.is_ok()) {

@@ -257,37 +257,6 @@ void Service::flush_sessions(bool sync) {
                               }));
 }
 
-void Service::release_nvme_slots() {
-  if (!nvme_) return;
-  std::vector<BlockStore::PendingRelease> pending = store_->take_pending_releases();
-  pending.insert(pending.end(), nvme_->failed_releases.begin(), nvme_->failed_releases.end());
-  nvme_->failed_releases.clear();
-  if (pending.empty()) return;
-  std::vector<std::pair<NvmeBlockKey, uint64_t>> slots;
-  slots.reserve(pending.size());
-  for (const BlockStore::PendingRelease& release : pending) {
-    slots.emplace_back(nvme_key(release.key), release.location.offset);
-  }
-  ++nvme_->release_jobs;
-  nvme_->tier->release_blocks(
-      std::move(slots), on_control_thread<Status>(io_, [this, pending](Status status) {
-        --nvme_->release_jobs;
-        if (status.is_ok()) {
-          for (const BlockStore::PendingRelease& release : pending) {
-            store_->confirm_release(release.location, release.bytes);
-          }
-        } else {
-          // The slots stay reserved: reusing one while an entry may still name it could
-          // pair that entry with another block's bytes. Retried with the next releases.
-          KVTIER_LOG_WARN("NVMe tier: deleting {} index entries failed, retrying later: {}",
-                          pending.size(), status.to_string());
-          nvme_->failed_releases.insert(nvme_->failed_releases.end(), pending.begin(),
-                                        pending.end());
-        }
-        check_drain();
-      }));
-}
-
 void Service::stop(std::function<void()> stopped) {
   if (nvme_ && nvme_->draining()) {
     // A second stop: the operator does not want to wait. Whatever was not written
@@ -312,7 +281,8 @@ void Service::start_drain(std::function<void()> stopped) {
   nvme_->drain_phase = NvmeState::DrainPhase::kMoving;
   nvme_->drained = std::move(stopped);
   nvme_->drain_started_ms = now_ms();
-  nvme_->drained_bytes_before = counters_.bytes_demoted;
+  nvme_->drained_bytes_before = mover_->counters().bytes_demoted;
+  mover_->set_draining(true);
   nvme_->drain_deadline = std::make_unique<asio::steady_timer>(io_);
   nvme_->drain_deadline->expires_after(std::chrono::milliseconds(config_.drain_timeout_ms));
   nvme_->drain_deadline->async_wait([this](const boost::system::error_code& ec) {
@@ -330,32 +300,25 @@ void Service::start_drain(std::function<void()> stopped) {
 
 void Service::check_drain() {
   if (!nvme_ || !nvme_->draining()) return;
-  if (nvme_->jobs_in_flight() || counters_.copies_in_flight > 0) return;
+  if (nvme_->jobs_in_flight() || mover_->busy() || counters_.copies_in_flight > 0) return;
   if (nvme_->drain_phase == NvmeState::DrainPhase::kMoving) {
-    // Everything a live session holds and NVMe does not have yet. Blocks in memory the
-    // CPU cannot address (GPU HBM) go to RAM first, then on to NVMe next round.
-    std::vector<BlockKey> to_nvme;
-    std::vector<policy::Move> to_ram;
+    // Everything a live session holds and NVMe does not have yet (blocks in GPU memory
+    // go through RAM: the executor takes them on when they land).
+    std::vector<policy::Move> to_nvme;
     std::unordered_set<BlockKey, BlockKeyHasher> seen;
     sessions_.for_each([&](const policy::Session& session) {
       for (const BlockHash& hash : session.blocks) {
         const BlockKey key{session.layout, hash};
         auto info = store_->lookup(key);
         if (!info || info->location.tier == Tier::kNvme || info->state != BlockState::kReady ||
-            nvme_->drain_failed.contains(key) || !seen.insert(key).second) {
+            mover_->failed_in_drain(key) || !seen.insert(key).second) {
           continue;
         }
-        const auto& memory = store_->memory(info->location.tier);
-        if (memory != nullptr && memory->host_data() != nullptr) {
-          to_nvme.push_back(key);
-        } else if (store_->has_room(Tier::kRam, store_->block_bytes(key.layout))) {
-          to_ram.push_back({policy::MoveKind::kDemote, key, info->location.tier, Tier::kRam});
-        }
+        to_nvme.push_back({policy::MoveKind::kDemote, key, info->location.tier, Tier::kNvme});
       }
     });
-    if (!to_ram.empty()) apply_moves(to_ram);
-    demote_to_nvme(to_nvme);
-    if (nvme_->jobs_in_flight() || counters_.copies_in_flight > 0) return;
+    mover_->apply(to_nvme);
+    if (nvme_->jobs_in_flight() || mover_->busy() || counters_.copies_in_flight > 0) return;
     // Nothing more can move: write the session table, synced, and finish.
     nvme_->drain_phase = NvmeState::DrainPhase::kFlushing;
     for (const policy::Session* session : sessions_.by_last_active())
@@ -372,7 +335,7 @@ void Service::check_drain() {
   });
   KVTIER_LOG_INFO("drain to NVMe done in {}: {} written; {} session blocks could not be",
                   format_duration_ms(now_ms() - nvme_->drain_started_ms),
-                  format_bytes(counters_.bytes_demoted - nvme_->drained_bytes_before), left);
+                  format_bytes(mover_->counters().bytes_demoted - nvme_->drained_bytes_before), left);
   nvme_->drain_phase = NvmeState::DrainPhase::kDone;
   if (nvme_->drain_deadline) nvme_->drain_deadline->cancel();
   if (auto drained = std::exchange(nvme_->drained, nullptr)) drained();

@@ -1,7 +1,7 @@
 // The daemon's side of the NVMe tier: what the Service keeps about it between
 // requests. The Service methods that use it live in persistence.cpp (start-up
-// recovery, session records, slot releases, the SIGTERM drain) and nvme_moves.cpp
-// (demotions to and promotions from NVMe, and the reads a Load waits for).
+// recovery, session records, the SIGTERM drain). Moving blocks in and out of it, and
+// releasing its slots, is the move executor's (tiers/move_executor.h).
 //
 // Thread-safety: none; the control thread owns it, like everything in the Service.
 // NvmeTier's workers only ever post results back.
@@ -28,44 +28,22 @@
 
 namespace kvtier::daemon {
 
-// Called once when a block's NVMe read finished: OK (the block is now readable in
-// RAM or HBM) or why not.
-using NvmeReadWaiter = std::function<void(const Status&)>;
-
 struct NvmeState {
   std::unique_ptr<NvmeTier> tier;
-
-  // Blocks being read from NVMe, each with the Loads waiting for it.
-  std::unordered_map<BlockKey, std::vector<NvmeReadWaiter>, BlockKeyHasher> reads;
-  // After a read, blocks that must continue up to HBM (the planner asked for HBM but
-  // the bytes had to come through RAM).
-  std::unordered_set<BlockKey, BlockKeyHasher> continue_to_hbm;
 
   // Session records to rewrite / delete at the next flush.
   std::unordered_set<policy::SessionKey, policy::SessionKeyHasher> dirty_sessions;
   std::vector<std::pair<std::string, std::string>> closed_sessions;  // (namespace, id)
 
-  // Releases whose index delete failed: retried with the next ones.
-  std::vector<BlockStore::PendingRelease> failed_releases;
-
-  uint64_t write_jobs = 0;    // write_blocks calls in flight
-  uint64_t read_jobs = 0;     // read_blocks calls in flight
-  uint64_t release_jobs = 0;  // release_blocks calls in flight
+  // The tier's own jobs (moves, reads and slot releases are the executor's).
+  uint64_t release_jobs = 0;  // recovery: entries this configuration cannot use
   uint64_t session_jobs = 0;  // write_sessions calls in flight
-  uint64_t write_errors = 0;  // blocks whose demotion to NVMe failed
-  uint64_t read_errors = 0;   // blocks whose read failed for a reason that may pass (EIO)
-
-  // After a failed write, demotions to NVMe pause until this time (exponential backoff:
-  // a full or failing disk is not hammered every planner tick).
-  uint64_t write_paused_until_ms = 0;
-  uint64_t write_backoff_ms = 0;
 
   // SIGTERM drain.
   enum class DrainPhase : uint8_t { kNone, kMoving, kFlushing, kDone };
   DrainPhase drain_phase = DrainPhase::kNone;
   std::function<void()> drained;  // called once, when the drain is over
   std::unique_ptr<boost::asio::steady_timer> drain_deadline;
-  std::unordered_set<BlockKey, BlockKeyHasher> drain_failed;  // not retried in this drain
   uint64_t drain_started_ms = 0;
   uint64_t drained_bytes_before = 0;  // bytes_demoted when the drain began
 
@@ -75,7 +53,7 @@ struct NvmeState {
   bool draining() const {
     return drain_phase == DrainPhase::kMoving || drain_phase == DrainPhase::kFlushing;
   }
-  bool jobs_in_flight() const { return write_jobs + read_jobs + release_jobs + session_jobs > 0; }
+  bool jobs_in_flight() const { return release_jobs + session_jobs > 0; }
 };
 
 // Wraps `fn` into the callback a worker calls: it posts `fn(result)` to the control

@@ -122,6 +122,7 @@ Status Service::start() {
   KVTIER_RETURN_IF_ERROR(open_nvme(tiers));  // persistence.cpp
   store_ = std::make_unique<BlockStore>(std::move(tiers));
   view_ = make_placement_view(*store_);
+  make_mover();
   KVTIER_RETURN_IF_ERROR(recover_nvme());
   started_ms_ = now_ms();
   run_planner();
@@ -367,7 +368,7 @@ Status Service::handle_begin_turn(const ConnectionPtr& c, EngineContext& engine,
   if (session == nullptr) return not_found("unknown session '{}'", session_id);
   sessions_.record_activity(*session);
   auto moves = planner_.plan_turn_start(*session, sessions_, *view_);
-  apply_moves(moves, engine.gpu_part);  // toward the GPU of the engine that will load them
+  mover_->apply(moves, engine.gpu_part);  // toward the GPU of the engine that will load them
   const uint32_t known = static_cast<uint32_t>(session->blocks.size());
   // The plan may also demote other sessions' blocks to make room: count promotions.
   const auto promoted = std::count_if(moves.begin(), moves.end(), [](const policy::Move& move) {

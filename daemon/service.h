@@ -27,6 +27,8 @@
 #include "policy/planner.h"
 #include "policy/session_table.h"
 #include "tiers/block_store.h"
+#include "tiers/move_executor.h"
+#include "tiers/tier.h"
 #include "tiers/nvme_format.h"
 
 namespace kvtier::daemon {
@@ -38,11 +40,7 @@ struct Counters {
   uint64_t lookup_misses = 0;
   uint64_t bytes_saved = 0;
   uint64_t bytes_loaded = 0;
-  uint64_t bytes_demoted = 0;
-  uint64_t bytes_promoted = 0;
-  uint64_t blocks_evicted = 0;
-  uint64_t data_loss_blocks = 0;
-  uint64_t copies_in_flight = 0;
+  uint64_t copies_in_flight = 0;  // moves' copies too (MoveExecutor counts its own work)
 };
 
 // What the daemon knows about one connected engine (or admin tool).
@@ -218,12 +216,11 @@ class Service final : public ipc::RequestHandler {
   void run_planner();
   // Runs the planner once the current handlers are done (coalesces post-Save plans).
   void plan_soon();
-  // Moves into HBM go to `hbm_part` (the GPU of the engine that asked) where it has room.
-  void apply_moves(const std::vector<policy::Move>& moves, int hbm_part = SlabAllocator::kAnyPart);
-  void evict_blocks(const std::vector<BlockKey>& keys);
-  // Removes blocks whose bytes turned out corrupt (counted as data loss), cutting the
-  // sessions that held them as evict_blocks does.
-  void drop_lost_blocks(const std::vector<BlockKey>& keys);
+  // The moves' executor reports blocks that left the store (evicted, or lost: their
+  // bytes were bad): the sessions holding them are cut there.
+  void on_blocks_removed(const std::vector<BlockKey>& keys, bool lost);
+  // The tiers behind the executor, built once the store exists (start()).
+  void make_mover();
 
   // persistence.cpp: the NVMe tier — opening and recovering it, session records, slot
   // releases, the SIGTERM drain (state in persistence.h; nullptr without the tier).
@@ -234,19 +231,8 @@ class Service final : public ipc::RequestHandler {
   void note_session_changed(const policy::Session& session);
   void note_session_closed(uint32_t namespace_id, const std::string& session_id);
   void flush_sessions(bool sync);
-  // Hands the slots BlockStore gave up to the tier for durable index deletes, and
-  // frees them when those are done.
-  void release_nvme_slots();
   void start_drain(std::function<void()> stopped);
   void check_drain();
-  // nvme_moves.cpp: moves to and from NVMe through the tier's I/O.
-  void demote_to_nvme(const std::vector<BlockKey>& keys);
-  // Starts reading `keys` from NVMe into `target` (RAM, or HBM through RAM when HBM is
-  // not host memory); returns those whose read started or was already running.
-  std::vector<BlockKey> promote_from_nvme(const std::vector<BlockKey>& keys, Tier target);
-  // `waiter` runs when `key`, which is on NVMe, is readable in RAM/HBM (starting its
-  // read when none is running) or with why it is not.
-  void await_nvme_block(const BlockKey& key, std::function<void(const Status&)> waiter);
   uint64_t now_ms() const { return clock_.now_ms(); }
   static std::unique_ptr<policy::PlacementView> make_placement_view(const BlockStore& store);
 
@@ -257,6 +243,9 @@ class Service final : public ipc::RequestHandler {
   const policy::Clock& clock_;  // steady_clock_ unless the constructor was given one
   std::unique_ptr<BlockStore> store_;
   std::unique_ptr<policy::PlacementView> view_;  // the planner's window on store_
+  // The tiers as the executor sees them, and the executor that carries out moves.
+  std::vector<std::unique_ptr<StorageTier>> storage_tiers_;
+  std::unique_ptr<MoveExecutor> mover_;
   policy::SessionTable sessions_;
   policy::Planner planner_;
   asio::steady_timer plan_timer_;

@@ -118,16 +118,18 @@ std::string Service::render_metrics() const {
              "tier, a policy move), promote (up a tier, a policy move).");
   out.sample("kvtier_moved_bytes_total", "direction=\"save\"", counters_.bytes_saved);
   out.sample("kvtier_moved_bytes_total", "direction=\"load\"", counters_.bytes_loaded);
-  out.sample("kvtier_moved_bytes_total", "direction=\"demote\"", counters_.bytes_demoted);
-  out.sample("kvtier_moved_bytes_total", "direction=\"promote\"", counters_.bytes_promoted);
+  out.sample("kvtier_moved_bytes_total", "direction=\"demote\"", mover_->counters().bytes_demoted);
+  out.sample("kvtier_moved_bytes_total", "direction=\"promote\"", mover_->counters().bytes_promoted);
   out.family("kvtier_blocks_evicted_total", "counter",
              "Blocks dropped to make room or by kvtierctl evict (a policy move).");
-  out.sample("kvtier_blocks_evicted_total", "", counters_.blocks_evicted);
+  out.sample("kvtier_blocks_evicted_total", "", mover_->counters().blocks_evicted);
   out.family("kvtier_data_loss_blocks_total", "counter",
              "Blocks dropped because their bytes were corrupt or lost.");
-  out.sample("kvtier_data_loss_blocks_total", "", counters_.data_loss_blocks);
-  out.family("kvtier_copies_in_flight", "gauge", "Device copy batches not yet complete.");
-  out.sample("kvtier_copies_in_flight", "", counters_.copies_in_flight);
+  out.sample("kvtier_data_loss_blocks_total", "", mover_->counters().blocks_lost);
+  out.family("kvtier_copies_in_flight", "gauge",
+             "Device copy batches and tier I/O jobs (writes, reads, slot releases) not yet "
+             "complete.");
+  out.sample("kvtier_copies_in_flight", "", counters_.copies_in_flight + mover_->tier_jobs());
   out.family("kvtier_pinned_blocks", "gauge",
              "Blocks pinned, by reason: copy (a copy is reading them) or admin (kvtierctl pin).");
   out.sample("kvtier_pinned_blocks", "reason=\"copy\"", copy_pinned_blocks());

@@ -211,7 +211,7 @@ struct StatsReply {
   bytesDemoted @7 :UInt64;     # bytes moved down a tier
   bytesPromoted @8 :UInt64;    # bytes moved up a tier
   pinnedBlocks @9 :UInt64;     # blocks pinned by in-flight copies
-  copiesInFlight @10 :UInt64;  # device copy batches not yet complete
+  copiesInFlight @10 :UInt64;  # device copy batches and tier I/O jobs not yet complete
   connections @11 :UInt32;     # connected clients
   blocksEvicted @12 :UInt64;   # blocks dropped to make room
   dataLossBlocks @13 :UInt64;  # blocks dropped because their bytes were corrupt or lost

@@ -211,3 +211,43 @@ void NvmeTier::flush() {
 }
 
 }  // namespace kvtier
+
+namespace kvtier {
+
+void NvmeStorageTier::write(std::vector<WriteItem> items,
+                            std::function<void(std::vector<Status>)> done) {
+  std::vector<NvmeTier::WriteItem> writes;
+  writes.reserve(items.size());
+  for (const WriteItem& item : items) {
+    writes.push_back({name_of_(item.slot.key), item.source, item.slot.bytes, item.slot.offset,
+                      item.last_access_wall_ms});
+  }
+  tier_.write_blocks(std::move(writes), std::move(done));
+}
+
+void NvmeStorageTier::read(std::vector<ReadItem> items,
+                           std::function<void(std::vector<ReadOutcome>)> done) {
+  std::vector<NvmeTier::ReadItem> reads;
+  reads.reserve(items.size());
+  for (const ReadItem& item : items) {
+    reads.push_back({name_of_(item.slot.key), item.destination, item.slot.bytes, item.slot.offset});
+  }
+  tier_.read_blocks(std::move(reads),
+                    [done = std::move(done)](std::vector<NvmeTier::ReadOutcome> outcomes) {
+                      std::vector<ReadOutcome> out;
+                      out.reserve(outcomes.size());
+                      for (NvmeTier::ReadOutcome& o : outcomes) {
+                        out.push_back({std::move(o.status), o.corrupt});
+                      }
+                      done(std::move(out));
+                    });
+}
+
+void NvmeStorageTier::release(std::vector<Slot> slots, std::function<void(Status)> done) {
+  std::vector<std::pair<NvmeBlockKey, uint64_t>> named;
+  named.reserve(slots.size());
+  for (const Slot& slot : slots) named.emplace_back(name_of_(slot.key), slot.offset);
+  tier_.release_blocks(std::move(named), std::move(done));
+}
+
+}  // namespace kvtier

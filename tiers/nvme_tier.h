@@ -35,6 +35,7 @@
 
 #include "common/status.h"
 #include "tiers/nvme_format.h"
+#include "tiers/tier.h"
 #include "tiers/nvme_index.h"
 #include "tiers/nvme_io.h"
 
@@ -137,6 +138,31 @@ class NvmeTier {
   // Declared last: destroyed first, so no job runs while the members above go away.
   std::unique_ptr<NvmeWorker> writer_;
   std::unique_ptr<NvmeWorker> reader_;
+};
+
+}  // namespace kvtier
+
+namespace kvtier {
+
+// The NVMe tier behind the StorageTier interface (tier.h). Blocks are named in the
+// index by `name_of` (namespace names survive restarts; the daemon's namespace ids do
+// not). The NvmeTier must outlive this.
+class NvmeStorageTier final : public StorageTier {
+ public:
+  using Namer = std::function<NvmeBlockKey(const BlockKey&)>;
+  NvmeStorageTier(NvmeTier& tier, Namer name_of) : tier_(tier), name_of_(std::move(name_of)) {}
+
+  Tier id() const override { return Tier::kNvme; }
+  uint64_t capacity_bytes() const override { return tier_.capacity_bytes(); }
+  void write(std::vector<WriteItem> items, std::function<void(std::vector<Status>)> done) override;
+  void read(std::vector<ReadItem> items,
+            std::function<void(std::vector<ReadOutcome>)> done) override;
+  bool release_is_durable() const override { return true; }
+  void release(std::vector<Slot> slots, std::function<void(Status)> done) override;
+
+ private:
+  NvmeTier& tier_;
+  Namer name_of_;
 };
 
 }  // namespace kvtier

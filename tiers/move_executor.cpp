@@ -1,0 +1,409 @@
+#include "tiers/move_executor.h"
+
+#include <algorithm>
+
+#include "common/log.h"
+
+namespace kvtier {
+namespace {
+
+// Blocks per tier job: big enough to amortize a persistent tier's sync and index
+// commit, small enough that moved blocks become visible (and memory frees up) in steps.
+constexpr size_t kMaxBlocksPerJob = 32;
+constexpr uint64_t kMaxBytesPerJob = 128ull << 20;
+// Writes into a tier pause after a failure: from this long, doubling, up to the max.
+constexpr uint64_t kFirstBackoffMs = 500;
+constexpr uint64_t kMaxBackoffMs = 30'000;
+
+// Splits parallel vectors into jobs of at most kMaxBlocksPerJob / kMaxBytesPerJob.
+template <typename Item, typename Fn>
+void for_each_job(std::vector<Item>& items, std::vector<BlockKey>& keys, Fn&& submit) {
+  size_t begin = 0;
+  while (begin < items.size()) {
+    size_t end = begin;
+    uint64_t bytes = 0;
+    while (end < items.size() && end - begin < kMaxBlocksPerJob &&
+           (end == begin || bytes + items[end].slot.bytes <= kMaxBytesPerJob)) {
+      bytes += items[end].slot.bytes;
+      ++end;
+    }
+    submit(std::vector<Item>(std::make_move_iterator(items.begin() + begin),
+                             std::make_move_iterator(items.begin() + end)),
+           std::vector<BlockKey>(keys.begin() + begin, keys.begin() + end));
+    begin = end;
+  }
+}
+
+}  // namespace
+
+MoveExecutor::MoveExecutor(BlockStore& store, std::vector<StorageTier*> tiers, Hooks hooks)
+    : store_(store), tiers_(kTierCount, nullptr), hooks_(std::move(hooks)) {
+  for (StorageTier* tier : tiers) tiers_[static_cast<size_t>(tier->id())] = tier;
+}
+
+StorageTier* MoveExecutor::tier(Tier id) const {
+  const auto at = static_cast<size_t>(id);
+  return at < tiers_.size() ? tiers_[at] : nullptr;
+}
+
+bool MoveExecutor::copies_by_device(Tier id) const {
+  const StorageTier* t = tier(id);
+  return t != nullptr && t->memory() != nullptr;
+}
+
+bool MoveExecutor::in_host_memory(Tier id) const {
+  const StorageTier* t = tier(id);
+  return t != nullptr && t->memory() != nullptr && t->memory()->host_data() != nullptr;
+}
+
+void MoveExecutor::set_draining(bool draining) {
+  draining_ = draining;
+  if (!draining) drain_failed_.clear();
+}
+
+void MoveExecutor::apply(const std::vector<policy::Move>& moves, int hbm_part) {
+  CopyBatch batch;
+  // The policy's moves never hold up an engine's Save or Load.
+  batch.priority = CopyPriority::kBackground;
+  struct Started {
+    BlockKey key;
+    policy::MoveKind kind;
+    uint64_t bytes;
+    Tier onward;  // kNone, or where the block goes next (second hop)
+  };
+  std::vector<Started> started;
+  std::vector<BlockKey> evictions;
+  std::array<std::vector<BlockKey>, kTierCount> writes{};              // by destination
+  std::array<std::array<std::vector<BlockKey>, kTierCount>, kTierCount> reads{};  // [from][to]
+  for (const policy::Move& move : moves) {
+    if (move.kind == policy::MoveKind::kEvict) {
+      evictions.push_back(move.block);
+      continue;
+    }
+    auto info = store_.lookup(move.block);
+    if (!info || tier(move.to) == nullptr) continue;
+    const Tier from = info->location.tier;
+    if (from == move.to) continue;  // already there
+    Tier to = move.to;
+    Tier onward = Tier::kNone;
+    if (!copies_by_device(to)) {
+      if (in_host_memory(from)) {
+        writes[static_cast<size_t>(to)].push_back(move.block);
+        continue;
+      }
+      // GPU memory → a tier written from host memory: through RAM.
+      if (!in_host_memory(Tier::kRam) || !copies_by_device(from)) {
+        hooks_.not_moved(move.block);
+        continue;
+      }
+      onward = to;
+      to = Tier::kRam;
+    } else if (!copies_by_device(from)) {
+      reads[static_cast<size_t>(from)][static_cast<size_t>(to)].push_back(move.block);
+      continue;
+    }
+    auto locations =
+        store_.begin_move(move.block, to, to == Tier::kHbm ? hbm_part : SlabAllocator::kAnyPart);
+    if (!locations.is_ok()) {
+      KVTIER_LOG_DEBUG("move of {} skipped: {}", move.block.hash.to_hex(),
+                       locations.status().to_string());
+      hooks_.not_moved(move.block);
+      continue;
+    }
+    const uint64_t bytes = store_.block_bytes(move.block.layout);
+    const auto& [from_slot, to_slot] = *locations;
+    batch.segments.push_back({batch.memory_index(tier(from)->memory()),
+                              batch.memory_index(tier(to)->memory()), from_slot.offset,
+                              to_slot.offset, bytes});
+    started.push_back({move.block, move.kind, bytes, onward});
+  }
+  if (!evictions.empty()) evict(evictions);
+  for (size_t to = 0; to < kTierCount; ++to) {
+    if (!writes[to].empty()) write_into(*tiers_[to], writes[to]);
+  }
+  for (size_t from = 0; from < kTierCount; ++from) {
+    for (size_t to = 0; to < kTierCount; ++to) {
+      if (!reads[from][to].empty()) read_from(*tiers_[from], reads[from][to], static_cast<Tier>(to));
+    }
+  }
+  release_slots();
+  if (started.empty()) return;
+  ++copies_;
+  Status submitted = hooks_.copy(std::move(batch), [this, started](Status status) {
+    --copies_;
+    std::vector<BlockKey> onward[kTierCount];
+    for (const Started& move : started) {
+      store_.finish_move(move.key, status.is_ok());
+      if (!status.is_ok()) {
+        hooks_.not_moved(move.key);
+        continue;
+      }
+      (move.kind == policy::MoveKind::kDemote ? counters_.bytes_demoted
+                                              : counters_.bytes_promoted) += move.bytes;
+      if (move.onward != Tier::kNone) onward[static_cast<size_t>(move.onward)].push_back(move.key);
+    }
+    if (!status.is_ok())
+      KVTIER_LOG_WARN("{} block moves failed: {}", started.size(), status.to_string());
+    for (size_t to = 0; to < kTierCount; ++to) {
+      if (!onward[to].empty()) write_into(*tiers_[to], onward[to]);
+    }
+    hooks_.settled();
+  });
+  if (!submitted.is_ok()) {
+    --copies_;
+    for (const Started& move : started) {
+      store_.finish_move(move.key, false);
+      hooks_.not_moved(move.key);
+    }
+    KVTIER_LOG_ERROR("block moves rejected: {}", submitted.to_string());
+  }
+}
+
+void MoveExecutor::evict(const std::vector<BlockKey>& keys, bool lost) {
+  std::vector<BlockKey> removed;
+  for (const BlockKey& key : keys) {
+    if (!store_.evict(key)) continue;
+    removed.push_back(key);
+    ++(lost ? counters_.blocks_lost : counters_.blocks_evicted);
+  }
+  if (!removed.empty()) hooks_.removed(removed, lost);
+  release_slots();
+}
+
+void MoveExecutor::write_into(StorageTier& to, const std::vector<BlockKey>& keys) {
+  if (keys.empty()) return;
+  if (!draining_ && hooks_.now_ms() < write_paused_until_ms_) {
+    for (const BlockKey& key : keys) hooks_.not_moved(key);  // after the pause
+    return;
+  }
+  if (to.release_is_durable()) hooks_.before_persistent_write();
+  std::vector<StorageTier::WriteItem> items;
+  std::vector<BlockKey> started;
+  uint64_t needed_bytes = 0;
+  for (const BlockKey& key : keys) {
+    auto info = store_.lookup(key);
+    if (!info || info->state != BlockState::kReady || info->location.tier == to.id()) continue;
+    const std::byte* source = tier(info->location.tier)->host_address(info->location.offset);
+    if (source == nullptr) continue;  // GPU memory: through RAM (apply)
+    const uint64_t bytes = store_.block_bytes(key.layout);
+    if (needed_bytes > 0 || !store_.has_room(to.id(), bytes)) {
+      needed_bytes += bytes;
+      continue;
+    }
+    auto locations = store_.begin_move(key, to.id());
+    if (!locations.is_ok()) continue;
+    items.push_back({{key, locations->second.offset, bytes},
+                     source,
+                     hooks_.wall_ms_of(info->last_access_ms)});
+    started.push_back(key);
+  }
+  if (started.size() < keys.size()) {
+    // Blocks that could not start now (no room yet, busy): planned again later.
+    std::unordered_set<BlockKey, BlockKeyHasher> going(started.begin(), started.end());
+    for (const BlockKey& key : keys) {
+      if (!going.contains(key)) hooks_.not_moved(key);
+    }
+  }
+  if (needed_bytes > 0) {
+    // The tier is full: its coldest blocks go. Their slots are reusable once released
+    // (durably, on NVMe), so the blocks that did not fit wait for a later plan; the
+    // planner's view counts slots being released as free, so nothing goes twice.
+    const uint64_t capacity = to.capacity_bytes();
+    auto victims = hooks_.make_room(to.id(), std::min(needed_bytes, capacity / 2));
+    if (!victims.empty()) apply(victims);
+  }
+  const Tier to_id = to.id();
+  for_each_job(items, started,
+               [&](std::vector<StorageTier::WriteItem> job, std::vector<BlockKey> job_keys) {
+                 ++jobs_;
+                 auto post = hooks_.control_thread();
+                 to.write(std::move(job), [this, post, job_keys,
+                                           to_id](std::vector<Status> results) {
+                   post([this, job_keys, to_id, results = std::move(results)] {
+                     --jobs_;
+                     size_t failed = 0;
+                     const Status* first_error = nullptr;
+                     for (size_t i = 0; i < job_keys.size(); ++i) {
+                       const bool ok = results[i].is_ok();
+                       store_.finish_move(job_keys[i], ok);
+                       if (ok) {
+                         counters_.bytes_demoted += store_.block_bytes(job_keys[i].layout);
+                         continue;
+                       }
+                       ++failed;
+                       hooks_.not_moved(job_keys[i]);
+                       if (first_error == nullptr) first_error = &results[i];
+                       if (draining_) drain_failed_.insert(job_keys[i]);
+                     }
+                     if (failed == 0) {
+                       write_backoff_ms_ = 0;
+                     } else {
+                       counters_.write_errors += failed;
+                       write_backoff_ms_ =
+                           std::clamp(write_backoff_ms_ * 2, kFirstBackoffMs, kMaxBackoffMs);
+                       write_paused_until_ms_ = hooks_.now_ms() + write_backoff_ms_;
+                       KVTIER_LOG_WARN(
+                           "{} tier: {} of {} block writes failed; those blocks stay where they "
+                           "were and writes to it pause for {} ms: {}",
+                           tier_name(to_id), failed, job_keys.size(), write_backoff_ms_,
+                           first_error->to_string());
+                     }
+                     release_slots();  // a failed write gave its slot back
+                     hooks_.settled();
+                   });
+                 });
+               });
+}
+
+std::vector<BlockKey> MoveExecutor::read_into_memory(const std::vector<BlockKey>& keys) {
+  std::vector<BlockKey> running;
+  std::array<std::vector<BlockKey>, kTierCount> by_tier{};
+  for (const BlockKey& key : keys) {
+    if (reads_.contains(key)) {
+      running.push_back(key);
+      continue;
+    }
+    auto info = store_.lookup(key);
+    if (!info || copies_by_device(info->location.tier)) continue;
+    by_tier[static_cast<size_t>(info->location.tier)].push_back(key);
+  }
+  for (size_t from = 0; from < kTierCount; ++from) {
+    if (by_tier[from].empty() || tiers_[from] == nullptr) continue;
+    read_from(*tiers_[from], by_tier[from], Tier::kRam);
+    for (const BlockKey& key : by_tier[from]) {
+      if (reads_.contains(key)) running.push_back(key);
+    }
+  }
+  return running;
+}
+
+void MoveExecutor::read_from(StorageTier& from, const std::vector<BlockKey>& keys, Tier target) {
+  std::vector<StorageTier::ReadItem> items;
+  std::vector<BlockKey> started;
+  for (const BlockKey& key : keys) {
+    if (reads_.contains(key)) continue;
+    auto info = store_.lookup(key);
+    if (!info || info->location.tier != from.id() || info->state != BlockState::kReady) continue;
+    const uint64_t bytes = store_.block_bytes(key.layout);
+    // A tier read lands in host memory only: the target when it is host memory with
+    // room, else RAM, and on to the target after the read.
+    const Tier destination =
+        in_host_memory(target) && store_.has_room(target, bytes) ? target : Tier::kRam;
+    if (!in_host_memory(destination) || !store_.has_room(destination, bytes)) continue;
+    auto locations = store_.begin_move(key, destination);
+    if (!locations.is_ok()) continue;
+    const auto& [from_slot, to_slot] = *locations;
+    items.push_back({{key, from_slot.offset, bytes},
+                     tier(destination)->host_address(to_slot.offset)});
+    started.push_back(key);
+    reads_[key];  // readers waiting for it attach here
+    if (destination != target && !in_host_memory(target)) continue_to_hbm_.insert(key);
+  }
+  for_each_job(items, started,
+               [&](std::vector<StorageTier::ReadItem> job, std::vector<BlockKey> job_keys) {
+                 ++jobs_;
+                 auto post = hooks_.control_thread();
+                 from.read(std::move(job), [this, post, job_keys, target](
+                                               std::vector<StorageTier::ReadOutcome> outcomes) {
+                   post([this, job_keys, target, outcomes = std::move(outcomes)] {
+                     --jobs_;
+                     std::vector<BlockKey> lost;
+                     std::vector<policy::Move> onward;
+                     for (size_t i = 0; i < job_keys.size(); ++i) {
+                       const BlockKey& key = job_keys[i];
+                       const StorageTier::ReadOutcome& outcome = outcomes[i];
+                       const bool ok = outcome.status.is_ok();
+                       store_.finish_move(key, ok);
+                       const bool continues = continue_to_hbm_.erase(key) > 0;
+                       if (ok) {
+                         counters_.bytes_promoted += store_.block_bytes(key.layout);
+                         if (continues) {
+                           onward.push_back({policy::MoveKind::kPromote, key, Tier::kRam, target});
+                         }
+                       } else if (outcome.corrupt) {
+                         KVTIER_LOG_WARN("dropping a block whose bytes are lost: {}",
+                                         outcome.status.message());
+                         lost.push_back(key);
+                       } else {
+                         ++counters_.read_errors;
+                         KVTIER_LOG_WARN("reading a block failed (kept; may be retried): {}",
+                                         outcome.status.message());
+                       }
+                       auto waiting = reads_.extract(key);
+                       if (!waiting.empty()) {
+                         for (const auto& waiter : waiting.mapped()) waiter(outcome.status);
+                       }
+                     }
+                     if (!lost.empty()) evict(lost, /*lost=*/true);
+                     if (!onward.empty()) apply(onward);
+                     release_slots();  // the slots of blocks that left a durable tier
+                     hooks_.settled();
+                   });
+                 });
+               });
+}
+
+void MoveExecutor::await_readable(const BlockKey& key, std::function<void(const Status&)> waiter) {
+  if (!reads_.contains(key)) {
+    (void)read_into_memory({key});
+    if (!reads_.contains(key) && store_.lookup(key)) {
+      // An engine is waiting: make room in RAM as a save would (coldest blocks first;
+      // the blocks this Load already pinned are not candidates).
+      auto victims = hooks_.make_room(Tier::kRam, store_.block_bytes(key.layout));
+      if (!victims.empty()) {
+        apply(victims);
+        (void)read_into_memory({key});
+      }
+    }
+  }
+  if (!reads_.contains(key)) {
+    const auto info = store_.lookup(key);
+    waiter(resource_exhausted(
+        "block {} is in the {} tier and neither RAM nor HBM has a free slot to read it into; "
+        "retry",
+        key.hash.to_hex(), tier_name(info ? info->location.tier : Tier::kNone)));
+    return;
+  }
+  reads_[key].push_back(std::move(waiter));
+}
+
+void MoveExecutor::release_slots() {
+  std::vector<BlockStore::PendingRelease> pending = store_.take_pending_releases();
+  pending.insert(pending.end(), failed_releases_.begin(), failed_releases_.end());
+  failed_releases_.clear();
+  if (pending.empty()) return;
+  std::array<std::vector<BlockStore::PendingRelease>, kTierCount> by_tier{};
+  for (BlockStore::PendingRelease& release : pending) {
+    by_tier[static_cast<size_t>(release.location.tier)].push_back(std::move(release));
+  }
+  for (size_t t = 0; t < kTierCount; ++t) {
+    if (by_tier[t].empty()) continue;
+    std::vector<StorageTier::Slot> slots;
+    slots.reserve(by_tier[t].size());
+    for (const BlockStore::PendingRelease& release : by_tier[t]) {
+      slots.push_back({release.key, release.location.offset, release.bytes});
+    }
+    ++jobs_;
+    auto post = hooks_.control_thread();
+    tiers_[t]->release(std::move(slots), [this, post, released = std::move(by_tier[t])](
+                                             Status status) {
+      post([this, released, status] {
+        --jobs_;
+        if (status.is_ok()) {
+          for (const BlockStore::PendingRelease& release : released) {
+            store_.confirm_release(release.location, release.bytes);
+          }
+        } else {
+          // The slots stay reserved: reusing one while an index entry may still name it
+          // could pair that entry with another block's bytes. Retried with the next.
+          KVTIER_LOG_WARN("releasing {} slots failed, retrying later: {}", released.size(),
+                          status.to_string());
+          failed_releases_.insert(failed_releases_.end(), released.begin(), released.end());
+        }
+        hooks_.settled();
+      });
+    });
+  }
+}
+
+}  // namespace kvtier

@@ -1,0 +1,138 @@
+// MoveExecutor: carries out the planner's moves between any two tiers. The daemon
+// hands it moves; it never names a tier itself.
+//
+// Where a block goes when it moves, and who frees its old slot:
+//  1. BlockStore::begin_move reserves the destination slot; the block stays readable
+//     where it is (pinned) while its bytes are copied.
+//  2. The bytes go by the first way that fits the pair of tiers (tier.h):
+//     both are memory   → one Device copy (CopyBatch, background priority);
+//     source in host memory (RAM, host HBM) → the destination tier's write();
+//     destination in host memory → the source tier's read() (verified; a block whose
+//       bytes are bad is dropped and reported lost);
+//     otherwise (GPU HBM ↔ NVMe) → two hops through RAM: the first now, the second
+//       when it lands (HBM → NVMe is planned as HBM → RAM → NVMe by the planner).
+//  3. BlockStore::finish_move publishes the new place, or on failure frees the
+//     destination and leaves the block where it was (the planner is told: revisit).
+//  4. The old slot: BlockStore frees it as soon as no reader pins it. In a tier whose
+//     releases are durable (NVMe: its index may still name the slot), BlockStore
+//     holds it as a pending release; release_slots() hands those to the tier's
+//     release() and frees them when that is done (a failed release is retried).
+// Evictions remove the block from BlockStore (step 4 for its slot) and are reported
+// back to the daemon, which cuts the sessions that held it.
+//
+// Writes into a tier are paused with exponential backoff after a failure (a full or
+// failing disk is not hammered every plan), except while draining.
+//
+// Thread-safety: none; the control thread owns it. Tier workers and the Device report
+// back through Hooks, which post to the control thread.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "common/block_key.h"
+#include "common/status.h"
+#include "cuda/device.h"
+#include "policy/planner.h"
+#include "tiers/block_store.h"
+#include "tiers/tier.h"
+
+namespace kvtier {
+
+class MoveExecutor {
+ public:
+  struct Hooks {
+    // Submits a Device copy; `done` runs on the control thread.
+    std::function<Status(CopyBatch, std::function<void(Status)>)> copy;
+    // Returns a function that runs its argument on the control thread, keeping the
+    // event loop alive until it has (call it when the work starts, not when it ends).
+    std::function<std::function<void(std::function<void()>)>()> control_thread;
+    // Blocks to evict from `tier` so that `bytes` fit (the planner's make_room).
+    std::function<std::vector<policy::Move>(Tier, uint64_t)> make_room;
+    // A planned move of the block did not happen (the planner revisits its holders).
+    std::function<void(const BlockKey&)> not_moved;
+    // Blocks that left the store: evicted (lost = false) or dropped because their bytes
+    // were bad (lost = true). The daemon cuts the sessions that held them.
+    std::function<void(const std::vector<BlockKey>&, bool lost)> removed;
+    // Before blocks are written into a persistent tier (the daemon writes the session
+    // records first, so an index entry never comes without the record naming it).
+    std::function<void()> before_persistent_write;
+    // After any move, read or release finished (drain and unregister bookkeeping).
+    std::function<void()> settled;
+    // The steady clock (ms) and the wall clock (ms), for persisted access times.
+    std::function<uint64_t()> now_ms;
+    std::function<uint64_t(uint64_t steady_ms)> wall_ms_of;
+  };
+  struct Counters {
+    uint64_t bytes_demoted = 0;
+    uint64_t bytes_promoted = 0;
+    uint64_t blocks_evicted = 0;
+    uint64_t blocks_lost = 0;   // dropped: their bytes were bad
+    uint64_t write_errors = 0;  // blocks whose write into a tier failed
+    uint64_t read_errors = 0;   // blocks whose read failed for a reason that may pass
+  };
+
+  // `tiers`: the configured tiers (at most one per Tier). The store and the tiers must
+  // outlive the executor.
+  MoveExecutor(BlockStore& store, std::vector<StorageTier*> tiers, Hooks hooks);
+
+  // Carries the moves out (evictions at once, copies started); moves into HBM go to
+  // `hbm_part` where it has room.
+  void apply(const std::vector<policy::Move>& moves, int hbm_part = SlabAllocator::kAnyPart);
+  // Removes ready, unpinned blocks (counted as evictions, or as lost); reports them.
+  void evict(const std::vector<BlockKey>& keys, bool lost = false);
+
+  // Whether `key` is being read into memory from a tier that is not memory.
+  bool reading(const BlockKey& key) const { return reads_.contains(key); }
+  // Starts reading `keys`, held in a tier the Device cannot copy from, into RAM (or
+  // host HBM); returns those whose read started or was already running.
+  std::vector<BlockKey> read_into_memory(const std::vector<BlockKey>& keys);
+  // `waiter` runs once `key` is readable from memory (starting its read when none is
+  // running, making room in RAM if needed), or with why it is not.
+  void await_readable(const BlockKey& key, std::function<void(const Status&)> waiter);
+
+  // Hands the slots the store gave up in durable-release tiers to those tiers.
+  void release_slots();
+
+  // While draining, writes ignore the backoff and a block whose write failed is not
+  // tried again (failed_in_drain).
+  void set_draining(bool draining);
+  bool failed_in_drain(const BlockKey& key) const { return drain_failed_.contains(key); }
+
+  // Tier jobs (writes, reads, releases) and Device copies of moves in flight.
+  bool busy() const { return jobs_ > 0 || copies_ > 0; }
+  uint64_t tier_jobs() const { return jobs_; }  // writes, reads and releases in flight
+  const Counters& counters() const { return counters_; }
+  StorageTier* tier(Tier id) const;
+
+ private:
+  // The two ways bytes move that are not a Device copy.
+  void write_into(StorageTier& to, const std::vector<BlockKey>& keys);
+  void read_from(StorageTier& from, const std::vector<BlockKey>& keys, Tier target);
+  bool in_host_memory(Tier tier) const;
+  bool copies_by_device(Tier tier) const;
+
+  BlockStore& store_;
+  std::vector<StorageTier*> tiers_;  // by Tier; nullptr when not configured
+  Hooks hooks_;
+  Counters counters_;
+  uint64_t jobs_ = 0;
+  uint64_t copies_ = 0;
+  // Blocks being read into memory, each with the waiters for it.
+  std::unordered_map<BlockKey, std::vector<std::function<void(const Status&)>>, BlockKeyHasher>
+      reads_;
+  // After a read into RAM, blocks that go on up to HBM (GPU HBM: the second hop).
+  std::unordered_set<BlockKey, BlockKeyHasher> continue_to_hbm_;
+  // Releases whose tier failed them: retried with the next ones.
+  std::vector<BlockStore::PendingRelease> failed_releases_;
+  uint64_t write_paused_until_ms_ = 0;
+  uint64_t write_backoff_ms_ = 0;
+  bool draining_ = false;
+  std::unordered_set<BlockKey, BlockKeyHasher> drain_failed_;
+};
+
+}  // namespace kvtier

@@ -1,0 +1,41 @@
+#include "tiers/tier.h"
+
+namespace kvtier {
+namespace {
+
+// What a tier answers for an operation it does not have.
+Status declined(std::string_view what, Tier tier) {
+  return Status(StatusCode::kInternal, fmt::format("the {} tier is not {}", tier_name(tier), what));
+}
+
+}  // namespace
+
+const std::shared_ptr<Memory>& StorageTier::memory() const {
+  static const std::shared_ptr<Memory> kNone;
+  return kNone;
+}
+
+std::byte* StorageTier::host_address(uint64_t offset) const {
+  const std::shared_ptr<Memory>& m = memory();
+  if (m == nullptr || m->host_data() == nullptr) return nullptr;
+  return m->host_data() + offset;
+}
+
+void StorageTier::write(std::vector<WriteItem> items,
+                        std::function<void(std::vector<Status>)> done) {
+  done(std::vector<Status>(
+      items.size(), declined("written from host memory", id())));
+}
+
+void StorageTier::read(std::vector<ReadItem> items,
+                       std::function<void(std::vector<ReadOutcome>)> done) {
+  done(std::vector<ReadOutcome>(
+      items.size(),
+      ReadOutcome{declined("read into host memory", id()), false}));
+}
+
+void StorageTier::release(std::vector<Slot> /*slots*/, std::function<void(Status)> done) {
+  done(Status::ok());
+}
+
+}  // namespace kvtier
