@@ -226,9 +226,16 @@ int run(int argc, char** argv) {
   notifier.starting();
   io.run();
   // The signal handlers are gone with the loop: a late SIGTERM while the daemon winds
-  // down must not turn a clean exit into death by signal.
+  // down must not turn a clean exit into death by signal. The sets are emptied first:
+  // Asio puts back the default action (death) when a signal's last set lets it go,
+  // which would otherwise happen when they are destroyed, before ~Service (joining
+  // the fill and region threads, draining the device) has run.
+  boost::system::error_code ignored;
+  stop_signals.clear(ignored);
+  reload_signals.clear(ignored);
   ::signal(SIGTERM, SIG_IGN);
   ::signal(SIGINT, SIG_IGN);
+  ::signal(SIGHUP, SIG_IGN);
   if (service.exit_code() == daemon::Service::kExitCannotStart) {
     KVTIER_LOG_ERROR("kvtierd stopped: it could not fill its tier memory (exit code {})",
                      service.exit_code());
