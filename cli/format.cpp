@@ -75,13 +75,14 @@ std::string status_json(const StatsInfo& s) {
                     json_quote(g.uuid), json_quote(g.name), g.hbm_capacity_bytes, g.hbm_used_bytes);
   }
   return fmt::format(
-      R"({{"device":{},"uptime_ms":{},"tiers":[{}],"gpus":[{}],)"
+      R"({{"device":{},"uptime_ms":{},"starting":{},"fill_bytes":{},"tiers":[{}],"gpus":[{}],)"
       R"("sessions":{{"active":{},"idle":{},"pinned":{}}},)"
       R"("lookups":{{"hits":{},"misses":{}}},)"
       R"("bytes":{{"saved":{},"loaded":{},"demoted":{},"promoted":{}}},)"
       R"("pinned_blocks":{},"admin_pinned_blocks":{},"copies_in_flight":{},"connections":{},)"
       R"("blocks_evicted":{},"data_loss_blocks":{},"policy":{},"recent_moves":{}}})",
-      json_quote(s.device_name), s.uptime_ms, tiers, gpus, s.sessions_active, s.sessions_idle,
+      json_quote(s.device_name), s.uptime_ms, s.starting ? "true" : "false", s.fill_bytes, tiers,
+      gpus, s.sessions_active, s.sessions_idle,
       s.pinned_sessions, s.lookup_hits, s.lookup_misses, s.bytes_saved, s.bytes_loaded,
       s.bytes_demoted, s.bytes_promoted, s.pinned_blocks, s.admin_pinned_blocks, s.copies_in_flight,
       s.connections, s.blocks_evicted, s.data_loss_blocks, json_quote(s.policy),
@@ -89,8 +90,14 @@ std::string status_json(const StatsInfo& s) {
 }
 
 std::string status_text(const StatsInfo& s) {
-  std::string out = fmt::format("kvtierd on {}, up {}, {} connections\n\n", s.device_name,
+  std::string out = fmt::format("kvtierd on {}, up {}, {} connections\n", s.device_name,
                                 format_duration_ms(s.uptime_ms), s.connections);
+  if (s.starting) {
+    out += fmt::format(
+        "starting: filling {} of memory pools; Save/Load/BeginTurn/Drain wait until it is done\n",
+        format_bytes(s.fill_bytes));
+  }
+  out += "\n";
   out += fmt::format("{:<6} {:>12} {:>12} {:>6} {:>10}\n", "TIER", "CAPACITY", "USED", "USE%",
                      "BLOCKS");
   for (const auto& t : s.tiers) {

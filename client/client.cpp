@@ -457,6 +457,8 @@ Result<StatsInfo> Client::stats(bool all_namespaces) {
         info.data_loss_blocks = r.getDataLossBlocks();
         info.device_name = r.getDeviceName().cStr();
         info.uptime_ms = r.getUptimeMs();
+        info.starting = r.getStarting();
+        info.fill_bytes = r.getFillBytes();
         info.admin_pinned_blocks = r.getAdminPinnedBlocks();
         info.pinned_sessions = r.getPinnedSessions();
         for (auto move : r.getRecentMoves()) {

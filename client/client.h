@@ -121,6 +121,10 @@ struct StatsInfo {
   uint64_t blocks_evicted, data_loss_blocks;
   std::string device_name;
   uint64_t uptime_ms;
+  // The daemon is still filling its memory pools (fill_bytes of them): data requests
+  // wait for that (README: Protocol in brief).
+  bool starting = false;
+  uint64_t fill_bytes = 0;
   uint64_t admin_pinned_blocks = 0;  // held in place by kvtierctl pin (not in pinned_blocks)
   uint32_t pinned_sessions = 0;
   // The planner's latest decisions, oldest first, and the placement policy's name.

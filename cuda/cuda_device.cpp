@@ -100,12 +100,11 @@ class CudaDevice final : public Device, public LaneOwner {
   }
 
   Result<std::shared_ptr<Memory>> allocate_pinned_pool(uint64_t bytes) override {
-    std::set<int> nodes;
-    for (const GpuContext& gpu : gpus_->gpus()) {
-      if (gpu.info.numa_node >= 0) nodes.insert(gpu.info.numa_node);
-    }
-    return cuda::allocate_pinned_pool(gpus_, bytes, std::vector<int>(nodes.begin(), nodes.end()),
-                                      options_.pool_touch_threads);
+    return cuda::allocate_pinned_pool(gpus_, bytes, pool_numa_nodes(), options_.pool_touch_threads);
+  }
+
+  Result<UnfilledMemory> reserve_pinned_pool(uint64_t bytes) override {
+    return cuda::reserve_pinned_pool(gpus_, bytes, pool_numa_nodes());
   }
 
   Status submit(CopyBatch batch, CopyDone done) override {
@@ -205,6 +204,14 @@ class CudaDevice final : public Device, public LaneOwner {
 
  private:
   static constexpr const char* kDirectionNames[kDirections] = {"d2h", "h2d", "d2d"};
+
+  std::vector<int> pool_numa_nodes() const {
+    std::set<int> nodes;
+    for (const GpuContext& gpu : gpus_->gpus()) {
+      if (gpu.info.numa_node >= 0) nodes.insert(gpu.info.numa_node);
+    }
+    return std::vector<int>(nodes.begin(), nodes.end());
+  }
 
   Result<int> find_gpu(const std::string& uuid) const {
     const auto& all = gpus_->gpus();

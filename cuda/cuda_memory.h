@@ -91,5 +91,9 @@ Result<std::shared_ptr<Memory>> open_vmm_region(const GpuSetPtr& gpus, int gpu,
 Result<std::shared_ptr<Memory>> allocate_pinned_pool(const GpuSetPtr& gpus, uint64_t bytes,
                                                      const std::vector<int>& numa_nodes,
                                                      int touch_threads);
+// The same in two steps: checked, mapped and bound now; faulted in and registered by
+// `fill` (on the thread that calls it: it makes GPU 0's context current there).
+Result<UnfilledMemory> reserve_pinned_pool(const GpuSetPtr& gpus, uint64_t bytes,
+                                           const std::vector<int>& numa_nodes);
 
 }  // namespace kvtier::cuda

@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <stop_token>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -102,6 +103,18 @@ struct CopyBatch {
   uint32_t memory_index(const std::shared_ptr<Memory>& memory);
 };
 
+// Tier memory handed out before its pages are in (Device::reserve_arena and
+// reserve_pinned_pool), so that kvtierd can answer on its socket while they go in.
+// No copy may touch `memory` until `fill` has returned OK.
+struct UnfilledMemory {
+  std::shared_ptr<Memory> memory;
+  // Faults every page in on `threads` threads and makes the memory usable for copies
+  // (the CUDA backend then pins it for DMA). Call once, on any one thread, while
+  // `memory` is alive; Unavailable when `stop` was requested first, ResourceExhausted
+  // when the machine cannot back it. Empty: the memory is ready as it is.
+  std::function<Status(int threads, std::stop_token stop)> fill;
+};
+
 // Called exactly once per submitted batch, on a device thread.
 using CopyDone = std::function<void(Status)>;
 
@@ -130,8 +143,8 @@ class Device {
   // be mapped.
   virtual Result<std::shared_ptr<Memory>> open_region(RegionHandle handle) = 0;
 
-  // The daemon's tier memory, allocated once at start-up and touched up front so that
-  // no copy pays for page faults. ResourceExhausted when it cannot be had.
+  // The daemon's tier memory, allocated once at start-up and touched up front (on
+  // several threads) so that no copy pays for page faults. ResourceExhausted when it cannot be had.
   //
   // The arena (HBM) holds `bytes_per_gpu` on every GPU the device serves (rounded
   // down to a multiple of `part_alignment`, so that no slab of that size straddles two
@@ -142,6 +155,22 @@ class Device {
   // The pinned RAM pool, on the NUMA node of the GPUs it serves where the machine
   // says which.
   virtual Result<std::shared_ptr<Memory>> allocate_pinned_pool(uint64_t bytes) = 0;
+
+  // The same memory in two steps: reserved now (address range, checks against what
+  // the machine has left, so a pool that cannot fit fails here), filled later by
+  // UnfilledMemory::fill, off the caller's thread. Defaults: allocate now, nothing to
+  // fill.
+  virtual Result<UnfilledMemory> reserve_arena(uint64_t bytes_per_gpu,
+                                               uint64_t part_alignment = 1) {
+    auto arena = allocate_arena(bytes_per_gpu, part_alignment);
+    if (!arena.is_ok()) return arena.status();
+    return UnfilledMemory{std::move(*arena), {}};
+  }
+  virtual Result<UnfilledMemory> reserve_pinned_pool(uint64_t bytes) {
+    auto pool = allocate_pinned_pool(bytes);
+    if (!pool.is_ok()) return pool.status();
+    return UnfilledMemory{std::move(*pool), {}};
+  }
 
   // Validates the batch (indices, every segment inside its memories) and queues it.
   // An invalid batch is rejected synchronously with InvalidArgument and `done` is not
@@ -183,6 +212,13 @@ class FaultInjectingDevice final : public Device {
   }
   Result<std::shared_ptr<Memory>> allocate_pinned_pool(uint64_t bytes) override {
     return inner_->allocate_pinned_pool(bytes);
+  }
+  Result<UnfilledMemory> reserve_arena(uint64_t bytes_per_gpu,
+                                       uint64_t part_alignment = 1) override {
+    return inner_->reserve_arena(bytes_per_gpu, part_alignment);
+  }
+  Result<UnfilledMemory> reserve_pinned_pool(uint64_t bytes) override {
+    return inner_->reserve_pinned_pool(bytes);
   }
   Status submit(CopyBatch batch, CopyDone done) override;
   void drain() override { inner_->drain(); }

@@ -14,10 +14,7 @@
 #include <utility>
 
 #include "common/units.h"
-
-#ifndef MADV_POPULATE_WRITE
-#define MADV_POPULATE_WRITE 23  // Linux 5.14; older headers lack it
-#endif
+#include "cuda/page_fill.h"
 
 namespace kvtier {
 namespace {
@@ -58,33 +55,29 @@ std::string_view kind_name(RegionHandle::Kind kind) {
   return "unknown";
 }
 
-Result<std::shared_ptr<Memory>> allocate_anonymous(uint64_t bytes, std::string description) {
+// Anonymous memory for the arena or the pool, mapped but not yet faulted in; `fill`
+// faults it in on several threads (page_fill.h). The memory is only ever written
+// through copies, which the daemon starts after the fill, so the two never race.
+Result<UnfilledMemory> reserve_anonymous(uint64_t bytes, std::string description,
+                                         std::string_view setting) {
   if (bytes == 0) return invalid_argument("{}: bytes is 0", description);
-  // Not MAP_POPULATE: it would fault 4 KiB pages before MADV_HUGEPAGE could take
-  // effect, and it ignores allocation failures, so an overcommitted arena would meet
-  // the OOM killer in the middle of a copy. MADV_POPULATE_WRITE after the hint gets
-  // huge pages where the kernel has them and reports ENOMEM here, at start-up.
-  void* mapped = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (mapped == MAP_FAILED) {
-    return errno_status(errno, fmt::format("mmap {} of {} bytes", description, bytes));
-  }
-  auto* data = static_cast<std::byte*>(mapped);
-  (void)::madvise(mapped, bytes, MADV_HUGEPAGE);  // a hint: THP may be disabled
-  if (::madvise(mapped, bytes, MADV_POPULATE_WRITE) != 0) {
-    int err = errno;
-    if (err != EINVAL) {
-      ::munmap(mapped, bytes);
-      return errno_status(err, fmt::format("populate {} of {} bytes", description, bytes));
-    }
-    // Kernel older than 5.14: touch every page instead (a failure here is fatal, as
-    // with MAP_POPULATE, but the copies still never fault).
-    const long page_bytes = ::sysconf(_SC_PAGESIZE);
-    for (uint64_t offset = 0; offset < bytes; offset += static_cast<uint64_t>(page_bytes)) {
-      static_cast<volatile std::byte*>(data)[offset] = std::byte{0};
-    }
-  }
-  return std::shared_ptr<Memory>(
-      std::make_shared<MappedMemory>(data, bytes, std::move(description), UniqueFd()));
+  KVTIER_RETURN_IF_ERROR(check_memory_available(bytes, description, setting));
+  auto data = map_pool_memory(bytes, description);
+  if (!data.is_ok()) return data.status();
+  auto memory =
+      std::make_shared<MappedMemory>(*data, bytes, std::move(description), UniqueFd());
+  std::byte* const base = *data;
+  return UnfilledMemory{memory, [base, bytes](int threads, std::stop_token stop) {
+                          return fill_pages(base, bytes, threads, std::move(stop));
+                        }};
+}
+
+Result<std::shared_ptr<Memory>> allocate_anonymous(uint64_t bytes, std::string description,
+                                                   std::string_view setting) {
+  auto reserved = reserve_anonymous(bytes, std::move(description), setting);
+  if (!reserved.is_ok()) return reserved.status();
+  KVTIER_RETURN_IF_ERROR(reserved->fill(default_fill_threads(), {}));
+  return std::move(reserved->memory);
 }
 
 // Both ranges are checked with subtraction so that offset + bytes cannot wrap.
@@ -255,11 +248,20 @@ Result<std::shared_ptr<Memory>> HostDevice::open_region(RegionHandle handle) {
 
 Result<std::shared_ptr<Memory>> HostDevice::allocate_arena(uint64_t bytes_per_gpu,
                                                            uint64_t /*part_alignment*/) {
-  return allocate_anonymous(bytes_per_gpu, "hbm arena (host memory)");
+  return allocate_anonymous(bytes_per_gpu, "hbm arena (host memory)", "hbm-bytes");
 }
 
 Result<std::shared_ptr<Memory>> HostDevice::allocate_pinned_pool(uint64_t bytes) {
-  return allocate_anonymous(bytes, "ram pool");
+  return allocate_anonymous(bytes, "ram pool", "ram-bytes");
+}
+
+Result<UnfilledMemory> HostDevice::reserve_arena(uint64_t bytes_per_gpu,
+                                                 uint64_t /*part_alignment*/) {
+  return reserve_anonymous(bytes_per_gpu, "hbm arena (host memory)", "hbm-bytes");
+}
+
+Result<UnfilledMemory> HostDevice::reserve_pinned_pool(uint64_t bytes) {
+  return reserve_anonymous(bytes, "ram pool", "ram-bytes");
 }
 
 Status HostDevice::submit(CopyBatch batch, CopyDone done) {

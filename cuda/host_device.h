@@ -47,6 +47,11 @@ class HostDevice final : public Device {
   Result<std::shared_ptr<Memory>> allocate_arena(uint64_t bytes_per_gpu,
                                                  uint64_t part_alignment = 1) override;
   Result<std::shared_ptr<Memory>> allocate_pinned_pool(uint64_t bytes) override;
+  // Checked against MemAvailable and the cgroup's memory.max, mapped with a huge-page
+  // hint; `fill` faults the pages in with MADV_POPULATE_WRITE on several threads.
+  Result<UnfilledMemory> reserve_arena(uint64_t bytes_per_gpu,
+                                       uint64_t part_alignment = 1) override;
+  Result<UnfilledMemory> reserve_pinned_pool(uint64_t bytes) override;
   // Rejects (InvalidArgument naming the segment, `done` not called) a memory index out
   // of range, a null or non-host memory, a segment outside either memory, a segment
   // whose source and destination overlap in one memory, and segments whose

@@ -1,25 +1,22 @@
-// The CUDA backend's RAM pool: host memory near the GPUs, faulted in up front, pinned.
+// The CUDA backend's RAM pool: host memory near the GPUs, faulted in up front on several
+// threads (page_fill.h), then pinned.
 #include <linux/mempolicy.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
-#include <fstream>
+#include <stop_token>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "common/log.h"
 #include "common/units.h"
 #include "cuda/cuda_memory.h"
-
-// Linux 5.14; older C libraries lack the name.
-#ifndef MADV_POPULATE_WRITE
-#define MADV_POPULATE_WRITE 23
-#endif
+#include "cuda/page_fill.h"
 
 namespace kvtier::cuda {
 namespace {
@@ -29,8 +26,10 @@ class PinnedPool final : public CudaMemory {
   PinnedPool(GpuSetPtr gpus, std::byte* data, uint64_t bytes)
       : gpus_(std::move(gpus)), data_(data), bytes_(bytes) {}
   ~PinnedPool() override {
-    (void)gpus_->make_current(0);
-    gpus_->driver().mem_host_unregister(data_);
+    if (registered_.load(std::memory_order_acquire)) {
+      (void)gpus_->make_current(0);
+      gpus_->driver().mem_host_unregister(data_);
+    }
     ::munmap(data_, bytes_);
   }
   uint64_t size_bytes() const override { return bytes_; }
@@ -40,37 +39,35 @@ class PinnedPool final : public CudaMemory {
   CUdeviceptr address() const override { return reinterpret_cast<CUdeviceptr>(data_); }
   int gpu_at(uint64_t) const override { return -1; }
 
+  // Faults the pages in, then registers them with the driver (on the calling thread,
+  // with GPU 0's context made current there). Registering untouched memory would
+  // fault it in on one thread.
+  Status fill(int threads, std::stop_token stop, const std::vector<int>& numa_nodes) {
+    const auto started = std::chrono::steady_clock::now();
+    KVTIER_RETURN_IF_ERROR(fill_pages(data_, bytes_, threads, std::move(stop)));
+    KVTIER_RETURN_IF_ERROR(gpus_->make_current(0));
+    // Portable: pinned for every context, so each GPU's copy engines DMA straight in.
+    KVTIER_RETURN_IF_ERROR(driver_status(
+        gpus_->driver().mem_host_register(data_, bytes_, CU_MEMHOSTREGISTER_PORTABLE),
+        "cuMemHostRegister"));
+    registered_.store(true, std::memory_order_release);
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    KVTIER_LOG_INFO("ram pool: {} faulted in and pinned in {:.2f} s ({:.2f} s/GiB, {} threads){}",
+                    format_bytes(bytes_), seconds,
+                    seconds / (static_cast<double>(bytes_) / (1ull << 30)), threads,
+                    numa_nodes.empty()
+                        ? std::string()
+                        : fmt::format(" on NUMA node(s) {}", fmt::join(numa_nodes, ",")));
+    return Status::ok();
+  }
+
  private:
   const GpuSetPtr gpus_;
   std::byte* data_;
   uint64_t bytes_;
+  std::atomic<bool> registered_{false};
 };
-
-// What this process may still take: the machine's MemAvailable, and the cgroup's
-// headroom where a memory.max is set. Faulting in more than that gets the daemon (or a
-// neighbour) OOM-killed instead of an error, so the pool asks first.
-uint64_t available_memory_bytes() {
-  uint64_t available = UINT64_MAX;
-  std::ifstream meminfo("/proc/meminfo");
-  std::string key;
-  uint64_t kib = 0;
-  std::string unit;
-  while (meminfo >> key >> kib >> unit) {
-    if (key == "MemAvailable:") {
-      available = kib * 1024;
-      break;
-    }
-  }
-  std::ifstream max_file("/sys/fs/cgroup/memory.max"),
-      current_file("/sys/fs/cgroup/memory.current");
-  std::string max_text;
-  uint64_t current = 0;
-  if (max_file >> max_text && max_text != "max" && current_file >> current) {
-    const uint64_t limit = std::stoull(max_text);
-    available = std::min(available, limit > current ? limit - current : 0);
-  }
-  return available;
-}
 
 // Binds [data, data + bytes) to the NUMA nodes: preferred for one (falls back to other
 // nodes when it is full rather than failing), interleaved for several.
@@ -88,75 +85,30 @@ void bind_to_nodes(void* data, uint64_t bytes, const std::vector<int>& nodes) {
   }
 }
 
-// Faults the pages in from several threads: faulting tens of GiB is CPU-bound in the
-// kernel, and registering untouched memory would fault it on one thread. Returns the
-// first error (MADV_POPULATE_WRITE reports ENOMEM where a plain touch would SIGBUS).
-Status fault_in(std::byte* data, uint64_t bytes, int touch_threads) {
-  const int threads = std::max(1, touch_threads);
-  const uint64_t chunk = (bytes / threads + 4095) & ~uint64_t{4095};
-  std::vector<int> errors(threads, 0);
-  std::vector<std::thread> touchers;
-  for (int t = 0; t < threads; ++t) {
-    touchers.emplace_back([=, &errors] {
-      const uint64_t begin = std::min(bytes, chunk * t), end = std::min(bytes, begin + chunk);
-      if (begin == end) return;
-      if (::madvise(data + begin, end - begin, MADV_POPULATE_WRITE) == 0) return;
-      if (errno != EINVAL) {  // EINVAL: a kernel older than 5.14; touch instead
-        errors[t] = errno;
-        return;
-      }
-      for (uint64_t offset = begin; offset < end; offset += 4096) data[offset] = std::byte{0};
-    });
-  }
-  for (auto& toucher : touchers) toucher.join();
-  for (int error : errors) {
-    if (error != 0) return errno_status(error, "ram pool: faulting in the pages");
-  }
-  return Status::ok();
-}
-
 }  // namespace
+
+Result<UnfilledMemory> reserve_pinned_pool(const GpuSetPtr& gpus, uint64_t bytes,
+                                           const std::vector<int>& numa_nodes) {
+  if (bytes == 0) return invalid_argument("ram pool: bytes is 0");
+  KVTIER_RETURN_IF_ERROR(check_memory_available(bytes, "ram pool", "ram-bytes"));
+  auto data = map_pool_memory(bytes, "ram pool");
+  if (!data.is_ok()) return data.status();
+  bind_to_nodes(*data, bytes, numa_nodes);
+  auto pool = std::make_shared<PinnedPool>(gpus, *data, bytes);
+  PinnedPool* const raw = pool.get();
+  return UnfilledMemory{std::move(pool),
+                        [raw, numa_nodes](int threads, std::stop_token stop) {
+                          return raw->fill(threads, std::move(stop), numa_nodes);
+                        }};
+}
 
 Result<std::shared_ptr<Memory>> allocate_pinned_pool(const GpuSetPtr& gpus, uint64_t bytes,
                                                      const std::vector<int>& numa_nodes,
                                                      int touch_threads) {
-  if (bytes == 0) return invalid_argument("ram pool: bytes is 0");
-  const uint64_t available = available_memory_bytes();
-  if (bytes > available) {
-    return resource_exhausted(
-        "ram pool: {} requested but only {} of memory is available "
-        "(MemAvailable, cgroup memory.max); lower ram-bytes",
-        format_bytes(bytes), format_bytes(available));
-  }
-  const auto started = std::chrono::steady_clock::now();
-  void* mapped = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (mapped == MAP_FAILED) return errno_status(errno, "mmap ram pool");
-  auto* data = static_cast<std::byte*>(mapped);
-  (void)::madvise(mapped, bytes, MADV_HUGEPAGE);
-  bind_to_nodes(mapped, bytes, numa_nodes);
-  if (Status touched = fault_in(data, bytes, touch_threads); !touched.is_ok()) {
-    ::munmap(mapped, bytes);
-    return touched;
-  }
-  Status registered = gpus->make_current(0);
-  if (registered.is_ok()) {
-    // Portable: pinned for every context, so each GPU's copy engines DMA straight in.
-    registered =
-        driver_status(gpus->driver().mem_host_register(mapped, bytes, CU_MEMHOSTREGISTER_PORTABLE),
-                      "cuMemHostRegister");
-  }
-  if (!registered.is_ok()) {
-    ::munmap(mapped, bytes);
-    return registered;
-  }
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-  KVTIER_LOG_INFO("ram pool: {} pinned in {:.2f} s ({:.2f} s/GiB){}", format_bytes(bytes), seconds,
-                  seconds / (static_cast<double>(bytes) / (1ull << 30)),
-                  numa_nodes.empty()
-                      ? std::string()
-                      : fmt::format(" on NUMA node(s) {}", fmt::join(numa_nodes, ",")));
-  return std::shared_ptr<Memory>(std::make_shared<PinnedPool>(gpus, data, bytes));
+  auto reserved = reserve_pinned_pool(gpus, bytes, numa_nodes);
+  if (!reserved.is_ok()) return reserved.status();
+  KVTIER_RETURN_IF_ERROR(reserved->fill(touch_threads, {}));
+  return std::move(reserved->memory);
 }
 
 }  // namespace kvtier::cuda

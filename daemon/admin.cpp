@@ -10,6 +10,7 @@
 #include "common/units.h"
 #include "daemon/persistence.h"
 #include "daemon/service.h"
+#include "daemon/startup.h"
 
 namespace kvtier::daemon {
 namespace {
@@ -283,6 +284,10 @@ void Service::apply_reloaded_config(const DaemonConfig& fresh) {
 
 std::string Service::status_line() const {
   if (store_ == nullptr) return "starting";
+  if (!ready_) {
+    return fmt::format("starting: filling {} of memory pools; data requests wait",
+                       format_bytes(startup_->fill_bytes));
+  }
   std::string line;
   for (const TierUsage& tier : store_->usage()) {
     const double percent = tier.capacity_bytes

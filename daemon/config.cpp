@@ -158,6 +158,13 @@ const std::vector<Setting>& settings() {
       duration_setting("drain-timeout", &C::drain_timeout_ms, kLive,
                        "on SIGTERM, time allowed to drain RAM/HBM blocks to NVMe (e.g. 30s)"),
       fault_nvme_setting(),
+      duration_setting("startup-wait-ms", &C::startup_wait_ms, kLive,
+                       "how long a Save/Load/BeginTurn/Drain that arrives while the memory "
+                       "pools are still being filled waits for them (e.g. 10s)"),
+      duration_setting("fault-fill-delay-ms", &C::fault_fill_delay_ms, kRestart,
+                       "TESTS ONLY: report the memory pools filled this much later"),
+      duration_setting("fault-region-open-delay-ms", &C::fault_region_open_delay_ms, kRestart,
+                       "TESTS ONLY: open each engine region this much later"),
       size_setting("slab-bytes", &C::slab_bytes, kRestart,
                    "slot carving unit; the largest block a layout may have"),
       duration_setting("hbm-idle-ms", &C::hbm_idle_ms, kLive,

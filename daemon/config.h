@@ -45,6 +45,13 @@ struct DaemonConfig {
   uint64_t drain_timeout_ms = 30'000;   // SIGTERM: time to drain RAM/HBM to NVMe before exit
   // TESTS ONLY: slab-file I/O faults to inject (tiers/nvme_io.h, "KIND:N[+][:ERRNO]").
   std::vector<std::string> fault_nvme;
+  // A data request arriving while the tier memory is still being filled waits this
+  // long for it, then gets Unavailable (daemon/startup.h).
+  uint64_t startup_wait_ms = 10'000;
+  // TESTS ONLY: the fill reports done this much later (the start-up window, made wide).
+  uint64_t fault_fill_delay_ms = 0;
+  // TESTS ONLY: the region worker waits this long before opening each region.
+  uint64_t fault_region_open_delay_ms = 0;
   uint64_t slab_bytes = 64ull << 20;  // slot carving unit; also the largest block size
   uint64_t hbm_idle_ms = 30'000;      // idle sessions leave HBM after this long
   uint64_t ram_idle_ms = 600'000;     // idle sessions leave RAM (applies once the NVMe tier exists)

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "daemon/service.h"
+#include "daemon/startup.h"
 
 namespace kvtier::daemon {
 
@@ -47,6 +48,8 @@ Status Service::handle_stats(const ConnectionPtr& c, EngineContext& engine, uint
     out.setDataLossBlocks(mover_->counters().blocks_lost);
     out.setDeviceName(std::string(device_->name()));
     out.setUptimeMs(now_ms() - started_ms_);
+    out.setStarting(!ready_);
+    if (!ready_) out.setFillBytes(startup_->fill_bytes);
     out.setPolicy(std::string(policy::policy_mode_name(planner_.config().mode)));
     // The arena's parts follow Device::gpus() order.
     const std::vector<uint64_t> hbm_parts = store_->part_used_bytes(Tier::kHbm);

@@ -1,6 +1,7 @@
-// kvtierd: wiring. Parse the config, pick the Device, allocate the tiers, listen (or
-// take the socket systemd passed), serve /metrics, tell systemd we are ready, and run
-// the control thread until SIGINT/SIGTERM. SIGHUP reloads the configuration. Exit
+// kvtierd: wiring. Parse the config, pick the Device, reserve the tiers (their memory
+// fills in the background), listen (or take the socket systemd passed), serve
+// /metrics, tell systemd we are ready once the memory is filled, and run the control
+// thread until SIGINT/SIGTERM. SIGHUP reloads the configuration. Exit
 // codes: 0 stopped, 1 could not start, 2 bad configuration or device, 3 the device was
 // lost (a sticky GPU error; systemd restarts the daemon).
 #include <signal.h>
@@ -132,6 +133,8 @@ int run(int argc, char** argv) {
   boost::asio::io_context io(1);
   const std::string device_name((*device)->name());
   daemon::Service service(io, config, std::move(*device));
+  // Reserves the tier memory and starts filling it in the background: the socket
+  // answers while it fills, and READY=1 waits until data requests are served.
   if (Status started = service.start(); !started.is_ok()) {
     KVTIER_LOG_ERROR("cannot allocate tiers: {}", started.to_string());
     return 1;
@@ -217,12 +220,27 @@ int run(int argc, char** argv) {
 
   KVTIER_LOG_INFO("kvtierd listening on {} (hbm {}, ram {}, device {})", listening_on,
                   format_bytes(config.hbm_bytes), format_bytes(config.ram_bytes), device_name);
-  notifier.ready();
+  // systemd's READY=1 means "serving data": sent once the tier memory is filled (a
+  // filled service calls this from its first run of the loop).
+  service.set_ready_callback([&notifier] { notifier.ready(); });
+  notifier.starting();
   io.run();
   // The signal handlers are gone with the loop: a late SIGTERM while the daemon winds
-  // down must not turn a clean exit into death by signal.
+  // down must not turn a clean exit into death by signal. The sets are emptied first:
+  // Asio puts back the default action (death) when a signal's last set lets it go,
+  // which would otherwise happen when they are destroyed, before ~Service (joining
+  // the fill and region threads, draining the device) has run.
+  boost::system::error_code ignored;
+  stop_signals.clear(ignored);
+  reload_signals.clear(ignored);
   ::signal(SIGTERM, SIG_IGN);
   ::signal(SIGINT, SIG_IGN);
+  ::signal(SIGHUP, SIG_IGN);
+  if (service.exit_code() == daemon::Service::kExitCannotStart) {
+    KVTIER_LOG_ERROR("kvtierd stopped: it could not fill its tier memory (exit code {})",
+                     service.exit_code());
+    return service.exit_code();
+  }
   if (service.exit_code() != 0) {
     KVTIER_LOG_ERROR("kvtierd stopped after a fatal device error (exit code {})",
                      service.exit_code());

@@ -78,12 +78,8 @@ Status Service::open_nvme(std::vector<BlockStore::TierMemory>& tiers) {
   options.capacity_bytes = config_.nvme_bytes;
   options.slab_bytes = config_.slab_bytes;
   options.queue_depth = config_.nvme_queue_depth;
-  // Registered with io_uring, so the drive reads and writes the pool directly.
-  for (const BlockStore::TierMemory& tier : tiers) {
-    if (tier.memory != nullptr && tier.memory->host_data() != nullptr) {
-      options.io_buffers.emplace_back(tier.memory->host_data(), tier.memory->size_bytes());
-    }
-  }
+  // The pools are registered with io_uring (so the drive reads and writes them
+  // directly) once they are filled: start_fill (startup.cpp).
   for (const std::string& spec : config_.fault_nvme) {
     auto fault = parse_slab_io_fault(spec);
     if (!fault.is_ok()) return invalid_argument("fault-nvme: {}", fault.status().message());
@@ -270,6 +266,7 @@ void Service::stop(std::function<void()> stopped) {
   }
   stopping_ = true;
   plan_timer_.cancel();
+  cancel_fill();  // a stop while the tier memory is filling: nothing was served yet
   if (!nvme_ || nvme_->drain_phase == NvmeState::DrainPhase::kDone) {
     if (stopped) stopped();
     return;

@@ -1,19 +1,34 @@
 // Engine regions: RegisterRegion (check the request, open the memory) and
 // UnregisterRegion, whose reply waits until the daemon's mapping is closed.
 //
+// Opening and closing run on the region worker (region_worker.h), never on the control
+// thread: mapping a multi-GiB memfd with MAP_POPULATE, or importing hundreds of VMM
+// chunks, takes long enough to stall every other engine. The request is checked here;
+// the worker opens the memory and posts the result back, and the reply goes out from
+// here. Until then the connection's later requests wait behind it (startup.h: a
+// connection's requests take effect in the order sent), so a Save naming a region
+// still opening sees it opened (or the open's error on the RegisterRegion first).
+//
 // A mapping closes when the region's last shared_ptr goes. The connection's
 // EngineContext holds one, and every CopyBatch that touches the region holds one until
 // the device is done with it; devices drop those before they call `done`
 // (cuda/device.h). So an Unregister takes the region out of its connection at once (no
 // later request can name it) and, while copies still hold it, parks the daemon's own
 // reference; every copy completion on the control thread looks again, and the reply
-// goes out when the parked reference is the last one, right after dropping it.
+// goes out when the parked reference is the last one, right after it was dropped on
+// the region worker.
 #include <strings.h>
 
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/post.hpp>
+
 #include <algorithm>
+#include <chrono>
 #include <cstring>
+#include <thread>
 
 #include "common/log.h"
+#include "daemon/region_worker.h"
 #include "daemon/service.h"
 
 namespace kvtier::daemon {
@@ -181,17 +196,55 @@ Status Service::handle_register_region(const ConnectionPtr& c, EngineContext& en
     }
   }
   KVTIER_RETURN_IF_ERROR(engine.layout.check_region(region_id, size));
-  auto memory = device_->open_region(std::move(*handle));
-  if (!memory.is_ok()) {
-    return Status(memory.status().code(),
-                  fmt::format("regionId {}: {}", region_id, memory.status().message()));
-  }
-  engine.regions.emplace(region_id, std::move(*memory));
-  if (cuda_kind) engine.gpu_part = gpu_index;
-  reply(c, id, [&](wire::Response::Builder response) {
-    response.initRegisterRegion().setRegionId(region_id);
+  ++engine.regions_opening;
+  // Device methods may be called from any thread (device.h); the CUDA backend makes the
+  // region's GPU context current on the worker before it opens or closes anything.
+  // Shared: the worker's jobs are std::function, which must be copyable.
+  auto opening = std::make_shared<RegionHandle>(std::move(*handle));
+  region_worker_->post([this, c, id, region_id, gpu_index, opening,
+                        delay_ms = config_.fault_region_open_delay_ms,
+                        guard = asio::make_work_guard(io_)]() mutable {
+    // fault-region-open-delay-ms (tests only): a slow open, without a slow machine.
+    if (delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
+    auto memory = device_->open_region(std::move(*opening));
+    asio::post(io_, [this, c, id, region_id, gpu_index, memory = std::move(memory),
+                     guard = std::move(guard)]() mutable {
+      finish_register_region(c, id, region_id, gpu_index, std::move(memory));
+    });
   });
   return Status::ok();
+}
+
+void Service::finish_register_region(const ConnectionPtr& c, uint64_t id, uint32_t region_id,
+                                     int gpu_index, Result<std::shared_ptr<Memory>> memory) {
+  auto engine = std::static_pointer_cast<EngineContext>(c->user_state);
+  if (!engine) {  // the engine left while its region was opening
+    if (memory.is_ok()) close_region_off_thread(std::move(*memory));
+    return;
+  }
+  --engine->regions_opening;
+  if (!memory.is_ok()) {
+    reply_error(c, id,
+                Status(memory.status().code(),
+                       fmt::format("regionId {}: {}", region_id, memory.status().message())));
+  } else {
+    engine->regions.emplace(region_id, std::move(*memory));
+    if (gpu_index != SlabAllocator::kAnyPart) engine->gpu_part = gpu_index;
+    reply(c, id, [&](wire::Response::Builder response) {
+      response.initRegisterRegion().setRegionId(region_id);
+    });
+  }
+  resume_deferred(c);  // requests sent after this one waited for it
+}
+
+void Service::close_region_off_thread(std::shared_ptr<Memory> memory,
+                                      std::function<void()> closed) {
+  region_worker_->post([this, memory = std::move(memory), closed = std::move(closed),
+                        guard = asio::make_work_guard(io_)]() mutable {
+    memory.reset();  // the daemon's last reference: unmaps / closes the IPC handle here
+    if (!closed) return;
+    asio::post(io_, [closed = std::move(closed), guard = std::move(guard)] { closed(); });
+  });
 }
 
 Status Service::handle_unregister_region(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
@@ -208,9 +261,11 @@ Status Service::handle_unregister_region(const ConnectionPtr& c, EngineContext& 
     parked_unregisters_.push_back({std::move(memory), c, id, region_id});
     return Status::ok();
   }
-  memory.reset();  // closes the mapping
-  reply(c, id, [&](wire::Response::Builder response) {
-    response.initUnregisterRegion().setRegionId(region_id);
+  // The reply goes out once the mapping is closed (on the region worker).
+  close_region_off_thread(std::move(memory), [this, c, id, region_id] {
+    reply(c, id, [&](wire::Response::Builder response) {
+      response.initUnregisterRegion().setRegionId(region_id);
+    });
   });
   return Status::ok();
 }
@@ -223,10 +278,14 @@ void Service::reply_to_finished_unregisters() {
     }
     ParkedUnregister finished = std::move(parked_unregisters_[i]);
     parked_unregisters_.erase(parked_unregisters_.begin() + static_cast<ptrdiff_t>(i));
-    finished.memory.reset();  // closes the mapping before the engine hears it may free
-    reply(finished.connection, finished.request_id, [&](wire::Response::Builder response) {
-      response.initUnregisterRegion().setRegionId(finished.region_id);
-    });
+    // The mapping is closed before the engine hears it may free the memory.
+    close_region_off_thread(std::move(finished.memory),
+                            [this, c = finished.connection, id = finished.request_id,
+                             region_id = finished.region_id] {
+                              reply(c, id, [&](wire::Response::Builder response) {
+                                response.initUnregisterRegion().setRegionId(region_id);
+                              });
+                            });
   }
 }
 

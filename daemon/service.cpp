@@ -11,6 +11,8 @@
 
 #include "common/log.h"
 #include "daemon/persistence.h"
+#include "daemon/region_worker.h"
+#include "daemon/startup.h"
 
 namespace kvtier::daemon {
 namespace {
@@ -90,9 +92,13 @@ Service::Service(asio::io_context& io, DaemonConfig config, std::unique_ptr<Devi
       clock_(clock != nullptr ? *clock : steady_clock_),
       sessions_(clock_),
       planner_(planner_config(config_), clock_),
-      plan_timer_(io) {}
+      plan_timer_(io),
+      startup_(std::make_unique<StartupState>(io)) {}
 
 Service::~Service() {
+  cancel_fill();
+  if (startup_->filler.joinable()) startup_->filler.join();
+  region_worker_.reset();  // runs the closes still queued
   device_->drain();
 }
 
@@ -103,21 +109,27 @@ Status Service::start() {
   device_->set_fatal_error_handler([this](const Status& status) {
     asio::post(io_, [this, status] { on_device_lost(status); });
   });
+  // Two threads: closing one engine's big region does not hold up opening another's.
+  region_worker_ = std::make_unique<RegionWorker>(2);
   std::vector<BlockStore::TierMemory> tiers;
+  // Reserved now, filled on background threads (startup.cpp) while the socket serves.
+  std::vector<UnfilledMemory> fills;
   if (config_.hbm_bytes > 0) {
     // hbm-bytes on every GPU, in parts that never split a slab between two GPUs; a
     // part smaller than slab-bytes is one slab.
     const uint64_t hbm_slab_bytes = std::min(config_.slab_bytes, config_.hbm_bytes);
-    auto arena = device_->allocate_arena(config_.hbm_bytes, hbm_slab_bytes);
+    auto arena = device_->reserve_arena(config_.hbm_bytes, hbm_slab_bytes);
     if (!arena.is_ok()) return arena.status();
-    BlockStore::TierMemory hbm{Tier::kHbm, *arena, hbm_slab_bytes};
+    BlockStore::TierMemory hbm{Tier::kHbm, arena->memory, hbm_slab_bytes};
     hbm.parts = static_cast<uint32_t>(std::max<size_t>(gpus_.size(), 1));
     tiers.push_back(std::move(hbm));
+    fills.push_back(std::move(*arena));
   }
   if (config_.ram_bytes > 0) {
-    auto pool = device_->allocate_pinned_pool(config_.ram_bytes);
+    auto pool = device_->reserve_pinned_pool(config_.ram_bytes);
     if (!pool.is_ok()) return pool.status();
-    tiers.push_back({Tier::kRam, *pool, config_.slab_bytes});
+    tiers.push_back({Tier::kRam, pool->memory, config_.slab_bytes});
+    fills.push_back(std::move(*pool));
   }
   KVTIER_RETURN_IF_ERROR(open_nvme(tiers));  // persistence.cpp
   store_ = std::make_unique<BlockStore>(std::move(tiers));
@@ -125,7 +137,7 @@ Status Service::start() {
   make_mover();
   KVTIER_RETURN_IF_ERROR(recover_nvme());
   started_ms_ = now_ms();
-  run_planner();
+  start_fill(std::move(fills));  // the planner starts once it is done
   return Status::ok();
 }
 
@@ -187,7 +199,17 @@ void Service::on_disconnect(const ConnectionPtr& connection) {
     KVTIER_LOG_DEBUG("connection {} closed; releasing {} regions", connection->id(),
                      engine->regions.size());
   }
+  if (engine) {
+    // Closing a mapping can take long (munmap of GiBs): the region worker does it.
+    for (auto& [region_id, memory] : engine->regions) close_region_off_thread(std::move(memory));
+    engine->regions.clear();
+    startup_->deferred_requests -= engine->deferred.size();
+    engine->deferred.clear();
+  }
   // Nobody is left to tell: Unregisters waiting for copies just let go.
+  for (ParkedUnregister& parked : parked_unregisters_) {
+    if (parked.connection == connection) close_region_off_thread(std::move(parked.memory));
+  }
   std::erase_if(parked_unregisters_,
                 [&](const ParkedUnregister& parked) { return parked.connection == connection; });
   connection->user_state.reset();
@@ -201,7 +223,14 @@ void Service::on_frame(const ConnectionPtr& connection, ipc::Frame frame) {
     auto request = frame.reader().getRoot<wire::Request>();
     id = request.getId();
     record_request(*engine, id, request);
-    status = dispatch(connection, *engine, request);
+    std::vector<UniqueFd> fds;
+    status = claim_descriptors(connection, request, fds);
+    if (status.is_ok() && must_defer(*engine, request.which())) {
+      // startup.h: waits for the fill or for a region this connection is opening.
+      status = defer_request(connection, *engine, std::move(frame), std::move(fds));
+    } else if (status.is_ok()) {
+      status = dispatch(connection, *engine, request, std::move(fds));
+    }
   } catch (const kj::Exception& e) {
     // Malformed pointers surface as kj exceptions while reading; handlers copy what
     // they need before changing any state, so failing here changes nothing.
@@ -210,27 +239,31 @@ void Service::on_frame(const ConnectionPtr& connection, ipc::Frame frame) {
   if (!status.is_ok()) reply_error(connection, id, status);
 }
 
+Status Service::claim_descriptors(const ConnectionPtr& c, wire::Request::Reader request,
+                                  std::vector<UniqueFd>& fds) {
+  // Descriptors are claimed on arrival, before anything can reject or defer the
+  // request, so a rejected RegisterRegion never leaves its fds queued for the next
+  // request.
+  if (request.which() != wire::Request::REGISTER_REGION) return Status::ok();
+  const uint32_t count = request.getRegisterRegion().getFdCount();
+  for (uint32_t i = 0; i < count && i < ipc::kMaxFdsPerRequest; ++i) {
+    auto fd = c->take_fd();
+    if (!fd.is_ok()) {
+      return invalid_argument("fdCount is {} but only {} descriptors arrived with the request",
+                              count, i);
+    }
+    fds.push_back(std::move(*fd));
+  }
+  if (count > ipc::kMaxFdsPerRequest) {
+    return invalid_argument("fdCount {} exceeds {}", count, ipc::kMaxFdsPerRequest);
+  }
+  return Status::ok();
+}
+
 Status Service::dispatch(const ConnectionPtr& c, EngineContext& engine,
-                         wire::Request::Reader request) {
+                         wire::Request::Reader request, std::vector<UniqueFd> fds) {
   const uint64_t id = request.getId();
   auto which = request.which();
-  // Descriptors are claimed before anything can reject the request, so a rejected
-  // RegisterRegion never leaves its fds queued for the next request.
-  std::vector<UniqueFd> fds;
-  if (which == wire::Request::REGISTER_REGION) {
-    const uint32_t count = request.getRegisterRegion().getFdCount();
-    for (uint32_t i = 0; i < count && i < ipc::kMaxFdsPerRequest; ++i) {
-      auto fd = c->take_fd();
-      if (!fd.is_ok()) {
-        return invalid_argument("fdCount is {} but only {} descriptors arrived with the request",
-                                count, i);
-      }
-      fds.push_back(std::move(*fd));
-    }
-    if (count > ipc::kMaxFdsPerRequest) {
-      return invalid_argument("fdCount {} exceeds {}", count, ipc::kMaxFdsPerRequest);
-    }
-  }
   if (id == 0) return invalid_argument("request id 0 is reserved; use ids from 1");
   bool needs_hello = which != wire::Request::HELLO && !is_operator_request(which);
   if (needs_hello && !engine.hello_done) {

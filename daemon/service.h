@@ -11,7 +11,7 @@
 #include <boost/asio/steady_timer.hpp>
 
 #include <chrono>
-
+#include <deque>
 #include <map>
 #include <memory>
 #include <string>
@@ -63,6 +63,15 @@ struct EngineContext {
     std::vector<Tier> load_hit_tiers;  // Load: tiers of the leading held blocks
   };
   std::map<uint64_t, PendingRequest> pending_requests;  // request id →
+  // Requests that arrived while an earlier one must finish first (startup.cpp): a
+  // region still opening, or tier memory still filling. Served in arrival order.
+  struct DeferredRequest {
+    ipc::Frame frame;
+    std::vector<UniqueFd> fds;  // claimed on arrival (RegisterRegion)
+    uint64_t arrived_ms;
+  };
+  std::deque<DeferredRequest> deferred;
+  uint32_t regions_opening = 0;  // RegisterRegions being opened on the region worker
 };
 
 enum class BlockListKind { kSave, kLoad };
@@ -78,7 +87,9 @@ struct BlockListRequest {
 // The planner's settings from the daemon's (at start and on every SIGHUP reload).
 policy::PlannerConfig planner_config(const DaemonConfig& config);
 
-struct NvmeState;  // persistence.h
+struct NvmeState;      // persistence.h
+struct StartupState;   // startup.h
+class RegionWorker;    // region_worker.h
 
 class Service final : public ipc::RequestHandler {
  public:
@@ -91,10 +102,19 @@ class Service final : public ipc::RequestHandler {
 
   // kvtierd's exit code after a fatal device error (README: Operations).
   static constexpr int kExitDeviceLost = 3;
+  static constexpr int kExitCannotStart = 1;
 
-  // Allocates the tiers' memory (the HBM arena: hbm-bytes on every GPU), registers the
-  // device's fatal-error handler and starts the planner timer.
+  // Reserves the tiers' memory (the HBM arena: hbm-bytes on every GPU), opens and
+  // recovers the NVMe tier, registers the device's fatal-error handler, and starts
+  // filling the memory on background threads (startup.cpp); returns without waiting
+  // for the fill. Requests are served at once, except those that copy bytes (Save,
+  // Load, BeginTurn, Drain): they wait until the fill is done, then `ready` runs (on
+  // the control thread) and the planner starts. A failed fill stops the daemon with
+  // kExitCannotStart.
   Status start();
+  void set_ready_callback(std::function<void()> ready) { ready_callback_ = std::move(ready); }
+  // The tiers' memory is filled: data requests are served.
+  bool ready() const { return ready_; }
   // Stops the planner timer; in-flight copies still complete. With an NVMe tier it
   // first drains the RAM/HBM blocks of live sessions to NVMe and writes the session
   // table, for at most drain-timeout; `stopped` runs once that is over (at once
@@ -107,7 +127,8 @@ class Service final : public ipc::RequestHandler {
   // the signal handlers); called on the control thread with the exit code, after the
   // session table was written and before the event loop is stopped.
   void set_fatal_exit(std::function<void(int exit_code)> exit) { fatal_exit_ = std::move(exit); }
-  // 0, or kExitDeviceLost once the device was lost.
+  // 0, kExitCannotStart when the tier memory could not be filled, or kExitDeviceLost
+  // once the device was lost.
   int exit_code() const { return exit_code_; }
   // admin.cpp: takes the reloadable settings (thresholds, watermarks, planner period)
   // of `fresh`; the caller logs what else changed and needs a restart.
@@ -129,8 +150,27 @@ class Service final : public ipc::RequestHandler {
   using Fill = std::function<void(wire::Response::Builder)>;
 
   // service.cpp: dispatch and the control requests.
+  Status claim_descriptors(const ConnectionPtr& connection, wire::Request::Reader request,
+                           std::vector<UniqueFd>& fds);
   Status dispatch(const ConnectionPtr& connection, EngineContext& engine,
-                  wire::Request::Reader request);
+                  wire::Request::Reader request, std::vector<UniqueFd> fds);
+  // startup.cpp: filling the tier memory, and requests that wait for something.
+  void start_fill(std::vector<UnfilledMemory> fills);
+  void on_fill_done(const Status& status, double seconds);
+  void cancel_fill();
+  // Whether a request of `which` arriving now must queue behind earlier work.
+  bool must_defer(const EngineContext& engine, wire::Request::Which which) const;
+  Status defer_request(const ConnectionPtr& c, EngineContext& engine, ipc::Frame frame,
+                       std::vector<UniqueFd> fds);
+  // Serves `c`'s deferred requests, in order, until one must still wait.
+  void resume_deferred(const ConnectionPtr& c);
+  void resume_all_deferred();
+  void arm_deferred_expiry();
+  // regions.cpp: hands a region's last daemon reference to the region worker, which
+  // closes the mapping there; `closed` then runs on the control thread.
+  void close_region_off_thread(std::shared_ptr<Memory> memory, std::function<void()> closed = {});
+  void finish_register_region(const ConnectionPtr& c, uint64_t id, uint32_t region_id,
+                              int gpu_index, Result<std::shared_ptr<Memory>> memory);
   Status handle_hello(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
                       wire::Hello::Reader hello);
   // regions.cpp: engine regions in and out.
@@ -274,6 +314,13 @@ class Service final : public ipc::RequestHandler {
   std::vector<ParkedUnregister> parked_unregisters_;
   std::function<void(int)> fatal_exit_;
   int exit_code_ = 0;
+  // Start-up (startup.cpp): the fill thread, its progress, connections with deferred
+  // requests. ready_ turns true once, when the tier memory is filled.
+  std::unique_ptr<StartupState> startup_;
+  bool ready_ = false;
+  std::function<void()> ready_callback_;
+  // Opens and closes engine regions off the control thread (regions.cpp).
+  std::unique_ptr<RegionWorker> region_worker_;
   // Last: destroyed first, so the tier's workers stop before the memory they read
   // into and write from goes away.
   std::unique_ptr<NvmeState> nvme_;

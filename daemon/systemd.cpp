@@ -60,8 +60,14 @@ void ServiceNotifier::notify(const std::string& message) {
   if (sent < 0) KVTIER_LOG_WARN("sd_notify failed: {}", errno_status(-sent, "").message());
 }
 
+void ServiceNotifier::starting() {
+  if (std::getenv("NOTIFY_SOCKET") == nullptr) return;
+  notify("STATUS=" + status_line_());
+}
+
 void ServiceNotifier::ready() {
   if (std::getenv("NOTIFY_SOCKET") == nullptr) return;
+  ready_ = true;
   notify("READY=1\nSTATUS=" + status_line_());
   if (watchdog_.count() > 0) {
     KVTIER_LOG_INFO("systemd watchdog: pinging every {} ms", period_.count());
@@ -71,10 +77,12 @@ void ServiceNotifier::ready() {
 }
 
 void ServiceNotifier::reloading() {
+  if (!ready_) return;  // still starting: READY=1 comes when the start-up is done
   notify("RELOADING=1\nSTATUS=reloading configuration");
 }
 
 void ServiceNotifier::reloaded() {
+  if (!ready_) return;
   notify("READY=1\nSTATUS=" + status_line_());
 }
 

@@ -29,9 +29,11 @@ class ServiceNotifier {
   // `status_line` is called on the control thread for each STATUS= update.
   ServiceNotifier(boost::asio::io_context& io, std::function<std::string()> status_line);
 
+  // STATUS= only, while the daemon serves its socket but not yet data (start-up).
+  void starting();
   // READY=1 with a first STATUS=, then starts the watchdog/status timer.
   void ready();
-  // RELOADING=1 … READY=1 around a SIGHUP reload.
+  // RELOADING=1 … READY=1 around a SIGHUP reload (STATUS= only before ready()).
   void reloading();
   void reloaded();
   // STOPPING=1; stops the timer (the watchdog stays quiet from here: TimeoutStopSec rules).
@@ -50,6 +52,7 @@ class ServiceNotifier {
   std::chrono::milliseconds period_;
   std::chrono::steady_clock::time_point next_status_;
   bool stopped_ = false;
+  bool ready_ = false;  // READY=1 was sent: a reload may send it again
 };
 
 }  // namespace kvtier::daemon

@@ -222,6 +222,9 @@ struct StatsReply {
   recentMoves @18 :List(PlannerMoves);  # the planner's latest decisions, oldest first
   policy @19 :Text;            # placement policy: "lru", "session" or "predictive"
   gpus @20 :List(GpuStats);    # cuda backend: each served GPU's part of the HBM arena
+  starting @21 :Bool;          # the memory pools are still being filled: Save, Load,
+                               # BeginTurn and Drain wait (up to startup-wait-ms)
+  fillBytes @22 :UInt64;       # while starting: bytes of memory pools being filled
 }
 
 struct GpuStats {

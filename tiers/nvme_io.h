@@ -54,6 +54,11 @@ class SlabIo {
   [[nodiscard]] virtual Status sync() = 0;
   // "io_uring, O_DIRECT, queue depth 32, registered buffers", for the log.
   virtual std::string describe() const = 0;
+  // Registers host memory that ops' buffers will lie in (fixed buffers), when that was
+  // not done at open (SlabFileOptions::buffers) and the kernel lets us; ops outside it
+  // still work, unregistered. REQUIRES: no run() in progress or started until it
+  // returns. Default: nothing to register.
+  virtual void register_buffers(std::vector<std::span<std::byte>> buffers) { (void)buffers; }
 };
 
 struct SlabFileOptions {
@@ -95,6 +100,9 @@ class FaultInjectingSlabIo final : public SlabIo {
            std::span<SlabIoResult> results) override;
   Status sync() override;
   std::string describe() const override { return inner_->describe() + ", with injected faults"; }
+  void register_buffers(std::vector<std::span<std::byte>> buffers) override {
+    inner_->register_buffers(std::move(buffers));
+  }
 
  private:
   // The fault that applies to the op counted `count` of `kinds`, if any.

@@ -82,6 +82,12 @@ class NvmeTier {
   uint64_t capacity_bytes() const { return capacity_bytes_; }
   uint64_t slab_bytes() const { return index_->slab_bytes(); }
   std::string describe() const { return io_->describe(); }
+  // Registers memory for fixed-buffer I/O that was not ready at open (the daemon's
+  // pools, filled after the tier opened; NvmeTierOptions::io_buffers otherwise).
+  // REQUIRES: no write_blocks/read_blocks job queued or running until it returns.
+  void register_io_buffers(std::vector<std::span<std::byte>> buffers) {
+    io_->register_buffers(std::move(buffers));
+  }
 
   struct WriteItem {
     NvmeBlockKey key;

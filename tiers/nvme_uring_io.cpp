@@ -68,6 +68,7 @@ class UringSlabIo final : public SlabIo {
     return Status::ok();
   }
   std::string describe() const override;
+  void register_buffers(std::vector<std::span<std::byte>> buffers) override;
 
  private:
   struct Channel {
@@ -82,7 +83,8 @@ class UringSlabIo final : public SlabIo {
   int registered_index(const std::byte* buffer, uint64_t bytes) const;
   bool use_direct(const std::byte* buffer, uint64_t offset, uint64_t bytes) const;
 
-  // Constant after open (direct_usable_ may only go from true to false).
+  // Constant after open (direct_usable_ may only go from true to false; registered_
+  // and fixed_buffers are set by register_buffers, before any run()).
   std::string path_;
   UniqueFd direct_fd_;  // -1 when the file system refused O_DIRECT
   UniqueFd buffered_fd_;
@@ -130,32 +132,43 @@ Result<std::unique_ptr<SlabIo>> UringSlabIo::open(const SlabFileOptions& options
     }
   }
 
-  std::vector<iovec> iovecs;
-  for (std::span<std::byte> buffer : options.buffers) {
-    for (uint64_t at = 0; at < buffer.size(); at += kMaxRegisteredBytes) {
-      const uint64_t bytes = std::min<uint64_t>(kMaxRegisteredBytes, buffer.size() - at);
-      iovecs.push_back({buffer.data() + at, bytes});
-      io->registered_.push_back(buffer.subspan(at, bytes));
-    }
-  }
   for (Channel& channel : io->channels_) {
     int rc = io_uring_queue_init(io->queue_depth_, &channel.ring, 0);
     if (rc < 0) return errno_status(-rc, "io_uring_queue_init");
     channel.initialized = true;
-    if (iovecs.empty()) continue;
-    rc = io_uring_register_buffers(&channel.ring, iovecs.data(),
-                                   static_cast<unsigned>(iovecs.size()));
+  }
+  if (!options.buffers.empty()) io->register_buffers(options.buffers);
+  KVTIER_LOG_INFO("NVMe slab file {}: {}", options.path, io->describe());
+  return std::unique_ptr<SlabIo>(std::move(io));
+}
+
+void UringSlabIo::register_buffers(std::vector<std::span<std::byte>> buffers) {
+  // Registration pins the pages (faulting in any that are not yet there), which is why
+  // the daemon registers its pools only after filling them.
+  std::vector<iovec> iovecs;
+  std::vector<std::span<std::byte>> registered;
+  for (std::span<std::byte> buffer : buffers) {
+    for (uint64_t at = 0; at < buffer.size(); at += kMaxRegisteredBytes) {
+      const uint64_t bytes = std::min<uint64_t>(kMaxRegisteredBytes, buffer.size() - at);
+      iovecs.push_back({buffer.data() + at, bytes});
+      registered.push_back(buffer.subspan(at, bytes));
+    }
+  }
+  if (iovecs.empty()) return;
+  for (Channel& channel : channels_) {
+    if (!channel.initialized || channel.fixed_buffers) continue;
+    const int rc = io_uring_register_buffers(&channel.ring, iovecs.data(),
+                                             static_cast<unsigned>(iovecs.size()));
     if (rc < 0) {
       KVTIER_LOG_WARN(
           "{}: io_uring cannot register the tier memory as fixed buffers ({}); "
           "using unregistered I/O",
-          options.path, std::strerror(-rc));
+          path_, std::strerror(-rc));
     } else {
       channel.fixed_buffers = true;
     }
   }
-  KVTIER_LOG_INFO("NVMe slab file {}: {}", options.path, io->describe());
-  return std::unique_ptr<SlabIo>(std::move(io));
+  registered_ = std::move(registered);
 }
 
 std::string UringSlabIo::describe() const {

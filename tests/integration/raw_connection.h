@@ -30,6 +30,9 @@ class RawConnection {
               std::span<const int> fds = {});
   Status send_bytes(std::span<const std::byte> bytes) { return transport_.send_raw(bytes); }
   void shutdown_write() { transport_.shutdown_write(); }
+  // The socket, for poll(): readable when a reply is waiting that receive() has not
+  // buffered yet.
+  int fd() const { return transport_.fd(); }
   // The next frame; Unavailable once the daemon closed; Internal after `timeout`.
   Result<ipc::Frame> receive(std::chrono::milliseconds timeout = kReplyDeadline);
   // Receives one Response: its id and, for an Error reply, the error as a Status

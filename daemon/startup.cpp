@@ -1,0 +1,217 @@
+// Start-up: filling the tier memory off the control thread, and requests that must wait
+// for earlier work (startup.h says what waits for what, and why).
+#include "daemon/startup.h"
+
+#include <kj/exception.h>
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/post.hpp>
+
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+
+#include "common/log.h"
+#include "common/units.h"
+#include "cuda/page_fill.h"
+#include "daemon/persistence.h"
+#include "daemon/service.h"
+
+namespace kvtier::daemon {
+namespace {
+
+// The requests that copy bytes into or out of the tier memory (or plan moves that do).
+bool needs_tier_memory(wire::Request::Which which) {
+  switch (which) {
+    case wire::Request::SAVE:
+    case wire::Request::LOAD:
+    case wire::Request::BEGIN_TURN:
+    case wire::Request::DRAIN:
+      return true;
+    default:
+      return false;
+  }
+}
+
+constexpr auto kExpiryCheck = std::chrono::milliseconds(50);
+
+}  // namespace
+
+void Service::start_fill(std::vector<UnfilledMemory> fills) {
+  uint64_t bytes = 0;
+  for (const UnfilledMemory& fill : fills) {
+    if (fill.fill) bytes += fill.memory->size_bytes();
+  }
+  startup_->fill_bytes = bytes;
+  // The NVMe tier reads into and writes from the pools with registered buffers;
+  // registering pins the pages, so it comes after the fill (on the same thread, before
+  // any I/O can be asked for: nothing reaches the NVMe slab file before ready_).
+  std::vector<std::span<std::byte>> io_buffers;
+  NvmeTier* nvme_tier = nvme_ ? nvme_->tier.get() : nullptr;
+  if (nvme_tier != nullptr) {
+    for (const UnfilledMemory& fill : fills) {
+      if (fill.memory->host_data() != nullptr) {
+        io_buffers.emplace_back(fill.memory->host_data(), fill.memory->size_bytes());
+      }
+    }
+  }
+  const int threads = default_fill_threads();
+  const uint64_t delay_ms = config_.fault_fill_delay_ms;
+  if (bytes > 0) {
+    KVTIER_LOG_INFO("filling {} of tier memory on {} threads; data requests wait until it is done",
+                    format_bytes(bytes), threads);
+  }
+  // The guard keeps io_context::run() going until the outcome has been handled.
+  auto guard = asio::make_work_guard(io_);
+  startup_->filler = std::jthread([this, fills = std::move(fills), io_buffers, nvme_tier, threads,
+                                   delay_ms, guard](std::stop_token stop) mutable {
+    const auto started = std::chrono::steady_clock::now();
+    Status status;
+    for (UnfilledMemory& fill : fills) {
+      if (!fill.fill) continue;
+      status = fill.fill(threads, stop);
+      if (!status.is_ok()) {
+        status = Status(status.code(),
+                        fmt::format("{}: {}", fill.memory->describe(), status.message()));
+        break;
+      }
+    }
+    if (status.is_ok() && nvme_tier != nullptr && !io_buffers.empty()) {
+      nvme_tier->register_io_buffers(std::move(io_buffers));
+    }
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    if (status.is_ok() && delay_ms > 0) {  // fault-fill-delay-ms (tests only)
+      std::mutex mu;
+      std::condition_variable_any never;
+      std::unique_lock lock(mu);
+      never.wait_for(lock, stop, std::chrono::milliseconds(delay_ms), [] { return false; });
+    }
+    fills.clear();  // the store holds the memory; this thread lets go before reporting
+    asio::post(io_, [this, status, seconds, guard = std::move(guard)]() mutable {
+      on_fill_done(status, seconds);
+      guard.reset();
+    });
+  });
+}
+
+void Service::on_fill_done(const Status& status, double seconds) {
+  if (startup_->filler.joinable()) startup_->filler.join();  // it posted this as its last act
+  if (stopping_) return;  // stopped while filling: there is nothing to serve
+  if (!status.is_ok()) {
+    KVTIER_LOG_ERROR("cannot fill the tier memory: {}", status.to_string());
+    exit_code_ = kExitCannotStart;
+    stopping_ = true;
+    if (fatal_exit_) fatal_exit_(exit_code_);
+    io_.stop();
+    return;
+  }
+  const uint64_t bytes = startup_->fill_bytes;
+  if (bytes > 0) {
+    const double gib = static_cast<double>(bytes) / (1ull << 30);
+    KVTIER_LOG_INFO("tier memory filled: {} in {:.2f} s ({:.3f} s/GiB); serving data requests",
+                    format_bytes(bytes), seconds, seconds / gib);
+  }
+  ready_ = true;
+  startup_->expiry_timer.cancel();
+  run_planner();
+  if (ready_callback_) ready_callback_();
+  resume_all_deferred();
+}
+
+void Service::cancel_fill() {
+  if (startup_->filler.joinable()) startup_->filler.request_stop();
+  startup_->expiry_timer.cancel();
+}
+
+bool Service::must_defer(const EngineContext& engine, wire::Request::Which which) const {
+  return !engine.deferred.empty() || engine.regions_opening > 0 ||
+         (!ready_ && needs_tier_memory(which));
+}
+
+Status Service::defer_request(const ConnectionPtr& c, EngineContext& engine, ipc::Frame frame,
+                              std::vector<UniqueFd> fds) {
+  if (startup_->deferred_requests >= kMaxDeferredRequests) {
+    return unavailable("kvtierd has {} requests waiting (it is starting or opening regions); retry",
+                       startup_->deferred_requests);
+  }
+  if (engine.deferred.empty()) {
+    auto& list = startup_->deferred_connections;
+    if (list.size() >= 64) {
+      std::erase_if(list, [](const std::weak_ptr<ipc::Connection>& weak) {
+        auto connection = weak.lock();
+        if (!connection) return true;
+        auto context = std::static_pointer_cast<EngineContext>(connection->user_state);
+        return !context || context->deferred.empty();
+      });
+    }
+    list.push_back(c);
+  }
+  engine.deferred.push_back({std::move(frame), std::move(fds), now_ms()});
+  ++startup_->deferred_requests;
+  arm_deferred_expiry();
+  return Status::ok();
+}
+
+void Service::resume_deferred(const ConnectionPtr& c) {
+  auto engine = std::static_pointer_cast<EngineContext>(c->user_state);
+  if (!engine) return;
+  while (!engine->deferred.empty() && engine->regions_opening == 0) {
+    EngineContext::DeferredRequest& next = engine->deferred.front();
+    uint64_t id = 0;
+    Status status;
+    try {
+      auto request = next.frame.reader().getRoot<wire::Request>();
+      id = request.getId();
+      if (!ready_ && needs_tier_memory(request.which())) {
+        const uint64_t waited_ms = now_ms() - next.arrived_ms;
+        if (waited_ms < config_.startup_wait_ms && !stopping_) break;  // still waits
+        status = unavailable(
+            "kvtierd is starting: its tier memory ({}) is still being filled after {} ms "
+            "(startup-wait-ms); retry",
+            format_bytes(startup_->fill_bytes), waited_ms);
+      }
+    } catch (const kj::Exception& e) {
+      status = invalid_argument("malformed request: {}", e.getDescription().cStr());
+    }
+    EngineContext::DeferredRequest taken = std::move(engine->deferred.front());
+    engine->deferred.pop_front();
+    --startup_->deferred_requests;
+    if (status.is_ok()) {
+      try {
+        status =
+            dispatch(c, *engine, taken.frame.reader().getRoot<wire::Request>(), std::move(taken.fds));
+      } catch (const kj::Exception& e) {
+        status = invalid_argument("malformed request: {}", e.getDescription().cStr());
+      }
+    }
+    if (!status.is_ok()) reply_error(c, id, status);
+  }
+}
+
+void Service::resume_all_deferred() {
+  std::vector<std::weak_ptr<ipc::Connection>> connections;
+  connections.swap(startup_->deferred_connections);
+  for (const auto& weak : connections) {
+    auto connection = weak.lock();
+    if (!connection) continue;
+    resume_deferred(connection);
+    auto engine = std::static_pointer_cast<EngineContext>(connection->user_state);
+    if (engine && !engine->deferred.empty()) startup_->deferred_connections.push_back(connection);
+  }
+  if (startup_->deferred_requests > 0) arm_deferred_expiry();
+}
+
+void Service::arm_deferred_expiry() {
+  // Requests waiting for the fill are looked at again soon, to answer those whose
+  // startup-wait-ms is over.
+  if (ready_ || stopping_ || startup_->expiry_armed) return;
+  startup_->expiry_armed = true;
+  startup_->expiry_timer.expires_after(kExpiryCheck);
+  startup_->expiry_timer.async_wait([this](const boost::system::error_code& ec) {
+    startup_->expiry_armed = false;
+    if (ec || ready_) return;
+    resume_all_deferred();
+  });
+}
+
+}  // namespace kvtier::daemon
