@@ -123,10 +123,12 @@ Result<std::shared_ptr<Memory>> allocate_pinned_pool(const GpuSetPtr& gpus, uint
   if (bytes == 0) return invalid_argument("ram pool: bytes is 0");
   const uint64_t available = available_memory_bytes();
   if (bytes > available) {
-    return resource_exhausted(
-        "ram pool: {} requested but only {} of memory is available "
-        "(MemAvailable, cgroup memory.max); lower ram-bytes",
-        format_bytes(bytes), format_bytes(available));
+    // Not retryable: a configuration to change, not a moment to wait out.
+    return Status(StatusCode::kResourceExhausted,
+                  fmt::format("ram pool: {} requested but only {} of memory is available "
+                              "(MemAvailable, cgroup memory.max); lower ram-bytes",
+                              format_bytes(bytes), format_bytes(available)),
+                  /*retryable=*/false);
   }
   const auto started = std::chrono::steady_clock::now();
   void* mapped = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);

@@ -129,8 +129,11 @@ Status Service::handle_register_region(const ConnectionPtr& c, EngineContext& en
     return invalid_argument("regionId {} is already registered on this connection", region_id);
   }
   if (engine.regions.size() >= config_.max_regions_per_connection) {
-    return resource_exhausted("this connection already has {} regions, the limit",
-                              engine.regions.size());
+    // Not retryable: waiting does not lift the limit; unregistering a region does.
+    return Status(
+        StatusCode::kResourceExhausted,
+        fmt::format("this connection already has {} regions, the limit", engine.regions.size()),
+        /*retryable=*/false);
   }
   bool used = std::any_of(engine.layout.planes.begin(), engine.layout.planes.end(),
                           [&](const PlaneLayout& p) { return p.region_id == region_id; });
@@ -183,8 +186,7 @@ Status Service::handle_register_region(const ConnectionPtr& c, EngineContext& en
   KVTIER_RETURN_IF_ERROR(engine.layout.check_region(region_id, size));
   auto memory = device_->open_region(std::move(*handle));
   if (!memory.is_ok()) {
-    return Status(memory.status().code(),
-                  fmt::format("regionId {}: {}", region_id, memory.status().message()));
+    return memory.status().with_context(fmt::format("regionId {}", region_id));
   }
   engine.regions.emplace(region_id, std::move(*memory));
   if (cuda_kind) engine.gpu_part = gpu_index;
