@@ -146,14 +146,15 @@ Status Service::handle_register_region(const ConnectionPtr& c, EngineContext& en
   auto handle = handle_from_wire(region, std::move(fds));
   if (!handle.is_ok()) return handle.status();
   const bool cuda_kind = handle->kind != RegionHandle::Kind::kMemfd;
+  // Well-formed regions of a kind this backend does not serve: NotSupported.
   if (cuda_kind && backend_kind_ != wire::DeviceKind::CUDA) {
-    return invalid_argument(
+    return not_supported(
         "kind {}: this kvtierd runs the host backend and cannot open cuda regions; register "
         "memfd regions (or use a kvtierd started with --device cuda)",
         kind_name(handle->kind));
   }
   if (!cuda_kind && backend_kind_ == wire::DeviceKind::CUDA) {
-    return invalid_argument(
+    return not_supported(
         "kind memfd: this kvtierd runs the cuda backend ({}) and opens GPU regions only "
         "(cudaIpc, cudaVmmFd)",
         device_->name());
