@@ -34,6 +34,6 @@ def library_version() -> str:
 __all__ = [
     "BeginTurnResult", "Block", "Client", "ClientClosed", "DataLoss", "HelloInfo", "Internal",
     "InvalidArgument", "KvtierError", "Layout", "LoadResult", "LookupResult", "NotFound",
-    "NotSupported", "Pending", "PermissionDenied", "Plane", "ResourceExhausted", "SaveResult", "Session",
-    "Stats", "StatusCode", "TierStats", "Unavailable", "hashing", "library_version",
+    "NotSupported", "Pending", "PermissionDenied", "Plane", "ResourceExhausted", "SaveResult",
+    "Session", "Stats", "StatusCode", "TierStats", "Unavailable", "hashing", "library_version",
 ]
