@@ -241,8 +241,7 @@ Result<BenchReport> run_scale_bench(const CommonOptions& common, const ScaleBenc
       continue;
     auto result = run_mode(common, options, mode, config_dir);
     if (!result.is_ok()) {
-      return Status(result.status().code(),
-                    fmt::format("{}: {}", mode.name, result.status().message()));
+      return result.status().with_context(mode.name);
     }
     report_mode(report, mode.name, *result);
   }

@@ -29,10 +29,12 @@ namespace {
 // The message behind kvtier_last_error(). A string per thread: the pointer handed out
 // stays valid until this thread stores the next one.
 thread_local std::string last_error;
+thread_local bool last_error_retryable = false;  // behind kvtier_last_error_retryable()
 
 }  // namespace
 
 kvtier_status finish(const Status& status) noexcept {
+  last_error_retryable = status.retryable();
   try {
     last_error = status.message();
   } catch (...) {
@@ -57,6 +59,7 @@ kvtier_status finish_exception(std::exception_ptr exception) noexcept {
     return finish(internal_error("unexpected exception in libkvtier: {}", what));
   } catch (...) {
     last_error.clear();
+    last_error_retryable = false;
     return KVTIER_INTERNAL;
   }
 }
@@ -193,6 +196,10 @@ KVTIER_EXPORT const char* kvtier_last_error(void) {
   return last_error.c_str();
 }
 
+KVTIER_EXPORT int kvtier_last_error_retryable(void) {
+  return last_error_retryable ? 1 : 0;
+}
+
 KVTIER_EXPORT const char* kvtier_status_name(kvtier_status status) {
   switch (status) {
     case KVTIER_OK:
@@ -211,6 +218,8 @@ KVTIER_EXPORT const char* kvtier_status_name(kvtier_status status) {
       return "DATA_LOSS";
     case KVTIER_INTERNAL:
       return "INTERNAL";
+    case KVTIER_NOT_SUPPORTED:
+      return "NOT_SUPPORTED";
     case KVTIER_STATUS_FORCE_32BIT:
       break;
   }

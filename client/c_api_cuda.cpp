@@ -24,7 +24,7 @@ KVTIER_EXPORT kvtier_status kvtier_register_cuda_pointer(kvtier_client* client, 
     return registered.status();
 #else
     (void)region_id;
-    return unavailable(
+    return not_supported(
         "kvtier_register_cuda_pointer: this libkvtier was built without CUDA support (no CUDA "
         "toolkit headers at build time); export the region yourself and use "
         "kvtier_register_cuda_ipc or kvtier_register_cuda_vmm");

@@ -46,9 +46,12 @@ SessionInfo session_from_wire(wire::SessionInfo::Reader s) {
 }  // namespace
 
 Status status_from_wire(wire::Error::Reader error) {
-  auto code = static_cast<uint16_t>(error.getCode());
-  if (code == 0 || code > static_cast<uint16_t>(StatusCode::kInternal)) code = 7;
-  return Status(static_cast<StatusCode>(code), error.getMessage().cStr());
+  const auto code = static_cast<uint16_t>(error.getCode());
+  if (code == 0 || code > static_cast<uint16_t>(StatusCode::kNotSupported)) {
+    // OK in an Error, or a code newer than this client: nothing to act on but the text.
+    return internal_error("error code {} from kvtierd: {}", code, error.getMessage().cStr());
+  }
+  return Status(static_cast<StatusCode>(code), error.getMessage().cStr(), error.getRetryable());
 }
 
 std::string Client::default_socket_path() {

@@ -10,7 +10,8 @@
 //
 // Every call has a blocking form and an async form (`*_async`) returning a Pending<T>
 // whose wait() blocks for the reply; requests may be pipelined and replies arrive in
-// any order. Errors come back as kvtier::Status with the daemon's code and message.
+// any order. Errors come back as kvtier::Status with the daemon's code, message and
+// retryable flag.
 //
 // Thread-safety: all methods may be called from several threads at once; sends are
 // serialized, and whichever thread waits reads replies for everyone.
@@ -327,7 +328,8 @@ class Client {
   Status connection_error_;                 // sticky once the stream broke; receive_mutex_
 };
 
-// Converts an Error reply into a Status.
+// Converts an Error reply into a Status: its code, message and retryable flag. A code
+// this client does not know (or OK inside an Error) is Internal.
 Status status_from_wire(wire::Error::Reader error);
 
 }  // namespace kvtier

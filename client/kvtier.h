@@ -18,7 +18,8 @@
  * ERRORS. Every call returns a kvtier_status; its codes mirror the daemon's and say
  * what the caller should do (see kvtier_status below). The message of the calling
  * thread's latest call is kvtier_last_error(): thread-local, "" after a success,
- * valid until the same thread's next kvtier_* call. Out-parameters are written only
+ * valid until the same thread's next kvtier_* call; kvtier_last_error_retryable() says
+ * whether that same call, repeated unchanged, may succeed later. Out-parameters are written only
  * on KVTIER_OK unless a function says otherwise. A NULL where a pointer is required is
  * KVTIER_INVALID_ARGUMENT naming the parameter, never a crash. No C++ exception
  * crosses this interface; an unexpected one becomes KVTIER_INTERNAL.
@@ -42,7 +43,10 @@
  *
  * COMPATIBILITY. Structs are plain data with fixed-width fields; their layout, the
  * enums' values and every function's signature are part of ABI version 0 (symbols
- * versioned KVTIER_0). Any incompatible change bumps the soname.
+ * versioned KVTIER_0). Additions are appended only: new enum values (a caller must
+ * treat an unknown kvtier_status like KVTIER_INTERNAL) and new functions, each in a
+ * later version node (KVTIER_0.2: kvtier_last_error_retryable). Any incompatible
+ * change bumps the soname.
  */
 #ifndef KVTIER_H_
 #define KVTIER_H_
@@ -63,15 +67,25 @@ typedef enum kvtier_status {
   KVTIER_NOT_FOUND = 2,          /* the session or region named does not exist */
   KVTIER_RESOURCE_EXHAUSTED = 3, /* retry later, or with a smaller request */
   KVTIER_PERMISSION_DENIED = 4,  /* the caller may not do this */
-  KVTIER_UNAVAILABLE = 5,        /* the daemon went away (or the feature is absent): reconnect */
-  KVTIER_DATA_LOSS = 6,          /* the bytes are gone or corrupt: recompute them */
+  KVTIER_UNAVAILABLE = 5,        /* the daemon or a device is not answering: reconnect/retry */
+  KVTIER_DATA_LOSS = 6,          /* the bytes are known gone or corrupt: recompute them */
   KVTIER_INTERNAL = 7,           /* a bug */
+  KVTIER_NOT_SUPPORTED = 8,      /* not implemented by this daemon or library build (e.g.
+                                    CUDA regions on a host-backend kvtierd): do it another way */
   KVTIER_STATUS_FORCE_32BIT = 0x7fffffff /* not a status: keeps the enum 32-bit wide */
 } kvtier_status;
 
 /* The message of the calling thread's latest kvtier_* call ("" after a success).
  * Never NULL; valid until the same thread's next kvtier_* call. */
 const char* kvtier_last_error(void);
+
+/* 1 when the calling thread's latest kvtier_* call failed and the same call, unchanged,
+ * may succeed later (after a wait, or for KVTIER_UNAVAILABLE a reconnect); else 0 (also
+ * after a success). The daemon decides per error: by default UNAVAILABLE and
+ * RESOURCE_EXHAUSTED are retryable and the rest are not, but e.g. the per-connection
+ * region limit is RESOURCE_EXHAUSTED and not retryable (unregister a region first).
+ * A kvtier_load_result's stop_code has no flag here. Added in version node KVTIER_0.2. */
+int kvtier_last_error_retryable(void);
 
 /* "OK", "INVALID_ARGUMENT", ...; "UNKNOWN" for a value outside the enum. Static. */
 const char* kvtier_status_name(kvtier_status status);

@@ -1,5 +1,6 @@
 #include "common/status.h"
 
+#include <cerrno>
 #include <cstring>
 
 namespace kvtier {
@@ -22,6 +23,8 @@ std::string_view status_code_name(StatusCode code) {
       return "DataLoss";
     case StatusCode::kInternal:
       return "Internal";
+    case StatusCode::kNotSupported:
+      return "NotSupported";
   }
   return "Unknown";
 }
@@ -31,46 +34,89 @@ std::string Status::to_string() const {
   return fmt::format("{}: {}", status_code_name(code_), message_);
 }
 
-Status errno_status(int err, std::string_view what) {
-  // Errors a caller can recover from by waiting map to ResourceExhausted; a peer that
-  // went away maps to Unavailable; everything else is the request's or our fault.
-  StatusCode code = StatusCode::kInternal;
+Status Status::with_context(std::string_view context) const {
+  if (is_ok()) return *this;
+  return Status(code_, fmt::format("{}: {}", context, message_), retryable_);
+}
+
+namespace {
+
+struct ErrnoClass {
+  StatusCode code;
+  bool retryable;
+};
+
+// What a caller should do about each errno. Waiting helps with a full disk or table,
+// a peer that went away and a device that failed one I/O; the rest will fail the same
+// way unchanged.
+ErrnoClass classify_errno(int err) {
+  constexpr bool kRetry = true;
+  constexpr bool kFinal = false;
   switch (err) {
     case ENOMEM:
     case ENOSPC:
-    case EAGAIN:
+    case EDQUOT:
+    case EAGAIN:  // == EWOULDBLOCK
     case EMFILE:
     case ENFILE:
-    case EDQUOT:
-      code = StatusCode::kResourceExhausted;
-      break;
+    case ENOBUFS:
+    case EBUSY:
+      return {StatusCode::kResourceExhausted, kRetry};
+    case EFBIG:  // a file-size limit: the same write will never fit
+      return {StatusCode::kResourceExhausted, kFinal};
     case EPIPE:
     case ECONNRESET:
     case ECONNREFUSED:
+    case ECONNABORTED:
     case ENOTCONN:
     case ESHUTDOWN:
-      code = StatusCode::kUnavailable;
-      break;
+    case ETIMEDOUT:
+    case EINTR:
+      return {StatusCode::kUnavailable, kRetry};
+    // The device failed this I/O. The bytes on it are not known to be wrong (that
+    // takes a checksum), and a transient fault passes, so this is not DataLoss.
+    case EIO:
+      return {StatusCode::kUnavailable, kRetry};
+    // The file system went read-only (usually after errors): no retry helps until an
+    // operator remounts it.
+    case EROFS:
+    case ENODEV:
+    case ENXIO:
+      return {StatusCode::kUnavailable, kFinal};
     case EACCES:
     case EPERM:
-      code = StatusCode::kPermissionDenied;
-      break;
+      return {StatusCode::kPermissionDenied, kFinal};
     case ENOENT:
-      code = StatusCode::kNotFound;
-      break;
+      return {StatusCode::kNotFound, kFinal};
+    case EOPNOTSUPP:  // == ENOTSUP
+    case ENOSYS:
+    case ENOTTY:
+    case EAFNOSUPPORT:
+    case EPROTONOSUPPORT:
+      return {StatusCode::kNotSupported, kFinal};
     case EINVAL:
     case EBADF:
+    case EFAULT:
     case ENOTSOCK:
     case ENAMETOOLONG:
-      code = StatusCode::kInvalidArgument;
-      break;
-    case EIO:
-      code = StatusCode::kDataLoss;
-      break;
+    case ENOTDIR:
+    case EISDIR:
+    case ELOOP:
+    case EMSGSIZE:
+    case E2BIG:
+    case ERANGE:
+    case EOVERFLOW:
+      return {StatusCode::kInvalidArgument, kFinal};
     default:
-      break;
+      return {StatusCode::kInternal, kFinal};
   }
-  return Status(code, fmt::format("{}: {}", what, std::strerror(err)));
+}
+
+}  // namespace
+
+Status errno_status(int err, std::string_view what) {
+  const ErrnoClass c = classify_errno(err);
+  return Status(c.code, fmt::format("{}: {}", what, std::strerror(err)), c.retryable);
 }
 
 }  // namespace kvtier

@@ -77,7 +77,7 @@ class CudaDevice final : public Device, public LaneOwner {
   Result<std::shared_ptr<Memory>> open_region(RegionHandle handle) override {
     if (handle.size_bytes == 0) return invalid_argument("sizeBytes is 0");
     if (handle.kind == RegionHandle::Kind::kMemfd) {
-      return invalid_argument(
+      return not_supported(
           "this kvtierd runs the CUDA backend: regions are cudaIpc or cudaVmmFd, not memfd");
     }
     auto gpu = find_gpu(handle.gpu_uuid);

@@ -291,8 +291,7 @@ Result<std::shared_ptr<Memory>> open_vmm_region(const GpuSetPtr& gpus, int gpu_i
     // Fails when the chunk is smaller than the engine declared.
     Status mapped = range->map_and_release(offset, chunk.bytes, imported);
     if (!mapped.is_ok()) {
-      return Status(mapped.code(),
-                    fmt::format("chunk {} (is chunkBytes right?): {}", i, mapped.message()));
+      return mapped.with_context(fmt::format("chunk {} (is chunkBytes right?)", i));
     }
     offset += chunk.bytes;
   }

@@ -143,6 +143,7 @@ Status load_into(DriverApi& api) {
 Status status_from(const DriverApi* api, CUresult result, std::string_view what) {
   if (result == CUDA_SUCCESS) return Status::ok();
   StatusCode code = StatusCode::kInternal;
+  bool retryable = false;  // only a device another process holds may come free
   switch (result) {
     case CUDA_ERROR_OUT_OF_MEMORY:
     case CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED:
@@ -154,17 +155,22 @@ Status status_from(const DriverApi* api, CUresult result, std::string_view what)
     case CUDA_ERROR_NOT_FOUND:
     case CUDA_ERROR_ALREADY_MAPPED:
     case CUDA_ERROR_NOT_PERMITTED:
-    case CUDA_ERROR_NOT_SUPPORTED:
     case CUDA_ERROR_INVALID_DEVICE:
-    case CUDA_ERROR_PEER_ACCESS_UNSUPPORTED:
       code = StatusCode::kInvalidArgument;
+      break;
+    case CUDA_ERROR_NOT_SUPPORTED:
+    case CUDA_ERROR_PEER_ACCESS_UNSUPPORTED:
+      code = StatusCode::kNotSupported;
       break;
     case CUDA_ERROR_NO_DEVICE:
     case CUDA_ERROR_NOT_INITIALIZED:
     case CUDA_ERROR_DEINITIALIZED:
     case CUDA_ERROR_SYSTEM_DRIVER_MISMATCH:
-    case CUDA_ERROR_DEVICE_UNAVAILABLE:
       code = StatusCode::kUnavailable;
+      break;
+    case CUDA_ERROR_DEVICE_UNAVAILABLE:  // exclusive-process mode: another process has it
+      code = StatusCode::kUnavailable;
+      retryable = true;
       break;
     default:
       if (is_sticky_error(result)) code = StatusCode::kDataLoss;
@@ -176,9 +182,11 @@ Status status_from(const DriverApi* api, CUresult result, std::string_view what)
     api->get_error_name(result, &name);
     api->get_error_string(result, &text);
   }
-  return Status(code, fmt::format("{}: {} ({})", what, text != nullptr ? text : "CUDA error",
-                                  name != nullptr ? std::string(name)
-                                                  : "CUresult " + std::to_string(result)));
+  return Status(
+      code,
+      fmt::format("{}: {} ({})", what, text != nullptr ? text : "CUDA error",
+                  name != nullptr ? std::string(name) : "CUresult " + std::to_string(result)),
+      retryable);
 }
 
 }  // namespace

@@ -210,8 +210,8 @@ HostDevice::~HostDevice() {
 
 Result<std::shared_ptr<Memory>> HostDevice::open_region(RegionHandle handle) {
   if (handle.kind != RegionHandle::Kind::kMemfd) {
-    return invalid_argument("region kind {}: host backend cannot open cuda regions",
-                            kind_name(handle.kind));
+    return not_supported("region kind {}: host backend cannot open cuda regions",
+                         kind_name(handle.kind));
   }
   if (handle.size_bytes == 0) return invalid_argument("region size_bytes is 0");
   if (!handle.fd.valid()) return invalid_argument("memfd region has no fd");

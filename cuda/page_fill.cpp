@@ -54,10 +54,12 @@ uint64_t available_memory_bytes() {
 Status check_memory_available(uint64_t bytes, std::string_view what, std::string_view setting) {
   const uint64_t available = available_memory_bytes();
   if (bytes <= available) return Status::ok();
+  // Not retryable: a configuration to change, not a moment to wait out.
   return resource_exhausted(
-      "{}: {} requested but only {} of memory is available (MemAvailable, cgroup memory.max); "
-      "lower {}",
-      what, format_bytes(bytes), format_bytes(available), setting);
+             "{}: {} requested but only {} of memory is available (MemAvailable, cgroup "
+             "memory.max); lower {}",
+             what, format_bytes(bytes), format_bytes(available), setting)
+      .with_retryable(false);
 }
 
 Result<std::byte*> map_pool_memory(uint64_t bytes, std::string_view what) {

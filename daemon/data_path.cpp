@@ -248,9 +248,7 @@ void Service::finish_save(const ConnectionPtr& c, uint64_t id, const EngineConte
     }
   }
   if (!copy_status.is_ok()) {
-    reply_error(
-        c, id,
-        Status(copy_status.code(), "copying the blocks in failed: " + copy_status.message()));
+    reply_error(c, id, copy_status.with_context("copying the blocks in failed"));
     return;
   }
   counters_.bytes_saved += written.size() * engine.layout.block_bytes;

@@ -78,9 +78,8 @@ Status Service::handle_load(const ConnectionPtr& c, EngineContext& engine, uint6
     Status stop_reason = load->scan_stop;
     if (count < load->entries.size()) {
       const PendingLoad::Entry& stopped = load->entries[count];
-      stop_reason = Status(stopped.failure.code(),
-                           fmt::format("blocks[{}] (hash {}): {}", count, stopped.key.hash.to_hex(),
-                                       stopped.failure.message()));
+      stop_reason = stopped.failure.with_context(
+          fmt::format("blocks[{}] (hash {})", count, stopped.key.hash.to_hex()));
     }
     for (size_t i = count; i < load->entries.size(); ++i) {
       if (load->entries[i].pinned) store_->unpin(load->entries[i].key);
@@ -102,8 +101,7 @@ Status Service::handle_load(const ConnectionPtr& c, EngineContext& engine, uint6
                  block_bytes = engine_ref->layout.block_bytes](Status status) {
       for (const PendingLoad::Entry& entry : load->entries) store_->unpin(entry.key);
       if (!status.is_ok()) {
-        reply_error(c, id,
-                    Status(status.code(), "copying the blocks out failed: " + status.message()));
+        reply_error(c, id, status.with_context("copying the blocks out failed"));
         return;
       }
       // Counted once the bytes reached the engine: a failed copy served nothing.
@@ -113,9 +111,7 @@ Status Service::handle_load(const ConnectionPtr& c, EngineContext& engine, uint6
       reply(c, id, [&](wire::Response::Builder response) {
         auto out = response.initLoad();
         out.setLoadedCount(static_cast<uint32_t>(load->entries.size()));
-        auto reason = out.initStopReason();
-        reason.setCode(static_cast<wire::ErrorCode>(static_cast<uint16_t>(stop_reason.code())));
-        reason.setMessage(stop_reason.message());
+        set_wire_error(out.initStopReason(), stop_reason);
       });
     };
     if (load->entries.empty()) {

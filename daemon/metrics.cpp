@@ -11,7 +11,7 @@ namespace {
 
 constexpr std::string_view kCodeLabels[RequestMetrics::kCodes] = {
     "ok",          "invalid_argument", "not_found", "resource_exhausted", "permission_denied",
-    "unavailable", "data_loss",        "internal"};
+    "unavailable", "data_loss",        "internal",  "not_supported"};
 
 std::string with_label(std::string_view labels, std::string_view extra) {
   if (labels.empty()) return std::string(extra);

@@ -58,7 +58,7 @@ class RequestMetrics {
  public:
   static constexpr size_t kMaxKinds = 64;  // request union members (ordinals) tracked
   static constexpr size_t kUnknownKind = kMaxKinds - 1;
-  static constexpr size_t kCodes = 8;  // StatusCode values
+  static constexpr size_t kCodes = 9;  // StatusCode values
 
   // `kind` is the Request union discriminant (kUnknownKind when unparsable).
   void observe(size_t kind, std::chrono::nanoseconds latency, StatusCode code);

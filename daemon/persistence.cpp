@@ -89,8 +89,7 @@ Status Service::open_nvme(std::vector<BlockStore::TierMemory>& tiers) {
   state->recovery = std::make_unique<NvmeRecovery>();
   auto tier = NvmeTier::open(options, state->recovery.get());
   if (!tier.is_ok()) {
-    return Status(tier.status().code(),
-                  fmt::format("NVMe tier in {}: {}", options.dir, tier.status().message()));
+    return tier.status().with_context(fmt::format("NVMe tier in {}", options.dir));
   }
   state->tier = std::move(*tier);
   tiers.push_back({Tier::kNvme, nullptr, state->tier->slab_bytes(), config_.nvme_bytes,

@@ -144,8 +144,11 @@ Status Service::handle_register_region(const ConnectionPtr& c, EngineContext& en
     return invalid_argument("regionId {} is already registered on this connection", region_id);
   }
   if (engine.regions.size() >= config_.max_regions_per_connection) {
-    return resource_exhausted("this connection already has {} regions, the limit",
-                              engine.regions.size());
+    // Not retryable: waiting does not lift the limit; unregistering a region does.
+    return Status(
+        StatusCode::kResourceExhausted,
+        fmt::format("this connection already has {} regions, the limit", engine.regions.size()),
+        /*retryable=*/false);
   }
   bool used = std::any_of(engine.layout.planes.begin(), engine.layout.planes.end(),
                           [&](const PlaneLayout& p) { return p.region_id == region_id; });
@@ -158,14 +161,15 @@ Status Service::handle_register_region(const ConnectionPtr& c, EngineContext& en
   auto handle = handle_from_wire(region, std::move(fds));
   if (!handle.is_ok()) return handle.status();
   const bool cuda_kind = handle->kind != RegionHandle::Kind::kMemfd;
+  // Well-formed regions of a kind this backend does not serve: NotSupported.
   if (cuda_kind && backend_kind_ != wire::DeviceKind::CUDA) {
-    return invalid_argument(
+    return not_supported(
         "kind {}: this kvtierd runs the host backend and cannot open cuda regions; register "
         "memfd regions (or use a kvtierd started with --device cuda)",
         kind_name(handle->kind));
   }
   if (!cuda_kind && backend_kind_ == wire::DeviceKind::CUDA) {
-    return invalid_argument(
+    return not_supported(
         "kind memfd: this kvtierd runs the cuda backend ({}) and opens GPU regions only "
         "(cudaIpc, cudaVmmFd)",
         device_->name());
@@ -224,9 +228,7 @@ void Service::finish_register_region(const ConnectionPtr& c, uint64_t id, uint32
   }
   --engine->regions_opening;
   if (!memory.is_ok()) {
-    reply_error(c, id,
-                Status(memory.status().code(),
-                       fmt::format("regionId {}: {}", region_id, memory.status().message())));
+    reply_error(c, id, memory.status().with_context(fmt::format("regionId {}", region_id)));
   } else {
     engine->regions.emplace(region_id, std::move(*memory));
     if (gpu_index != SlabAllocator::kAnyPart) engine->gpu_part = gpu_index;

@@ -17,10 +17,6 @@
 namespace kvtier::daemon {
 namespace {
 
-wire::ErrorCode wire_code(StatusCode code) {
-  return static_cast<wire::ErrorCode>(static_cast<uint16_t>(code));
-}
-
 // Supplementary groups of a peer; SO_PEERCRED carries only the primary one.
 bool peer_in_group(pid_t pid, gid_t gid) {
   std::ifstream status("/proc/" + std::to_string(pid) + "/status");
@@ -63,6 +59,14 @@ std::string device_kind_name(wire::DeviceKind kind) {
 }
 
 }  // namespace
+
+void set_wire_error(wire::Error::Builder out, const Status& status) {
+  static_assert(static_cast<uint16_t>(StatusCode::kNotSupported) ==
+                static_cast<uint16_t>(wire::ErrorCode::NOT_SUPPORTED));
+  out.setCode(static_cast<wire::ErrorCode>(static_cast<uint16_t>(status.code())));
+  out.setMessage(status.message());
+  out.setRetryable(status.retryable());
+}
 
 policy::PlannerConfig planner_config(const DaemonConfig& config) {
   policy::PlannerConfig planner;
@@ -331,11 +335,8 @@ void Service::reply_error(const ConnectionPtr& connection, uint64_t id, const St
   } else {
     KVTIER_LOG_DEBUG("request {} on connection {}: {}", id, connection->id(), status.to_string());
   }
-  reply(connection, id, [&](wire::Response::Builder response) {
-    auto error = response.initError();
-    error.setCode(wire_code(status.code()));
-    error.setMessage(status.message());
-  });
+  reply(connection, id,
+        [&](wire::Response::Builder response) { set_wire_error(response.initError(), status); });
 }
 
 Status Service::handle_hello(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
@@ -349,12 +350,12 @@ Status Service::handle_hello(const ConnectionPtr& c, EngineContext& engine, uint
     return invalid_argument("engineName is longer than 128 bytes");
   if (hello.getDeviceKind() != backend_kind_) {
     if (backend_kind_ == wire::DeviceKind::HOST) {
-      return invalid_argument(
+      return not_supported(
           "deviceKind {}: this kvtierd runs the host backend and takes memfd regions only (GPU "
           "regions need a kvtierd started with --device cuda on a GPU machine)",
           device_kind_name(hello.getDeviceKind()));
     }
-    return invalid_argument(
+    return not_supported(
         "deviceKind {}: this kvtierd runs the cuda backend ({}) and takes GPU regions only "
         "(cudaIpc, cudaVmmFd)",
         device_kind_name(hello.getDeviceKind()), device_->name());

@@ -87,6 +87,10 @@ struct BlockListRequest {
 // The planner's settings from the daemon's (at start and on every SIGHUP reload).
 policy::PlannerConfig planner_config(const DaemonConfig& config);
 
+// Writes a non-OK status into a wire Error: code (StatusCode and wire ErrorCode share
+// their numbers), message and retryable flag. Every error the daemon sends goes through it.
+void set_wire_error(wire::Error::Builder out, const Status& status);
+
 struct NvmeState;      // persistence.h
 struct StartupState;   // startup.h
 class RegionWorker;    // region_worker.h

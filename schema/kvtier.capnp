@@ -38,11 +38,14 @@ enum ErrorCode {
   unavailable @5;        # daemon shutting down or peer gone: reconnect
   dataLoss @6;           # bytes gone or corrupt: recompute
   internal @7;           # a bug in the daemon
+  notSupported @8;       # this daemon / build does not implement that: do it another way
 }
 
 struct Error {
   code @0 :ErrorCode;    # what the caller should do
   message @1 :Text;      # human-readable, names the offending field
+  retryable @2 :Bool;    # the same request, unchanged, may succeed later (after a wait or
+                         # a reconnect); daemons older than this field always send false
 }
 
 enum DeviceKind {

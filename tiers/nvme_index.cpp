@@ -8,29 +8,10 @@
 #include <filesystem>
 
 #include "common/log.h"
+#include "tiers/rocksdb_status.h"
 
 namespace kvtier {
 namespace {
-
-// The one rocksdb::Status conversion. A full disk is worth retrying later; corruption
-// means the bytes are gone; an I/O error leaves the index unusable for now.
-Status from_rocksdb(const rocksdb::Status& status, std::string_view what) {
-  if (status.ok()) return Status::ok();
-  StatusCode code = StatusCode::kInternal;
-  if (status.IsNoSpace() || status.IsBusy() || status.IsTryAgain() || status.IsTimedOut() ||
-      status.IsMemoryLimit()) {
-    code = StatusCode::kResourceExhausted;
-  } else if (status.IsCorruption()) {
-    code = StatusCode::kDataLoss;
-  } else if (status.IsIOError()) {
-    code = StatusCode::kUnavailable;
-  } else if (status.IsNotFound()) {
-    code = StatusCode::kNotFound;
-  } else if (status.IsInvalidArgument() || status.IsNotSupported()) {
-    code = StatusCode::kInvalidArgument;
-  }
-  return Status(code, fmt::format("{}: rocksdb: {}", what, status.ToString()));
-}
 
 rocksdb::Slice slice(std::string_view bytes) {
   return {bytes.data(), bytes.size()};
@@ -81,7 +62,7 @@ Status scan(rocksdb::DB* db, rocksdb::ColumnFamilyHandle* family, std::string_vi
     if (!it->key().starts_with(slice(prefix))) break;
     fn(view(it->key()), view(it->value()));
   }
-  return from_rocksdb(it->status(), what);
+  return rocksdb_status(it->status(), what);
 }
 
 }  // namespace
@@ -99,7 +80,7 @@ Result<std::unique_ptr<NvmeIndex>> NvmeIndex::open(const std::string& dir,
   if (!index->created_) {
     // Every existing family must be opened; a newer format may have added some.
     std::vector<std::string> existing;
-    Status listed = from_rocksdb(
+    Status listed = rocksdb_status(
         rocksdb::DB::ListColumnFamilies(rocksdb::DBOptions(), dir, &existing), "list families");
     if (!listed.is_ok()) return listed;
     for (const std::string& name : existing) {
@@ -109,7 +90,7 @@ Result<std::unique_ptr<NvmeIndex>> NvmeIndex::open(const std::string& dir,
   std::vector<rocksdb::ColumnFamilyDescriptor> families;
   for (const std::string& name : names) families.emplace_back(name, family_options());
   rocksdb::DB* db = nullptr;
-  Status opened = from_rocksdb(
+  Status opened = rocksdb_status(
       rocksdb::DB::Open(db_options(), dir, families, &index->handles_, &db), "open " + dir);
   if (!opened.is_ok()) return opened;
   index->db_.reset(db);
@@ -125,8 +106,8 @@ NvmeIndex::~NvmeIndex() {
   for (rocksdb::ColumnFamilyHandle* handle : handles_) {
     (void)db_->DestroyColumnFamilyHandle(handle);
   }
-  rocksdb::Status closed = db_->Close();
-  if (!closed.ok()) KVTIER_LOG_WARN("closing the NVMe index: {}", closed.ToString());
+  Status closed = rocksdb_status(db_->Close(), "close the NVMe index");
+  if (!closed.is_ok()) KVTIER_LOG_WARN("{}", closed.message());
 }
 
 Status NvmeIndex::load_or_init_meta(uint64_t new_slab_bytes, const std::string& dir) {
@@ -148,12 +129,12 @@ Status NvmeIndex::load_or_init_meta(uint64_t new_slab_bytes, const std::string& 
     (void)batch.Put(meta_, kNvmeFormatVersionKey, encode_u32(kNvmeFormatVersion));
     (void)batch.Put(meta_, kNvmeSlabBytesKey, encode_u64(new_slab_bytes));
     KVTIER_RETURN_IF_ERROR(
-        from_rocksdb(db_->Write(durable(), &batch), "write the NVMe index format version"));
+        rocksdb_status(db_->Write(durable(), &batch), "write the NVMe index format version"));
     slab_bytes_ = new_slab_bytes;
     created_ = true;
     return Status::ok();
   }
-  KVTIER_RETURN_IF_ERROR(from_rocksdb(got, "read the NVMe index format version"));
+  KVTIER_RETURN_IF_ERROR(rocksdb_status(got, "read the NVMe index format version"));
   auto version = decode_u32(version_bytes);
   if (!version) return data_loss("NVMe index {}: the stored format version is malformed", dir);
   if (*version != kNvmeFormatVersion) {
@@ -165,7 +146,7 @@ Status NvmeIndex::load_or_init_meta(uint64_t new_slab_bytes, const std::string& 
             : ": no migration exists; move the directory away to start empty");
   }
   std::string slab_bytes;
-  KVTIER_RETURN_IF_ERROR(from_rocksdb(
+  KVTIER_RETURN_IF_ERROR(rocksdb_status(
       db_->Get(rocksdb::ReadOptions(), meta_, kNvmeSlabBytesKey, &slab_bytes), "read slab_bytes"));
   auto parsed = decode_u64(slab_bytes);
   if (!parsed || *parsed == 0) return data_loss("NVMe index {}: slab_bytes is malformed", dir);
@@ -217,7 +198,7 @@ Result<std::optional<NvmeBlockRecord>> NvmeIndex::get_block(const NvmeBlockKey& 
   std::string value;
   rocksdb::Status got = db_->Get(rocksdb::ReadOptions(), blocks_, encode_block_key(key), &value);
   if (got.IsNotFound()) return std::optional<NvmeBlockRecord>();
-  KVTIER_RETURN_IF_ERROR(from_rocksdb(got, "read a block record"));
+  KVTIER_RETURN_IF_ERROR(rocksdb_status(got, "read a block record"));
   return decode_block_record(value);
 }
 
@@ -231,7 +212,7 @@ Status NvmeIndex::commit_blocks(std::span<const std::pair<NvmeBlockKey, NvmeBloc
   for (const auto& [key, record] : blocks) {
     (void)batch.Put(blocks_, encode_block_key(key), encode_block_record(record));
   }
-  return from_rocksdb(db_->Write(durable(), &batch), "commit block records");
+  return rocksdb_status(db_->Write(durable(), &batch), "commit block records");
 }
 
 Status NvmeIndex::delete_blocks_at(std::span<const std::pair<NvmeBlockKey, uint64_t>> blocks) {
@@ -243,13 +224,13 @@ Status NvmeIndex::delete_blocks_at(std::span<const std::pair<NvmeBlockKey, uint6
     (void)batch.Delete(blocks_, encode_block_key(key));
   }
   if (batch.Count() == 0) return Status::ok();
-  return from_rocksdb(db_->Write(durable(), &batch), "delete block records");
+  return rocksdb_status(db_->Write(durable(), &batch), "delete block records");
 }
 
 Status NvmeIndex::delete_raw_block_keys(std::span<const std::string> keys) {
   rocksdb::WriteBatch batch;
   for (const std::string& key : keys) (void)batch.Delete(blocks_, key);
-  return from_rocksdb(db_->Write(durable(), &batch), "delete unusable block records");
+  return rocksdb_status(db_->Write(durable(), &batch), "delete unusable block records");
 }
 
 Status NvmeIndex::write_sessions(std::span<const NvmeSessionRecord> puts,
@@ -265,7 +246,7 @@ Status NvmeIndex::write_sessions(std::span<const NvmeSessionRecord> puts,
   }
   rocksdb::WriteOptions options;
   options.sync = sync;
-  return from_rocksdb(db_->Write(options, &batch), "write session records");
+  return rocksdb_status(db_->Write(options, &batch), "write session records");
 }
 
 Status NvmeIndex::overwrite_format_version(const std::string& dir, uint32_t version) {
@@ -275,7 +256,7 @@ Status NvmeIndex::overwrite_format_version(const std::string& dir, uint32_t vers
   }
   if (!index.is_ok()) return invalid_argument("{} cannot be opened to rewrite", dir);
   NvmeIndex& opened = **index;
-  return from_rocksdb(
+  return rocksdb_status(
       opened.db_->Put(durable(), opened.meta_, kNvmeFormatVersionKey, encode_u32(version)),
       "overwrite the format version");
 }

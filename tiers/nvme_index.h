@@ -10,7 +10,7 @@
 // (RocksDB's own guarantees). delete_blocks_at's check-then-delete is atomic only
 // against other writers that go through one thread; NvmeTier calls every writing
 // method from its one writer thread.
-// Errors: rocksdb::Status is converted to kvtier::Status in exactly one helper.
+// Errors: every rocksdb::Status goes through rocksdb_status() (tiers/rocksdb_status.h).
 #pragma once
 
 #include <cstdint>

@@ -7,14 +7,6 @@
 #include "tiers/nvme_worker.h"
 
 namespace kvtier {
-namespace {
-
-Status prefixed(const Status& status, std::string_view prefix) {
-  return Status(status.code(), fmt::format("{}: {}", prefix, status.message()));
-}
-
-}  // namespace
-
 Result<std::unique_ptr<NvmeTier>> NvmeTier::open(const NvmeTierOptions& options,
                                                  NvmeRecovery* recovered) {
   std::error_code ec;
@@ -160,7 +152,7 @@ void NvmeTier::run_read(std::vector<ReadItem>& items, std::vector<ReadOutcome>& 
     // and reading it also checks that it names the slot the caller is about to read.
     auto record = index_->get_block(item.key);
     if (!record.is_ok()) {
-      outcomes[i] = {prefixed(record.status(), what), false};
+      outcomes[i] = {record.status().with_context(what), false};
     } else if (!record->has_value()) {
       outcomes[i] = {data_loss("{}: the NVMe index has no entry for it", what), true};
     } else if ((*record)->offset != item.offset || (*record)->bytes != item.bytes) {

@@ -5,7 +5,7 @@ namespace {
 
 // What a tier answers for an operation it does not have.
 Status declined(std::string_view what, Tier tier) {
-  return Status(StatusCode::kInternal, fmt::format("the {} tier is not {}", tier_name(tier), what));
+  return not_supported("the {} tier is not {}", tier_name(tier), what);
 }
 
 }  // namespace

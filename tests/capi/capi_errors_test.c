@@ -1,6 +1,7 @@
 /* libkvtier from C: every failure is a status and a message, never a crash. NULL
  * arguments, bad hashes, bad layouts (the message names the field), unknown sessions
- * and regions, CUDA pointers without a driver or on the host daemon, a dead daemon. */
+ * and regions, CUDA pointers without a driver or on the host daemon, the retryable flag,
+ * a dead daemon. */
 #include <string.h>
 
 #include "tests/capi/capi_harness.h"
@@ -146,9 +147,11 @@ static void test_bad_layouts(const capi_daemon* daemon) {
 
   CHECK_STATUS(hello_with(daemon, &layout, (kvtier_device_kind)7), KVTIER_INVALID_ARGUMENT);
   CHECK_MESSAGE("device_kind");
-  /* The host daemon refuses GPU engines and says which backend it runs. */
-  CHECK_STATUS(hello_with(daemon, &layout, KVTIER_DEVICE_CUDA), KVTIER_INVALID_ARGUMENT);
+  /* The host daemon does not serve GPU engines and says which backend it runs; asking
+   * again will not help. */
+  CHECK_STATUS(hello_with(daemon, &layout, KVTIER_DEVICE_CUDA), KVTIER_NOT_SUPPORTED);
   CHECK_MESSAGE("host");
+  CHECK(kvtier_last_error_retryable() == 0);
   /* The layout itself was fine all along. */
   CHECK_OK(hello_with(daemon, &layout, KVTIER_DEVICE_HOST));
 
@@ -185,18 +188,39 @@ static void test_cuda_pointer_on_host(const capi_daemon* daemon) {
   if (client == NULL) return;
   CHECK_STATUS(kvtier_register_cuda_pointer(client, 3, 0, 4096), KVTIER_INVALID_ARGUMENT);
   CHECK_MESSAGE("device_ptr is 0");
-  /* No driver here (or no CUDA in this build): Unavailable naming CUDA. With a driver,
-   * a host address is not device memory the daemon could open. Never OK. */
+  /* No CUDA in this build: NotSupported; no driver here: Unavailable; both name CUDA.
+   * With a driver, a host address is not device memory the daemon could open, or the
+   * host daemon does not take GPU regions. Never OK. */
   kvtier_status status =
       kvtier_register_cuda_pointer(client, 3, (uint64_t)(uintptr_t)cache.bytes, 4096);
-  CHECK(status == KVTIER_UNAVAILABLE || status == KVTIER_INVALID_ARGUMENT);
-  if (status == KVTIER_UNAVAILABLE) CHECK_MESSAGE("CUDA");
+  CHECK(status == KVTIER_UNAVAILABLE || status == KVTIER_NOT_SUPPORTED ||
+        status == KVTIER_INVALID_ARGUMENT);
+  if (status == KVTIER_UNAVAILABLE || status == KVTIER_NOT_SUPPORTED) CHECK_MESSAGE("CUDA");
+  if (status == KVTIER_NOT_SUPPORTED) CHECK(kvtier_last_error_retryable() == 0);
   CHECK(strlen(kvtier_last_error()) > 10);
   fprintf(stderr, "register_cuda_pointer here: %s: %s\n", kvtier_status_name(status),
           kvtier_last_error());
   /* The connection serves on. */
   uint32_t hits = 0;
   CHECK_OK(kvtier_lookup(client, NULL, 0, &hits, NULL));
+  kvtier_close(client);
+  cache_destroy(&cache);
+}
+
+/* The retryable flag the daemon puts on the wire reaches kvtier_last_error_retryable:
+ * the region limit (1 here) is RESOURCE_EXHAUSTED, which alone would say retryable,
+ * but the daemon marks it final: waiting does not lift it. */
+static void test_retryable_flag(const capi_daemon* daemon) {
+  capi_cache cache;
+  CHECK(cache_create(&cache) == 0);
+  kvtier_client* client = connect_engine(daemon, &cache);
+  if (client == NULL) return;
+  CHECK_STATUS(kvtier_register_memfd(client, 1, cache.fd, kRegionBytes), KVTIER_RESOURCE_EXHAUSTED);
+  CHECK_MESSAGE("the limit");
+  CHECK(kvtier_last_error_retryable() == 0);
+  uint32_t hits = 7;
+  CHECK_OK(kvtier_lookup(client, NULL, 0, &hits, NULL));
+  CHECK(kvtier_last_error_retryable() == 0); /* a success clears it */
   kvtier_close(client);
   cache_destroy(&cache);
 }
@@ -216,6 +240,7 @@ static void test_dead_daemon(capi_daemon* daemon) {
   uint32_t hits = 0;
   CHECK_STATUS(kvtier_lookup(client, &lookup, 1, &hits, NULL), KVTIER_UNAVAILABLE);
   CHECK(kvtier_last_error()[0] != '\0');
+  CHECK(kvtier_last_error_retryable() == 1); /* reconnect and ask again */
   CHECK_STATUS(kvtier_save(client, "doomed", &ref, 1, 1, NULL), KVTIER_UNAVAILABLE);
   CHECK_STATUS(kvtier_begin_turn(client, "doomed", NULL), KVTIER_UNAVAILABLE);
   kvtier_pending* pending = NULL;
@@ -236,6 +261,7 @@ static void test_dead_daemon(capi_daemon* daemon) {
   kvtier_client* again = NULL;
   CHECK_STATUS(kvtier_connect(daemon->socket_path, &again), KVTIER_UNAVAILABLE);
   CHECK_MESSAGE(daemon->socket_path);
+  CHECK(kvtier_last_error_retryable() == 1); /* a restarted daemon will answer */
   CHECK(again == NULL);
   cache_destroy(&cache);
 }
@@ -247,11 +273,13 @@ int main(void) {
   CHECK(client == NULL);
 
   capi_daemon daemon;
-  if (daemon_start(&daemon) != 0) return 1;
+  const char* const flags[] = {"--max-regions-per-connection", "1", NULL};
+  if (daemon_start_with(&daemon, flags) != 0) return 1;
   test_null_arguments(&daemon);
   test_bad_layouts(&daemon);
   test_unknown_names(&daemon);
   test_cuda_pointer_on_host(&daemon);
+  test_retryable_flag(&daemon);
   test_dead_daemon(&daemon); /* last: kills the daemon */
   daemon_cleanup(&daemon);
   if (capi_failures > 0) fprintf(stderr, "%d check(s) failed\n", capi_failures);

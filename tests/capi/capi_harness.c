@@ -53,6 +53,10 @@ static void print_log(const capi_daemon* daemon) {
 }
 
 int daemon_start(capi_daemon* daemon) {
+  return daemon_start_with(daemon, NULL);
+}
+
+int daemon_start_with(capi_daemon* daemon, const char* const* extra_flags) {
   memset(daemon, 0, sizeof(*daemon));
   daemon->pid = -1;
   snprintf(daemon->dir, sizeof(daemon->dir), "/tmp/kvtier-capi-XXXXXX");
@@ -76,22 +80,27 @@ int daemon_start(capi_daemon* daemon) {
       dup2(log, STDOUT_FILENO);
       dup2(log, STDERR_FILENO);
     }
-    char* argv[] = {KVTIER_KVTIERD_PATH,
-                    "--device",
-                    "host",
-                    "--socket",
-                    daemon->socket_path,
-                    "--data-dir",
-                    data_dir,
-                    "--hbm-bytes",
-                    "16MiB",
-                    "--ram-bytes",
-                    "32MiB",
-                    "--copy-threads",
-                    "2",
-                    "--metrics-addr",
-                    "off",
-                    NULL};
+    char* argv[40] = {KVTIER_KVTIERD_PATH,
+                      "--device",
+                      "host",
+                      "--socket",
+                      daemon->socket_path,
+                      "--data-dir",
+                      data_dir,
+                      "--hbm-bytes",
+                      "16MiB",
+                      "--ram-bytes",
+                      "32MiB",
+                      "--copy-threads",
+                      "2",
+                      "--metrics-addr",
+                      "off",
+                      NULL};
+    int argc = 0;
+    while (argv[argc] != NULL) ++argc;
+    for (int i = 0; extra_flags != NULL && extra_flags[i] != NULL && i < 16; ++i) {
+      argv[argc++] = (char*)extra_flags[i];
+    }
     execv(argv[0], argv);
     fprintf(stderr, "execv %s: %s\n", argv[0], strerror(errno));
     _exit(127);

@@ -49,6 +49,8 @@ typedef struct capi_daemon {
 /* Starts kvtierd --device host on a fresh temporary directory and returns once its
  * socket accepts connections (0), or -1 with a message on stderr. */
 int daemon_start(capi_daemon* daemon);
+/* The same with more kvtierd flags: a NULL-terminated list of at most 16 strings. */
+int daemon_start_with(capi_daemon* daemon, const char* const* extra_flags);
 /* SIGKILL and reap the daemon (kill -9: no drain, no clean close). */
 void daemon_kill(capi_daemon* daemon);
 /* SIGKILL if still running, then remove the directory. */

@@ -10,6 +10,8 @@ static void test_version(void) {
   const char* version = kvtier_version();
   CHECK(version != NULL && strcmp(version, KVTIER_EXPECTED_VERSION) == 0);
   CHECK(strcmp(kvtier_status_name(KVTIER_DATA_LOSS), "DATA_LOSS") == 0);
+  CHECK(strcmp(kvtier_status_name(KVTIER_NOT_SUPPORTED), "NOT_SUPPORTED") == 0);
+  CHECK(KVTIER_NOT_SUPPORTED == 8); /* appended after INTERNAL: values never move */
   CHECK(strcmp(kvtier_status_name((kvtier_status)99), "UNKNOWN") == 0);
 }
 

@@ -1,18 +1,24 @@
 #!/bin/sh
 # libkvtier.so exports the C interface and nothing else: every defined dynamic symbol
-# is kvtier_* in version node KVTIER_0 (nm also lists the node itself, an absolute
-# symbol), and the soname is libkvtier.so.0.
+# is kvtier_* in version node KVTIER_0 or a later KVTIER_0.N node (nm also lists each
+# node itself, an absolute symbol), and the soname is libkvtier.so.0.
 # Usage: check_exports.sh PATH/TO/libkvtier.so
 set -eu
 library="$1"
 symbols=$(nm -D --defined-only "$library")
 unexpected=$(printf '%s\n' "$symbols" | awk '
-  $3 == "KVTIER_0" && $2 == "A" { next }
-  $3 ~ /^kvtier_[a-z0-9_]+@@KVTIER_0$/ { next }
+  $3 ~ /^KVTIER_0(\.[0-9]+)?$/ && $2 == "A" { next }
+  $3 ~ /^kvtier_[a-z0-9_]+@@KVTIER_0(\.[0-9]+)?$/ { next }
   { print }')
 if [ -n "$unexpected" ]; then
   echo "libkvtier exports symbols outside kvtier_*@@KVTIER_0:" >&2
   printf '%s\n' "$unexpected" >&2
+  exit 1
+fi
+# Functions added after ABI version 0 shipped live in their own node, so a program
+# linked against them fails to load on an older libkvtier.so.0 instead of crashing.
+if ! printf '%s\n' "$symbols" | grep -q ' kvtier_last_error_retryable@@KVTIER_0\.2$'; then
+  echo "kvtier_last_error_retryable is not in version node KVTIER_0.2" >&2
   exit 1
 fi
 count=$(printf '%s\n' "$symbols" | grep -c ' T kvtier_')

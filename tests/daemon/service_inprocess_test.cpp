@@ -77,6 +77,7 @@ TEST_F(InProcess, SaveWhoseCopyFailsIsRefusedInvisibleAndSucceedsWhenRetried) {
   auto failed = save(session);
   EXPECT_TRUE(IsError(failed.status(), StatusCode::kUnavailable, "copying the blocks in failed"));
   EXPECT_TRUE(IsError(failed.status(), StatusCode::kUnavailable, "injected: copy engine stalled"));
+  EXPECT_TRUE(failed.status().retryable());  // and it does succeed when retried, below
 
   auto lookup = engine_->client->lookup(hashes);
   ASSERT_TRUE(lookup.is_ok()) << lookup.status().to_string();
@@ -96,6 +97,34 @@ TEST_F(InProcess, SaveWhoseCopyFailsIsRefusedInvisibleAndSucceedsWhenRetried) {
   auto exact = load_bit_exact(session);
   ASSERT_TRUE(exact.is_ok()) << exact.status().to_string();
   EXPECT_EQ(*exact, kBlocks);
+}
+
+TEST_F(InProcess, ErrorCodeAndRetryableFlagCrossTheWireUnchanged) {
+  // The daemon prefixes the device's error with what it was doing; the client must get
+  // the device's code and flag, defaults and overrides alike.
+  const std::vector<Status> injected = {
+      unavailable("injected: device busy"),                           // retryable by default
+      unavailable("injected: device gone").with_retryable(false),     // override: final
+      resource_exhausted("injected: staging full"),                   // retryable by default
+      data_loss("injected: bytes gone"),                              // final by default
+      data_loss("injected: odd but retryable").with_retryable(true),  // override
+      not_supported("injected: no such copy"),
+      internal_error("injected: a bug"),
+  };
+  int n = 0;
+  for (const Status& error : injected) {
+    SCOPED_TRACE(error.to_string());
+    daemon_->fail_nth_submit(1, error);
+    auto failed = save("wire-" + std::to_string(n++));
+    ASSERT_FALSE(failed.is_ok());
+    EXPECT_EQ(failed.status().code(), error.code()) << failed.status().to_string();
+    EXPECT_EQ(failed.status().retryable(), error.retryable());
+    EXPECT_NE(failed.status().message().find(error.message()), std::string::npos);
+    EXPECT_NE(failed.status().message().find("copying the blocks in failed"), std::string::npos);
+  }
+  auto stats = wait_until_settled();
+  ASSERT_TRUE(stats.is_ok()) << stats.status().to_string();
+  EXPECT_EQ(integration::total_blocks(*stats), 0u);
 }
 
 TEST_F(InProcess, LoadWhoseCopyFailsClaimsNothingAndTheBlocksStillLoad) {

@@ -199,11 +199,11 @@ TEST_F(BadRequest, GpuRegionsOnTheHostBackendAreRefused) {
   const uint64_t size = cache->region().size_bytes();
   std::array<std::byte, 64> handle{};
   EXPECT_TRUE(IsError((*client)->register_cuda_ipc_region(0, handle, 0, size, ""),
-                      StatusCode::kInvalidArgument, "cannot open cuda regions"));
+                      StatusCode::kNotSupported, "cannot open cuda regions"));
   // A VMM handle travels as an fd; the host backend refuses it and does not keep it.
   const VmmChunkFd chunk{cache->region().fd(), size};
   EXPECT_TRUE(IsError((*client)->register_cuda_vmm_region(0, std::span(&chunk, 1), 0, size, ""),
-                      StatusCode::kInvalidArgument, "cannot open cuda regions"));
+                      StatusCode::kNotSupported, "cannot open cuda regions"));
   ASSERT_TRUE((*client)->register_memfd_region(0, cache->region().fd(), size).is_ok());
   auto refs = Engine::refs(PagedCache::chain_hashes("after-gpu-regions", 2), 0);
   for (const BlockRef& ref : refs) cache->fill(ref.engine_block_id, ref.hash);

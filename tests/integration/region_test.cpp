@@ -194,9 +194,9 @@ TEST_F(Regions, HelloMustNameTheDaemonsBackend) {
   ASSERT_TRUE(cache.is_ok()) << cache.status().to_string();
   auto client = daemon_->connect();
   ASSERT_TRUE(client.is_ok()) << client.status().to_string();
-  EXPECT_TRUE(
-      IsError((*client)->hello(cache->layout(), "gpu-engine", 0, DeviceKind::kCuda).status(),
-              StatusCode::kInvalidArgument, "runs the host backend"));
+  auto refused = (*client)->hello(cache->layout(), "gpu-engine", 0, DeviceKind::kCuda);
+  EXPECT_TRUE(IsError(refused.status(), StatusCode::kNotSupported, "runs the host backend"));
+  EXPECT_FALSE(refused.status().retryable());
   auto hello = (*client)->hello(cache->layout(), "host-engine", 0, DeviceKind::kHost);
   ASSERT_TRUE(hello.is_ok()) << hello.status().to_string();
   EXPECT_EQ(hello->device_kind, DeviceKind::kHost);
@@ -283,9 +283,9 @@ TEST_F(RegisterRegionFields, EachContradictionIsNamed) {
                       StatusCode::kInvalidArgument, "offsetBytes is 4096"));
   EXPECT_TRUE(IsError(register_region(Kind::MEMFD, 1, chunks({size})), StatusCode::kInvalidArgument,
                       "only a cudaVmmFd region has chunks"));
-  // Well-formed GPU regions: this daemon runs the host backend.
+  // Well-formed GPU regions: this daemon runs the host backend, which does not take them.
   EXPECT_TRUE(IsError(register_region(Kind::CUDA_VMM_FD, 2, chunks({size / 2, size / 2})),
-                      StatusCode::kInvalidArgument, "cannot open cuda regions"));
+                      StatusCode::kNotSupported, "cannot open cuda regions"));
   EXPECT_TRUE(IsError(
       register_region(Kind::CUDA_IPC, 0,
                       [](wire::RegisterRegion::Builder region) {
@@ -293,7 +293,7 @@ TEST_F(RegisterRegionFields, EachContradictionIsNamed) {
                         region.setIpcHandle(capnp::Data::Reader(handle.data(), handle.size()));
                         region.setGpuUuid("GPU-00000000-0000-0000-0000-000000000000");
                       }),
-      StatusCode::kInvalidArgument, "cannot open cuda regions"));
+      StatusCode::kNotSupported, "cannot open cuda regions"));
   // The connection still registers its memfd.
   EXPECT_TRUE(register_region(Kind::MEMFD, 1, chunks({})).is_ok());
 }
@@ -315,7 +315,7 @@ TEST_F(Regions, ARefusedRequestWithHundredsOfDescriptorsLeavesNoneBehind) {
   const size_t fds_without_region = open_fds(pid);
   EXPECT_TRUE(IsError(engine->client->register_cuda_vmm_region(
                           0, chunks, 0, engine->cache.region().size_bytes(), ""),
-                      StatusCode::kInvalidArgument, "cannot open cuda regions"));
+                      StatusCode::kNotSupported, "cannot open cuda regions"));
   EXPECT_EQ(wait_for_value([&] { return open_fds(pid); }, fds_without_region), fds_without_region);
 
   // The connection goes on: the memfd registers and blocks move both ways.

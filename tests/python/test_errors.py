@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import kvtier
+from kvtierd_process import SMALL_SLABS, Kvtierd
 from kvtier.hashing import block_hashes
 from kvtier.torch import (flashinfer_planes, layout_from_tensors, memfd_tensor, mla_planes,
                           vllm_planes)
@@ -137,8 +138,11 @@ def test_layout_validation():
 
 def test_hello_mismatch_is_reported(client):
     cache = memfd_tensor(SHAPE, torch.float16)
-    with pytest.raises(kvtier.InvalidArgument):
+    # A well-formed request this (host-backend) daemon does not serve: NotSupported.
+    with pytest.raises(kvtier.NotSupported, match="host backend") as refused:
         client.hello(layout_from_tensors("cuda-engine", [cache], 0), device="cuda")
+    assert refused.value.code == kvtier.StatusCode.NOT_SUPPORTED
+    assert refused.value.retryable is False
     with pytest.raises(kvtier.InvalidArgument, match="device"):
         client.hello(layout_from_tensors("x", [cache], 0), device="tpu")
 
@@ -151,8 +155,9 @@ def test_dead_daemon_is_unavailable(own_daemon):
     hashes = block_hashes(range(8), 4)
     assert client.save("s", list(zip(hashes, [0, 1]))).stored == 2
     own_daemon.kill()
-    with pytest.raises(kvtier.Unavailable):
+    with pytest.raises(kvtier.Unavailable) as gone:
         client.lookup(hashes)
+    assert gone.value.retryable is True  # reconnect and ask again
     with pytest.raises(kvtier.Unavailable):
         client.save_async("s", list(zip(hashes, [0, 1]))).result()
     client.close()  # unregistering fails quietly: the daemon is gone
@@ -182,3 +187,50 @@ def test_closed_client_raises_client_closed(daemon):
 def test_no_daemon_is_unavailable(tmp_path):
     with pytest.raises(kvtier.Unavailable):
         kvtier.Client(str(tmp_path / "nobody.sock"))
+
+
+def test_retryable_flag_from_the_daemon_reaches_python():
+    """The region limit is RESOURCE_EXHAUSTED, retryable by default, but the daemon marks
+    it final (waiting does not lift it): the flag crossed the wire and the C library."""
+    process = Kvtierd(SMALL_SLABS + ["--max-regions-per-connection", "1"])
+    try:
+        first = memfd_tensor(SHAPE, torch.float16)
+        second = memfd_tensor(SHAPE, torch.float16)
+        with kvtier.Client(process.socket_path) as client:
+            client.hello(layout_from_tensors("limited", [first, second], [0, 1]))
+            client.register_tensor(0, first)
+            with pytest.raises(kvtier.ResourceExhausted, match="the limit") as limited:
+                client.register_tensor(1, second)
+            assert limited.value.retryable is False
+            assert client.lookup([b"\x02" * 32]).hit_count == 0  # the connection serves on
+    finally:
+        process.stop()
+
+
+def test_retryable_defaults_and_overrides():
+    from kvtier.errors import error_from_status
+
+    assert kvtier.Unavailable("gone").retryable is True
+    assert kvtier.ResourceExhausted("full").retryable is True
+    for cls in (kvtier.InvalidArgument, kvtier.NotFound, kvtier.PermissionDenied,
+                kvtier.DataLoss, kvtier.Internal, kvtier.NotSupported):
+        assert cls("x").retryable is False, cls
+    assert kvtier.ClientClosed().retryable is False  # a bug in the caller, not a wait
+    assert kvtier.ResourceExhausted("limit", retryable=False).retryable is False
+    assert kvtier.DataLoss("x", retryable=True).retryable is True
+    error = error_from_status(8, "no memfd on cuda")
+    assert isinstance(error, kvtier.NotSupported) and error.retryable is False
+    assert str(error) == "NOT_SUPPORTED: no memfd on cuda"
+    assert error_from_status(5, "gone", False).retryable is False
+    assert isinstance(error_from_status(99, "future"), kvtier.Internal)
+
+
+def test_errors_pickle_with_their_flag():
+    import pickle
+
+    for error in (kvtier.ResourceExhausted("limit", retryable=False), kvtier.NotSupported("x"),
+                  kvtier.Unavailable("gone"), kvtier.ClientClosed()):
+        copy = pickle.loads(pickle.dumps(error))
+        assert type(copy) is type(error)
+        assert (copy.code, copy.message, copy.retryable) == (error.code, error.message,
+                                                             error.retryable)

@@ -81,6 +81,7 @@ TEST_F(NvmeFaultTest, FailedWriteFailsOnlyItsBlockAndIndexesNothingForIt) {
     auto results = write_now(*tier, {write_item(0), write_item(1), write_item(2)});
     EXPECT_TRUE(results[0].is_ok());
     EXPECT_EQ(results[1].code(), StatusCode::kResourceExhausted) << results[1].to_string();
+    EXPECT_TRUE(results[1].retryable());
     EXPECT_NE(results[1].message().find("No space left"), std::string::npos);
     EXPECT_TRUE(results[2].is_ok());
     auto read = read_now(*tier, {read_item(1)});
@@ -95,8 +96,11 @@ TEST_F(NvmeFaultTest, FailedSyncCommitsNothing) {
     auto tier = open({"sync:1:EIO"}, &recovered);
     ASSERT_NE(tier, nullptr);
     auto results = write_now(*tier, {write_item(0), write_item(1)});
-    EXPECT_EQ(results[0].code(), StatusCode::kDataLoss) << results[0].to_string();
-    EXPECT_EQ(results[1].code(), StatusCode::kDataLoss);
+    // EIO on fdatasync: the device failed, nothing is known wrong, the write may be
+    // retried (it succeeds below). Unavailable+retryable, not DataLoss.
+    EXPECT_EQ(results[0].code(), StatusCode::kUnavailable) << results[0].to_string();
+    EXPECT_TRUE(results[0].retryable());
+    EXPECT_EQ(results[1].code(), StatusCode::kUnavailable);
     auto again = write_now(*tier, {write_item(0)});  // the fault was one-shot
     EXPECT_TRUE(again[0].is_ok()) << again[0].to_string();
   }
@@ -111,14 +115,18 @@ TEST_F(NvmeFaultTest, ReadErrorsAreReportedAndOnlyBadBytesAreCorrupt) {
   for (const Status& status : results) ASSERT_TRUE(status.is_ok());
 
   auto eio = read_now(*tier, {read_item(0)});
-  EXPECT_EQ(eio[0].status.code(), StatusCode::kDataLoss);
+  EXPECT_EQ(eio[0].status.code(), StatusCode::kUnavailable);  // EIO: not known bad bytes
+  EXPECT_TRUE(eio[0].status.retryable());
   EXPECT_NE(eio[0].status.message().find("Input/output error"), std::string::npos);
   EXPECT_FALSE(eio[0].corrupt);  // the medium may recover: the block is kept
+  // Bytes known gone or wrong stay DataLoss, and are final.
   auto short_read = read_now(*tier, {read_item(1)});
   EXPECT_EQ(short_read[0].status.code(), StatusCode::kDataLoss);
+  EXPECT_FALSE(short_read[0].status.retryable());
   EXPECT_TRUE(short_read[0].corrupt);
   auto flipped = read_now(*tier, {read_item(2)});
   EXPECT_EQ(flipped[0].status.code(), StatusCode::kDataLoss);
+  EXPECT_FALSE(flipped[0].status.retryable());
   EXPECT_NE(flipped[0].status.message().find("checksum mismatch"), std::string::npos);
   EXPECT_TRUE(flipped[0].corrupt);
   auto clean = read_now(*tier, {read_item(0), read_item(3)});

@@ -15,7 +15,7 @@ where the library is looked for.
 from . import hashing
 from .client import Block, Client, Session
 from .errors import (ClientClosed, DataLoss, Internal, InvalidArgument, KvtierError, NotFound,
-                     PermissionDenied, ResourceExhausted, StatusCode, Unavailable)
+                     NotSupported, PermissionDenied, ResourceExhausted, StatusCode, Unavailable)
 from .layout import Layout, Plane
 from .pending import Pending
 from .results import (BeginTurnResult, HelloInfo, LoadResult, LookupResult, SaveResult, Stats,
@@ -34,6 +34,6 @@ def library_version() -> str:
 __all__ = [
     "BeginTurnResult", "Block", "Client", "ClientClosed", "DataLoss", "HelloInfo", "Internal",
     "InvalidArgument", "KvtierError", "Layout", "LoadResult", "LookupResult", "NotFound",
-    "Pending", "PermissionDenied", "Plane", "ResourceExhausted", "SaveResult", "Session",
-    "Stats", "StatusCode", "TierStats", "Unavailable", "hashing", "library_version",
+    "NotSupported", "Pending", "PermissionDenied", "Plane", "ResourceExhausted", "SaveResult",
+    "Session", "Stats", "StatusCode", "TierStats", "Unavailable", "hashing", "library_version",
 ]

@@ -136,6 +136,12 @@ _SIGNATURES = {
     "kvtier_pending_free": (None, [_pending_p]),
 }
 
+# Later additions (version node KVTIER_0.2 and on): used when the loaded library has them,
+# so this package still works with an older libkvtier.so.0.
+_OPTIONAL_SIGNATURES = {
+    "kvtier_last_error_retryable": (c_int, []),
+}
+
 _load_lock = threading.Lock()
 _library: ctypes.CDLL | None = None  # set once, under _load_lock
 
@@ -171,15 +177,21 @@ def library() -> ctypes.CDLL:
                         function = getattr(loaded, name)
                     except AttributeError:
                         raise Unavailable(f"{path} lacks {name}: not a libkvtier.so.0 of "
-                                          f"ABI version 0") from None
+                                          f"ABI version 0", retryable=False) from None
                     function.restype = restype
                     function.argtypes = argtypes
+                for name, (restype, argtypes) in _OPTIONAL_SIGNATURES.items():
+                    function = getattr(loaded, name, None)
+                    if function is not None:
+                        function.restype = restype
+                        function.argtypes = argtypes
                 _library = loaded
                 break
             else:
                 raise Unavailable(
                     "cannot load the kvtier client library (set KVTIER_LIBRARY to the path "
-                    "of libkvtier.so.0, or install the kvtier package): " + "; ".join(failures))
+                    "of libkvtier.so.0, or install the kvtier package): " + "; ".join(failures),
+                    retryable=False)
     return _library
 
 
@@ -188,10 +200,18 @@ def last_error_message() -> str:
     return library().kvtier_last_error().decode("utf-8", "replace")
 
 
+def last_error_retryable() -> bool | None:
+    """Whether the calling thread's latest kvtier_* call failed retryably
+    (kvtier_last_error_retryable); None when the library predates that function."""
+    function = getattr(library(), "kvtier_last_error_retryable", None)
+    return None if function is None else bool(function())
+
+
 def check(status: int) -> None:
-    """Raises the exception for a non-OK kvtier_status, with this thread's message."""
+    """Raises the exception for a non-OK kvtier_status, with this thread's message and
+    retryable flag."""
     if status != StatusCode.OK:
-        raise error_from_status(status, last_error_message())
+        raise error_from_status(status, last_error_message(), last_error_retryable())
 
 
 def error_or_none(code: int, message: bytes) -> KvtierError | None:

@@ -134,7 +134,8 @@ class Client:
               prefill_tokens_per_second: float = 0.0) -> HelloInfo:
         """Says who the engine is; must come first, once. ``device`` is the kind of
         regions it registers and must match the daemon's backend: "host" (memfd) or
-        "cuda". InvalidArgument names a bad layout field or the backend mismatch."""
+        "cuda". InvalidArgument names a bad layout field; NotSupported says the daemon
+        runs the other backend."""
         if not isinstance(layout, Layout):
             raise InvalidArgument(f"layout must be a kvtier.Layout, got {type(layout).__name__}")
         if device not in _DEVICE_KINDS:
