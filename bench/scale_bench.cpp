@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <thread>
 
 #include "bench/scale_workload.h"
 
@@ -63,6 +64,15 @@ Result<ModeResult> run_mode(const CommonOptions& common, const ScaleBenchOptions
   if (!daemon.is_ok()) return daemon.status();
   ScaleDaemon& d = **daemon;
   ModeResult result;
+  // The daemon answers while it still fills its memory pools: the baseline is taken
+  // once they are filled, so the growth measured is what the sessions cost.
+  for (const auto deadline = Clock::now() + std::chrono::minutes(2);;) {
+    auto stats = d.stats();
+    if (!stats.is_ok()) return stats.status();
+    if (!stats->starting) break;
+    if (Clock::now() > deadline) return unavailable("kvtierd still filling its pools after 2 min");
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
   auto rss = d.rss_bytes();
   if (!rss.is_ok()) return rss.status();
   result.rss_start_bytes = *rss;
