@@ -324,7 +324,7 @@ void Service::on_blocks_removed(const std::vector<BlockKey>& keys, bool lost) {
   KeySet removed(keys.begin(), keys.end());
   if (lost) KVTIER_LOG_WARN("{} blocks dropped: their bytes were lost", keys.size());
   cut_sessions_at(removed, sessions_, *store_,
-                  [this](const policy::Session& session) { note_session_changed(session); });
+                  [this](const policy::Session& session) { note_session_cut(session); });
 }
 
 void Service::make_mover() {

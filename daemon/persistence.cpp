@@ -201,7 +201,10 @@ Status Service::recover_nvme() {
         wall_to_steady_ms(record.last_active_wall_ms, steady_now, wall_now));
     if (present.size() < record.blocks.size()) {
       ++cut_sessions;
-      note_session_changed(restored);
+      note_session_cut(restored);
+    } else {
+      nvme_->stored_blocks[{namespace_id, record.session_id}] =
+          static_cast<uint32_t>(present.size());
     }
   }
   // The recovery's temporaries (a record per block) are gone; hand their pages back so
@@ -223,9 +226,16 @@ void Service::note_session_changed(const policy::Session& session) {
   if (nvme_) nvme_->dirty_sessions.insert({session.namespace_id, session.id});
 }
 
+void Service::note_session_cut(const policy::Session& session) {
+  if (!nvme_) return;
+  nvme_->dirty_sessions.insert({session.namespace_id, session.id});
+  nvme_->stored_blocks.erase({session.namespace_id, session.id});  // written whole next
+}
+
 void Service::note_session_closed(uint32_t namespace_id, const std::string& session_id) {
   if (!nvme_) return;
   nvme_->dirty_sessions.erase({namespace_id, session_id});
+  nvme_->stored_blocks.erase({namespace_id, session_id});
   nvme_->closed_sessions.emplace_back(namespace_names_[namespace_id], session_id);
 }
 
@@ -234,19 +244,33 @@ void Service::flush_sessions(bool sync) {
   const uint64_t steady_now = now_ms();
   const uint64_t wall_now = wall_now_ms();
   std::vector<NvmeSessionRecord> puts;
+  std::vector<policy::SessionKey> written;
   for (const policy::SessionKey& key : nvme_->dirty_sessions) {
-    if (const policy::Session* session = sessions_.find(key.namespace_id, key.id)) {
-      puts.push_back(to_record(*session, namespace_names_[key.namespace_id], steady_now, wall_now));
+    const policy::Session* session = sessions_.find(key.namespace_id, key.id);
+    if (session == nullptr) continue;
+    NvmeSessionRecord record =
+        to_record(*session, namespace_names_[key.namespace_id], steady_now, wall_now);
+    // A session that only grew since its last write appends; others are rewritten.
+    auto stored = nvme_->stored_blocks.find(key);
+    if (stored != nvme_->stored_blocks.end() && stored->second <= session->blocks.size()) {
+      record.append_from = stored->second;
     }
+    nvme_->stored_blocks[key] = static_cast<uint32_t>(session->blocks.size());
+    puts.push_back(std::move(record));
+    written.push_back(key);
   }
   nvme_->dirty_sessions.clear();
   ++nvme_->session_jobs;
   nvme_->tier->write_sessions(std::move(puts), std::exchange(nvme_->closed_sessions, {}), sync,
-                              on_control_thread<Status>(io_, [this](Status status) {
+                              on_control_thread<Status>(io_, [this, written](Status status) {
                                 --nvme_->session_jobs;
                                 if (!status.is_ok()) {
                                   KVTIER_LOG_WARN("NVMe tier: session records: {}",
                                                   status.to_string());
+                                  // What is stored is not known: written whole next time.
+                                  for (const policy::SessionKey& key : written) {
+                                    nvme_->stored_blocks.erase(key);
+                                  }
                                 }
                                 check_drain();
                               }));

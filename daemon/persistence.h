@@ -33,6 +33,10 @@ struct NvmeState {
 
   // Session records to rewrite / delete at the next flush.
   std::unordered_set<policy::SessionKey, policy::SessionKeyHasher> dirty_sessions;
+  // How many blocks each session's stored record has, while those are the session's
+  // first blocks (a session cut since is absent): its next write appends the rest as a
+  // session delta instead of rewriting the whole conversation.
+  std::unordered_map<policy::SessionKey, uint32_t, policy::SessionKeyHasher> stored_blocks;
   std::vector<std::pair<std::string, std::string>> closed_sessions;  // (namespace, id)
 
   // The tier's own jobs (moves, reads and slot releases are the executor's).

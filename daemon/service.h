@@ -273,6 +273,9 @@ class Service final : public ipc::RequestHandler {
   uint32_t intern_namespace(const std::string& name);
   NvmeBlockKey nvme_key(const BlockKey& key) const;
   void note_session_changed(const policy::Session& session);
+  // The session lost blocks (cut at an evicted or lost one): its record is rewritten
+  // whole at the next flush instead of appended to.
+  void note_session_cut(const policy::Session& session);
   void note_session_closed(uint32_t namespace_id, const std::string& session_id);
   void flush_sessions(bool sync);
   void start_drain(std::function<void()> stopped);

@@ -179,9 +179,9 @@ std::string encode_session_key(const std::string& namespace_name, const std::str
   return out;
 }
 
-std::string encode_session_value(const NvmeSessionRecord& record) {
-  std::string out;
-  out.reserve(46 + record.blocks.size() * 17);
+namespace {
+
+void put_session_header(std::string& out, const NvmeSessionRecord& record) {
   put_le<uint64_t>(out, record.layout_digest);
   put_le<uint64_t>(out, record.created_wall_ms);
   put_le<uint64_t>(out, record.last_active_wall_ms);
@@ -190,9 +190,80 @@ std::string encode_session_value(const NvmeSessionRecord& record) {
   put_u8(out, record.priority);
   put_le<uint32_t>(out, record.returns);
   put_le<uint64_t>(out, std::bit_cast<uint64_t>(record.sum_log_gap));
+}
+
+bool read_session_header(Reader& in, NvmeSessionRecord& record) {
+  record.layout_digest = in.le<uint64_t>();
+  record.created_wall_ms = in.le<uint64_t>();
+  record.last_active_wall_ms = in.le<uint64_t>();
+  record.turns = in.le<uint32_t>();
+  record.state = in.le<uint8_t>();
+  record.priority = in.le<uint8_t>();
+  record.returns = in.le<uint32_t>();
+  record.sum_log_gap = std::bit_cast<double>(in.le<uint64_t>());
+  return !in.failed() && record.state <= 1;
+}
+
+// Reads `count` hashes onto `blocks`; false when malformed.
+bool read_hashes(Reader& in, uint32_t count, size_t value_bytes, std::vector<BlockHash>& blocks) {
+  // Each hash takes at least 2 bytes, so a count beyond that is corrupt, not a reason
+  // to reserve gigabytes.
+  if (count > value_bytes / 2) return false;
+  blocks.reserve(blocks.size() + count);
+  for (uint32_t i = 0; i < count; ++i) {
+    auto hash = to_hash(in.name());
+    if (in.failed() || !hash) return false;
+    blocks.push_back(*hash);
+  }
+  return true;
+}
+
+}  // namespace
+
+std::string encode_session_value(const NvmeSessionRecord& record) {
+  std::string out;
+  out.reserve(46 + record.blocks.size() * 17);
+  put_session_header(out, record);
   put_le<uint32_t>(out, static_cast<uint32_t>(record.blocks.size()));
   for (const BlockHash& hash : record.blocks) put_name(out, hash_view(hash));
   return out;
+}
+
+std::string encode_session_delta(const NvmeSessionRecord& record, uint32_t base_count) {
+  std::string out;
+  const size_t appended = record.blocks.size() - base_count;
+  out.reserve(50 + appended * 17);
+  put_session_header(out, record);
+  put_le<uint32_t>(out, base_count);
+  put_le<uint32_t>(out, static_cast<uint32_t>(appended));
+  for (size_t i = base_count; i < record.blocks.size(); ++i) {
+    put_name(out, hash_view(record.blocks[i]));
+  }
+  return out;
+}
+
+bool apply_session_delta(NvmeSessionRecord& record, std::string_view delta) {
+  Reader in(delta);
+  NvmeSessionRecord header;
+  if (!read_session_header(in, header)) return false;
+  const uint32_t base_count = in.le<uint32_t>();
+  const uint32_t count = in.le<uint32_t>();
+  if (in.failed()) return false;
+  std::vector<BlockHash> appended;
+  if (!read_hashes(in, count, delta.size(), appended) || !in.at_end()) return false;
+  record.layout_digest = header.layout_digest;
+  record.created_wall_ms = header.created_wall_ms;
+  record.last_active_wall_ms = header.last_active_wall_ms;
+  record.turns = header.turns;
+  record.state = header.state;
+  record.priority = header.priority;
+  record.returns = header.returns;
+  record.sum_log_gap = header.sum_log_gap;
+  // A stored prefix shorter than the delta's base lost a write: the session ends there.
+  if (record.blocks.size() < base_count) return true;
+  record.blocks.resize(base_count);
+  record.blocks.insert(record.blocks.end(), appended.begin(), appended.end());
+  return true;
 }
 
 std::optional<NvmeSessionRecord> decode_session(std::string_view key, std::string_view value) {
@@ -204,25 +275,9 @@ std::optional<NvmeSessionRecord> decode_session(std::string_view key, std::strin
     return std::nullopt;
   }
   Reader in(value);
-  record.layout_digest = in.le<uint64_t>();
-  record.created_wall_ms = in.le<uint64_t>();
-  record.last_active_wall_ms = in.le<uint64_t>();
-  record.turns = in.le<uint32_t>();
-  record.state = in.le<uint8_t>();
-  record.priority = in.le<uint8_t>();
-  record.returns = in.le<uint32_t>();
-  record.sum_log_gap = std::bit_cast<double>(in.le<uint64_t>());
+  if (!read_session_header(in, record)) return std::nullopt;
   const uint32_t count = in.le<uint32_t>();
-  if (in.failed() || record.state > 1) return std::nullopt;
-  // Each hash takes at least 2 bytes, so a count beyond that is corrupt, not a reason
-  // to reserve gigabytes.
-  if (count > value.size() / 2) return std::nullopt;
-  record.blocks.reserve(count);
-  for (uint32_t i = 0; i < count; ++i) {
-    auto hash = to_hash(in.name());
-    if (in.failed() || !hash) return std::nullopt;
-    record.blocks.push_back(*hash);
-  }
+  if (in.failed() || !read_hashes(in, count, value.size(), record.blocks)) return std::nullopt;
   if (!in.at_end()) return std::nullopt;
   return record;
 }

@@ -1,4 +1,4 @@
-// The NVMe tier's on-disk format, version 1 (kNvmeFormatVersion). Everything the tier
+// The NVMe tier's on-disk format, version 2 (kNvmeFormatVersion). Everything the tier
 // persists is described here; change it only together with the version number.
 //
 // Files under the tier's directory (<--data-dir>/nvme):
@@ -12,8 +12,9 @@
 // by that many bytes.
 //
 // meta:
-//   "format_version"            → u32   this format's number; a store with another
-//                                       number is refused (no silent migration)
+//   "format_version"            → u32   this format's number; a store with a newer
+//                                       number is refused; version 1 (the same records
+//                                       without session deltas) is upgraded in place
 //   "slab_bytes"                → u64   carving unit of slabs.dat, fixed at creation
 //   "layout" ‖ name(namespace) ‖ u64 layout digest
 //                               → u64   block bytes of that layout
@@ -28,6 +29,14 @@
 //          u32 turns ‖ u8 state (0 active, 1 idle) ‖ u8 priority ‖ u32 returns ‖
 //          f64 Σ ln(gap ms + 1) over the returns (IEEE-754 bits as a u64) ‖
 //          u32 block count ‖ block count × name(block hash)
+//   merge operands (RocksDB Merge; version 2): a session delta, so that a turn writes
+//   what it added, not the whole conversation again:
+//          the same header as the value (layout digest … Σ ln) ‖ u32 base count ‖
+//          u32 appended count ‖ appended count × name(block hash)
+//   Applied in order to the value: the header replaces the value's, and the appended
+//   hashes go after the value's first `base count` blocks. A value shorter than `base
+//   count` (a write that never landed) keeps what it has: a session is a prefix, so it
+//   ends where its stored blocks stop.
 //
 // Namespaces are stored by name ("uid:1000", or a shared namespace's name), never by
 // the daemon's in-memory namespace number, which is assigned afresh at every start.
@@ -49,7 +58,9 @@
 
 namespace kvtier {
 
-inline constexpr uint32_t kNvmeFormatVersion = 1;
+inline constexpr uint32_t kNvmeFormatVersion = 2;
+// The older format a store may be upgraded from (it lacks only session deltas).
+inline constexpr uint32_t kNvmeUpgradableFormatVersion = 1;
 
 inline constexpr char kNvmeBlocksFamily[] = "blocks";
 inline constexpr char kNvmeSessionsFamily[] = "sessions";
@@ -90,6 +101,10 @@ struct NvmeSessionRecord {
   uint32_t returns = 0;    // idle periods that ended with a return (the turn rhythm)
   double sum_log_gap = 0;  // Σ ln(gap ms + 1) over those returns
   std::vector<BlockHash> blocks;
+  // Writing only: the stored record already holds the first `*append_from` blocks, so
+  // the write is a session delta (the header and the blocks from there on) instead of
+  // the whole record.
+  std::optional<uint32_t> append_from;
 };
 
 // xxHash3-64 of a payload: the checksum stored in a block record.
@@ -111,6 +126,11 @@ std::string encode_session_key(const std::string& namespace_name, const std::str
 std::string encode_session_value(const NvmeSessionRecord& record);
 // nullopt when either part is malformed.
 std::optional<NvmeSessionRecord> decode_session(std::string_view key, std::string_view value);
+// A session delta (merge operand): `record`'s header and its blocks from `base_count` on.
+// REQUIRES: base_count <= record.blocks.size().
+std::string encode_session_delta(const NvmeSessionRecord& record, uint32_t base_count);
+// Applies a delta to `record` (see the format above); false when it is malformed.
+bool apply_session_delta(NvmeSessionRecord& record, std::string_view delta);
 
 // The layout key prefix ("layout"), for iterating layout records in meta.
 std::string_view nvme_layout_prefix();

@@ -1,6 +1,7 @@
 #include "tiers/nvme_index.h"
 
 #include <rocksdb/db.h>
+#include <rocksdb/merge_operator.h>
 #include <rocksdb/options.h>
 #include <rocksdb/write_batch.h>
 
@@ -45,12 +46,40 @@ rocksdb::DBOptions db_options() {
   return options;
 }
 
-rocksdb::ColumnFamilyOptions family_options() {
+// Session deltas (nvme_format.h) folded into the session record, in order. A record
+// or delta that does not decode makes the result undecodable, so start-up counts the
+// record as malformed and deletes it instead of failing the whole scan.
+class SessionDeltaMerge final : public rocksdb::MergeOperator {
+ public:
+  bool FullMergeV2(const MergeOperationInput& in, MergeOperationOutput* out) const override {
+    NvmeSessionRecord record;
+    bool ok = true;
+    if (in.existing_value != nullptr) {
+      auto stored = decode_session(std::string_view(in.key.data(), in.key.size()),
+                                   std::string_view(in.existing_value->data(),
+                                                    in.existing_value->size()));
+      if (stored) {
+        record = std::move(*stored);
+      } else {
+        ok = false;
+      }
+    }
+    for (const rocksdb::Slice& operand : in.operand_list) {
+      ok = ok && apply_session_delta(record, std::string_view(operand.data(), operand.size()));
+    }
+    out->new_value = ok ? encode_session_value(record) : std::string();
+    return true;
+  }
+  const char* Name() const override { return "kvtier.SessionDelta"; }
+};
+
+rocksdb::ColumnFamilyOptions family_options(const std::string& name) {
   rocksdb::ColumnFamilyOptions options;
   // Small memtables: index records are ~60 bytes, and memory per indexed block is a
   // target (DESIGN.md); 8 MiB holds ~100k recent records.
   options.write_buffer_size = 8 << 20;
   options.max_write_buffer_number = 2;
+  if (name == kNvmeSessionsFamily) options.merge_operator = std::make_shared<SessionDeltaMerge>();
   return options;
 }
 
@@ -88,7 +117,7 @@ Result<std::unique_ptr<NvmeIndex>> NvmeIndex::open(const std::string& dir,
     }
   }
   std::vector<rocksdb::ColumnFamilyDescriptor> families;
-  for (const std::string& name : names) families.emplace_back(name, family_options());
+  for (const std::string& name : names) families.emplace_back(name, family_options(name));
   rocksdb::DB* db = nullptr;
   Status opened = rocksdb_status(
       rocksdb::DB::Open(db_options(), dir, families, &index->handles_, &db), "open " + dir);
@@ -137,6 +166,15 @@ Status NvmeIndex::load_or_init_meta(uint64_t new_slab_bytes, const std::string& 
   KVTIER_RETURN_IF_ERROR(rocksdb_status(got, "read the NVMe index format version"));
   auto version = decode_u32(version_bytes);
   if (!version) return data_loss("NVMe index {}: the stored format version is malformed", dir);
+  if (*version == kNvmeUpgradableFormatVersion) {
+    // Version 1 is version 2 without session deltas: every record reads the same.
+    KVTIER_RETURN_IF_ERROR(rocksdb_status(
+        db_->Put(durable(), meta_, kNvmeFormatVersionKey, encode_u32(kNvmeFormatVersion)),
+        "upgrade the NVMe index format version"));
+    KVTIER_LOG_INFO("NVMe index {}: format version {} upgraded to {} (session deltas)", dir,
+                    *version, kNvmeFormatVersion);
+    version = kNvmeFormatVersion;
+  }
   if (*version != kNvmeFormatVersion) {
     return invalid_argument(
         "NVMe index {} has format version {}, but this kvtierd reads format version {}{}", dir,
@@ -238,8 +276,12 @@ Status NvmeIndex::write_sessions(std::span<const NvmeSessionRecord> puts,
                                  bool sync) {
   rocksdb::WriteBatch batch;
   for (const NvmeSessionRecord& record : puts) {
-    (void)batch.Put(sessions_, encode_session_key(record.namespace_name, record.session_id),
-                    encode_session_value(record));
+    const std::string key = encode_session_key(record.namespace_name, record.session_id);
+    if (record.append_from && *record.append_from <= record.blocks.size()) {
+      (void)batch.Merge(sessions_, key, encode_session_delta(record, *record.append_from));
+    } else {
+      (void)batch.Put(sessions_, key, encode_session_value(record));
+    }
   }
   for (const auto& [namespace_name, session_id] : deletes) {
     (void)batch.Delete(sessions_, encode_session_key(namespace_name, session_id));

@@ -71,7 +71,8 @@ class NvmeIndex {
   // Deletes block records by raw key (malformed or unusable records found at start-up).
   Status delete_raw_block_keys(std::span<const std::string> keys);
 
-  // Session records: puts, then deletes (namespace name, session id), one batch.
+  // Session records: puts (a record with append_from is written as a session delta,
+  // merged into the stored one), then deletes (namespace name, session id), one batch.
   Status write_sessions(std::span<const NvmeSessionRecord> puts,
                         std::span<const std::pair<std::string, std::string>> deletes, bool sync);
 

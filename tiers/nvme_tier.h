@@ -122,7 +122,8 @@ class NvmeTier {
   void release_blocks(std::vector<std::pair<NvmeBlockKey, uint64_t>> slots,
                       std::function<void(Status)> done);
 
-  // Session records: puts and deletes (namespace name, session id), one batch.
+  // Session records: puts (a record with append_from is a session delta, merged into
+  // the stored one) and deletes (namespace name, session id), one batch.
   void write_sessions(std::vector<NvmeSessionRecord> puts,
                       std::vector<std::pair<std::string, std::string>> deletes, bool sync,
                       std::function<void(Status)> done);

@@ -75,6 +75,41 @@ TEST(NvmeFormat, SessionRoundTripAndCorruptCounts) {
   EXPECT_FALSE(decode_session(encode_session_key("ns", ""), value).has_value());
 }
 
+TEST(NvmeFormat, SessionDeltaAppliesInOrderAndKeepsAPrefix) {
+  NvmeSessionRecord session;
+  session.layout_digest = 7;
+  for (uint32_t i = 0; i < 3; ++i) session.blocks.push_back(tiers_test::hash_of(i));
+  NvmeSessionRecord stored = session;  // what the value holds
+  session.turns = 2;
+  session.state = 1;
+  session.sum_log_gap = 3.5;
+  for (uint32_t i = 3; i < 6; ++i) session.blocks.push_back(tiers_test::hash_of(i));
+  const std::string delta = encode_session_delta(session, 3);
+  // A delta is the header and the new blocks: its size does not grow with the session.
+  EXPECT_LT(delta.size(), encode_session_value(session).size());
+  ASSERT_TRUE(apply_session_delta(stored, delta));
+  EXPECT_EQ(stored.blocks, session.blocks);
+  EXPECT_EQ(stored.turns, 2u);
+  EXPECT_EQ(stored.state, 1);
+  EXPECT_EQ(stored.sum_log_gap, 3.5);
+  // A stored record longer than the base (a cut was written whole, then an old delta
+  // is replayed on it) is cut to the base, then appended to.
+  NvmeSessionRecord longer = stored;
+  longer.blocks.push_back(tiers_test::hash_of(99));
+  ASSERT_TRUE(apply_session_delta(longer, encode_session_delta(session, 6)));
+  EXPECT_EQ(longer.blocks, session.blocks);
+  // Shorter than the base: a write that never landed; the session ends where it does.
+  NvmeSessionRecord shorter;
+  shorter.blocks = {tiers_test::hash_of(0)};
+  ASSERT_TRUE(apply_session_delta(shorter, delta));
+  EXPECT_EQ(shorter.blocks.size(), 1u);
+  EXPECT_EQ(shorter.turns, 2u);
+  // Malformed deltas are refused, not applied in part.
+  EXPECT_FALSE(apply_session_delta(stored, delta.substr(0, delta.size() - 1)));
+  EXPECT_FALSE(apply_session_delta(stored, delta + "x"));
+  EXPECT_FALSE(apply_session_delta(stored, ""));
+}
+
 TEST(NvmeFormat, LayoutRecordRoundTrip) {
   auto layout = decode_layout(encode_layout_key("uid:5", 42), encode_u64(4096));
   ASSERT_TRUE(layout.has_value());

@@ -8,6 +8,7 @@
 
 #include <cstring>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "tests/tiers/nvme_test_util.h"
@@ -192,8 +193,93 @@ TEST_F(NvmeTierTest, RefusesAnotherFormatVersionNamingBoth) {
   EXPECT_EQ(tier.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(tier.status().message().find("format version 99"), std::string::npos)
       << tier.status().to_string();
-  EXPECT_NE(tier.status().message().find("format version 1"), std::string::npos)
+  EXPECT_NE(tier.status().message().find(fmt::format("format version {}", kNvmeFormatVersion)),
+            std::string::npos)
       << tier.status().to_string();
+}
+
+// A conversation's record grows by deltas (RocksDB merges), survives a reopen whole,
+// and a rewrite (a cut session) replaces what the deltas built.
+TEST_F(NvmeTierTest, SessionDeltasAppendAndARewriteReplaces) {
+  auto write = [](NvmeTier& tier, NvmeSessionRecord record) {
+    std::promise<Status> done;
+    tier.write_sessions({std::move(record)}, {}, true, [&](Status s) { done.set_value(s); });
+    return done.get_future().get();
+  };
+  NvmeSessionRecord session;
+  session.namespace_name = "uid:1000";
+  session.session_id = "long";
+  session.layout_digest = 0x1234;
+  std::vector<BlockHash> all;
+  for (uint32_t i = 0; i < 40; ++i) all.push_back(block_key(i).hash);
+  {
+    NvmeRecovery recovered;
+    auto tier = open(&recovered);
+    ASSERT_NE(tier, nullptr);
+    session.blocks.assign(all.begin(), all.begin() + 4);
+    ASSERT_TRUE(write(*tier, session).is_ok());  // whole
+    for (uint32_t turn = 1; turn < 10; ++turn) {  // each turn appends 4
+      session.turns = turn;
+      session.last_active_wall_ms = 1000 + turn;
+      session.append_from = static_cast<uint32_t>(session.blocks.size());
+      session.blocks.insert(session.blocks.end(), all.begin() + 4 * turn,
+                            all.begin() + 4 * turn + 4);
+      ASSERT_TRUE(write(*tier, session).is_ok());
+    }
+  }
+  {
+    NvmeRecovery recovered;
+    auto tier = open(&recovered);
+    ASSERT_NE(tier, nullptr);
+    ASSERT_EQ(recovered.sessions.size(), 1u);
+    EXPECT_EQ(recovered.sessions[0].blocks, all);
+    EXPECT_EQ(recovered.sessions[0].turns, 9u);
+    EXPECT_EQ(recovered.sessions[0].last_active_wall_ms, 1009u);
+    // Cut at 10 blocks: written whole, then one more delta on top.
+    session.append_from.reset();
+    session.blocks.assign(all.begin(), all.begin() + 10);
+    ASSERT_TRUE(write(*tier, session).is_ok());
+    session.append_from = 10;
+    session.blocks.push_back(all[39]);
+    ASSERT_TRUE(write(*tier, session).is_ok());
+  }
+  NvmeRecovery recovered;
+  auto tier = open(&recovered);
+  ASSERT_NE(tier, nullptr);
+  ASSERT_EQ(recovered.sessions.size(), 1u);
+  std::vector<BlockHash> expected(all.begin(), all.begin() + 10);
+  expected.push_back(all[39]);
+  EXPECT_EQ(recovered.sessions[0].blocks, expected);
+}
+
+// A version-1 store (no session deltas) opens and is upgraded in place.
+TEST_F(NvmeTierTest, UpgradesAVersionOneStore) {
+  {
+    NvmeRecovery recovered;
+    auto tier = open(&recovered);
+    ASSERT_NE(tier, nullptr);
+    NvmeSessionRecord session;
+    session.namespace_name = "uid:1000";
+    session.session_id = "old";
+    session.blocks = {block_key(1).hash};
+    std::promise<Status> done;
+    tier->write_sessions({session}, {}, true, [&](Status s) { done.set_value(s); });
+    ASSERT_TRUE(done.get_future().get().is_ok());
+  }
+  ASSERT_TRUE(NvmeIndex::overwrite_format_version(dir_.path() + "/index", 1).is_ok());
+  NvmeRecovery recovered;
+  auto tier = open(&recovered);
+  ASSERT_NE(tier, nullptr);
+  ASSERT_EQ(recovered.sessions.size(), 1u);
+  EXPECT_EQ(recovered.sessions[0].session_id, "old");
+  tier.reset();
+  // A store claiming a version above ours is still refused.
+  ASSERT_TRUE(NvmeIndex::overwrite_format_version(dir_.path() + "/index", 3).is_ok());
+  NvmeTierOptions options;
+  options.dir = dir_.path();
+  options.capacity_bytes = kCapacity;
+  NvmeRecovery again;
+  EXPECT_FALSE(NvmeTier::open(options, &again).is_ok());
 }
 
 TEST_F(NvmeTierTest, AnExistingTierKeepsItsSlabSize) {
