@@ -43,22 +43,21 @@ Result<policy::Session*> Service::find_session_for_admin(const std::string& sess
                                                          const std::string& namespace_name) {
   KVTIER_RETURN_IF_ERROR(check_session_id(session_id));
   if (!namespace_name.empty()) {
-    auto ns = namespace_ids_.find(namespace_name);
-    policy::Session* session =
-        ns == namespace_ids_.end() ? nullptr : sessions_.find(ns->second, session_id);
+    auto ns = engines_.namespaces().find(namespace_name);
+    policy::Session* session = !ns ? nullptr : sessions_.find(*ns, session_id);
     if (session == nullptr)
       return not_found("no session '{}' in namespace '{}'", session_id, namespace_name);
     return session;
   }
   std::vector<policy::Session*> matches;
-  for (uint32_t ns = 0; ns < namespace_names_.size(); ++ns) {
+  for (uint32_t ns = 0; ns < engines_.namespaces().size(); ++ns) {
     if (policy::Session* session = sessions_.find(ns, session_id)) matches.push_back(session);
   }
   if (matches.empty()) return not_found("no session '{}' in any namespace", session_id);
   if (matches.size() > 1) {
     std::string names;
     for (const policy::Session* session : matches)
-      names += (names.empty() ? "'" : ", '") + namespace_names_[session->namespace_id] + "'";
+      names += (names.empty() ? "'" : ", '") + engines_.namespaces().name(session->namespace_id) + "'";
     return invalid_argument("session '{}' exists in namespaces {}: name one (--namespace)",
                             session_id, names);
   }
@@ -98,7 +97,7 @@ Status Service::handle_evict(const ConnectionPtr& c, EngineContext& engine, uint
     if (idle_over_ms == 0) return invalid_argument("give a sessionId or an idleOverMs above 0");
     const uint64_t now = now_ms();
     sessions_.for_each([&](const policy::Session& session) {
-      if (!namespace_name.empty() && namespace_names_[session.namespace_id] != namespace_name)
+      if (!namespace_name.empty() && engines_.namespaces().name(session.namespace_id) != namespace_name)
         return;
       if (session.state == policy::SessionState::kIdle &&
           now - session.last_active_ms > idle_over_ms) {
@@ -173,7 +172,7 @@ Status Service::handle_pin(const ConnectionPtr& c, EngineContext& engine, uint64
     admin_pins_.erase(pins);
   }
   KVTIER_LOG_INFO("{} (uid {}): session '{}' in {} ({} blocks held)", pin ? "pin" : "unpin",
-                  c->peer().uid, key.second, namespace_names_[key.first], held);
+                  c->peer().uid, key.second, engines_.namespaces().name(key.first), held);
   reply(c, id, [&](wire::Response::Builder response) { response.initPin().setPinnedBlocks(held); });
   return Status::ok();
 }

@@ -88,49 +88,6 @@ std::unique_ptr<policy::PlacementView> Service::make_placement_view(const BlockS
   return std::make_unique<StorePlacementView>(store);
 }
 
-Result<BlockListRequest> Service::parse_block_list(const EngineContext& engine,
-                                                   capnp::Text::Reader session,
-                                                   capnp::List<wire::BlockRef>::Reader blocks,
-                                                   BlockListKind kind) {
-  const bool need_session = kind == BlockListKind::kSave;
-  BlockListRequest request;
-  request.session_id = session.cStr();
-  if (need_session && request.session_id.empty()) return invalid_argument("sessionId is empty");
-  if (request.session_id.size() > 256)
-    return invalid_argument("sessionId is longer than 256 bytes");
-  if (blocks.size() > config_.max_blocks_per_request) {
-    return invalid_argument("blocks has {} entries; at most {} per request", blocks.size(),
-                            config_.max_blocks_per_request);
-  }
-  KVTIER_RETURN_IF_ERROR(check_regions_registered(engine));
-  // A Load writes into the engine's blocks: two entries naming one target would race.
-  std::unordered_map<uint64_t, unsigned> load_targets;
-  request.hashes.reserve(blocks.size());
-  request.engine_block_ids.reserve(blocks.size());
-  for (unsigned i = 0; i < blocks.size(); ++i) {
-    auto hash = blocks[i].getHash();
-    if (hash.size() == 0 || hash.size() > BlockHash::kMaxBytes) {
-      return invalid_argument("blocks[{}].hash has {} bytes; 1..{} allowed", i, hash.size(),
-                              BlockHash::kMaxBytes);
-    }
-    uint64_t block_id = blocks[i].getEngineBlockId();
-    if (block_id >= engine.layout.num_blocks) {
-      return invalid_argument("blocks[{}].engineBlockId {} is beyond the layout's {} blocks", i,
-                              block_id, engine.layout.num_blocks);
-    }
-    if (kind == BlockListKind::kLoad) {
-      auto [it, inserted] = load_targets.emplace(block_id, i);
-      if (!inserted) {
-        return invalid_argument("blocks[{}].engineBlockId {} is already the target of blocks[{}]",
-                                i, block_id, it->second);
-      }
-    }
-    request.hashes.emplace_back(std::span<const uint8_t>(hash.begin(), hash.size()));
-    request.engine_block_ids.push_back(block_id);
-  }
-  return request;
-}
-
 void Service::add_plane_segments(CopyBatch& batch, const EngineContext& engine,
                                  uint64_t engine_block_id, const BlockLocation& slot,
                                  bool to_engine) {
@@ -281,20 +238,10 @@ void Service::plan_soon() {
 }
 
 Status Service::handle_lookup(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
-                              capnp::List<capnp::Data>::Reader hashes) {
-  if (hashes.size() > config_.max_blocks_per_request) {
-    return invalid_argument("hashes has {} entries; at most {} per request", hashes.size(),
-                            config_.max_blocks_per_request);
-  }
+                              const std::vector<BlockHash>& hashes) {
   std::vector<Tier> tiers;
-  for (unsigned i = 0; i < hashes.size(); ++i) {
-    auto bytes = hashes[i];
-    if (bytes.size() == 0 || bytes.size() > BlockHash::kMaxBytes) {
-      return invalid_argument("hashes[{}] has {} bytes; 1..{} allowed", i, bytes.size(),
-                              BlockHash::kMaxBytes);
-    }
-    auto info = store_->lookup(
-        {engine.layout_key, BlockHash(std::span<const uint8_t>(bytes.begin(), bytes.size()))});
+  for (const BlockHash& hash : hashes) {
+    auto info = store_->lookup({engine.layout_key, hash});
     if (!info) break;
     tiers.push_back(info->location.tier);
   }

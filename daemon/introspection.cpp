@@ -109,7 +109,7 @@ void Service::fill_session_info(const policy::Session& session,
 void Service::fill_session_info(const policy::Session& session, wire::SessionInfo::Builder out,
                                 const policy::ReturnPredictor& predictor) const {
   out.setSessionId(session.id);
-  out.setNamespaceName(namespace_names_[session.namespace_id]);
+  out.setNamespaceName(engines_.namespaces().name(session.namespace_id));
   bool active = session.state == policy::SessionState::kActive;
   out.setState(active ? wire::SessionState::ACTIVE : wire::SessionState::IDLE);
   out.setIdleMs(active ? 0 : now_ms() - session.last_active_ms);

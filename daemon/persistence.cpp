@@ -53,15 +53,8 @@ NvmeSessionRecord to_record(const policy::Session& session, const std::string& n
 
 }  // namespace
 
-uint32_t Service::intern_namespace(const std::string& name) {
-  auto [it, inserted] =
-      namespace_ids_.emplace(name, static_cast<uint32_t>(namespace_names_.size()));
-  if (inserted) namespace_names_.push_back(name);
-  return it->second;
-}
-
 NvmeBlockKey Service::nvme_key(const BlockKey& key) const {
-  return NvmeBlockKey{namespace_names_[key.layout.namespace_id], key.layout.layout_digest,
+  return NvmeBlockKey{engines_.namespaces().name(key.layout.namespace_id), key.layout.layout_digest,
                       key.hash};
 }
 
@@ -107,7 +100,7 @@ Status Service::recover_nvme() {
   const uint64_t wall_now = wall_now_ms();
 
   for (const NvmeLayoutRecord& layout : recovery.layouts) {
-    const LayoutKey key{intern_namespace(layout.namespace_name), layout.layout_digest};
+    const LayoutKey key{engines_.namespaces().intern(layout.namespace_name), layout.layout_digest};
     Status registered = store_->register_layout(key, layout.block_bytes);
     if (!registered.is_ok()) KVTIER_LOG_WARN("NVMe layout record: {}", registered.message());
   }
@@ -134,7 +127,7 @@ Status Service::recover_nvme() {
     if (block.key.namespace_name != layout_namespace ||
         block.key.layout_digest != layout.layout_digest) {
       layout_namespace = block.key.namespace_name;
-      layout = {intern_namespace(layout_namespace), block.key.layout_digest};
+      layout = {engines_.namespaces().intern(layout_namespace), block.key.layout_digest};
       if (store_->block_bytes(layout) == 0) {
         (void)store_->register_layout(layout, block.record.bytes);
       }
@@ -176,7 +169,7 @@ Status Service::recover_nvme() {
 
   size_t cut_sessions = 0;
   for (const NvmeSessionRecord& record : recovery.sessions) {
-    const uint32_t namespace_id = intern_namespace(record.namespace_name);
+    const uint32_t namespace_id = engines_.namespaces().intern(record.namespace_name);
     const LayoutKey layout{namespace_id, record.layout_digest};
     auto session = sessions_.get_or_create(namespace_id, record.session_id, layout);
     if (!session.is_ok()) continue;
@@ -236,7 +229,7 @@ void Service::note_session_closed(uint32_t namespace_id, const std::string& sess
   if (!nvme_) return;
   nvme_->dirty_sessions.erase({namespace_id, session_id});
   nvme_->stored_blocks.erase({namespace_id, session_id});
-  nvme_->closed_sessions.emplace_back(namespace_names_[namespace_id], session_id);
+  nvme_->closed_sessions.emplace_back(engines_.namespaces().name(namespace_id), session_id);
 }
 
 void Service::flush_sessions(bool sync) {
@@ -249,7 +242,7 @@ void Service::flush_sessions(bool sync) {
     const policy::Session* session = sessions_.find(key.namespace_id, key.id);
     if (session == nullptr) continue;
     NvmeSessionRecord record =
-        to_record(*session, namespace_names_[key.namespace_id], steady_now, wall_now);
+        to_record(*session, engines_.namespaces().name(key.namespace_id), steady_now, wall_now);
     // A session that only grew since its last write appends; others are rewritten.
     auto stored = nvme_->stored_blocks.find(key);
     if (stored != nvme_->stored_blocks.end() && stored->second <= session->blocks.size()) {

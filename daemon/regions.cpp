@@ -291,15 +291,4 @@ void Service::reply_to_finished_unregisters() {
   }
 }
 
-Status Service::check_regions_registered(const EngineContext& engine) const {
-  for (size_t i = 0; i < engine.layout.planes.size(); ++i) {
-    const uint32_t region_id = engine.layout.planes[i].region_id;
-    if (engine.regions.count(region_id) == 0) {
-      return invalid_argument("regionId {} is not registered (layout.planes[{}] names it)",
-                              region_id, i);
-    }
-  }
-  return Status::ok();
-}
-
 }  // namespace kvtier::daemon

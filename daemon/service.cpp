@@ -17,21 +17,6 @@
 namespace kvtier::daemon {
 namespace {
 
-// Supplementary groups of a peer; SO_PEERCRED carries only the primary one.
-bool peer_in_group(pid_t pid, gid_t gid) {
-  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
-  std::string line;
-  while (std::getline(status, line)) {
-    if (line.rfind("Groups:", 0) != 0) continue;
-    std::istringstream groups(line.substr(7));
-    gid_t member;
-    while (groups >> member) {
-      if (member == gid) return true;
-    }
-  }
-  return false;
-}
-
 // Requests about the daemon as a whole (kvtierctl's): no layout, so no Hello needed.
 bool is_operator_request(wire::Request::Which which) {
   switch (which) {
@@ -171,25 +156,8 @@ void Service::on_device_lost(const Status& status) {
   io_.stop();
 }
 
-uint32_t Service::namespace_for(uid_t uid, std::string* name) {
-  auto shared = config_.shared_namespaces.find(uid);
-  *name = shared != config_.shared_namespaces.end() ? shared->second : fmt::format("uid:{}", uid);
-  auto [it, inserted] =
-      namespace_ids_.emplace(*name, static_cast<uint32_t>(namespace_names_.size()));
-  if (inserted) namespace_names_.push_back(*name);
-  return it->second;
-}
-
-bool Service::is_admin(const ipc::PeerCredentials& peer) const {
-  if (peer.uid == 0) return true;
-  if (!config_.admin_gid) return false;
-  return peer.gid == *config_.admin_gid || peer_in_group(peer.pid, *config_.admin_gid);
-}
-
 void Service::on_connect(const ConnectionPtr& connection) {
-  auto engine = std::make_shared<EngineContext>();
-  engine->namespace_id = namespace_for(connection->peer().uid, &engine->namespace_name);
-  engine->is_admin = is_admin(connection->peer());
+  auto engine = engines_.connect(connection->peer());
   connection->user_state = engine;
   KVTIER_LOG_DEBUG("connection {} from pid {} uid {} (namespace {})", connection->id(),
                    connection->peer().pid, connection->peer().uid, engine->namespace_name);
@@ -283,17 +251,21 @@ Status Service::dispatch(const ConnectionPtr& c, EngineContext& engine,
     case wire::Request::SAVE: {
       auto save = request.getSave();
       auto parsed =
-          parse_block_list(engine, save.getSessionId(), save.getBlocks(), BlockListKind::kSave);
+          decode_block_list(engine, config_.max_blocks_per_request, save.getSessionId(), save.getBlocks(), BlockListKind::kSave);
       if (!parsed.is_ok()) return parsed.status();
       parsed->end_of_turn = save.getEndOfTurn();
       return handle_save(c, engine, id, std::move(*parsed));
     }
     case wire::Request::LOOKUP:
-      return handle_lookup(c, engine, id, request.getLookup().getHashes());
+    {
+      auto hashes = decode_lookup(config_.max_blocks_per_request, request.getLookup().getHashes());
+      if (!hashes.is_ok()) return hashes.status();
+      return handle_lookup(c, engine, id, *hashes);
+    }
     case wire::Request::LOAD: {
       auto load = request.getLoad();
       auto parsed =
-          parse_block_list(engine, load.getSessionId(), load.getBlocks(), BlockListKind::kLoad);
+          decode_block_list(engine, config_.max_blocks_per_request, load.getSessionId(), load.getBlocks(), BlockListKind::kLoad);
       if (!parsed.is_ok()) return parsed.status();
       return handle_load(c, engine, id, std::move(*parsed));
     }

@@ -20,8 +20,10 @@
 
 #include "cuda/device.h"
 #include "daemon/config.h"
+#include "daemon/engines.h"
 #include "daemon/layout.h"
 #include "daemon/metrics.h"
+#include "daemon/requests.h"
 #include "ipc/server.h"
 #include "policy/clock.h"
 #include "policy/planner.h"
@@ -41,47 +43,6 @@ struct Counters {
   uint64_t bytes_saved = 0;
   uint64_t bytes_loaded = 0;
   uint64_t copies_in_flight = 0;  // moves' copies too (MoveExecutor counts its own work)
-};
-
-// What the daemon knows about one connected engine (or admin tool).
-struct EngineContext {
-  uint32_t namespace_id = 0;
-  std::string namespace_name;
-  bool is_admin = false;
-  bool hello_done = false;
-  std::string engine_name;
-  EngineLayout layout;
-  LayoutKey layout_key;
-  std::map<uint32_t, std::shared_ptr<Memory>> regions;  // region id → opened memory
-  // The served GPU (index in Device::gpus()) its last GPU region is on: its blocks go
-  // to that GPU's part of the arena when there is room. kAnyPart for host engines.
-  int gpu_part = SlabAllocator::kAnyPart;
-  // Requests not yet answered, for the latency metrics (service_metrics.cpp).
-  struct PendingRequest {
-    size_t kind;
-    std::chrono::steady_clock::time_point started;
-    std::vector<Tier> load_hit_tiers;  // Load: tiers of the leading held blocks
-  };
-  std::map<uint64_t, PendingRequest> pending_requests;  // request id →
-  // Requests that arrived while an earlier one must finish first (startup.cpp): a
-  // region still opening, or tier memory still filling. Served in arrival order.
-  struct DeferredRequest {
-    ipc::Frame frame;
-    std::vector<UniqueFd> fds;  // claimed on arrival (RegisterRegion)
-    uint64_t arrived_ms;
-  };
-  std::deque<DeferredRequest> deferred;
-  uint32_t regions_opening = 0;  // RegisterRegions being opened on the region worker
-};
-
-enum class BlockListKind { kSave, kLoad };
-
-// A validated Save or Load, copied out of the wire message before any work starts.
-struct BlockListRequest {
-  std::string session_id;
-  std::vector<BlockHash> hashes;
-  std::vector<uint64_t> engine_block_ids;
-  bool end_of_turn = false;
 };
 
 // The planner's settings from the daemon's (at start and on every SIGHUP reload).
@@ -187,9 +148,6 @@ class Service final : public ipc::RequestHandler {
   // Runs after every copy completion: replies to the Unregisters whose region is no
   // longer held by any copy.
   void reply_to_finished_unregisters();
-  // InvalidArgument naming the first region the layout's planes need that is not
-  // registered (never registered, or unregistered).
-  Status check_regions_registered(const EngineContext& engine) const;
   // The device hit an error that leaves it unusable (device.h): log, write the session
   // table, and stop with kExitDeviceLost. RAM and HBM are not drained: after a lost
   // context their bytes cannot be trusted.
@@ -204,8 +162,6 @@ class Service final : public ipc::RequestHandler {
                               bool all_namespaces);
   void reply(const ConnectionPtr& connection, uint64_t id, const Fill& fill);
   void reply_error(const ConnectionPtr& connection, uint64_t id, const Status& status);
-  uint32_t namespace_for(uid_t uid, std::string* name);
-  bool is_admin(const ipc::PeerCredentials& peer) const;
 
   // service_metrics.cpp: latency, errors and hits by tier, per request.
   void record_request(EngineContext& engine, uint64_t id, wire::Request::Reader request);
@@ -236,14 +192,10 @@ class Service final : public ipc::RequestHandler {
                          const policy::ReturnPredictor& predictor) const;
 
   // data_path.cpp: blocks in and out, and moves between tiers.
-  Result<BlockListRequest> parse_block_list(const EngineContext& engine,
-                                            capnp::Text::Reader session,
-                                            capnp::List<wire::BlockRef>::Reader blocks,
-                                            BlockListKind kind);
   Status handle_save(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
                      BlockListRequest request);
   Status handle_lookup(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
-                       capnp::List<capnp::Data>::Reader hashes);
+                       const std::vector<BlockHash>& hashes);
   Status handle_load(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
                      BlockListRequest request);
   void finish_save(const ConnectionPtr& c, uint64_t id, const EngineContext& engine,
@@ -270,7 +222,6 @@ class Service final : public ipc::RequestHandler {
   // releases, the SIGTERM drain (state in persistence.h; nullptr without the tier).
   Status open_nvme(std::vector<BlockStore::TierMemory>& tiers);
   Status recover_nvme();
-  uint32_t intern_namespace(const std::string& name);
   NvmeBlockKey nvme_key(const BlockKey& key) const;
   void note_session_changed(const policy::Session& session);
   // The session lost blocks (cut at an evicted or lost one): its record is rewritten
@@ -303,8 +254,7 @@ class Service final : public ipc::RequestHandler {
   std::map<std::pair<uint32_t, std::string>, std::unordered_set<BlockKey, BlockKeyHasher>>
       admin_pins_;
   std::function<size_t()> connection_count_;
-  std::map<std::string, uint32_t> namespace_ids_;
-  std::vector<std::string> namespace_names_;  // index = namespace id
+  EngineRegistry engines_{config_};  // connections' contexts and the namespaces
   uint64_t started_ms_ = 0;
   bool stopping_ = false;
   // The backend engines must match (Hello) and the GPUs regions may name; set in start().
