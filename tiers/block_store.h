@@ -11,10 +11,12 @@
 // Two-phase publish: a block is visible to lookup() only after its PendingWrite
 // committed.
 //
-// Pins are handles (PinnedBlock, PendingWrite, as LevelDB's Cache::Handle): each
-// releases its pin exactly once, when it is released, destroyed or assigned over, so
-// no path can forget one. Handles belong to the control thread, like the store, and
-// should be released before the store is destroyed; see PinnedBlock.
+// Callers' pins are handles (PinnedBlock, PendingWrite, as LevelDB's Cache::Handle):
+// each gives its pin up exactly once — reset/commit/abort, destruction, or being
+// assigned over — so no path can forget one. Handles belong to the control thread,
+// like the store, and should be released before the store is destroyed; see
+// PinnedBlock. A move's pin is the store's own: begin_move takes it, finish_move
+// gives it back.
 //
 // Every block also counts session references (sessions hold blocks; blocks with no
 // references stay as a prefix cache until evicted).
@@ -26,8 +28,9 @@
 // slots, confirm_release() frees them. Blocks found on disk at start-up come back
 // with insert_recovered().
 //
-// Thread-safety: none. The control thread owns the store; copies run elsewhere and
-// report back to the control thread, which calls commit/abort/finish.
+// Thread-safety: none. The control thread owns the store and its handles; copies run
+// elsewhere and report back to the control thread, which commits or aborts the
+// writes, releases the pins and finishes the moves.
 #pragma once
 
 #include <array>
@@ -135,9 +138,9 @@ class PinnedBlock : public detail::BlockHandle {
 
 // The writer's hold on a block reserve() inserted: kWriting, invisible to lookups,
 // pinned, its slot at location(). commit() publishes it once its bytes have landed;
-// abort() removes it and frees its slot. A PendingWrite released neither way —
-// destroyed, reset or assigned over — aborts, so a reserved block is never left
-// unpublished. Move-only, with PinnedBlock's lifetime and thread rules.
+// abort() removes it and frees its slot. A PendingWrite given up neither way —
+// destroyed or assigned over — aborts, so a reserved block is never left unpublished.
+// Move-only, with PinnedBlock's lifetime and thread rules.
 class PendingWrite : public detail::BlockHandle {
  public:
   PendingWrite() = default;

@@ -29,9 +29,9 @@ constexpr uint64_t kBlock = 1024;
 class PinnedBlockTest : public ::testing::Test {
  protected:
   PinnedBlockTest()
-      : store_(std::make_unique<BlockStore>(std::vector<BlockStore::TierMemory>{
-            {Tier::kHbm, make_memory(2 * kBlock), kBlock},
-            {Tier::kRam, make_memory(2 * kBlock), kBlock}})) {
+      : store_(std::make_unique<BlockStore>(
+            std::vector<BlockStore::TierMemory>{{Tier::kHbm, make_memory(2 * kBlock), kBlock},
+                                                {Tier::kRam, make_memory(2 * kBlock), kBlock}})) {
     EXPECT_TRUE(store_->register_layout(layout_, kBlock).is_ok());
   }
 
