@@ -112,10 +112,7 @@ Status Service::handle_evict(const ConnectionPtr& c, EngineContext& engine, uint
   uint64_t evicted = 0, kept = 0, bytes_freed = 0;
   for (const auto& [namespace_id, target_id] : targets) {
     const LayoutKey layout = sessions_.find(namespace_id, target_id)->layout;
-    if (auto pins = admin_pins_.find({namespace_id, target_id}); pins != admin_pins_.end()) {
-      for (const BlockKey& key : pins->second) store_->unpin(key);
-      admin_pins_.erase(pins);
-    }
+    admin_pins_.erase({namespace_id, target_id});  // unpins its blocks
     auto closed = sessions_.close(namespace_id, target_id);
     if (!closed.is_ok()) return closed.status();
     note_session_closed(namespace_id, target_id);
@@ -167,9 +164,8 @@ Status Service::handle_pin(const ConnectionPtr& c, EngineContext& engine, uint64
     admin_pins_[key];  // refresh_admin_pins() pins its blocks
     refresh_admin_pins();
     held = static_cast<uint32_t>(admin_pins_[key].size());
-  } else if (auto pins = admin_pins_.find(key); pins != admin_pins_.end()) {
-    for (const BlockKey& block : pins->second) store_->unpin(block);
-    admin_pins_.erase(pins);
+  } else {
+    admin_pins_.erase(key);  // unpins its blocks
   }
   KVTIER_LOG_INFO("{} (uid {}): session '{}' in {} ({} blocks held)", pin ? "pin" : "unpin",
                   c->peer().uid, key.second, engines_.namespaces().name(key.first), held);
@@ -188,8 +184,9 @@ Status Service::handle_drain(const ConnectionPtr& c, EngineContext& engine, uint
         "(nvme-bytes is 0); nothing was moved");
   }
   std::unordered_set<BlockKey, BlockKeyHasher> admin_pinned;
-  for (const auto& [session, blocks] : admin_pins_)
-    admin_pinned.insert(blocks.begin(), blocks.end());
+  for (const auto& [session, pins] : admin_pins_) {
+    for (const PinnedBlock& pin : pins) admin_pinned.insert(pin.key());
+  }
   // Every ready block in memory goes to NVMe (from GPU memory through RAM).
   std::vector<policy::Move> to_nvme;
   for (Tier tier : {Tier::kHbm, Tier::kRam}) {
@@ -234,39 +231,37 @@ Status Service::handle_get_config(const ConnectionPtr& c, EngineContext& engine,
 
 void Service::refresh_admin_pins() {
   for (auto it = admin_pins_.begin(); it != admin_pins_.end();) {
-    auto& held = it->second;
     const policy::Session* session = sessions_.find(it->first.first, it->first.second);
+    if (session == nullptr) {
+      it = admin_pins_.erase(it);  // closed: its pins go
+      continue;
+    }
+    std::vector<PinnedBlock>& held = it->second;
     std::unordered_set<BlockKey, BlockKeyHasher> wanted;
-    if (session != nullptr) {
-      for (const BlockHash& hash : session->blocks) wanted.insert({session->layout, hash});
-    }
-    for (auto block = held.begin(); block != held.end();) {
-      if (wanted.count(*block) != 0) {
-        ++block;
-        continue;
-      }
-      store_->unpin(*block);
-      block = held.erase(block);
-    }
+    for (const BlockHash& hash : session->blocks) wanted.insert({session->layout, hash});
+    // Pins on blocks the session no longer has are released; the rest stay.
+    std::erase_if(held, [&](const PinnedBlock& pin) { return wanted.erase(pin.key()) == 0; });
     for (const BlockKey& block : wanted) {
       // A block still being written is not visible yet; the next refresh pins it.
-      if (held.count(block) == 0 && store_->pin(block, now_ms())) held.insert(block);
+      if (PinnedBlock pin = store_->pin(block, now_ms())) held.push_back(std::move(pin));
     }
-    it = session == nullptr ? admin_pins_.erase(it) : std::next(it);
+    ++it;
   }
 }
 
 uint64_t Service::admin_pinned_blocks() const {
   std::unordered_set<BlockKey, BlockKeyHasher> distinct;
-  for (const auto& [session, blocks] : admin_pins_) distinct.insert(blocks.begin(), blocks.end());
+  for (const auto& [session, pins] : admin_pins_) {
+    for (const PinnedBlock& pin : pins) distinct.insert(pin.key());
+  }
   return distinct.size();
 }
 
 uint64_t Service::copy_pinned_blocks() const {
   if (store_ == nullptr) return 0;
   std::unordered_map<BlockKey, uint32_t, BlockKeyHasher> admin_pins;
-  for (const auto& [session, blocks] : admin_pins_) {
-    for (const BlockKey& block : blocks) ++admin_pins[block];
+  for (const auto& [session, pins] : admin_pins_) {
+    for (const PinnedBlock& pin : pins) ++admin_pins[pin.key()];
   }
   uint64_t only_admin = 0;
   for (const auto& [block, count] : admin_pins) {

@@ -1,9 +1,11 @@
 // The data path: Save, Lookup, Load, and the moves the planner asks for.
 //
-// Every copy follows the same pattern: reserve or pin on the control thread, submit
-// one batch to the Device, and finish on the control thread when the batch completes
-// (commit/abort, unpin, reply). A block is published only by commit_write, after its
-// bytes landed, so no reader ever sees a half-written block.
+// Every copy follows the same pattern: reserve or pin on the control thread (a
+// PendingWrite or PinnedBlock handle per block), submit one batch to the Device, and
+// finish on the control thread when the batch completes (commit/abort, unpin, reply).
+// The handles ride with the batch's completion, so a batch that is refused or fails
+// releases them too. A block is published only by PendingWrite::commit, after its bytes
+// landed, so no reader ever sees a half-written block.
 // Load is in load_path.cpp.
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/post.hpp>
@@ -124,9 +126,9 @@ Status Service::submit_copy(CopyBatch batch, std::function<void(Status)> done) {
   return submitted;
 }
 
-Result<std::optional<BlockLocation>> Service::reserve_block(const BlockKey& key,
-                                                            uint64_t block_bytes, int gpu_part,
-                                                            uint64_t room_bytes) {
+Result<std::optional<PendingWrite>> Service::reserve_block(const BlockKey& key,
+                                                           uint64_t block_bytes, int gpu_part,
+                                                           uint64_t room_bytes) {
   static constexpr Tier kSaveTiers[] = {Tier::kHbm, Tier::kRam};
   auto reserved = store_->reserve(key, kSaveTiers, now_ms(), gpu_part);
   if (reserved.is_ok() || reserved.status().code() != StatusCode::kResourceExhausted)
@@ -160,55 +162,54 @@ Status Service::handle_save(const ConnectionPtr& c, EngineContext& engine, uint6
   }
   CopyBatch batch;
   batch.priority = CopyPriority::kForeground;  // an engine waits for it
-  std::vector<BlockKey> written;
+  // The blocks this Save writes; any still held when `writes` goes are aborted (a slot
+  // that could not be reserved, a copy refused), so every exit below cleans up.
+  auto writes = std::make_shared<std::vector<PendingWrite>>();
   uint32_t deduplicated = 0;
   for (size_t i = 0; i < request.hashes.size(); ++i) {
     BlockKey key{engine.layout_key, request.hashes[i]};
     const uint64_t rest = (request.hashes.size() - i) * engine.layout.block_bytes;
     auto slot = reserve_block(key, engine.layout.block_bytes, engine.gpu_part, rest);
-    if (!slot.is_ok()) {
-      for (const BlockKey& done : written) store_->abort_write(done);
-      return slot.status();
-    }
+    if (!slot.is_ok()) return slot.status();
     if (!slot->has_value()) {
       ++deduplicated;
       continue;
     }
-    add_plane_segments(batch, engine, request.engine_block_ids[i], **slot, /*to_engine=*/false);
-    written.push_back(key);
+    add_plane_segments(batch, engine, request.engine_block_ids[i], (*slot)->location(),
+                       /*to_engine=*/false);
+    writes->push_back(std::move(**slot));
   }
-  if (written.empty()) {
-    finish_save(c, id, engine, request, written, deduplicated, Status::ok());
+  if (writes->empty()) {
+    finish_save(c, id, engine, request, *writes, deduplicated, Status::ok());
     return Status::ok();
   }
   auto engine_ref = std::static_pointer_cast<EngineContext>(c->user_state);
   auto shared_request = std::make_shared<BlockListRequest>(std::move(request));
-  Status submitted = submit_copy(std::move(batch), [this, c, id, engine_ref, shared_request,
-                                                    written, deduplicated](Status status) {
-    finish_save(c, id, *engine_ref, *shared_request, written, deduplicated, status);
+  return submit_copy(std::move(batch), [this, c, id, engine_ref, shared_request, writes,
+                                        deduplicated](Status status) {
+    finish_save(c, id, *engine_ref, *shared_request, *writes, deduplicated, status);
   });
-  if (!submitted.is_ok()) {
-    for (const BlockKey& key : written) store_->abort_write(key);
-    return submitted;
-  }
-  return Status::ok();
 }
 
 void Service::finish_save(const ConnectionPtr& c, uint64_t id, const EngineContext& engine,
-                          const BlockListRequest& request, const std::vector<BlockKey>& written,
+                          const BlockListRequest& request, std::vector<PendingWrite>& writes,
                           uint32_t deduplicated, const Status& copy_status) {
-  for (const BlockKey& key : written) {
+  // Settled here, on the control thread: the device drops its own copy of the copy's
+  // completion (which holds `writes`) on one of its threads.
+  const size_t stored = writes.size();
+  for (PendingWrite& write : writes) {
     if (copy_status.is_ok()) {
-      store_->commit_write(key);
+      write.commit();
     } else {
-      store_->abort_write(key);
+      write.abort();
     }
   }
+  writes.clear();
   if (!copy_status.is_ok()) {
     reply_error(c, id, copy_status.with_context("copying the blocks in failed"));
     return;
   }
-  counters_.bytes_saved += written.size() * engine.layout.block_bytes;
+  counters_.bytes_saved += stored * engine.layout.block_bytes;
   auto session =
       sessions_.get_or_create(engine.namespace_id, request.session_id, engine.layout_key);
   if (session.is_ok()) {
@@ -220,7 +221,7 @@ void Service::finish_save(const ConnectionPtr& c, uint64_t id, const EngineConte
   }
   reply(c, id, [&](wire::Response::Builder response) {
     auto out = response.initSave();
-    out.setStored(static_cast<uint32_t>(written.size()));
+    out.setStored(static_cast<uint32_t>(stored));
     out.setDeduplicated(deduplicated);
   });
   if (!session.is_ok()) KVTIER_LOG_WARN("save: {}", session.status().to_string());

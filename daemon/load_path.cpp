@@ -7,8 +7,9 @@
 // whose bytes failed their checksum ends the prefix with DataLoss.
 #include <boost/asio/steady_timer.hpp>
 
+#include <cstddef>
 #include <memory>
-#include <optional>
+#include <vector>
 
 #include "common/log.h"
 #include "daemon/persistence.h"
@@ -19,13 +20,14 @@ namespace {
 
 // A Load in progress: the prefix it scanned, each block either pinned where it can be
 // scattered from or waiting for its NVMe read. Shared by the read waiters and the
-// deadline; whichever finds the last answer (or the deadline) finishes the Load.
+// deadline; whichever finds the last answer (or the deadline) finishes the Load, and
+// the pins go on to the copy that scatters them.
 struct PendingLoad {
   struct Entry {
     BlockKey key;
     uint64_t engine_block_id;
-    std::optional<BlockLocation> pinned;  // set once readable and pinned
-    Status failure;                       // why not, for a block that was waited for
+    PinnedBlock pinned;  // held once readable and pinned
+    Status failure;      // why not, for a block that was waited for
   };
   std::vector<Entry> entries;  // the prefix that was held when the Load arrived
   Status scan_stop;            // why the scan stopped early (OK when it did not)
@@ -53,7 +55,7 @@ Status Service::handle_load(const ConnectionPtr& c, EngineContext& engine, uint6
           not_found("blocks[{}] (hash {}) is not held", i, request.hashes[i].to_hex());
       break;
     }
-    PendingLoad::Entry entry{key, request.engine_block_ids[i], std::nullopt, Status::ok()};
+    PendingLoad::Entry entry{key, request.engine_block_ids[i], PinnedBlock(), Status::ok()};
     if (store_->memory(info->location.tier) != nullptr) {  // the Device copies from it
       entry.pinned = store_->pin(key, now_ms());
       if (!entry.pinned) {
@@ -68,61 +70,62 @@ Status Service::handle_load(const ConnectionPtr& c, EngineContext& engine, uint6
   }
 
   auto engine_ref = std::static_pointer_cast<EngineContext>(c->user_state);
-  // Scatters the leading readable blocks and replies; unpins everything it pinned.
+  // Scatters the leading readable blocks and replies. The pins move out of the shared
+  // PendingLoad into `loaded`, which the copy's completion owns: every way out of here
+  // (a region gone, the copy refused) drops them, and so does the completion.
   auto finish = std::make_shared<std::function<void()>>();
   *finish = [this, c, id, load, engine_ref, total = request.hashes.size()]() {
     load->finished = true;
     if (load->deadline) load->deadline->cancel();
+    auto loaded = std::make_shared<std::vector<PendingLoad::Entry>>(std::move(load->entries));
     size_t count = 0;
-    while (count < load->entries.size() && load->entries[count].pinned) ++count;
+    while (count < loaded->size() && (*loaded)[count].pinned) ++count;
     Status stop_reason = load->scan_stop;
-    if (count < load->entries.size()) {
-      const PendingLoad::Entry& stopped = load->entries[count];
+    if (count < loaded->size()) {
+      const PendingLoad::Entry& stopped = (*loaded)[count];
       stop_reason = stopped.failure.with_context(
           fmt::format("blocks[{}] (hash {})", count, stopped.key.hash.to_hex()));
     }
-    for (size_t i = count; i < load->entries.size(); ++i) {
-      if (load->entries[i].pinned) store_->unpin(load->entries[i].key);
-    }
-    load->entries.resize(count);
+    // Blocks after the first that is not readable are not loaded: unpinned here.
+    loaded->erase(loaded->begin() + static_cast<std::ptrdiff_t>(count), loaded->end());
     // A Load that waited for NVMe may find a region unregistered meanwhile.
     if (Status registered = check_regions_registered(*engine_ref); !registered.is_ok()) {
-      for (const PendingLoad::Entry& entry : load->entries) store_->unpin(entry.key);
       reply_error(c, id, registered);
       return;
     }
     CopyBatch batch;
     batch.priority = CopyPriority::kForeground;  // an engine waits for it
-    for (const PendingLoad::Entry& entry : load->entries) {
-      add_plane_segments(batch, *engine_ref, entry.engine_block_id, *entry.pinned,
+    for (const PendingLoad::Entry& entry : *loaded) {
+      add_plane_segments(batch, *engine_ref, entry.engine_block_id, entry.pinned.location(),
                          /*to_engine=*/true);
     }
-    auto done = [this, c, id, load, stop_reason, total,
+    auto done = [this, c, id, loaded, stop_reason, total,
                  block_bytes = engine_ref->layout.block_bytes](Status status) {
-      for (const PendingLoad::Entry& entry : load->entries) store_->unpin(entry.key);
+      const size_t count = loaded->size();
+      // Unpinned now, on the control thread: the device drops its own copy of this
+      // completion on one of its threads, which must not be where the pins go.
+      loaded->clear();
       if (!status.is_ok()) {
         reply_error(c, id, status.with_context("copying the blocks out failed"));
         return;
       }
       // Counted once the bytes reached the engine: a failed copy served nothing.
-      counters_.lookup_hits += load->entries.size();
-      counters_.lookup_misses += total - load->entries.size();
-      counters_.bytes_loaded += load->entries.size() * block_bytes;
+      counters_.lookup_hits += count;
+      counters_.lookup_misses += total - count;
+      counters_.bytes_loaded += count * block_bytes;
       reply(c, id, [&](wire::Response::Builder response) {
         auto out = response.initLoad();
-        out.setLoadedCount(static_cast<uint32_t>(load->entries.size()));
+        out.setLoadedCount(static_cast<uint32_t>(count));
         set_wire_error(out.initStopReason(), stop_reason);
       });
     };
-    if (load->entries.empty()) {
+    if (loaded->empty()) {
       done(Status::ok());
       return;
     }
     Status submitted = submit_copy(std::move(batch), done);
-    if (!submitted.is_ok()) {
-      for (const PendingLoad::Entry& entry : load->entries) store_->unpin(entry.key);
-      reply_error(c, id, submitted);
-    }
+    // Refused: the pins go as `loaded` and `done` do, when this returns.
+    if (!submitted.is_ok()) reply_error(c, id, submitted);
   };
   if (load->waiting == 0) {
     (*finish)();

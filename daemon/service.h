@@ -199,12 +199,12 @@ class Service final : public ipc::RequestHandler {
   Status handle_load(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
                      BlockListRequest request);
   void finish_save(const ConnectionPtr& c, uint64_t id, const EngineContext& engine,
-                   const BlockListRequest& request, const std::vector<BlockKey>& written,
+                   const BlockListRequest& request, std::vector<PendingWrite>& writes,
                    uint32_t deduplicated, const Status& copy_status);
   // Reserves a slot for a new block, evicting cold blocks if every tier is full: room
   // for `room_bytes` (the rest of the request) at once when it can be had.
-  Result<std::optional<BlockLocation>> reserve_block(const BlockKey& key, uint64_t block_bytes,
-                                                     int gpu_part, uint64_t room_bytes);
+  Result<std::optional<PendingWrite>> reserve_block(const BlockKey& key, uint64_t block_bytes,
+                                                    int gpu_part, uint64_t room_bytes);
   void add_plane_segments(CopyBatch& batch, const EngineContext& engine, uint64_t engine_block_id,
                           const BlockLocation& slot, bool to_engine);
   // Submits `batch`; `done` runs later on the control thread.
@@ -250,9 +250,9 @@ class Service final : public ipc::RequestHandler {
   bool plan_posted_ = false;  // plan_soon() has a run queued
   Counters counters_;
   RequestMetrics request_metrics_;
-  // Admin-pinned sessions → the blocks their pin holds (one BlockStore pin each).
-  std::map<std::pair<uint32_t, std::string>, std::unordered_set<BlockKey, BlockKeyHasher>>
-      admin_pins_;
+  // Admin-pinned sessions → one pin on each of their blocks. After store_: released
+  // before it is destroyed.
+  std::map<std::pair<uint32_t, std::string>, std::vector<PinnedBlock>> admin_pins_;
   std::function<size_t()> connection_count_;
   EngineRegistry engines_{config_};  // connections' contexts and the namespaces
   uint64_t started_ms_ = 0;

@@ -22,7 +22,9 @@ std::string tier_list(std::span<const Tier> tiers) {
 
 }  // namespace
 
-BlockStore::BlockStore(std::vector<TierMemory> tiers) {
+BlockStore::BlockStore(std::vector<TierMemory> tiers)
+    : anchor_(std::make_unique<detail::StoreAnchor>()) {
+  anchor_->store = this;
   // Reserve and the usage list rely on tiers_ being fastest first; the Tier enum is
   // numbered in that order, so sort rather than trust the caller's order.
   std::stable_sort(tiers.begin(), tiers.end(), [](const TierMemory& a, const TierMemory& b) {
@@ -42,6 +44,16 @@ BlockStore::BlockStore(std::vector<TierMemory> tiers) {
                                SlabAllocator(capacity_bytes, tier.slab_bytes, tier.parts), 0,
                                tier.confirm_release, 0, {}});
   }
+}
+
+BlockStore::~BlockStore() {
+  if (anchor_->handles == 0) return;
+  // A handle that outlives the store would otherwise reach freed memory when it is
+  // released; the anchor stays with the handles, and the last of them frees it.
+  KVTIER_LOG_WARN("block store destroyed while {} pin handles are held; they release nothing",
+                  anchor_->handles);
+  anchor_->store = nullptr;
+  (void)anchor_.release();
 }
 
 const std::shared_ptr<Memory>& BlockStore::memory(Tier tier) const {
@@ -70,16 +82,16 @@ uint64_t BlockStore::block_bytes(const LayoutKey& layout) const {
   return it == layouts_.end() ? 0 : it->second.block_bytes;
 }
 
-Result<std::optional<BlockLocation>> BlockStore::reserve(const BlockKey& key,
-                                                         std::span<const Tier> allowed,
-                                                         uint64_t now_ms, int preferred_part) {
+Result<std::optional<PendingWrite>> BlockStore::reserve(const BlockKey& key,
+                                                        std::span<const Tier> allowed,
+                                                        uint64_t now_ms, int preferred_part) {
   auto layout = layouts_.find(key.layout);
   if (layout == layouts_.end()) {
     return invalid_argument("layout {:016x} in namespace {} is not registered",
                             key.layout.layout_digest, key.layout.namespace_id);
   }
   LayoutTable& table = layout->second;
-  if (table.blocks.contains(key.hash)) return std::optional<BlockLocation>();
+  if (table.blocks.contains(key.hash)) return std::optional<PendingWrite>();
 
   for (TierState& tier : tiers_) {
     if (std::find(allowed.begin(), allowed.end(), tier.tier) == allowed.end()) continue;
@@ -95,7 +107,7 @@ Result<std::optional<BlockLocation>> BlockStore::reserve(const BlockKey& key,
     change_pins(entry, +1);  // the writer's pin
     ++tier.blocks;
     ++block_count_;
-    return std::optional<BlockLocation>(entry.location);
+    return std::optional<PendingWrite>(PendingWrite(*anchor_, key, entry.location));
   }
   return resource_exhausted("no room for a {}-byte block in allowed tiers [{}]", table.block_bytes,
                             tier_list(allowed));
@@ -135,15 +147,15 @@ std::optional<BlockInfo> BlockStore::lookup(const BlockKey& key) const {
                    entry->last_access_ms};
 }
 
-std::optional<BlockLocation> BlockStore::pin(const BlockKey& key, uint64_t now_ms) {
+PinnedBlock BlockStore::pin(const BlockKey& key, uint64_t now_ms) {
   Entry* entry = find(key);
-  if (entry == nullptr || entry->state == BlockState::kWriting) return std::nullopt;
+  if (entry == nullptr || entry->state == BlockState::kWriting) return {};
   // A full pin counter refuses the read rather than wrap (a wrapped count would free a
   // slot under a reader).
-  if (entry->pins == std::numeric_limits<decltype(entry->pins)>::max()) return std::nullopt;
+  if (entry->pins == std::numeric_limits<decltype(entry->pins)>::max()) return {};
   change_pins(*entry, +1);
   entry->last_access_ms = now_ms;
-  return entry->location;
+  return PinnedBlock(*anchor_, key, entry->location);
 }
 
 void BlockStore::unpin(const BlockKey& key) {

@@ -3,11 +3,20 @@
 // tiers that hold bytes in daemon memory (HBM arena, RAM pool).
 //
 // Life of a block:
-//   reserve (state kWriting, invisible to lookups, pinned) → commit_write (kReady,
-//   visible) … pin/unpin around reads … begin_move (kMoving: still readable at its
-//   old place) → finish_move (now at the new place; the old slot is freed once no
-//   reader pins it) … evict (gone, slot freed).
-// Two-phase publish: a block is visible to lookup() only after commit_write().
+//   reserve (state kWriting, invisible to lookups, pinned; the caller holds a
+//   PendingWrite) → PendingWrite::commit (kReady, visible) … PinnedBlock handles from
+//   pin() around reads … begin_move (kMoving: still readable at its old place) →
+//   finish_move (now at the new place; the old slot is freed once no reader pins it)
+//   … evict (gone, slot freed).
+// Two-phase publish: a block is visible to lookup() only after its PendingWrite
+// committed.
+//
+// Callers' pins are handles (PinnedBlock, PendingWrite, as LevelDB's Cache::Handle):
+// each gives its pin up exactly once — reset/commit/abort, destruction, or being
+// assigned over — so no path can forget one. Handles belong to the control thread,
+// like the store, and should be released before the store is destroyed; see
+// PinnedBlock. A move's pin is the store's own: begin_move takes it, finish_move
+// gives it back.
 //
 // Every block also counts session references (sessions hold blocks; blocks with no
 // references stay as a prefix cache until evicted).
@@ -19,8 +28,9 @@
 // slots, confirm_release() frees them. Blocks found on disk at start-up come back
 // with insert_recovered().
 //
-// Thread-safety: none. The control thread owns the store; copies run elsewhere and
-// report back to the control thread, which calls commit/abort/finish.
+// Thread-safety: none. The control thread owns the store and its handles; copies run
+// elsewhere and report back to the control thread, which commits or aborts the
+// writes, releases the pins and finishes the moves.
 #pragma once
 
 #include <array>
@@ -51,6 +61,106 @@ struct BlockLocation {
   uint64_t offset = 0;  // slot offset within the tier's memory
 };
 
+class BlockStore;
+
+namespace detail {
+
+// How a handle reaches its store. The store owns the anchor; when the store is
+// destroyed while handles remain, it leaves the anchor to them (store = nullptr) and
+// the last of them frees it.
+struct StoreAnchor {
+  BlockStore* store = nullptr;  // nullptr once the store is destroyed
+  uint64_t handles = 0;         // live handles pointing here
+};
+
+// What PinnedBlock and PendingWrite share: the store, the block and the place it held
+// when the handle was made. Move-only; empty once released or moved from.
+class BlockHandle {
+ public:
+  BlockHandle(const BlockHandle&) = delete;
+  BlockHandle& operator=(const BlockHandle&) = delete;
+
+  // Whether the handle holds its block.
+  explicit operator bool() const { return anchor_ != nullptr; }
+  // REQUIRES: the handle holds its block.
+  const BlockKey& key() const { return key_; }
+  const BlockLocation& location() const { return location_; }
+
+ protected:
+  BlockHandle() = default;
+  BlockHandle(StoreAnchor& anchor, const BlockKey& key, const BlockLocation& location);
+  BlockHandle(BlockHandle&& other) noexcept;
+  // REQUIRES: *this is empty (the derived class released it first).
+  BlockHandle& operator=(BlockHandle&& other) noexcept;
+  ~BlockHandle() = default;
+  // Empties the handle. Returns the store to release the block in, or nullptr when the
+  // handle was empty or the store is gone.
+  BlockStore* detach();
+
+ private:
+  StoreAnchor* anchor_ = nullptr;
+  BlockKey key_;
+  BlockLocation location_;
+};
+
+}  // namespace detail
+
+// A read pin on one visible block, from BlockStore::pin(). While it is held the slot at
+// location() is neither freed nor reused: evict() refuses a pinned block, and a block
+// moved meanwhile keeps its old slot until its last pin goes. location() is where the
+// block was when pinned, so it always names the bytes this pin protects.
+//
+// Released exactly once: by reset(), destruction, or being assigned over. Moving
+// transfers the pin and leaves the source empty; a handle cannot be copied.
+//
+// Lifetime and threads: a handle belongs to the control thread, like its store, and
+// must be released there. Release it before the store is destroyed (the daemon's
+// copies release their pins in their completions; Service declares everything that
+// holds pins after its store, so those go first). A handle that still outlives its
+// store — a completion the event loop dropped unrun when it stopped — releases
+// nothing and touches only the anchor it shares with the store, never freed memory.
+class PinnedBlock : public detail::BlockHandle {
+ public:
+  PinnedBlock() = default;
+  PinnedBlock(PinnedBlock&&) noexcept = default;
+  PinnedBlock& operator=(PinnedBlock&& other) noexcept;
+  ~PinnedBlock() { reset(); }
+
+  // Unpins (when the block's last pin goes, an old slot of a move is freed). No-op on
+  // an empty handle.
+  void reset();
+
+ private:
+  friend class BlockStore;
+  PinnedBlock(detail::StoreAnchor& anchor, const BlockKey& key, const BlockLocation& location)
+      : BlockHandle(anchor, key, location) {}
+};
+
+// The writer's hold on a block reserve() inserted: kWriting, invisible to lookups,
+// pinned, its slot at location(). commit() publishes it once its bytes have landed;
+// abort() removes it and frees its slot. A PendingWrite given up neither way —
+// destroyed or assigned over — aborts, so a reserved block is never left unpublished.
+// Move-only, with PinnedBlock's lifetime and thread rules.
+class PendingWrite : public detail::BlockHandle {
+ public:
+  PendingWrite() = default;
+  PendingWrite(PendingWrite&&) noexcept = default;
+  PendingWrite& operator=(PendingWrite&& other) noexcept;
+  ~PendingWrite() { abort(); }
+
+  // The copy into the slot completed: the block becomes kReady (visible) and loses the
+  // writer's pin. No-op on an empty handle.
+  void commit();
+  // The copy failed or never ran: the block is removed and its slot freed. No-op on an
+  // empty handle.
+  void abort();
+
+ private:
+  friend class BlockStore;
+  PendingWrite(detail::StoreAnchor& anchor, const BlockKey& key, const BlockLocation& location)
+      : BlockHandle(anchor, key, location) {}
+};
+
 // A read-only view of one block for callers outside the store.
 struct BlockInfo {
   BlockState state;
@@ -79,6 +189,11 @@ class BlockStore {
   };
   // Tiers in order from fastest (HBM) to slowest.
   explicit BlockStore(std::vector<TierMemory> tiers);
+  // Handles still held are cut loose (logged): they release nothing afterwards.
+  ~BlockStore();
+  // Handles point at the store: it stays where it was made.
+  BlockStore(const BlockStore&) = delete;
+  BlockStore& operator=(const BlockStore&) = delete;
 
   // The memory behind a tier, or nullptr when that tier is not configured or has no
   // memory (NVMe).
@@ -94,25 +209,22 @@ class BlockStore {
 
   // If `key` is already present (in any state), returns nullopt: the caller dedups.
   // Otherwise reserves a slot in the fastest tier in `allowed` that has room, inserts
-  // the block as kWriting with one pin, and returns its location. ResourceExhausted
-  // when no allowed tier has a free slot. In a tier made of parts, `preferred_part`
-  // (the writer's GPU) is tried first.
-  Result<std::optional<BlockLocation>> reserve(const BlockKey& key, std::span<const Tier> allowed,
-                                               uint64_t now_ms,
-                                               int preferred_part = SlabAllocator::kAnyPart);
-  // The copy into a reserved block completed: the block becomes kReady and unpinned.
-  void commit_write(const BlockKey& key);
-  // The copy failed: the block is removed and its slot freed.
-  void abort_write(const BlockKey& key);
+  // the block as kWriting with the writer's pin, and returns the PendingWrite holding
+  // it (location(): the slot to copy into; commit() once the bytes landed).
+  // ResourceExhausted when no allowed tier has a free slot. In a tier made of parts,
+  // `preferred_part` (the writer's GPU) is tried first.
+  Result<std::optional<PendingWrite>> reserve(const BlockKey& key, std::span<const Tier> allowed,
+                                              uint64_t now_ms,
+                                              int preferred_part = SlabAllocator::kAnyPart);
 
   // ---- reads ----
 
   // Ready or moving blocks only (kWriting is invisible). nullopt when absent.
   std::optional<BlockInfo> lookup(const BlockKey& key) const;
-  // Marks a visible block read-pinned (its slot will not be freed or reused) and
-  // refreshes its access time. Returns its location, or nullopt when not visible.
-  std::optional<BlockLocation> pin(const BlockKey& key, uint64_t now_ms);
-  void unpin(const BlockKey& key);
+  // Read-pins a visible block (its slot will not be freed or reused while the handle
+  // is held) and refreshes its access time. An empty handle when the block is not
+  // visible, or already holds as many pins as it can count.
+  PinnedBlock pin(const BlockKey& key, uint64_t now_ms);
 
   // ---- moves between tiers ----
 
@@ -175,6 +287,14 @@ class BlockStore {
   uint64_t block_count() const { return block_count_; }
 
  private:
+  friend class PinnedBlock;
+  friend class PendingWrite;
+
+  // What the handles call, each once per handle.
+  void unpin(const BlockKey& key);
+  void commit_write(const BlockKey& key);
+  void abort_write(const BlockKey& key);
+
   struct Entry {
     BlockLocation location;
     uint64_t last_access_ms = 0;
@@ -223,6 +343,8 @@ class BlockStore {
   std::vector<PendingRelease> pending_releases_;
   uint64_t pinned_blocks_ = 0;
   uint64_t block_count_ = 0;
+  // Shared with the handles; handed to them if the store goes first (~BlockStore).
+  std::unique_ptr<detail::StoreAnchor> anchor_;
 };
 
 }  // namespace kvtier

@@ -1,7 +1,10 @@
 // A seeded random walk over every BlockStore operation, checked after each step
 // against a plain model: states, pins, session refs, locations, per-tier used bytes
-// and block counts, and that no two live slots overlap.
+// and block counts, and that no two live slots overlap. Writes and reads hold the
+// store's handles (PendingWrite, PinnedBlock), released by commit/abort, reset,
+// assignment over them, or destruction.
 #include <algorithm>
+#include <cstddef>
 #include <map>
 #include <optional>
 #include <random>
@@ -26,7 +29,7 @@ struct ModelBlock {
   BlockState state = BlockState::kWriting;
   BlockLocation location;
   uint32_t pins = 0;     // writer + mover + readers
-  uint32_t readers = 0;  // pins taken with pin()
+  uint32_t readers = 0;  // pins held by PinnedBlock handles
   uint32_t session_refs = 0;
   std::optional<BlockLocation> target;    // while kMoving
   std::optional<BlockLocation> deferred;  // old slot waiting for readers
@@ -88,40 +91,62 @@ class RandomWalk {
         } else {
           ASSERT_TRUE(reserved.is_ok()) << reserved.status().to_string();
           ASSERT_TRUE(reserved->has_value());
-          ASSERT_EQ((*reserved)->tier, *expected_tier);
+          ASSERT_EQ((*reserved)->location().tier, *expected_tier);
           ModelBlock& added = model_[n];
-          added.location = **reserved;
+          added.location = (*reserved)->location();
           added.pins = 1;
+          writes_[n] = std::move(**reserved);
         }
         break;
       }
       case kCommitOrAbort:
         if (block == nullptr || block->state != BlockState::kWriting) return;
         if (rng_() % 4 == 0) {
-          store_.abort_write(key);
+          // Aborted explicitly, or by dropping the handle.
+          if (rng_() % 2 == 0) writes_[n].abort();
+          writes_.erase(n);
           model_.erase(it);
         } else {
-          store_.commit_write(key);
+          writes_[n].commit();
+          writes_.erase(n);
           block->state = BlockState::kReady;
           block->pins = 0;
         }
         break;
       case kPin: {
-        auto location = store_.pin(key, now_ms_);
-        ASSERT_EQ(location.has_value(), visible);
+        PinnedBlock pin = store_.pin(key, now_ms_);
+        ASSERT_EQ(static_cast<bool>(pin), visible);
         if (!visible) return;
-        ASSERT_EQ(location->tier, block->location.tier);
-        ASSERT_EQ(location->offset, block->location.offset);
+        ASSERT_EQ(pin.location().tier, block->location.tier);
+        ASSERT_EQ(pin.location().offset, block->location.offset);
+        readers_[n].push_back(std::move(pin));
         ++block->pins;
         ++block->readers;
         break;
       }
-      case kUnpin:
+      case kUnpin: {
         if (block == nullptr || block->readers == 0) return;
-        store_.unpin(key);
+        std::vector<PinnedBlock>& held = readers_[n];
+        ASSERT_EQ(held.size(), block->readers);
+        const size_t at = rng_() % held.size();
+        switch (rng_() % 3) {
+          case 0:  // reset, then dropped empty
+            held[at].reset();
+            held.erase(held.begin() + static_cast<std::ptrdiff_t>(at));
+            break;
+          case 1:  // assigned over by the last one
+            held[at] = std::move(held.back());
+            held.pop_back();
+            break;
+          default:  // moved out to a handle that goes out of scope
+            PinnedBlock taken = std::move(held[at]);
+            held.erase(held.begin() + static_cast<std::ptrdiff_t>(at));
+            break;
+        }
         --block->readers;
         if (--block->pins == 0) block->deferred.reset();
         break;
+      }
       case kMoveReady:
       case kMoveAny: {
         const Tier to = static_cast<Tier>(rng_() % 3);
@@ -269,6 +294,9 @@ class RandomWalk {
 
   std::mt19937 rng_;
   BlockStore store_;
+  // The handles, after the store: released before it goes.
+  std::map<uint32_t, PendingWrite> writes_;
+  std::map<uint32_t, std::vector<PinnedBlock>> readers_;
   std::map<uint32_t, ModelBlock> model_;
   uint64_t now_ms_ = 0;
   Seen seen_;

@@ -28,18 +28,21 @@ class BlockStoreTest : public ::testing::Test {
 
   BlockKey key(uint32_t n) const { return key_of(layout_, n); }
 
-  BlockLocation reserve(uint32_t n, const std::vector<Tier>& allowed = kHbmThenRam) {
+  // The block's PendingWrite (empty, with a failure, when it was not reserved).
+  PendingWrite reserve(uint32_t n, const std::vector<Tier>& allowed = kHbmThenRam) {
     auto reserved = store_.reserve(key(n), allowed, 100);
     EXPECT_TRUE(reserved.is_ok()) << reserved.status().to_string();
     if (!reserved.is_ok() || !reserved->has_value()) {
       ADD_FAILURE() << "block " << n << " was not reserved";
       return {};
     }
-    return **reserved;
+    return std::move(**reserved);
   }
+  // Reserves and commits; the block's location.
   BlockLocation put(uint32_t n, const std::vector<Tier>& allowed = kHbmThenRam) {
-    BlockLocation location = reserve(n, allowed);
-    store_.commit_write(key(n));
+    PendingWrite write = reserve(n, allowed);
+    const BlockLocation location = write.location();
+    write.commit();
     return location;
   }
   void expect_usage(Tier tier, uint64_t used_bytes, uint64_t blocks) {
@@ -94,8 +97,10 @@ TEST_F(BlockStoreTest, ReserveOfUnregisteredLayoutIsInvalid) {
 
 TEST_F(BlockStoreTest, ReserveFallsBackFromHbmToRamThenExhausts) {
   std::set<std::pair<Tier, uint64_t>> slots;
+  std::vector<PendingWrite> writes;
   for (uint32_t n = 0; n < 6; ++n) {
-    BlockLocation location = reserve(n, {Tier::kRam, Tier::kHbm});  // order of `allowed` is ignored
+    writes.push_back(reserve(n, {Tier::kRam, Tier::kHbm}));  // order of `allowed` is ignored
+    const BlockLocation location = writes.back().location();
     EXPECT_EQ(location.tier, n < 2 ? Tier::kHbm : Tier::kRam) << n;
     slots.insert({location.tier, location.offset});
   }
@@ -109,7 +114,8 @@ TEST_F(BlockStoreTest, ReserveFallsBackFromHbmToRamThenExhausts) {
 }
 
 TEST_F(BlockStoreTest, ReserveUsesOnlyAllowedConfiguredTiers) {
-  EXPECT_EQ(reserve(1, {Tier::kRam}).tier, Tier::kRam);  // HBM has room but is not allowed
+  PendingWrite write = reserve(1, {Tier::kRam});
+  EXPECT_EQ(write.location().tier, Tier::kRam);  // HBM has room but is not allowed
   const std::vector<Tier> nvme_only = {Tier::kNvme};
   EXPECT_EQ(store_.reserve(key(2), nvme_only, 0).status().code(), StatusCode::kResourceExhausted);
   EXPECT_EQ(store_.reserve(key(3), {}, 0).status().code(), StatusCode::kResourceExhausted);
@@ -119,11 +125,11 @@ TEST_F(BlockStoreTest, ReserveUsesOnlyAllowedConfiguredTiers) {
 }
 
 TEST_F(BlockStoreTest, ReserveDedupsWritingAndReadyBlocks) {
-  reserve(1);
+  PendingWrite write = reserve(1);
   auto again = store_.reserve(key(1), kHbmThenRam, 0);
   ASSERT_TRUE(again.is_ok());
   EXPECT_FALSE(again->has_value());
-  store_.commit_write(key(1));
+  write.commit();
   again = store_.reserve(key(1), kHbmThenRam, 0);
   ASSERT_TRUE(again.is_ok());
   EXPECT_FALSE(again->has_value());
@@ -132,14 +138,17 @@ TEST_F(BlockStoreTest, ReserveDedupsWritingAndReadyBlocks) {
 }
 
 TEST_F(BlockStoreTest, WritingBlockIsInvisibleUntilCommit) {
-  const BlockLocation location = reserve(1);
+  PendingWrite write = reserve(1);
+  const BlockLocation location = write.location();
+  EXPECT_EQ(write.key(), key(1));
   EXPECT_EQ(store_.lookup(key(1)), std::nullopt);
-  EXPECT_EQ(store_.pin(key(1), 200), std::nullopt);
+  EXPECT_FALSE(store_.pin(key(1), 200));
   EXPECT_TRUE(visible_in(Tier::kHbm).empty());
   EXPECT_EQ(store_.pinned_blocks(), 1u);  // the writer's pin
   EXPECT_EQ(store_.block_count(), 1u);
 
-  store_.commit_write(key(1));
+  write.commit();
+  EXPECT_FALSE(write);
   auto info = store_.lookup(key(1));
   ASSERT_TRUE(info.has_value());
   EXPECT_EQ(info->state, BlockState::kReady);
@@ -152,52 +161,84 @@ TEST_F(BlockStoreTest, WritingBlockIsInvisibleUntilCommit) {
 }
 
 TEST_F(BlockStoreTest, AbortFreesTheSlot) {
-  const BlockLocation location = reserve(1);
-  store_.abort_write(key(1));
+  PendingWrite write = reserve(1);
+  const BlockLocation location = write.location();
+  write.abort();
+  EXPECT_FALSE(write);
   EXPECT_EQ(store_.lookup(key(1)), std::nullopt);
   EXPECT_EQ(store_.block_count(), 0u);
   EXPECT_EQ(store_.pinned_blocks(), 0u);
   expect_usage(Tier::kHbm, 0, 0);
   // The key is gone, not deduped, and its slot is free again.
-  const BlockLocation again = reserve(1);
-  EXPECT_EQ(again.tier, location.tier);
-  EXPECT_EQ(again.offset, location.offset);
-  // Abort of a committed block does nothing.
-  store_.commit_write(key(1));
-  store_.abort_write(key(1));
+  PendingWrite again = reserve(1);
+  EXPECT_EQ(again.location().tier, location.tier);
+  EXPECT_EQ(again.location().offset, location.offset);
+  // A committed write is spent: aborting or destroying it does nothing.
+  again.commit();
+  again.abort();
+  write.abort();
   EXPECT_TRUE(store_.lookup(key(1)).has_value());
+}
+
+TEST_F(BlockStoreTest, PendingWriteDroppedUncommittedAborts) {
+  {
+    PendingWrite write = reserve(1);
+    EXPECT_EQ(store_.block_count(), 1u);
+  }
+  EXPECT_EQ(store_.lookup(key(1)), std::nullopt);
+  EXPECT_EQ(store_.block_count(), 0u);
+  EXPECT_EQ(store_.pinned_blocks(), 0u);
+  expect_usage(Tier::kHbm, 0, 0);
+
+  // Assigned over: the old write aborts, the new one is held.
+  PendingWrite write = reserve(2);
+  write = reserve(3);
+  EXPECT_EQ(write.key(), key(3));
+  EXPECT_EQ(store_.block_count(), 1u);
+  expect_usage(Tier::kHbm, kBlock, 1);
+  // Moved: the new owner commits, the moved-from handle is empty.
+  PendingWrite moved = std::move(write);
+  EXPECT_FALSE(write);  // NOLINT(bugprone-use-after-move): moved-from is empty by contract
+  moved.commit();
+  EXPECT_TRUE(store_.lookup(key(3)).has_value());
+  EXPECT_EQ(store_.pinned_blocks(), 0u);
 }
 
 TEST_F(BlockStoreTest, PinAndUnpinCount) {
   const BlockLocation location = put(1);
   put(2);
-  auto pinned = store_.pin(key(1), 500);
-  ASSERT_TRUE(pinned.has_value());
-  EXPECT_EQ(pinned->offset, location.offset);
-  EXPECT_TRUE(store_.pin(key(1), 600).has_value());
-  EXPECT_TRUE(store_.pin(key(2), 600).has_value());
+  PinnedBlock first = store_.pin(key(1), 500);
+  ASSERT_TRUE(first);
+  EXPECT_EQ(first.key(), key(1));
+  EXPECT_EQ(first.location().offset, location.offset);
+  PinnedBlock second = store_.pin(key(1), 600);
+  PinnedBlock other = store_.pin(key(2), 600);
+  EXPECT_TRUE(second);
+  EXPECT_TRUE(other);
   EXPECT_EQ(store_.lookup(key(1))->pins, 2u);
   EXPECT_EQ(store_.lookup(key(1))->last_access_ms, 600u);
   EXPECT_EQ(store_.pinned_blocks(), 2u);
-  store_.unpin(key(1));
+  first.reset();
   EXPECT_EQ(store_.lookup(key(1))->pins, 1u);
   EXPECT_EQ(store_.pinned_blocks(), 2u);
-  store_.unpin(key(1));
-  store_.unpin(key(2));
+  second.reset();
+  other.reset();
   EXPECT_EQ(store_.pinned_blocks(), 0u);
-  store_.unpin(key(1));  // unbalanced unpin is ignored, no wrap-around
+  first.reset();  // a released handle is empty: no second unpin, no wrap-around
   EXPECT_EQ(store_.lookup(key(1))->pins, 0u);
   EXPECT_EQ(store_.pinned_blocks(), 0u);
-  EXPECT_EQ(store_.pin(key(9), 0), std::nullopt);
+  EXPECT_FALSE(store_.pin(key(9), 0));
 }
 
 TEST_F(BlockStoreTest, EvictRefusesPinnedWritingAndMovingBlocks) {
-  reserve(1);
+  PendingWrite write = reserve(1);
   EXPECT_FALSE(store_.evict(key(1)));  // writing
-  store_.commit_write(key(1));
-  ASSERT_TRUE(store_.pin(key(1), 0).has_value());
-  EXPECT_FALSE(store_.evict(key(1)));  // pinned
-  store_.unpin(key(1));
+  write.commit();
+  {
+    PinnedBlock pin = store_.pin(key(1), 0);
+    ASSERT_TRUE(pin);
+    EXPECT_FALSE(store_.evict(key(1)));  // pinned
+  }
   ASSERT_TRUE(store_.begin_move(key(1), Tier::kRam).is_ok());
   EXPECT_FALSE(store_.evict(key(1)));  // moving
   store_.finish_move(key(1), true);
@@ -227,8 +268,8 @@ TEST_F(BlockStoreTest, MoveThatSucceedsSwitchesTierAndFreesSource) {
   EXPECT_EQ(info->location.tier, Tier::kHbm);
   EXPECT_EQ(info->pins, 1u);
   EXPECT_EQ(store_.pinned_blocks(), 1u);
-  EXPECT_EQ(store_.pin(key(1), 0)->tier, Tier::kHbm);
-  store_.unpin(key(1));
+  EXPECT_EQ(store_.pin(key(1), 0).location().tier, Tier::kHbm);  // unpinned at once
+  EXPECT_EQ(store_.lookup(key(1))->pins, 1u);
   expect_usage(Tier::kHbm, kBlock, 1);
   expect_usage(Tier::kRam, kBlock, 0);  // destination reserved, block not counted yet
   EXPECT_EQ(visible_in(Tier::kHbm).size(), 1u);
@@ -268,9 +309,9 @@ TEST_F(BlockStoreTest, MoveThatFailsKeepsBlockWhereItWas) {
 TEST_F(BlockStoreTest, BeginMoveRejectsWhatCannotMove) {
   auto code = [&](uint32_t n, Tier to) { return store_.begin_move(key(n), to).status().code(); };
   EXPECT_EQ(code(1, Tier::kRam), StatusCode::kInvalidArgument);  // absent
-  reserve(1);
+  PendingWrite write = reserve(1);
   EXPECT_EQ(code(1, Tier::kRam), StatusCode::kInvalidArgument);  // writing
-  store_.commit_write(key(1));
+  write.commit();
   EXPECT_EQ(code(1, Tier::kHbm), StatusCode::kInvalidArgument);   // already there
   EXPECT_EQ(code(1, Tier::kNvme), StatusCode::kInvalidArgument);  // not configured
   ASSERT_TRUE(store_.begin_move(key(1), Tier::kRam).is_ok());
@@ -291,7 +332,8 @@ TEST_F(BlockStoreTest, BeginMoveRejectsWhatCannotMove) {
 
 TEST_F(BlockStoreTest, MoveUnderAReaderDefersTheFreeUntilUnpin) {
   const BlockLocation old = put(1, {Tier::kHbm});
-  ASSERT_EQ(store_.pin(key(1), 0)->offset, old.offset);  // a load is reading HBM
+  PinnedBlock reader = store_.pin(key(1), 0);  // a load is reading HBM
+  ASSERT_EQ(reader.location().offset, old.offset);
   ASSERT_TRUE(store_.begin_move(key(1), Tier::kRam).is_ok());
   store_.finish_move(key(1), true);
 
@@ -303,32 +345,36 @@ TEST_F(BlockStoreTest, MoveUnderAReaderDefersTheFreeUntilUnpin) {
   EXPECT_EQ(store_.begin_move(key(1), Tier::kHbm).status().code(), StatusCode::kInvalidArgument);
 
   // The reader's slot is not handed out again: one HBM slot is left, then none.
-  EXPECT_NE(reserve(2, {Tier::kHbm}).offset, old.offset);
+  PendingWrite second = reserve(2, {Tier::kHbm});
+  EXPECT_NE(second.location().offset, old.offset);
   EXPECT_EQ(store_.reserve(key(3), std::vector<Tier>{Tier::kHbm}, 0).status().code(),
             StatusCode::kResourceExhausted);
   EXPECT_FALSE(store_.has_room(Tier::kHbm, kBlock));
 
-  store_.unpin(key(1));
+  EXPECT_EQ(reader.location().tier, Tier::kHbm);  // the reader still names its slot
+  reader.reset();
   expect_usage(Tier::kHbm, kBlock, 1);    // only block 2
   EXPECT_EQ(store_.pinned_blocks(), 1u);  // block 2 is still being written
-  const BlockLocation reused = reserve(3, {Tier::kHbm});
-  EXPECT_EQ(reused.offset, old.offset);
-  store_.commit_write(key(2));
-  store_.commit_write(key(3));
+  PendingWrite third = reserve(3, {Tier::kHbm});
+  EXPECT_EQ(third.location().offset, old.offset);
+  second.commit();
+  third.commit();
   EXPECT_EQ(store_.pinned_blocks(), 0u);
   EXPECT_EQ(store_.block_count(), 3u);
 }
 
 TEST_F(BlockStoreTest, DeferredFreeWaitsForReadersOfTheNewPlaceToo) {
   put(1, {Tier::kHbm});
-  ASSERT_TRUE(store_.pin(key(1), 0).has_value());  // reader of the old place
+  PinnedBlock old_reader = store_.pin(key(1), 0);  // reader of the old place
+  ASSERT_TRUE(old_reader);
   ASSERT_TRUE(store_.begin_move(key(1), Tier::kRam).is_ok());
   store_.finish_move(key(1), true);
-  ASSERT_EQ(store_.pin(key(1), 0)->tier, Tier::kRam);  // reader of the new place
-  store_.unpin(key(1));
-  // The store cannot tell which reader left, so the old slot stays until both did.
+  PinnedBlock new_reader = store_.pin(key(1), 0);  // reader of the new place
+  ASSERT_EQ(new_reader.location().tier, Tier::kRam);
+  old_reader.reset();
+  // The store counts pins per block, not per place: the old slot stays until both left.
   expect_usage(Tier::kHbm, kBlock, 0);
-  store_.unpin(key(1));
+  new_reader.reset();
   expect_usage(Tier::kHbm, 0, 0);
   expect_usage(Tier::kRam, kBlock, 1);
   EXPECT_EQ(store_.pinned_blocks(), 0u);
@@ -371,8 +417,9 @@ TEST_F(BlockStoreTest, LayoutsAreSeparateKeySpacesSharingTiers) {
   auto reserved = store_.reserve(key_of(small, 1), kHbmThenRam, 0);
   ASSERT_TRUE(reserved.is_ok());
   ASSERT_TRUE(reserved->has_value());
-  EXPECT_EQ((*reserved)->tier, Tier::kHbm);  // second HBM slab, carved into 256-byte slots
-  store_.commit_write(key_of(small, 1));
+  // The second HBM slab, carved into 256-byte slots.
+  EXPECT_EQ((*reserved)->location().tier, Tier::kHbm);
+  (*reserved)->commit();
   expect_usage(Tier::kHbm, kBlock + kBlock / 4, 2);
   EXPECT_EQ(visible_in(Tier::kHbm).size(), 2u);
   EXPECT_EQ(store_.block_count(), 2u);

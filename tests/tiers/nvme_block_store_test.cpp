@@ -76,7 +76,8 @@ TEST_F(NvmeBlockStoreTest, NvmeSlotsAreReusedOnlyAfterConfirmation) {
   for (uint32_t n = 0; n < 8; ++n) {
     auto reserved = store_.reserve(key_of(layout_, n), std::vector<Tier>{Tier::kRam}, 1);
     ASSERT_TRUE(reserved.is_ok()) << reserved.status().to_string();
-    store_.commit_write(key_of(layout_, n));
+    ASSERT_TRUE(reserved->has_value());
+    (*reserved)->commit();
     ASSERT_TRUE(store_.begin_move(key_of(layout_, n), Tier::kNvme).is_ok());
     store_.finish_move(key_of(layout_, n), true);
     EXPECT_TRUE(store_.take_pending_releases().empty());  // RAM slots free at once
