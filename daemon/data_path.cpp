@@ -154,6 +154,17 @@ Result<std::optional<PendingWrite>> Service::reserve_block(const BlockKey& key,
       block_bytes);
 }
 
+// A Save in progress: its own copy, and the blocks it found being written by another
+// Save (it may answer only once those landed: never "saved" for bytes not there yet).
+struct Service::SaveInProgress {
+  BlockListRequest request;
+  std::vector<PendingWrite> writes;  // the blocks this Save writes
+  uint32_t deduplicated = 0;
+  size_t waiting = 0;  // its copy (if any) + blocks another Save is writing
+  Status copy_status;
+  std::optional<size_t> lost_duplicate;  // index of a block whose other writer failed
+};
+
 Status Service::handle_save(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
                             BlockListRequest request) {
   if (const policy::Session* session = sessions_.find(engine.namespace_id, request.session_id);
@@ -162,53 +173,79 @@ Status Service::handle_save(const ConnectionPtr& c, EngineContext& engine, uint6
   }
   CopyBatch batch;
   batch.priority = CopyPriority::kForeground;  // an engine waits for it
-  // The blocks this Save writes; any still held when `writes` goes are aborted (a slot
+  // The blocks this Save writes; any still held when `save` goes are aborted (a slot
   // that could not be reserved, a copy refused), so every exit below cleans up.
-  auto writes = std::make_shared<std::vector<PendingWrite>>();
-  uint32_t deduplicated = 0;
+  auto save = std::make_shared<SaveInProgress>();
+  std::vector<size_t> being_written;  // duplicates another Save has not finished
   for (size_t i = 0; i < request.hashes.size(); ++i) {
     BlockKey key{engine.layout_key, request.hashes[i]};
     const uint64_t rest = (request.hashes.size() - i) * engine.layout.block_bytes;
     auto slot = reserve_block(key, engine.layout.block_bytes, engine.gpu_part, rest);
     if (!slot.is_ok()) return slot.status();
     if (!slot->has_value()) {
-      ++deduplicated;
+      ++save->deduplicated;
+      if (!store_->lookup(key)) being_written.push_back(i);  // held, not yet visible
       continue;
     }
     add_plane_segments(batch, engine, request.engine_block_ids[i], (*slot)->location(),
                        /*to_engine=*/false);
-    writes->push_back(std::move(**slot));
+    save->writes.push_back(std::move(**slot));
   }
-  if (writes->empty()) {
-    finish_save(c, id, engine, request, *writes, deduplicated, Status::ok());
-    return Status::ok();
-  }
+  save->request = std::move(request);
+  save->waiting = being_written.size() + (save->writes.empty() ? 0 : 1);
   auto engine_ref = std::static_pointer_cast<EngineContext>(c->user_state);
-  auto shared_request = std::make_shared<BlockListRequest>(std::move(request));
-  return submit_copy(std::move(batch), [this, c, id, engine_ref, shared_request, writes,
-                                        deduplicated](Status status) {
-    finish_save(c, id, *engine_ref, *shared_request, *writes, deduplicated, status);
-  });
+  if (!save->writes.empty()) {
+    KVTIER_RETURN_IF_ERROR(submit_copy(std::move(batch), [this, c, id, engine_ref,
+                                                          save](Status status) {
+      // Published (or dropped) at once, so that Saves waiting for these blocks go on.
+      const bool ok = status.is_ok();
+      for (PendingWrite& write : save->writes) {
+        const BlockKey key = write.key();
+        ok ? write.commit() : write.abort();
+        wake_write_waiters(key, ok);
+      }
+      save->writes.clear();
+      save->copy_status = status;
+      if (--save->waiting == 0) finish_save(c, id, *engine_ref, *save);
+    }));
+  }
+  for (size_t i : being_written) {
+    write_waiters_[{engine_ref->layout_key, save->request.hashes[i]}].push_back(
+        [this, c, id, engine_ref, save, i](bool landed) {
+          if (!landed && (!save->lost_duplicate || i < *save->lost_duplicate)) {
+            save->lost_duplicate = i;
+          }
+          if (--save->waiting == 0) finish_save(c, id, *engine_ref, *save);
+        });
+  }
+  if (save->waiting == 0) finish_save(c, id, *engine_ref, *save);
+  return Status::ok();
+}
+
+void Service::wake_write_waiters(const BlockKey& key, bool landed) {
+  auto waiting = write_waiters_.extract(key);
+  if (waiting.empty()) return;
+  for (const auto& waiter : waiting.mapped()) waiter(landed);
 }
 
 void Service::finish_save(const ConnectionPtr& c, uint64_t id, const EngineContext& engine,
-                          const BlockListRequest& request, std::vector<PendingWrite>& writes,
-                          uint32_t deduplicated, const Status& copy_status) {
-  // Settled here, on the control thread: the device drops its own copy of the copy's
-  // completion (which holds `writes`) on one of its threads.
-  const size_t stored = writes.size();
-  for (PendingWrite& write : writes) {
-    if (copy_status.is_ok()) {
-      write.commit();
-    } else {
-      write.abort();
-    }
-  }
-  writes.clear();
-  if (!copy_status.is_ok()) {
-    reply_error(c, id, copy_status.with_context("copying the blocks in failed"));
+                          SaveInProgress& save) {
+  if (!save.copy_status.is_ok()) {
+    reply_error(c, id, save.copy_status.with_context("copying the blocks in failed"));
     return;
   }
+  const BlockListRequest& request = save.request;
+  if (save.lost_duplicate) {
+    // Its bytes were another Save's, and that copy failed: nothing of this session is
+    // recorded (its own blocks stay as prefix cache); sent again, it writes them.
+    const size_t i = *save.lost_duplicate;
+    reply_error(c, id,
+                unavailable("blocks[{}] (hash {}) was being written by another Save whose copy "
+                            "failed; send the Save again",
+                            i, request.hashes[i].to_hex()));
+    return;
+  }
+  const size_t stored = request.hashes.size() - save.deduplicated;
   counters_.bytes_saved += stored * engine.layout.block_bytes;
   auto session =
       sessions_.get_or_create(engine.namespace_id, request.session_id, engine.layout_key);
@@ -222,7 +259,7 @@ void Service::finish_save(const ConnectionPtr& c, uint64_t id, const EngineConte
   reply(c, id, [&](wire::Response::Builder response) {
     auto out = response.initSave();
     out.setStored(static_cast<uint32_t>(stored));
-    out.setDeduplicated(deduplicated);
+    out.setDeduplicated(save.deduplicated);
   });
   if (!session.is_ok()) KVTIER_LOG_WARN("save: {}", session.status().to_string());
   plan_soon();

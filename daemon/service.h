@@ -15,6 +15,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
@@ -198,9 +199,13 @@ class Service final : public ipc::RequestHandler {
                        const std::vector<BlockHash>& hashes);
   Status handle_load(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
                      BlockListRequest request);
+  struct SaveInProgress;  // data_path.cpp
+  // Replies once the Save's copy and the blocks it waited for (written by another
+  // Save) are done; records the session's blocks when every one landed.
   void finish_save(const ConnectionPtr& c, uint64_t id, const EngineContext& engine,
-                   const BlockListRequest& request, std::vector<PendingWrite>& writes,
-                   uint32_t deduplicated, const Status& copy_status);
+                   SaveInProgress& save);
+  // A Save's copy of `key` finished: Saves that found it being written go on.
+  void wake_write_waiters(const BlockKey& key, bool landed);
   // Reserves a slot for a new block, evicting cold blocks if every tier is full: room
   // for `room_bytes` (the rest of the request) at once when it can be had.
   Result<std::optional<PendingWrite>> reserve_block(const BlockKey& key, uint64_t block_bytes,
@@ -248,6 +253,9 @@ class Service final : public ipc::RequestHandler {
   policy::Planner planner_;
   asio::steady_timer plan_timer_;
   bool plan_posted_ = false;  // plan_soon() has a run queued
+  // Blocks a Save is writing that other Saves also named: those wait for the bytes.
+  std::unordered_map<BlockKey, std::vector<std::function<void(bool landed)>>, BlockKeyHasher>
+      write_waiters_;
   Counters counters_;
   RequestMetrics request_metrics_;
   // Admin-pinned sessions → one pin on each of their blocks. After store_: released
