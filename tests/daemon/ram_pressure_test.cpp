@@ -112,10 +112,11 @@ TEST_F(LruRamPressureTest, EvictionCutsTheSessionAtTheEvictedBlockAndALaterLoadS
 
 // The session-aware policy evicts the blocks no session holds first. b (the older) and
 // a share an 8-block prompt; a is closed, so its own 8 blocks are held by nobody and
-// go first, while the prompt, still b's, stays. Had the close left a's references, b's
-// tail (the older idle session's) would have been the victim; had it dropped b's
-// references to the prompt too, the prompt (the least recently used of the unheld
-// blocks) would have gone, and b with it.
+// go first, while the prompt, still b's, stays. Had a still held its blocks after the
+// close, b's tail (the older idle session's) would have been the victim; had the close
+// taken the prompt from b too, the prompt (the least recently used of the unheld blocks)
+// would have gone, and b with it. (Which blocks the store still counts references on is
+// CloseSessionDropsItsReferencesAndSharedBlocksStayWithTheOthers's part.)
 TEST_F(RamPressureTest, ClosedSessionsOwnBlocksAreEvictedFirstAndTheSharedPromptStays) {
   const auto prompt = PagedCache::chain_hashes("system-prompt", 8);
   const auto a = concat(prompt, PagedCache::chain_hashes("a", 8));
