@@ -163,8 +163,8 @@ bool InProcessDaemon::wait_for_held_copies(size_t count, std::chrono::millisecon
 Result<std::unique_ptr<Client>> InProcessDaemon::connect_as(uid_t uid, gid_t gid) const {
   if (::geteuid() == uid && ::getegid() == gid) return connect();
   if (::geteuid() != 0) {
-    return unavailable("connecting as uid {} gid {} needs root; this test runs as uid {}", uid,
-                       gid, ::geteuid());
+    return permission_denied("connecting as uid {} gid {} needs root; this test runs as uid {}",
+                             uid, gid, ::geteuid());
   }
   // The connecting thread gives up root, and with it the right to ignore file modes.
   if (::chmod(dir_.c_str(), 0755) != 0) return errno_status(errno, "chmod " + dir_);
@@ -187,8 +187,7 @@ Result<std::unique_ptr<Client>> InProcessDaemon::connect_as(uid_t uid, gid_t gid
   });
   connecting.join();
   if (!client.is_ok()) {
-    return unavailable("cannot connect as uid {} gid {}: {}", uid, gid,
-                       client.status().to_string());
+    return client.status().with_context(fmt::format("connecting as uid {} gid {}", uid, gid));
   }
   return client;
 }

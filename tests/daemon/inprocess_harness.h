@@ -66,7 +66,7 @@ class InProcessDaemon {
   // root for any uid but its own: the connect then runs on a thread of its own that
   // switches only its own effective ids (the raw syscalls, not glibc's process-wide
   // wrappers) and ends with them. Opens the socket and its directory to every user
-  // for that. Unavailable when the ids cannot be taken (the caller skips).
+  // for that. PermissionDenied when the ids cannot be taken (the caller skips).
   Result<std::unique_ptr<Client>> connect_as(uid_t uid, gid_t gid) const;
 
   // Runs `work` on the control thread and returns once it has run.
