@@ -1,5 +1,7 @@
 #include "tests/daemon/handler_fixture.h"
 
+#include <unistd.h>
+
 namespace kvtier::daemon {
 
 DaemonConfig admin_group_config() {
@@ -11,7 +13,15 @@ DaemonConfig admin_group_config() {
 }
 
 void HandlerTest::SetUp() {
-  auto daemon = InProcessDaemon::start(daemon_config());
+  DaemonConfig config = daemon_config();
+  // The tests' own connections act as the operator. Run as root they are; otherwise the
+  // test process's group becomes the admin group (unless the fixture names one), and the
+  // tests that need a non-admin peer skip (connect_as).
+  if (::geteuid() != 0 && !config.admin_gid) {
+    config.admin_group = "test-process-group";
+    config.admin_gid = ::getegid();
+  }
+  auto daemon = InProcessDaemon::start(std::move(config));
   ASSERT_TRUE(daemon.is_ok()) << daemon.status().to_string();
   daemon_ = std::move(*daemon);
   auto engine = Engine::connect(daemon_->socket_path(), shape(), "handler-test-engine");
@@ -23,8 +33,7 @@ Result<std::unique_ptr<Client>> HandlerTest::connect_as(uid_t uid, gid_t gid) co
   return daemon_->connect_as(uid, gid);
 }
 
-Result<Engine> HandlerTest::connect_engine_as(uid_t uid, gid_t gid,
-                                              const std::string& name) const {
+Result<Engine> HandlerTest::connect_engine_as(uid_t uid, gid_t gid, const std::string& name) const {
   auto cache = PagedCache::create(shape());
   if (!cache.is_ok()) return cache.status();
   auto client = connect_as(uid, gid);

@@ -31,12 +31,21 @@ inline constexpr uid_t kThirdUid = 60002;
 // The admin group of configurations that name one (admin_group_config()).
 inline constexpr gid_t kAdminGid = 60100;
 
+// `head` then `tail`: sessions that share a prompt (same leading hashes) and differ after.
+inline std::vector<BlockHash> concat_hashes(std::vector<BlockHash> head,
+                                            const std::vector<BlockHash>& tail) {
+  head.insert(head.end(), tail.begin(), tail.end());
+  return head;
+}
+
 // inprocess_config() with an admin group whose gid is kAdminGid.
 DaemonConfig admin_group_config();
 
 class HandlerTest : public ::testing::Test {
  protected:
   // What the daemon runs with; overridden by fixtures that need other tiers or policy.
+  // (Not run as root, SetUp makes the test process's group the admin group when this
+  // names none, so that engine_ may use admin requests either way.)
   virtual DaemonConfig daemon_config() const { return inprocess_config(); }
   // The shape of every engine's paged cache.
   virtual PagedCacheShape shape() const { return integration::small_shape(/*num_blocks=*/16); }
@@ -81,11 +90,11 @@ class HandlerTest : public ::testing::Test {
 
 // Ends the test as skipped when `status` says the test process could not take another
 // user's ids (not root): the in-process daemon can then make no non-admin peer.
-#define KVTIER_SKIP_IF_NO_OTHER_USER(status)                                               \
-  do {                                                                                     \
-    if ((status).code() == ::kvtier::StatusCode::kPermissionDenied) {                      \
+#define KVTIER_SKIP_IF_NO_OTHER_USER(status)                                                 \
+  do {                                                                                       \
+    if ((status).code() == ::kvtier::StatusCode::kPermissionDenied) {                        \
       GTEST_SKIP() << "no peer with another uid can be made here: " << (status).to_string(); \
-    }                                                                                      \
+    }                                                                                        \
   } while (false)
 
 }  // namespace kvtier::daemon

@@ -88,7 +88,8 @@ TEST_F(HandlerTest, ListAndGetSessionShowOnlyTheCallersNamespaceUnlessAdmin) {
 
   auto own = other->client->list_sessions();
   ASSERT_TRUE(own.is_ok()) << own.status().to_string();
-  EXPECT_EQ(ids_of(*own), (std::vector<std::string>{"uid:60001/other-only", "uid:60001/same-name"}));
+  EXPECT_EQ(ids_of(*own),
+            (std::vector<std::string>{"uid:60001/other-only", "uid:60001/same-name"}));
   EXPECT_TRUE(IsError(other->client->list_sessions(/*all_namespaces=*/true).status(),
                       StatusCode::kPermissionDenied,
                       "listing all namespaces' sessions needs uid 0 or the admin group"));
@@ -161,7 +162,8 @@ TEST_F(HandlerTest, AdminRequestsFromANonAdminPeerArePermissionDeniedAndChangeNo
   auto user = connect_as(kOtherUid, kOtherUid);
   KVTIER_SKIP_IF_NO_OTHER_USER(user.status());
   ASSERT_TRUE(user.is_ok()) << user.status().to_string();
-  const std::string why = "it needs root (uid 0); uid 60001 is not, and no admin-group is configured";
+  const std::string why =
+      "it needs root (uid 0); uid 60001 is not, and no admin-group is configured";
   EXPECT_TRUE(IsError((*user)->evict("target", "").status(), StatusCode::kPermissionDenied,
                       "evict is an admin command: " + why));
   EXPECT_TRUE(IsError((*user)->evict("", "", 1).status(), StatusCode::kPermissionDenied,
@@ -278,8 +280,8 @@ TEST_F(HandlerTest, EvictOfASessionIdInTwoNamespacesNeedsTheNamespace) {
   auto evicted = engine_->client->evict("twice", std::string(kOtherNamespace));
   ASSERT_TRUE(evicted.is_ok()) << evicted.status().to_string();
   EXPECT_EQ(evicted->blocks_evicted, 4u);
-  EXPECT_TRUE(IsError(other->client->get_session("twice").status(), StatusCode::kNotFound,
-                      "twice"));
+  EXPECT_TRUE(
+      IsError(other->client->get_session("twice").status(), StatusCode::kNotFound, "twice"));
   auto root_twice = engine_->client->get_session("twice");
   ASSERT_TRUE(root_twice.is_ok()) << "the other namespace's session went instead: "
                                   << root_twice.status().to_string();

@@ -16,11 +16,6 @@ namespace {
 
 constexpr uint32_t kRamSlots = 32;
 
-std::vector<BlockHash> concat(std::vector<BlockHash> head, const std::vector<BlockHash>& tail) {
-  head.insert(head.end(), tail.begin(), tail.end());
-  return head;
-}
-
 class RamPressureTest : public HandlerTest {
  protected:
   DaemonConfig daemon_config() const override {
@@ -119,8 +114,8 @@ TEST_F(LruRamPressureTest, EvictionCutsTheSessionAtTheEvictedBlockAndALaterLoadS
 // CloseSessionDropsItsReferencesAndSharedBlocksStayWithTheOthers's part.)
 TEST_F(RamPressureTest, ClosedSessionsOwnBlocksAreEvictedFirstAndTheSharedPromptStays) {
   const auto prompt = PagedCache::chain_hashes("system-prompt", 8);
-  const auto a = concat(prompt, PagedCache::chain_hashes("a", 8));
-  const auto b = concat(prompt, PagedCache::chain_hashes("b", 8));
+  const auto a = concat_hashes(prompt, PagedCache::chain_hashes("a", 8));
+  const auto b = concat_hashes(prompt, PagedCache::chain_hashes("b", 8));
   ASSERT_TRUE(save_hashes(*engine_, "b", b, 0).is_ok());
   daemon_->advance_clock_ms(10);
   auto saved_a = save_hashes(*engine_, "a", a, 16);
