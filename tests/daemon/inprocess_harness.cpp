@@ -1,6 +1,9 @@
 #include "tests/daemon/inprocess_harness.h"
 
 #include <stdlib.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <boost/asio/post.hpp>
 
@@ -69,7 +72,9 @@ Result<std::unique_ptr<InProcessDaemon>> InProcessDaemon::start(DaemonConfig con
 // As daemon/main.cpp does, minus signals, systemd and /metrics: the Service first (it
 // allocates the tiers), then the server on its socket, then the control thread.
 Status InProcessDaemon::start_serving() {
-  auto device = std::make_unique<FaultInjectingDevice>(make_host_device(config_.copy_threads));
+  auto gated = std::make_unique<GatedDevice>(make_host_device(config_.copy_threads));
+  gate_ = gated.get();
+  auto device = std::make_unique<FaultInjectingDevice>(std::move(gated));
   device_ = device.get();
   service_ = std::make_unique<Service>(io_, config_, std::move(device), &clock_);
   KVTIER_RETURN_IF_ERROR(service_->start());
@@ -89,6 +94,7 @@ Status InProcessDaemon::start_serving() {
 InProcessDaemon::~InProcessDaemon() {
   if (control_thread_.joinable()) {
     run_on_control_thread([this] {
+      gate_->open_gate();  // a held copy would keep run() from returning
       server_->stop();
       service_->stop();
     });
@@ -129,6 +135,61 @@ void InProcessDaemon::fail_nth_submit(int nth, Status error) {
 
 void InProcessDaemon::fail_open_region(Status error) {
   run_on_control_thread([&] { device_->fail_open_region(std::move(error)); });
+}
+
+void InProcessDaemon::hold_copies() {
+  run_on_control_thread([&] { gate_->close_gate(); });
+}
+
+void InProcessDaemon::release_copies() {
+  run_on_control_thread([&] { gate_->open_gate(); });
+}
+
+size_t InProcessDaemon::held_copies() {
+  size_t held = 0;
+  run_on_control_thread([&] { held = gate_->held(); });
+  return held;
+}
+
+bool InProcessDaemon::wait_for_held_copies(size_t count, std::chrono::milliseconds timeout) {
+  const auto deadline = Clock::now() + timeout;
+  while (held_copies() < count) {
+    if (Clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(kPollInterval);
+  }
+  return true;
+}
+
+Result<std::unique_ptr<Client>> InProcessDaemon::connect_as(uid_t uid, gid_t gid) const {
+  if (::geteuid() == uid && ::getegid() == gid) return connect();
+  if (::geteuid() != 0) {
+    return permission_denied("connecting as uid {} gid {} needs root; this test runs as uid {}",
+                             uid, gid, ::geteuid());
+  }
+  // The connecting thread gives up root, and with it the right to ignore file modes.
+  if (::chmod(dir_.c_str(), 0755) != 0) return errno_status(errno, "chmod " + dir_);
+  if (::chmod(config_.socket_path.c_str(), 0666) != 0) {
+    return errno_status(errno, "chmod " + config_.socket_path);
+  }
+  Result<std::unique_ptr<Client>> client = internal_error("the connecting thread did not run");
+  // glibc's setresuid() changes every thread of the process; the raw syscall changes only
+  // the calling one, whose credentials end with it. Real and saved ids stay 0.
+  std::thread connecting([&] {
+    if (::syscall(SYS_setresgid, -1, gid, -1) != 0) {
+      client = errno_status(errno, fmt::format("setresgid to {}", gid));
+      return;
+    }
+    if (::syscall(SYS_setresuid, -1, uid, -1) != 0) {
+      client = errno_status(errno, fmt::format("setresuid to {}", uid));
+      return;
+    }
+    client = connect();
+  });
+  connecting.join();
+  if (!client.is_ok()) {
+    return client.status().with_context(fmt::format("connecting as uid {} gid {}", uid, gid));
+  }
+  return client;
 }
 
 Result<StatsInfo> InProcessDaemon::wait_for_stats(const std::function<bool(const StatsInfo&)>& done,

@@ -2,8 +2,9 @@
 // wired as daemon/main.cpp wires them, on an io_context run by one thread of the test
 // (the control thread), listening on a Unix socket in a fresh temporary directory.
 // Two things differ from the real daemon, and they are why it exists:
-//  * the Device is a FaultInjectingDevice over the host backend, so a test can make a
-//    copy or the opening of a region fail on command;
+//  * the Device is a FaultInjectingDevice over a GatedDevice over the host backend, so
+//    a test can make a copy or the opening of a region fail on command, or hold copies
+//    in flight until it lets them go;
 //  * the policy's clock is a ManualClock, so idle time passes when the test says so.
 //    Timers (the planner's period) still run on real time: a test that waits for the
 //    planner polls with a deadline (wait_for_stats, wait_for_session).
@@ -13,8 +14,8 @@
 // Thread-safety: the Service, the device's fault switches and the ManualClock belong
 // to the control thread, exactly as kvtierd's state does; ManualClock in particular is
 // single-threaded. The test thread touches them only through run_on_control_thread()
-// (advance_clock_ms, now_ms, fail_nth_submit and fail_open_region use it), which posts
-// the work to the io_context and waits for it to have run.
+// (advance_clock_ms, now_ms, fail_nth_submit, fail_open_region and the copy gate use
+// it), which posts the work to the io_context and waits for it to have run.
 #pragma once
 
 #include <boost/asio/executor_work_guard.hpp>
@@ -26,12 +27,15 @@
 #include <string>
 #include <thread>
 
+#include <sys/types.h>
+
 #include "client/client.h"
 #include "cuda/device.h"
 #include "daemon/config.h"
 #include "daemon/service.h"
 #include "ipc/server.h"
 #include "policy/clock.h"
+#include "tests/daemon/gated_device.h"
 
 namespace kvtier::daemon {
 
@@ -57,6 +61,13 @@ class InProcessDaemon {
   const std::string& socket_path() const { return config_.socket_path; }
   const DaemonConfig& config() const { return config_; }
   Result<std::unique_ptr<Client>> connect() const { return Client::connect(config_.socket_path); }
+  // A connection whose peer credentials (SO_PEERCRED, what the daemon derives the
+  // namespace and admin rights from) are `uid` and `gid`. The test process must be
+  // root for any uid but its own: the connect then runs on a thread of its own that
+  // switches only its own effective ids (the raw syscalls, not glibc's process-wide
+  // wrappers) and ends with them. Opens the socket and its directory to every user
+  // for that. PermissionDenied when the ids cannot be taken (the caller skips).
+  Result<std::unique_ptr<Client>> connect_as(uid_t uid, gid_t gid) const;
 
   // Runs `work` on the control thread and returns once it has run.
   void run_on_control_thread(const std::function<void()>& work);
@@ -67,6 +78,14 @@ class InProcessDaemon {
   // until an OK status clears it.
   void fail_nth_submit(int nth, Status error);
   void fail_open_region(Status error);
+  // GatedDevice's gate (gated_device.h): while held, copies the daemon submits wait
+  // (they count as in flight) until release_copies(), which submits them in order.
+  // The destructor releases them too.
+  void hold_copies();
+  void release_copies();
+  size_t held_copies();
+  // Polls held_copies() until it reaches `count`; false when `timeout` passes first.
+  bool wait_for_held_copies(size_t count, std::chrono::milliseconds timeout);
 
   // Polls Stats on one connection until `done` holds; the last Stats, or an error
   // saying what was last seen when `timeout` passes.
@@ -87,6 +106,7 @@ class InProcessDaemon {
   boost::asio::executor_work_guard<boost::asio::io_context::executor_type> work_guard_;
   policy::ManualClock clock_{kClockStartMs};  // control thread only
   FaultInjectingDevice* device_ = nullptr;    // owned by service_; control thread only
+  GatedDevice* gate_ = nullptr;               // inside device_; control thread only
   std::unique_ptr<Service> service_;
   std::unique_ptr<ipc::Server> server_;
   std::thread control_thread_;

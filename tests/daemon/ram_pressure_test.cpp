@@ -1,0 +1,179 @@
+// Eviction when the RAM pool is full, in the in-process daemon (handler_fixture.h): a
+// Save that finds no room makes it by evicting cold blocks, and every session holding
+// an evicted block is cut there, so its later Lookups and Loads stop at that block even
+// where blocks after it are still held.
+//
+// The daemon runs with RAM only (no HBM arena, no NVMe tier): 1 MiB, 32 slots of the
+// 32 KiB test blocks, and a high watermark of 1 so that the planner never evicts on its
+// own: every eviction here is one a Save asked for.
+#include <string>
+#include <vector>
+
+#include "tests/daemon/handler_fixture.h"
+
+namespace kvtier::daemon {
+namespace {
+
+constexpr uint32_t kRamSlots = 32;
+
+class RamPressureTest : public HandlerTest {
+ protected:
+  DaemonConfig daemon_config() const override {
+    DaemonConfig config = inprocess_config();
+    config.hbm_bytes = 0;
+    config.ram_bytes = 1ull << 20;
+    config.ram_high_watermark = 1.0;
+    config.ram_low_watermark = 1.0;
+    return config;
+  }
+  PagedCacheShape shape() const override { return integration::small_shape(/*num_blocks=*/48); }
+
+  void SetUp() override {
+    HandlerTest::SetUp();
+    if (HasFatalFailure()) return;
+    auto stats = engine_->client->stats();
+    ASSERT_TRUE(stats.is_ok()) << stats.status().to_string();
+    const TierStatsInfo* ram = integration::find_tier(*stats, Tier::kRam);
+    ASSERT_NE(ram, nullptr);
+    ASSERT_EQ(ram->capacity_bytes / block_bytes(), kRamSlots);
+    ASSERT_EQ(integration::find_tier(*stats, Tier::kHbm), nullptr);
+  }
+};
+
+class LruRamPressureTest : public RamPressureTest {
+ protected:
+  DaemonConfig daemon_config() const override {
+    DaemonConfig config = RamPressureTest::daemon_config();
+    config.policy = "lru";  // evicts least recently read first, wherever it sits in a session
+    return config;
+  }
+};
+
+// Session a's blocks 4..7 are the least recently used (a Load read the others later),
+// so the eviction takes them from the middle of the session: a is cut at block 4, and
+// its blocks 8..15, still held, are no longer part of it.
+TEST_F(LruRamPressureTest, EvictionCutsTheSessionAtTheEvictedBlockAndALaterLoadStopsThere) {
+  const auto a = PagedCache::chain_hashes("a", 16);
+  const auto b = PagedCache::chain_hashes("b", 16);
+  ASSERT_TRUE(save_hashes(*engine_, "a", a, 0).is_ok());
+  daemon_->advance_clock_ms(10);
+  ASSERT_TRUE(save_hashes(*engine_, "b", b, 16).is_ok());
+  daemon_->advance_clock_ms(10);
+  std::vector<BlockHash> read(a.begin(), a.begin() + 4);
+  read.insert(read.end(), a.begin() + 8, a.end());
+  auto touched = load(*engine_, "a", read, 32);
+  ASSERT_TRUE(touched.is_ok()) << touched.status().to_string();
+  ASSERT_EQ(touched->reply.loaded_count, 12u);
+  auto full = wait_until_settled();
+  ASSERT_TRUE(full.is_ok()) << full.status().to_string();
+  ASSERT_EQ(integration::total_blocks(*full), kRamSlots);
+  daemon_->advance_clock_ms(10);
+
+  auto saved = save(*engine_, "c", 4, 44);
+  ASSERT_TRUE(saved.is_ok()) << "a Save into a full RAM pool must evict to make room: "
+                             << saved.status().to_string();
+  EXPECT_EQ(saved->stored, 4u);
+  auto stats = wait_until_settled();
+  ASSERT_TRUE(stats.is_ok()) << stats.status().to_string();
+  EXPECT_EQ(stats->blocks_evicted, 4u);
+  EXPECT_EQ(integration::total_blocks(*stats), kRamSlots);
+  EXPECT_TRUE(NoLeakedSlots(*stats, block_bytes()));
+
+  auto cut = engine_->client->get_session("a");
+  ASSERT_TRUE(cut.is_ok()) << cut.status().to_string();
+  EXPECT_EQ(cut->blocks, 4u) << "the session was not cut at its first evicted block";
+  auto lookup = engine_->client->lookup(a);
+  ASSERT_TRUE(lookup.is_ok()) << lookup.status().to_string();
+  EXPECT_EQ(lookup->hit_count, 4u);
+  auto loaded = load(*engine_, "a", a, 0);
+  ASSERT_TRUE(loaded.is_ok()) << loaded.status().to_string();
+  EXPECT_EQ(loaded->reply.loaded_count, 4u);
+  EXPECT_TRUE(IsError(loaded->reply.stop_reason, StatusCode::kNotFound, "blocks[4]"))
+      << loaded->reply.stop_reason.to_string();
+  EXPECT_EQ(loaded->verified, 4u);
+  // The blocks after the cut are still held (as prefix cache) but no longer a's.
+  auto tail = engine_->client->lookup(std::vector<BlockHash>(a.begin() + 8, a.end()));
+  ASSERT_TRUE(tail.is_ok()) << tail.status().to_string();
+  EXPECT_EQ(tail->hit_count, 8u);
+
+  auto untouched = engine_->client->get_session("b");
+  ASSERT_TRUE(untouched.is_ok()) << untouched.status().to_string();
+  EXPECT_EQ(untouched->blocks, 16u);
+  auto whole = load(*engine_, "b", b, 16);
+  ASSERT_TRUE(whole.is_ok()) << whole.status().to_string();
+  EXPECT_EQ(whole->reply.loaded_count, 16u);
+  EXPECT_EQ(whole->verified, 16u);
+}
+
+// The session-aware policy evicts the blocks no session holds first. b (the older) and
+// a share an 8-block prompt; a is closed, so its own 8 blocks are held by nobody and
+// go first, while the prompt, still b's, stays. Had a still held its blocks after the
+// close, b's tail (the older idle session's) would have been the victim; had the close
+// taken the prompt from b too, the prompt (the least recently used of the unheld blocks)
+// would have gone, and b with it. (Which blocks the store still counts references on is
+// CloseSessionDropsItsReferencesAndSharedBlocksStayWithTheOthers's part.)
+TEST_F(RamPressureTest, ClosedSessionsOwnBlocksAreEvictedFirstAndTheSharedPromptStays) {
+  const auto prompt = PagedCache::chain_hashes("system-prompt", 8);
+  const auto a = concat_hashes(prompt, PagedCache::chain_hashes("a", 8));
+  const auto b = concat_hashes(prompt, PagedCache::chain_hashes("b", 8));
+  ASSERT_TRUE(save_hashes(*engine_, "b", b, 0).is_ok());
+  daemon_->advance_clock_ms(10);
+  auto saved_a = save_hashes(*engine_, "a", a, 16);
+  ASSERT_TRUE(saved_a.is_ok()) << saved_a.status().to_string();
+  ASSERT_EQ(saved_a->deduplicated, 8u);
+  daemon_->advance_clock_ms(10);
+  auto closed = engine_->client->close_session("a");
+  ASSERT_TRUE(closed.is_ok()) << closed.status().to_string();
+  EXPECT_EQ(*closed, 16u);
+  ASSERT_TRUE(wait_until_settled().is_ok());
+
+  auto saved_c = save(*engine_, "c", 16, 32);
+  ASSERT_TRUE(saved_c.is_ok()) << saved_c.status().to_string();
+  EXPECT_EQ(saved_c->stored, 16u);
+  auto stats = wait_until_settled();
+  ASSERT_TRUE(stats.is_ok()) << stats.status().to_string();
+  EXPECT_EQ(stats->blocks_evicted, 8u);
+  EXPECT_EQ(integration::total_blocks(*stats), kRamSlots);
+
+  auto kept = engine_->client->get_session("b");
+  ASSERT_TRUE(kept.is_ok()) << kept.status().to_string();
+  EXPECT_EQ(kept->blocks, 16u) << "the open session was cut instead of the closed one's blocks";
+  auto loaded = load(*engine_, "b", b, 0);
+  ASSERT_TRUE(loaded.is_ok()) << loaded.status().to_string();
+  EXPECT_EQ(loaded->reply.loaded_count, 16u) << loaded->reply.stop_reason.to_string();
+  EXPECT_EQ(loaded->verified, 16u);
+  auto closed_blocks = engine_->client->lookup(a);
+  ASSERT_TRUE(closed_blocks.is_ok()) << closed_blocks.status().to_string();
+  EXPECT_EQ(closed_blocks->hit_count, 8u) << "the prompt is held, a's own blocks are gone";
+}
+
+// The oldest idle session gives up its tail first under the session-aware policy; the
+// Load of it stops where the eviction cut it, and the newer session is untouched.
+TEST_F(RamPressureTest, SessionAwareEvictionTakesTheOldestIdleSessionsTail) {
+  const auto old_session = PagedCache::chain_hashes("old", 16);
+  const auto new_session = PagedCache::chain_hashes("new", 16);
+  ASSERT_TRUE(save_hashes(*engine_, "old", old_session, 0).is_ok());
+  daemon_->advance_clock_ms(10);
+  ASSERT_TRUE(save_hashes(*engine_, "new", new_session, 16).is_ok());
+  ASSERT_TRUE(wait_until_settled().is_ok());
+  daemon_->advance_clock_ms(10);
+
+  auto saved = save(*engine_, "newest", 6, 32);
+  ASSERT_TRUE(saved.is_ok()) << saved.status().to_string();
+  EXPECT_EQ(saved->stored, 6u);
+  auto old_info = engine_->client->get_session("old");
+  ASSERT_TRUE(old_info.is_ok()) << old_info.status().to_string();
+  EXPECT_EQ(old_info->blocks, 10u);
+  auto loaded = load(*engine_, "old", old_session, 0);
+  ASSERT_TRUE(loaded.is_ok()) << loaded.status().to_string();
+  EXPECT_EQ(loaded->reply.loaded_count, 10u);
+  EXPECT_TRUE(IsError(loaded->reply.stop_reason, StatusCode::kNotFound, "blocks[10]"))
+      << loaded->reply.stop_reason.to_string();
+  EXPECT_EQ(loaded->verified, 10u);
+  auto new_info = engine_->client->get_session("new");
+  ASSERT_TRUE(new_info.is_ok()) << new_info.status().to_string();
+  EXPECT_EQ(new_info->blocks, 16u);
+}
+
+}  // namespace
+}  // namespace kvtier::daemon
