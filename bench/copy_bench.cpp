@@ -163,12 +163,9 @@ Result<BenchReport> run_copy_bench(const CommonOptions& common, const CopyOption
   std::string socket = common.socket;
   if (socket.empty()) {
     auto started = support::DaemonProcess::start(private_daemon_options(
-        common, {"--hbm-bytes",          std::to_string(hbm_bytes),
-                 "--ram-bytes",          "64MiB",
-                 "--copy-threads",       std::to_string(common.threads),
-                 "--hbm-high-watermark", "1.0",
-                 "--hbm-low-watermark",  "0.95",
-                 "--hbm-idle-ms",        "1h"}));
+        common, {"--hbm-bytes", std::to_string(hbm_bytes), "--ram-bytes", "64MiB", "--copy-threads",
+                 std::to_string(common.threads), "--hbm-high-watermark", "1.0",
+                 "--hbm-low-watermark", "0.95", "--hbm-idle-ms", "1h"}));
     if (!started.is_ok()) return started.status();
     daemon.emplace(std::move(*started));
     socket = daemon->socket_path();

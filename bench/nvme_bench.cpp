@@ -23,7 +23,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 constexpr uint64_t kBlockBytes = 2ull << 20;
-constexpr size_t kBlocksPerJob = 32;  // as the daemon submits them (daemon/nvme_moves.cpp)
+constexpr size_t kBlocksPerJob = 32;  // as the daemon submits them (tiers/move_executor.cpp)
 
 double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();

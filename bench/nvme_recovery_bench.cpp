@@ -77,11 +77,9 @@ Result<Started> start_daemon(const std::string& kvtierd, const std::string& dir,
   options.socket_path = dir + "/" + name + ".sock";
   options.log_path = dir + "/" + name + ".log";
   options.data_dir = data_dir;
-  options.flags = {"--hbm-bytes",    "4MiB",
-                   "--ram-bytes",    "8MiB",
-                   "--nvme-bytes",   std::to_string(nvme_bytes),
-                   "--slab-bytes",   "64MiB",
-                   "--metrics-addr", "off"};
+  options.flags = {
+      "--hbm-bytes",  "4MiB",  "--ram-bytes",    "8MiB", "--nvme-bytes", std::to_string(nvme_bytes),
+      "--slab-bytes", "64MiB", "--metrics-addr", "off"};
   options.die_with_parent = true;
   options.ready_timeout = std::chrono::milliseconds{120'000};
   const auto start = Clock::now();

@@ -188,10 +188,8 @@ Result<BenchReport> run_rpc_bench(const CommonOptions& common, const RpcOptions&
   std::string socket = common.socket;
   if (socket.empty()) {
     auto started = support::DaemonProcess::start(private_daemon_options(
-        common, {"--hbm-bytes",    "64MiB",
-                 "--ram-bytes",    "64MiB",
-                 "--copy-threads", std::to_string(common.threads),
-                 "--hbm-idle-ms",  "1h"}));
+        common, {"--hbm-bytes", "64MiB", "--ram-bytes", "64MiB", "--copy-threads",
+                 std::to_string(common.threads), "--hbm-idle-ms", "1h"}));
     if (!started.is_ok()) return started.status();
     daemon.emplace(std::move(*started));
     socket = daemon->socket_path();

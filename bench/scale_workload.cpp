@@ -81,14 +81,11 @@ Result<std::unique_ptr<ScaleDaemon>> ScaleDaemon::start(const CommonOptions& com
   const std::string config_path = config_dir + "/" + spec.mode + ".toml";
   // The daemon starts on the measured settings; growing switches away from them.
   KVTIER_RETURN_IF_ERROR(write_settings(config_path, /*measuring=*/true));
-  support::DaemonProcessOptions options =
-      private_daemon_options(common, {"--config",       config_path,
-                                      "--hbm-bytes",    std::to_string(spec.hbm_bytes),
-                                      "--ram-bytes",    std::to_string(spec.ram_bytes),
-                                      "--slab-bytes",   std::to_string(spec.slab_bytes),
-                                      "--copy-threads", std::to_string(common.threads),
-                                      "--hbm-idle-ms",  "1h",
-                                      "--metrics-addr", "off"});
+  support::DaemonProcessOptions options = private_daemon_options(
+      common, {"--config", config_path, "--hbm-bytes", std::to_string(spec.hbm_bytes),
+               "--ram-bytes", std::to_string(spec.ram_bytes), "--slab-bytes",
+               std::to_string(spec.slab_bytes), "--copy-threads", std::to_string(common.threads),
+               "--hbm-idle-ms", "1h", "--metrics-addr", "off"});
   // The pools are pre-faulted before the daemon listens (about 2.5 s/GiB today).
   options.ready_timeout = std::chrono::milliseconds{120'000};
   PagedCacheShape shape;

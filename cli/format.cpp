@@ -82,11 +82,10 @@ std::string status_json(const StatsInfo& s) {
       R"("pinned_blocks":{},"admin_pinned_blocks":{},"copies_in_flight":{},"connections":{},)"
       R"("blocks_evicted":{},"data_loss_blocks":{},"policy":{},"recent_moves":{}}})",
       json_quote(s.device_name), s.uptime_ms, s.starting ? "true" : "false", s.fill_bytes, tiers,
-      gpus, s.sessions_active, s.sessions_idle,
-      s.pinned_sessions, s.lookup_hits, s.lookup_misses, s.bytes_saved, s.bytes_loaded,
-      s.bytes_demoted, s.bytes_promoted, s.pinned_blocks, s.admin_pinned_blocks, s.copies_in_flight,
-      s.connections, s.blocks_evicted, s.data_loss_blocks, json_quote(s.policy),
-      recent_moves_json(s));
+      gpus, s.sessions_active, s.sessions_idle, s.pinned_sessions, s.lookup_hits, s.lookup_misses,
+      s.bytes_saved, s.bytes_loaded, s.bytes_demoted, s.bytes_promoted, s.pinned_blocks,
+      s.admin_pinned_blocks, s.copies_in_flight, s.connections, s.blocks_evicted,
+      s.data_loss_blocks, json_quote(s.policy), recent_moves_json(s));
 }
 
 std::string status_text(const StatsInfo& s) {

@@ -24,6 +24,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <stop_token>
@@ -202,6 +203,15 @@ class FaultInjectingDevice final : public Device {
   void fail_nth_submit(int nth, Status error);
   // Every open_region fails with `error` until cleared with an OK status.
   void fail_open_region(Status error);
+  // While held, submitted batches are kept (accepted, still in flight) instead of
+  // copied; release_submits() hands them to the inner device in submission order, and
+  // drain() releases them first. A test holds a Save's or Load's copy in flight for as
+  // long as it needs without a slow machine or a sleep. A held batch is validated only
+  // when released: a rejection then reaches its `done`. Call these, and submit(), on
+  // one thread (the daemon's control thread).
+  void hold_submits() { holding_ = true; }
+  void release_submits();
+  size_t held_submits() const { return held_.size(); }
 
   std::string_view name() const override { return inner_->name(); }
   Result<std::shared_ptr<Memory>> open_region(RegionHandle handle) override;
@@ -221,7 +231,10 @@ class FaultInjectingDevice final : public Device {
     return inner_->reserve_pinned_pool(bytes);
   }
   Status submit(CopyBatch batch, CopyDone done) override;
-  void drain() override { inner_->drain(); }
+  void drain() override {
+    release_submits();  // never wait for a batch nobody will release
+    inner_->drain();
+  }
   void set_fatal_error_handler(std::function<void(const Status&)> handler) override {
     inner_->set_fatal_error_handler(std::move(handler));
   }
@@ -231,6 +244,8 @@ class FaultInjectingDevice final : public Device {
   int submits_until_failure_ = 0;  // 0: no failure armed
   Status submit_error_;
   Status open_error_;
+  bool holding_ = false;
+  std::deque<std::pair<CopyBatch, CopyDone>> held_;
 };
 
 }  // namespace kvtier

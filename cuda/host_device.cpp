@@ -64,8 +64,7 @@ Result<UnfilledMemory> reserve_anonymous(uint64_t bytes, std::string description
   KVTIER_RETURN_IF_ERROR(check_memory_available(bytes, description, setting));
   auto data = map_pool_memory(bytes, description);
   if (!data.is_ok()) return data.status();
-  auto memory =
-      std::make_shared<MappedMemory>(*data, bytes, std::move(description), UniqueFd());
+  auto memory = std::make_shared<MappedMemory>(*data, bytes, std::move(description), UniqueFd());
   std::byte* const base = *data;
   return UnfilledMemory{memory, [base, bytes](int threads, std::stop_token stop) {
                           return fill_pages(base, bytes, threads, std::move(stop));

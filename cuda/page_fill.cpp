@@ -77,9 +77,8 @@ Result<std::byte*> map_pool_memory(uint64_t bytes, std::string_view what) {
 
 Status fill_pages(std::byte* data, uint64_t bytes, int threads, std::stop_token stop) {
   const uint64_t chunks = (bytes + kFillChunkBytes - 1) / kFillChunkBytes;
-  const int thread_count =
-      static_cast<int>(std::clamp<uint64_t>(static_cast<uint64_t>(std::max(threads, 1)), 1,
-                                            std::max<uint64_t>(chunks, 1)));
+  const int thread_count = static_cast<int>(std::clamp<uint64_t>(
+      static_cast<uint64_t>(std::max(threads, 1)), 1, std::max<uint64_t>(chunks, 1)));
   std::atomic<uint64_t> next_chunk{0};
   std::atomic<int> first_error{0};
   const long page_bytes = ::sysconf(_SC_PAGESIZE);

@@ -47,9 +47,9 @@ class PinnedPool final : public CudaMemory {
     KVTIER_RETURN_IF_ERROR(fill_pages(data_, bytes_, threads, std::move(stop)));
     KVTIER_RETURN_IF_ERROR(gpus_->make_current(0));
     // Portable: pinned for every context, so each GPU's copy engines DMA straight in.
-    KVTIER_RETURN_IF_ERROR(driver_status(
-        gpus_->driver().mem_host_register(data_, bytes_, CU_MEMHOSTREGISTER_PORTABLE),
-        "cuMemHostRegister"));
+    KVTIER_RETURN_IF_ERROR(
+        driver_status(gpus_->driver().mem_host_register(data_, bytes_, CU_MEMHOSTREGISTER_PORTABLE),
+                      "cuMemHostRegister"));
     registered_.store(true, std::memory_order_release);
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
@@ -96,8 +96,7 @@ Result<UnfilledMemory> reserve_pinned_pool(const GpuSetPtr& gpus, uint64_t bytes
   bind_to_nodes(*data, bytes, numa_nodes);
   auto pool = std::make_shared<PinnedPool>(gpus, *data, bytes);
   PinnedPool* const raw = pool.get();
-  return UnfilledMemory{std::move(pool),
-                        [raw, numa_nodes](int threads, std::stop_token stop) {
+  return UnfilledMemory{std::move(pool), [raw, numa_nodes](int threads, std::stop_token stop) {
                           return raw->fill(threads, std::move(stop), numa_nodes);
                         }};
 }

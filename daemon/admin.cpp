@@ -57,7 +57,8 @@ Result<policy::Session*> Service::find_session_for_admin(const std::string& sess
   if (matches.size() > 1) {
     std::string names;
     for (const policy::Session* session : matches)
-      names += (names.empty() ? "'" : ", '") + engines_.namespaces().name(session->namespace_id) + "'";
+      names +=
+          (names.empty() ? "'" : ", '") + engines_.namespaces().name(session->namespace_id) + "'";
     return invalid_argument("session '{}' exists in namespaces {}: name one (--namespace)",
                             session_id, names);
   }
@@ -97,7 +98,8 @@ Status Service::handle_evict(const ConnectionPtr& c, EngineContext& engine, uint
     if (idle_over_ms == 0) return invalid_argument("give a sessionId or an idleOverMs above 0");
     const uint64_t now = now_ms();
     sessions_.for_each([&](const policy::Session& session) {
-      if (!namespace_name.empty() && engines_.namespaces().name(session.namespace_id) != namespace_name)
+      if (!namespace_name.empty() &&
+          engines_.namespaces().name(session.namespace_id) != namespace_name)
         return;
       if (session.state == policy::SessionState::kIdle &&
           now - session.last_active_ms > idle_over_ms) {

@@ -40,8 +40,9 @@ class StorePlacementView final : public policy::PlacementView {
   void for_each_in_tier(
       Tier tier,
       const std::function<void(const BlockKey&, const BlockPlacement&)>& fn) const override {
-    store_.for_each_in_tier(
-        tier, [&](const BlockKey& key, const BlockInfo& info) { fn(key, to_placement(key, info)); });
+    store_.for_each_in_tier(tier, [&](const BlockKey& key, const BlockInfo& info) {
+      fn(key, to_placement(key, info));
+    });
   }
 
  private:
@@ -64,9 +65,8 @@ void cut_sessions_at(const KeySet& removed, policy::SessionTable& sessions, Bloc
   for (const BlockKey& key : removed) {
     const policy::BlockHolders* h = sessions.holders(key);
     if (h == nullptr) continue;
-    h->for_each([&](const policy::Session& s) {
-      holders.push_back(sessions.find(s.namespace_id, s.id));
-    });
+    h->for_each(
+        [&](const policy::Session& s) { holders.push_back(sessions.find(s.namespace_id, s.id)); });
   }
   std::sort(holders.begin(), holders.end());
   holders.erase(std::unique(holders.begin(), holders.end()), holders.end());
@@ -139,8 +139,8 @@ Result<std::optional<PendingWrite>> Service::reserve_block(const BlockKey& key,
   // once, not once per block; for one block when that much cannot be had.
   for (Tier victim_tier : {Tier::kRam, Tier::kHbm}) {
     if (store_->memory(victim_tier) == nullptr) continue;
-    auto moves = planner_.make_room(victim_tier, std::max(room_bytes, block_bytes), sessions_,
-                                    *view_);
+    auto moves =
+        planner_.make_room(victim_tier, std::max(room_bytes, block_bytes), sessions_, *view_);
     if (moves.empty() && room_bytes > block_bytes) {
       moves = planner_.make_room(victim_tier, block_bytes, sessions_, *view_);
     }
@@ -195,19 +195,19 @@ Status Service::handle_save(const ConnectionPtr& c, EngineContext& engine, uint6
   save->waiting = being_written.size() + (save->writes.empty() ? 0 : 1);
   auto engine_ref = std::static_pointer_cast<EngineContext>(c->user_state);
   if (!save->writes.empty()) {
-    KVTIER_RETURN_IF_ERROR(submit_copy(std::move(batch), [this, c, id, engine_ref,
-                                                          save](Status status) {
-      // Published (or dropped) at once, so that Saves waiting for these blocks go on.
-      const bool ok = status.is_ok();
-      for (PendingWrite& write : save->writes) {
-        const BlockKey key = write.key();
-        ok ? write.commit() : write.abort();
-        wake_write_waiters(key, ok);
-      }
-      save->writes.clear();
-      save->copy_status = status;
-      if (--save->waiting == 0) finish_save(c, id, *engine_ref, *save);
-    }));
+    KVTIER_RETURN_IF_ERROR(
+        submit_copy(std::move(batch), [this, c, id, engine_ref, save](Status status) {
+          // Published (or dropped) at once, so that Saves waiting for these blocks go on.
+          const bool ok = status.is_ok();
+          for (PendingWrite& write : save->writes) {
+            const BlockKey key = write.key();
+            ok ? write.commit() : write.abort();
+            wake_write_waiters(key, ok);
+          }
+          save->writes.clear();
+          save->copy_status = status;
+          if (--save->waiting == 0) finish_save(c, id, *engine_ref, *save);
+        }));
   }
   for (size_t i : being_written) {
     write_waiters_[{engine_ref->layout_key, save->request.hashes[i]}].push_back(

@@ -348,7 +348,8 @@ void Service::check_drain() {
   });
   KVTIER_LOG_INFO("drain to NVMe done in {}: {} written; {} session blocks could not be",
                   format_duration_ms(now_ms() - nvme_->drain_started_ms),
-                  format_bytes(mover_->counters().bytes_demoted - nvme_->drained_bytes_before), left);
+                  format_bytes(mover_->counters().bytes_demoted - nvme_->drained_bytes_before),
+                  left);
   nvme_->drain_phase = NvmeState::DrainPhase::kDone;
   if (nvme_->drain_deadline) nvme_->drain_deadline->cancel();
   if (auto drained = std::exchange(nvme_->drained, nullptr)) drained();

@@ -281,13 +281,13 @@ void Service::reply_to_finished_unregisters() {
     ParkedUnregister finished = std::move(parked_unregisters_[i]);
     parked_unregisters_.erase(parked_unregisters_.begin() + static_cast<ptrdiff_t>(i));
     // The mapping is closed before the engine hears it may free the memory.
-    close_region_off_thread(std::move(finished.memory),
-                            [this, c = finished.connection, id = finished.request_id,
-                             region_id = finished.region_id] {
-                              reply(c, id, [&](wire::Response::Builder response) {
-                                response.initUnregisterRegion().setRegionId(region_id);
-                              });
-                            });
+    close_region_off_thread(
+        std::move(finished.memory),
+        [this, c = finished.connection, id = finished.request_id, region_id = finished.region_id] {
+          reply(c, id, [&](wire::Response::Builder response) {
+            response.initUnregisterRegion().setRegionId(region_id);
+          });
+        });
   }
 }
 

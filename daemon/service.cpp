@@ -250,22 +250,21 @@ Status Service::dispatch(const ConnectionPtr& c, EngineContext& engine,
       return handle_unregister_region(c, engine, id, request.getUnregisterRegion().getRegionId());
     case wire::Request::SAVE: {
       auto save = request.getSave();
-      auto parsed =
-          decode_block_list(engine, config_.max_blocks_per_request, save.getSessionId(), save.getBlocks(), BlockListKind::kSave);
+      auto parsed = decode_block_list(engine, config_.max_blocks_per_request, save.getSessionId(),
+                                      save.getBlocks(), BlockListKind::kSave);
       if (!parsed.is_ok()) return parsed.status();
       parsed->end_of_turn = save.getEndOfTurn();
       return handle_save(c, engine, id, std::move(*parsed));
     }
-    case wire::Request::LOOKUP:
-    {
+    case wire::Request::LOOKUP: {
       auto hashes = decode_lookup(config_.max_blocks_per_request, request.getLookup().getHashes());
       if (!hashes.is_ok()) return hashes.status();
       return handle_lookup(c, engine, id, *hashes);
     }
     case wire::Request::LOAD: {
       auto load = request.getLoad();
-      auto parsed =
-          decode_block_list(engine, config_.max_blocks_per_request, load.getSessionId(), load.getBlocks(), BlockListKind::kLoad);
+      auto parsed = decode_block_list(engine, config_.max_blocks_per_request, load.getSessionId(),
+                                      load.getBlocks(), BlockListKind::kLoad);
       if (!parsed.is_ok()) return parsed.status();
       return handle_load(c, engine, id, std::move(*parsed));
     }

@@ -31,8 +31,8 @@
 #include "policy/session_table.h"
 #include "tiers/block_store.h"
 #include "tiers/move_executor.h"
-#include "tiers/tier.h"
 #include "tiers/nvme_format.h"
+#include "tiers/tier.h"
 
 namespace kvtier::daemon {
 
@@ -53,9 +53,9 @@ policy::PlannerConfig planner_config(const DaemonConfig& config);
 // their numbers), message and retryable flag. Every error the daemon sends goes through it.
 void set_wire_error(wire::Error::Builder out, const Status& status);
 
-struct NvmeState;      // persistence.h
-struct StartupState;   // startup.h
-class RegionWorker;    // region_worker.h
+struct NvmeState;     // persistence.h
+struct StartupState;  // startup.h
+class RegionWorker;   // region_worker.h
 
 class Service final : public ipc::RequestHandler {
  public:

@@ -119,7 +119,8 @@ std::string Service::render_metrics() const {
   out.sample("kvtier_moved_bytes_total", "direction=\"save\"", counters_.bytes_saved);
   out.sample("kvtier_moved_bytes_total", "direction=\"load\"", counters_.bytes_loaded);
   out.sample("kvtier_moved_bytes_total", "direction=\"demote\"", mover_->counters().bytes_demoted);
-  out.sample("kvtier_moved_bytes_total", "direction=\"promote\"", mover_->counters().bytes_promoted);
+  out.sample("kvtier_moved_bytes_total", "direction=\"promote\"",
+             mover_->counters().bytes_promoted);
   out.family("kvtier_blocks_evicted_total", "counter",
              "Blocks dropped to make room or by kvtierctl evict (a policy move).");
   out.sample("kvtier_blocks_evicted_total", "", mover_->counters().blocks_evicted);

@@ -70,8 +70,8 @@ void Service::start_fill(std::vector<UnfilledMemory> fills) {
       if (!fill.fill) continue;
       status = fill.fill(threads, stop);
       if (!status.is_ok()) {
-        status = Status(status.code(),
-                        fmt::format("{}: {}", fill.memory->describe(), status.message()));
+        status =
+            Status(status.code(), fmt::format("{}: {}", fill.memory->describe(), status.message()));
         break;
       }
     }
@@ -178,8 +178,8 @@ void Service::resume_deferred(const ConnectionPtr& c) {
     --startup_->deferred_requests;
     if (status.is_ok()) {
       try {
-        status =
-            dispatch(c, *engine, taken.frame.reader().getRoot<wire::Request>(), std::move(taken.fds));
+        status = dispatch(c, *engine, taken.frame.reader().getRoot<wire::Request>(),
+                          std::move(taken.fds));
       } catch (const kj::Exception& e) {
         status = invalid_argument("malformed request: {}", e.getDescription().cStr());
       }

@@ -36,7 +36,7 @@ inline constexpr uint64_t kMaxDeferredRequests = 4096;
 struct StartupState {
   explicit StartupState(boost::asio::io_context& io) : expiry_timer(io) {}
 
-  std::jthread filler;     // fills the tier memory; joined when done or on stop
+  std::jthread filler;      // fills the tier memory; joined when done or on stop
   uint64_t fill_bytes = 0;  // bytes being filled (Stats while starting)
   // Connections whose EngineContext::deferred is not empty (may hold closed ones).
   std::vector<std::weak_ptr<ipc::Connection>> deferred_connections;

@@ -172,8 +172,7 @@ void prefetch_predicted_returns(PlanContext& ctx, PlanState& plan) {
     };
     std::vector<Prospect> prospects;
     size_t recency = 0;
-    for (auto it = idle.rbegin(); it != idle.rend() && recency < kProspectWindow;
-         ++it, ++recency) {
+    for (auto it = idle.rbegin(); it != idle.rend() && recency < kProspectWindow; ++it, ++recency) {
       const Session& s = *it->session;
       if (s.blocks.empty()) continue;
       const double p = s.priority > 0 ? 1.0

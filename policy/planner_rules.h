@@ -31,7 +31,7 @@ struct IdleScan {
     uint64_t last_active_ms;
   };
   struct PerTier {
-    std::optional<Position> cursor;  // the last session looked at; none: from the start
+    std::optional<Position> cursor;   // the last session looked at; none: from the start
     std::map<uint64_t, Retry> retry;  // by the session's touch_seq
   };
   std::array<PerTier, 2> tiers;  // HBM, RAM

@@ -76,8 +76,8 @@ void SessionTable::restore(Session& session, SessionState state, uint64_t last_a
 
 void SessionTable::change(Session& session, SessionState state, uint64_t now_ms) {
   if (session.state == SessionState::kIdle) idle_erase(session);
-  const int active_delta = (state == SessionState::kActive ? 1 : 0) -
-                           (session.state == SessionState::kActive ? 1 : 0);
+  const int active_delta =
+      (state == SessionState::kActive ? 1 : 0) - (session.state == SessionState::kActive ? 1 : 0);
   set_state(session, state);
   session.last_active_ms = now_ms;
   session.touch_seq = ++touch_seq_;

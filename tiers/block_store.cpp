@@ -40,9 +40,13 @@ BlockStore::BlockStore(std::vector<TierMemory> tiers)
     }
     const uint64_t capacity_bytes =
         tier.memory != nullptr ? tier.memory->size_bytes() : tier.capacity_bytes;
-    tiers_.push_back(TierState{tier.tier, std::move(tier.memory),
-                               SlabAllocator(capacity_bytes, tier.slab_bytes, tier.parts), 0,
-                               tier.confirm_release, 0, {}});
+    tiers_.push_back(TierState{tier.tier,
+                               std::move(tier.memory),
+                               SlabAllocator(capacity_bytes, tier.slab_bytes, tier.parts),
+                               0,
+                               tier.confirm_release,
+                               0,
+                               {}});
   }
 }
 

@@ -73,7 +73,7 @@ void MoveExecutor::apply(const std::vector<policy::Move>& moves, int hbm_part) {
   };
   std::vector<Started> started;
   std::vector<BlockKey> evictions;
-  std::array<std::vector<BlockKey>, kTierCount> writes{};              // by destination
+  std::array<std::vector<BlockKey>, kTierCount> writes{};                         // by destination
   std::array<std::array<std::vector<BlockKey>, kTierCount>, kTierCount> reads{};  // [from][to]
   for (const policy::Move& move : moves) {
     if (move.kind == policy::MoveKind::kEvict) {
@@ -123,7 +123,8 @@ void MoveExecutor::apply(const std::vector<policy::Move>& moves, int hbm_part) {
   }
   for (size_t from = 0; from < kTierCount; ++from) {
     for (size_t to = 0; to < kTierCount; ++to) {
-      if (!reads[from][to].empty()) read_from(*tiers_[from], reads[from][to], static_cast<Tier>(to));
+      if (!reads[from][to].empty())
+        read_from(*tiers_[from], reads[from][to], static_cast<Tier>(to));
     }
   }
   release_slots();
@@ -192,9 +193,8 @@ void MoveExecutor::write_into(StorageTier& to, const std::vector<BlockKey>& keys
     }
     auto locations = store_.begin_move(key, to.id());
     if (!locations.is_ok()) continue;
-    items.push_back({{key, locations->second.offset, bytes},
-                     source,
-                     hooks_.wall_ms_of(info->last_access_ms)});
+    items.push_back(
+        {{key, locations->second.offset, bytes}, source, hooks_.wall_ms_of(info->last_access_ms)});
     started.push_back(key);
   }
   if (started.size() < keys.size()) {
@@ -213,46 +213,44 @@ void MoveExecutor::write_into(StorageTier& to, const std::vector<BlockKey>& keys
     if (!victims.empty()) apply(victims);
   }
   const Tier to_id = to.id();
-  for_each_job(items, started,
-               [&](std::vector<StorageTier::WriteItem> job, std::vector<BlockKey> job_keys) {
-                 ++jobs_;
-                 auto post = hooks_.control_thread();
-                 to.write(std::move(job), [this, post, job_keys,
-                                           to_id](std::vector<Status> results) {
-                   post([this, job_keys, to_id, results = std::move(results)] {
-                     --jobs_;
-                     size_t failed = 0;
-                     const Status* first_error = nullptr;
-                     for (size_t i = 0; i < job_keys.size(); ++i) {
-                       const bool ok = results[i].is_ok();
-                       store_.finish_move(job_keys[i], ok);
-                       if (ok) {
-                         counters_.bytes_demoted += store_.block_bytes(job_keys[i].layout);
-                         continue;
-                       }
-                       ++failed;
-                       hooks_.not_moved(job_keys[i]);
-                       if (first_error == nullptr) first_error = &results[i];
-                       if (draining_) drain_failed_.insert(job_keys[i]);
-                     }
-                     if (failed == 0) {
-                       write_backoff_ms_ = 0;
-                     } else {
-                       counters_.write_errors += failed;
-                       write_backoff_ms_ =
-                           std::clamp(write_backoff_ms_ * 2, kFirstBackoffMs, kMaxBackoffMs);
-                       write_paused_until_ms_ = hooks_.now_ms() + write_backoff_ms_;
-                       KVTIER_LOG_WARN(
-                           "{} tier: {} of {} block writes failed; those blocks stay where they "
-                           "were and writes to it pause for {} ms: {}",
-                           tier_name(to_id), failed, job_keys.size(), write_backoff_ms_,
-                           first_error->to_string());
-                     }
-                     release_slots();  // a failed write gave its slot back
-                     hooks_.settled();
-                   });
-                 });
-               });
+  for_each_job(
+      items, started, [&](std::vector<StorageTier::WriteItem> job, std::vector<BlockKey> job_keys) {
+        ++jobs_;
+        auto post = hooks_.control_thread();
+        to.write(std::move(job), [this, post, job_keys, to_id](std::vector<Status> results) {
+          post([this, job_keys, to_id, results = std::move(results)] {
+            --jobs_;
+            size_t failed = 0;
+            const Status* first_error = nullptr;
+            for (size_t i = 0; i < job_keys.size(); ++i) {
+              const bool ok = results[i].is_ok();
+              store_.finish_move(job_keys[i], ok);
+              if (ok) {
+                counters_.bytes_demoted += store_.block_bytes(job_keys[i].layout);
+                continue;
+              }
+              ++failed;
+              hooks_.not_moved(job_keys[i]);
+              if (first_error == nullptr) first_error = &results[i];
+              if (draining_) drain_failed_.insert(job_keys[i]);
+            }
+            if (failed == 0) {
+              write_backoff_ms_ = 0;
+            } else {
+              counters_.write_errors += failed;
+              write_backoff_ms_ = std::clamp(write_backoff_ms_ * 2, kFirstBackoffMs, kMaxBackoffMs);
+              write_paused_until_ms_ = hooks_.now_ms() + write_backoff_ms_;
+              KVTIER_LOG_WARN(
+                  "{} tier: {} of {} block writes failed; those blocks stay where they "
+                  "were and writes to it pause for {} ms: {}",
+                  tier_name(to_id), failed, job_keys.size(), write_backoff_ms_,
+                  first_error->to_string());
+            }
+            release_slots();  // a failed write gave its slot back
+            hooks_.settled();
+          });
+        });
+      });
 }
 
 std::vector<BlockKey> MoveExecutor::read_into_memory(const std::vector<BlockKey>& keys) {
@@ -293,54 +291,54 @@ void MoveExecutor::read_from(StorageTier& from, const std::vector<BlockKey>& key
     auto locations = store_.begin_move(key, destination);
     if (!locations.is_ok()) continue;
     const auto& [from_slot, to_slot] = *locations;
-    items.push_back({{key, from_slot.offset, bytes},
-                     tier(destination)->host_address(to_slot.offset)});
+    items.push_back(
+        {{key, from_slot.offset, bytes}, tier(destination)->host_address(to_slot.offset)});
     started.push_back(key);
     reads_[key];  // readers waiting for it attach here
     if (destination != target && !in_host_memory(target)) continue_to_hbm_.insert(key);
   }
-  for_each_job(items, started,
-               [&](std::vector<StorageTier::ReadItem> job, std::vector<BlockKey> job_keys) {
-                 ++jobs_;
-                 auto post = hooks_.control_thread();
-                 from.read(std::move(job), [this, post, job_keys, target](
-                                               std::vector<StorageTier::ReadOutcome> outcomes) {
-                   post([this, job_keys, target, outcomes = std::move(outcomes)] {
-                     --jobs_;
-                     std::vector<BlockKey> lost;
-                     std::vector<policy::Move> onward;
-                     for (size_t i = 0; i < job_keys.size(); ++i) {
-                       const BlockKey& key = job_keys[i];
-                       const StorageTier::ReadOutcome& outcome = outcomes[i];
-                       const bool ok = outcome.status.is_ok();
-                       store_.finish_move(key, ok);
-                       const bool continues = continue_to_hbm_.erase(key) > 0;
-                       if (ok) {
-                         counters_.bytes_promoted += store_.block_bytes(key.layout);
-                         if (continues) {
-                           onward.push_back({policy::MoveKind::kPromote, key, Tier::kRam, target});
-                         }
-                       } else if (outcome.corrupt) {
-                         KVTIER_LOG_WARN("dropping a block whose bytes are lost: {}",
-                                         outcome.status.message());
-                         lost.push_back(key);
-                       } else {
-                         ++counters_.read_errors;
-                         KVTIER_LOG_WARN("reading a block failed (kept; may be retried): {}",
-                                         outcome.status.message());
-                       }
-                       auto waiting = reads_.extract(key);
-                       if (!waiting.empty()) {
-                         for (const auto& waiter : waiting.mapped()) waiter(outcome.status);
-                       }
-                     }
-                     if (!lost.empty()) evict(lost, /*lost=*/true);
-                     if (!onward.empty()) apply(onward);
-                     release_slots();  // the slots of blocks that left a durable tier
-                     hooks_.settled();
-                   });
-                 });
-               });
+  for_each_job(
+      items, started, [&](std::vector<StorageTier::ReadItem> job, std::vector<BlockKey> job_keys) {
+        ++jobs_;
+        auto post = hooks_.control_thread();
+        from.read(std::move(job),
+                  [this, post, job_keys, target](std::vector<StorageTier::ReadOutcome> outcomes) {
+                    post([this, job_keys, target, outcomes = std::move(outcomes)] {
+                      --jobs_;
+                      std::vector<BlockKey> lost;
+                      std::vector<policy::Move> onward;
+                      for (size_t i = 0; i < job_keys.size(); ++i) {
+                        const BlockKey& key = job_keys[i];
+                        const StorageTier::ReadOutcome& outcome = outcomes[i];
+                        const bool ok = outcome.status.is_ok();
+                        store_.finish_move(key, ok);
+                        const bool continues = continue_to_hbm_.erase(key) > 0;
+                        if (ok) {
+                          counters_.bytes_promoted += store_.block_bytes(key.layout);
+                          if (continues) {
+                            onward.push_back({policy::MoveKind::kPromote, key, Tier::kRam, target});
+                          }
+                        } else if (outcome.corrupt) {
+                          KVTIER_LOG_WARN("dropping a block whose bytes are lost: {}",
+                                          outcome.status.message());
+                          lost.push_back(key);
+                        } else {
+                          ++counters_.read_errors;
+                          KVTIER_LOG_WARN("reading a block failed (kept; may be retried): {}",
+                                          outcome.status.message());
+                        }
+                        auto waiting = reads_.extract(key);
+                        if (!waiting.empty()) {
+                          for (const auto& waiter : waiting.mapped()) waiter(outcome.status);
+                        }
+                      }
+                      if (!lost.empty()) evict(lost, /*lost=*/true);
+                      if (!onward.empty()) apply(onward);
+                      release_slots();  // the slots of blocks that left a durable tier
+                      hooks_.settled();
+                    });
+                  });
+      });
 }
 
 void MoveExecutor::await_readable(const BlockKey& key, std::function<void(const Status&)> waiter) {
@@ -385,24 +383,24 @@ void MoveExecutor::release_slots() {
     }
     ++jobs_;
     auto post = hooks_.control_thread();
-    tiers_[t]->release(std::move(slots), [this, post, released = std::move(by_tier[t])](
-                                             Status status) {
-      post([this, released, status] {
-        --jobs_;
-        if (status.is_ok()) {
-          for (const BlockStore::PendingRelease& release : released) {
-            store_.confirm_release(release.location, release.bytes);
-          }
-        } else {
-          // The slots stay reserved: reusing one while an index entry may still name it
-          // could pair that entry with another block's bytes. Retried with the next.
-          KVTIER_LOG_WARN("releasing {} slots failed, retrying later: {}", released.size(),
-                          status.to_string());
-          failed_releases_.insert(failed_releases_.end(), released.begin(), released.end());
-        }
-        hooks_.settled();
-      });
-    });
+    tiers_[t]->release(
+        std::move(slots), [this, post, released = std::move(by_tier[t])](Status status) {
+          post([this, released, status] {
+            --jobs_;
+            if (status.is_ok()) {
+              for (const BlockStore::PendingRelease& release : released) {
+                store_.confirm_release(release.location, release.bytes);
+              }
+            } else {
+              // The slots stay reserved: reusing one while an index entry may still name it
+              // could pair that entry with another block's bytes. Retried with the next.
+              KVTIER_LOG_WARN("releasing {} slots failed, retrying later: {}", released.size(),
+                              status.to_string());
+              failed_releases_.insert(failed_releases_.end(), released.begin(), released.end());
+            }
+            hooks_.settled();
+          });
+        });
   }
 }
 

@@ -55,9 +55,9 @@ class SessionDeltaMerge final : public rocksdb::MergeOperator {
     NvmeSessionRecord record;
     bool ok = true;
     if (in.existing_value != nullptr) {
-      auto stored = decode_session(std::string_view(in.key.data(), in.key.size()),
-                                   std::string_view(in.existing_value->data(),
-                                                    in.existing_value->size()));
+      auto stored =
+          decode_session(std::string_view(in.key.data(), in.key.size()),
+                         std::string_view(in.existing_value->data(), in.existing_value->size()));
       if (stored) {
         record = std::move(*stored);
       } else {

@@ -35,9 +35,9 @@
 
 #include "common/status.h"
 #include "tiers/nvme_format.h"
-#include "tiers/tier.h"
 #include "tiers/nvme_index.h"
 #include "tiers/nvme_io.h"
+#include "tiers/tier.h"
 
 namespace kvtier {
 

@@ -23,15 +23,13 @@ std::byte* StorageTier::host_address(uint64_t offset) const {
 
 void StorageTier::write(std::vector<WriteItem> items,
                         std::function<void(std::vector<Status>)> done) {
-  done(std::vector<Status>(
-      items.size(), declined("written from host memory", id())));
+  done(std::vector<Status>(items.size(), declined("written from host memory", id())));
 }
 
 void StorageTier::read(std::vector<ReadItem> items,
                        std::function<void(std::vector<ReadOutcome>)> done) {
-  done(std::vector<ReadOutcome>(
-      items.size(),
-      ReadOutcome{declined("read into host memory", id()), false}));
+  done(std::vector<ReadOutcome>(items.size(),
+                                ReadOutcome{declined("read into host memory", id()), false}));
 }
 
 void StorageTier::release(std::vector<Slot> /*slots*/, std::function<void(Status)> done) {

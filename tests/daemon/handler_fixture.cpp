@@ -34,15 +34,9 @@ Result<std::unique_ptr<Client>> HandlerTest::connect_as(uid_t uid, gid_t gid) co
 }
 
 Result<Engine> HandlerTest::connect_engine_as(uid_t uid, gid_t gid, const std::string& name) const {
-  auto cache = PagedCache::create(shape());
-  if (!cache.is_ok()) return cache.status();
   auto client = connect_as(uid, gid);
   if (!client.is_ok()) return client.status();
-  auto hello = (*client)->hello(cache->layout(), name);
-  if (!hello.is_ok()) return hello.status();
-  KVTIER_RETURN_IF_ERROR((*client)->register_memfd_region(cache->region_id(), cache->region().fd(),
-                                                          cache->region().size_bytes()));
-  return Engine{std::move(*client), std::move(*cache), *hello};
+  return Engine::start(std::move(*client), shape(), name);
 }
 
 Result<SaveResult> HandlerTest::save(Engine& engine, const std::string& session, size_t count,

@@ -72,9 +72,7 @@ Result<std::unique_ptr<InProcessDaemon>> InProcessDaemon::start(DaemonConfig con
 // As daemon/main.cpp does, minus signals, systemd and /metrics: the Service first (it
 // allocates the tiers), then the server on its socket, then the control thread.
 Status InProcessDaemon::start_serving() {
-  auto gated = std::make_unique<GatedDevice>(make_host_device(config_.copy_threads));
-  gate_ = gated.get();
-  auto device = std::make_unique<FaultInjectingDevice>(std::move(gated));
+  auto device = std::make_unique<FaultInjectingDevice>(make_host_device(config_.copy_threads));
   device_ = device.get();
   service_ = std::make_unique<Service>(io_, config_, std::move(device), &clock_);
   KVTIER_RETURN_IF_ERROR(service_->start());
@@ -94,7 +92,7 @@ Status InProcessDaemon::start_serving() {
 InProcessDaemon::~InProcessDaemon() {
   if (control_thread_.joinable()) {
     run_on_control_thread([this] {
-      gate_->open_gate();  // a held copy would keep run() from returning
+      device_->release_submits();  // a held copy would keep run() from returning
       server_->stop();
       service_->stop();
     });
@@ -138,16 +136,16 @@ void InProcessDaemon::fail_open_region(Status error) {
 }
 
 void InProcessDaemon::hold_copies() {
-  run_on_control_thread([&] { gate_->close_gate(); });
+  run_on_control_thread([&] { device_->hold_submits(); });
 }
 
 void InProcessDaemon::release_copies() {
-  run_on_control_thread([&] { gate_->open_gate(); });
+  run_on_control_thread([&] { device_->release_submits(); });
 }
 
 size_t InProcessDaemon::held_copies() {
   size_t held = 0;
-  run_on_control_thread([&] { held = gate_->held(); });
+  run_on_control_thread([&] { held = device_->held_submits(); });
   return held;
 }
 

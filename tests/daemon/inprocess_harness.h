@@ -2,7 +2,7 @@
 // wired as daemon/main.cpp wires them, on an io_context run by one thread of the test
 // (the control thread), listening on a Unix socket in a fresh temporary directory.
 // Two things differ from the real daemon, and they are why it exists:
-//  * the Device is a FaultInjectingDevice over a GatedDevice over the host backend, so
+//  * the Device is a FaultInjectingDevice over the host backend, so
 //    a test can make a copy or the opening of a region fail on command, or hold copies
 //    in flight until it lets them go;
 //  * the policy's clock is a ManualClock, so idle time passes when the test says so.
@@ -35,7 +35,6 @@
 #include "daemon/service.h"
 #include "ipc/server.h"
 #include "policy/clock.h"
-#include "tests/daemon/gated_device.h"
 
 namespace kvtier::daemon {
 
@@ -78,7 +77,7 @@ class InProcessDaemon {
   // until an OK status clears it.
   void fail_nth_submit(int nth, Status error);
   void fail_open_region(Status error);
-  // GatedDevice's gate (gated_device.h): while held, copies the daemon submits wait
+  // FaultInjectingDevice::hold_submits (cuda/device.h): while held, copies the daemon submits wait
   // (they count as in flight) until release_copies(), which submits them in order.
   // The destructor releases them too.
   void hold_copies();
@@ -106,7 +105,6 @@ class InProcessDaemon {
   boost::asio::executor_work_guard<boost::asio::io_context::executor_type> work_guard_;
   policy::ManualClock clock_{kClockStartMs};  // control thread only
   FaultInjectingDevice* device_ = nullptr;    // owned by service_; control thread only
-  GatedDevice* gate_ = nullptr;               // inside device_; control thread only
   std::unique_ptr<Service> service_;
   std::unique_ptr<ipc::Server> server_;
   std::thread control_thread_;

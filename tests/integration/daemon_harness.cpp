@@ -137,15 +137,20 @@ void DaemonTest::TearDown() {
 
 Result<Engine> Engine::connect(const std::string& socket_path, const PagedCacheShape& shape,
                                const std::string& name) {
-  auto cache = PagedCache::create(shape);
-  if (!cache.is_ok()) return cache.status();
   auto client = Client::connect(socket_path);
   if (!client.is_ok()) return client.status();
-  auto hello = (*client)->hello(cache->layout(), name);
+  return start(std::move(*client), shape, name);
+}
+
+Result<Engine> Engine::start(std::unique_ptr<Client> client, const PagedCacheShape& shape,
+                             const std::string& name) {
+  auto cache = PagedCache::create(shape);
+  if (!cache.is_ok()) return cache.status();
+  auto hello = client->hello(cache->layout(), name);
   if (!hello.is_ok()) return hello.status();
-  KVTIER_RETURN_IF_ERROR((*client)->register_memfd_region(cache->region_id(), cache->region().fd(),
-                                                          cache->region().size_bytes()));
-  return Engine{std::move(*client), std::move(*cache), *hello};
+  KVTIER_RETURN_IF_ERROR(client->register_memfd_region(cache->region_id(), cache->region().fd(),
+                                                       cache->region().size_bytes()));
+  return Engine{std::move(client), std::move(*cache), *hello};
 }
 
 std::vector<BlockRef> Engine::refs(std::span<const BlockHash> hashes, uint64_t first_block_id) {

@@ -124,6 +124,9 @@ struct Engine {
 
   static Result<Engine> connect(const std::string& socket_path, const PagedCacheShape& shape,
                                 const std::string& name = "integration-engine");
+  // The same over a client already connected (e.g. as another peer).
+  static Result<Engine> start(std::unique_ptr<Client> client, const PagedCacheShape& shape,
+                              const std::string& name);
   // Refs naming engine blocks first_block_id, first_block_id + 1, ...
   static std::vector<BlockRef> refs(std::span<const BlockHash> hashes, uint64_t first_block_id);
   // Writes each ref's hash-derived content into its engine block.

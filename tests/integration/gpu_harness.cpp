@@ -13,7 +13,6 @@
 
 #include "tests/integration/nvme_harness.h"
 
-
 namespace kvtier::integration {
 namespace {
 

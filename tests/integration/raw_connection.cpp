@@ -75,6 +75,19 @@ Result<std::vector<RawConnection::Reply>> RawConnection::drain_until_closed(mill
   }
 }
 
+void fill_save(wire::Request::Builder request, const std::string& session,
+               std::span<const BlockRef> refs, bool end_of_turn) {
+  auto save = request.initSave();
+  save.setSessionId(session);
+  save.setEndOfTurn(end_of_turn);
+  auto blocks = save.initBlocks(static_cast<unsigned>(refs.size()));
+  for (unsigned i = 0; i < refs.size(); ++i) {
+    auto bytes = refs[i].hash.bytes();
+    blocks[i].setHash(capnp::Data::Reader(bytes.data(), bytes.size()));
+    blocks[i].setEngineBlockId(refs[i].engine_block_id);
+  }
+}
+
 void fill_layout(wire::Layout::Builder out, const LayoutSpec& layout) {
   out.setModelId(layout.model_id);
   out.setNumLayers(layout.num_layers);

@@ -53,5 +53,8 @@ class RawConnection {
 
 // Writes `layout` into a wire Layout, as Client::hello does.
 void fill_layout(wire::Layout::Builder out, const LayoutSpec& layout);
+// Writes a Save of `refs` to `session` into a wire Request, as Client::save does.
+void fill_save(wire::Request::Builder request, const std::string& session,
+               std::span<const BlockRef> refs, bool end_of_turn);
 
 }  // namespace kvtier::integration

@@ -157,15 +157,7 @@ TEST_F(RegionsWithRoom, UnregisterWaitsForTheSaveInFlight) {
 
   ASSERT_TRUE(raw->send(3,
                         [&](wire::Request::Builder request) {
-                          auto save = request.initSave();
-                          save.setSessionId("in-flight");
-                          save.setEndOfTurn(true);
-                          auto blocks = save.initBlocks(static_cast<unsigned>(refs.size()));
-                          for (unsigned i = 0; i < refs.size(); ++i) {
-                            auto bytes = refs[i].hash.bytes();
-                            blocks[i].setHash(capnp::Data::Reader(bytes.data(), bytes.size()));
-                            blocks[i].setEngineBlockId(refs[i].engine_block_id);
-                          }
+                          fill_save(request, "in-flight", refs, /*end_of_turn=*/true);
                         })
                   .is_ok());
   ASSERT_TRUE(

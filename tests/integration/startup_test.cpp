@@ -9,8 +9,8 @@
 //    yet, so the daemon's MAP_POPULATE allocates them all), another engine is served
 //    start to finish; a Save pipelined right behind a RegisterRegion waits for the
 //    region instead of failing.
-#include <gtest/gtest.h>
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <poll.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -47,8 +47,8 @@ TEST_F(SlowFill, ServesTheSocketAtOnceAndDataRequestsWaitForTheFill) {
   ASSERT_TRUE(stats.is_ok()) << stats.status().to_string();
   EXPECT_TRUE(stats->starting);
   EXPECT_EQ(stats->fill_bytes, (32ull + 64ull) << 20);
-  auto status_text = run_process(
-      {binary_path("kvtierctl"), "--socket", daemon_->socket_path(), "status"});
+  auto status_text =
+      run_process({binary_path("kvtierctl"), "--socket", daemon_->socket_path(), "status"});
   ASSERT_TRUE(status_text.status.ok()) << status_text.describe();
   EXPECT_NE(status_text.stdout_text.find("starting: filling"), std::string::npos)
       << status_text.stdout_text;
@@ -86,8 +86,7 @@ TEST_F(SlowFill, ServesTheSocketAtOnceAndDataRequestsWaitForTheFill) {
 class VerySlowFill : public DaemonTest {
  protected:
   std::vector<std::string> daemon_flags() const override {
-    return with(small_tier_flags(),
-                {"--fault-fill-delay-ms", "10m", "--startup-wait-ms", "300ms"});
+    return with(small_tier_flags(), {"--fault-fill-delay-ms", "10m", "--startup-wait-ms", "300ms"});
   }
 };
 
@@ -101,8 +100,8 @@ TEST_F(VerySlowFill, DataRequestsGetUnavailableAfterTheStartupWaitAndStopWorks) 
   EXPECT_TRUE(IsError(engine->client->save("too-early", refs, true).status(),
                       StatusCode::kUnavailable, "kvtierd is starting"));
   EXPECT_GE(std::chrono::steady_clock::now() - sent, std::chrono::milliseconds(300));
-  EXPECT_TRUE(IsError(engine->client->load("too-early", refs).status(), StatusCode::kUnavailable,
-                      "retry"));
+  EXPECT_TRUE(
+      IsError(engine->client->load("too-early", refs).status(), StatusCode::kUnavailable, "retry"));
   // The connection survives and keeps serving what needs no tier memory.
   auto lookup = engine->client->lookup(hashes);
   ASSERT_TRUE(lookup.is_ok()) << lookup.status().to_string();
@@ -171,15 +170,7 @@ TEST_F(RegionOpening, OtherEnginesAreServedWhileALargeRegionOpens) {
   const auto refs = Engine::refs(hashes, 0);
   ASSERT_TRUE(raw->send(3,
                         [&](wire::Request::Builder request) {
-                          auto save = request.initSave();
-                          save.setSessionId("big");
-                          save.setEndOfTurn(true);
-                          auto blocks = save.initBlocks(static_cast<unsigned>(refs.size()));
-                          for (unsigned i = 0; i < refs.size(); ++i) {
-                            auto bytes = refs[i].hash.bytes();
-                            blocks[i].setHash(capnp::Data::Reader(bytes.data(), bytes.size()));
-                            blocks[i].setEngineBlockId(refs[i].engine_block_id);
-                          }
+                          fill_save(request, "big", refs, /*end_of_turn=*/true);
                         })
                   .is_ok());
 
@@ -206,9 +197,11 @@ TEST_F(RegionOpening, OtherEnginesAreServedWhileALargeRegionOpens) {
   }
   // The region is closed off the control thread too, and Unregister still replies only
   // after that.
-  ASSERT_TRUE(raw->send(4, [](wire::Request::Builder request) {
-                   request.initUnregisterRegion().setRegionId(0);
-                 }).is_ok());
+  ASSERT_TRUE(raw->send(4,
+                        [](wire::Request::Builder request) {
+                          request.initUnregisterRegion().setRegionId(0);
+                        })
+                  .is_ok());
   auto unregistered = raw->receive_reply(std::chrono::seconds(60));
   ASSERT_TRUE(unregistered.is_ok()) << unregistered.status().to_string();
   EXPECT_EQ(unregistered->which, wire::Response::UNREGISTER_REGION)

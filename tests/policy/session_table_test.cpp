@@ -1,8 +1,8 @@
 #include "policy/session_table.h"
 
 #include <algorithm>
-#include <unordered_map>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -227,7 +227,8 @@ TEST_P(SessionTableIndexTest, IndexesMatchAWalkOverEverySession) {
       case 2: {  // a save of a few blocks from a small shared pool (shared prefixes)
         Session* s = table.get_or_create(ns, name, layout).value();
         std::vector<BlockHash> hashes;
-        for (uint64_t k = next(5); k > 0; --k) hashes.push_back(hash_of(static_cast<uint8_t>(next(60))));
+        for (uint64_t k = next(5); k > 0; --k)
+          hashes.push_back(hash_of(static_cast<uint8_t>(next(60))));
         (void)table.record_save(*s, hashes, next(2) == 0);
         break;
       }
@@ -238,7 +239,8 @@ TEST_P(SessionTableIndexTest, IndexesMatchAWalkOverEverySession) {
         (void)table.close(ns, name);
         break;
       case 5:
-        if (Session* s = table.find(ns, name)) table.set_priority(*s, static_cast<uint8_t>(next(3)));
+        if (Session* s = table.find(ns, name))
+          table.set_priority(*s, static_cast<uint8_t>(next(3)));
         break;
       case 6:
         if (Session* s = table.find(ns, name); s != nullptr && !s->blocks.empty()) {
@@ -272,7 +274,8 @@ TEST_P(SessionTableIndexTest, IndexesMatchAWalkOverEverySession) {
       if (s.state == SessionState::kIdle) {
         ++idle;
         const uint64_t idle_ms = clock.now_ms() - s.last_active_ms;
-        census[GapModel::stratum_of(s.returns)][GapModel::bin_of(static_cast<double>(idle_ms))] += 1;
+        census[GapModel::stratum_of(s.returns)][GapModel::bin_of(static_cast<double>(idle_ms))] +=
+            1;
       }
     });
     for (const auto& [key, f] : facts) {

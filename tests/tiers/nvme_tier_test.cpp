@@ -217,7 +217,7 @@ TEST_F(NvmeTierTest, SessionDeltasAppendAndARewriteReplaces) {
     auto tier = open(&recovered);
     ASSERT_NE(tier, nullptr);
     session.blocks.assign(all.begin(), all.begin() + 4);
-    ASSERT_TRUE(write(*tier, session).is_ok());  // whole
+    ASSERT_TRUE(write(*tier, session).is_ok());   // whole
     for (uint32_t turn = 1; turn < 10; ++turn) {  // each turn appends 4
       session.turns = turn;
       session.last_active_wall_ms = 1000 + turn;
