@@ -153,6 +153,9 @@ const std::vector<Setting>& settings() {
       size_setting("nvme-bytes", &C::nvme_bytes, kRestart, "NVMe tier capacity (0: no NVMe tier)"),
       integer_setting("nvme-queue-depth", &C::nvme_queue_depth, 1, 4096, kRestart,
                       "NVMe tier: payload I/Os in flight per io_uring ring"),
+      duration_setting("save-room-wait-ms", &C::save_room_wait_ms, kLive,
+                       "how long a Save waits for room while every tier is full of blocks "
+                       "being copied or read (0: refuse at once)"),
       duration_setting("nvme-load-wait-ms", &C::nvme_load_wait_ms, kLive,
                        "how long a Load waits for blocks being read from NVMe (e.g. 10s)"),
       duration_setting("drain-timeout", &C::drain_timeout_ms, kLive,

@@ -42,7 +42,10 @@ struct DaemonConfig {
   uint64_t nvme_bytes = 0;              // NVMe tier capacity; 0 = no NVMe tier
   uint32_t nvme_queue_depth = 32;       // NVMe tier: payload I/Os in flight per io_uring ring
   uint64_t nvme_load_wait_ms = 10'000;  // a Load waits this long for blocks read from NVMe
-  uint64_t drain_timeout_ms = 30'000;   // SIGTERM: time to drain RAM/HBM to NVMe before exit
+  // A Save that finds every tier full of blocks being copied or read waits this long for
+  // room (0: refused at once with resource_exhausted).
+  uint64_t save_room_wait_ms = 5'000;
+  uint64_t drain_timeout_ms = 30'000;  // SIGTERM: time to drain RAM/HBM to NVMe before exit
   // TESTS ONLY: slab-file I/O faults to inject (tiers/nvme_io.h, "KIND:N[+][:ERRNO]").
   std::vector<std::string> fault_nvme;
   // A data request arriving while the tier memory is still being filled waits this

@@ -120,6 +120,7 @@ Status Service::submit_copy(CopyBatch batch, std::function<void(Status)> done) {
           // The device let go of the batch's memories before it called us: a region
           // being unregistered may have lost its last copy.
           reply_to_finished_unregisters();
+          resume_parked_saves();  // its pins are gone: their blocks may move or go
         });
       });
   if (!submitted.is_ok()) --counters_.copies_in_flight;
@@ -167,6 +168,55 @@ struct Service::SaveInProgress {
 
 Status Service::handle_save(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
                             BlockListRequest request) {
+  // Behind the Saves already waiting for room, so that none is overtaken for ever.
+  if (parked_saves_.empty()) {
+    auto started = start_save(c, engine, id, request);
+    if (!started.is_ok() || *started) return started.status();
+  }
+  if (config_.save_room_wait_ms == 0) {
+    return resource_exhausted(
+        "no room for the Save's {} blocks: every tier is full of blocks that are being copied "
+        "or read; retry",
+        request.hashes.size());
+  }
+  parked_saves_.push_back(
+      {c, id, std::move(request),
+       std::chrono::steady_clock::now() + std::chrono::milliseconds(config_.save_room_wait_ms)});
+  return Status::ok();
+}
+
+void Service::resume_parked_saves() {
+  if (resuming_saves_ || parked_saves_.empty()) return;
+  resuming_saves_ = true;
+  const auto now = std::chrono::steady_clock::now();
+  while (!parked_saves_.empty()) {
+    ParkedSave& parked = parked_saves_.front();
+    auto engine = std::static_pointer_cast<EngineContext>(parked.connection->user_state);
+    Status status;
+    if (engine == nullptr) {
+      // The engine left: nobody to answer.
+    } else if (stopping_) {
+      status = unavailable("kvtierd is stopping; the Save was not started").with_retryable(true);
+    } else if (now >= parked.deadline) {
+      status = resource_exhausted(
+          "no room for the Save's {} blocks within save-room-wait-ms ({} ms): every tier stayed "
+          "full of blocks being copied or read; retry",
+          parked.request.hashes.size(), config_.save_room_wait_ms);
+    } else if (status = check_regions_registered(*engine); status.is_ok()) {
+      auto started = start_save(parked.connection, *engine, parked.request_id, parked.request);
+      if (started.is_ok() && !*started) break;  // still no room: it stays first in line
+      status = started.status();
+    }
+    if (engine != nullptr && !status.is_ok()) {
+      reply_error(parked.connection, parked.request_id, status);
+    }
+    parked_saves_.pop_front();
+  }
+  resuming_saves_ = false;
+}
+
+Result<bool> Service::start_save(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
+                                 BlockListRequest& request) {
   if (const policy::Session* session = sessions_.find(engine.namespace_id, request.session_id);
       session != nullptr && !(session->layout == engine.layout_key)) {
     return invalid_argument("session '{}' belongs to another layout", request.session_id);
@@ -181,7 +231,11 @@ Status Service::handle_save(const ConnectionPtr& c, EngineContext& engine, uint6
     BlockKey key{engine.layout_key, request.hashes[i]};
     const uint64_t rest = (request.hashes.size() - i) * engine.layout.block_bytes;
     auto slot = reserve_block(key, engine.layout.block_bytes, engine.gpu_part, rest);
-    if (!slot.is_ok()) return slot.status();
+    if (!slot.is_ok()) {
+      // No room even after evicting: the slots reserved so far go back with `save`.
+      if (slot.status().code() == StatusCode::kResourceExhausted) return false;
+      return slot.status();
+    }
     if (!slot->has_value()) {
       ++save->deduplicated;
       if (!store_->lookup(key)) being_written.push_back(i);  // held, not yet visible
@@ -219,7 +273,7 @@ Status Service::handle_save(const ConnectionPtr& c, EngineContext& engine, uint6
         });
   }
   if (save->waiting == 0) finish_save(c, id, *engine_ref, *save);
-  return Status::ok();
+  return true;
 }
 
 void Service::wake_write_waiters(const BlockKey& key, bool landed) {
@@ -299,6 +353,7 @@ void Service::run_planner() {
   mover_->apply(planner_.plan_demotions(sessions_, *view_));
   flush_sessions(/*sync=*/false);
   mover_->release_slots();
+  resume_parked_saves();  // also answers those whose wait is over
   plan_timer_.expires_after(std::chrono::milliseconds(config_.plan_interval_ms));
   plan_timer_.async_wait([this](const boost::system::error_code& ec) {
     if (!ec) run_planner();
@@ -340,7 +395,10 @@ void Service::make_mover() {
     on_blocks_removed(keys, lost);
   };
   hooks.before_persistent_write = [this] { flush_sessions(/*sync=*/false); };
-  hooks.settled = [this] { check_drain(); };
+  hooks.settled = [this] {
+    check_drain();
+    resume_parked_saves();
+  };
   hooks.now_ms = [this] { return now_ms(); };
   hooks.wall_ms_of = [this](uint64_t steady_ms) {
     return steady_to_wall_ms(steady_ms, now_ms(), wall_now_ms());

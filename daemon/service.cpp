@@ -184,6 +184,8 @@ void Service::on_disconnect(const ConnectionPtr& connection) {
   }
   std::erase_if(parked_unregisters_,
                 [&](const ParkedUnregister& parked) { return parked.connection == connection; });
+  std::erase_if(parked_saves_,
+                [&](const ParkedSave& parked) { return parked.connection == connection; });
   connection->user_state.reset();
 }
 

@@ -193,8 +193,17 @@ class Service final : public ipc::RequestHandler {
                          const policy::ReturnPredictor& predictor) const;
 
   // data_path.cpp: blocks in and out, and moves between tiers.
+  // Starts the Save, or parks it (behind the Saves already parked) while every tier is
+  // full of blocks being copied or read: a copy finishing makes room.
   Status handle_save(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
                      BlockListRequest request);
+  // Reserves the Save's slots and starts its copy; false when no room could be made
+  // (nothing reserved then; `request` is left as it was).
+  Result<bool> start_save(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
+                          BlockListRequest& request);
+  // Starts the parked Saves that fit now, in arrival order; answers those whose wait
+  // (save-room-wait-ms) is over, and all of them once the daemon is stopping.
+  void resume_parked_saves();
   Status handle_lookup(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
                        const std::vector<BlockHash>& hashes);
   Status handle_load(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
@@ -256,6 +265,15 @@ class Service final : public ipc::RequestHandler {
   // Blocks a Save is writing that other Saves also named: those wait for the bytes.
   std::unordered_map<BlockKey, std::vector<std::function<void(bool landed)>>, BlockKeyHasher>
       write_waiters_;
+  // Saves waiting for room, oldest first (handle_save).
+  struct ParkedSave {
+    ConnectionPtr connection;
+    uint64_t request_id;
+    BlockListRequest request;
+    std::chrono::steady_clock::time_point deadline;
+  };
+  std::deque<ParkedSave> parked_saves_;
+  bool resuming_saves_ = false;  // resume_parked_saves() is running (no re-entry)
   Counters counters_;
   RequestMetrics request_metrics_;
   // Admin-pinned sessions → one pin on each of their blocks. After store_: released

@@ -175,5 +175,99 @@ TEST_F(RamPressureTest, SessionAwareEvictionTakesTheOldestIdleSessionsTail) {
   EXPECT_EQ(new_info->blocks, 16u);
 }
 
+// Every slot is a block still being written (its Save's copy held on the device): a
+// Save that finds no room, not even by evicting, waits for it instead of failing, and
+// goes on when the copy lands; until then a later Save waits behind it (not ahead).
+TEST_F(RamPressureTest, ASaveThatFindsEveryBlockInFlightWaitsForRoomAndThenSucceeds) {
+  const auto filling = PagedCache::chain_hashes("filling", kRamSlots);
+  const auto filling_refs = Engine::refs(filling, 0);
+  engine_->fill(filling_refs);
+  auto second = Engine::connect(daemon_->socket_path(), shape(), "second");
+  ASSERT_TRUE(second.is_ok()) << second.status().to_string();
+  const auto waiting = PagedCache::chain_hashes("waiting", 4);
+  const auto waiting_refs = Engine::refs(waiting, 40);
+  second->fill(waiting_refs);
+  const auto behind = PagedCache::chain_hashes("behind", 2);
+  const auto behind_refs = Engine::refs(behind, 44);
+  second->fill(behind_refs);
+
+  daemon_->hold_copies();
+  auto first = engine_->client->save_async("filling", filling_refs, true);
+  ASSERT_TRUE(daemon_->wait_for_held_copies(1, kDeadline)) << "the first Save never started";
+  auto parked = second->client->save_async("waiting", waiting_refs, true);
+  auto later = second->client->save_async("behind", behind_refs, true);
+  // Answered after both Saves were handled (one connection, in order).
+  auto during = second->client->stats();
+  ASSERT_TRUE(during.is_ok()) << during.status().to_string();
+  EXPECT_EQ(during->copies_in_flight, 1u) << "a Save with no room started a copy";
+  EXPECT_FALSE(parked.ready()) << "a Save with no room was answered instead of waiting";
+  EXPECT_FALSE(later.ready()) << "a later Save overtook the one waiting for room";
+
+  daemon_->release_copies();
+  auto filled = first.wait();
+  ASSERT_TRUE(filled.is_ok()) << filled.status().to_string();
+  EXPECT_EQ(filled->stored, kRamSlots);
+  auto saved = parked.wait();
+  ASSERT_TRUE(saved.is_ok()) << saved.status().to_string();
+  EXPECT_EQ(saved->stored, 4u);
+  auto saved_later = later.wait();
+  ASSERT_TRUE(saved_later.is_ok()) << saved_later.status().to_string();
+  EXPECT_EQ(saved_later->stored, 2u);
+  auto loaded = load(*second, "waiting", waiting, 0);
+  ASSERT_TRUE(loaded.is_ok()) << loaded.status().to_string();
+  EXPECT_EQ(loaded->reply.loaded_count, 4u) << loaded->reply.stop_reason.to_string();
+  EXPECT_EQ(loaded->verified, 4u);
+  auto stats = wait_until_settled();
+  ASSERT_TRUE(stats.is_ok()) << stats.status().to_string();
+  EXPECT_EQ(stats->blocks_evicted, 6u);
+  EXPECT_TRUE(NoLeakedSlots(*stats, block_bytes()));
+}
+
+class ShortRoomWaitTest : public RamPressureTest {
+ protected:
+  DaemonConfig daemon_config() const override {
+    DaemonConfig config = RamPressureTest::daemon_config();
+    config.save_room_wait_ms = 50;
+    return config;
+  }
+};
+
+// The wait is bounded: with the copy still held after save-room-wait-ms, the Save is
+// refused (retryable, naming the setting), an engine that leaves while its Save waits
+// is simply forgotten, and the daemon serves on.
+TEST_F(ShortRoomWaitTest, ASaveWaitingForRoomLongerThanTheLimitIsRefusedAsRetryable) {
+  const auto filling = PagedCache::chain_hashes("filling", kRamSlots);
+  const auto filling_refs = Engine::refs(filling, 0);
+  engine_->fill(filling_refs);
+  auto second = Engine::connect(daemon_->socket_path(), shape(), "second");
+  ASSERT_TRUE(second.is_ok()) << second.status().to_string();
+  auto leaving = Engine::connect(daemon_->socket_path(), shape(), "leaving");
+  ASSERT_TRUE(leaving.is_ok()) << leaving.status().to_string();
+  const auto refs = Engine::refs(PagedCache::chain_hashes("refused", 4), 40);
+  second->fill(refs);
+  leaving->fill(refs);
+
+  daemon_->hold_copies();
+  auto first = engine_->client->save_async("filling", filling_refs, true);
+  ASSERT_TRUE(daemon_->wait_for_held_copies(1, kDeadline));
+  auto abandoned = leaving->client->save_async("abandoned", refs, true);
+  ASSERT_TRUE(leaving->client->stats().is_ok());  // the Save was handled: it waits
+  abandoned.abandon();
+  leaving->client.reset();  // the engine leaves while its Save waits
+  auto refused = second->client->save("refused", refs, true);
+  ASSERT_FALSE(refused.is_ok()) << "a Save was answered while every slot was still in flight";
+  EXPECT_TRUE(IsError(refused.status(), StatusCode::kResourceExhausted, "save-room-wait-ms"));
+  EXPECT_TRUE(refused.status().retryable());
+
+  daemon_->release_copies();
+  ASSERT_TRUE(first.wait().is_ok());
+  auto again = second->client->save("refused", refs, true);
+  ASSERT_TRUE(again.is_ok()) << again.status().to_string();
+  EXPECT_EQ(again->stored, 4u);
+  auto stats = wait_until_settled();
+  ASSERT_TRUE(stats.is_ok()) << stats.status().to_string();
+  EXPECT_TRUE(NoLeakedSlots(*stats, block_bytes()));
+}
+
 }  // namespace
 }  // namespace kvtier::daemon
