@@ -294,7 +294,7 @@ std::string Service::status_line() const {
   }
   return line + fmt::format("{} sessions ({} active), {} connections, {} pinned", sessions_.size(),
                             sessions_.count(policy::SessionState::kActive),
-                            connection_count_ ? connection_count_() : 0, admin_pins_.size());
+                            server_ ? server_->connection_count() : 0, admin_pins_.size());
 }
 
 }  // namespace kvtier::daemon

@@ -210,6 +210,15 @@ const std::vector<Setting>& settings() {
                       kRestart, "KV regions one connection may register"),
       integer_setting("max-in-flight-per-connection", &C::max_in_flight_per_connection, 1, 4096,
                       kRestart, "requests one connection may have in flight"),
+      size_setting("max-request-bytes-per-connection", &C::max_request_bytes_per_connection,
+                   kRestart,
+                   "received requests one connection may have being handled, in bytes; reading "
+                   "from it pauses at this"),
+      size_setting("max-reply-bytes-per-connection", &C::max_reply_bytes_per_connection, kRestart,
+                   "replies waiting for one connection to read them, in bytes; reading from it "
+                   "pauses at this"),
+      integer_setting("max-connections", &C::max_connections, 1, 1 << 20, kRestart,
+                      "open connections; more are refused (resource exhausted, retryable)"),
       admin_group_setting(),
       shared_namespace_setting(),
       text_setting("metrics-addr", &C::metrics_addr, kRestart,
@@ -250,6 +259,13 @@ Status validate(const DaemonConfig& config) {
     return invalid_argument("hbm-bytes and ram-bytes are both 0: there is nowhere to keep blocks");
   }
   if (config.slab_bytes < 4096) return invalid_argument("slab-bytes must be at least 4KiB");
+  // Below one frame's worth a connection would pause after every request.
+  if (config.max_request_bytes_per_connection < (64 << 10)) {
+    return invalid_argument("max-request-bytes-per-connection must be at least 64KiB");
+  }
+  if (config.max_reply_bytes_per_connection < (64 << 10)) {
+    return invalid_argument("max-reply-bytes-per-connection must be at least 64KiB");
+  }
   if (config.hbm_low_watermark > config.hbm_high_watermark) {
     return invalid_argument("hbm-low-watermark ({}) is above hbm-high-watermark ({})",
                             config.hbm_low_watermark, config.hbm_high_watermark);

@@ -65,6 +65,9 @@ struct DaemonConfig {
   uint32_t max_blocks_per_request = 4096;
   uint32_t max_regions_per_connection = 64;
   uint32_t max_in_flight_per_connection = 64;
+  uint64_t max_request_bytes_per_connection = 64ull << 20;  // received frames being handled
+  uint64_t max_reply_bytes_per_connection = 32ull << 20;    // replies the engine has not read
+  uint32_t max_connections = 512;
   std::string admin_group;         // name as configured (empty: none)
   std::optional<gid_t> admin_gid;  // members may use admin requests (besides uid 0)
   // uid → shared namespace name; unlisted uids get their own namespace "uid:N".

@@ -43,7 +43,7 @@ Status Service::handle_stats(const ConnectionPtr& c, EngineContext& engine, uint
     out.setAdminPinnedBlocks(admin_pinned_blocks());
     out.setPinnedSessions(static_cast<uint32_t>(admin_pins_.size()));
     out.setCopiesInFlight(counters_.copies_in_flight + mover_->tier_jobs());
-    out.setConnections(connection_count_ ? static_cast<uint32_t>(connection_count_()) : 0);
+    out.setConnections(server_ ? static_cast<uint32_t>(server_->connection_count()) : 0);
     out.setBlocksEvicted(mover_->counters().blocks_evicted);
     out.setDataLossBlocks(mover_->counters().blocks_lost);
     out.setDeviceName(std::string(device_->name()));

@@ -155,10 +155,8 @@ int run(int argc, char** argv) {
     }
   }
 
-  ipc::ConnectionLimits limits;
-  limits.max_in_flight = config.max_in_flight_per_connection;
-  ipc::Server server(io, service, limits);
-  service.set_connection_count_source([&server] { return server.connection_count(); });
+  ipc::Server server(io, service, connection_limits(config));
+  service.attach_server(&server);
   std::string listening_on = config.socket_path;
   if (activation_socket->valid()) {
     listening_on = "the socket systemd passed (socket activation)";

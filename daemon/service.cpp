@@ -73,6 +73,15 @@ policy::PlannerConfig planner_config(const DaemonConfig& config) {
   return planner;
 }
 
+ipc::ConnectionLimits connection_limits(const DaemonConfig& config) {
+  ipc::ConnectionLimits limits;
+  limits.max_in_flight = config.max_in_flight_per_connection;
+  limits.max_held_request_bytes = config.max_request_bytes_per_connection;
+  limits.max_queued_reply_bytes = config.max_reply_bytes_per_connection;
+  limits.max_connections = config.max_connections;
+  return limits;
+}
+
 Service::Service(asio::io_context& io, DaemonConfig config, std::unique_ptr<Device> device,
                  const policy::Clock* clock)
     : io_(io),

@@ -57,6 +57,9 @@ struct NvmeState;     // persistence.h
 struct StartupState;  // startup.h
 class RegionWorker;   // region_worker.h
 
+// The server's per-connection and connection-count limits from the configuration.
+ipc::ConnectionLimits connection_limits(const DaemonConfig& config);
+
 class Service final : public ipc::RequestHandler {
  public:
   // `clock` is the policy's time (idle thresholds, turn gaps); nullptr: an owned
@@ -86,9 +89,9 @@ class Service final : public ipc::RequestHandler {
   // table, for at most drain-timeout; `stopped` runs once that is over (at once
   // without an NVMe tier). A second stop() gives up on the drain: `stopped` runs now.
   void stop(std::function<void()> stopped = {});
-  void set_connection_count_source(std::function<size_t()> source) {
-    connection_count_ = std::move(source);
-  }
+  // The server whose connections Stats, status and /metrics count; it outlives the
+  // Service's serving (main and the in-process harness stop it first).
+  void attach_server(const ipc::Server* server) { server_ = server; }
   // What main does when the device is lost (stop the server, the metrics endpoint,
   // the signal handlers); called on the control thread with the exit code, after the
   // session table was written and before the event loop is stopped.
@@ -279,7 +282,7 @@ class Service final : public ipc::RequestHandler {
   // Admin-pinned sessions → one pin on each of their blocks. After store_: released
   // before it is destroyed.
   std::map<std::pair<uint32_t, std::string>, std::vector<PinnedBlock>> admin_pins_;
-  std::function<size_t()> connection_count_;
+  const ipc::Server* server_ = nullptr;
   EngineRegistry engines_{config_};  // connections' contexts and the namespaces
   uint64_t started_ms_ = 0;
   bool stopping_ = false;

@@ -107,7 +107,10 @@ std::string Service::render_metrics() const {
   out.sample("kvtier_pinned_sessions", "", static_cast<uint64_t>(admin_pins_.size()));
   out.family("kvtier_connections", "gauge", "Connected clients (engines and kvtierctl).");
   out.sample("kvtier_connections", "",
-             static_cast<uint64_t>(connection_count_ ? connection_count_() : 0));
+             static_cast<uint64_t>(server_ ? server_->connection_count() : 0));
+  out.family("kvtier_connections_refused_total", "counter",
+             "Connections refused because max-connections were open.");
+  out.sample("kvtier_connections_refused_total", "", server_ ? server_->refused_connections() : 0);
 
   out.family("kvtier_lookup_hits_total", "counter", "Blocks found by Lookup and Load.");
   out.sample("kvtier_lookup_hits_total", "", counters_.lookup_hits);

@@ -39,7 +39,12 @@ class Frame {
   capnp::MessageReader& reader() { return *reader_; }
   size_t size_bytes() const { return words_.size() * sizeof(capnp::word); }
 
+  // Something released with the frame (the receiving connection's account of the bytes
+  // it holds); moves with it.
+  void attach_lease(std::shared_ptr<void> lease) { lease_ = std::move(lease); }
+
  private:
+  std::shared_ptr<void> lease_;  // first, so it is released after the words it counts
   kj::Array<capnp::word> words_;
   std::unique_ptr<capnp::FlatArrayMessageReader> reader_;
 };

@@ -8,6 +8,10 @@
 #include <boost/asio/post.hpp>
 #include <boost/asio/write.hpp>
 
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <array>
 #include <filesystem>
 
 #include "common/log.h"
@@ -16,17 +20,33 @@
 namespace kvtier::ipc {
 namespace {
 
-kj::Array<capnp::word> framing_error_reply(const Status& status) {
+kj::Array<capnp::word> connection_error_reply(wire::ErrorCode code, std::string_view message_text,
+                                              bool retryable) {
   capnp::MallocMessageBuilder message;
   auto response = message.initRoot<wire::Response>();
   response.setId(0);
   auto error = response.initError();
-  error.setCode(wire::ErrorCode::INVALID_ARGUMENT);
-  error.setMessage(status.message());
+  error.setCode(code);
+  error.setMessage(std::string(message_text));
+  error.setRetryable(retryable);
   return capnp::messageToFlatArray(message);
 }
 
+kj::Array<capnp::word> framing_error_reply(const Status& status) {
+  return connection_error_reply(wire::ErrorCode::INVALID_ARGUMENT, status.message(), false);
+}
+
 }  // namespace
+
+// Returns a received frame's bytes to its connection's account when the handler lets
+// go of the frame (on the control thread, where handlers keep frames).
+struct Connection::RequestBytesLease {
+  std::weak_ptr<Connection> connection;
+  uint64_t bytes = 0;
+  ~RequestBytesLease() {
+    if (auto held = connection.lock()) held->release_request_bytes(bytes);
+  }
+};
 
 Connection::Connection(asio::local::stream_protocol::socket socket, PeerCredentials peer,
                        uint64_t id, const ConnectionLimits& limits, RequestHandler& handler)
@@ -43,8 +63,32 @@ void Connection::start() {
   read_more();
 }
 
+bool Connection::can_take_more() const {
+  return open_ && !close_after_write_ && in_flight_ < limits_.max_in_flight &&
+         held_request_bytes_ < limits_.max_held_request_bytes &&
+         queued_reply_bytes_ < limits_.max_queued_reply_bytes;
+}
+
+void Connection::resume_if_unpaused(bool was_paused) {
+  // Resume from the event loop, not from inside the handler that just replied: a
+  // synchronous reply to each of many buffered frames must not recurse.
+  if (!was_paused || !can_take_more() || resume_posted_) return;
+  resume_posted_ = true;
+  asio::post(socket_.get_executor(), [self = shared_from_this()] {
+    self->resume_posted_ = false;
+    self->deliver_frames();
+    self->read_more();
+  });
+}
+
+void Connection::release_request_bytes(uint64_t bytes) {
+  const bool was_paused = !can_take_more();
+  held_request_bytes_ -= std::min(bytes, held_request_bytes_);
+  resume_if_unpaused(was_paused);
+}
+
 void Connection::read_more() {
-  if (!open_ || reading_ || close_after_write_ || in_flight_ >= limits_.max_in_flight) return;
+  if (reading_ || !can_take_more()) return;
   reading_ = true;
   // Wait for readability, then recvmsg ourselves: Asio's reads cannot carry SCM_RIGHTS.
   socket_.async_wait(asio::socket_base::wait_read,
@@ -98,7 +142,7 @@ void Connection::on_readable() {
     }
     parser_.commit(received->bytes);
     deliver_frames();
-    if (in_flight_ >= limits_.max_in_flight) break;
+    if (!can_take_more()) break;
     // A short read means the socket is drained: skip the recvmsg that would only say
     // EAGAIN.
     if (received->bytes < space.size()) break;
@@ -107,7 +151,7 @@ void Connection::on_readable() {
 }
 
 void Connection::deliver_frames() {
-  while (open_ && !close_after_write_ && in_flight_ < limits_.max_in_flight) {
+  while (can_take_more()) {
     auto frame = parser_.next();
     if (!frame.is_ok()) {
       fail_framing(frame.status());
@@ -115,26 +159,25 @@ void Connection::deliver_frames() {
     }
     if (!frame->has_value()) return;
     ++in_flight_;
+    const uint64_t bytes = (*frame)->size_bytes();
+    held_request_bytes_ += bytes;
+    auto lease = std::make_shared<RequestBytesLease>();
+    lease->connection = weak_from_this();
+    lease->bytes = bytes;
+    (*frame)->attach_lease(std::move(lease));
     handler_.on_frame(shared_from_this(), std::move(**frame));
   }
 }
 
 void Connection::request_done() {
-  const bool was_paused = in_flight_ >= limits_.max_in_flight;
+  const bool was_paused = !can_take_more();
   if (in_flight_ > 0) --in_flight_;
-  // Resume from the event loop, not from inside the handler that just replied: a
-  // synchronous reply to each of many buffered frames must not recurse.
-  if (was_paused && open_) {
-    asio::post(socket_.get_executor(), [self = shared_from_this()] {
-      self->deliver_frames();
-      self->read_more();
-    });
-  }
+  resume_if_unpaused(was_paused);
 }
 
 void Connection::fail_framing(const Status& status) {
   KVTIER_LOG_DEBUG("connection {} (uid {}): framing error: {}", id_, peer_.uid, status.message());
-  outgoing_.push_back(framing_error_reply(status));
+  enqueue(framing_error_reply(status));
   fds_.clear();  // nothing will claim them now
   close_after_write_ = true;
   write_next();
@@ -142,8 +185,18 @@ void Connection::fail_framing(const Status& status) {
 
 void Connection::send(kj::Array<capnp::word> frame) {
   if (!open_) return;
-  outgoing_.push_back(kj::mv(frame));
+  enqueue(kj::mv(frame));
   write_next();
+}
+
+void Connection::enqueue(kj::Array<capnp::word> frame) {
+  queued_reply_bytes_ += frame.size() * sizeof(capnp::word);
+  outgoing_.push_back(kj::mv(frame));
+}
+
+void Connection::drop_queued_replies() {
+  outgoing_.clear();
+  queued_reply_bytes_ = 0;
 }
 
 Result<UniqueFd> Connection::take_fd() {
@@ -167,9 +220,15 @@ void Connection::write_next() {
   asio::async_write(socket_, asio::buffer(bytes.begin(), bytes.size()),
                     [self = shared_from_this()](const boost::system::error_code& ec, size_t) {
                       self->writing_ = false;
-                      if (!self->outgoing_.empty()) self->outgoing_.pop_front();
+                      const bool was_paused = !self->can_take_more();
+                      if (!self->outgoing_.empty()) {
+                        self->queued_reply_bytes_ -= std::min<uint64_t>(
+                            self->queued_reply_bytes_,
+                            self->outgoing_.front().size() * sizeof(capnp::word));
+                        self->outgoing_.pop_front();
+                      }
                       if (!self->open_) {
-                        self->outgoing_.clear();
+                        self->drop_queued_replies();
                         return;
                       }
                       if (ec) {
@@ -177,6 +236,7 @@ void Connection::write_next() {
                         return;
                       }
                       self->write_next();
+                      self->resume_if_unpaused(was_paused);
                     });
 }
 
@@ -187,7 +247,7 @@ void Connection::close() {
   socket_.cancel(ignored);
   socket_.close(ignored);
   // A write in progress still references the front buffer until its handler runs.
-  if (!writing_) outgoing_.clear();
+  if (!writing_) drop_queued_replies();
   fds_.clear();
   finish();
 }
@@ -255,7 +315,9 @@ void Server::accept_next() {
         if (ec == asio::error::operation_aborted || !acceptor_.is_open()) return;
         if (!ec) {
           auto peer = peer_credentials(socket.native_handle());
-          if (peer.is_ok()) {
+          if (peer.is_ok() && connection_count() >= limits_.max_connections) {
+            refuse(std::move(socket), *peer);
+          } else if (peer.is_ok()) {
             auto connection = std::make_shared<Connection>(
                 std::move(socket), *peer, next_connection_id_++, limits_, handler_);
             std::erase_if(connections_, [](const auto& weak) { return weak.expired(); });
@@ -269,6 +331,32 @@ void Server::accept_next() {
         }
         accept_next();
       });
+}
+
+void Server::refuse(asio::local::stream_protocol::socket socket, const PeerCredentials& peer) {
+  ++refused_connections_;
+  const std::string message =
+      fmt::format("kvtierd already serves {} connections (max-connections); retry later",
+                  limits_.max_connections);
+  // The first refusal and every 1000th are logged: a flood must not flood the log.
+  if (refused_connections_ % 1000 == 1) {
+    KVTIER_LOG_WARN("refusing a connection from pid {} uid {}: {} ({} refused so far)", peer.pid,
+                    peer.uid, message, refused_connections_);
+  }
+  auto reply = connection_error_reply(wire::ErrorCode::RESOURCE_EXHAUSTED, message, true);
+  auto bytes = reply.asBytes();
+  // A fresh socket's send buffer holds this small reply; if it does not, the peer
+  // still sees the connection close.
+  const int fd = socket.native_handle();
+  (void)::send(fd, bytes.begin(), bytes.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+  // Closing with unread bytes (a Hello already sent) would make the peer's read fail
+  // with ECONNRESET before it sees the reply; a little is read and dropped first.
+  std::array<char, 4096> scratch;
+  for (int i = 0; i < 16 && ::recv(fd, scratch.data(), scratch.size(), MSG_DONTWAIT) > 0; ++i) {
+  }
+  boost::system::error_code ignored;
+  socket.shutdown(asio::socket_base::shutdown_both, ignored);
+  socket.close(ignored);
 }
 
 void Server::stop() {

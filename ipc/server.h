@@ -15,6 +15,15 @@
 // Error reply with id 0 and close that connection only. Every other problem is the
 // handler's to answer.
 //
+// What one connection can make the daemon hold is bounded (ConnectionLimits): reading
+// pauses while it has `max_in_flight` requests being handled, while the frames its
+// handler still holds add up to `max_held_request_bytes`, or while replies it has not
+// read add up to `max_queued_reply_bytes`, and resumes as they drain. A peer that never
+// reads its replies therefore stops being read, holding at most those bytes (plus one
+// frame and the replies of its requests in flight), and everyone else is served
+// meanwhile. Connections past `max_connections` get an Error reply with id 0
+// (resource exhausted, retryable) naming the limit and are closed.
+//
 // Thread-safety: everything here runs on the io_context's thread (the control
 // thread). Handlers may keep a shared_ptr<Connection> and reply later from the same
 // thread; replying to a closed connection is a no-op.
@@ -52,8 +61,15 @@ class RequestHandler {
 struct ConnectionLimits {
   FrameLimits frame;
   uint32_t max_in_flight = 64;  // requests being handled; reading pauses above this
+  // Bytes of received frames the handler still holds; reading pauses at this.
+  uint64_t max_held_request_bytes = 64ull << 20;
+  // Bytes of replies queued and not yet written (the peer is not reading); reading
+  // pauses at this.
+  uint64_t max_queued_reply_bytes = 32ull << 20;
   // Received descriptors not yet claimed by a request; one request may need them all.
   uint32_t max_queued_fds = kMaxFdsPerRequest;
+  // Open connections the server accepts; more are refused. Server-wide.
+  uint32_t max_connections = 512;
 };
 
 class Connection : public std::enable_shared_from_this<Connection> {
@@ -70,6 +86,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // Takes the oldest received descriptor not yet claimed; NotFound when none.
   Result<UniqueFd> take_fd();
   size_t queued_fds() const { return fds_.size(); }
+  // What this connection holds now (ConnectionLimits bounds them).
+  uint64_t held_request_bytes() const { return held_request_bytes_; }
+  uint64_t queued_reply_bytes() const { return queued_reply_bytes_; }
+  // Reading is paused by one of the limits.
+  bool reading_paused() const { return open_ && !can_take_more(); }
 
   // The handler finished one request (for the in-flight limit).
   void request_done();
@@ -81,11 +102,18 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
  private:
   friend class Server;
+  struct RequestBytesLease;  // gives a frame's bytes back when the handler drops it
   void start();
+  bool can_take_more() const;
+  // Called after a count that can pause reading went down.
+  void resume_if_unpaused(bool was_paused);
+  void release_request_bytes(uint64_t bytes);
   void read_more();
   void on_readable();
   void deliver_frames();
   void fail_framing(const Status& status);
+  void enqueue(kj::Array<capnp::word> frame);
+  void drop_queued_replies();
   void write_next();
   void finish();
 
@@ -98,6 +126,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::deque<UniqueFd> fds_;  // received, unclaimed, oldest first
   std::deque<kj::Array<capnp::word>> outgoing_;
   uint32_t in_flight_ = 0;
+  uint64_t held_request_bytes_ = 0;
+  uint64_t queued_reply_bytes_ = 0;
+  bool resume_posted_ = false;
   bool reading_ = false;
   bool writing_ = false;
   bool open_ = true;
@@ -120,10 +151,13 @@ class Server {
   void stop();
 
   size_t connection_count() const;
+  // Connections refused because max_connections were open.
+  uint64_t refused_connections() const { return refused_connections_; }
   const std::string& path() const { return path_; }
 
  private:
   void accept_next();
+  void refuse(asio::local::stream_protocol::socket socket, const PeerCredentials& peer);
 
   asio::io_context& io_;
   RequestHandler& handler_;
@@ -132,6 +166,7 @@ class Server {
   std::string path_;
   bool owns_path_ = false;
   uint64_t next_connection_id_ = 1;
+  uint64_t refused_connections_ = 0;
   std::vector<std::weak_ptr<Connection>> connections_;
 };
 

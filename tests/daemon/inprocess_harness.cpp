@@ -76,11 +76,8 @@ Status InProcessDaemon::start_serving() {
   device_ = device.get();
   service_ = std::make_unique<Service>(io_, config_, std::move(device), &clock_);
   KVTIER_RETURN_IF_ERROR(service_->start());
-  ipc::ConnectionLimits limits;
-  limits.max_in_flight = config_.max_in_flight_per_connection;
-  server_ = std::make_unique<ipc::Server>(io_, *service_, limits);
-  service_->set_connection_count_source(
-      [server = server_.get()] { return server->connection_count(); });
+  server_ = std::make_unique<ipc::Server>(io_, *service_, connection_limits(config_));
+  service_->attach_server(server_.get());
   KVTIER_RETURN_IF_ERROR(server_->listen(config_.socket_path));
   control_thread_ = std::thread([this] { io_.run(); });
   // listen() returned, so the socket accepts (connections wait in its backlog until
