@@ -16,6 +16,7 @@
 #include "bench/nvme_bench.h"
 #include "bench/scale_bench.h"
 #include "bench/sim_bench.h"
+#include "bench/soak_bench.h"
 
 namespace {
 
@@ -90,6 +91,8 @@ int main(int argc, char** argv) {
   CLI::App* nvme_app = add_nvme_subcommand(app, nvme);
   ScaleBenchOptions scale;
   CLI::App* scale_app = add_scale_subcommand(app, scale);
+  SoakBenchOptions soak;
+  CLI::App* soak_app = add_soak_subcommand(app, soak);
 #ifdef KVTIER_HAVE_CUDA
   GpuBenchOptions gpu;
   CLI::App* gpu_app = add_gpu_subcommand(app, gpu);
@@ -109,6 +112,8 @@ int main(int argc, char** argv) {
 #endif
   if (scale_app->parsed())
     return finish("scale", run_scale_bench(common, scale), json, require_targets);
+  if (soak_app->parsed())
+    return finish("soak", run_soak_bench(common, soak), json, require_targets);
   if (nvme_app->parsed()) {
     return finish("nvme", run_nvme_bench(common, nvme), json, require_targets);
   }

@@ -254,19 +254,25 @@ void Service::flush_sessions(bool sync) {
   }
   nvme_->dirty_sessions.clear();
   ++nvme_->session_jobs;
-  nvme_->tier->write_sessions(std::move(puts), std::exchange(nvme_->closed_sessions, {}), sync,
-                              on_control_thread<Status>(io_, [this, written](Status status) {
-                                --nvme_->session_jobs;
-                                if (!status.is_ok()) {
-                                  KVTIER_LOG_WARN("NVMe tier: session records: {}",
-                                                  status.to_string());
-                                  // What is stored is not known: written whole next time.
-                                  for (const policy::SessionKey& key : written) {
-                                    nvme_->stored_blocks.erase(key);
-                                  }
-                                }
-                                check_drain();
-                              }));
+  nvme_->tier->write_sessions(
+      std::move(puts), std::exchange(nvme_->closed_sessions, {}), sync,
+      on_control_thread<Status>(io_, [this, written](Status status) {
+        --nvme_->session_jobs;
+        uint64_t held_back = 0;
+        if (!status.is_ok() && nvme_->session_write_warnings.allow(&held_back)) {
+          KVTIER_LOG_WARN(
+              "NVMe tier: session records: {} ({} more since the last such "
+              "line)",
+              status.to_string(), held_back);
+        }
+        if (!status.is_ok()) {
+          // What is stored is not known: written whole next time.
+          for (const policy::SessionKey& key : written) {
+            nvme_->stored_blocks.erase(key);
+          }
+        }
+        check_drain();
+      }));
 }
 
 void Service::stop(std::function<void()> stopped) {

@@ -18,8 +18,10 @@
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
+
 #include <utility>
 #include <vector>
+#include "common/log.h"
 
 #include "common/block_key.h"
 #include "policy/session_table.h"
@@ -40,8 +42,9 @@ struct NvmeState {
   std::vector<std::pair<std::string, std::string>> closed_sessions;  // (namespace, id)
 
   // The tier's own jobs (moves, reads and slot releases are the executor's).
-  uint64_t release_jobs = 0;  // recovery: entries this configuration cannot use
-  uint64_t session_jobs = 0;  // write_sessions calls in flight
+  uint64_t release_jobs = 0;           // recovery: entries this configuration cannot use
+  uint64_t session_jobs = 0;           // write_sessions calls in flight
+  LogThrottle session_write_warnings;  // a full disk fails every session write
 
   // SIGTERM drain.
   enum class DrainPhase : uint8_t { kNone, kMoving, kFlushing, kDone };

@@ -394,8 +394,13 @@ void MoveExecutor::release_slots() {
             } else {
               // The slots stay reserved: reusing one while an index entry may still name it
               // could pair that entry with another block's bytes. Retried with the next.
-              KVTIER_LOG_WARN("releasing {} slots failed, retrying later: {}", released.size(),
-                              status.to_string());
+              uint64_t held_back = 0;
+              if (release_warnings_.allow(&held_back)) {
+                KVTIER_LOG_WARN(
+                    "releasing {} slots failed, retrying later: {} ({} more since the last such "
+                    "line)",
+                    released.size(), status.to_string(), held_back);
+              }
               failed_releases_.insert(failed_releases_.end(), released.begin(), released.end());
             }
             hooks_.settled();

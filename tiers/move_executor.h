@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "common/block_key.h"
+#include "common/log.h"
 #include "common/status.h"
 #include "cuda/device.h"
 #include "policy/planner.h"
@@ -129,6 +130,7 @@ class MoveExecutor {
   std::unordered_set<BlockKey, BlockKeyHasher> continue_to_hbm_;
   // Releases whose tier failed them: retried with the next ones.
   std::vector<BlockStore::PendingRelease> failed_releases_;
+  LogThrottle release_warnings_;  // a full disk fails every release
   uint64_t write_paused_until_ms_ = 0;
   uint64_t write_backoff_ms_ = 0;
   bool draining_ = false;

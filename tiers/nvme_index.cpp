@@ -1,5 +1,7 @@
 #include "tiers/nvme_index.h"
 
+#include <sys/statvfs.h>
+
 #include <rocksdb/db.h>
 #include <rocksdb/merge_operator.h>
 #include <rocksdb/options.h>
@@ -123,6 +125,7 @@ Result<std::unique_ptr<NvmeIndex>> NvmeIndex::open(const std::string& dir,
       rocksdb::DB::Open(db_options(), dir, families, &index->handles_, &db), "open " + dir);
   if (!opened.is_ok()) return opened;
   index->db_.reset(db);
+  index->dir_ = dir;
   index->blocks_ = index->handles_[1];
   index->sessions_ = index->handles_[2];
   index->meta_ = index->handles_[3];
@@ -130,8 +133,50 @@ Result<std::unique_ptr<NvmeIndex>> NvmeIndex::open(const std::string& dir,
   return index;
 }
 
+Status NvmeIndex::write(const rocksdb::WriteOptions& options, rocksdb::WriteBatch& batch,
+                        std::string_view what) {
+  {
+    std::lock_guard lock(failure_mutex_);
+    if (!write_failure_.is_ok()) return write_failure_;
+  }
+  struct statvfs fs {};
+  if (::statvfs(dir_.c_str(), &fs) == 0) {
+    const uint64_t free_bytes = uint64_t{fs.f_bavail} * fs.f_frsize;
+    if (free_bytes < kMinFreeBytes) {
+      return resource_exhausted(
+          "{}: the file system holding the NVMe index {} has {} bytes free; it writes only with "
+          "at least {} free",
+          what, dir_, free_bytes, kMinFreeBytes);
+    }
+  }
+  rocksdb::Status written = db_->Write(options, &batch);
+  Status status = rocksdb_status(written, std::string(what));
+  if (written.IsIOError()) {
+    std::lock_guard lock(failure_mutex_);
+    if (write_failure_.is_ok()) {
+      KVTIER_LOG_ERROR("NVMe index {}: {}; it writes nothing more until kvtierd restarts", dir_,
+                       status.message());
+      write_failure_ = Status(status.code(),
+                              fmt::format("the NVMe index stopped writing after an I/O error "
+                                          "({}); restart kvtierd once {} has room",
+                                          status.message(), dir_),
+                              /*retryable=*/false);
+    }
+  }
+  return status;
+}
+
 NvmeIndex::~NvmeIndex() {
   if (!db_) return;
+  {
+    std::lock_guard lock(failure_mutex_);
+    if (!write_failure_.is_ok()) {
+      // Closing would sync the log writer that failed, which Debian's RocksDB asserts
+      // against; what was acknowledged is already synced. The process is exiting.
+      (void)db_.release();
+      return;
+    }
+  }
   for (rocksdb::ColumnFamilyHandle* handle : handles_) {
     (void)db_->DestroyColumnFamilyHandle(handle);
   }
@@ -250,7 +295,7 @@ Status NvmeIndex::commit_blocks(std::span<const std::pair<NvmeBlockKey, NvmeBloc
   for (const auto& [key, record] : blocks) {
     (void)batch.Put(blocks_, encode_block_key(key), encode_block_record(record));
   }
-  return rocksdb_status(db_->Write(durable(), &batch), "commit block records");
+  return write(durable(), batch, "commit block records");
 }
 
 Status NvmeIndex::delete_blocks_at(std::span<const std::pair<NvmeBlockKey, uint64_t>> blocks) {
@@ -262,13 +307,13 @@ Status NvmeIndex::delete_blocks_at(std::span<const std::pair<NvmeBlockKey, uint6
     (void)batch.Delete(blocks_, encode_block_key(key));
   }
   if (batch.Count() == 0) return Status::ok();
-  return rocksdb_status(db_->Write(durable(), &batch), "delete block records");
+  return write(durable(), batch, "delete block records");
 }
 
 Status NvmeIndex::delete_raw_block_keys(std::span<const std::string> keys) {
   rocksdb::WriteBatch batch;
   for (const std::string& key : keys) (void)batch.Delete(blocks_, key);
-  return rocksdb_status(db_->Write(durable(), &batch), "delete unusable block records");
+  return write(durable(), batch, "delete unusable block records");
 }
 
 Status NvmeIndex::write_sessions(std::span<const NvmeSessionRecord> puts,
@@ -288,7 +333,7 @@ Status NvmeIndex::write_sessions(std::span<const NvmeSessionRecord> puts,
   }
   rocksdb::WriteOptions options;
   options.sync = sync;
-  return rocksdb_status(db_->Write(options, &batch), "write session records");
+  return write(options, batch, "write session records");
 }
 
 Status NvmeIndex::overwrite_format_version(const std::string& dir, uint32_t version) {

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
@@ -26,6 +27,8 @@
 #include "tiers/nvme_format.h"
 
 namespace rocksdb {
+class WriteBatch;
+struct WriteOptions;
 class DB;
 class ColumnFamilyHandle;
 }  // namespace rocksdb
@@ -61,6 +64,14 @@ class NvmeIndex {
   Result<std::optional<NvmeBlockRecord>> get_block(const NvmeBlockKey& key) const;
 
   // ---- durable writes (WAL synced) ----
+  //
+  // A full disk is an error to the caller, never a crash: a write is refused
+  // (ResourceExhausted, retryable, naming the free bytes) while the file system has less
+  // than kMinFreeBytes free, before RocksDB sees it. After RocksDB fails a write with an
+  // I/O error the index writes nothing more (each write returns that error) and is not
+  // closed at exit: Debian's RocksDB asserts when a log writer that failed is used again.
+  // Restart kvtierd once the file system has room.
+  static constexpr uint64_t kMinFreeBytes = 32ull << 20;
 
   // Puts the block records and layout records in one atomic batch.
   Status commit_blocks(std::span<const std::pair<NvmeBlockKey, NvmeBlockRecord>> blocks,
@@ -83,6 +94,9 @@ class NvmeIndex {
  private:
   NvmeIndex() = default;
   Status load_or_init_meta(uint64_t new_slab_bytes, const std::string& dir);
+  // Every write goes through here (the room check and the stop after an I/O error).
+  Status write(const rocksdb::WriteOptions& options, rocksdb::WriteBatch& batch,
+               std::string_view what);
 
   // Constant after open.
   std::unique_ptr<rocksdb::DB> db_;
@@ -92,6 +106,10 @@ class NvmeIndex {
   rocksdb::ColumnFamilyHandle* meta_ = nullptr;
   uint64_t slab_bytes_ = 0;
   bool created_ = false;
+  std::string dir_;
+
+  mutable std::mutex failure_mutex_;
+  Status write_failure_;  // the I/O error that stopped writes; OK while writing
 };
 
 }  // namespace kvtier

@@ -1,18 +1,66 @@
 #include "tiers/nvme_tier.h"
 
+#include <fcntl.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 
 #include "common/log.h"
+#include "common/unique_fd.h"
 #include "tiers/nvme_worker.h"
 
 namespace kvtier {
+namespace {
+
+std::string reserve_path(const std::string& dir) {
+  return dir + "/index.reserve";
+}
+
+Result<uint64_t> free_bytes(const std::string& dir) {
+  struct statvfs fs {};
+  if (::statvfs(dir.c_str(), &fs) != 0) return errno_status(errno, "statvfs " + dir);
+  return uint64_t{fs.f_bavail} * fs.f_frsize;
+}
+
+// Makes the reserve file where there is room; a warning where there is not.
+void make_reserve(const std::string& dir, uint64_t bytes) {
+  if (bytes == 0) return;
+  const std::string path = reserve_path(dir);
+  UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
+  int rc = fd.valid() ? ::fallocate(fd.get(), 0, 0, static_cast<off_t>(bytes)) : -1;
+  if (rc == 0) return;
+  const int error = errno;
+  fd.reset();
+  ::unlink(path.c_str());
+  KVTIER_LOG_WARN(
+      "NVMe tier {}: cannot set aside {} bytes for reopening the index ({}); the file system is "
+      "nearly full, and a restart while it stays full may be refused",
+      dir, bytes, std::strerror(error));
+}
+
+}  // namespace
+
 Result<std::unique_ptr<NvmeTier>> NvmeTier::open(const NvmeTierOptions& options,
                                                  NvmeRecovery* recovered) {
   std::error_code ec;
   std::filesystem::create_directories(options.dir, ec);
   if (ec) return errno_status(ec.value(), "create " + options.dir);
   if (options.capacity_bytes == 0) return invalid_argument("the NVMe tier capacity is 0");
+
+  // The reserve goes first: its room is what lets the index open on a full disk.
+  (void)::unlink(reserve_path(options.dir).c_str());
+  auto available = free_bytes(options.dir);
+  if (!available.is_ok()) return available.status();
+  if (*available < options.index_open_min_free_bytes) {
+    return resource_exhausted(
+        "NVMe tier {}: the file system has {} bytes free and opening the index needs {}; free "
+        "space there (or give the tier another directory)",
+        options.dir, *available, options.index_open_min_free_bytes);
+  }
 
   std::unique_ptr<NvmeTier> tier(new NvmeTier());
   tier->capacity_bytes_ = options.capacity_bytes;
@@ -64,6 +112,9 @@ Result<std::unique_ptr<NvmeTier>> NvmeTier::open(const NvmeTierOptions& options,
     KVTIER_LOG_WARN("NVMe index: ignoring {} malformed session records", malformed_sessions.size());
   }
   *recovered = std::move(state);
+  // A small tier (tests) sets aside less: a quarter of its capacity, at least 16 MiB.
+  make_reserve(options.dir, std::min(options.index_reserve_bytes,
+                                     std::max<uint64_t>(16ull << 20, options.capacity_bytes / 4)));
   tier->writer_ = std::make_unique<NvmeWorker>("kvtier-nvme-wr");
   tier->reader_ = std::make_unique<NvmeWorker>("kvtier-nvme-rd");
   return tier;

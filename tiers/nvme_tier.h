@@ -43,8 +43,18 @@ namespace kvtier {
 
 class NvmeWorker;
 
+// The tier keeps `index_reserve_bytes` of its file system (at most a quarter of its
+// capacity, at least 16 MiB) in a file of its own
+// (index.reserve) and deletes it before opening the index: RocksDB cannot open (Debian's
+// build aborts) on a file system with no room for a new manifest and log, and a full
+// disk must not keep kvtierd from starting. After opening, the reserve is made again
+// where there is room. With less than `index_open_min_free_bytes` free once the reserve
+// is gone, open is refused (ResourceExhausted, naming the free bytes) before RocksDB is
+// touched.
 struct NvmeTierOptions {
-  std::string dir;                    // the tier's directory (index/ and slabs.dat inside)
+  std::string dir;  // the tier's directory (index/ and slabs.dat inside)
+  uint64_t index_reserve_bytes = 64ull << 20;
+  uint64_t index_open_min_free_bytes = 16ull << 20;
   uint64_t capacity_bytes = 0;        // size of slabs.dat; the tier never holds more
   uint64_t slab_bytes = 64ull << 20;  // carving unit for a new tier (an existing one keeps its own)
   unsigned queue_depth = 32;          // payload I/Os in flight per worker

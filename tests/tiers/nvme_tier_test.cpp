@@ -4,9 +4,12 @@
 #include "tiers/nvme_tier.h"
 
 #include <fcntl.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstring>
+#include <filesystem>
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -295,6 +298,100 @@ TEST_F(NvmeTierTest, AnExistingTierKeepsItsSlabSize) {
   auto tier = NvmeTier::open(options, &recovered);
   ASSERT_TRUE(tier.is_ok()) << tier.status().to_string();
   EXPECT_EQ((*tier)->slab_bytes(), kSlab);
+}
+
+// A tmpfs of its own, so the test can fill a file system without filling the machine's.
+// Mounting needs root: without it the test is skipped, saying why.
+class FullFileSystem : public NvmeTierTest {
+ protected:
+  void SetUp() override {
+    NvmeTierTest::SetUp();
+    if (::geteuid() != 0) GTEST_SKIP() << "mounting a tmpfs needs root";
+    mount_point_ = dir_.path() + "/fs";
+    ASSERT_EQ(::mkdir(mount_point_.c_str(), 0700), 0);
+    if (::mount("tmpfs", mount_point_.c_str(), "tmpfs", 0, "size=96m") != 0) {
+      GTEST_SKIP() << "mount tmpfs: " << std::strerror(errno);
+    }
+    mounted_ = true;
+  }
+  void TearDown() override {
+    if (mounted_) ::umount2(mount_point_.c_str(), MNT_DETACH);
+  }
+  NvmeTierOptions options() const {
+    NvmeTierOptions options;
+    options.dir = mount_point_ + "/nvme";
+    options.capacity_bytes = kCapacity;
+    options.slab_bytes = kSlab;
+    return options;
+  }
+  // Writes a file until the file system is full.
+  void fill(const std::string& name) {
+    int fd = ::open((mount_point_ + "/" + name).c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    ASSERT_GE(fd, 0);
+    std::vector<char> chunk(4096, 'x');
+    while (::write(fd, chunk.data(), chunk.size()) > 0) {
+    }
+    ::close(fd);
+  }
+
+  std::string mount_point_;
+  bool mounted_ = false;
+};
+
+TEST_F(FullFileSystem, TheIndexReopensOnAFullDiskFromItsReserve) {
+  uint64_t stored = 0;
+  {
+    NvmeRecovery recovered;
+    auto tier = NvmeTier::open(options(), &recovered);
+    ASSERT_TRUE(tier.is_ok()) << tier.status().to_string();
+    ASSERT_TRUE(std::filesystem::exists(options().dir + "/index.reserve"));
+    std::memset(source_.data(), 0x5a, kBlock);
+    auto written = write_now(**tier, {write_item(0)});
+    ASSERT_TRUE(written[0].is_ok()) << written[0].to_string();
+    stored = 1;
+  }
+  fill("filler");
+  // Reopening on the full disk uses the reserve's room; the block is still there.
+  NvmeRecovery recovered;
+  auto tier = NvmeTier::open(options(), &recovered);
+  ASSERT_TRUE(tier.is_ok()) << tier.status().to_string();
+  EXPECT_EQ(recovered.blocks.size(), stored);
+  auto read = read_now(**tier, {read_item(0)});
+  ASSERT_TRUE(read[0].status.is_ok()) << read[0].status.to_string();
+  EXPECT_TRUE(same_bytes(0));
+}
+
+TEST_F(FullFileSystem, WritesOnAFullDiskAreRefusedAsRetryableAndResumeWhenThereIsRoom) {
+  NvmeRecovery recovered;
+  auto tier = NvmeTier::open(options(), &recovered);
+  ASSERT_TRUE(tier.is_ok()) << tier.status().to_string();
+  fill("filler");
+  std::memset(source_.data(), 0x3c, kBlock);
+  auto refused = write_now(**tier, {write_item(0)});
+  EXPECT_EQ(refused[0].code(), StatusCode::kResourceExhausted) << refused[0].to_string();
+  EXPECT_TRUE(refused[0].retryable());
+  EXPECT_NE(refused[0].message().find("bytes free"), std::string::npos) << refused[0].message();
+  ASSERT_EQ(::unlink((mount_point_ + "/filler").c_str()), 0);
+  auto written = write_now(**tier, {write_item(0)});
+  ASSERT_TRUE(written[0].is_ok()) << written[0].to_string();
+  auto read = read_now(**tier, {read_item(0)});
+  ASSERT_TRUE(read[0].status.is_ok()) << read[0].status.to_string();
+  EXPECT_TRUE(same_bytes(0));
+}
+
+TEST_F(FullFileSystem, OpeningWithNoRoomAndNoReserveIsRefusedNamingTheFreeBytes) {
+  {
+    NvmeRecovery recovered;
+    ASSERT_TRUE(NvmeTier::open(options(), &recovered).is_ok());
+  }
+  ASSERT_EQ(::unlink((options().dir + "/index.reserve").c_str()), 0);
+  fill("filler");
+  NvmeRecovery recovered;
+  auto tier = NvmeTier::open(options(), &recovered);
+  ASSERT_FALSE(tier.is_ok());
+  EXPECT_EQ(tier.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(tier.status().message().find("bytes free"), std::string::npos)
+      << tier.status().message();
 }
 
 }  // namespace
