@@ -147,7 +147,8 @@ Status Service::handle_register_region(const ConnectionPtr& c, EngineContext& en
     // Not retryable: waiting does not lift the limit; unregistering a region does.
     return Status(
         StatusCode::kResourceExhausted,
-        fmt::format("this connection already has {} regions, the limit", engine.regions.size()),
+        fmt::format("this connection already has {} regions, the limit (max-regions-per-connection)",
+                    engine.regions.size()),
         /*retryable=*/false);
   }
   bool used = std::any_of(engine.layout.planes.begin(), engine.layout.planes.end(),
