@@ -3,7 +3,9 @@
 // never reads its replies stops being read, everyone else is served meanwhile, and it
 // gets every reply once it reads again.
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <thread>
@@ -107,6 +109,38 @@ TEST_F(ConnectionLimits, AnEngineThatDoesNotReadIsPausedWhileOthersAreServed) {
   sender.join();
   EXPECT_EQ(sent.load(), kRequests);
   EXPECT_TRUE(ServesSaveAndLoad(*daemon_, "after-a-flood"));
+}
+
+TEST_F(ConnectionLimits, DescriptorsPastTheQueueLimitCloseOnlyThatConnection) {
+  auto other = connect_raw();
+  ASSERT_TRUE(other.is_ok()) << other.status().to_string();
+  ASSERT_TRUE(AnswersStats(*other, 1));
+
+  // 1100 descriptors that no request claims (Stats declares none), in two requests: more
+  // than the 1024 a connection may queue.
+  const int memfd = ::memfd_create("unclaimed", MFD_CLOEXEC);
+  ASSERT_GE(memfd, 0);
+  auto flooder = connect_raw();
+  ASSERT_TRUE(flooder.is_ok()) << flooder.status().to_string();
+  Status sent = Status::ok();
+  for (uint64_t id : {7, 8}) {
+    const std::vector<int> fds(id == 7 ? 1000 : 100, memfd);
+    if (sent.is_ok())
+      sent = flooder->send(
+          id, [](wire::Request::Builder r) { r.initStats(); }, fds);
+  }
+  ::close(memfd);
+  ASSERT_TRUE(sent.is_ok()) << sent.to_string();
+  auto replies = flooder->drain_until_closed();
+  ASSERT_TRUE(replies.is_ok()) << replies.status().to_string();
+  ASSERT_FALSE(replies->empty());
+  EXPECT_EQ(replies->back().id, 0u);
+  EXPECT_TRUE(
+      IsError(replies->back().error, StatusCode::kInvalidArgument, "too many file descriptors"));
+
+  // The daemon holds none of them and serves the others.
+  EXPECT_TRUE(AnswersStats(*other, 2));
+  EXPECT_TRUE(ServesSaveAndLoad(*daemon_, "beside-a-descriptor-flood"));
 }
 
 }  // namespace
