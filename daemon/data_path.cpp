@@ -186,6 +186,9 @@ Status Service::handle_save(const ConnectionPtr& c, EngineContext& engine, uint6
 }
 
 void Service::resume_parked_saves() {
+  // Loads waiting for a slot to read an NVMe block into go first: they were there first
+  // (a Save parks only once the Loads' reads hold what room there was).
+  mover_->retry_room_waiters();
   if (resuming_saves_ || parked_saves_.empty()) return;
   resuming_saves_ = true;
   const auto now = std::chrono::steady_clock::now();

@@ -148,7 +148,7 @@ void MoveExecutor::apply(const std::vector<policy::Move>& moves, int hbm_part) {
     for (size_t to = 0; to < kTierCount; ++to) {
       if (!onward[to].empty()) write_into(*tiers_[to], onward[to]);
     }
-    hooks_.settled();
+    settled();
   });
   if (!submitted.is_ok()) {
     --copies_;
@@ -169,6 +169,7 @@ void MoveExecutor::evict(const std::vector<BlockKey>& keys, bool lost) {
   }
   if (!removed.empty()) hooks_.removed(removed, lost);
   release_slots();
+  if (!removed.empty()) retry_room_waiters();
 }
 
 void MoveExecutor::write_into(StorageTier& to, const std::vector<BlockKey>& keys) {
@@ -247,7 +248,7 @@ void MoveExecutor::write_into(StorageTier& to, const std::vector<BlockKey>& keys
                   first_error->to_string());
             }
             release_slots();  // a failed write gave its slot back
-            hooks_.settled();
+            settled();
           });
         });
       });
@@ -335,7 +336,7 @@ void MoveExecutor::read_from(StorageTier& from, const std::vector<BlockKey>& key
                       if (!lost.empty()) evict(lost, /*lost=*/true);
                       if (!onward.empty()) apply(onward);
                       release_slots();  // the slots of blocks that left a durable tier
-                      hooks_.settled();
+                      settled();
                     });
                   });
       });
@@ -356,13 +357,47 @@ void MoveExecutor::await_readable(const BlockKey& key, std::function<void(const 
   }
   if (!reads_.contains(key)) {
     const auto info = store_.lookup(key);
-    waiter(resource_exhausted(
-        "block {} is in the {} tier and neither RAM nor HBM has a free slot to read it into; "
-        "retry",
-        key.hash.to_hex(), tier_name(info ? info->location.tier : Tier::kNone)));
+    if (!info) {
+      waiter(not_found("block {} was evicted before it could be read", key.hash.to_hex()));
+    } else if (in_host_memory(info->location.tier) && info->state == BlockState::kReady) {
+      waiter(Status::ok());  // it came up meanwhile (another Load, BeginTurn, the planner)
+    } else if (room_waiters_.size() >= kMaxRoomWaiters) {
+      waiter(resource_exhausted(
+          "block {} is in the {} tier and neither RAM nor HBM has a free slot to read it into, "
+          "and {} reads already wait for one; retry",
+          key.hash.to_hex(), tier_name(info->location.tier), room_waiters_.size()));
+    } else {
+      room_waiters_.emplace_back(key, std::move(waiter));
+    }
     return;
   }
   reads_[key].push_back(std::move(waiter));
+}
+
+void MoveExecutor::settled() {
+  retry_room_waiters();
+  hooks_.settled();
+}
+
+void MoveExecutor::retry_room_waiters() {
+  // await_readable may make room, whose moves finish later and call back here.
+  if (retrying_room_waiters_ || room_waiters_.empty()) return;
+  retrying_room_waiters_ = true;
+  auto waiting = std::exchange(room_waiters_, {});
+  while (!waiting.empty()) {
+    auto [key, waiter] = std::move(waiting.front());
+    waiting.pop_front();
+    const size_t before = room_waiters_.size();
+    await_readable(key, std::move(waiter));
+    if (room_waiters_.size() > before) {
+      // Still no room: neither has anyone behind it (they keep their order).
+      while (!waiting.empty()) {
+        room_waiters_.push_back(std::move(waiting.front()));
+        waiting.pop_front();
+      }
+    }
+  }
+  retrying_room_waiters_ = false;
 }
 
 void MoveExecutor::release_slots() {
@@ -403,7 +438,7 @@ void MoveExecutor::release_slots() {
               }
               failed_releases_.insert(failed_releases_.end(), released.begin(), released.end());
             }
-            hooks_.settled();
+            settled();
           });
         });
   }

@@ -28,6 +28,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <unordered_map>
@@ -93,8 +94,17 @@ class MoveExecutor {
   // host HBM); returns those whose read started or was already running.
   std::vector<BlockKey> read_into_memory(const std::vector<BlockKey>& keys);
   // `waiter` runs once `key` is readable from memory (starting its read when none is
-  // running, making room in RAM if needed), or with why it is not.
+  // running, making room in RAM if needed), or with why it is not. When neither RAM
+  // nor HBM has a slot to read into, not even by evicting (every slot is a block being
+  // copied or read), it waits for one: it is tried again whenever a copy, move, read,
+  // release or eviction finishes (the caller bounds the wait). Past kMaxRoomWaiters
+  // waiting, it is refused at once (ResourceExhausted, retryable).
   void await_readable(const BlockKey& key, std::function<void(const Status&)> waiter);
+  static constexpr size_t kMaxRoomWaiters = 1 << 16;
+  // Tries the reads waiting for room again (the owner calls it when pins it held are
+  // gone; the executor itself after its copies, moves, releases and evictions).
+  void retry_room_waiters();
+  size_t room_waiters() const { return room_waiters_.size(); }
 
   // Hands the slots the store gave up in durable-release tiers to those tiers.
   void release_slots();
@@ -116,6 +126,8 @@ class MoveExecutor {
   void read_from(StorageTier& from, const std::vector<BlockKey>& keys, Tier target);
   bool in_host_memory(Tier tier) const;
   bool copies_by_device(Tier tier) const;
+  // Tries the reads waiting for room again, then tells the hooks something settled.
+  void settled();
 
   BlockStore& store_;
   std::vector<StorageTier*> tiers_;  // by Tier; nullptr when not configured
@@ -131,6 +143,9 @@ class MoveExecutor {
   // Releases whose tier failed them: retried with the next ones.
   std::vector<BlockStore::PendingRelease> failed_releases_;
   LogThrottle release_warnings_;  // a full disk fails every release
+  // Reads waiting for a RAM/HBM slot (await_readable), oldest first.
+  std::deque<std::pair<BlockKey, std::function<void(const Status&)>>> room_waiters_;
+  bool retrying_room_waiters_ = false;
   uint64_t write_paused_until_ms_ = 0;
   uint64_t write_backoff_ms_ = 0;
   bool draining_ = false;

@@ -269,5 +269,53 @@ TEST_F(ShortRoomWaitTest, ASaveWaitingForRoomLongerThanTheLimitIsRefusedAsRetrya
   EXPECT_TRUE(NoLeakedSlots(*stats, block_bytes()));
 }
 
+class NvmeRamPressureTest : public RamPressureTest {
+ protected:
+  DaemonConfig daemon_config() const override {
+    DaemonConfig config = RamPressureTest::daemon_config();
+    config.nvme_bytes = 8ull << 20;
+    return config;
+  }
+};
+
+// Every RAM slot is a block still being written when a Load needs one to read an NVMe
+// block into: the Load waits for a slot instead of failing, and restores the block
+// bit-exact once the copies land.
+TEST_F(NvmeRamPressureTest, ALoadThatFindsNoSlotToReadIntoWaitsForOne) {
+  const auto cold = PagedCache::chain_hashes("cold", 4);
+  ASSERT_TRUE(save_hashes(*engine_, "cold", cold, 0).is_ok());
+  ASSERT_TRUE(wait_until_settled().is_ok());
+  auto drained = engine_->client->drain();
+  ASSERT_TRUE(drained.is_ok()) << drained.status().to_string();
+  auto on_nvme = wait_until_in_tier("cold", Tier::kNvme, 4);
+  ASSERT_TRUE(on_nvme.is_ok()) << on_nvme.status().to_string();
+
+  const auto filling = PagedCache::chain_hashes("filling", kRamSlots);
+  const auto filling_refs = Engine::refs(filling, 4);
+  engine_->fill(filling_refs);
+  auto reader = Engine::connect(daemon_->socket_path(), shape(), "reader");
+  ASSERT_TRUE(reader.is_ok()) << reader.status().to_string();
+
+  daemon_->hold_copies();
+  auto first = engine_->client->save_async("filling", filling_refs, true);
+  ASSERT_TRUE(daemon_->wait_for_held_copies(1, kDeadline)) << "the filling Save never started";
+  const auto cold_refs = Engine::refs(cold, 40);
+  reader->cache.wipe();
+  auto waiting = reader->client->load_async("cold", cold_refs);
+  // Answered after the Load was handled (one connection, in order).
+  ASSERT_TRUE(reader->client->stats().is_ok());
+  EXPECT_FALSE(waiting.ready()) << "a Load with no slot to read into was answered at once";
+
+  daemon_->release_copies();
+  ASSERT_TRUE(first.wait().is_ok());
+  auto loaded = waiting.wait();
+  ASSERT_TRUE(loaded.is_ok()) << loaded.status().to_string();
+  EXPECT_EQ(loaded->loaded_count, 4u) << loaded->stop_reason.to_string();
+  EXPECT_EQ(reader->count_verified(cold_refs, 4), 4u);
+  auto stats = wait_until_settled();
+  ASSERT_TRUE(stats.is_ok()) << stats.status().to_string();
+  EXPECT_TRUE(NoLeakedSlots(*stats, block_bytes()));
+}
+
 }  // namespace
 }  // namespace kvtier::daemon
