@@ -1,8 +1,13 @@
 #include "client/client.h"
 
+#include <fcntl.h>
+
 #include <capnp/message.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 
 #include "ipc/unix_socket.h"
 
@@ -43,6 +48,51 @@ SessionInfo session_from_wire(wire::SessionInfo::Reader s) {
   return info;
 }
 
+void fill_hello(wire::Request::Builder request, const LayoutSpec& layout,
+                const std::string& engine_name, double prefill_tokens_per_second,
+                DeviceKind device_kind) {
+  auto hello = request.initHello();
+  hello.setProtocolVersion(wire::PROTOCOL_VERSION);
+  hello.setEngineName(engine_name);
+  hello.setDeviceKind(device_kind == DeviceKind::kCuda ? wire::DeviceKind::CUDA
+                                                       : wire::DeviceKind::HOST);
+  hello.setPrefillTokensPerSecond(prefill_tokens_per_second);
+  auto out = hello.initLayout();
+  out.setModelId(layout.model_id);
+  out.setNumLayers(layout.num_layers);
+  out.setNumKvHeads(layout.num_kv_heads);
+  out.setHeadDim(layout.head_dim);
+  out.setDtype(layout.dtype);
+  out.setTokensPerBlock(layout.tokens_per_block);
+  out.setTpRank(layout.tp_rank);
+  out.setTpSize(layout.tp_size);
+  out.setNumBlocks(layout.num_blocks);
+  out.setExtraKey(layout.extra_key);
+  auto planes = out.initPlanes(static_cast<unsigned>(layout.planes.size()));
+  for (size_t i = 0; i < layout.planes.size(); ++i) {
+    planes[i].setRegionId(layout.planes[i].region_id);
+    planes[i].setOffsetBytes(layout.planes[i].offset_bytes);
+    planes[i].setStrideBytes(layout.planes[i].stride_bytes);
+    planes[i].setBytesPerBlock(layout.planes[i].bytes_per_block);
+  }
+}
+
+Result<HelloInfo> decode_hello(wire::Response::Reader response) {
+  if (!response.isHello()) return unexpected_reply(response, "Hello");
+  auto reply = response.getHello();
+  HelloInfo info;
+  info.protocol_version = reply.getProtocolVersion();
+  info.layout_digest = reply.getLayoutDigest();
+  info.block_bytes = reply.getBlockBytes();
+  info.namespace_name = reply.getNamespaceName().cStr();
+  info.max_blocks_per_request = reply.getMaxBlocksPerRequest();
+  info.device_kind =
+      reply.getDeviceKind() == wire::DeviceKind::CUDA ? DeviceKind::kCuda : DeviceKind::kHost;
+  for (auto uuid : reply.getGpuUuids()) info.gpu_uuids.emplace_back(uuid.cStr());
+  info.device_name = reply.getDeviceName().cStr();
+  return info;
+}
+
 }  // namespace
 
 Status status_from_wire(wire::Error::Reader error) {
@@ -64,7 +114,8 @@ std::string Client::default_socket_path() {
   return "./var/kvtierd.sock";
 }
 
-Result<std::unique_ptr<Client>> Client::connect(const std::string& socket_path) {
+Result<std::unique_ptr<Client>> Client::connect(const std::string& socket_path,
+                                                const ClientOptions& options) {
   auto transport = ipc::ClientTransport::connect(socket_path);
   if (!transport.is_ok()) {
     // A path that cannot be a socket or a socket this user may not open will not get
@@ -76,7 +127,7 @@ Result<std::unique_ptr<Client>> Client::connect(const std::string& socket_path) 
             : StatusCode::kUnavailable,
         fmt::format("cannot reach kvtierd at {}: {}", socket_path, transport.status().message()));
   }
-  return std::unique_ptr<Client>(new Client(std::move(*transport)));
+  return std::unique_ptr<Client>(new Client(std::move(*transport), socket_path, options));
 }
 
 Result<uint64_t> Client::send(const std::function<void(wire::Request::Builder)>& fill,
@@ -84,17 +135,166 @@ Result<uint64_t> Client::send(const std::function<void(wire::Request::Builder)>&
   capnp::MallocMessageBuilder message;
   auto request = message.initRoot<wire::Request>();
   std::lock_guard lock(send_mutex_);
+  KVTIER_RETURN_IF_ERROR(ensure_connected_locked());
   uint64_t id = next_id_++;
   request.setId(id);
   fill(request);
   auto status = transport_.send(message, fds);
-  if (!status.is_ok()) return status;
+  if (!status.is_ok()) {
+    // A request the client itself refuses (too large) leaves the stream intact.
+    if (status.code() == StatusCode::kInvalidArgument) return status;
+    const Status lost = unavailable("the connection to kvtierd was lost: {}", status.message());
+    mark_broken(lost);
+    return lost;
+  }
   return id;
+}
+
+void Client::mark_broken(const Status& why) {
+  std::lock_guard lock(receive_mutex_);
+  if (connection_error_.is_ok()) connection_error_ = why;
+  reply_filed_.notify_all();
+}
+
+bool Client::connected() {
+  std::lock_guard lock(receive_mutex_);
+  return connection_error_.is_ok();
+}
+
+Status Client::ensure_connected_locked() {
+  Status broken;
+  {
+    std::lock_guard lock(receive_mutex_);
+    if (connection_error_.is_ok()) return Status::ok();
+    broken = connection_error_;
+    // A reader is still on the old socket (a failed send saw the break first).
+    if (reader_active_)
+      return unavailable("the connection to kvtierd was lost: {}", broken.message());
+  }
+  if (!options_.reconnect) return broken;
+  const auto now = std::chrono::steady_clock::now();
+  if (now < next_attempt_) {
+    const auto wait = std::chrono::duration_cast<std::chrono::milliseconds>(next_attempt_ - now);
+    return unavailable("kvtierd is away ({}); the next reconnect attempt is in {} ms",
+                       broken.message(), wait.count());
+  }
+  Status attempt = reconnect_locked();
+  if (attempt.is_ok()) {
+    backoff_ = std::chrono::milliseconds{0};
+    return attempt;
+  }
+  backoff_ = backoff_.count() == 0 ? options_.initial_backoff
+                                   : std::min(backoff_ * 2, options_.max_backoff);
+  // Jitter: engines that lost the same daemon do not all come back at once.
+  jitter_state_ ^= jitter_state_ << 13;
+  jitter_state_ ^= jitter_state_ >> 7;
+  jitter_state_ ^= jitter_state_ << 17;
+  const auto jittered =
+      backoff_ / 2 +
+      std::chrono::milliseconds(
+          jitter_state_ % static_cast<uint64_t>(std::max<int64_t>(1, backoff_.count() / 2 + 1)));
+  next_attempt_ = now + jittered;
+  return attempt;
+}
+
+namespace {
+
+// One request and its reply on a connection nobody else uses yet (the replay).
+Result<ipc::Frame> exchange(ipc::ClientTransport& transport, uint64_t id,
+                            const std::function<void(wire::Request::Builder)>& fill,
+                            std::span<const int> fds) {
+  capnp::MallocMessageBuilder message;
+  auto request = message.initRoot<wire::Request>();
+  request.setId(id);
+  fill(request);
+  KVTIER_RETURN_IF_ERROR(transport.send(message, fds));
+  auto frame = transport.receive();
+  if (!frame.is_ok()) return frame.status();
+  Status checked = ipc::catch_malformed("reply", [&] {
+    auto response = frame->reader().getRoot<wire::Response>();
+    if (response.isError()) return status_from_wire(response.getError());
+    if (response.getId() != id) {
+      return internal_error("kvtierd answered request {} with a reply to {}", id, response.getId());
+    }
+    return Status::ok();
+  });
+  if (!checked.is_ok()) return checked;
+  return frame;
+}
+
+}  // namespace
+
+Status Client::reconnect_locked() {
+  auto transport = ipc::ClientTransport::connect(socket_path_);
+  if (!transport.is_ok()) {
+    return unavailable("kvtierd is away: cannot reach it at {}: {}", socket_path_,
+                       transport.status().message());
+  }
+  // The replay goes out before any other request on the new connection.
+  auto replay_failed = [](std::string_view what, const Status& status) {
+    // The daemon refusing for now (starting, too many connections) or going away again
+    // is Unavailable to the caller; any other refusal is the daemon's answer.
+    if (status.code() == StatusCode::kUnavailable || status.retryable()) {
+      return unavailable("kvtierd is back but {} failed: {}", what, status.message());
+    }
+    return Status(status.code(),
+                  fmt::format("kvtierd is back but refused {}: {}", what, status.message()), false);
+  };
+  if (hello_) {
+    auto reply = exchange(*transport, next_id_++,
+                          [&](wire::Request::Builder request) {
+                            fill_hello(request, hello_->layout, hello_->engine_name,
+                                       hello_->prefill_tokens_per_second, hello_->device_kind);
+                          },
+                          {});
+    if (!reply.is_ok()) return replay_failed("the engine's Hello", reply.status());
+    Result<HelloInfo> info = internal_error("Hello reply not decoded");
+    Status decoded = ipc::catch_malformed("Hello reply", [&] {
+      info = decode_hello(reply->reader().getRoot<wire::Response>());
+      return Status::ok();
+    });
+    if (!decoded.is_ok()) return replay_failed("the engine's Hello", decoded);
+    if (!info.is_ok()) return replay_failed("the engine's Hello", info.status());
+    if (info->layout_digest != hello_->layout_digest) {
+      return replay_failed("the engine's Hello",
+                           invalid_argument("the layout digest is {:016x} where it was {:016x}",
+                                            info->layout_digest, hello_->layout_digest));
+    }
+  }
+  for (const auto& [region_id, region] : regions_) {
+    std::vector<int> fds;
+    for (const UniqueFd& fd : region.fds) fds.push_back(fd.get());
+    auto reply = exchange(
+        *transport, next_id_++,
+        [&, id = region_id](wire::Request::Builder request) {
+          auto out = request.initRegisterRegion();
+          out.setRegionId(id);
+          out.setFdCount(static_cast<uint32_t>(fds.size()));
+          region.fill(out);
+        },
+        fds);
+    if (!reply.is_ok()) {
+      return replay_failed(fmt::format("registering region {} again", region_id), reply.status());
+    }
+  }
+  std::lock_guard lock(receive_mutex_);
+  lost_ = unavailable("the connection to kvtierd was lost before this reply came: {}",
+                      connection_error_.message());
+  first_live_id_ = next_id_;
+  transport_ = std::move(*transport);
+  connection_error_ = Status::ok();
+  arrived_.clear();
+  abandoned_.clear();
+  ++reconnects_;
+  return Status::ok();
 }
 
 void Client::file_frame_locked(Result<ipc::Frame> frame) {
   if (!frame.is_ok()) {
-    connection_error_ = frame.status();
+    connection_error_ =
+        frame.status().code() == StatusCode::kUnavailable
+            ? unavailable("the connection to kvtierd was lost: {}", frame.status().message())
+            : frame.status();
     return;
   }
   uint64_t reply_id = 0;
@@ -120,6 +320,7 @@ void Client::file_frame_locked(Result<ipc::Frame> frame) {
 Result<ipc::Frame> Client::wait_for(uint64_t id) {
   std::unique_lock lock(receive_mutex_);
   while (true) {
+    if (id < first_live_id_) return lost_;
     if (auto it = arrived_.find(id); it != arrived_.end()) {
       ipc::Frame frame = std::move(it->second);
       arrived_.erase(it);
@@ -154,7 +355,7 @@ Result<ipc::Frame> Client::wait_for(uint64_t id) {
 
 bool Client::reply_ready(uint64_t id) {
   std::unique_lock lock(receive_mutex_);
-  if (arrived_.contains(id) || !connection_error_.is_ok()) return true;
+  if (id < first_live_id_ || arrived_.contains(id) || !connection_error_.is_ok()) return true;
   // A reader is blocked on the socket: it will file our reply when it comes.
   if (reader_active_) return false;
   reader_active_ = true;
@@ -190,6 +391,7 @@ bool Client::reply_ready(uint64_t id) {
 
 void Client::abandon_reply(uint64_t id) {
   std::lock_guard lock(receive_mutex_);
+  if (id < first_live_id_) return;
   if (arrived_.erase(id) == 0) abandoned_.insert(id);
 }
 
@@ -233,74 +435,58 @@ Result<T> Client::call(const std::function<void(wire::Request::Builder)>& fill,
 
 Result<HelloInfo> Client::hello(const LayoutSpec& layout, const std::string& engine_name,
                                 double prefill_tokens_per_second, DeviceKind device_kind) {
-  return call<HelloInfo>(
+  auto info = call<HelloInfo>(
       [&](wire::Request::Builder request) {
-        auto hello = request.initHello();
-        hello.setProtocolVersion(wire::PROTOCOL_VERSION);
-        hello.setEngineName(engine_name);
-        hello.setDeviceKind(device_kind == DeviceKind::kCuda ? wire::DeviceKind::CUDA
-                                                             : wire::DeviceKind::HOST);
-        hello.setPrefillTokensPerSecond(prefill_tokens_per_second);
-        auto out = hello.initLayout();
-        out.setModelId(layout.model_id);
-        out.setNumLayers(layout.num_layers);
-        out.setNumKvHeads(layout.num_kv_heads);
-        out.setHeadDim(layout.head_dim);
-        out.setDtype(layout.dtype);
-        out.setTokensPerBlock(layout.tokens_per_block);
-        out.setTpRank(layout.tp_rank);
-        out.setTpSize(layout.tp_size);
-        out.setNumBlocks(layout.num_blocks);
-        out.setExtraKey(layout.extra_key);
-        auto planes = out.initPlanes(static_cast<unsigned>(layout.planes.size()));
-        for (size_t i = 0; i < layout.planes.size(); ++i) {
-          planes[i].setRegionId(layout.planes[i].region_id);
-          planes[i].setOffsetBytes(layout.planes[i].offset_bytes);
-          planes[i].setStrideBytes(layout.planes[i].stride_bytes);
-          planes[i].setBytesPerBlock(layout.planes[i].bytes_per_block);
-        }
+        fill_hello(request, layout, engine_name, prefill_tokens_per_second, device_kind);
       },
-      [](wire::Response::Reader response) -> Result<HelloInfo> {
-        if (!response.isHello()) return unexpected_reply(response, "Hello");
-        auto reply = response.getHello();
-        HelloInfo info;
-        info.protocol_version = reply.getProtocolVersion();
-        info.layout_digest = reply.getLayoutDigest();
-        info.block_bytes = reply.getBlockBytes();
-        info.namespace_name = reply.getNamespaceName().cStr();
-        info.max_blocks_per_request = reply.getMaxBlocksPerRequest();
-        info.device_kind =
-            reply.getDeviceKind() == wire::DeviceKind::CUDA ? DeviceKind::kCuda : DeviceKind::kHost;
-        for (auto uuid : reply.getGpuUuids()) info.gpu_uuids.emplace_back(uuid.cStr());
-        info.device_name = reply.getDeviceName().cStr();
-        return info;
-      });
+      decode_hello);
+  if (info.is_ok()) {
+    std::lock_guard lock(send_mutex_);
+    hello_ = HelloRecord{layout, engine_name, prefill_tokens_per_second, device_kind,
+                         info->layout_digest};
+  }
+  return info;
 }
 
 Status Client::register_region(uint32_t region_id,
-                               const std::function<void(wire::RegisterRegion::Builder)>& fill,
+                               std::function<void(wire::RegisterRegion::Builder)> fill,
                                std::span<const int> fds) {
-  return call<uint32_t>(
-             [&](wire::Request::Builder request) {
-               auto region = request.initRegisterRegion();
-               region.setRegionId(region_id);
-               region.setFdCount(static_cast<uint32_t>(fds.size()));
-               fill(region);
-             },
-             [](wire::Response::Reader response) -> Result<uint32_t> {
-               if (!response.isRegisterRegion())
-                 return unexpected_reply(response, "RegisterRegion");
-               return response.getRegisterRegion().getRegionId();
-             },
-             fds)
-      .status();
+  Status registered = call<uint32_t>(
+                          [&](wire::Request::Builder request) {
+                            auto region = request.initRegisterRegion();
+                            region.setRegionId(region_id);
+                            region.setFdCount(static_cast<uint32_t>(fds.size()));
+                            fill(region);
+                          },
+                          [](wire::Response::Reader response) -> Result<uint32_t> {
+                            if (!response.isRegisterRegion())
+                              return unexpected_reply(response, "RegisterRegion");
+                            return response.getRegisterRegion().getRegionId();
+                          },
+                          fds)
+                          .status();
+  if (!registered.is_ok() || !options_.reconnect) return registered;
+  // Kept to register it again after a reconnect: the engine may close its descriptors.
+  RegionRecord record{std::move(fill), {}};
+  for (int fd : fds) {
+    UniqueFd copy(::fcntl(fd, F_DUPFD_CLOEXEC, 0));
+    if (!copy.valid()) {
+      return errno_status(errno, fmt::format("region {} is registered, but keeping its "
+                                             "descriptor for a reconnect failed",
+                                             region_id));
+    }
+    record.fds.push_back(std::move(copy));
+  }
+  std::lock_guard lock(send_mutex_);
+  regions_[region_id] = std::move(record);
+  return registered;
 }
 
 Status Client::register_memfd_region(uint32_t region_id, int memfd, uint64_t size_bytes) {
   int fds[] = {memfd};
   return register_region(
       region_id,
-      [&](wire::RegisterRegion::Builder region) {
+      [size_bytes](wire::RegisterRegion::Builder region) {
         region.setSizeBytes(size_bytes);
         region.setKind(wire::RegisterRegion::RegionKind::MEMFD);
       },
@@ -311,14 +497,15 @@ Status Client::register_cuda_ipc_region(uint32_t region_id,
                                         std::span<const std::byte, 64> ipc_handle,
                                         uint64_t offset_bytes, uint64_t size_bytes,
                                         const std::string& gpu_uuid) {
+  std::vector<uint8_t> handle(64);
+  std::memcpy(handle.data(), ipc_handle.data(), handle.size());
   return register_region(
       region_id,
-      [&](wire::RegisterRegion::Builder region) {
+      [handle, offset_bytes, size_bytes, gpu_uuid](wire::RegisterRegion::Builder region) {
         region.setSizeBytes(size_bytes);
         region.setOffsetBytes(offset_bytes);
         region.setKind(wire::RegisterRegion::RegionKind::CUDA_IPC);
-        region.setIpcHandle(capnp::Data::Reader(reinterpret_cast<const uint8_t*>(ipc_handle.data()),
-                                                ipc_handle.size()));
+        region.setIpcHandle(capnp::Data::Reader(handle.data(), handle.size()));
         region.setGpuUuid(gpu_uuid);
       },
       {});
@@ -332,22 +519,31 @@ Status Client::register_cuda_vmm_region(uint32_t region_id, std::span<const VmmC
                             chunks.size(), ipc::kMaxFdsPerRequest);
   }
   std::vector<int> fds;
+  std::vector<uint64_t> chunk_bytes;
   fds.reserve(chunks.size());
-  for (const VmmChunkFd& chunk : chunks) fds.push_back(chunk.fd);
+  for (const VmmChunkFd& chunk : chunks) {
+    fds.push_back(chunk.fd);
+    chunk_bytes.push_back(chunk.bytes);
+  }
   return register_region(
       region_id,
-      [&](wire::RegisterRegion::Builder region) {
+      [chunk_bytes, offset_bytes, size_bytes, gpu_uuid](wire::RegisterRegion::Builder region) {
         region.setSizeBytes(size_bytes);
         region.setOffsetBytes(offset_bytes);
         region.setKind(wire::RegisterRegion::RegionKind::CUDA_VMM_FD);
         region.setGpuUuid(gpu_uuid);
-        auto sizes = region.initChunkBytes(static_cast<unsigned>(chunks.size()));
-        for (unsigned i = 0; i < chunks.size(); ++i) sizes.set(i, chunks[i].bytes);
+        auto sizes = region.initChunkBytes(static_cast<unsigned>(chunk_bytes.size()));
+        for (unsigned i = 0; i < chunk_bytes.size(); ++i) sizes.set(i, chunk_bytes[i]);
       },
       fds);
 }
 
 Pending<uint32_t> Client::unregister_region_async(uint32_t region_id) {
+  {
+    // Not registered again after a reconnect, whatever the reply says.
+    std::lock_guard lock(send_mutex_);
+    regions_.erase(region_id);
+  }
   auto id = send([&](wire::Request::Builder request) {
     request.initUnregisterRegion().setRegionId(region_id);
   });

@@ -15,14 +15,32 @@
 //
 // Thread-safety: all methods may be called from several threads at once; sends are
 // serialized, and whichever thread waits reads replies for everyone.
+//
+// Daemon restarts (ClientOptions::reconnect, on by default). When the connection
+// breaks (kvtierd stopped, crashed or restarted), every reply still owed fails at once
+// with Unavailable (retryable), and so does every call made while kvtierd is away: no
+// call waits for it. The next call after the backoff delay (exponential from
+// initial_backoff to max_backoff, with jitter; reset by a success) connects again,
+// repeats the Hello the engine made and registers again every region it has
+// registered (with the same ids; the client keeps a duplicate of each region's
+// descriptors for this), and then goes out on the new connection. Calls made meanwhile
+// on other threads wait for that one attempt, which is the only one at a time. When
+// kvtierd is back but refuses the replay (another layout digest, a refused region),
+// calls get its error until a later attempt succeeds. An engine keeps serving while
+// the daemon is away by recomputing what it would have loaded; its later turns hit
+// the blocks the daemon kept (NVMe survives a restart). reconnects() counts the
+// connections made again.
 #pragma once
 
+#include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <span>
 #include <string>
@@ -30,6 +48,7 @@
 
 #include "common/block_key.h"
 #include "common/status.h"
+#include "common/unique_fd.h"
 #include "ipc/client_transport.h"
 #include "schema/kvtier.capnp.h"
 
@@ -185,6 +204,13 @@ struct ConfigEntryInfo {
 
 class Client;
 
+// How a Client behaves when kvtierd goes away (see the top of this file).
+struct ClientOptions {
+  bool reconnect = true;
+  std::chrono::milliseconds initial_backoff{20};
+  std::chrono::milliseconds max_backoff{2000};
+};
+
 // A reply not yet waited for. wait() may be called once. One thread at a time per
 // Pending; the Client must outlive it.
 template <typename T>
@@ -212,7 +238,8 @@ class Pending {
 
 class Client {
  public:
-  static Result<std::unique_ptr<Client>> connect(const std::string& socket_path);
+  static Result<std::unique_ptr<Client>> connect(const std::string& socket_path,
+                                                 const ClientOptions& options = {});
   // Default socket path, as kvtierd chooses it: $KVTIER_SOCKET, else
   // $XDG_RUNTIME_DIR/kvtier/kvtierd.sock, else ./var/kvtierd.sock.
   static std::string default_socket_path();
@@ -290,11 +317,36 @@ class Client {
   // The reply's value is the region id.
   Pending<uint32_t> unregister_region_async(uint32_t region_id);
 
+  // Connections made again after the daemon went away.
+  uint64_t reconnects() const { return reconnects_.load(); }
+  // Whether the connection is up (false from a break until the next reconnect).
+  bool connected();
+
  private:
+  // What a reconnect repeats: the engine's Hello and its regions.
+  struct HelloRecord {
+    LayoutSpec layout;
+    std::string engine_name;
+    double prefill_tokens_per_second = 0;
+    DeviceKind device_kind = DeviceKind::kHost;
+    uint64_t layout_digest = 0;
+  };
+  struct RegionRecord {
+    std::function<void(wire::RegisterRegion::Builder)> fill;  // owns what it writes
+    std::vector<UniqueFd> fds;                                // duplicates, sent again
+  };
+
   template <typename T>
   friend class Pending;
-  explicit Client(ipc::ClientTransport transport) : transport_(std::move(transport)) {}
+  Client(ipc::ClientTransport transport, std::string socket_path, const ClientOptions& options)
+      : transport_(std::move(transport)), socket_path_(std::move(socket_path)), options_(options) {}
 
+  // Under send_mutex_: OK when the connection is up, else reconnects when the backoff
+  // allows (Unavailable when it does not, or the attempt's failure).
+  Status ensure_connected_locked();
+  Status reconnect_locked();
+  // The stream broke (a failed send): replies still owed fail with `why`.
+  void mark_broken(const Status& why);
   // Sends a request built by `fill` (which gets the Request builder with its id set).
   Result<uint64_t> send(const std::function<void(wire::Request::Builder)>& fill,
                         std::span<const int> fds = {});
@@ -306,17 +358,27 @@ class Client {
   void abandon_reply(uint64_t id);
   // Files one received frame (or the stream's failure) under receive_mutex_.
   void file_frame_locked(Result<ipc::Frame> frame);
+  // `fill` must own what it writes: it is kept to register the region again.
   Status register_region(uint32_t region_id,
-                         const std::function<void(wire::RegisterRegion::Builder)>& fill,
+                         std::function<void(wire::RegisterRegion::Builder)> fill,
                          std::span<const int> fds);
   template <typename T>
   Result<T> call(const std::function<void(wire::Request::Builder)>& fill,
                  const std::function<Result<T>(wire::Response::Reader)>& decode,
                  std::span<const int> fds = {});
 
-  ipc::ClientTransport transport_;
+  ipc::ClientTransport transport_;  // replaced by a reconnect (send_mutex_ and receive_mutex_)
+  const std::string socket_path_;
+  const ClientOptions options_;
   std::mutex send_mutex_;
   uint64_t next_id_ = 1;  // guarded by send_mutex_
+  // Reconnecting; guarded by send_mutex_.
+  std::optional<HelloRecord> hello_;
+  std::map<uint32_t, RegionRecord> regions_;
+  std::chrono::steady_clock::time_point next_attempt_{};
+  std::chrono::milliseconds backoff_{0};
+  uint64_t jitter_state_ = 0x9e3779b97f4a7c15ull;
+  std::atomic<uint64_t> reconnects_{0};
   // Replies are read by one thread at a time (the reader, `reader_active_`), which
   // reads the socket without holding receive_mutex_, files what it read, and wakes
   // the others; waiters not reading sleep on reply_filed_.
@@ -326,6 +388,9 @@ class Client {
   std::map<uint64_t, ipc::Frame> arrived_;  // replies not yet claimed; receive_mutex_
   std::set<uint64_t> abandoned_;            // replies nobody will claim; receive_mutex_
   Status connection_error_;                 // sticky once the stream broke; receive_mutex_
+  // Replies to ids below this were owed by an earlier connection; they fail with lost_.
+  uint64_t first_live_id_ = 1;  // receive_mutex_
+  Status lost_;                 // receive_mutex_
 };
 
 // Converts an Error reply into a Status: its code, message and retryable flag. A code
