@@ -231,17 +231,43 @@ KVTIER_EXPORT const char* kvtier_version(void) {
 }
 
 KVTIER_EXPORT kvtier_status kvtier_connect(const char* socket_path, kvtier_client** out) {
+  return kvtier_connect_with_options(socket_path, nullptr, out);
+}
+
+KVTIER_EXPORT kvtier_status kvtier_connect_with_options(const char* socket_path,
+                                                        const kvtier_client_options* options,
+                                                        kvtier_client** out) {
   if (out != nullptr) *out = nullptr;
   return guarded([&]() -> Status {
     KVTIER_RETURN_IF_ERROR(require(out, "out"));
+    ClientOptions client_options;
+    if (options != nullptr) {
+      if (options->reserved != 0) return invalid_argument("options->reserved must be 0");
+      client_options.reconnect = options->reconnect != 0;
+      if (options->initial_backoff_ms != 0) {
+        client_options.initial_backoff = std::chrono::milliseconds(options->initial_backoff_ms);
+      }
+      if (options->max_backoff_ms != 0) {
+        client_options.max_backoff = std::chrono::milliseconds(options->max_backoff_ms);
+      }
+      if (client_options.initial_backoff > client_options.max_backoff) {
+        return invalid_argument("options->initial_backoff_ms ({}) is above max_backoff_ms ({})",
+                                client_options.initial_backoff.count(),
+                                client_options.max_backoff.count());
+      }
+    }
     const std::string path = socket_path != nullptr && *socket_path != '\0'
                                  ? std::string(socket_path)
                                  : Client::default_socket_path();
-    auto connected = Client::connect(path);
+    auto connected = Client::connect(path, client_options);
     if (!connected.is_ok()) return connected.status();
     *out = new kvtier_client{std::shared_ptr<Client>(std::move(*connected))};
     return Status::ok();
   });
+}
+
+KVTIER_EXPORT uint64_t kvtier_reconnects(const kvtier_client* client) {
+  return client == nullptr || !client->client ? 0 : client->client->reconnects();
 }
 
 KVTIER_EXPORT void kvtier_close(kvtier_client* client) {

@@ -45,7 +45,8 @@
  * enums' values and every function's signature are part of ABI version 0 (symbols
  * versioned KVTIER_0). Additions are appended only: new enum values (a caller must
  * treat an unknown kvtier_status like KVTIER_INTERNAL) and new functions, each in a
- * later version node (KVTIER_0.2: kvtier_last_error_retryable). Any incompatible
+ * later version node (KVTIER_0.2: kvtier_last_error_retryable; KVTIER_0.3:
+ * kvtier_connect_with_options, kvtier_reconnects). Any incompatible
  * change bumps the soname.
  */
 #ifndef KVTIER_H_
@@ -233,6 +234,31 @@ typedef struct kvtier_pending kvtier_pending; /* opaque: one reply not yet waite
  * On KVTIER_OK *out is a new client (release with kvtier_close); otherwise *out is
  * set to NULL. KVTIER_UNAVAILABLE when no daemon answers there. */
 kvtier_status kvtier_connect(const char* socket_path, kvtier_client** out);
+
+/* How a client behaves when kvtierd goes away (ABI 0.3). Zero-initialize it, then set
+ * what you need; kvtier_connect uses the defaults (reconnect on, 20 ms to 2 s).
+ * reconnect != 0: after the connection breaks, replies owed fail at once with
+ * KVTIER_UNAVAILABLE (retryable), calls made while kvtierd is away fail the same way
+ * without waiting, and the next call after the backoff delay (doubling from
+ * initial_backoff_ms to max_backoff_ms, with jitter) connects again, repeats the Hello
+ * and registers every region again (the library keeps duplicates of their
+ * descriptors), then goes out. reconnect == 0: the client stays disconnected.
+ * A backoff of 0 means the default. */
+typedef struct kvtier_client_options {
+  int32_t reconnect;
+  uint32_t initial_backoff_ms;
+  uint32_t max_backoff_ms;
+  uint32_t reserved; /* 0 */
+} kvtier_client_options;
+
+/* kvtier_connect with options (NULL: the defaults). ABI 0.3. */
+kvtier_status kvtier_connect_with_options(const char* socket_path,
+                                          const kvtier_client_options* options,
+                                          kvtier_client** out);
+
+/* How many times the client connected again after kvtierd went away; 0 for NULL.
+ * ABI 0.3. */
+uint64_t kvtier_reconnects(const kvtier_client* client);
 
 /* Closes the connection (once no pending of it is left) and frees the client.
  * NULL is a no-op. The daemon drops the connection's regions; sessions stay. */

@@ -56,6 +56,8 @@ int daemon_start(capi_daemon* daemon) {
   return daemon_start_with(daemon, NULL);
 }
 
+static int launch(capi_daemon* daemon, const char* const* extra_flags, int log_flags);
+
 int daemon_start_with(capi_daemon* daemon, const char* const* extra_flags) {
   memset(daemon, 0, sizeof(*daemon));
   daemon->pid = -1;
@@ -65,6 +67,15 @@ int daemon_start_with(capi_daemon* daemon, const char* const* extra_flags) {
     return -1;
   }
   snprintf(daemon->socket_path, sizeof(daemon->socket_path), "%s/kvtierd.sock", daemon->dir);
+  return launch(daemon, extra_flags, O_TRUNC);
+}
+
+int daemon_restart(capi_daemon* daemon, const char* const* extra_flags) {
+  daemon_kill(daemon);
+  return launch(daemon, extra_flags, O_APPEND);
+}
+
+static int launch(capi_daemon* daemon, const char* const* extra_flags, int log_flags) {
   char data_dir[128], log_path[128];
   snprintf(data_dir, sizeof(data_dir), "%s/data", daemon->dir);
   snprintf(log_path, sizeof(log_path), "%s/kvtierd.log", daemon->dir);
@@ -75,7 +86,7 @@ int daemon_start_with(capi_daemon* daemon, const char* const* extra_flags) {
     return -1;
   }
   if (pid == 0) {
-    int log = open(log_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    int log = open(log_path, O_WRONLY | O_CREAT | log_flags, 0644);
     if (log >= 0) {
       dup2(log, STDOUT_FILENO);
       dup2(log, STDERR_FILENO);

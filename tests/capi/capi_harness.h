@@ -51,6 +51,9 @@ typedef struct capi_daemon {
 int daemon_start(capi_daemon* daemon);
 /* The same with more kvtierd flags: a NULL-terminated list of at most 16 strings. */
 int daemon_start_with(capi_daemon* daemon, const char* const* extra_flags);
+/* SIGKILLs the daemon if it runs, then starts it again on the same directory (socket,
+ * data, log appended) with `extra_flags`; 0 once it accepts connections. */
+int daemon_restart(capi_daemon* daemon, const char* const* extra_flags);
 /* SIGKILL and reap the daemon (kill -9: no drain, no clean close). */
 void daemon_kill(capi_daemon* daemon);
 /* SIGKILL if still running, then remove the directory. */

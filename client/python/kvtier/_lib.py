@@ -14,8 +14,8 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
-from ctypes import (POINTER, Structure, c_char, c_char_p, c_double, c_int, c_uint8, c_uint32,
-                    c_uint64, c_void_p)
+from ctypes import (POINTER, Structure, c_char, c_char_p, c_double, c_int, c_int32, c_uint8,
+                    c_uint32, c_uint64, c_void_p)
 
 from .errors import KvtierError, StatusCode, Unavailable, error_from_status
 
@@ -32,6 +32,12 @@ IPC_HANDLE_BYTES = 64
 TIER_NAMES = ("hbm", "ram", "nvme", "none")  # indexed by kvtier_tier
 DEVICE_HOST = 0
 DEVICE_CUDA = 1
+
+
+class ClientOptions(Structure):
+    """kvtier_client_options (ABI 0.3)."""
+    _fields_ = [("reconnect", c_int32), ("initial_backoff_ms", c_uint32),
+                ("max_backoff_ms", c_uint32), ("reserved", c_uint32)]
 
 
 class Plane(Structure):
@@ -140,6 +146,9 @@ _SIGNATURES = {
 # so this package still works with an older libkvtier.so.0.
 _OPTIONAL_SIGNATURES = {
     "kvtier_last_error_retryable": (c_int, []),
+    "kvtier_connect_with_options": (_status, [c_char_p, POINTER(ClientOptions),
+                                              POINTER(_client_p)]),
+    "kvtier_reconnects": (c_uint64, [_client_p]),
 }
 
 _load_lock = threading.Lock()

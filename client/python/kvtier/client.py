@@ -32,7 +32,7 @@ from typing import Iterator, Sequence
 
 from . import _lib, _marshal, _memfd
 from ._marshal import Block
-from .errors import ClientClosed, InvalidArgument, NotFound, KvtierError
+from .errors import ClientClosed, InvalidArgument, KvtierError, NotFound, NotSupported
 from .layout import Layout
 from .pending import Pending
 from .results import (BeginTurnResult, HelloInfo, LoadResult, LookupResult, SaveResult, Stats,
@@ -47,9 +47,17 @@ class Client:
 
     Raises Unavailable when no daemon answers (or libkvtier.so.0 cannot be loaded).
     A context manager: leaving the ``with`` block calls close().
+
+    ``reconnect`` (default True): when kvtierd goes away (a restart, a crash), calls
+    raise Unavailable (retryable) at once instead of waiting, and the first call after
+    the backoff (``initial_backoff_ms`` doubling to ``max_backoff_ms``, with jitter)
+    connects again, repeats hello() and registers the regions again, then proceeds.
+    An engine keeps serving meanwhile by recomputing; ``reconnects`` counts the
+    connections made again.
     """
 
-    def __init__(self, socket_path: str | None = None) -> None:
+    def __init__(self, socket_path: str | None = None, *, reconnect: bool = True,
+                 initial_backoff_ms: int = 0, max_backoff_ms: int = 0) -> None:
         self._lib = _lib.library()
         self._lock = threading.Condition(threading.Lock())
         self._handle: int | None = None  # kvtier_client*; None once closed (under _lock)
@@ -59,7 +67,16 @@ class Client:
         self.layout: Layout | None = None
         path = None if socket_path is None else _marshal.text("socket_path", str(socket_path))
         handle = c_void_p()
-        _lib.check(self._lib.kvtier_connect(path, byref(handle)))
+        connect_with_options = getattr(self._lib, "kvtier_connect_with_options", None)
+        if connect_with_options is not None:
+            options = _lib.ClientOptions(1 if reconnect else 0, int(initial_backoff_ms),
+                                         int(max_backoff_ms), 0)
+            _lib.check(connect_with_options(path, byref(options), byref(handle)))
+        elif not reconnect or initial_backoff_ms or max_backoff_ms:
+            raise NotSupported("this libkvtier.so.0 predates reconnect options (ABI 0.3)",
+                               retryable=False)
+        else:
+            _lib.check(self._lib.kvtier_connect(path, byref(handle)))
         self._handle = handle.value
 
     # ---- lifetime ----------------------------------------------------------------
@@ -87,6 +104,15 @@ class Client:
     @property
     def closed(self) -> bool:
         return self._handle is None
+
+    @property
+    def reconnects(self) -> int:
+        """How many times this client connected again after kvtierd went away (0 with a
+        library that predates reconnecting)."""
+        function = getattr(self._lib, "kvtier_reconnects", None)
+        with self._lock:
+            handle = self._handle
+            return 0 if handle is None or function is None else int(function(handle))
 
     def __enter__(self) -> Client:
         return self
