@@ -133,6 +133,8 @@ std::string default_socket_path();
 // Reads a TOML file of settings into `config` (later flags override it). Errors name
 // the file, line and key; unknown keys and wrong value types are errors.
 Status apply_config_file(const std::string& path, DaemonConfig& config);
+// The same for TOML text; errors name `source` (a file name) and the line.
+Status apply_config_text(std::string_view text, const std::string& source, DaemonConfig& config);
 
 // The effective config as a TOML document (what --check-config prints).
 std::string to_toml(const DaemonConfig& config);

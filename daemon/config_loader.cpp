@@ -9,6 +9,8 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
+#include <sstream>
 
 #include "daemon/config.h"
 
@@ -170,14 +172,18 @@ std::string help_footer() {
 }  // namespace
 
 Status apply_config_file(const std::string& path, DaemonConfig& config) {
-  if (FILE* file = std::fopen(path.c_str(), "r"); file != nullptr) {
-    std::fclose(file);
-  } else {
-    return invalid_argument("--config {}: cannot read it: {}", path, std::strerror(errno));
-  }
+  std::ifstream file(path, std::ios::binary);
+  if (!file) return invalid_argument("--config {}: cannot read it: {}", path, std::strerror(errno));
+  std::ostringstream text;
+  text << file.rdbuf();
+  if (file.bad()) return invalid_argument("--config {}: cannot read it", path);
+  return apply_config_text(text.str(), path, config);
+}
+
+Status apply_config_text(std::string_view text, const std::string& path, DaemonConfig& config) {
   toml::table table;
   try {
-    table = toml::parse_file(path);
+    table = toml::parse(text, path);
   } catch (const toml::parse_error& error) {
     const auto& where = error.source().begin;
     if (where.line == 0) return invalid_argument("{}: {}", path, error.description());
