@@ -140,14 +140,20 @@ Result<uint64_t> Client::send(const std::function<void(wire::Request::Builder)>&
   request.setId(id);
   fill(request);
   auto status = transport_.send(message, fds);
-  if (!status.is_ok()) {
-    // A request the client itself refuses (too large) leaves the stream intact.
-    if (status.code() == StatusCode::kInvalidArgument) return status;
-    const Status lost = unavailable("the connection to kvtierd was lost: {}", status.message());
-    mark_broken(lost);
-    return lost;
-  }
-  return id;
+  if (status.is_ok()) return id;
+  // A request the client itself refuses (too large) leaves the stream intact.
+  if (status.code() == StatusCode::kInvalidArgument) return status;
+  const Status lost = unavailable("the connection to kvtierd was lost: {}", status.message());
+  mark_broken(lost);
+  // The old daemon never got the whole request (a restarted one never saw it): when the
+  // client comes back at once, the request goes out once more on the new connection, so
+  // the first call after a restart is served rather than failed.
+  if (!options_.reconnect || !ensure_connected_locked().is_ok()) return lost;
+  id = next_id_++;
+  request.setId(id);
+  if (transport_.send(message, fds).is_ok()) return id;
+  mark_broken(lost);
+  return lost;
 }
 
 void Client::mark_broken(const Status& why) {
@@ -259,6 +265,12 @@ Status Client::reconnect_locked() {
       return replay_failed("the engine's Hello",
                            invalid_argument("the layout digest is {:016x} where it was {:016x}",
                                             info->layout_digest, hello_->layout_digest));
+    }
+    if (info->namespace_name != hello_->namespace_name) {
+      return replay_failed("the engine's Hello",
+                           permission_denied("the engine is now in namespace '{}', not '{}' "
+                                             "where its blocks are",
+                                             info->namespace_name, hello_->namespace_name));
     }
   }
   for (const auto& [region_id, region] : regions_) {
@@ -397,6 +409,7 @@ void Client::abandon_reply(uint64_t id) {
 
 template <typename T>
 Result<T> Pending<T>::wait() {
+  if (settled_) return *settled_;
   if (!id_.is_ok()) return id_.status();
   auto frame = client_->wait_for(*id_);
   if (!frame.is_ok()) return frame.status();
@@ -416,13 +429,14 @@ Result<T> Pending<T>::wait() {
 
 template <typename T>
 bool Pending<T>::ready() {
-  if (!id_.is_ok()) return true;
+  if (settled_ || !id_.is_ok()) return true;
   return client_->reply_ready(*id_);
 }
 
 template <typename T>
 void Pending<T>::abandon() {
-  if (id_.is_ok()) client_->abandon_reply(*id_);
+  if (id_.is_ok() && !settled_) client_->abandon_reply(*id_);
+  settled_.reset();
   id_ = internal_error("the reply was abandoned");
 }
 
@@ -442,8 +456,8 @@ Result<HelloInfo> Client::hello(const LayoutSpec& layout, const std::string& eng
       decode_hello);
   if (info.is_ok()) {
     std::lock_guard lock(send_mutex_);
-    hello_ = HelloRecord{layout, engine_name, prefill_tokens_per_second, device_kind,
-                         info->layout_digest};
+    hello_ = HelloRecord{layout,      engine_name,         prefill_tokens_per_second,
+                         device_kind, info->layout_digest, info->namespace_name};
   }
   return info;
 }
@@ -542,7 +556,9 @@ Pending<uint32_t> Client::unregister_region_async(uint32_t region_id) {
   {
     // Not registered again after a reconnect, whatever the reply says.
     std::lock_guard lock(send_mutex_);
-    regions_.erase(region_id);
+    const bool kept = regions_.erase(region_id) > 0;
+    // kvtierd dropped the region with the connection: nothing left to tell it.
+    if (kept && !connected()) return Pending<uint32_t>(region_id);
   }
   auto id = send([&](wire::Request::Builder request) {
     request.initUnregisterRegion().setRegionId(region_id);

@@ -23,13 +23,16 @@
 // initial_backoff to max_backoff, with jitter; reset by a success) connects again,
 // repeats the Hello the engine made and registers again every region it has
 // registered (with the same ids; the client keeps a duplicate of each region's
-// descriptors for this), and then goes out on the new connection. Calls made meanwhile
+// descriptors for this), and then goes out on the new connection. A request whose
+// send found the connection broken (the usual first call after a restart) is sent
+// again once, at once, when kvtierd is already back. Calls made meanwhile
 // on other threads wait for that one attempt, which is the only one at a time. When
-// kvtierd is back but refuses the replay (another layout digest, a refused region),
-// calls get its error until a later attempt succeeds. An engine keeps serving while
-// the daemon is away by recomputing what it would have loaded; its later turns hit
-// the blocks the daemon kept (NVMe survives a restart). reconnects() counts the
-// connections made again.
+// kvtierd is back but refuses the replay (another layout digest, the engine now in
+// another namespace, a refused region), calls get its error, not Unavailable, until a
+// later attempt succeeds. unregister_region() needs no connection: while kvtierd is
+// away the region is already gone there, so it only forgets the region. An engine keeps serving
+// while the daemon is away by recomputing what it would have loaded; its later turns hit the blocks
+// the daemon kept (NVMe survives a restart). reconnects() counts the connections made again.
 #pragma once
 
 #include <atomic>
@@ -231,9 +234,12 @@ class Pending {
   using Decode = std::function<Result<T>(wire::Response::Reader)>;
   Pending(Client* client, Result<uint64_t> id, Decode decode)
       : client_(client), id_(std::move(id)), decode_(std::move(decode)) {}
+  // Settled without a request: wait() returns `value`.
+  explicit Pending(T value) : client_(nullptr), id_(uint64_t{0}), settled_(std::move(value)) {}
   Client* client_;
   Result<uint64_t> id_;  // an error here means the request was never sent
   Decode decode_;
+  std::optional<T> settled_;
 };
 
 class Client {
@@ -330,6 +336,7 @@ class Client {
     double prefill_tokens_per_second = 0;
     DeviceKind device_kind = DeviceKind::kHost;
     uint64_t layout_digest = 0;
+    std::string namespace_name;  // a daemon that moved the engine is not joined
   };
   struct RegionRecord {
     std::function<void(wire::RegisterRegion::Builder)> fill;  // owns what it writes

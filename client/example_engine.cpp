@@ -6,8 +6,16 @@
 // exits it unregisters its regions, as an engine must before freeing them. Exit status
 // 0 only when every byte (and, on a GPU, every canary byte around the KV tensors)
 // matched.
+//
+// Like a serving engine it rides through kvtierd restarts: Unavailable from a call (the
+// daemon is down or restarting) means "recompute" — a turn not saved, a prefix not
+// restored — never an exit, and the client reconnects by itself on a later call.
+// --pause-before-load stops between saving and loading until SIGUSR1, so kvtierd can be
+// restarted under the running engine.
 #include <fmt/ranges.h>
 #include <CLI/CLI.hpp>
+
+#include <signal.h>
 
 #include <cstdio>
 #include <numeric>
@@ -32,6 +40,7 @@ struct Options {
   std::string session = "example-session";
   bool save_only = false;
   bool verify_only = false;
+  bool pause_before_load = false;
   uint32_t turns = 3;
   uint32_t blocks_per_turn = 4;
   kvtier::PagedCacheShape shape;
@@ -153,6 +162,27 @@ int fail(const std::string& what, const kvtier::Status& status) {
   return 1;
 }
 
+// kvtierd is away (stopped, crashed, restarting): a serving engine computes instead of
+// restoring, and goes on.
+bool recompute_instead(const std::string& what, const kvtier::Status& status) {
+  if (status.code() != kvtier::StatusCode::kUnavailable) return false;
+  std::printf("%s: kvtierd unavailable (%s); the engine recomputes\n", what.c_str(),
+              status.message().c_str());
+  return true;
+}
+
+// Blocks until SIGUSR1 (blocked in main() before any thread exists, so it queues).
+void pause_until_sigusr1() {
+  std::printf("paused before load: send SIGUSR1 to go on\n");
+  std::fflush(stdout);
+  sigset_t wanted;
+  sigemptyset(&wanted);
+  sigaddset(&wanted, SIGUSR1);
+  int received = 0;
+  while (sigwait(&wanted, &received) != 0) {
+  }
+}
+
 // Saves and/or loads the session through the registered cache; the exit status.
 int save_and_load(const Options& options, EngineCache& cache, kvtier::Client& client,
                   const kvtier::HelloInfo& hello) {
@@ -171,6 +201,7 @@ int save_and_load(const Options& options, EngineCache& cache, kvtier::Client& cl
 
   if (!options.verify_only) {
     uint64_t stored = 0;
+    uint32_t unsaved_turns = 0;
     for (uint32_t turn = 0; turn < options.turns; ++turn) {
       size_t end = size_t{turn + 1} * options.blocks_per_turn;
       for (size_t i = size_t{turn} * options.blocks_per_turn; i < end; ++i) {
@@ -181,24 +212,42 @@ int save_and_load(const Options& options, EngineCache& cache, kvtier::Client& cl
       if (auto synced = cache.synchronize(); !synced.is_ok()) return fail("synchronize", synced);
       // An engine saves the whole prefix at each turn's end; the daemon dedups.
       auto saved = client.save(options.session, std::span(saved_refs).first(end), true);
-      if (!saved.is_ok()) return fail(fmt::format("save turn {}", turn + 1), saved.status());
+      if (!saved.is_ok()) {
+        if (recompute_instead(fmt::format("save turn {}", turn + 1), saved.status())) {
+          ++unsaved_turns;
+          continue;
+        }
+        return fail(fmt::format("save turn {}", turn + 1), saved.status());
+      }
       stored += saved->stored;
     }
     std::printf("saved session '%s': %u turns, %llu blocks of %s (digest %016llx)\n",
                 options.session.c_str(), options.turns, static_cast<unsigned long long>(stored),
                 kvtier::format_bytes(hello.block_bytes).c_str(),
                 static_cast<unsigned long long>(hello.layout_digest));
-    if (options.save_only) return 0;
+    if (options.save_only) return unsaved_turns == 0 ? 0 : 1;
   }
 
+  if (options.pause_before_load) pause_until_sigusr1();
   if (auto wiped = cache.wipe(); !wiped.is_ok()) return fail("wipe", wiped);
   if (auto synced = cache.synchronize(); !synced.is_ok()) return fail("synchronize", synced);
   auto begun = client.begin_turn(options.session);
-  if (!begun.is_ok()) return fail("begin turn", begun.status());
+  if (!begun.is_ok() && !recompute_instead("begin turn", begun.status())) {
+    return fail("begin turn", begun.status());
+  }
   auto found = client.lookup(hashes);
-  if (!found.is_ok()) return fail("lookup", found.status());
-  auto loaded = client.load(options.session, load_refs);
-  if (!loaded.is_ok()) return fail("load", loaded.status());
+  kvtier::Result<kvtier::LoadResult> loaded = kvtier::LoadResult{0, kvtier::Status::ok()};
+  if (found.is_ok()) {
+    loaded = client.load(options.session, load_refs);
+  } else if (!recompute_instead("lookup", found.status())) {
+    return fail("lookup", found.status());
+  } else {
+    found = kvtier::LookupResult{0, {}};
+  }
+  if (!loaded.is_ok()) {
+    if (!recompute_instead("load", loaded.status())) return fail("load", loaded.status());
+    loaded = kvtier::LoadResult{0, loaded.status()};
+  }
   uint64_t matched = 0;
   for (uint64_t i = 0; i < loaded->loaded_count; ++i) {
     auto same = cache.verify(load_refs[i].engine_block_id, load_refs[i].hash);
@@ -212,6 +261,8 @@ int save_and_load(const Options& options, EngineCache& cache, kvtier::Client& cl
   if (!loaded->stop_reason.is_ok()) {
     std::printf("load stopped early: %s\n", loaded->stop_reason.to_string().c_str());
   }
+  std::printf("connection: %llu reconnects\n",
+              static_cast<unsigned long long>(client.reconnects()));
   bool ok = matched == total_blocks && loaded->loaded_count == total_blocks;
   std::printf("%s\n", ok ? "OK: every byte matched" : "FAILED: the session did not round-trip");
   return ok ? 0 : 1;
@@ -246,7 +297,8 @@ int run(const Options& options) {
   } else if (options.device == "cuda") {
     std::printf("canaries around the KV cache intact\n");
   }
-  if (auto unregistered = cache.unregister(**client); !unregistered.is_ok()) {
+  if (auto unregistered = cache.unregister(**client);
+      !unregistered.is_ok() && !recompute_instead("unregister regions", unregistered)) {
     fail("unregister regions", unregistered);
     exit_code = 1;
   }
@@ -270,6 +322,8 @@ int main(int argc, char** argv) {
   app.add_option("--session", options.session, "session id");
   app.add_flag("--save-only", options.save_only, "save the session and exit");
   app.add_flag("--verify-only", options.verify_only, "load a session saved earlier and verify it");
+  app.add_flag("--pause-before-load", options.pause_before_load,
+               "between saving and loading, wait for SIGUSR1 (restart kvtierd meanwhile)");
   app.add_option("--turns", options.turns, "turns to save")->check(CLI::Range(1u, 1000u));
   app.add_option("--blocks-per-turn", options.blocks_per_turn, "new blocks per turn")
       ->check(CLI::Range(1u, 4096u));
@@ -285,5 +339,12 @@ int main(int argc, char** argv) {
   app.add_option("--model-id", options.shape.model_id, "model id (part of the layout digest)");
   app.get_option("--save-only")->excludes(app.get_option("--verify-only"));
   CLI11_PARSE(app, argc, argv);
+  if (options.pause_before_load) {
+    // Before any thread exists, so that no thread takes the signal's default action.
+    sigset_t blocked;
+    sigemptyset(&blocked);
+    sigaddset(&blocked, SIGUSR1);
+    pthread_sigmask(SIG_BLOCK, &blocked, nullptr);
+  }
   return run(options);
 }

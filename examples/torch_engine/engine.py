@@ -21,9 +21,12 @@ The last prompt token is always prefilled (it yields the first logits), so a pro
 whose every block is held still recomputes its last block from the last token on.
 
 Errors: no daemon when the engine starts → kvtier.Unavailable from the constructor (the
-caller says so); Unavailable later → reconnect once (new Client, hello, register) and
-otherwise recompute; a Load that stops early (DataLoss, NotFound) → compute from there
-on. Cache blocks go back to the cache on every path, errors included.
+caller says so). Unavailable later (kvtierd stopped, crashed or restarting) → the turn
+recomputes its prefix, and its save is skipped: the engine keeps serving. The client
+reconnects by itself on a later call, repeating hello and the cache region, so the
+turns after kvtierd is back hit again (whatever reached NVMe survived the restart, and
+the next save stores the rest). A Load that stops early (DataLoss, NotFound) → compute
+from there on. Cache blocks go back to the cache on every path, errors included.
 Thread-safety: none; one engine per thread.
 """
 
@@ -142,7 +145,8 @@ class Engine:
     # ---- kvtier connection -----------------------------------------------------------
 
     def connect(self) -> None:
-        """(Re)connects: a new Client, hello with this cache's layout, the cache region."""
+        """Connects: a new Client, hello with this cache's layout, the cache region. Once
+        is enough: the client rides through daemon restarts by itself."""
         import kvtier
         import kvtier.torch
         self.disconnect()
@@ -176,17 +180,6 @@ class Engine:
 
     def __exit__(self, *exc_info) -> None:
         self.close()
-
-    def _with_reconnect(self, call):
-        """Runs call(client); on Unavailable reconnects once and retries."""
-        import kvtier
-        try:
-            if self.client is None:
-                self.connect()
-            return call(self.client)
-        except kvtier.Unavailable:
-            self.connect()
-            return call(self.client)
 
     def _block_hashes(self, tokens: list[int]) -> list[bytes]:
         """Chained hashes of the full blocks; the model id as extra key keeps another
@@ -248,14 +241,14 @@ class Engine:
         elif self.mode == "kvtier":
             import kvtier
             try:
-                self._with_reconnect(lambda client: client.close_session(session_id))
+                self.client.close_session(session_id)
             except (kvtier.NotFound, kvtier.Unavailable):
                 pass  # never saved, or nothing to tell a daemon that is gone
 
     def _begin_turn(self, session_id: str) -> None:
         import kvtier
         try:
-            self._with_reconnect(lambda client: client.begin_turn(session_id))
+            self.client.begin_turn(session_id)
         except kvtier.NotFound:
             pass  # a new session: nothing held yet
         except kvtier.Unavailable:
@@ -283,7 +276,7 @@ class Engine:
         try:
             hits, tiers = 0, []
             for chunk in self._chunks(hashes):
-                found = self._with_reconnect(lambda client: client.lookup(chunk))
+                found = self.client.lookup(chunk)
                 hits += found.hit_count
                 tiers += found.tiers
                 if found.hit_count < len(chunk):
@@ -291,13 +284,13 @@ class Engine:
             result.lookup_hits, result.lookup_tiers = hits, tiers
             loaded = 0
             for chunk in self._chunks(list(zip(hashes[:hits], table[:hits]))):
-                done = self._with_reconnect(lambda client: client.load(session_id, chunk))
+                done = self.client.load(session_id, chunk)
                 loaded += done.loaded_count
                 if done.loaded_count < len(chunk):
                     break  # DataLoss or evicted meanwhile: compute from here
             return table, loaded
         except kvtier.Unavailable:
-            return table, 0
+            return table, 0  # kvtierd is away: recompute the whole prompt
         except BaseException:
             self.cache.free(table)  # the caller never sees the table: give it back
             raise
@@ -318,8 +311,8 @@ class Engine:
             chunks = self._chunks(list(zip(hashes, table[:full_blocks])))
             try:
                 for index, chunk in enumerate(chunks):
-                    saved = self._with_reconnect(lambda client: client.save(
-                        conversation.session_id, chunk, end_of_turn=index == len(chunks) - 1))
+                    saved = self.client.save(conversation.session_id, chunk,
+                                             end_of_turn=index == len(chunks) - 1)
                     result.saved_blocks += saved.stored
                     result.deduplicated_blocks += saved.deduplicated
             except (kvtier.Unavailable, kvtier.ResourceExhausted) as error:

@@ -1,5 +1,6 @@
 #include "tests/integration/daemon_harness.h"
 
+#include <poll.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -108,6 +109,21 @@ Result<StatsInfo> Daemon::wait_for_stats(const std::function<bool(const StatsInf
 Result<StatsInfo> Daemon::wait_until_settled(milliseconds timeout) const {
   return wait_for_stats(
       [](const StatsInfo& s) { return s.copies_in_flight == 0 && s.pinned_blocks == 0; }, timeout);
+}
+
+std::string read_pipe_until(int fd, std::string_view text, milliseconds timeout) {
+  std::string seen;
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while ((text.empty() || seen.find(text) == std::string::npos) &&
+         std::chrono::steady_clock::now() < deadline) {
+    pollfd readable{fd, POLLIN, 0};
+    if (::poll(&readable, 1, 100) <= 0) continue;
+    char buffer[512];
+    const ssize_t n = ::read(fd, buffer, sizeof(buffer));
+    if (n <= 0) break;
+    seen.append(buffer, static_cast<size_t>(n));
+  }
+  return seen;
 }
 
 ProcessResult Daemon::run_example_engine(const std::vector<std::string>& args) const {

@@ -54,6 +54,10 @@ using support::wait_for_exit;
 // REQUIRES: the calling process has only one thread.
 pid_t fork_child(const std::function<int()>& body);
 
+// Reads `fd` (a pipe from a child) until `text` has appeared (empty: until end of file)
+// or `timeout` passed; everything read.
+std::string read_pipe_until(int fd, std::string_view text = {}, milliseconds timeout = kDeadline);
+
 // Runs `argv` (argv[0] a path), capturing stdout and stderr; SIGKILL after `timeout`.
 inline ProcessResult run_process(const std::vector<std::string>& argv,
                                  milliseconds timeout = kDeadline) {
@@ -84,6 +88,8 @@ class Daemon {
   bool running() { return process_.running(); }
   // SIGTERM, then waits for the exit (SIGKILL after `timeout`).
   ExitStatus stop(milliseconds timeout = kDeadline) { return process_.stop(timeout); }
+  // After stop(): kvtierd again in the same directory, on the same socket.
+  Status restart() { return process_.restart(); }
   std::string log() const { return process_.log(); }
 
   // Lets other uids reach the socket (directory 0755, socket 0666).

@@ -1,8 +1,12 @@
 // Engines with GPU memory against the real kvtierd --device cuda: two engine processes
 // on two GPUs at once; legacy IPC with K and V at offsets inside one allocation; a VMM
-// region of many chunks starting inside the first. Every run saves, wipes and loads a
-// session through the daemon and checks every byte and every canary around its tensors.
+// region of many chunks starting inside the first; an engine of each kind through a
+// kvtierd restart. Every run saves, wipes and loads a session through the daemon and
+// checks every byte and every canary around its tensors.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
 
 #include <regex>
 #include <string>
@@ -142,6 +146,43 @@ TEST(GpuEngines, VmmRegionOfEightOrMoreChunksStartingAtAnOffsetRoundTrips) {
 
   ExitStatus stopped = daemon->stop();
   EXPECT_TRUE(stopped.ok()) << "kvtierd " << stopped.describe();
+}
+
+// kvtierd restarts (SIGTERM: the session drains to NVMe) while an engine process with
+// its cache in GPU memory waits between saving and loading. Its client re-registers the
+// region from what it kept (the IPC handle, or duplicates of the VMM chunks' fds) on
+// the new daemon, and the load lands bit-exact in the same GPU memory.
+TEST(GpuEngines, EngineReRegistersItsGpuMemoryAfterKvtierdRestarts) {
+  for (const std::string memory : {"ipc", "vmm"}) {
+    SCOPED_TRACE(memory);
+    auto daemon = start_cuda_daemon(cuda_nvme_daemon_flags());
+    if (!daemon) return;
+    const GpuEngineRun run{.gpu = 0, .memory = memory, .session = "restart-" + memory};
+    std::vector<std::string> argv = run.args(daemon->socket_path());
+    argv.push_back("--pause-before-load");
+    int fds[2];
+    ASSERT_EQ(::pipe2(fds, O_CLOEXEC), 0);
+    UniqueFd output(fds[0]), output_write(fds[1]);
+    auto engine = spawn(argv, output_write.get(), output_write.get());
+    ASSERT_TRUE(engine.is_ok()) << engine.status().to_string();
+    output_write.reset();
+    ProcessResult result;
+    result.stdout_text = read_pipe_until(output.get(), "paused before load");
+    ASSERT_NE(result.stdout_text.find("paused before load"), std::string::npos)
+        << result.stdout_text;
+
+    ExitStatus stopped = daemon->stop();
+    ASSERT_TRUE(stopped.ok()) << "kvtierd " << stopped.describe();
+    ASSERT_TRUE(daemon->restart().is_ok());
+    ASSERT_EQ(::kill(*engine, SIGUSR1), 0);
+    result.status = wait_for_exit(*engine);
+    result.stdout_text += read_pipe_until(output.get());
+    EXPECT_TRUE(EngineRoundTripped(result, run));
+    EXPECT_NE(result.stdout_text.find("connection: 1 reconnects"), std::string::npos)
+        << result.stdout_text;
+    stopped = daemon->stop();
+    EXPECT_TRUE(stopped.ok()) << "kvtierd " << stopped.describe();
+  }
 }
 
 }  // namespace

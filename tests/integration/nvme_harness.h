@@ -12,6 +12,7 @@
 #include <sys/types.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -54,6 +55,11 @@ class PersistentDaemon {
   // SIGTERM, wait (SIGKILL after `timeout`).
   ExitStatus stop(milliseconds timeout = kDeadline) { return process_.stop(timeout); }
   ExitStatus kill9() { return process_.kill(); }  // SIGKILL, wait
+  // After stop() or kill9(): a new kvtierd on the same socket and data directory, with
+  // the same flags or `flags` (support::DaemonProcess::restart).
+  Status restart(std::optional<std::vector<std::string>> flags = std::nullopt) {
+    return process_.restart(std::move(flags));
+  }
   // Everything every daemon in run_dir wrote (they append to one log).
   std::string log() const { return process_.log(); }
 

@@ -86,3 +86,110 @@ def test_reconnect_off_stays_away():
             kvtier.Client(process.socket_path, initial_backoff_ms=500, max_backoff_ms=100)
     finally:
         process.stop()
+
+
+# ---- the torch engine: keeps serving through restarts on one Client -------------------
+
+MESSAGES = [
+    "Hello! Which tiers does kvtier keep KV blocks in?",
+    "What does an engine do while kvtierd restarts?",
+    "And once it is back?",
+    "Thanks. Summarise that in one sentence.",
+]
+NEW_TOKENS = 12
+
+
+@pytest.fixture(scope="module")
+def model():
+    from model import LlamaModel, config_named
+    return LlamaModel(config_named("small"))
+
+
+def _engine_modules():
+    import sys
+    from kvtierd_process import REPO
+    path = str(REPO / "examples" / "torch_engine")
+    if path not in sys.path:
+        sys.path.insert(0, path)
+
+
+_engine_modules()
+
+
+def _start(engine, session: str):
+    from engine import Conversation
+    tokenizer = engine.tokenizer
+    return Conversation(session, tokenizer.message(
+        tokenizer.SYSTEM, f"[{session}] You are the assistant of a KV-cache offload daemon."))
+
+
+def _same_answer(got, recomputed) -> None:
+    assert got.tokens == recomputed.tokens
+    for mine, theirs in zip(got.logits, recomputed.logits):
+        torch.testing.assert_close(mine, theirs, rtol=1e-4, atol=1e-4)
+
+
+def _until_on_nvme(client, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        stats = client.stats()
+        above = stats.tiers["hbm"].blocks + stats.tiers["ram"].blocks
+        if above == 0 and stats.tiers["nvme"].blocks > 0 and stats.copies_in_flight == 0:
+            return
+        assert time.monotonic() < deadline, f"still {above} blocks above NVMe: {stats}"
+        time.sleep(0.02)
+
+
+@pytest.mark.parametrize("how", ["SIGTERM", "SIGKILL"])
+def test_the_torch_engine_keeps_serving_and_hits_again_on_the_same_client(model, how):
+    """While kvtierd is down the engine answers anyway (it recomputes and skips its
+    save); once kvtierd is back, its next turns hit again through the same Client
+    object, which reconnected by itself. Every answer equals a recomputing engine's."""
+    from engine import Engine
+    daemon = Kvtierd(NVME + ["--drain-timeout", "20s"])
+    engine = Engine(model.config, "kvtier", socket_path=daemon.socket_path, model=model)
+    recompute = Engine(model.config, "recompute", model=model)
+    client = engine.client
+    try:
+        session = f"restart-{how}"
+        conversation, expected = _start(engine, session), _start(recompute, session)
+        first = engine.turn(conversation, MESSAGES[0], NEW_TOKENS)
+        _same_answer(first, recompute.turn(expected, MESSAGES[0], NEW_TOKENS))
+        assert first.saved_blocks > 0
+        _until_on_nvme(client)
+
+        if how == "SIGTERM":
+            daemon.process.send_signal(signal.SIGTERM)
+            assert daemon.process.wait(timeout=30) == 0, daemon.log()
+        else:
+            daemon.kill()
+        during = engine.turn(conversation, MESSAGES[1], NEW_TOKENS)
+        assert during.lookup_hits == 0 and during.restored_tokens == 0
+        assert during.saved_blocks == 0
+        _same_answer(during, recompute.turn(expected, MESSAGES[1], NEW_TOKENS))
+
+        daemon.restart()
+        deadline = time.monotonic() + 30  # past the backoff of the attempts while it was down
+        while True:
+            try:
+                client.stats()
+                break
+            except kvtier.Unavailable:
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+        back = engine.turn(conversation, MESSAGES[2], NEW_TOKENS)
+        assert engine.client is client and client.reconnects == 1
+        # The first turn's blocks survived on NVMe.
+        assert back.lookup_hits == first.saved_blocks
+        assert back.restored_tokens == first.saved_blocks * engine.cache.block_size
+        assert back.saved_blocks > 0  # what the turn while away could not save
+        _same_answer(back, recompute.turn(expected, MESSAGES[2], NEW_TOKENS))
+
+        last = engine.turn(conversation, MESSAGES[3], NEW_TOKENS)
+        assert last.lookup_hits == back.lookup_hits + back.saved_blocks
+        _same_answer(last, recompute.turn(expected, MESSAGES[3], NEW_TOKENS))
+        assert client.reconnects == 1
+    finally:
+        engine.close()
+        recompute.close()
+        daemon.stop()

@@ -69,8 +69,20 @@ Result<DaemonProcess> DaemonProcess::start(DaemonProcessOptions options) {
   if (options.log_path.empty()) options.log_path = options.dir + "/kvtierd.log";
   // From here the destructor of `daemon` cleans up on every error path.
   DaemonProcess daemon(std::move(options), owns_dir);
-  const DaemonProcessOptions& o = daemon.options_;
+  KVTIER_RETURN_IF_ERROR(daemon.spawn_and_wait());
+  return daemon;
+}
 
+Status DaemonProcess::restart(std::optional<std::vector<std::string>> flags) {
+  if (running()) return invalid_argument("kvtierd (pid {}) is still running", pid_);
+  if (flags.has_value()) options_.flags = std::move(*flags);
+  exit_.reset();
+  pid_ = -1;
+  return spawn_and_wait();
+}
+
+Status DaemonProcess::spawn_and_wait() {
+  const DaemonProcessOptions& o = options_;
   UniqueFd log(::open(o.log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644));
   if (!log.valid()) return errno_status(errno, "open " + o.log_path);
   SpawnOptions spawn_options;
@@ -87,9 +99,9 @@ Result<DaemonProcess> DaemonProcess::start(DaemonProcessOptions options) {
   spawn_options.die_with_parent = o.die_with_parent;
   auto pid = spawn(spawn_options);
   if (!pid.is_ok()) return pid.status();
-  daemon.pid_ = *pid;
-  if (o.activation_fd < 0) KVTIER_RETURN_IF_ERROR(daemon.wait_until_listening());
-  return daemon;
+  pid_ = *pid;
+  if (o.activation_fd < 0) KVTIER_RETURN_IF_ERROR(wait_until_listening());
+  return Status::ok();
 }
 
 Status DaemonProcess::wait_until_listening() {

@@ -77,6 +77,11 @@ class DaemonProcess {
   ExitStatus kill();
   // Waits for an exit the daemon makes by itself; SIGKILL after `timeout`.
   ExitStatus wait(milliseconds timeout = kProcessDeadline);
+  // Starts kvtierd again after it ended (stop(), kill() or a crash): the same socket,
+  // data directory and log (appended to), and the same flags unless `flags` gives new
+  // ones (a changed configuration); waits as start() does. Engines connected to the old
+  // process see it come back on the same path. InvalidArgument while it still runs.
+  Status restart(std::optional<std::vector<std::string>> flags = std::nullopt);
 
   std::string log() const;
   std::string log_tail(size_t max_bytes = 4096) const;
@@ -84,6 +89,8 @@ class DaemonProcess {
  private:
   explicit DaemonProcess(DaemonProcessOptions options, bool owns_dir)
       : options_(std::move(options)), owns_dir_(owns_dir) {}
+  // Spawns kvtierd with options_ and waits until it listens (unless socket-activated).
+  Status spawn_and_wait();
   Status wait_until_listening();
 
   DaemonProcessOptions options_;
