@@ -273,14 +273,16 @@ Status Client::reconnect_locked() {
                                              info->namespace_name, hello_->namespace_name));
     }
   }
-  for (const auto& [region_id, region] : regions_) {
+  for (const auto& entry : regions_) {
+    const uint32_t region_id = entry.first;
+    const RegionRecord& region = entry.second;
     std::vector<int> fds;
     for (const UniqueFd& fd : region.fds) fds.push_back(fd.get());
     auto reply = exchange(
         *transport, next_id_++,
-        [&, id = region_id](wire::Request::Builder request) {
+        [&](wire::Request::Builder request) {
           auto out = request.initRegisterRegion();
-          out.setRegionId(id);
+          out.setRegionId(region_id);
           out.setFdCount(static_cast<uint32_t>(fds.size()));
           region.fill(out);
         },
