@@ -29,13 +29,11 @@
 
 #include "common/log.h"
 #include "daemon/region_worker.h"
+#include "daemon/requests.h"
 #include "daemon/service.h"
 
 namespace kvtier::daemon {
 namespace {
-
-constexpr uint64_t kMaxRegionBytes = 1ull << 40;
-constexpr size_t kMaxGpuUuidBytes = 64;
 
 std::string_view kind_name(RegionHandle::Kind kind) {
   switch (kind) {
@@ -47,85 +45,6 @@ std::string_view kind_name(RegionHandle::Kind kind) {
       return "cudaVmmFd";
   }
   return "unknown";
-}
-
-// The request's fields checked against each other (the backend's checks come later,
-// so a malformed request is named as such on any daemon). Takes the descriptors.
-Result<RegionHandle> handle_from_wire(wire::RegisterRegion::Reader region,
-                                      std::vector<UniqueFd> fds) {
-  RegionHandle handle;
-  handle.size_bytes = region.getSizeBytes();
-  handle.offset_bytes = region.getOffsetBytes();
-  const auto chunks = region.getChunkBytes();
-  switch (region.getKind()) {
-    case wire::RegisterRegion::RegionKind::MEMFD:
-      if (fds.size() != 1)
-        return invalid_argument("a memfd region needs exactly one descriptor (fdCount = 1)");
-      if (handle.offset_bytes != 0) {
-        return invalid_argument("offsetBytes is {}; a memfd region starts at byte 0 of its memfd",
-                                handle.offset_bytes);
-      }
-      if (chunks.size() != 0) {
-        return invalid_argument("chunkBytes has {} entries; only a cudaVmmFd region has chunks",
-                                chunks.size());
-      }
-      handle.kind = RegionHandle::Kind::kMemfd;
-      handle.fd = std::move(fds[0]);
-      return handle;
-    case wire::RegisterRegion::RegionKind::CUDA_IPC: {
-      if (!fds.empty()) {
-        return invalid_argument(
-            "fdCount is {}; a cudaIpc region travels as ipcHandle, with no descriptor", fds.size());
-      }
-      if (chunks.size() != 0) {
-        return invalid_argument("chunkBytes has {} entries; only a cudaVmmFd region has chunks",
-                                chunks.size());
-      }
-      auto bytes = region.getIpcHandle();
-      if (bytes.size() != handle.ipc_handle.size()) {
-        return invalid_argument("ipcHandle has {} bytes; a CUDA IPC handle has 64", bytes.size());
-      }
-      if (handle.offset_bytes > UINT64_MAX - handle.size_bytes) {
-        return invalid_argument("offsetBytes {} + sizeBytes {} overflows", handle.offset_bytes,
-                                handle.size_bytes);
-      }
-      handle.kind = RegionHandle::Kind::kCudaIpc;
-      std::memcpy(handle.ipc_handle.data(), bytes.begin(), bytes.size());
-      handle.gpu_uuid = region.getGpuUuid().cStr();
-      return handle;
-    }
-    case wire::RegisterRegion::RegionKind::CUDA_VMM_FD: {
-      if (chunks.size() != fds.size()) {
-        return invalid_argument(
-            "chunkBytes has {} entries but fdCount is {}: a cudaVmmFd region gives one chunk "
-            "size per descriptor",
-            chunks.size(), fds.size());
-      }
-      if (fds.empty())
-        return invalid_argument("a cudaVmmFd region needs at least one descriptor (fdCount ≥ 1)");
-      uint64_t total = 0;
-      for (unsigned i = 0; i < chunks.size(); ++i) {
-        if (chunks[i] == 0) return invalid_argument("chunkBytes[{}] is 0", i);
-        if (__builtin_add_overflow(total, chunks[i], &total)) {
-          return invalid_argument(
-              "chunkBytes overflow: chunks 0..{} add up to more than 2^64 bytes", i);
-        }
-      }
-      if (handle.offset_bytes > total || handle.size_bytes > total - handle.offset_bytes) {
-        return invalid_argument(
-            "offsetBytes {} + sizeBytes {} is beyond the {} bytes of the {} chunks (chunkBytes)",
-            handle.offset_bytes, handle.size_bytes, total, chunks.size());
-      }
-      handle.kind = RegionHandle::Kind::kCudaVmmFd;
-      handle.vmm_chunks.reserve(fds.size());
-      for (unsigned i = 0; i < chunks.size(); ++i) {
-        handle.vmm_chunks.push_back({std::move(fds[i]), chunks[i]});
-      }
-      handle.gpu_uuid = region.getGpuUuid().cStr();
-      return handle;
-    }
-  }
-  return invalid_argument("kind {} is not a known region kind", static_cast<int>(region.getKind()));
 }
 
 std::string uuid_list(const std::vector<GpuInfo>& gpus) {
@@ -147,19 +66,16 @@ Status Service::handle_register_region(const ConnectionPtr& c, EngineContext& en
     // Not retryable: waiting does not lift the limit; unregistering a region does.
     return Status(
         StatusCode::kResourceExhausted,
-        fmt::format("this connection already has {} regions, the limit (max-regions-per-connection)",
-                    engine.regions.size()),
+        fmt::format(
+            "this connection already has {} regions, the limit (max-regions-per-connection)",
+            engine.regions.size()),
         /*retryable=*/false);
   }
   bool used = std::any_of(engine.layout.planes.begin(), engine.layout.planes.end(),
                           [&](const PlaneLayout& p) { return p.region_id == region_id; });
   if (!used)
     return invalid_argument("regionId {} is not named by any plane of the layout", region_id);
-  const uint64_t size = region.getSizeBytes();
-  if (size == 0 || size > kMaxRegionBytes)
-    return invalid_argument("sizeBytes {} is outside 1..1TiB", size);
-
-  auto handle = handle_from_wire(region, std::move(fds));
+  auto handle = decode_register_region(region, std::move(fds));
   if (!handle.is_ok()) return handle.status();
   const bool cuda_kind = handle->kind != RegionHandle::Kind::kMemfd;
   // Well-formed regions of a kind this backend does not serve: NotSupported.
@@ -178,9 +94,6 @@ Status Service::handle_register_region(const ConnectionPtr& c, EngineContext& en
   int gpu_index = SlabAllocator::kAnyPart;
   if (cuda_kind) {
     std::string& uuid = handle->gpu_uuid;
-    if (uuid.size() > kMaxGpuUuidBytes) {
-      return invalid_argument("gpuUuid is longer than {} bytes", kMaxGpuUuidBytes);
-    }
     if (uuid.empty()) {
       if (gpus_.size() != 1) {
         return invalid_argument("gpuUuid is empty, but this kvtierd serves {} GPUs ({}): name one",
@@ -200,7 +113,7 @@ Status Service::handle_register_region(const ConnectionPtr& c, EngineContext& en
       gpu_index = static_cast<int>(served - gpus_.begin());
     }
   }
-  KVTIER_RETURN_IF_ERROR(engine.layout.check_region(region_id, size));
+  KVTIER_RETURN_IF_ERROR(engine.layout.check_region(region_id, handle->size_bytes));
   ++engine.regions_opening;
   // Device methods may be called from any thread (device.h); the CUDA backend makes the
   // region's GPU context current on the worker before it opens or closes anything.

@@ -1,5 +1,6 @@
 #include "daemon/requests.h"
 
+#include <cstring>
 #include <span>
 #include <unordered_map>
 
@@ -65,6 +66,87 @@ Result<std::vector<BlockHash>> decode_lookup(uint32_t max_blocks,
     out.emplace_back(std::span<const uint8_t>(bytes.begin(), bytes.size()));
   }
   return out;
+}
+
+Result<RegionHandle> decode_register_region(wire::RegisterRegion::Reader region,
+                                            std::vector<UniqueFd> fds) {
+  RegionHandle handle;
+  handle.size_bytes = region.getSizeBytes();
+  if (handle.size_bytes == 0 || handle.size_bytes > kMaxRegionBytes)
+    return invalid_argument("sizeBytes {} is outside 1..1TiB", handle.size_bytes);
+  if (region.getGpuUuid().size() > kMaxGpuUuidBytes)
+    return invalid_argument("gpuUuid is longer than {} bytes", kMaxGpuUuidBytes);
+  handle.offset_bytes = region.getOffsetBytes();
+  const auto chunks = region.getChunkBytes();
+  switch (region.getKind()) {
+    case wire::RegisterRegion::RegionKind::MEMFD:
+      if (fds.size() != 1)
+        return invalid_argument("a memfd region needs exactly one descriptor (fdCount = 1)");
+      if (handle.offset_bytes != 0) {
+        return invalid_argument("offsetBytes is {}; a memfd region starts at byte 0 of its memfd",
+                                handle.offset_bytes);
+      }
+      if (chunks.size() != 0) {
+        return invalid_argument("chunkBytes has {} entries; only a cudaVmmFd region has chunks",
+                                chunks.size());
+      }
+      handle.kind = RegionHandle::Kind::kMemfd;
+      handle.fd = std::move(fds[0]);
+      return handle;
+    case wire::RegisterRegion::RegionKind::CUDA_IPC: {
+      if (!fds.empty()) {
+        return invalid_argument(
+            "fdCount is {}; a cudaIpc region travels as ipcHandle, with no descriptor", fds.size());
+      }
+      if (chunks.size() != 0) {
+        return invalid_argument("chunkBytes has {} entries; only a cudaVmmFd region has chunks",
+                                chunks.size());
+      }
+      auto bytes = region.getIpcHandle();
+      if (bytes.size() != handle.ipc_handle.size()) {
+        return invalid_argument("ipcHandle has {} bytes; a CUDA IPC handle has 64", bytes.size());
+      }
+      if (handle.offset_bytes > UINT64_MAX - handle.size_bytes) {
+        return invalid_argument("offsetBytes {} + sizeBytes {} overflows", handle.offset_bytes,
+                                handle.size_bytes);
+      }
+      handle.kind = RegionHandle::Kind::kCudaIpc;
+      std::memcpy(handle.ipc_handle.data(), bytes.begin(), bytes.size());
+      handle.gpu_uuid = region.getGpuUuid().cStr();
+      return handle;
+    }
+    case wire::RegisterRegion::RegionKind::CUDA_VMM_FD: {
+      if (chunks.size() != fds.size()) {
+        return invalid_argument(
+            "chunkBytes has {} entries but fdCount is {}: a cudaVmmFd region gives one chunk "
+            "size per descriptor",
+            chunks.size(), fds.size());
+      }
+      if (fds.empty())
+        return invalid_argument("a cudaVmmFd region needs at least one descriptor (fdCount ≥ 1)");
+      uint64_t total = 0;
+      for (unsigned i = 0; i < chunks.size(); ++i) {
+        if (chunks[i] == 0) return invalid_argument("chunkBytes[{}] is 0", i);
+        if (__builtin_add_overflow(total, chunks[i], &total)) {
+          return invalid_argument(
+              "chunkBytes overflow: chunks 0..{} add up to more than 2^64 bytes", i);
+        }
+      }
+      if (handle.offset_bytes > total || handle.size_bytes > total - handle.offset_bytes) {
+        return invalid_argument(
+            "offsetBytes {} + sizeBytes {} is beyond the {} bytes of the {} chunks (chunkBytes)",
+            handle.offset_bytes, handle.size_bytes, total, chunks.size());
+      }
+      handle.kind = RegionHandle::Kind::kCudaVmmFd;
+      handle.vmm_chunks.reserve(fds.size());
+      for (unsigned i = 0; i < chunks.size(); ++i) {
+        handle.vmm_chunks.push_back({std::move(fds[i]), chunks[i]});
+      }
+      handle.gpu_uuid = region.getGpuUuid().cStr();
+      return handle;
+    }
+  }
+  return invalid_argument("kind {} is not a known region kind", static_cast<int>(region.getKind()));
 }
 
 }  // namespace kvtier::daemon

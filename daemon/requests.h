@@ -10,6 +10,8 @@
 
 #include "common/block_key.h"
 #include "common/status.h"
+#include "common/unique_fd.h"
+#include "cuda/device.h"
 #include "daemon/engines.h"
 #include "schema/kvtier.capnp.h"
 
@@ -35,5 +37,16 @@ Result<BlockListRequest> decode_block_list(const EngineContext& engine, uint32_t
 // Lookup: at most `max_blocks` hashes of 1..32 bytes each.
 Result<std::vector<BlockHash>> decode_lookup(uint32_t max_blocks,
                                              capnp::List<capnp::Data>::Reader hashes);
+
+// RegisterRegion's fields checked against each other and the descriptors that came
+// with it (`fds`, taken): sizeBytes in 1..kMaxRegionBytes, a memfd with one descriptor
+// at offset 0, a cudaIpc handle of 64 bytes with no descriptor, a cudaVmmFd region
+// with one nonzero chunk size per descriptor whose chunks hold offset + size, no
+// overflow anywhere, gpuUuid at most kMaxGpuUuidBytes. The backend's checks (kinds it
+// serves, which GPU) come later, so a malformed request is named as such on any daemon.
+constexpr uint64_t kMaxRegionBytes = 1ull << 40;
+constexpr size_t kMaxGpuUuidBytes = 64;
+Result<RegionHandle> decode_register_region(wire::RegisterRegion::Reader region,
+                                            std::vector<UniqueFd> fds);
 
 }  // namespace kvtier::daemon

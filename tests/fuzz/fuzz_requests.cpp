@@ -2,12 +2,14 @@
 // daemon/requests.h), from any bytes read as a Cap'n Proto message with the daemon's
 // reader limits. An accepted request re-encodes (field by field into a fresh message)
 // to one that decodes to the same thing; a refused one is InvalidArgument naming the
-// field; a layout accepted for a region really fits it (checked in 128-bit arithmetic,
-// so an overflowing size, offset or stride cannot pass).
+// field; a RegisterRegion accepted holds together (one descriptor per VMM chunk, the
+// region inside its chunks, a 64-byte IPC handle); a layout accepted for a region really fits it
+// (checked in 128-bit arithmetic, so an overflowing size, offset or stride cannot pass).
 #include <capnp/message.h>
 #include <capnp/serialize.h>
 #include <kj/array.h>
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
 
@@ -193,6 +195,79 @@ void check_lookup(capnp::List<capnp::Data>::Reader hashes, uint32_t max_blocks) 
   }
 }
 
+// RegisterRegion with `fd_count` descriptors (placeholders: decoding only moves them).
+void check_register_region(wire::RegisterRegion::Reader region, size_t fd_count) {
+  auto decoded = decode_register_region(region, std::vector<UniqueFd>(fd_count));
+  if (!decoded.is_ok()) {
+    KVTIER_FUZZ_CHECK(decoded.status().code() == StatusCode::kInvalidArgument, "%s",
+                      decoded.status().to_string().c_str());
+    KVTIER_FUZZ_CHECK(names_one_of(decoded.status().message(),
+                                   {"sizeBytes", "offsetBytes", "chunkBytes", "fdCount",
+                                    "descriptor", "ipcHandle", "gpuUuid", "kind"}),
+                      "%s", decoded.status().message().c_str());
+    return;
+  }
+  const RegionHandle& handle = *decoded;
+  KVTIER_FUZZ_CHECK(handle.size_bytes >= 1 && handle.size_bytes <= kMaxRegionBytes, "size %llu",
+                    static_cast<unsigned long long>(handle.size_bytes));
+  KVTIER_FUZZ_CHECK(handle.gpu_uuid.size() <= kMaxGpuUuidBytes, "uuid of %zu bytes",
+                    handle.gpu_uuid.size());
+  const unsigned __int128 end =
+      static_cast<unsigned __int128>(handle.offset_bytes) + handle.size_bytes;
+  switch (handle.kind) {
+    case RegionHandle::Kind::kMemfd:
+      KVTIER_FUZZ_CHECK(fd_count == 1 && handle.offset_bytes == 0 && handle.vmm_chunks.empty(),
+                        "memfd accepted with %zu fds at offset %llu", fd_count,
+                        static_cast<unsigned long long>(handle.offset_bytes));
+      break;
+    case RegionHandle::Kind::kCudaIpc:
+      KVTIER_FUZZ_CHECK(fd_count == 0 && region.getIpcHandle().size() == 64 && end <= UINT64_MAX &&
+                            handle.vmm_chunks.empty(),
+                        "cudaIpc accepted with %zu fds, a %zu-byte handle", fd_count,
+                        region.getIpcHandle().size());
+      KVTIER_FUZZ_CHECK(
+          std::memcmp(handle.ipc_handle.data(), region.getIpcHandle().begin(), 64) == 0,
+          "the IPC handle changed");
+      break;
+    case RegionHandle::Kind::kCudaVmmFd: {
+      KVTIER_FUZZ_CHECK(fd_count >= 1 && handle.vmm_chunks.size() == fd_count,
+                        "%zu chunks for %zu fds", handle.vmm_chunks.size(), fd_count);
+      unsigned __int128 total = 0;
+      for (size_t i = 0; i < handle.vmm_chunks.size(); ++i) {
+        KVTIER_FUZZ_CHECK(handle.vmm_chunks[i].bytes > 0 &&
+                              handle.vmm_chunks[i].bytes == region.getChunkBytes()[i],
+                          "chunk %zu", i);
+        total += handle.vmm_chunks[i].bytes;
+      }
+      KVTIER_FUZZ_CHECK(end <= total, "a VMM region past its chunks");
+      break;
+    }
+  }
+  // Re-encoded from the decoded handle, it decodes to the same thing.
+  capnp::MallocMessageBuilder message;
+  auto again = message.initRoot<wire::RegisterRegion>();
+  again.setRegionId(region.getRegionId());
+  again.setSizeBytes(handle.size_bytes);
+  again.setOffsetBytes(handle.offset_bytes);
+  again.setGpuUuid(handle.gpu_uuid);
+  again.setKind(region.getKind());
+  if (handle.kind == RegionHandle::Kind::kCudaIpc) {
+    again.setIpcHandle(capnp::Data::Reader(
+        reinterpret_cast<const uint8_t*>(handle.ipc_handle.data()), handle.ipc_handle.size()));
+  }
+  auto chunks = again.initChunkBytes(static_cast<unsigned>(handle.vmm_chunks.size()));
+  for (unsigned i = 0; i < chunks.size(); ++i) chunks.set(i, handle.vmm_chunks[i].bytes);
+  auto redecoded = decode_register_region(again.asReader(), std::vector<UniqueFd>(fd_count));
+  KVTIER_FUZZ_CHECK(redecoded.is_ok() && redecoded->kind == handle.kind &&
+                        redecoded->size_bytes == handle.size_bytes &&
+                        redecoded->offset_bytes == handle.offset_bytes &&
+                        redecoded->gpu_uuid == handle.gpu_uuid &&
+                        redecoded->ipc_handle == handle.ipc_handle &&
+                        redecoded->vmm_chunks.size() == handle.vmm_chunks.size(),
+                    "re-encoded RegisterRegion differs: %s",
+                    redecoded.is_ok() ? "" : redecoded.status().to_string().c_str());
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -225,6 +300,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         break;
       case wire::Request::LOOKUP:
         check_lookup(request.getLookup().getHashes(), max_blocks);
+        break;
+      case wire::Request::REGISTER_REGION:
+        // As many descriptors as came with the message: the request says fdCount, the
+        // socket may deliver fewer or more.
+        check_register_region(request.getRegisterRegion(),
+                              more.byte() < 192
+                                  ? std::min<uint32_t>(request.getRegisterRegion().getFdCount(), 16)
+                                  : more.byte() % 17);
         break;
       default:
         break;

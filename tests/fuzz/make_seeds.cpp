@@ -107,6 +107,34 @@ int main(int argc, char** argv) {
       hashes.set(i, capnp::Data::Reader(h.data(), h.size()));
     }
   });
+  const std::string register_memfd = request([](wire::Request::Builder r) {
+    auto region = r.initRegisterRegion();
+    region.setRegionId(0);
+    region.setSizeBytes(1 << 20);
+    region.setKind(wire::RegisterRegion::RegionKind::MEMFD);
+    region.setFdCount(1);
+  });
+  const std::string register_vmm = request([](wire::Request::Builder r) {
+    auto region = r.initRegisterRegion();
+    region.setRegionId(1);
+    region.setOffsetBytes(4096);
+    region.setSizeBytes(3 << 20);
+    region.setKind(wire::RegisterRegion::RegionKind::CUDA_VMM_FD);
+    region.setGpuUuid("GPU-00000000-1111-2222-3333-444444444444");
+    region.setFdCount(2);
+    auto chunks = region.initChunkBytes(2);
+    chunks.set(0, 2 << 20);
+    chunks.set(1, 2 << 20);
+  });
+  const std::string register_ipc = request([](wire::Request::Builder r) {
+    auto region = r.initRegisterRegion();
+    region.setRegionId(2);
+    region.setOffsetBytes(512);
+    region.setSizeBytes(1 << 20);
+    region.setKind(wire::RegisterRegion::RegionKind::CUDA_IPC);
+    uint8_t handle[64] = {1, 2, 3};
+    region.setIpcHandle(capnp::Data::Reader(handle, sizeof(handle)));
+  });
 
   // fuzz_framing: max_segments byte, 4 bytes of frame limit, chunk seed, stream.
   const std::string framing_control("\x03\x00\x00\x10\x00\x07", 6);
@@ -120,6 +148,9 @@ int main(int argc, char** argv) {
   write(root / "fuzz_requests", "save", request_control + save);
   write(root / "fuzz_requests", "load", request_control + load);
   write(root / "fuzz_requests", "lookup", request_control + lookup);
+  write(root / "fuzz_requests", "register-memfd", request_control + register_memfd);
+  write(root / "fuzz_requests", "register-vmm", request_control + register_vmm);
+  write(root / "fuzz_requests", "register-ipc", request_control + register_ipc);
 
   // fuzz_nvme_records: which record, split byte, bytes.
   NvmeBlockKey key{"uid:1000", 0x1234, hash_of(7)};
