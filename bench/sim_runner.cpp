@@ -209,17 +209,20 @@ class Simulation {
     for (uint32_t id : holders) {
       policy::Session* session = sessions_.find(kLayout.namespace_id, session_id(id));
       if (session == nullptr) continue;
-      auto& blocks = session->blocks;
+      const auto& blocks = session->blocks;
       auto at = std::find(blocks.begin(), blocks.end(), evicted.hash);
       if (at == blocks.end()) continue;
-      for (auto rest = at + 1; rest != blocks.end(); ++rest) {
-        const BlockKey key{kLayout, *rest};
+      // The session's prefix ends before the evicted block (through the table, so its
+      // reverse index follows); the blocks after it lose this session's reference.
+      const std::vector<BlockHash> dropped =
+          sessions_.truncate(*session, static_cast<size_t>(at - blocks.begin()));
+      for (size_t i = 1; i < dropped.size(); ++i) {
+        const BlockKey key{kLayout, dropped[i]};
         store_.drop_ref(key);
         auto& others = holders_[key];
         others.erase(std::remove(others.begin(), others.end(), id), others.end());
         if (others.empty()) holders_.erase(key);
       }
-      blocks.erase(at, blocks.end());
     }
   }
 

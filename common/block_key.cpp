@@ -29,7 +29,7 @@ std::string BlockHash::to_hex() const {
   return out;
 }
 
-size_t BlockHashHasher::operator()(const BlockHash& hash) const {
+size_t BlockHashHasher::operator()(const BlockHash& hash) const noexcept {
   // Engine hashes are usually already uniform, but short or structured ones are
   // allowed, so mix them.
   auto bytes = hash.bytes();

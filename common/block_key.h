@@ -40,8 +40,10 @@ class BlockHash {
   uint8_t size_ = 0;
 };
 
+// The hashers are noexcept: then std::unordered_map does not keep each node's hash code
+// beside it (8 bytes per block, twice), and recomputes it when it needs it.
 struct BlockHashHasher {
-  size_t operator()(const BlockHash& hash) const;
+  size_t operator()(const BlockHash& hash) const noexcept;
 };
 
 // Identifies the (namespace, layout) a block belongs to. Blocks are interchangeable
@@ -53,7 +55,7 @@ struct LayoutKey {
 };
 
 struct LayoutKeyHasher {
-  size_t operator()(const LayoutKey& key) const {
+  size_t operator()(const LayoutKey& key) const noexcept {
     return std::hash<uint64_t>()(key.layout_digest * 0x9E3779B97F4A7C15ull ^ key.namespace_id);
   }
 };
@@ -65,7 +67,7 @@ struct BlockKey {
 };
 
 struct BlockKeyHasher {
-  size_t operator()(const BlockKey& key) const {
+  size_t operator()(const BlockKey& key) const noexcept {
     return BlockHashHasher()(key.hash) ^ (LayoutKeyHasher()(key.layout) * 31);
   }
 };

@@ -47,7 +47,7 @@ NvmeSessionRecord to_record(const policy::Session& session, const std::string& n
   record.priority = session.priority;
   record.returns = session.returns;
   record.sum_log_gap = session.sum_log_gap;
-  record.blocks = session.blocks;
+  record.blocks = session.blocks.hashes();
   return record;
 }
 

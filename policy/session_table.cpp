@@ -49,11 +49,17 @@ std::vector<BlockHash> SessionTable::record_save(Session& session,
                                                          session.blocks.end());
   std::vector<BlockHash> appended;
   for (const BlockHash& hash : hashes) {
-    if (present.insert(hash).second) {
-      add_holder(session, hash, static_cast<uint32_t>(session.blocks.size()));
-      session.blocks.push_back(hash);
-      appended.push_back(hash);
-    }
+    if (present.insert(hash).second) appended.push_back(hash);
+  }
+  // Grown by a quarter at least, not doubled: a session's list is most of what it
+  // costs, and the slack of doubling was a third of it.
+  std::vector<BlockList::Entry*>& entries = session.blocks.entries_;
+  const size_t needed = entries.size() + appended.size();
+  if (needed > entries.capacity()) {
+    entries.reserve(std::max(needed, entries.size() + entries.size() / 4));
+  }
+  for (const BlockHash& hash : appended) {
+    entries.push_back(add_holder(session, hash, static_cast<uint32_t>(entries.size())));
   }
   // Out of the idle order before the return is counted: the census files it by its
   // return count.
@@ -81,10 +87,8 @@ void SessionTable::change(Session& session, SessionState state, uint64_t now_ms)
   set_state(session, state);
   session.last_active_ms = now_ms;
   session.touch_seq = ++touch_seq_;
-  for (const BlockHash& hash : session.blocks) {
-    auto it = holders_.find(BlockKey{session.layout, hash});
-    if (it == holders_.end()) continue;  // not reachable: every block has its holder
-    BlockHolders& h = it->second;
+  for (BlockList::Entry* entry : session.blocks.entries_) {
+    BlockHolders& h = entry->second;
     h.active = static_cast<uint32_t>(static_cast<int64_t>(h.active) + active_delta);
     h.hot_seq = session.touch_seq;
     h.hot_ms = std::max(h.hot_ms, now_ms);
@@ -96,10 +100,8 @@ void SessionTable::set_priority(Session& session, uint8_t priority) {
   const uint8_t old = session.priority;
   if (old == priority) return;
   session.priority = priority;
-  for (const BlockHash& hash : session.blocks) {
-    auto it = holders_.find(BlockKey{session.layout, hash});
-    if (it == holders_.end()) continue;
-    BlockHolders& h = it->second;
+  for (BlockList::Entry* entry : session.blocks.entries_) {
+    BlockHolders& h = entry->second;
     h.durable += (priority > 0 ? 1 : 0) - (old > 0 ? 1 : 0);
     if (priority >= h.max_priority) {
       h.max_priority = priority;
@@ -110,12 +112,15 @@ void SessionTable::set_priority(Session& session, uint8_t priority) {
   }
 }
 
-void SessionTable::add_holder(const Session& session, const BlockHash& hash, uint32_t depth) {
-  BlockHolders& h = holders_[BlockKey{session.layout, hash}];
+BlockList::Entry* SessionTable::add_holder(const Session& session, const BlockHash& hash,
+                                           uint32_t depth) {
+  BlockList::Entry& entry = *holders_.try_emplace(BlockKey{session.layout, hash}).first;
+  BlockHolders& h = entry.second;
   if (h.first == nullptr) {
     h.first = &session;
   } else {
-    h.more.push_back(&session);
+    if (!h.more) h.more = std::make_unique<std::vector<const Session*>>();
+    h.more->push_back(&session);
   }
   if (session.state == SessionState::kActive) ++h.active;
   if (session.priority > 0) ++h.durable;
@@ -123,6 +128,7 @@ void SessionTable::add_holder(const Session& session, const BlockHash& hash, uin
   h.depth = std::max(h.depth, depth);
   h.hot_seq = std::max(h.hot_seq, session.touch_seq);
   h.hot_ms = std::max(h.hot_ms, session.last_active_ms);
+  return &entry;
 }
 
 void SessionTable::drop_holder(const Session& session, const BlockHash& hash) {
@@ -131,19 +137,22 @@ void SessionTable::drop_holder(const Session& session, const BlockHash& hash) {
   BlockHolders& h = it->second;
   // Shared blocks: a scan of their holders (a block held by n sessions costs O(n) to
   // leave; n is the sharing, not the daemon's size).
+  std::vector<const Session*>* more = h.more.get();
   if (h.first == &session) {
-    if (h.more.empty()) {
+    if (more == nullptr || more->empty()) {
       h.first = nullptr;
     } else {
-      h.first = h.more.back();
-      h.more.pop_back();
+      h.first = more->back();
+      more->pop_back();
     }
   } else {
-    auto at = std::find(h.more.begin(), h.more.end(), &session);
-    if (at == h.more.end()) return;
-    *at = h.more.back();
-    h.more.pop_back();
+    if (more == nullptr) return;
+    auto at = std::find(more->begin(), more->end(), &session);
+    if (at == more->end()) return;
+    *at = more->back();
+    more->pop_back();
   }
+  if (more != nullptr && more->empty()) h.more.reset();
   if (h.first == nullptr) {
     holders_.erase(it);
     return;
@@ -234,10 +243,12 @@ void SessionTable::rebuild_census(uint64_t now_ms) const {
 }
 
 bool SessionTable::forget_block(Session& session, const BlockHash& hash) {
-  auto it = std::find(session.blocks.begin(), session.blocks.end(), hash);
-  if (it == session.blocks.end()) return false;
+  std::vector<BlockList::Entry*>& entries = session.blocks.entries_;
+  auto it = std::find_if(entries.begin(), entries.end(),
+                         [&](const BlockList::Entry* entry) { return entry->first.hash == hash; });
+  if (it == entries.end()) return false;
+  entries.erase(it);  // first: dropping the last holder frees the entry
   drop_holder(session, hash);
-  session.blocks.erase(it);
   return true;
 }
 
@@ -245,8 +256,8 @@ std::vector<BlockHash> SessionTable::truncate(Session& session, size_t length) {
   if (length >= session.blocks.size()) return {};
   std::vector<BlockHash> dropped(session.blocks.begin() + static_cast<ptrdiff_t>(length),
                                  session.blocks.end());
+  session.blocks.entries_.resize(length);  // first: dropping the last holder frees the entry
   for (const BlockHash& hash : dropped) drop_holder(session, hash);
-  session.blocks.resize(length);
   return dropped;
 }
 
@@ -260,9 +271,10 @@ Result<std::vector<BlockHash>> SessionTable::close(uint32_t namespace_id, const 
                                now > session.last_active_ms ? now - session.last_active_ms : 0);
   }
   if (session.state == SessionState::kIdle) idle_erase(session);
-  for (const BlockHash& hash : session.blocks) drop_holder(session, hash);
+  std::vector<BlockHash> blocks = session.blocks.hashes();
+  it->second.blocks.entries_.clear();  // first: dropping the last holder frees the entry
+  for (const BlockHash& hash : blocks) drop_holder(session, hash);
   count_in(session, -1);
-  std::vector<BlockHash> blocks = std::move(it->second.blocks);
   sessions_.erase(it);
   return blocks;
 }

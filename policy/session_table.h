@@ -11,11 +11,17 @@
 // Thread-safety: none; the control thread owns it (the simulator owns its own).
 #pragma once
 
+#include <algorithm>
 #include <array>
+#include <compare>
+#include <cstddef>
 #include <cstdint>
+#include <iterator>
+#include <memory>
 #include <set>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "common/block_key.h"
@@ -27,11 +33,114 @@ namespace kvtier::policy {
 
 enum class SessionState : uint8_t { kActive = 0, kIdle = 1 };
 
+struct Session;
+
+// Who holds one block, kept by the table as sessions change: the reverse index from a
+// block to its sessions, and the facts the planner orders blocks by, so that a plan
+// reads them per block instead of walking every session.
+struct BlockHolders {
+  uint32_t count() const {
+    return static_cast<uint32_t>(more ? more->size() : 0) + (first ? 1 : 0);
+  }
+  template <typename Fn>
+  void for_each(Fn&& fn) const {
+    if (first) fn(*first);
+    if (more) {
+      for (const Session* s : *more) fn(*s);
+    }
+  }
+  // Most blocks have one holder: it needs no allocation, and the others' list costs a
+  // pointer until a second holder comes (one of these per referenced block).
+  const Session* first = nullptr;
+  std::unique_ptr<std::vector<const Session*>> more;
+  // The latest touch_seq (and its time) of any holder. A holder leaving does not lower
+  // it: it says when the block was last part of an active conversation.
+  uint64_t hot_seq = 0;
+  uint64_t hot_ms = 0;
+  uint32_t active = 0;       // holders in a turn
+  uint32_t durable = 0;      // holders with priority > 0
+  uint32_t depth = 0;        // the largest index of the block in a holder's prefix
+  uint8_t max_priority = 0;  // the highest priority among holders
+};
+
+// A session's blocks in prefix order, read as BlockHashes. Each is 8 bytes: a pointer
+// to the block's entry in the SessionTable's reverse index (hash → holders), which
+// lives while some session holds the block. Only the SessionTable changes it.
+class BlockList {
+ public:
+  using Entry = std::pair<const BlockKey, BlockHolders>;
+  class const_iterator {
+   public:
+    using iterator_category = std::random_access_iterator_tag;
+    using value_type = BlockHash;
+    using difference_type = std::ptrdiff_t;
+    using pointer = const BlockHash*;
+    using reference = const BlockHash&;
+    const_iterator() = default;
+    explicit const_iterator(Entry* const* at) : at_(at) {}
+    reference operator*() const { return (*at_)->first.hash; }
+    pointer operator->() const { return &(*at_)->first.hash; }
+    reference operator[](difference_type n) const { return at_[n]->first.hash; }
+    const_iterator& operator++() {
+      ++at_;
+      return *this;
+    }
+    const_iterator operator++(int) { return const_iterator(at_++); }
+    const_iterator& operator--() {
+      --at_;
+      return *this;
+    }
+    const_iterator operator--(int) { return const_iterator(at_--); }
+    const_iterator& operator+=(difference_type n) {
+      at_ += n;
+      return *this;
+    }
+    const_iterator& operator-=(difference_type n) {
+      at_ -= n;
+      return *this;
+    }
+    friend const_iterator operator+(const_iterator i, difference_type n) { return i += n; }
+    friend const_iterator operator+(difference_type n, const_iterator i) { return i += n; }
+    friend const_iterator operator-(const_iterator i, difference_type n) { return i -= n; }
+    friend difference_type operator-(const_iterator a, const_iterator b) { return a.at_ - b.at_; }
+    friend bool operator==(const_iterator a, const_iterator b) { return a.at_ == b.at_; }
+    friend auto operator<=>(const_iterator a, const_iterator b) { return a.at_ <=> b.at_; }
+
+   private:
+    Entry* const* at_ = nullptr;
+  };
+  using iterator = const_iterator;
+  using value_type = BlockHash;
+
+  size_t size() const { return entries_.size(); }
+  bool empty() const { return entries_.empty(); }
+  const BlockHash& operator[](size_t i) const { return entries_[i]->first.hash; }
+  const BlockHash& front() const { return entries_.front()->first.hash; }
+  const BlockHash& back() const { return entries_.back()->first.hash; }
+  const_iterator begin() const { return const_iterator(entries_.data()); }
+  const_iterator end() const { return const_iterator(entries_.data() + entries_.size()); }
+  std::reverse_iterator<const_iterator> rbegin() const {
+    return std::reverse_iterator<const_iterator>(end());
+  }
+  std::reverse_iterator<const_iterator> rend() const {
+    return std::reverse_iterator<const_iterator>(begin());
+  }
+  // The hashes, copied.
+  std::vector<BlockHash> hashes() const { return {begin(), end()}; }
+  friend bool operator==(const BlockList& list, const std::vector<BlockHash>& hashes) {
+    return std::equal(list.begin(), list.end(), hashes.begin(), hashes.end());
+  }
+
+ private:
+  friend class SessionTable;
+  std::vector<Entry*> entries_;
+};
+
 struct Session {
   uint32_t namespace_id = 0;
   std::string id;
-  LayoutKey layout;               // all of a session's blocks share one layout
-  std::vector<BlockHash> blocks;  // prefix order, no duplicates
+  LayoutKey layout;  // all of a session's blocks share one layout
+  BlockList blocks;  // prefix order, no duplicates
   SessionState state = SessionState::kActive;
   uint64_t created_ms = 0;
   uint64_t last_active_ms = 0;  // last Save/Load/BeginTurn
@@ -44,28 +153,6 @@ struct Session {
   uint64_t touch_seq = 0;
 };
 
-// Who holds one block, kept by the table as sessions change: the reverse index from a
-// block to its sessions, and the facts the planner orders blocks by, so that a plan
-// reads them per block instead of walking every session.
-struct BlockHolders {
-  uint32_t count() const { return static_cast<uint32_t>(more.size()) + (first ? 1 : 0); }
-  template <typename Fn>
-  void for_each(Fn&& fn) const {
-    if (first) fn(*first);
-    for (const Session* s : more) fn(*s);
-  }
-  const Session* first = nullptr;  // most blocks have one holder: no allocation for it
-  std::vector<const Session*> more;
-  uint32_t active = 0;       // holders in a turn
-  uint32_t durable = 0;      // holders with priority > 0
-  uint8_t max_priority = 0;  // the highest priority among holders
-  uint32_t depth = 0;        // the largest index of the block in a holder's prefix
-  // The latest touch_seq (and its time) of any holder. A holder leaving does not lower
-  // it: it says when the block was last part of an active conversation.
-  uint64_t hot_seq = 0;
-  uint64_t hot_ms = 0;
-};
-
 struct SessionKey {
   uint32_t namespace_id;
   std::string id;
@@ -73,7 +160,7 @@ struct SessionKey {
 };
 
 struct SessionKeyHasher {
-  size_t operator()(const SessionKey& key) const {
+  size_t operator()(const SessionKey& key) const noexcept {  // noexcept: no hash kept per node
     return std::hash<std::string>()(key.id) ^ (static_cast<size_t>(key.namespace_id) << 1);
   }
 };
@@ -167,7 +254,8 @@ class SessionTable {
   void count_in(const Session& session, int delta);
   // The session becomes `state`, touched at `now_ms` (its blocks' holders follow).
   void change(Session& session, SessionState state, uint64_t now_ms);
-  void add_holder(const Session& session, const BlockHash& hash, uint32_t depth);
+  // The block's entry in holders_, with `session` added to its holders.
+  BlockList::Entry* add_holder(const Session& session, const BlockHash& hash, uint32_t depth);
   void drop_holder(const Session& session, const BlockHash& hash);
   void idle_insert(Session& session);
   void idle_erase(const Session& session);

@@ -285,9 +285,15 @@ void MoveExecutor::read_from(StorageTier& from, const std::vector<BlockKey>& key
     if (!info || info->location.tier != from.id() || info->state != BlockState::kReady) continue;
     const uint64_t bytes = store_.block_bytes(key.layout);
     // A tier read lands in host memory only: the target when it is host memory with
-    // room, else RAM, and on to the target after the read.
-    const Tier destination =
+    // room, else RAM, and on to the target after the read. With RAM full, HBM when it
+    // is host memory (the host backend) and has room: a Load of more blocks than RAM
+    // holds would otherwise wait for slots its own pins keep.
+    Tier destination =
         in_host_memory(target) && store_.has_room(target, bytes) ? target : Tier::kRam;
+    if (!store_.has_room(destination, bytes) && in_host_memory(Tier::kHbm) &&
+        store_.has_room(Tier::kHbm, bytes)) {
+      destination = Tier::kHbm;
+    }
     if (!in_host_memory(destination) || !store_.has_room(destination, bytes)) continue;
     auto locations = store_.begin_move(key, destination);
     if (!locations.is_ok()) continue;

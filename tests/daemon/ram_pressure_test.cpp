@@ -317,5 +317,48 @@ TEST_F(NvmeRamPressureTest, ALoadThatFindsNoSlotToReadIntoWaitsForOne) {
   EXPECT_TRUE(NoLeakedSlots(*stats, block_bytes()));
 }
 
+// The host backend's HBM is host memory too: a Load of more NVMe blocks than RAM has
+// slots reads the rest into HBM's free slots. Reading into RAM only, the Load waited
+// for slots that only its own pins kept full, until nvme-load-wait-ms ran out.
+class NvmeLoadLargerThanRamTest : public HandlerTest {
+ protected:
+  static constexpr uint32_t kBlocks = 40;  // RAM 32 slots + HBM 16 slots hold them
+  DaemonConfig daemon_config() const override {
+    DaemonConfig config = inprocess_config();
+    config.hbm_bytes = 512ull << 10;
+    config.ram_bytes = 1ull << 20;
+    config.nvme_bytes = 8ull << 20;
+    config.nvme_load_wait_ms = 3'000;  // what a Load that cannot finish waits
+    return config;
+  }
+  PagedCacheShape shape() const override { return integration::small_shape(/*num_blocks=*/96); }
+};
+
+TEST_F(NvmeLoadLargerThanRamTest, ReadsIntoHbmWhenRamIsFullAndLoadsEveryBlock) {
+  const auto hashes = PagedCache::chain_hashes("long", kBlocks);
+  ASSERT_TRUE(save_hashes(*engine_, "long", hashes, 0).is_ok());
+  ASSERT_TRUE(wait_until_settled().is_ok());
+  auto drained = engine_->client->drain();
+  ASSERT_TRUE(drained.is_ok()) << drained.status().to_string();
+  auto on_nvme = daemon_->wait_for_stats(
+      [&](const StatsInfo& s) {
+        const TierStatsInfo* nvme = integration::find_tier(s, Tier::kNvme);
+        return nvme != nullptr && nvme->blocks == kBlocks && s.copies_in_flight == 0 &&
+               integration::total_blocks(s) == kBlocks;
+      },
+      integration::kDeadline);
+  ASSERT_TRUE(on_nvme.is_ok()) << on_nvme.status().to_string();
+
+  const auto refs = Engine::refs(hashes, 48);
+  engine_->cache.wipe();
+  auto loaded = engine_->client->load("long", refs);
+  ASSERT_TRUE(loaded.is_ok()) << loaded.status().to_string();
+  EXPECT_EQ(loaded->loaded_count, kBlocks) << loaded->stop_reason.to_string();
+  EXPECT_EQ(engine_->count_verified(refs, kBlocks), kBlocks);
+  auto stats = wait_until_settled();
+  ASSERT_TRUE(stats.is_ok()) << stats.status().to_string();
+  EXPECT_TRUE(NoLeakedSlots(*stats, block_bytes()));
+}
+
 }  // namespace
 }  // namespace kvtier::daemon
