@@ -160,7 +160,8 @@ class Simulation {
       store_.add_ref(key);
       holders_[key].push_back(request.session);
     }
-    apply(planner_.plan_demotions(sessions_, store_));
+    // As kvtierd does after a Save (prefetch stays with the periodic plans).
+    apply(planner_.plan_demotions(sessions_, store_, policy::Planner::PlanKind::kAfterSave));
   }
 
   bool store_new_block(const BlockKey& key, uint64_t now_ms) {

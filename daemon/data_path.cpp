@@ -328,7 +328,7 @@ void Service::plan_soon() {
   plan_posted_ = true;
   asio::post(io_, [this] {
     plan_posted_ = false;
-    run_planner();
+    run_planner(policy::Planner::PlanKind::kAfterSave);
   });
 }
 
@@ -351,15 +351,17 @@ Status Service::handle_lookup(const ConnectionPtr& c, EngineContext& engine, uin
   return Status::ok();
 }
 
-void Service::run_planner() {
+void Service::run_planner(policy::Planner::PlanKind kind) {
   if (stopping_ || store_ == nullptr) return;
-  mover_->apply(planner_.plan_demotions(sessions_, *view_));
+  mover_->apply(planner_.plan_demotions(sessions_, *view_, kind));
   flush_sessions(/*sync=*/false);
   mover_->release_slots();
   resume_parked_saves();  // also answers those whose wait is over
+  // The period is kept whatever Saves do: a stream of them does not postpone it.
+  if (kind != policy::Planner::PlanKind::kPeriodic) return;
   plan_timer_.expires_after(std::chrono::milliseconds(config_.plan_interval_ms));
   plan_timer_.async_wait([this](const boost::system::error_code& ec) {
-    if (!ec) run_planner();
+    if (!ec) run_planner(policy::Planner::PlanKind::kPeriodic);
   });
 }
 

@@ -226,7 +226,8 @@ class Service final : public ipc::RequestHandler {
                           const BlockLocation& slot, bool to_engine);
   // Submits `batch`; `done` runs later on the control thread.
   Status submit_copy(CopyBatch batch, std::function<void(Status)> done);
-  void run_planner();
+  // Plans and applies the moves; a periodic plan also arms the next one.
+  void run_planner(policy::Planner::PlanKind kind);
   // Runs the planner once the current handlers are done (coalesces post-Save plans).
   void plan_soon();
   // The moves' executor reports blocks that left the store (evicted, or lost: their

@@ -113,7 +113,7 @@ void Service::on_fill_done(const Status& status, double seconds) {
   }
   ready_ = true;
   startup_->expiry_timer.cancel();
-  run_planner();
+  run_planner(policy::Planner::PlanKind::kPeriodic);  // and every plan-interval-ms after
   if (ready_callback_) ready_callback_();
   resume_all_deferred();
 }

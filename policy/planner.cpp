@@ -62,13 +62,15 @@ void Planner::set_config(const PlannerConfig& config) {
   *idle_scan_ = detail::IdleScan{};  // thresholds may have changed: look at every session again
 }
 
-std::vector<Move> Planner::plan_demotions(const SessionTable& sessions,
-                                          const PlacementView& view) const {
+std::vector<Move> Planner::plan_demotions(const SessionTable& sessions, const PlacementView& view,
+                                          PlanKind kind) const {
   detail::PlanContext ctx(config_, cost_, sessions, view, clock_.now_ms());
   detail::PlanState plan(view);
   if (config_.mode != PolicyMode::kLru) detail::demote_idle_sessions(ctx, plan, *idle_scan_);
   detail::relieve_pressure(ctx, plan);
-  if (config_.mode == PolicyMode::kPredictive) detail::prefetch_predicted_returns(ctx, plan);
+  if (config_.mode == PolicyMode::kPredictive && kind == PlanKind::kPeriodic) {
+    detail::prefetch_predicted_returns(ctx, plan);
+  }
   return record(plan.take_moves());
 }
 

@@ -154,12 +154,16 @@ class Planner {
   const CostModel& cost_model() const { return cost_; }
 
   // Periodic and after-save planning: idle demotions, watermark demotions and
-  // evictions, drops and (kPredictive) prefetch — every rule of the mode but BeginTurn.
-  // Its cost follows what changed, not what is held: idle demotion looks only at
-  // sessions that crossed a threshold since the last call (it remembers how far it
-  // got), pressure at the blocks of the tiers over their watermarks, prefetch at the
-  // most recently active idle sessions.
-  std::vector<Move> plan_demotions(const SessionTable& sessions, const PlacementView& view) const;
+  // evictions, drops and (kPredictive, periodic plans only) prefetch — every rule of the
+  // mode but BeginTurn. Its cost follows what changed, not what is held: idle demotion
+  // looks only at sessions that crossed a threshold since the last call (it remembers
+  // how far it got), pressure at the blocks of the tiers over their watermarks,
+  // prefetch at the most recently active idle sessions (up to 1024, each one's return
+  // probability computed). Prefetch spends a share of one plan interval's read
+  // bandwidth, so it runs once per interval: a plan after a Save leaves it out.
+  enum class PlanKind { kPeriodic, kAfterSave };
+  std::vector<Move> plan_demotions(const SessionTable& sessions, const PlacementView& view,
+                                   PlanKind kind = PlanKind::kPeriodic) const;
 
   // A planned move of `key` did not happen (its copy failed, or the tier could not
   // take it then): idle demotion looks at the idle sessions holding it again next plan.
