@@ -66,9 +66,9 @@ Result<policy::Session*> Service::find_session_for_admin(const std::string& sess
 }
 
 Status Service::handle_get_session(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
-                                   wire::GetSession::Reader request) {
-  const std::string session_id = request.getSessionId().cStr();
-  std::string namespace_name = request.getNamespaceName().cStr();
+                                   const SessionTarget& request) {
+  const std::string& session_id = request.session_id;
+  std::string namespace_name = request.namespace_name;
   KVTIER_RETURN_IF_ERROR(check_session_id(session_id));
   if (namespace_name.empty()) namespace_name = engine.namespace_name;
   if (namespace_name != engine.namespace_name) {
@@ -84,17 +84,17 @@ Status Service::handle_get_session(const ConnectionPtr& c, EngineContext& engine
 }
 
 Status Service::handle_evict(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
-                             wire::Evict::Reader request) {
+                             const EvictRequest& request) {
   KVTIER_RETURN_IF_ERROR(require_admin(engine, c->peer(), config_, "evict"));
-  const std::string session_id = request.getSessionId().cStr();
-  const std::string namespace_name = request.getNamespaceName().cStr();
+  const std::string& session_id = request.target.session_id;
+  const std::string& namespace_name = request.target.namespace_name;
   std::vector<std::pair<uint32_t, std::string>> targets;
   if (!session_id.empty()) {
     auto session = find_session_for_admin(session_id, namespace_name);
     if (!session.is_ok()) return session.status();
     targets.emplace_back((*session)->namespace_id, (*session)->id);
   } else {
-    const uint64_t idle_over_ms = request.getIdleOverMs();
+    const uint64_t idle_over_ms = request.idle_over_ms;
     if (idle_over_ms == 0) return invalid_argument("give a sessionId or an idleOverMs above 0");
     const uint64_t now = now_ms();
     sessions_.for_each([&](const policy::Session& session) {
@@ -154,11 +154,10 @@ Status Service::handle_evict(const ConnectionPtr& c, EngineContext& engine, uint
 }
 
 Status Service::handle_pin(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
-                           wire::Pin::Reader request) {
-  const bool pin = request.getPinned();
+                           const PinRequest& request) {
+  const bool pin = request.pinned;
   KVTIER_RETURN_IF_ERROR(require_admin(engine, c->peer(), config_, pin ? "pin" : "unpin"));
-  auto session =
-      find_session_for_admin(request.getSessionId().cStr(), request.getNamespaceName().cStr());
+  auto session = find_session_for_admin(request.target.session_id, request.target.namespace_name);
   if (!session.is_ok()) return session.status();
   const std::pair<uint32_t, std::string> key{(*session)->namespace_id, (*session)->id};
   uint32_t held = 0;

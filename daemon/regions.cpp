@@ -56,9 +56,7 @@ std::string uuid_list(const std::vector<GpuInfo>& gpus) {
 }  // namespace
 
 Status Service::handle_register_region(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
-                                       wire::RegisterRegion::Reader region,
-                                       std::vector<UniqueFd> fds) {
-  const uint32_t region_id = region.getRegionId();
+                                       uint32_t region_id, RegionHandle region) {
   if (engine.regions.count(region_id) != 0) {
     return invalid_argument("regionId {} is already registered on this connection", region_id);
   }
@@ -75,8 +73,7 @@ Status Service::handle_register_region(const ConnectionPtr& c, EngineContext& en
                           [&](const PlaneLayout& p) { return p.region_id == region_id; });
   if (!used)
     return invalid_argument("regionId {} is not named by any plane of the layout", region_id);
-  auto handle = decode_register_region(region, std::move(fds));
-  if (!handle.is_ok()) return handle.status();
+  RegionHandle* handle = &region;  // decoded at the boundary (decode_register_region)
   const bool cuda_kind = handle->kind != RegionHandle::Kind::kMemfd;
   // Well-formed regions of a kind this backend does not serve: NotSupported.
   if (cuda_kind && backend_kind_ != wire::DeviceKind::CUDA) {

@@ -149,4 +149,28 @@ Result<RegionHandle> decode_register_region(wire::RegisterRegion::Reader region,
   return invalid_argument("kind {} is not a known region kind", static_cast<int>(region.getKind()));
 }
 
+HelloRequest decode_hello(wire::Hello::Reader hello, const LayoutLimits& limits) {
+  HelloRequest out;
+  out.protocol_version = hello.getProtocolVersion();
+  out.engine_name = hello.getEngineName().cStr();
+  out.device_kind = hello.getDeviceKind();
+  out.layout = EngineLayout::from_wire(hello.getLayout(), limits);
+  out.tokens_per_block = hello.getLayout().getTokensPerBlock();
+  out.prefill_tokens_per_second = hello.getPrefillTokensPerSecond();
+  return out;
+}
+
+SessionTarget decode_get_session(wire::GetSession::Reader request) {
+  return {request.getSessionId().cStr(), request.getNamespaceName().cStr()};
+}
+
+EvictRequest decode_evict(wire::Evict::Reader request) {
+  return {{request.getSessionId().cStr(), request.getNamespaceName().cStr()},
+          request.getIdleOverMs()};
+}
+
+PinRequest decode_pin(wire::Pin::Reader request) {
+  return {{request.getSessionId().cStr(), request.getNamespaceName().cStr()}, request.getPinned()};
+}
+
 }  // namespace kvtier::daemon

@@ -13,6 +13,7 @@
 #include "common/unique_fd.h"
 #include "cuda/device.h"
 #include "daemon/engines.h"
+#include "daemon/layout.h"
 #include "schema/kvtier.capnp.h"
 
 namespace kvtier::daemon {
@@ -37,6 +38,36 @@ Result<BlockListRequest> decode_block_list(const EngineContext& engine, uint32_t
 // Lookup: at most `max_blocks` hashes of 1..32 bytes each.
 Result<std::vector<BlockHash>> decode_lookup(uint32_t max_blocks,
                                              capnp::List<capnp::Data>::Reader hashes);
+
+// Hello, copied out. The layout is parsed here; its error is kept (not returned) so the
+// handler still answers the checks that come before it in their order (protocol
+// version, engine name, device kind).
+struct HelloRequest {
+  uint32_t protocol_version = 0;
+  std::string engine_name;
+  wire::DeviceKind device_kind = wire::DeviceKind::HOST;
+  Result<EngineLayout> layout = internal_error("no layout decoded");
+  uint32_t tokens_per_block = 0;
+  double prefill_tokens_per_second = 0;
+};
+HelloRequest decode_hello(wire::Hello::Reader hello, const LayoutLimits& limits);
+
+// The session an operator request names, and the request's other fields.
+struct SessionTarget {
+  std::string session_id;      // may be empty (Evict by idle time)
+  std::string namespace_name;  // empty: the caller's, or wherever the id is (admin)
+};
+struct EvictRequest {
+  SessionTarget target;
+  uint64_t idle_over_ms = 0;  // with no session id: every session idle longer than this
+};
+struct PinRequest {
+  SessionTarget target;
+  bool pinned = false;
+};
+SessionTarget decode_get_session(wire::GetSession::Reader request);
+EvictRequest decode_evict(wire::Evict::Reader request);
+PinRequest decode_pin(wire::Pin::Reader request);
 
 // RegisterRegion's fields checked against each other and the descriptors that came
 // with it (`fds`, taken): sizeBytes in 1..kMaxRegionBytes, a memfd with one descriptor

@@ -253,10 +253,17 @@ Status Service::dispatch(const ConnectionPtr& c, EngineContext& engine,
     return invalid_argument("send Hello first: this connection has not declared its layout");
   }
   switch (which) {
-    case wire::Request::HELLO:
-      return handle_hello(c, engine, id, request.getHello());
-    case wire::Request::REGISTER_REGION:
-      return handle_register_region(c, engine, id, request.getRegisterRegion(), std::move(fds));
+    case wire::Request::HELLO: {
+      LayoutLimits limits;
+      limits.max_block_bytes = std::min<uint64_t>(limits.max_block_bytes, config_.slab_bytes);
+      return handle_hello(c, engine, id, decode_hello(request.getHello(), limits));
+    }
+    case wire::Request::REGISTER_REGION: {
+      auto region = decode_register_region(request.getRegisterRegion(), std::move(fds));
+      if (!region.is_ok()) return region.status();
+      return handle_register_region(c, engine, id, request.getRegisterRegion().getRegionId(),
+                                    std::move(*region));
+    }
     case wire::Request::UNREGISTER_REGION:
       return handle_unregister_region(c, engine, id, request.getUnregisterRegion().getRegionId());
     case wire::Request::SAVE: {
@@ -288,11 +295,11 @@ Status Service::dispatch(const ConnectionPtr& c, EngineContext& engine,
     case wire::Request::LIST_SESSIONS:
       return handle_list_sessions(c, engine, id, request.getListSessions().getAllNamespaces());
     case wire::Request::GET_SESSION:
-      return handle_get_session(c, engine, id, request.getGetSession());
+      return handle_get_session(c, engine, id, decode_get_session(request.getGetSession()));
     case wire::Request::EVICT:
-      return handle_evict(c, engine, id, request.getEvict());
+      return handle_evict(c, engine, id, decode_evict(request.getEvict()));
     case wire::Request::PIN:
-      return handle_pin(c, engine, id, request.getPin());
+      return handle_pin(c, engine, id, decode_pin(request.getPin()));
     case wire::Request::DRAIN:
       return handle_drain(c, engine, id);
     case wire::Request::GET_CONFIG:
@@ -322,42 +329,40 @@ void Service::reply_error(const ConnectionPtr& connection, uint64_t id, const St
 }
 
 Status Service::handle_hello(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
-                             wire::Hello::Reader hello) {
+                             HelloRequest hello) {
   if (engine.hello_done) return invalid_argument("Hello was already sent on this connection");
-  if (hello.getProtocolVersion() != wire::PROTOCOL_VERSION) {
+  if (hello.protocol_version != wire::PROTOCOL_VERSION) {
     return invalid_argument("protocolVersion {} is not supported; this daemon speaks version {}",
-                            hello.getProtocolVersion(), wire::PROTOCOL_VERSION);
+                            hello.protocol_version, wire::PROTOCOL_VERSION);
   }
-  if (hello.getEngineName().size() > 128)
+  if (hello.engine_name.size() > 128)
     return invalid_argument("engineName is longer than 128 bytes");
-  if (hello.getDeviceKind() != backend_kind_) {
+  if (hello.device_kind != backend_kind_) {
     if (backend_kind_ == wire::DeviceKind::HOST) {
       return not_supported(
           "deviceKind {}: this kvtierd runs the host backend and takes memfd regions only (GPU "
           "regions need a kvtierd started with --device cuda on a GPU machine)",
-          device_kind_name(hello.getDeviceKind()));
+          device_kind_name(hello.device_kind));
     }
     return not_supported(
         "deviceKind {}: this kvtierd runs the cuda backend ({}) and takes GPU regions only "
         "(cudaIpc, cudaVmmFd)",
-        device_kind_name(hello.getDeviceKind()), device_->name());
+        device_kind_name(hello.device_kind), device_->name());
   }
-  LayoutLimits limits;
-  limits.max_block_bytes = std::min<uint64_t>(limits.max_block_bytes, config_.slab_bytes);
-  auto layout = EngineLayout::from_wire(hello.getLayout(), limits);
+  auto& layout = hello.layout;
   if (!layout.is_ok()) return layout.status();
   LayoutKey key{engine.namespace_id, layout->digest};
   KVTIER_RETURN_IF_ERROR(store_->register_layout(key, layout->block_bytes));
   // The cost model weighs reload against recompute per layout; an engine that does
   // not report a plausible prefill speed gets the configured one (an absurd one would
   // make every block look cheaper to recompute than to keep).
-  const double prefill = hello.getPrefillTokensPerSecond();
+  const double prefill = hello.prefill_tokens_per_second;
   planner_.set_layout_cost(
-      key, {hello.getLayout().getTokensPerBlock(),
+      key, {hello.tokens_per_block,
             std::isfinite(prefill) && prefill > 0 && prefill < 1e9 ? prefill : 0.0});
   engine.layout = std::move(*layout);
   engine.layout_key = key;
-  engine.engine_name = hello.getEngineName().cStr();
+  engine.engine_name = std::move(hello.engine_name);
   engine.hello_done = true;
   KVTIER_LOG_INFO(
       "engine '{}' (pid {}, namespace {}) joined: model {}, {} planes, {} bytes per block",

@@ -141,10 +141,10 @@ class Service final : public ipc::RequestHandler {
   void finish_register_region(const ConnectionPtr& c, uint64_t id, uint32_t region_id,
                               int gpu_index, Result<std::shared_ptr<Memory>> memory);
   Status handle_hello(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
-                      wire::Hello::Reader hello);
+                      HelloRequest hello);
   // regions.cpp: engine regions in and out.
   Status handle_register_region(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
-                                wire::RegisterRegion::Reader region, std::vector<UniqueFd> fds);
+                                uint32_t region_id, RegionHandle region);
   // Replies once the daemon's mapping of the region is closed: at once when no copy
   // holds it, else when the last copy that does has completed.
   Status handle_unregister_region(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
@@ -173,11 +173,11 @@ class Service final : public ipc::RequestHandler {
 
   // admin.cpp: kvtierctl's requests; the admin ones refuse non-admins.
   Status handle_get_session(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
-                            wire::GetSession::Reader request);
+                            const SessionTarget& request);
   Status handle_evict(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
-                      wire::Evict::Reader request);
+                      const EvictRequest& request);
   Status handle_pin(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
-                    wire::Pin::Reader request);
+                    const PinRequest& request);
   Status handle_drain(const ConnectionPtr& c, EngineContext& engine, uint64_t id);
   Status handle_get_config(const ConnectionPtr& c, EngineContext& engine, uint64_t id);
   // The session an admin request names: in `namespace_name`, or wherever the id is
