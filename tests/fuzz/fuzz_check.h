@@ -10,6 +10,8 @@
 #include <span>
 #include <string_view>
 
+#include "common/status.h"
+
 #define KVTIER_FUZZ_CHECK(cond, ...)                                                    \
   do {                                                                                  \
     if (!(cond)) {                                                                      \
@@ -51,6 +53,13 @@ inline bool names_one_of(std::string_view message, std::initializer_list<std::st
     if (message.find(field) != std::string_view::npos) return true;
   }
   return false;
+}
+
+// A refusal is InvalidArgument and its message names one of `fields`.
+inline void refused_naming(const Status& refused, std::initializer_list<std::string_view> fields) {
+  KVTIER_FUZZ_CHECK(refused.code() == StatusCode::kInvalidArgument, "%s",
+                    refused.to_string().c_str());
+  KVTIER_FUZZ_CHECK(names_one_of(refused.message(), fields), "%s", refused.message().c_str());
 }
 
 }  // namespace kvtier::fuzz

@@ -24,6 +24,7 @@ using namespace kvtier;
 using namespace kvtier::daemon;
 using kvtier::fuzz::Input;
 using kvtier::fuzz::names_one_of;
+using kvtier::fuzz::refused_naming;
 
 namespace {
 
@@ -68,10 +69,7 @@ void check_layout(wire::Layout::Reader wire_layout, Input& input) {
   limits.max_planes = 64;
   auto layout = EngineLayout::from_wire(wire_layout, limits);
   if (!layout.is_ok()) {
-    KVTIER_FUZZ_CHECK(layout.status().code() == StatusCode::kInvalidArgument, "%s",
-                      layout.status().to_string().c_str());
-    KVTIER_FUZZ_CHECK(names_one_of(layout.status().message(), {"layout"}), "%s",
-                      layout.status().message().c_str());
+    refused_naming(layout.status(), {"layout"});
     return;
   }
   uint64_t sum = 0;
@@ -138,10 +136,7 @@ void check_block_list(capnp::Text::Reader session, capnp::List<wire::BlockRef>::
   const EngineContext& engine = fixed_engine();
   auto decoded = decode_block_list(engine, max_blocks, session, blocks, kind);
   if (!decoded.is_ok()) {
-    KVTIER_FUZZ_CHECK(decoded.status().code() == StatusCode::kInvalidArgument, "%s",
-                      decoded.status().to_string().c_str());
-    KVTIER_FUZZ_CHECK(names_one_of(decoded.status().message(), {"sessionId", "blocks"}), "%s",
-                      decoded.status().message().c_str());
+    refused_naming(decoded.status(), {"sessionId", "blocks"});
     return;
   }
   KVTIER_FUZZ_CHECK(decoded->hashes.size() == blocks.size() &&
@@ -180,10 +175,7 @@ void check_block_list(capnp::Text::Reader session, capnp::List<wire::BlockRef>::
 void check_lookup(capnp::List<capnp::Data>::Reader hashes, uint32_t max_blocks) {
   auto decoded = decode_lookup(max_blocks, hashes);
   if (!decoded.is_ok()) {
-    KVTIER_FUZZ_CHECK(decoded.status().code() == StatusCode::kInvalidArgument, "%s",
-                      decoded.status().to_string().c_str());
-    KVTIER_FUZZ_CHECK(names_one_of(decoded.status().message(), {"hashes"}), "%s",
-                      decoded.status().message().c_str());
+    refused_naming(decoded.status(), {"hashes"});
     return;
   }
   KVTIER_FUZZ_CHECK(decoded->size() == hashes.size() && hashes.size() <= max_blocks, "count");
@@ -199,12 +191,8 @@ void check_lookup(capnp::List<capnp::Data>::Reader hashes, uint32_t max_blocks) 
 void check_register_region(wire::RegisterRegion::Reader region, size_t fd_count) {
   auto decoded = decode_register_region(region, std::vector<UniqueFd>(fd_count));
   if (!decoded.is_ok()) {
-    KVTIER_FUZZ_CHECK(decoded.status().code() == StatusCode::kInvalidArgument, "%s",
-                      decoded.status().to_string().c_str());
-    KVTIER_FUZZ_CHECK(names_one_of(decoded.status().message(),
-                                   {"sizeBytes", "offsetBytes", "chunkBytes", "fdCount",
-                                    "descriptor", "ipcHandle", "gpuUuid", "kind"}),
-                      "%s", decoded.status().message().c_str());
+    refused_naming(decoded.status(), {"sizeBytes", "offsetBytes", "chunkBytes", "fdCount",
+                                      "descriptor", "ipcHandle", "gpuUuid", "kind"});
     return;
   }
   const RegionHandle& handle = *decoded;

@@ -88,24 +88,4 @@ void fill_save(wire::Request::Builder request, const std::string& session,
   }
 }
 
-void fill_layout(wire::Layout::Builder out, const LayoutSpec& layout) {
-  out.setModelId(layout.model_id);
-  out.setNumLayers(layout.num_layers);
-  out.setNumKvHeads(layout.num_kv_heads);
-  out.setHeadDim(layout.head_dim);
-  out.setDtype(layout.dtype);
-  out.setTokensPerBlock(layout.tokens_per_block);
-  out.setTpRank(layout.tp_rank);
-  out.setTpSize(layout.tp_size);
-  out.setNumBlocks(layout.num_blocks);
-  out.setExtraKey(layout.extra_key);
-  auto planes = out.initPlanes(static_cast<unsigned>(layout.planes.size()));
-  for (size_t i = 0; i < layout.planes.size(); ++i) {
-    planes[i].setRegionId(layout.planes[i].region_id);
-    planes[i].setOffsetBytes(layout.planes[i].offset_bytes);
-    planes[i].setStrideBytes(layout.planes[i].stride_bytes);
-    planes[i].setBytesPerBlock(layout.planes[i].bytes_per_block);
-  }
-}
-
 }  // namespace kvtier::integration

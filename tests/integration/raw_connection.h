@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "client/client.h"
+#include "client/client_wire.h"
 #include "ipc/client_transport.h"
 #include "schema/kvtier.capnp.h"
 
@@ -51,8 +52,8 @@ class RawConnection {
   ipc::ClientTransport transport_;
 };
 
-// Writes `layout` into a wire Layout, as Client::hello does.
-void fill_layout(wire::Layout::Builder out, const LayoutSpec& layout);
+// Writes `layout` into a wire Layout: Client::hello's own.
+using ::kvtier::fill_layout;
 // Writes a Save of `refs` to `session` into a wire Request, as Client::save does.
 void fill_save(wire::Request::Builder request, const std::string& session,
                std::span<const BlockRef> refs, bool end_of_turn);
