@@ -334,6 +334,7 @@ void Service::plan_soon() {
 
 Status Service::handle_lookup(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
                               const std::vector<BlockHash>& hashes) {
+  store_->prefetch(engine.layout_key, hashes);
   std::vector<Tier> tiers;
   for (const BlockHash& hash : hashes) {
     auto info = store_->lookup({engine.layout_key, hash});

@@ -47,6 +47,7 @@ Status Service::handle_load(const ConnectionPtr& c, EngineContext& engine, uint6
   }
   auto load = std::make_shared<PendingLoad>();
   std::vector<BlockKey> to_read;
+  store_->prefetch(engine.layout_key, request.hashes);
   for (size_t i = 0; i < request.hashes.size(); ++i) {
     BlockKey key{engine.layout_key, request.hashes[i]};
     auto info = store_->lookup(key);

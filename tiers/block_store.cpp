@@ -102,16 +102,15 @@ Result<std::optional<PendingWrite>> BlockStore::reserve(const BlockKey& key,
     if (!tier.slabs.can_allocate(table.block_bytes)) continue;
     Result<uint64_t> offset = tier.slabs.allocate(table.block_bytes, preferred_part);
     if (!offset.is_ok()) return offset.status();  // can_allocate said yes: a bug
-    auto [node, inserted] = table.blocks.try_emplace(key.hash);
-    Entry& entry = node->second;
-    entry.location = BlockLocation{tier.tier, *offset};
+    Entry& entry = *table.blocks.try_emplace(key.hash, relocated(layout->first)).first;
+    entry.set_location(BlockLocation{tier.tier, *offset});
     entry.last_access_ms = now_ms;
     entry.state = BlockState::kWriting;
-    add_resident(layout->first, node->first, entry);
+    add_resident(layout->first, entry);
     change_pins(entry, +1);  // the writer's pin
     ++tier.blocks;
     ++block_count_;
-    return std::optional<PendingWrite>(PendingWrite(*anchor_, key, entry.location));
+    return std::optional<PendingWrite>(PendingWrite(*anchor_, key, entry.location()));
   }
   return resource_exhausted("no room for a {}-byte block in allowed tiers [{}]", table.block_bytes,
                             tier_list(allowed));
@@ -136,18 +135,24 @@ void BlockStore::abort_write(const BlockKey& key) {
     return;
   }
   change_pins(*entry, -static_cast<int>(entry->pins));
-  LayoutTable& table = layouts_.find(key.layout)->second;
-  release_slot(key, entry->location, table.block_bytes);
-  --tier_state(entry->location.tier)->blocks;
+  auto layout = layouts_.find(key.layout);
+  release_slot(key, entry->location(), layout->second.block_bytes);
+  --tier_state(entry->tier)->blocks;
   --block_count_;
   remove_resident(*entry);
-  table.blocks.erase(key.hash);
+  layout->second.blocks.erase(entry, relocated(layout->first));
+}
+
+void BlockStore::prefetch(const LayoutKey& layout, std::span<const BlockHash> hashes) const {
+  auto it = layouts_.find(layout);
+  if (it == layouts_.end()) return;
+  for (const BlockHash& hash : hashes) it->second.blocks.prefetch(hash);
 }
 
 std::optional<BlockInfo> BlockStore::lookup(const BlockKey& key) const {
   const Entry* entry = find(key);
   if (entry == nullptr || entry->state == BlockState::kWriting) return std::nullopt;
-  return BlockInfo{entry->state, entry->location, entry->pins, entry->session_refs,
+  return BlockInfo{entry->state, entry->location(), entry->pins, entry->session_refs,
                    entry->last_access_ms};
 }
 
@@ -159,7 +164,7 @@ PinnedBlock BlockStore::pin(const BlockKey& key, uint64_t now_ms) {
   if (entry->pins == std::numeric_limits<decltype(entry->pins)>::max()) return {};
   change_pins(*entry, +1);
   entry->last_access_ms = now_ms;
-  return PinnedBlock(*anchor_, key, entry->location);
+  return PinnedBlock(*anchor_, key, entry->location());
 }
 
 void BlockStore::unpin(const BlockKey& key) {
@@ -184,7 +189,7 @@ Result<std::pair<BlockLocation, BlockLocation>> BlockStore::begin_move(const Blo
   if (entry->state != BlockState::kReady) {
     return invalid_argument("block {} is not ready (being written or moved)", key.hash.to_hex());
   }
-  if (entry->location.tier == to) {
+  if (entry->tier == to) {
     return invalid_argument("block {} is already in tier {}", key.hash.to_hex(), tier_name(to));
   }
   if (deferred_frees_.contains(key)) {
@@ -211,7 +216,7 @@ Result<std::pair<BlockLocation, BlockLocation>> BlockStore::begin_move(const Blo
   entry->state = BlockState::kMoving;
   change_pins(*entry, +1);  // the mover's pin keeps the source slot alive
   move_targets_[key] = target;
-  return std::pair(entry->location, target);
+  return std::pair(entry->location(), target);
 }
 
 void BlockStore::finish_move(const BlockKey& key, bool ok) {
@@ -230,16 +235,12 @@ void BlockStore::finish_move(const BlockKey& key, bool ok) {
     release_slot(key, target, bytes);
     return;
   }
-  const BlockLocation old = entry->location;
+  const BlockLocation old = entry->location();
   --tier_state(old.tier)->blocks;
   ++tier_state(target.tier)->blocks;
   remove_resident(*entry);
-  entry->location = target;
-  {
-    auto layout = layouts_.find(key.layout);
-    auto node = layout->second.blocks.find(key.hash);
-    add_resident(layout->first, node->first, *entry);
-  }
+  entry->set_location(target);
+  add_resident(layouts_.find(key.layout)->first, *entry);
   // Readers that pinned the block before the switch still read the old slot.
   if (entry->pins > 0) {
     deferred_frees_[key] = old;
@@ -251,15 +252,14 @@ void BlockStore::finish_move(const BlockKey& key, bool ok) {
 bool BlockStore::evict(const BlockKey& key) {
   auto layout = layouts_.find(key.layout);
   if (layout == layouts_.end()) return false;
-  auto it = layout->second.blocks.find(key.hash);
-  if (it == layout->second.blocks.end()) return false;
-  Entry& entry = it->second;
-  if (entry.state != BlockState::kReady || entry.pins > 0) return false;
-  release_slot(key, entry.location, layout->second.block_bytes);
-  --tier_state(entry.location.tier)->blocks;
+  Entry* entry = layout->second.blocks.find(key.hash);
+  if (entry == nullptr) return false;
+  if (entry->state != BlockState::kReady || entry->pins > 0) return false;
+  release_slot(key, entry->location(), layout->second.block_bytes);
+  --tier_state(entry->tier)->blocks;
   --block_count_;
-  remove_resident(entry);
-  layout->second.blocks.erase(it);
+  remove_resident(*entry);
+  layout->second.blocks.erase(entry, relocated(layout->first));
   return true;
 }
 
@@ -277,12 +277,11 @@ Status BlockStore::insert_recovered(const BlockKey& key, const BlockLocation& lo
   if (tier == nullptr)
     return invalid_argument("tier {} is not configured", tier_name(location.tier));
   KVTIER_RETURN_IF_ERROR(tier->slabs.allocate_at(location.offset, layout->second.block_bytes));
-  auto [node, inserted] = layout->second.blocks.try_emplace(key.hash);
-  Entry& entry = node->second;
-  entry.location = location;
+  Entry& entry = *layout->second.blocks.try_emplace(key.hash, relocated(layout->first)).first;
+  entry.set_location(location);
   entry.last_access_ms = last_access_ms;
   entry.state = BlockState::kReady;
-  add_resident(layout->first, node->first, entry);
+  add_resident(layout->first, entry);
   ++tier->blocks;
   ++block_count_;
   return Status::ok();
@@ -290,7 +289,7 @@ Status BlockStore::insert_recovered(const BlockKey& key, const BlockLocation& lo
 
 void BlockStore::reserve_blocks(const LayoutKey& layout, size_t blocks) {
   auto it = layouts_.find(layout);
-  if (it != layouts_.end()) it->second.blocks.reserve(blocks);
+  if (it != layouts_.end()) it->second.blocks.reserve(blocks, relocated(it->first));
 }
 
 std::vector<BlockStore::PendingRelease> BlockStore::take_pending_releases() {
@@ -324,20 +323,19 @@ void BlockStore::for_each_in_tier(
   for (const TierState::Resident& resident : state->residents) {
     const Entry& entry = *resident.entry;
     if (entry.state == BlockState::kWriting) continue;
-    fn(BlockKey{*resident.layout, *resident.hash},
-       BlockInfo{entry.state, entry.location, entry.pins, entry.session_refs,
-                 entry.last_access_ms});
+    fn(BlockKey{*resident.layout, entry.hash}, BlockInfo{entry.state, entry.location(), entry.pins,
+                                                         entry.session_refs, entry.last_access_ms});
   }
 }
 
-void BlockStore::add_resident(const LayoutKey& layout, const BlockHash& hash, Entry& entry) {
-  TierState* state = tier_state(entry.location.tier);
+void BlockStore::add_resident(const LayoutKey& layout, Entry& entry) {
+  TierState* state = tier_state(entry.tier);
   entry.resident_at = static_cast<uint32_t>(state->residents.size());
-  state->residents.push_back({&layout, &hash, &entry});
+  state->residents.push_back({&layout, &entry});
 }
 
 void BlockStore::remove_resident(Entry& entry) {
-  std::vector<TierState::Resident>& residents = tier_state(entry.location.tier)->residents;
+  std::vector<TierState::Resident>& residents = tier_state(entry.tier)->residents;
   const uint32_t at = entry.resident_at;
   residents[at] = residents.back();
   residents[at].entry->resident_at = at;
@@ -389,8 +387,7 @@ BlockStore::Entry* BlockStore::find(const BlockKey& key) {
 const BlockStore::Entry* BlockStore::find(const BlockKey& key) const {
   auto layout = layouts_.find(key.layout);
   if (layout == layouts_.end()) return nullptr;
-  auto it = layout->second.blocks.find(key.hash);
-  return it == layout->second.blocks.end() ? nullptr : &it->second;
+  return layout->second.blocks.find(key.hash);
 }
 
 BlockStore::TierState* BlockStore::tier_state(Tier tier) {

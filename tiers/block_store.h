@@ -45,6 +45,7 @@
 #include "common/block_key.h"
 #include "common/status.h"
 #include "cuda/device.h"
+#include "tiers/block_table.h"
 #include "tiers/slab_allocator.h"
 
 namespace kvtier {
@@ -221,6 +222,9 @@ class BlockStore {
 
   // Ready or moving blocks only (kWriting is invisible). nullopt when absent.
   std::optional<BlockInfo> lookup(const BlockKey& key) const;
+  // Starts loading what lookup/pin of these blocks read first, so a request naming many
+  // blocks waits for its cache misses together rather than one after another.
+  void prefetch(const LayoutKey& layout, std::span<const BlockHash> hashes) const;
   // Read-pins a visible block (its slot will not be freed or reused while the handle
   // is held) and refreshes its access time. An empty handle when the block is not
   // visible, or already holds as many pins as it can count.
@@ -295,17 +299,27 @@ class BlockStore {
   void commit_write(const BlockKey& key);
   void abort_write(const BlockKey& key);
 
+  // One block of the index. 64 bytes, so a slot of the BlockTable is one cache line.
   struct Entry {
-    BlockLocation location;
+    uint64_t offset = 0;  // of its slot in `tier`
     uint64_t last_access_ms = 0;
     uint32_t session_refs = 0;
+    uint32_t resident_at = 0;  // index in its tier's residents
     uint16_t pins = 0;
     BlockState state = BlockState::kWriting;
-    uint32_t resident_at = 0;  // index in its tier's residents
+    Tier tier = Tier::kNone;
+    BlockHash hash;  // the key
+
+    BlockLocation location() const { return {tier, offset}; }
+    void set_location(const BlockLocation& location) {
+      tier = location.tier;
+      offset = location.offset;
+    }
   };
+  static_assert(sizeof(Entry) == 64, "an index entry is one cache line");
   struct LayoutTable {
     uint64_t block_bytes = 0;
-    std::unordered_map<BlockHash, Entry, BlockHashHasher> blocks;
+    BlockTable<Entry> blocks;
   };
   struct TierState {
     Tier tier;
@@ -315,10 +329,10 @@ class BlockStore {
     bool confirm_release = false;
     uint64_t unconfirmed_bytes = 0;
     // The blocks (any state) whose location is in this tier, in no order: enumeration
-    // by tier costs what the tier holds, not what the store holds.
+    // by tier costs what the tier holds, not what the store holds. The index moves
+    // entries; it reports each move (relocated) and the pointer is updated.
     struct Resident {
-      const LayoutKey* layout;  // keys of node-based maps: stable until erased
-      const BlockHash* hash;
+      const LayoutKey* layout;  // the key of a node of layouts_: stable until erased
       Entry* entry;
     };
     std::vector<Resident> residents;
@@ -331,8 +345,14 @@ class BlockStore {
   void release_slot(const BlockKey& key, const BlockLocation& location, uint64_t block_bytes);
   void change_pins(Entry& entry, int delta);
   // Keep TierState::residents in step with Entry::location.tier.
-  void add_resident(const LayoutKey& layout, const BlockHash& hash, Entry& entry);
+  void add_resident(const LayoutKey& layout, Entry& entry);
   void remove_resident(Entry& entry);
+  // What the index calls for each entry it moved: the entry's resident follows it.
+  auto relocated(const LayoutKey& layout) {
+    return [this, &layout](Entry& entry) {
+      tier_state(entry.tier)->residents[entry.resident_at] = {&layout, &entry};
+    };
+  }
 
   std::vector<TierState> tiers_;
   std::unordered_map<LayoutKey, LayoutTable, LayoutKeyHasher> layouts_;
