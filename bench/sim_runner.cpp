@@ -3,10 +3,12 @@
 #include <algorithm>
 #include <chrono>
 #include <numeric>
+#include <optional>
 #include <queue>
 #include <unordered_map>
 
 #include "bench/report.h"
+#include "bench/sim_optimum.h"
 #include "bench/sim_store.h"
 #include "policy/clock.h"
 #include "policy/session_table.h"
@@ -37,6 +39,7 @@ class Simulation {
         store_(capacities(budget, policy), config.read_bytes_per_s, block_bytes_,
                trace.distinct_blocks) {
     planner_.set_layout_cost(kLayout, {trace.tokens_per_block, config.prefill_tokens_per_s});
+    if (policy == SimPolicy::kClairvoyant) clairvoyant_.emplace(trace, store_);
     result_.policy = policy;
     result_.budget = budget.name;
     result_.blocks_requested = trace.blocks_requested;
@@ -57,19 +60,30 @@ class Simulation {
     while (next_arrival < trace_.requests.size()) {
       const uint64_t arrival = trace_.requests[next_arrival].arrival_ms;
       const uint64_t end = turn_ends.empty() ? UINT64_MAX : turn_ends.top().at_ms;
-      if (end <= arrival && end <= next_tick) {
+      // The optimum also replans as soon as a move lands (the room it frees is used
+      // at once, not at the next tick).
+      const uint64_t landing =
+          clairvoyant_ && clairvoyant_->waiting() ? store_.next_landing_ms() : UINT64_MAX;
+      if (landing < arrival && landing < end && landing < next_tick) {
+        advance(landing);
+        clairvoyant_->rebalance(landing, config_.plan_interval_ms);
+      } else if (end <= arrival && end <= next_tick) {
         const size_t request = turn_ends.top().request;
         turn_ends.pop();
         end_turn(end, trace_.requests[request]);
       } else if (arrival <= next_tick) {
-        const double ttft = start_turn(arrival, trace_.requests[next_arrival]);
+        const double ttft = start_turn(arrival, next_arrival);
         const TraceRequest& r = trace_.requests[next_arrival];
         const double busy_ms = ttft + r.output_tokens * config_.decode_ms_per_token;
         turn_ends.push({arrival + static_cast<uint64_t>(busy_ms), next_arrival});
         ++next_arrival;
       } else {
         advance(next_tick);
-        apply(planner_.plan_demotions(sessions_, store_));
+        if (clairvoyant_) {
+          clairvoyant_->rebalance(next_tick, config_.plan_interval_ms);
+        } else {
+          apply(planner_.plan_demotions(sessions_, store_));
+        }
         next_tick += config_.plan_interval_ms;
       }
     }
@@ -109,7 +123,8 @@ class Simulation {
   }
 
   // Arrival: BeginTurn (session-aware policies), then the load; returns the TTFT.
-  double start_turn(uint64_t now_ms, const TraceRequest& request) {
+  double start_turn(uint64_t now_ms, size_t index) {
+    const TraceRequest& request = trace_.requests[index];
     advance(now_ms);
     policy::Session* session = sessions_.find(kLayout.namespace_id, session_id(request.session));
     if (session != nullptr && session_aware(policy_)) {
@@ -129,6 +144,7 @@ class Simulation {
       store_.touch(key, now_ms);
     }
     if (session != nullptr) sessions_.record_activity(*session);  // the Load names it
+    if (clairvoyant_) clairvoyant_->on_arrival(index);
     const double missed_tokens = static_cast<double>(request.input_tokens) -
                                  static_cast<double>(loaded) * trace_.tokens_per_block;
     const double ttft =
@@ -141,6 +157,21 @@ class Simulation {
   // End of turn: the engine saves the request's full blocks, then the planner runs.
   void end_turn(uint64_t now_ms, const TraceRequest& request) {
     advance(now_ms);
+    if (clairvoyant_) {
+      for (uint32_t k = 0; k < request.full_blocks; ++k) {
+        const uint64_t id = request.hash_ids[k];
+        if (store_.holds(key_of(id))) {
+          store_.touch(key_of(id), now_ms);
+          continue;
+        }
+        result_.bytes_saved += block_bytes_;
+        if (clairvoyant_->store(id, now_ms)) continue;
+        result_.bytes_saved -= block_bytes_;
+        break;  // as for the other policies: a prefix with a hole ends there
+      }
+      clairvoyant_->rebalance(now_ms, config_.plan_interval_ms);
+      return;
+    }
     std::vector<BlockHash> saved;
     for (uint32_t k = 0; k < request.full_blocks; ++k) {
       const BlockKey key = key_of(request.hash_ids[k]);
@@ -228,6 +259,12 @@ class Simulation {
   }
 
   void finish(double wall_seconds) {
+    if (clairvoyant_) {
+      result_.bytes_promoted = clairvoyant_->stats().bytes_promoted;
+      result_.bytes_demoted = clairvoyant_->stats().bytes_demoted;
+      result_.bytes_prefetched = clairvoyant_->stats().bytes_promoted;  // all ahead of a use
+      result_.blocks_evicted = clairvoyant_->stats().blocks_evicted;
+    }
     result_.turns = ttfts_.size();
     result_.wall_seconds = wall_seconds;
     if (ttfts_.empty()) return;
@@ -252,6 +289,7 @@ class Simulation {
   policy::SessionTable sessions_;
   policy::Planner planner_;
   SimStore store_;
+  std::optional<Clairvoyant> clairvoyant_;
   std::unordered_map<BlockKey, std::vector<uint32_t>, BlockKeyHasher> holders_;
   std::vector<double> ttfts_;
   std::vector<double> follow_up_ttfts_;
@@ -276,6 +314,8 @@ std::string sim_policy_label(SimPolicy policy) {
       return "ideal from RAM";
     case SimPolicy::kInfiniteNvme:
       return "ideal from NVMe";
+    case SimPolicy::kClairvoyant:
+      return "0 optimum";
   }
   return "?";
 }

@@ -35,6 +35,7 @@ enum class SimPolicy : uint8_t {
   kInfiniteCache = 5,  // every block kept in HBM forever: the trace's ideal
   kInfiniteRam = 6,    // every block kept forever, but read from RAM (a bound)
   kInfiniteNvme = 7,   // every block kept forever, but read from NVMe (a bound)
+  kClairvoyant = 8,    // knows every future request: the offline optimum at the budget
 };
 std::string sim_policy_label(SimPolicy policy);  // "1 hbm-only lru", ...
 

@@ -169,6 +169,11 @@ void SimStore::finish_moves(uint64_t now_ms) {
   }
 }
 
+double SimStore::link_free_at_ms(Tier from, Tier to) const {
+  const size_t link = link_of(from, to);
+  return std::max(static_cast<double>(now_ms_), link_free_at_ms_[link][to > from ? 1 : 0]);
+}
+
 Tier SimStore::slowest_tier() const {
   for (Tier tier : {Tier::kNvme, Tier::kRam, Tier::kHbm}) {
     if (capacity_[index(tier)] > 0) return tier;

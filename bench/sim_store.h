@@ -63,6 +63,13 @@ class SimStore final : public policy::PlacementView {
   bool begin_move(const BlockKey& key, Tier to, uint64_t now_ms);
   // Lands every move whose copy has finished by `now_ms`.
   void finish_moves(uint64_t now_ms);
+  // When the link a move from `from` to `to` would use is free again (ms; at most
+  // now when idle).
+  double link_free_at_ms(Tier from, Tier to) const;
+  // When the next move in flight lands (UINT64_MAX when none is).
+  uint64_t next_landing_ms() const {
+    return landings_.empty() ? UINT64_MAX : landings_.top().at_ms;
+  }
 
   uint64_t now_ms() const { return now_ms_; }
   void set_now(uint64_t now_ms) { now_ms_ = now_ms; }

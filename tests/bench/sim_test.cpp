@@ -1,0 +1,122 @@
+// The simulator's offline optimum (Clairvoyant) on small hand-made traces: it must
+// know the future (keep what comes back, drop what never does, bring blocks up before
+// their turn) and sit between the infinite cache and the online policies.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "bench/sim_runner.h"
+#include "bench/sim_trace.h"
+
+namespace kvtier::bench {
+namespace {
+
+constexpr uint32_t kTokensPerBlock = 4;
+constexpr uint64_t kBlockBytes = 4ull << 20;  // 4 tokens × 1 MiB
+
+struct Line {
+  uint64_t at_ms;
+  std::vector<uint64_t> hashes;  // every one a full block
+};
+
+Trace write_and_load(const std::vector<Line>& lines) {
+  const std::filesystem::path path = std::filesystem::temp_directory_path() /
+                                     ("kvtier-sim-test-" + std::to_string(::getpid()) + ".jsonl");
+  {
+    std::ofstream out(path);
+    for (const Line& line : lines) {
+      out << "{\"timestamp\": " << line.at_ms
+          << ", \"input_length\": " << line.hashes.size() * kTokensPerBlock
+          << ", \"output_length\": 1, \"hash_ids\": [";
+      for (size_t i = 0; i < line.hashes.size(); ++i) out << (i ? ", " : "") << line.hashes[i];
+      out << "]}\n";
+    }
+  }
+  auto trace = load_trace(path.string(), kTokensPerBlock);
+  std::filesystem::remove(path);
+  EXPECT_TRUE(trace.is_ok()) << trace.status().to_string();
+  return trace.is_ok() ? std::move(*trace) : Trace{};
+}
+
+SimConfig config() {
+  SimConfig c;
+  c.kv_bytes_per_token = 1 << 20;
+  return c;
+}
+
+SimBudget blocks(uint64_t hbm, uint64_t ram, uint64_t nvme) {
+  return SimBudget{"t", {hbm * kBlockBytes, ram * kBlockBytes, nvme * kBlockBytes}};
+}
+
+TEST(SimOptimum, KeepsWhatComesBackSoonestWhereLruThrashes) {
+  // Three one-block prompts in a cycle, room for two: LRU always evicts the one that
+  // comes next; Belady keeps it.
+  std::vector<Line> lines;
+  for (uint64_t i = 0; i < 30; ++i) lines.push_back({i * 100, {i % 3}});
+  const Trace trace = write_and_load(lines);
+  const SimResult lru = simulate(trace, config(), blocks(2, 0, 0), SimPolicy::kLruTiering);
+  const SimResult optimum = simulate(trace, config(), blocks(2, 0, 0), SimPolicy::kClairvoyant);
+  EXPECT_EQ(lru.hit_rate(), 0.0);
+  EXPECT_GT(optimum.hit_rate(), 0.4);
+  EXPECT_LT(optimum.ttft_mean_ms, lru.ttft_mean_ms);
+}
+
+TEST(SimOptimum, StoresNothingThatIsNeverReadAgain) {
+  std::vector<Line> lines;
+  for (uint64_t i = 0; i < 10; ++i) lines.push_back({i * 100, {10 * i, 10 * i + 1}});
+  const Trace trace = write_and_load(lines);
+  const SimResult lru = simulate(trace, config(), blocks(4, 4, 4), SimPolicy::kLruTiering);
+  const SimResult optimum = simulate(trace, config(), blocks(4, 4, 4), SimPolicy::kClairvoyant);
+  EXPECT_GT(lru.bytes_saved, 0u);
+  EXPECT_EQ(optimum.bytes_saved, 0u);
+  EXPECT_EQ(optimum.hit_rate(), 0.0);
+}
+
+TEST(SimOptimum, BringsABlockBackToHbmBeforeItsTurn) {
+  // HBM holds one block. b, needed sooner, takes HBM from a; after b's last use the
+  // optimum brings a back up on a plan tick, so a's return reads HBM, not RAM.
+  const Trace trace = write_and_load({{0, {1}}, {100, {2}}, {200, {2}}, {5000, {1}}});
+  const SimResult optimum = simulate(trace, config(), blocks(1, 8, 0), SimPolicy::kClairvoyant);
+  EXPECT_EQ(optimum.hit_blocks[static_cast<size_t>(Tier::kHbm)], 2u);  // b at 200, a at 5000
+  EXPECT_EQ(optimum.hit_blocks[static_cast<size_t>(Tier::kRam)], 0u);
+  EXPECT_GT(optimum.bytes_promoted, 0u);
+  EXPECT_GT(optimum.bytes_demoted, 0u);
+}
+
+TEST(SimOptimum, LiesBetweenTheInfiniteCacheAndTheOnlinePolicies) {
+  // Conversations that come back at random, sharing a system prompt, with budgets
+  // that hold a fraction of them.
+  std::mt19937_64 rng(42);
+  std::vector<std::vector<uint64_t>> conversations;
+  uint64_t next_hash = 1;
+  std::vector<Line> lines;
+  uint64_t now = 0;
+  for (int r = 0; r < 400; ++r) {
+    now += rng() % 400;
+    if (conversations.empty() || rng() % 3 == 0) {
+      conversations.push_back({0});  // the shared system prompt
+    }
+    std::vector<uint64_t>& c = conversations[rng() % conversations.size()];
+    for (uint64_t k = 1 + rng() % 3; k > 0; --k) c.push_back(next_hash++);
+    lines.push_back({now, c});
+  }
+  const Trace trace = write_and_load(lines);
+  const SimResult ideal = simulate(trace, config(), blocks(0, 0, 0), SimPolicy::kInfiniteCache);
+  for (const SimBudget& budget : {blocks(20, 40, 200), blocks(10, 10, 60)}) {
+    const SimResult optimum = simulate(trace, config(), budget, SimPolicy::kClairvoyant);
+    EXPECT_GE(optimum.ttft_mean_ms, ideal.ttft_mean_ms - 1e-9);
+    for (SimPolicy p : {SimPolicy::kLruTiering, SimPolicy::kSessionAware, SimPolicy::kPredictive}) {
+      const SimResult online = simulate(trace, config(), budget, p);
+      EXPECT_LE(optimum.ttft_mean_ms, online.ttft_mean_ms) << sim_policy_label(p);
+      EXPECT_LE(online.hit_rate(), ideal.hit_rate() + 1e-12) << sim_policy_label(p);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace kvtier::bench
