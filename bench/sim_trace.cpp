@@ -70,10 +70,14 @@ Result<Trace> load_trace(const std::string& path, uint32_t tokens_per_block) {
   if (!in) return not_found("cannot open trace '{}'", path);
   Trace trace;
   trace.tokens_per_block = tokens_per_block;
-  // The hash of a request's last full block → its conversation. Hashes are chained,
-  // so a later request holding that hash at the same position begins with all of
-  // that request's full blocks.
-  std::unordered_map<uint64_t, uint32_t> last_full_block;
+  // The hash of a request's last full block → its conversation, and whether a later
+  // request already continued it. Hashes are chained, so a later request holding that
+  // hash begins with all of that request's full blocks.
+  struct Turn {
+    uint32_t session;
+    bool continued;
+  };
+  std::unordered_map<uint64_t, Turn> last_full_block;
   std::unordered_map<uint64_t, uint64_t> dense_ids;
   std::string line;
   uint64_t line_number = 0;
@@ -110,10 +114,14 @@ Result<Trace> load_trace(const std::string& path, uint32_t tokens_per_block) {
     }
     request.full_blocks = std::min<uint32_t>(request.input_tokens / tokens_per_block,
                                              static_cast<uint32_t>(request.hash_ids.size()));
+    // A turn continues the latest request whose whole prefix it extends (the longest
+    // match), unless another request continued that one already: then it is a fork,
+    // and a prefix many requests extend (a system prompt) is not one conversation.
     std::optional<uint32_t> session;
     for (uint32_t k = request.full_blocks; k-- > 0;) {
       if (auto it = last_full_block.find(request.hash_ids[k]); it != last_full_block.end()) {
-        session = it->second;
+        if (!it->second.continued) session = it->second.session;
+        it->second.continued = true;
         break;
       }
     }
@@ -122,7 +130,7 @@ Result<Trace> load_trace(const std::string& path, uint32_t tokens_per_block) {
     trace.follow_ups += request.follow_up ? 1 : 0;
     trace.blocks_requested += request.hash_ids.size();
     if (request.full_blocks > 0) {
-      last_full_block[request.hash_ids[request.full_blocks - 1]] = request.session;
+      last_full_block[request.hash_ids[request.full_blocks - 1]] = Turn{request.session, false};
     }
     trace.requests.push_back(std::move(request));
   }

@@ -4,9 +4,12 @@
 // block hashes, `tokens_per_block` tokens each).
 //
 // Hash ids are renumbered densely in first-seen order (equal ids stay equal). The
-// trace has no session ids; load_trace() recovers conversations by prefix: a
+// trace has no session ids; load_trace() recovers conversations as chains of turns: a
 // request whose hash_ids begin with all of an earlier request's full blocks continues
-// that request's conversation (the longest such match wins).
+// that request's conversation (the longest such match wins), if no other request
+// continued it first. A second request extending the same turn is a fork and starts a
+// conversation of its own, so a prefix that many requests share (a system prompt, a
+// document) does not merge them into one "session".
 //
 // Thread-safety: a Trace is immutable after loading; share it between threads freely.
 #pragma once

@@ -53,6 +53,59 @@ SimBudget blocks(uint64_t hbm, uint64_t ram, uint64_t nvme) {
   return SimBudget{"t", {hbm * kBlockBytes, ram * kBlockBytes, nvme * kBlockBytes}};
 }
 
+std::vector<uint32_t> sessions_of(const Trace& trace) {
+  std::vector<uint32_t> out;
+  for (const TraceRequest& r : trace.requests) out.push_back(r.session);
+  return out;
+}
+
+// ---- sessions derived from prefixes ----
+
+TEST(SimSessions, InterleavedConversationsAreToldApart) {
+  // Two conversations, turns interleaved; each turn extends its own last one.
+  const Trace trace = write_and_load(
+      {{0, {1, 2}}, {10, {5, 6}}, {20, {1, 2, 3}}, {30, {5, 6, 7}}, {40, {1, 2, 3, 4}}});
+  EXPECT_EQ(sessions_of(trace), (std::vector<uint32_t>{0, 1, 0, 1, 0}));
+  EXPECT_EQ(trace.sessions, 2u);
+  EXPECT_EQ(trace.follow_ups, 3u);
+}
+
+TEST(SimSessions, ASharedSystemPromptDoesNotMergeConversations) {
+  // Block 0 is everyone's system prompt; the first request is the prompt alone (a
+  // warm-up), so every later request extends it. Only one may continue it.
+  const Trace trace = write_and_load({{0, {0}},
+                                      {10, {0, 1}},
+                                      {20, {0, 2}},
+                                      {30, {0, 3}},
+                                      {40, {0, 1, 11}},
+                                      {50, {0, 2, 21}},
+                                      {60, {0, 3, 31}}});
+  // Conversations: the warm-up continued by (0,1); (0,2) and (0,3) start their own;
+  // each later turn continues its own conversation.
+  EXPECT_EQ(sessions_of(trace), (std::vector<uint32_t>{0, 0, 1, 2, 0, 1, 2}));
+  EXPECT_EQ(trace.sessions, 3u);
+  EXPECT_EQ(trace.follow_ups, 4u);
+}
+
+TEST(SimSessions, AForkStartsAConversationOfItsOwn) {
+  // (1,2) is continued twice: the second continuation is a fork (a regenerated
+  // answer, another user on the same document), and its own follow-up stays with it.
+  const Trace trace =
+      write_and_load({{0, {1, 2}}, {10, {1, 2, 3}}, {20, {1, 2, 4}}, {30, {1, 2, 4, 5}}});
+  EXPECT_EQ(sessions_of(trace), (std::vector<uint32_t>{0, 0, 1, 1}));
+  EXPECT_EQ(trace.follow_ups, 2u);
+}
+
+TEST(SimSessions, OnlyAWholePrefixContinuesATurn) {
+  // (1,2,3) shares a prefix with (1,2,9) but does not extend it; (1,2,3) does extend
+  // (1,2) only if (1,2) was a request.
+  const Trace trace = write_and_load({{0, {1, 2, 9}}, {10, {1, 2, 3}}, {20, {1, 2}}});
+  EXPECT_EQ(sessions_of(trace), (std::vector<uint32_t>{0, 1, 2}));
+  EXPECT_EQ(trace.follow_ups, 0u);
+}
+
+// ---- the offline optimum ----
+
 TEST(SimOptimum, KeepsWhatComesBackSoonestWhereLruThrashes) {
   // Three one-block prompts in a cycle, room for two: LRU always evicts the one that
   // comes next; Belady keeps it.
