@@ -1,6 +1,7 @@
 #include "bench/sim_bench.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
@@ -11,6 +12,7 @@
 
 #include "bench/sim_runner.h"
 #include "bench/sim_trace.h"
+#include "bench/sim_workloads.h"
 #include "common/units.h"
 
 namespace kvtier::bench {
@@ -130,27 +132,19 @@ void add_results(BenchReport& report, const std::string& prefix, const SimResult
 
 }  // namespace
 
-Result<BenchReport> run_sim_bench(const SimOptions& options) {
-  const auto started = std::chrono::steady_clock::now();
-  auto config = make_config(options);
-  if (!config.is_ok()) return config.status();
-  std::vector<SimBudget> budgets;
-  for (size_t i = 0; i < options.budgets.size(); ++i) {
-    auto budget = parse_budget(options.budgets[i], i);
-    if (!budget.is_ok()) return budget.status();
-    budgets.push_back(*budget);
-  }
-  std::vector<SimPolicy> policies;
-  for (int p : options.policies) {
-    if (p < 1 || p > 4) return invalid_argument("--policies: {} is not 1..4", p);
-    policies.push_back(static_cast<SimPolicy>(p));
-  }
-  const std::string path =
-      options.trace.empty() ? default_trace_path(options.executable) : options.trace;
-  auto trace = load_trace(path, options.tokens_per_block);
-  if (!trace.is_ok()) return trace.status();
+namespace {
 
-  // Every (budget, policy) run, plus the infinite cache once, on a few threads.
+struct Workload {
+  std::string name;    // "trace" or a generated workload's name
+  std::string source;  // the trace's path, or how it was generated
+  Trace trace;
+};
+
+// Every (budget, policy) run of one workload, plus the bounds, on a few threads; its
+// table, its results (keys prefixed with `prefix`) and its targets.
+void run_workload(BenchReport& report, const Workload& workload, const std::string& prefix,
+                  const SimConfig& config, const std::vector<SimBudget>& budgets,
+                  const std::vector<SimPolicy>& policies, int jobs) {
   struct Task {
     SimBudget budget;
     SimPolicy policy;
@@ -168,24 +162,117 @@ Result<BenchReport> run_sim_bench(const SimOptions& options) {
     for (SimPolicy policy : policies) tasks.push_back({budget, policy, {}});
   }
   std::atomic<size_t> next{0};
-  const int jobs = options.jobs > 0
-                       ? options.jobs
-                       : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
   std::vector<std::thread> workers;
   for (int j = 0; j < std::min<int>(jobs, static_cast<int>(tasks.size())); ++j) {
     workers.emplace_back([&] {
       for (size_t i = next++; i < tasks.size(); i = next++) {
-        tasks[i].result = simulate(*trace, *config, tasks[i].budget, tasks[i].policy);
+        tasks[i].result = simulate(workload.trace, config, tasks[i].budget, tasks[i].policy);
       }
     });
   }
   for (std::thread& worker : workers) worker.join();
 
+  const Trace& trace = workload.trace;
+  report.note(fmt::format("== workload {}: {} ({} requests, {} conversations, {} follow-up turns)",
+                          workload.name, workload.source, trace.requests.size(), trace.sessions,
+                          trace.follow_ups));
+  report.note("");
+  report.config(prefix + "requests", static_cast<int64_t>(trace.requests.size()));
+  report.config(prefix + "sessions", static_cast<int64_t>(trace.sessions));
+  report.config(prefix + "follow_up_turns", static_cast<int64_t>(trace.follow_ups));
+  const SimResult& ideal = tasks[0].result;
+  const std::vector<const SimResult*> bounds = {&tasks[0].result, &tasks[1].result,
+                                                &tasks[2].result};
+  report.result(prefix + "ideal_hit_rate", ideal.hit_rate());
+  report.result(prefix + "ideal_ttft_mean_ms", ideal.ttft_mean_ms);
+  report.result(prefix + "ideal_from_ram_ttft_mean_ms", tasks[1].result.ttft_mean_ms);
+  report.result(prefix + "ideal_from_nvme_ttft_mean_ms", tasks[2].result.ttft_mean_ms);
+  for (const SimBudget& budget : budgets) {
+    std::map<SimPolicy, const SimResult*> by_policy;
+    std::vector<SimResult> rows;
+    for (const Task& task : tasks) {
+      if (task.budget.name != budget.name) continue;
+      rows.push_back(task.result);
+      by_policy[task.policy] = &task.result;
+      add_results(report,
+                  fmt::format("{}{}_p{}_", prefix, budget.name, static_cast<int>(task.policy)),
+                  task.result);
+    }
+    auto find = [&](SimPolicy p) { return by_policy.count(p) != 0 ? by_policy[p] : nullptr; };
+    const SimResult* lru = find(SimPolicy::kLruTiering);
+    const SimResult* optimum = find(SimPolicy::kClairvoyant);
+    add_table(report, budget, rows, bounds, lru, optimum);
+    if (lru == nullptr || optimum == nullptr) continue;
+    for (SimPolicy p : {SimPolicy::kSessionAware, SimPolicy::kPredictive}) {
+      const SimResult* r = find(p);
+      if (r == nullptr) continue;
+      const std::string name = fmt::format("{}{}_p{}_", prefix, budget.name, static_cast<int>(p));
+      report.result(name + "vs_p2_ttft_mean_ratio", r->ttft_mean_ms / lru->ttft_mean_ms);
+      report.result(name + "gap_closed", gap_closed(*r, *lru, *optimum));
+    }
+  }
+  if (std::find(policies.begin(), policies.end(), SimPolicy::kPredictive) == policies.end() ||
+      std::find(policies.begin(), policies.end(), SimPolicy::kLruTiering) == policies.end()) {
+    return;
+  }
+  for (const SimBudget& budget : budgets) {
+    report.target(prefix + budget.name + "_p4_gap_closed", ">=", kGapClosedTarget);
+    report.target(prefix + budget.name + "_p4_vs_p2_ttft_mean_ratio", "<=", kVsLruTarget);
+  }
+}
+
+}  // namespace
+
+Result<BenchReport> run_sim_bench(const SimOptions& options) {
+  const auto started = std::chrono::steady_clock::now();
+  auto config = make_config(options);
+  if (!config.is_ok()) return config.status();
+  std::vector<SimBudget> budgets;
+  for (size_t i = 0; i < options.budgets.size(); ++i) {
+    auto budget = parse_budget(options.budgets[i], i);
+    if (!budget.is_ok()) return budget.status();
+    budgets.push_back(*budget);
+  }
+  std::vector<SimPolicy> policies;
+  for (int p : options.policies) {
+    if (p < 1 || p > 4) return invalid_argument("--policies: {} is not 1..4", p);
+    policies.push_back(static_cast<SimPolicy>(p));
+  }
+  // The workloads: the trace, then the generated ones ("all": every one).
+  std::vector<std::string> names;
+  for (const std::string& name : options.workloads) {
+    if (name == "all") {
+      names.push_back("trace");
+      for (const std::string& generated : workload_names()) names.push_back(generated);
+    } else if (std::find(names.begin(), names.end(), name) == names.end()) {
+      names.push_back(name);
+    }
+  }
+  std::vector<Workload> workloads;
+  for (const std::string& name : names) {
+    if (name == "trace") {
+      const std::string path =
+          options.trace.empty() ? default_trace_path(options.executable) : options.trace;
+      auto trace = load_trace(path, options.tokens_per_block);
+      if (!trace.is_ok()) return trace.status();
+      workloads.push_back({name, path, std::move(*trace)});
+    } else {
+      auto trace = generate_workload(name, options.seed, options.tokens_per_block);
+      if (!trace.is_ok()) return trace.status();
+      workloads.push_back(
+          {name, fmt::format("generated, seed {}", options.seed), std::move(*trace)});
+    }
+  }
+  const int jobs = options.jobs > 0
+                       ? options.jobs
+                       : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+
   BenchReport report("sim");
-  report.config("trace", path);
-  report.config("requests", static_cast<int64_t>(trace->requests.size()));
-  report.config("sessions", static_cast<int64_t>(trace->sessions));
-  report.config("follow_up_turns", static_cast<int64_t>(trace->follow_ups));
+  for (const Workload& w : workloads) {
+    if (w.name == "trace") report.config("trace", w.source);
+  }
+  report.config("workloads", fmt::format("{}", fmt::join(names, ",")));
+  report.config("seed", static_cast<int64_t>(options.seed));
   report.config("tokens_per_block", static_cast<int64_t>(options.tokens_per_block));
   report.config("kv_bytes_per_token", static_cast<int64_t>(config->kv_bytes_per_token));
   report.config("hbm_gbps", options.hbm_gbps);
@@ -202,44 +289,10 @@ Result<BenchReport> run_sim_bench(const SimOptions& options) {
                   fmt::format("{}/{}/{}", format_bytes(budget.bytes[0]),
                               format_bytes(budget.bytes[1]), format_bytes(budget.bytes[2])));
   }
-
-  const SimResult& ideal = tasks[0].result;
-  const std::vector<const SimResult*> bounds = {&tasks[0].result, &tasks[1].result,
-                                                &tasks[2].result};
-  report.result("ideal_hit_rate", ideal.hit_rate());
-  report.result("ideal_ttft_mean_ms", ideal.ttft_mean_ms);
-  report.result("ideal_from_ram_ttft_mean_ms", tasks[1].result.ttft_mean_ms);
-  report.result("ideal_from_nvme_ttft_mean_ms", tasks[2].result.ttft_mean_ms);
-  for (const SimBudget& budget : budgets) {
-    std::map<SimPolicy, const SimResult*> by_policy;
-    std::vector<SimResult> rows;
-    for (const Task& task : tasks) {
-      if (task.budget.name != budget.name) continue;
-      rows.push_back(task.result);
-      by_policy[task.policy] = &task.result;
-      add_results(report, fmt::format("{}_p{}_", budget.name, static_cast<int>(task.policy)),
-                  task.result);
-    }
-    auto find = [&](SimPolicy p) { return by_policy.count(p) != 0 ? by_policy[p] : nullptr; };
-    const SimResult* lru = find(SimPolicy::kLruTiering);
-    const SimResult* optimum = find(SimPolicy::kClairvoyant);
-    add_table(report, budget, rows, bounds, lru, optimum);
-    if (lru == nullptr || optimum == nullptr) continue;
-    for (SimPolicy p : {SimPolicy::kSessionAware, SimPolicy::kPredictive}) {
-      const SimResult* r = find(p);
-      if (r == nullptr) continue;
-      const std::string name = fmt::format("{}_p{}_", budget.name, static_cast<int>(p));
-      report.result(name + "vs_p2_ttft_mean_ratio", r->ttft_mean_ms / lru->ttft_mean_ms);
-      report.result(name + "gap_closed", gap_closed(*r, *lru, *optimum));
-    }
-  }
-  for (const SimBudget& budget : budgets) {
-    if (std::find(policies.begin(), policies.end(), SimPolicy::kPredictive) == policies.end() ||
-        std::find(policies.begin(), policies.end(), SimPolicy::kLruTiering) == policies.end()) {
-      break;
-    }
-    report.target(budget.name + "_p4_gap_closed", ">=", kGapClosedTarget);
-    report.target(budget.name + "_p4_vs_p2_ttft_mean_ratio", "<=", kVsLruTarget);
+  for (const Workload& w : workloads) {
+    // The shared trace keeps unprefixed keys; generated workloads are prefixed.
+    const std::string prefix = w.name == "trace" ? "" : w.name + "_";
+    run_workload(report, w, prefix, *config, budgets, policies, jobs);
   }
   report.result("sim_wall_seconds",
                 std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
@@ -270,6 +323,10 @@ CLI::App* add_sim_subcommand(CLI::App& app, SimOptions& options) {
   sim->add_option("--hbm-idle", options.hbm_idle, "idle sessions leave HBM after this");
   sim->add_option("--ram-idle", options.ram_idle, "idle sessions leave RAM after this");
   sim->add_option("--policies", options.policies, "policies to run (1..4)")->delimiter(',');
+  sim->add_option("--workload", options.workloads,
+                  "trace (the --trace file), long-chats, one-shot, doc-qa, or all; repeatable")
+      ->delimiter(',');
+  sim->add_option("--seed", options.seed, "seed of the generated workloads");
   sim->add_option("--jobs", options.jobs, "simulation threads (default: one per CPU)")
       ->check(CLI::Range(0, 256));
   return sim;

@@ -39,6 +39,8 @@ struct SimOptions {
   std::string hbm_idle = "30s";  // kvtierd's defaults
   std::string ram_idle = "10m";
   std::vector<int> policies = {1, 2, 3, 4};
+  std::vector<std::string> workloads = {"trace"};  // or generated ones; "all"
+  uint64_t seed = 1;
   int jobs = 0;  // 0: one per CPU
 };
 

@@ -64,27 +64,64 @@ std::string default_trace_path(const std::string& executable) {
   return candidates.front().string();
 }
 
+TraceBuilder::TraceBuilder(uint32_t tokens_per_block) {
+  trace_.tokens_per_block = tokens_per_block;
+}
+
+Status TraceBuilder::add(uint64_t arrival_ms, uint32_t input_tokens, uint32_t output_tokens,
+                         std::span<const uint64_t> hash_ids) {
+  if (!trace_.requests.empty() && arrival_ms < trace_.requests.back().arrival_ms) {
+    return invalid_argument("timestamp goes backwards");
+  }
+  TraceRequest request;
+  request.arrival_ms = arrival_ms;
+  request.input_tokens = input_tokens;
+  request.output_tokens = output_tokens;
+  for (uint64_t id : hash_ids) {
+    auto [it, inserted] = dense_ids_.try_emplace(id, dense_ids_.size());
+    request.hash_ids.push_back(it->second);
+  }
+  request.full_blocks = std::min<uint32_t>(input_tokens / trace_.tokens_per_block,
+                                           static_cast<uint32_t>(request.hash_ids.size()));
+  // A turn continues the latest request whose whole prefix it extends (the longest
+  // match), unless another request continued that one already: then it is a fork,
+  // and a prefix many requests extend (a system prompt) is not one conversation.
+  std::optional<uint32_t> session;
+  for (uint32_t k = request.full_blocks; k-- > 0;) {
+    if (auto it = last_full_block_.find(request.hash_ids[k]); it != last_full_block_.end()) {
+      if (!it->second.continued) session = it->second.session;
+      it->second.continued = true;
+      break;
+    }
+  }
+  request.follow_up = session.has_value();
+  request.session = session ? *session : trace_.sessions++;
+  trace_.follow_ups += request.follow_up ? 1 : 0;
+  trace_.blocks_requested += request.hash_ids.size();
+  if (request.full_blocks > 0) {
+    last_full_block_[request.hash_ids[request.full_blocks - 1]] = Turn{request.session, false};
+  }
+  trace_.requests.push_back(std::move(request));
+  return Status::ok();
+}
+
+Result<Trace> TraceBuilder::finish() && {
+  if (trace_.requests.empty()) return invalid_argument("the trace holds no requests");
+  trace_.distinct_blocks = dense_ids_.size();
+  return std::move(trace_);
+}
+
 Result<Trace> load_trace(const std::string& path, uint32_t tokens_per_block) {
   if (tokens_per_block == 0) return invalid_argument("tokens per block must be positive");
   std::ifstream in(path);
   if (!in) return not_found("cannot open trace '{}'", path);
-  Trace trace;
-  trace.tokens_per_block = tokens_per_block;
-  // The hash of a request's last full block → its conversation, and whether a later
-  // request already continued it. Hashes are chained, so a later request holding that
-  // hash begins with all of that request's full blocks.
-  struct Turn {
-    uint32_t session;
-    bool continued;
-  };
-  std::unordered_map<uint64_t, Turn> last_full_block;
-  std::unordered_map<uint64_t, uint64_t> dense_ids;
+  TraceBuilder builder(tokens_per_block);
   std::string line;
   uint64_t line_number = 0;
+  std::vector<uint64_t> ids;
   while (std::getline(in, line)) {
     ++line_number;
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    TraceRequest request;
     auto timestamp = field(line, "timestamp");
     auto input = field(line, "input_length");
     auto output = field(line, "output_length");
@@ -96,46 +133,23 @@ Result<Trace> load_trace(const std::string& path, uint32_t tokens_per_block) {
       return invalid_argument("{}:{}: input_length is missing or not a number", path, line_number);
     }
     if (!hashes) return invalid_argument("{}:{}: hash_ids is missing", path, line_number);
-    request.arrival_ms = *number(*timestamp);
-    request.input_tokens = static_cast<uint32_t>(*number(*input));
-    request.output_tokens = output ? static_cast<uint32_t>(number(*output).value_or(0)) : 0;
+    ids.clear();
     std::string_view list = *hashes;
     while (!list.empty()) {
       const size_t comma = list.find(',');
       auto id = number(list.substr(0, comma));
       if (!id) return invalid_argument("{}:{}: hash_ids holds a non-number", path, line_number);
-      auto [it, inserted] = dense_ids.try_emplace(*id, dense_ids.size());
-      request.hash_ids.push_back(it->second);
+      ids.push_back(*id);
       if (comma == std::string_view::npos) break;
       list.remove_prefix(comma + 1);
     }
-    if (!trace.requests.empty() && request.arrival_ms < trace.requests.back().arrival_ms) {
-      return invalid_argument("{}:{}: timestamp goes backwards", path, line_number);
-    }
-    request.full_blocks = std::min<uint32_t>(request.input_tokens / tokens_per_block,
-                                             static_cast<uint32_t>(request.hash_ids.size()));
-    // A turn continues the latest request whose whole prefix it extends (the longest
-    // match), unless another request continued that one already: then it is a fork,
-    // and a prefix many requests extend (a system prompt) is not one conversation.
-    std::optional<uint32_t> session;
-    for (uint32_t k = request.full_blocks; k-- > 0;) {
-      if (auto it = last_full_block.find(request.hash_ids[k]); it != last_full_block.end()) {
-        if (!it->second.continued) session = it->second.session;
-        it->second.continued = true;
-        break;
-      }
-    }
-    request.follow_up = session.has_value();
-    request.session = session ? *session : trace.sessions++;
-    trace.follow_ups += request.follow_up ? 1 : 0;
-    trace.blocks_requested += request.hash_ids.size();
-    if (request.full_blocks > 0) {
-      last_full_block[request.hash_ids[request.full_blocks - 1]] = Turn{request.session, false};
-    }
-    trace.requests.push_back(std::move(request));
+    Status added =
+        builder.add(*number(*timestamp), static_cast<uint32_t>(*number(*input)),
+                    output ? static_cast<uint32_t>(number(*output).value_or(0)) : 0, ids);
+    if (!added.is_ok()) return invalid_argument("{}:{}: {}", path, line_number, added.message());
   }
-  if (trace.requests.empty()) return invalid_argument("trace '{}' holds no requests", path);
-  trace.distinct_blocks = dense_ids.size();
+  auto trace = std::move(builder).finish();
+  if (!trace.is_ok()) return invalid_argument("trace '{}': {}", path, trace.status().message());
   return trace;
 }
 

@@ -15,7 +15,9 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "common/status.h"
@@ -40,6 +42,27 @@ struct Trace {
   uint32_t tokens_per_block = 0;
   uint64_t blocks_requested = 0;  // Σ hash_ids over all requests
   uint64_t distinct_blocks = 0;   // hash ids run 0 .. distinct_blocks - 1
+};
+
+// Builds a Trace from requests given in arrival order: renumbers hash ids densely and
+// derives conversations (above). load_trace() and the workload generators use it.
+class TraceBuilder {
+ public:
+  explicit TraceBuilder(uint32_t tokens_per_block);  // REQUIRES: > 0
+  // InvalidArgument when `arrival_ms` is before the previous request's.
+  Status add(uint64_t arrival_ms, uint32_t input_tokens, uint32_t output_tokens,
+             std::span<const uint64_t> hash_ids);
+  // InvalidArgument when no request was added.
+  Result<Trace> finish() &&;
+
+ private:
+  struct Turn {
+    uint32_t session;
+    bool continued;  // a later request continued this turn already
+  };
+  Trace trace_;
+  std::unordered_map<uint64_t, Turn> last_full_block_;  // dense id of a last full block → its turn
+  std::unordered_map<uint64_t, uint64_t> dense_ids_;    // raw hash id → dense id
 };
 
 // Reads and validates `path`; InvalidArgument names the line and field at fault,

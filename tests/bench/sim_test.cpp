@@ -6,12 +6,14 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "bench/sim_runner.h"
 #include "bench/sim_trace.h"
+#include "bench/sim_workloads.h"
 
 namespace kvtier::bench {
 namespace {
@@ -102,6 +104,45 @@ TEST(SimSessions, OnlyAWholePrefixContinuesATurn) {
   const Trace trace = write_and_load({{0, {1, 2, 9}}, {10, {1, 2, 3}}, {20, {1, 2}}});
   EXPECT_EQ(sessions_of(trace), (std::vector<uint32_t>{0, 1, 2}));
   EXPECT_EQ(trace.follow_ups, 0u);
+}
+
+TEST(SimWorkloads, DerivedSessionsAreTheGeneratorsConversations) {
+  for (const std::string& name : workload_names()) {
+    std::vector<uint64_t> truth;
+    auto trace = generate_workload(name, 7, 512, &truth);
+    ASSERT_TRUE(trace.is_ok()) << trace.status().to_string();
+    ASSERT_EQ(truth.size(), trace->requests.size());
+    // The same partition: one derived session per true conversation, both ways.
+    std::map<uint64_t, uint32_t> session_of_truth;
+    std::map<uint32_t, uint64_t> truth_of_session;
+    for (size_t i = 0; i < truth.size(); ++i) {
+      const uint32_t session = trace->requests[i].session;
+      auto [a, new_truth] = session_of_truth.try_emplace(truth[i], session);
+      auto [b, new_session] = truth_of_session.try_emplace(session, truth[i]);
+      ASSERT_EQ(a->second, session) << name << " request " << i;
+      ASSERT_EQ(b->second, truth[i]) << name << " request " << i;
+    }
+    EXPECT_EQ(trace->sessions, session_of_truth.size()) << name;
+    EXPECT_GT(trace->follow_ups, 0u) << name;
+  }
+}
+
+TEST(SimWorkloads, SameSeedSameTraceAndUnknownNamesAreRefused) {
+  for (const std::string& name : workload_names()) {
+    auto a = generate_workload(name, 3, 512);
+    auto b = generate_workload(name, 3, 512);
+    auto c = generate_workload(name, 4, 512);
+    ASSERT_TRUE(a.is_ok() && b.is_ok() && c.is_ok());
+    ASSERT_EQ(a->requests.size(), b->requests.size());
+    for (size_t i = 0; i < a->requests.size(); ++i) {
+      ASSERT_EQ(a->requests[i].arrival_ms, b->requests[i].arrival_ms);
+      ASSERT_EQ(a->requests[i].hash_ids, b->requests[i].hash_ids);
+    }
+    EXPECT_NE(a->blocks_requested, c->blocks_requested) << name;
+  }
+  auto bad = generate_workload("nope", 1, 512);
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_NE(bad.status().message().find("nope"), std::string::npos);
 }
 
 // ---- the offline optimum ----
