@@ -64,15 +64,13 @@ Result<SimConfig> make_config(const SimOptions& options) {
   }
   config.prefill_tokens_per_s = options.prefill_tokens_per_s;
   config.decode_ms_per_token = options.decode_ms_per_token;
-  auto lead = parse_duration_ms(options.turn_lead);
   auto interval = parse_duration_ms(options.plan_interval);
   auto hbm_idle = parse_duration_ms(options.hbm_idle);
   auto ram_idle = parse_duration_ms(options.ram_idle);
-  if (!lead.is_ok() || !interval.is_ok() || !hbm_idle.is_ok() || !ram_idle.is_ok()) {
+  if (!interval.is_ok() || !hbm_idle.is_ok() || !ram_idle.is_ok()) {
     return invalid_argument("durations take ms, s, m or h (e.g. 30s)");
   }
   if (*interval == 0) return invalid_argument("--plan-interval must be positive");
-  config.turn_lead_ms = *lead;
   config.plan_interval_ms = *interval;
   config.planner.hbm_idle_ms = *hbm_idle;
   config.planner.ram_idle_ms = *ram_idle;
@@ -116,6 +114,7 @@ void add_table(BenchReport& report, const SimBudget& budget, const std::vector<S
 
 void add_results(BenchReport& report, const std::string& prefix, const SimResult& r) {
   report.result(prefix + "ttft_mean_ms", r.ttft_mean_ms);
+  report.result(prefix + "wait_mean_ms", r.wait_mean_ms);
   report.result(prefix + "ttft_p50_ms", r.ttft_p50_ms);
   report.result(prefix + "ttft_p90_ms", r.ttft_p90_ms);
   report.result(prefix + "ttft_p99_ms", r.ttft_p99_ms);
@@ -280,7 +279,8 @@ Result<BenchReport> run_sim_bench(const SimOptions& options) {
   report.config("nvme_gbps", options.nvme_gbps);
   report.config("prefill_tokens_per_s", options.prefill_tokens_per_s);
   report.config("decode_ms_per_token", options.decode_ms_per_token);
-  report.config("turn_lead_ms", static_cast<int64_t>(config->turn_lead_ms));
+  report.config("engines", options.engines < 0 ? std::string("derived per workload")
+                                               : std::to_string(options.engines));
   report.config("plan_interval_ms", static_cast<int64_t>(config->plan_interval_ms));
   report.config("hbm_idle_ms", static_cast<int64_t>(config->planner.hbm_idle_ms));
   report.config("ram_idle_ms", static_cast<int64_t>(config->planner.ram_idle_ms));
@@ -292,7 +292,11 @@ Result<BenchReport> run_sim_bench(const SimOptions& options) {
   for (const Workload& w : workloads) {
     // The shared trace keeps unprefixed keys; generated workloads are prefixed.
     const std::string prefix = w.name == "trace" ? "" : w.name + "_";
-    run_workload(report, w, prefix, *config, budgets, policies, jobs);
+    SimConfig workload_config = *config;
+    workload_config.engines = options.engines >= 0 ? static_cast<uint32_t>(options.engines)
+                                                   : derived_engines(w.trace, *config);
+    report.config(prefix + "engines", static_cast<int64_t>(workload_config.engines));
+    run_workload(report, w, prefix, workload_config, budgets, policies, jobs);
   }
   report.result("sim_wall_seconds",
                 std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
@@ -317,8 +321,10 @@ CLI::App* add_sim_subcommand(CLI::App& app, SimOptions& options) {
   sim->add_option("--prefill-tokens-per-s", options.prefill_tokens_per_s, "prefill speed");
   sim->add_option("--decode-ms-per-token", options.decode_ms_per_token,
                   "decode time per output token (when the turn ends)");
-  sim->add_option("--turn-lead", options.turn_lead,
-                  "time from BeginTurn to the load (queueing), e.g. 100ms");
+  sim->add_option("--engines", options.engines,
+                  "engine prefill slots requests queue for (-1: enough for 80 % utilization "
+                  "with no cache, per workload; 0: unlimited, no queueing)")
+      ->check(CLI::Range(-1, 100000));
   sim->add_option("--plan-interval", options.plan_interval, "planner period in virtual time");
   sim->add_option("--hbm-idle", options.hbm_idle, "idle sessions leave HBM after this");
   sim->add_option("--ram-idle", options.ram_idle, "idle sessions leave RAM after this");

@@ -34,7 +34,8 @@ struct SimOptions {
   double nvme_gbps = 5;
   double prefill_tokens_per_s = 8000;
   double decode_ms_per_token = 20;
-  std::string turn_lead = "0ms";  // BeginTurn → load: time a request waits to be scheduled
+  // Engine prefill slots; -1: derived per workload (derived_engines), 0: unlimited.
+  int engines = -1;
   std::string plan_interval = "1s";
   std::string hbm_idle = "30s";  // kvtierd's defaults
   std::string ram_idle = "10m";

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <deque>
 #include <numeric>
 #include <optional>
 #include <queue>
@@ -55,28 +57,49 @@ class Simulation {
       }
     };
     std::priority_queue<TurnEnd, std::vector<TurnEnd>, std::greater<>> turn_ends;
+    // The engines' prefill slots: when each is free (none: every request starts on
+    // arrival), and the requests waiting for one, in arrival order.
+    std::priority_queue<uint64_t, std::vector<uint64_t>, std::greater<>> slots;
+    for (uint32_t i = 0; i < config_.engines; ++i) slots.push(0);
+    std::deque<size_t> waiting;
     uint64_t next_tick = config_.plan_interval_ms;
     size_t next_arrival = 0;
-    while (next_arrival < trace_.requests.size()) {
-      const uint64_t arrival = trace_.requests[next_arrival].arrival_ms;
+    while (next_arrival < trace_.requests.size() || !waiting.empty()) {
+      const uint64_t arrival = next_arrival < trace_.requests.size()
+                                   ? trace_.requests[next_arrival].arrival_ms
+                                   : UINT64_MAX;
       const uint64_t end = turn_ends.empty() ? UINT64_MAX : turn_ends.top().at_ms;
+      const uint64_t start = waiting.empty() ? UINT64_MAX
+                                             : std::max(trace_.requests[waiting.front()].arrival_ms,
+                                                        slots.empty() ? uint64_t{0} : slots.top());
       // The optimum also replans as soon as a move lands (the room it frees is used
       // at once, not at the next tick).
       const uint64_t landing =
           clairvoyant_ && clairvoyant_->waiting() ? store_.next_landing_ms() : UINT64_MAX;
-      if (landing < arrival && landing < end && landing < next_tick) {
+      // Equal times: landings, ends of turns, arrivals, starts, then the tick.
+      const uint64_t first = std::min({landing, end, arrival, start, next_tick});
+      if (landing == first && landing < end && landing < arrival && landing < start &&
+          landing < next_tick) {
         advance(landing);
         clairvoyant_->rebalance(landing, config_.plan_interval_ms);
-      } else if (end <= arrival && end <= next_tick) {
+      } else if (end == first) {
         const size_t request = turn_ends.top().request;
         turn_ends.pop();
         end_turn(end, trace_.requests[request]);
-      } else if (arrival <= next_tick) {
-        const double ttft = start_turn(arrival, next_arrival);
-        const TraceRequest& r = trace_.requests[next_arrival];
-        const double busy_ms = ttft + r.output_tokens * config_.decode_ms_per_token;
-        turn_ends.push({arrival + static_cast<uint64_t>(busy_ms), next_arrival});
-        ++next_arrival;
+      } else if (arrival == first) {
+        arrive(arrival, next_arrival);
+        waiting.push_back(next_arrival++);
+      } else if (start == first) {
+        const size_t request = waiting.front();
+        waiting.pop_front();
+        if (!slots.empty()) slots.pop();
+        const double service_ms = serve(start, request);
+        const uint64_t first_token = start + static_cast<uint64_t>(service_ms);
+        if (config_.engines > 0) slots.push(first_token);
+        const TraceRequest& r = trace_.requests[request];
+        turn_ends.push(
+            {first_token + static_cast<uint64_t>(r.output_tokens * config_.decode_ms_per_token),
+             request});
       } else {
         advance(next_tick);
         if (clairvoyant_) {
@@ -122,8 +145,10 @@ class Simulation {
     store_.finish_moves(now_ms);
   }
 
-  // Arrival: BeginTurn (session-aware policies), then the load; returns the TTFT.
-  double start_turn(uint64_t now_ms, size_t index) {
+  // Arrival: the request is queued for the engine, and a follow-up turn sends
+  // BeginTurn (session-aware policies) at once, so what it promotes can move while
+  // the request waits.
+  void arrive(uint64_t now_ms, size_t index) {
     const TraceRequest& request = trace_.requests[index];
     advance(now_ms);
     policy::Session* session = sessions_.find(kLayout.namespace_id, session_id(request.session));
@@ -131,27 +156,38 @@ class Simulation {
       sessions_.record_activity(*session);
       apply(planner_.plan_turn_start(*session, sessions_, store_));
     }
-    const uint64_t load_at = now_ms + config_.turn_lead_ms;
+  }
+
+  // The engine takes the request: it loads the leading blocks the daemon holds, then
+  // prefills the rest. Returns how long that keeps its prefill slot (load + prefill);
+  // the TTFT also counts the wait since arrival.
+  double serve(uint64_t now_ms, size_t index) {
+    const TraceRequest& request = trace_.requests[index];
+    advance(now_ms);
     double load_ms = 0;
     uint32_t loaded = 0;
     for (; loaded < request.full_blocks; ++loaded) {
       const BlockKey key = key_of(request.hash_ids[loaded]);
-      const Tier tier = store_.read_tier(key, load_at);
+      const Tier tier = store_.read_tier(key, now_ms);
       if (tier == Tier::kNone) break;
       result_.hit_blocks[static_cast<size_t>(tier)] += 1;
       load_ms += static_cast<double>(block_bytes_) /
                  config_.read_bytes_per_s[static_cast<size_t>(tier)] * 1000.0;
       store_.touch(key, now_ms);
     }
+    policy::Session* session = sessions_.find(kLayout.namespace_id, session_id(request.session));
     if (session != nullptr) sessions_.record_activity(*session);  // the Load names it
     if (clairvoyant_) clairvoyant_->on_arrival(index);
     const double missed_tokens = static_cast<double>(request.input_tokens) -
                                  static_cast<double>(loaded) * trace_.tokens_per_block;
-    const double ttft =
+    const double service_ms =
         load_ms + std::max(0.0, missed_tokens) / config_.prefill_tokens_per_s * 1000.0;
+    const double wait_ms = static_cast<double>(now_ms - request.arrival_ms);
+    const double ttft = wait_ms + service_ms;
+    waits_.push_back(wait_ms);
     ttfts_.push_back(ttft);
     if (request.follow_up) follow_up_ttfts_.push_back(ttft);
-    return ttft;
+    return service_ms;
   }
 
   // End of turn: the engine saves the request's full blocks, then the planner runs.
@@ -270,6 +306,8 @@ class Simulation {
     if (ttfts_.empty()) return;
     result_.ttft_mean_ms =
         std::accumulate(ttfts_.begin(), ttfts_.end(), 0.0) / static_cast<double>(ttfts_.size());
+    result_.wait_mean_ms =
+        std::accumulate(waits_.begin(), waits_.end(), 0.0) / static_cast<double>(waits_.size());
     std::sort(ttfts_.begin(), ttfts_.end());
     result_.ttft_p50_ms = percentile_of_sorted(ttfts_, 0.50);
     result_.ttft_p90_ms = percentile_of_sorted(ttfts_, 0.90);
@@ -292,6 +330,7 @@ class Simulation {
   std::optional<Clairvoyant> clairvoyant_;
   std::unordered_map<BlockKey, std::vector<uint32_t>, BlockKeyHasher> holders_;
   std::vector<double> ttfts_;
+  std::vector<double> waits_;
   std::vector<double> follow_up_ttfts_;
   SimResult result_;
 };
@@ -329,6 +368,19 @@ double SimResult::hit_rate(Tier tier) const {
   return blocks_requested ? static_cast<double>(hit_blocks[static_cast<size_t>(tier)]) /
                                 static_cast<double>(blocks_requested)
                           : 0;
+}
+
+uint32_t derived_engines(const Trace& trace, const SimConfig& config) {
+  constexpr double kUtilization = 0.8;
+  double tokens = 0;
+  for (const TraceRequest& r : trace.requests) tokens += r.input_tokens;
+  const double span_s = trace.requests.empty()
+                            ? 1.0
+                            : std::max(1.0, static_cast<double>(trace.requests.back().arrival_ms -
+                                                                trace.requests.front().arrival_ms) /
+                                                1000.0);
+  const double busy = tokens / config.prefill_tokens_per_s / span_s / kUtilization;
+  return static_cast<uint32_t>(std::max(1.0, std::ceil(busy)));
 }
 
 SimResult simulate(const Trace& trace, const SimConfig& config, const SimBudget& budget,

@@ -4,13 +4,16 @@
 // cost.
 //
 // Each request is one turn of its conversation:
-//  * arrival: a follow-up turn sends BeginTurn (session-aware policies only), then the
-//    engine loads the leading blocks the daemon holds, `turn_lead_ms` later (the time
-//    the request waits before it is scheduled; 0 = loads start at once);
-//  * modeled TTFT = Σ over loaded blocks of bytes / bandwidth of the tier each is read
-//    from + (input tokens − loaded tokens) / prefill speed;
-//  * the turn ends after that TTFT plus output tokens × decode time: the engine saves
-//    the request's full blocks (end of turn) and the planner runs, as in kvtierd;
+//  * arrival: the request is queued for the engines' prefill slots (`engines`), and a
+//    follow-up turn sends BeginTurn at once (session-aware policies only): the engine
+//    knows the conversation when it queues the request, not when it schedules it;
+//  * when a slot takes it, the engine loads the leading blocks the daemon holds (read
+//    where each is at that moment) and prefills the rest, holding the slot for
+//    service = Σ loaded blocks' bytes / bandwidth of the tier each is read from +
+//    (input tokens − loaded tokens) / prefill speed;
+//  * modeled TTFT = the wait for a slot + service: hits shorten the queue too;
+//  * the turn ends after the first token plus output tokens × decode time: the engine
+//    saves the request's full blocks (end of turn) and the planner runs, as in kvtierd;
 //  * the planner also runs every `plan_interval_ms` of virtual time.
 //
 // Thread-safety: simulate() is reentrant; distinct runs may go on distinct threads.
@@ -49,7 +52,10 @@ struct SimConfig {
   std::array<double, kTierCount> read_bytes_per_s = {1000e9, 25e9, 5e9};
   double prefill_tokens_per_s = 8000;
   double decode_ms_per_token = 20;
-  uint64_t turn_lead_ms = 0;
+  // Prefill slots of the engines serving the trace: a request waits for one (FIFO)
+  // and holds it for its load and prefill (decode overlaps, as in continuous
+  // batching). 0: unlimited, every request starts on arrival.
+  uint32_t engines = 0;
   uint64_t plan_interval_ms = 1000;
   // Thresholds and watermarks; mode, costs and plan interval are set per run.
   policy::PlannerConfig planner;
@@ -61,7 +67,8 @@ struct SimResult {
   uint64_t turns = 0;
   double ttft_mean_ms = 0, ttft_p50_ms = 0, ttft_p90_ms = 0, ttft_p99_ms = 0;
   double follow_up_ttft_mean_ms = 0;
-  uint64_t blocks_requested = 0;                  // Σ hash_ids over the trace
+  double wait_mean_ms = 0;        // arrival → an engine takes it (part of the TTFT)
+  uint64_t blocks_requested = 0;  // Σ hash_ids over the trace
   std::array<uint64_t, kTierCount> hit_blocks{};  // loaded, by the tier read from
   uint64_t bytes_saved = 0;                       // engine → daemon at ends of turns
   uint64_t bytes_promoted = 0, bytes_demoted = 0;
@@ -73,6 +80,11 @@ struct SimResult {
   double hit_rate(Tier tier) const;
   uint64_t bytes_moved() const { return bytes_promoted + bytes_demoted; }
 };
+
+// Engines for a trace: enough prefill slots that, with no cache at all, they would be
+// busy 80 % of the trace's span (Σ input tokens ÷ prefill speed ÷ span ÷ 0.8, at
+// least 1). A fixed rule, so that every workload queues about as much.
+uint32_t derived_engines(const Trace& trace, const SimConfig& config);
 
 SimResult simulate(const Trace& trace, const SimConfig& config, const SimBudget& budget,
                    SimPolicy policy);
