@@ -145,6 +145,39 @@ TEST(SimWorkloads, SameSeedSameTraceAndUnknownNamesAreRefused) {
   EXPECT_NE(bad.status().message().find("nope"), std::string::npos);
 }
 
+// ---- the engines' queue ----
+
+TEST(SimQueue, ARequestWaitsForAFreeSlotAndItsTtftCountsTheWait) {
+  // Two requests of 4 new blocks each arrive together; one slot serves them in turn.
+  const Trace trace = write_and_load({{0, {1, 2, 3, 4}}, {0, {5, 6, 7, 8}}});
+  SimConfig one = config();
+  one.engines = 1;
+  const double service_ms = 4.0 * kTokensPerBlock / one.prefill_tokens_per_s * 1000.0;
+  const SimResult queued = simulate(trace, one, blocks(16, 0, 0), SimPolicy::kLruTiering);
+  EXPECT_NEAR(queued.wait_mean_ms, service_ms / 2, 1.0);  // 0 and one service (ms-rounded)
+  EXPECT_NEAR(queued.ttft_mean_ms, service_ms * 1.5, 1.0);
+  SimConfig unlimited = config();
+  unlimited.engines = 0;
+  const SimResult free = simulate(trace, unlimited, blocks(16, 0, 0), SimPolicy::kLruTiering);
+  EXPECT_EQ(free.wait_mean_ms, 0.0);
+  EXPECT_NEAR(free.ttft_mean_ms, service_ms, 1e-9);
+}
+
+TEST(SimQueue, EnginesAreDerivedFromTheLoad) {
+  // 100 requests of 8 blocks (32 tokens) over 9.9 s at 8,000 tokens/s: 0.04 engines
+  // busy; at least one.
+  std::vector<Line> lines;
+  for (uint64_t i = 0; i < 100; ++i)
+    lines.push_back(
+        {i * 100,
+         {8 * i, 8 * i + 1, 8 * i + 2, 8 * i + 3, 8 * i + 4, 8 * i + 5, 8 * i + 6, 8 * i + 7}});
+  const Trace light = write_and_load(lines);
+  EXPECT_EQ(derived_engines(light, config()), 1u);
+  SimConfig slow = config();
+  slow.prefill_tokens_per_s = 10;  // 3,200 tokens ÷ 10/s ÷ 9.9 s ÷ 0.8 = 40.4
+  EXPECT_EQ(derived_engines(light, slow), 41u);
+}
+
 // ---- the offline optimum ----
 
 TEST(SimOptimum, KeepsWhatComesBackSoonestWhereLruThrashes) {
