@@ -154,6 +154,8 @@ class Simulation {
     policy::Session* session = sessions_.find(kLayout.namespace_id, session_id(request.session));
     if (session != nullptr && session_aware(policy_)) {
       sessions_.record_activity(*session);
+      session->turn_begun = true;
+      session->turn_begun_ms = now_ms;
       apply(planner_.plan_turn_start(*session, sessions_, store_));
     }
   }
@@ -176,7 +178,13 @@ class Simulation {
       store_.touch(key, now_ms);
     }
     policy::Session* session = sessions_.find(kLayout.namespace_id, session_id(request.session));
-    if (session != nullptr) sessions_.record_activity(*session);  // the Load names it
+    if (session != nullptr) {
+      sessions_.record_activity(*session);  // the Load names it
+      if (session->turn_begun) {            // as kvtierd measures the turn lead
+        planner_.observe_turn_lead(now_ms - std::min(now_ms, session->turn_begun_ms));
+        session->turn_begun = false;
+      }
+    }
     if (clairvoyant_) clairvoyant_->on_arrival(index);
     const double missed_tokens = static_cast<double>(request.input_tokens) -
                                  static_cast<double>(loaded) * trace_.tokens_per_block;

@@ -43,6 +43,11 @@ Status Service::handle_load(const ConnectionPtr& c, EngineContext& engine, uint6
   if (!request.session_id.empty()) {
     if (policy::Session* session = sessions_.find(engine.namespace_id, request.session_id)) {
       sessions_.record_activity(*session);
+      // The first Load after BeginTurn: how long its promotions had to land.
+      if (session->turn_begun) {
+        planner_.observe_turn_lead(now_ms() - std::min(now_ms(), session->turn_begun_ms));
+        session->turn_begun = false;
+      }
     }
   }
   auto load = std::make_shared<PendingLoad>();

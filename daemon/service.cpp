@@ -388,6 +388,8 @@ Status Service::handle_begin_turn(const ConnectionPtr& c, EngineContext& engine,
   policy::Session* session = sessions_.find(engine.namespace_id, session_id);
   if (session == nullptr) return not_found("unknown session '{}'", session_id);
   sessions_.record_activity(*session);
+  session->turn_begun = true;
+  session->turn_begun_ms = now_ms();
   auto moves = planner_.plan_turn_start(*session, sessions_, *view_);
   mover_->apply(moves, engine.gpu_part);  // toward the GPU of the engine that will load them
   const uint32_t known = static_cast<uint32_t>(session->blocks.size());

@@ -84,11 +84,16 @@ std::vector<Move> Planner::make_room(Tier tier, uint64_t bytes, const SessionTab
   return record(detail::room_for(ctx, tier, bytes));
 }
 
+void Planner::observe_turn_lead(uint64_t lead_ms) {
+  const double lead = static_cast<double>(lead_ms);
+  turn_lead_ms_ = turn_lead_ms_ ? *turn_lead_ms_ + (lead - *turn_lead_ms_) / 8 : lead;
+}
+
 std::vector<Move> Planner::plan_turn_start(const Session& session, const SessionTable& sessions,
                                            const PlacementView& view) const {
   if (config_.mode == PolicyMode::kLru) return {};
   detail::PlanContext ctx(config_, cost_, sessions, view, clock_.now_ms());
-  return record(detail::turn_start(ctx, session));
+  return record(detail::turn_start(ctx, session, turn_lead_ms_));
 }
 
 std::vector<Move> Planner::plan_promotions(const Session& session,

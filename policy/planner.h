@@ -17,7 +17,8 @@
 //      (LRU), then active sessions'. A block shared by several sessions goes with its
 //      most recently active holder.
 //    - BeginTurn (plan_turn_start): the session's blocks come up to HBM at once, in
-//      prefix order, displacing idle sessions' blocks if HBM is full.
+//      prefix order, displacing idle sessions' blocks if HBM is full — for as many
+//      blocks as can land within the turn lead engines show (observe_turn_lead).
 //  * kPredictive — session-aware plus:
 //    - Return prediction (return_predictor.h): P(return within a horizon) per session,
 //      learned online. A block's value for a tier is Σ over the sessions holding it of
@@ -176,10 +177,17 @@ class Planner {
 
   // BeginTurn: the session's blocks below HBM move up in prefix order; in the session
   // modes idle sessions' blocks are demoted to make room when HBM is over its high
-  // watermark, and blocks that still do not fit come up from NVMe to RAM. Empty in
-  // kLru (request-scoped: nothing happens between requests).
+  // watermark, but only for blocks whose copies can land within the turn lead (what
+  // arrives later is read from where it is anyway, and displacing others for it only
+  // churns the tiers); blocks that still do not fit come up from NVMe to RAM when RAM
+  // has room. Empty in kLru (request-scoped: nothing happens between requests).
   std::vector<Move> plan_turn_start(const Session& session, const SessionTable& sessions,
                                     const PlacementView& view) const;
+  // The time from a session's BeginTurn to its Load, as engines show it: the average of
+  // recent turns (exponentially weighted, 1/8 to the newest). Until one is observed
+  // BeginTurn displaces without a bound.
+  void observe_turn_lead(uint64_t lead_ms);
+  std::optional<double> turn_lead_ms() const { return turn_lead_ms_; }
   // The session's blocks below HBM move up in prefix order while HBM stays under its
   // high watermark; nothing is displaced.
   std::vector<Move> plan_promotions(const Session& session, const PlacementView& view) const;
@@ -196,6 +204,7 @@ class Planner {
 
   PlannerConfig config_;
   CostModel cost_;
+  std::optional<double> turn_lead_ms_;
   const Clock& clock_;
   // Observability only: what recent plans decided. Kept here (mutable) so planning
   // stays a const operation on the state it reads.

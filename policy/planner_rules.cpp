@@ -228,7 +228,8 @@ std::vector<Move> room_for(PlanContext& ctx, Tier tier, uint64_t bytes) {
   return plan.take_moves();
 }
 
-std::vector<Move> turn_start(PlanContext& ctx, const Session& session) {
+std::vector<Move> turn_start(PlanContext& ctx, const Session& session,
+                             std::optional<double> lead_ms) {
   PlanState plan(ctx.view);
   const Tier top = plan.configured(Tier::kHbm)   ? Tier::kHbm
                    : plan.configured(Tier::kRam) ? Tier::kRam
@@ -241,12 +242,17 @@ std::vector<Move> turn_start(PlanContext& ctx, const Session& session) {
   bool victims_ready = false;
   size_t next_victim = 0;
   bool top_full = false;
+  // Per source tier, when the copies planned so far would land (ms from now, FIFO).
+  std::array<double, kTierCount> queued_ms{};
   for (const BlockHash& hash : session.blocks) {
     BlockKey key{session.layout, hash};
     const Placement placement = ctx.view.placement(key);
     if (placement.tier == Tier::kNone || placement.tier == top || !placement.movable) continue;
     if (!top_full) {
-      if (!fits(plan.used(top), placement.bytes, top_limit) && !victims_ready) {
+      double& queued = queued_ms[static_cast<size_t>(placement.tier)];
+      const double lands_ms = queued + ctx.cost.reload_ms(placement.tier, placement.bytes);
+      const bool may_displace = !lead_ms || lands_ms <= *lead_ms;
+      if (may_displace && !fits(plan.used(top), placement.bytes, top_limit) && !victims_ready) {
         victims_ready = true;
         // Blocks of sessions in a turn (this one included) or durable ones stay.
         for (const Candidate& c : sacrifice_order(ctx, plan, top, Sacrifice::kDemote)) {
@@ -254,10 +260,14 @@ std::vector<Move> turn_start(PlanContext& ctx, const Session& session) {
           victims.push_back(c);
         }
       }
-      while (!fits(plan.used(top), placement.bytes, top_limit) && next_victim < victims.size()) {
+      while (may_displace && !fits(plan.used(top), placement.bytes, top_limit) &&
+             next_victim < victims.size()) {
         (void)leave_tier(ctx, plan, top, victims[next_victim++], MoveReason::kMakeRoom);
       }
-      if (plan.move(key, placement, top, MoveReason::kTurnStart, top_limit)) continue;
+      if (plan.move(key, placement, top, MoveReason::kTurnStart, top_limit)) {
+        queued = lands_ms;
+        continue;
+      }
       // Stop at the first block that does not fit: a later block without the ones
       // before it does not lengthen the prefix the engine can load from the top tier.
       top_full = true;

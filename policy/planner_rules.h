@@ -67,6 +67,7 @@ std::vector<Move> room_for(PlanContext& ctx, Tier tier, uint64_t bytes);
 
 // BeginTurn: `session`'s blocks come up to the top tier, displacing other idle
 // blocks when it is full; NVMe blocks that still do not fit come up to RAM.
-std::vector<Move> turn_start(PlanContext& ctx, const Session& session);
+std::vector<Move> turn_start(PlanContext& ctx, const Session& session,
+                             std::optional<double> lead_ms);
 
 }  // namespace kvtier::policy::detail

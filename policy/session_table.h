@@ -148,6 +148,10 @@ struct Session {
   uint32_t returns = 0;         // idle periods that ended with the session coming back
   double sum_log_gap = 0;       // Σ ln(gap ms + 1) over those returns (its turn rhythm)
   uint8_t priority = 0;         // 0: normal; > 0: durable — kept above every normal session
+  // A BeginTurn not yet followed by a Load, and when it came: the daemon measures the
+  // turn lead from it (Planner::observe_turn_lead).
+  bool turn_begun = false;
+  uint64_t turn_begun_ms = 0;
   // The order of its last activity among all sessions' (a daemon-wide counter): orders
   // sessions touched in the same millisecond. Set by the table.
   uint64_t touch_seq = 0;

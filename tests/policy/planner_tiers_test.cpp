@@ -146,6 +146,31 @@ TEST_F(PlannerTiersTest, TurnStartPromotesThePrefixDisplacingIdleSessions) {
                                     "D 3 hbm->ram", "P 13 nvme->hbm"}));
 }
 
+// Engines load 1 ms after BeginTurn and a block takes 1 ms from NVMe: only the first
+// NVMe block can land in time, so only it displaces; later ones come up to RAM. With
+// no lead at all nothing is displaced.
+TEST_F(PlannerTiersTest, TurnStartDisplacesOnlyForWhatLandsWithinTheTurnLead) {
+  use(PolicyMode::kSessionAware);
+  config_.cost.read_bytes_per_s = {1e9, 1e6, 1e5};  // 100-byte blocks: 1 ms from NVMe
+  planner_.set_config(config_);
+  save("idle-old", {1, 2, 3, 4}, true, 100);
+  save("busy", {5, 6, 7, 8}, false, 150);
+  Session& s = save("s", {11, 12, 13}, true, 200);
+  put(Tier::kHbm, {1, 2, 3, 4, 5, 6, 7, 8});  // 800 of 900 allowed
+  put(Tier::kRam, {11});
+  put(Tier::kNvme, {12, 13});
+  clock_.set_ms(300);
+  table_.record_activity(s);
+  EXPECT_FALSE(planner_.turn_lead_ms().has_value());
+  planner_.observe_turn_lead(1);
+  EXPECT_EQ(turn_start(s),
+            (Strings{"P 11 ram->hbm", "D 4 hbm->ram", "P 12 nvme->hbm", "P 13 nvme->ram"}));
+  // Engines that load at once: the average falls toward 0 (1/8 to each new turn).
+  for (int i = 0; i < 64; ++i) planner_.observe_turn_lead(0);
+  EXPECT_LT(*planner_.turn_lead_ms(), 0.01);
+  EXPECT_EQ(turn_start(s), (Strings{"P 11 ram->hbm", "P 12 nvme->ram", "P 13 nvme->ram"}));
+}
+
 TEST_F(PlannerTiersTest, TurnStartBringsNvmeBlocksToRamWhenHbmIsFull) {
   use(PolicyMode::kSessionAware);
   save("busy", {1, 2, 3, 4, 5, 6, 7, 8, 9}, false, 100);
