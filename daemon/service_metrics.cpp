@@ -103,6 +103,12 @@ std::string Service::render_metrics() const {
              static_cast<uint64_t>(sessions_.count(policy::SessionState::kActive)));
   out.sample("kvtier_sessions", "state=\"idle\"",
              static_cast<uint64_t>(sessions_.count(policy::SessionState::kIdle)));
+  if (const std::optional<double> lead = planner_.turn_lead_ms()) {
+    out.family("kvtier_turn_lead_seconds", "gauge",
+               "Mean time from a BeginTurn to the session's next Load over recent turns: "
+               "what BeginTurn's promotions have to land in.");
+    out.sample("kvtier_turn_lead_seconds", "", *lead / 1000.0);
+  }
   out.family("kvtier_pinned_sessions", "gauge", "Sessions an admin pinned (kvtierctl pin).");
   out.sample("kvtier_pinned_sessions", "", static_cast<uint64_t>(admin_pins_.size()));
   out.family("kvtier_connections", "gauge", "Connected clients (engines and kvtierctl).");

@@ -2,6 +2,9 @@
 // and loads, and never shows a session id or a namespace.
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <thread>
+
 #include "tests/integration/ops_harness.h"
 
 namespace kvtier::integration {
@@ -59,6 +62,34 @@ TEST_F(Metrics, ChangeAsAClientSavesAndLoads) {
   EXPECT_EQ(metric(text, "kvtier_request_errors_total{op=\"beginTurn\",code=\"not_found\"}"), 1.0);
   EXPECT_EQ(text.find(session), std::string::npos) << "a session id leaked into /metrics";
   EXPECT_EQ(text.find("uid:"), std::string::npos) << "a namespace leaked into /metrics";
+}
+
+TEST_F(Metrics, TurnLeadIsTheTimeFromBeginTurnToTheLoad) {
+  auto address = metrics_address(*daemon_);
+  ASSERT_TRUE(address.is_ok()) << address.status().to_string();
+  auto engine = Engine::connect(daemon_->socket_path(), small_shape(4), "lead");
+  ASSERT_TRUE(engine.is_ok()) << engine.status().to_string();
+  const auto hashes = PagedCache::chain_hashes("lead", 2);
+  engine->fill(Engine::refs(hashes, 0));
+  ASSERT_TRUE(engine->client->save("lead", Engine::refs(hashes, 0), true).is_ok());
+  auto before = http_get(*address, "/metrics");
+  ASSERT_TRUE(before.is_ok());
+  EXPECT_FALSE(metric(*before, "kvtier_turn_lead_seconds").has_value()) << "no turn seen yet";
+
+  ASSERT_TRUE(engine->client->begin_turn("lead").is_ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(60));  // the request waits in a queue
+  ASSERT_TRUE(engine->client->load("lead", Engine::refs(hashes, 2)).is_ok());
+  auto after = http_get(*address, "/metrics");
+  ASSERT_TRUE(after.is_ok());
+  const std::optional<double> lead = metric(*after, "kvtier_turn_lead_seconds");
+  ASSERT_TRUE(lead.has_value()) << *after;
+  EXPECT_GE(*lead, 0.06);
+  EXPECT_LT(*lead, 60.0);
+  // A Load without a BeginTurn before it is not a turn lead.
+  ASSERT_TRUE(engine->client->load("lead", Engine::refs(hashes, 2)).is_ok());
+  auto again = http_get(*address, "/metrics");
+  ASSERT_TRUE(again.is_ok());
+  EXPECT_EQ(metric(*again, "kvtier_turn_lead_seconds"), lead);
 }
 
 TEST(MetricsAddress, AnExplicitAddressInUseStopsTheDaemon) {
