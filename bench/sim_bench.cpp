@@ -172,13 +172,15 @@ void run_workload(BenchReport& report, const Workload& workload, const std::stri
   for (std::thread& worker : workers) worker.join();
 
   const Trace& trace = workload.trace;
-  report.note(fmt::format("== workload {}: {} ({} requests, {} conversations, {} follow-up turns)",
-                          workload.name, workload.source, trace.requests.size(), trace.sessions,
-                          trace.follow_ups));
+  report.note(fmt::format(
+      "== workload {}: {} ({} requests, {} conversations, {} follow-up turns, {} forks)",
+      workload.name, workload.source, trace.requests.size(), trace.sessions, trace.follow_ups,
+      trace.forks));
   report.note("");
   report.config(prefix + "requests", static_cast<int64_t>(trace.requests.size()));
   report.config(prefix + "sessions", static_cast<int64_t>(trace.sessions));
   report.config(prefix + "follow_up_turns", static_cast<int64_t>(trace.follow_ups));
+  report.config(prefix + "forks", static_cast<int64_t>(trace.forks));
   const SimResult& ideal = tasks[0].result;
   const std::vector<const SimResult*> bounds = {&tasks[0].result, &tasks[1].result,
                                                 &tasks[2].result};

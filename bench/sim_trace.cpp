@@ -90,6 +90,7 @@ Status TraceBuilder::add(uint64_t arrival_ms, uint32_t input_tokens, uint32_t ou
   for (uint32_t k = request.full_blocks; k-- > 0;) {
     if (auto it = last_full_block_.find(request.hash_ids[k]); it != last_full_block_.end()) {
       if (!it->second.continued) session = it->second.session;
+      if (it->second.continued) ++trace_.forks;
       it->second.continued = true;
       break;
     }

@@ -39,6 +39,7 @@ struct Trace {
   std::vector<TraceRequest> requests;  // in arrival order
   uint32_t sessions = 0;
   uint32_t follow_ups = 0;
+  uint32_t forks = 0;  // requests that extended a turn another request had continued
   uint32_t tokens_per_block = 0;
   uint64_t blocks_requested = 0;  // Σ hash_ids over all requests
   uint64_t distinct_blocks = 0;   // hash ids run 0 .. distinct_blocks - 1

@@ -87,6 +87,7 @@ TEST(SimSessions, ASharedSystemPromptDoesNotMergeConversations) {
   EXPECT_EQ(sessions_of(trace), (std::vector<uint32_t>{0, 0, 1, 2, 0, 1, 2}));
   EXPECT_EQ(trace.sessions, 3u);
   EXPECT_EQ(trace.follow_ups, 4u);
+  EXPECT_EQ(trace.forks, 2u);
 }
 
 TEST(SimSessions, AForkStartsAConversationOfItsOwn) {
@@ -96,6 +97,7 @@ TEST(SimSessions, AForkStartsAConversationOfItsOwn) {
       write_and_load({{0, {1, 2}}, {10, {1, 2, 3}}, {20, {1, 2, 4}}, {30, {1, 2, 4, 5}}});
   EXPECT_EQ(sessions_of(trace), (std::vector<uint32_t>{0, 0, 1, 1}));
   EXPECT_EQ(trace.follow_ups, 2u);
+  EXPECT_EQ(trace.forks, 1u);
 }
 
 TEST(SimSessions, OnlyAWholePrefixContinuesATurn) {

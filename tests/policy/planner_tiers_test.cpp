@@ -58,6 +58,7 @@ class PlannerTiersTest : public ::testing::Test {
   Strings turn_start(const Session& s) {
     return describe(planner_.plan_turn_start(s, table_, view_));
   }
+  Session& hbm_nearly_full_and_s_below();
 
   ManualClock clock_{0};
   SessionTable table_{clock_};
@@ -131,16 +132,23 @@ TEST_F(PlannerTiersTest, DurableSessionsSkipIdleThresholdsAndLeaveLast) {
   EXPECT_EQ(plan(), (Strings{"D 10 hbm->ram", "D 9 hbm->ram", "D 8 hbm->ram"}));
 }
 
-TEST_F(PlannerTiersTest, TurnStartPromotesThePrefixDisplacingIdleSessions) {
-  use(PolicyMode::kSessionAware);
+// An idle session and a busy one fill HBM to 800 of the 900 allowed; session "s" has
+// block 11 in RAM and 12, 13 in NVMe, and begins its turn at 300 ms.
+Session& PlannerTiersTest::hbm_nearly_full_and_s_below() {
   save("idle-old", {1, 2, 3, 4}, true, 100);
   save("busy", {5, 6, 7, 8}, false, 150);
   Session& s = save("s", {11, 12, 13}, true, 200);
-  put(Tier::kHbm, {1, 2, 3, 4, 5, 6, 7, 8});  // 800 of 900 allowed
+  put(Tier::kHbm, {1, 2, 3, 4, 5, 6, 7, 8});
   put(Tier::kRam, {11});
   put(Tier::kNvme, {12, 13});
   clock_.set_ms(300);
   table_.record_activity(s);
+  return s;
+}
+
+TEST_F(PlannerTiersTest, TurnStartPromotesThePrefixDisplacingIdleSessions) {
+  use(PolicyMode::kSessionAware);
+  Session& s = hbm_nearly_full_and_s_below();
   // 11 fits; 12 needs room: the idle session's tail leaves (the active one's does not).
   EXPECT_EQ(turn_start(s), (Strings{"P 11 ram->hbm", "D 4 hbm->ram", "P 12 nvme->hbm",
                                     "D 3 hbm->ram", "P 13 nvme->hbm"}));
@@ -153,14 +161,7 @@ TEST_F(PlannerTiersTest, TurnStartDisplacesOnlyForWhatLandsWithinTheTurnLead) {
   use(PolicyMode::kSessionAware);
   config_.cost.read_bytes_per_s = {1e9, 1e6, 1e5};  // 100-byte blocks: 1 ms from NVMe
   planner_.set_config(config_);
-  save("idle-old", {1, 2, 3, 4}, true, 100);
-  save("busy", {5, 6, 7, 8}, false, 150);
-  Session& s = save("s", {11, 12, 13}, true, 200);
-  put(Tier::kHbm, {1, 2, 3, 4, 5, 6, 7, 8});  // 800 of 900 allowed
-  put(Tier::kRam, {11});
-  put(Tier::kNvme, {12, 13});
-  clock_.set_ms(300);
-  table_.record_activity(s);
+  Session& s = hbm_nearly_full_and_s_below();
   EXPECT_FALSE(planner_.turn_lead_ms().has_value());
   planner_.observe_turn_lead(1);
   EXPECT_EQ(turn_start(s),
