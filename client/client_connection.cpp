@@ -128,6 +128,13 @@ Result<ipc::Frame> exchange(ipc::ClientTransport& transport, uint64_t id,
   return frame;
 }
 
+// Wakes every thread waiting for a reply when it goes out of scope, even if filing the
+// replies threw (out of memory): otherwise they would sleep forever.
+struct WakeWaitersOnExit {
+  std::condition_variable& filed;
+  ~WakeWaitersOnExit() { filed.notify_all(); }
+};
+
 }  // namespace
 
 Status Client::reconnect_locked() {
@@ -258,11 +265,7 @@ Result<ipc::Frame> Client::wait_for(uint64_t id) {
     }
     lock.lock();
     reader_active_ = false;
-    // Waiters are woken even if filing throws (out of memory): they would sleep forever.
-    struct WakeWaiters {
-      std::condition_variable& filed;
-      ~WakeWaiters() { filed.notify_all(); }
-    } wake{reply_filed_};
+    const WakeWaitersOnExit wake{reply_filed_};
     file_frame_locked(std::move(frame));
   }
 }
@@ -295,10 +298,7 @@ bool Client::reply_ready(uint64_t id) {
   }
   lock.lock();
   reader_active_ = false;
-  struct WakeWaiters {
-    std::condition_variable& filed;
-    ~WakeWaiters() { filed.notify_all(); }
-  } wake{reply_filed_};
+  const WakeWaitersOnExit wake{reply_filed_};
   for (auto& frame : received) file_frame_locked(std::move(frame));
   return arrived_.contains(id) || !connection_error_.is_ok();
 }

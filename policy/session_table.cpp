@@ -65,7 +65,12 @@ std::vector<BlockHash> SessionTable::record_save(Session& session,
   // return count.
   if (session.state == SessionState::kIdle) idle_erase(session);
   end_idle_period(session);
-  if (end_of_turn) ++session.turns;
+  if (end_of_turn) {
+    ++session.turns;
+    // A turn that ended without a Load after its BeginTurn gives no turn lead: a Load
+    // in some later turn must not be timed from it.
+    session.turn_begun = false;
+  }
   change(session, end_of_turn ? SessionState::kIdle : SessionState::kActive, clock_.now_ms());
   return appended;
 }

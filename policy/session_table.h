@@ -185,7 +185,8 @@ class SessionTable {
 
   // Appends the hashes not yet in the session, in order; returns those appended (the
   // caller adds block references for exactly these). Marks the session active, or
-  // idle with turns+1 when `end_of_turn`.
+  // idle with turns+1 when `end_of_turn` (which also forgets a BeginTurn no Load
+  // followed: see Session::turn_begun).
   std::vector<BlockHash> record_save(Session& session, const std::vector<BlockHash>& hashes,
                                      bool end_of_turn);
   // A turn started (BeginTurn) or the session read its blocks (Load): active, touched.

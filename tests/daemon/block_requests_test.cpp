@@ -3,6 +3,7 @@
 // sees afterwards (Lookup, Load, GetSession, Stats), not only through the handler's own
 // reply.
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -308,6 +309,46 @@ TEST_F(HandlerTest, BeginTurnPromotesAnIdleSessionToHbmAndMakesItActive) {
   auto loaded = load(*engine_, session, PagedCache::chain_hashes(session, 4), 8);
   ASSERT_TRUE(loaded.is_ok()) << loaded.status().to_string();
   EXPECT_EQ(loaded->verified, 4u);
+}
+
+// The turn lead is the manual clock's time from BeginTurn to the session's next Load,
+// averaged 1/8 toward each new turn; a turn that ends without a Load gives none.
+TEST_F(HandlerTest, TurnLeadIsTimedFromBeginTurnToTheNextLoad) {
+  const std::string session = "lead";
+  const auto hashes = PagedCache::chain_hashes(session, 2);
+  ASSERT_TRUE(save(*engine_, session, 2).is_ok());
+  auto lead_seconds = [&]() -> std::optional<double> {
+    const std::string text = daemon_->metrics_text();
+    const std::string series = "\nkvtier_turn_lead_seconds ";
+    const size_t at = text.find(series);
+    if (at == std::string::npos) return std::nullopt;
+    return std::stod(text.substr(at + series.size()));
+  };
+  EXPECT_FALSE(lead_seconds().has_value()) << "no turn seen yet";
+
+  ASSERT_TRUE(engine_->client->begin_turn(session).is_ok());
+  daemon_->advance_clock_ms(400);
+  ASSERT_TRUE(load(*engine_, session, hashes, 4).is_ok());
+  ASSERT_TRUE(lead_seconds().has_value());
+  EXPECT_DOUBLE_EQ(*lead_seconds(), 0.4);
+
+  // A Load with no BeginTurn before it is no lead.
+  daemon_->advance_clock_ms(5'000);
+  ASSERT_TRUE(load(*engine_, session, hashes, 4).is_ok());
+  EXPECT_DOUBLE_EQ(*lead_seconds(), 0.4);
+
+  // A BeginTurn whose turn ended (Save, end of turn) without a Load: the next turn's
+  // Load, a minute later, is not timed from it.
+  ASSERT_TRUE(engine_->client->begin_turn(session).is_ok());
+  ASSERT_TRUE(save(*engine_, session, 2).is_ok());
+  daemon_->advance_clock_ms(60'000);
+  ASSERT_TRUE(load(*engine_, session, hashes, 4).is_ok());
+  EXPECT_DOUBLE_EQ(*lead_seconds(), 0.4);
+
+  // The next measured turn moves the mean 1/8 of the way: 0.4 + (0.0 - 0.4) / 8.
+  ASSERT_TRUE(engine_->client->begin_turn(session).is_ok());
+  ASSERT_TRUE(load(*engine_, session, hashes, 4).is_ok());
+  EXPECT_DOUBLE_EQ(*lead_seconds(), 0.35);
 }
 
 TEST_F(HandlerTest, BeginTurnOfAnUnknownSessionIsNotFoundAndCreatesNothing) {

@@ -114,6 +114,12 @@ void InProcessDaemon::run_on_control_thread(const std::function<void()>& work) {
   done.get_future().wait();
 }
 
+std::string InProcessDaemon::metrics_text() {
+  std::string text;
+  run_on_control_thread([&] { text = service_->render_metrics(); });
+  return text;
+}
+
 void InProcessDaemon::advance_clock_ms(uint64_t millis) {
   run_on_control_thread([&] { clock_.advance_ms(millis); });
 }

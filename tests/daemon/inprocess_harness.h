@@ -71,6 +71,8 @@ class InProcessDaemon {
   // Runs `work` on the control thread and returns once it has run.
   void run_on_control_thread(const std::function<void()>& work);
   void advance_clock_ms(uint64_t millis);
+  // The Prometheus text /metrics would serve now.
+  std::string metrics_text();
   uint64_t now_ms();
   // FaultInjectingDevice's switches (cuda/device.h), set on the control thread: the
   // Nth device submit from now fails with `error`; every open_region fails with `error`

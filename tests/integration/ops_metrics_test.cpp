@@ -2,9 +2,6 @@
 // and loads, and never shows a session id or a namespace.
 #include <gtest/gtest.h>
 
-#include <chrono>
-#include <thread>
-
 #include "tests/integration/ops_harness.h"
 
 namespace kvtier::integration {
@@ -64,7 +61,7 @@ TEST_F(Metrics, ChangeAsAClientSavesAndLoads) {
   EXPECT_EQ(text.find("uid:"), std::string::npos) << "a namespace leaked into /metrics";
 }
 
-TEST_F(Metrics, TurnLeadIsTheTimeFromBeginTurnToTheLoad) {
+TEST_F(Metrics, TurnLeadIsServedOnceATurnWasTimed) {
   auto address = metrics_address(*daemon_);
   ASSERT_TRUE(address.is_ok()) << address.status().to_string();
   auto engine = Engine::connect(daemon_->socket_path(), small_shape(4), "lead");
@@ -76,15 +73,15 @@ TEST_F(Metrics, TurnLeadIsTheTimeFromBeginTurnToTheLoad) {
   ASSERT_TRUE(before.is_ok());
   EXPECT_FALSE(metric(*before, "kvtier_turn_lead_seconds").has_value()) << "no turn seen yet";
 
+  // The value itself is tested on a manual clock (TurnLeadIsTimedFromBeginTurnToTheNextLoad
+  // in tests/daemon); here, that the real daemon serves it once a turn was timed.
   ASSERT_TRUE(engine->client->begin_turn("lead").is_ok());
-  std::this_thread::sleep_for(std::chrono::milliseconds(60));  // the request waits in a queue
   ASSERT_TRUE(engine->client->load("lead", Engine::refs(hashes, 2)).is_ok());
   auto after = http_get(*address, "/metrics");
   ASSERT_TRUE(after.is_ok());
   const std::optional<double> lead = metric(*after, "kvtier_turn_lead_seconds");
   ASSERT_TRUE(lead.has_value()) << *after;
-  EXPECT_GE(*lead, 0.06);
-  EXPECT_LT(*lead, 60.0);
+  EXPECT_GE(*lead, 0.0);
   // A Load without a BeginTurn before it is not a turn lead.
   ASSERT_TRUE(engine->client->load("lead", Engine::refs(hashes, 2)).is_ok());
   auto again = http_get(*address, "/metrics");
