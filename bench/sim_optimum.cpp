@@ -29,7 +29,7 @@ uint64_t Clairvoyant::next_use(uint64_t id) const {
   return cursor_[id] < uses.size() ? trace_.requests[uses[cursor_[id]]].arrival_ms : kNever;
 }
 
-void Clairvoyant::on_arrival(size_t request) {
+void Clairvoyant::on_served(size_t request) {
   const TraceRequest& r = trace_.requests[request];
   for (uint32_t k = 0; k < r.full_blocks; ++k) {
     const uint64_t id = r.hash_ids[k];

@@ -43,7 +43,7 @@ class Clairvoyant {
 
   // Request `request` has loaded its prefix: its blocks' next uses move past it, and
   // those never used again are dropped.
-  void on_arrival(size_t request);
+  void on_served(size_t request);
   // Stores block `id` (not held) at the end of a turn; false when it is not worth a
   // place (never used again, or every tier is full of blocks needed sooner).
   bool store(uint64_t id, uint64_t now_ms);

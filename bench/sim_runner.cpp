@@ -76,10 +76,10 @@ class Simulation {
       // at once, not at the next tick).
       const uint64_t landing =
           clairvoyant_ && clairvoyant_->waiting() ? store_.next_landing_ms() : UINT64_MAX;
-      // Equal times: landings, ends of turns, arrivals, starts, then the tick.
-      const uint64_t first = std::min({landing, end, arrival, start, next_tick});
-      if (landing == first && landing < end && landing < arrival && landing < start &&
-          landing < next_tick) {
+      // Equal times: ends of turns, arrivals, starts, then the tick; a landing replans
+      // only when it comes strictly first.
+      const uint64_t first = std::min({end, arrival, start, next_tick});
+      if (landing < first) {
         advance(landing);
         clairvoyant_->rebalance(landing, config_.plan_interval_ms);
       } else if (end == first) {
@@ -185,7 +185,7 @@ class Simulation {
         session->turn_begun = false;
       }
     }
-    if (clairvoyant_) clairvoyant_->on_arrival(index);
+    if (clairvoyant_) clairvoyant_->on_served(index);
     const double missed_tokens = static_cast<double>(request.input_tokens) -
                                  static_cast<double>(loaded) * trace_.tokens_per_block;
     const double service_ms =
