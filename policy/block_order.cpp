@@ -25,11 +25,10 @@ std::vector<Candidate> movable_in_tier(const PlanContext& ctx, Tier tier) {
   return out;
 }
 
-// Session order: idle holders' blocks (0), blocks no session holds (1), blocks of
-// sessions in a turn (2), durable sessions' (3).
+// Session order among blocks of one priority: idle holders' blocks (0), blocks no
+// session holds (1), blocks of sessions in a turn (2).
 int session_group(const Candidate& c) {
   if (c.holders == nullptr) return 1;
-  if (c.holders->durable > 0) return 3;
   return c.holders->active > 0 ? 2 : 0;
 }
 
@@ -41,13 +40,13 @@ const ReturnPredictor& PlanContext::predictor() {
 }
 
 bool PlanContext::idle_for_threshold(const Session& session, Tier tier) const {
-  if (session.state != SessionState::kIdle || session.priority > 0) return false;
+  if (session.state != SessionState::kIdle || session.priority > kDefaultPriority) return false;
   const uint64_t threshold = idle_threshold_of(config, tier);
   return now_ms >= session.last_active_ms && now_ms - session.last_active_ms >= threshold;
 }
 
 double PlanContext::probability(const Session& session, Tier horizon) {
-  if (session.priority > 0) return 1.0;
+  if (session.priority > kDefaultPriority) return 1.0;
   switch (horizon) {
     case Tier::kHbm:
       return predictor().probability_within(session, config.hbm_idle_ms);
@@ -66,7 +65,7 @@ bool PlanContext::past_threshold(const Session& session, Tier tier) {
 }
 
 bool PlanContext::wanted(const BlockKey& key, const BlockHolders& holders, Tier tier) {
-  if (holders.active > 0 || holders.durable > 0) return true;
+  if (holders.active > 0 || holders.durable()) return true;
   // hot_ms is the latest activity of any holder: none past the threshold by time
   // unless that one is.
   const uint64_t threshold = idle_threshold_of(config, tier);
@@ -109,7 +108,10 @@ std::vector<Candidate> sacrifice_order(PlanContext& ctx, const PlanState& plan, 
   std::vector<Candidate> blocks = movable_in_tier(ctx, tier);
   switch (ctx.config.mode) {
     case PolicyMode::kLru:
-      std::sort(blocks.begin(), blocks.end(), lru_less);
+      std::sort(blocks.begin(), blocks.end(), [](const Candidate& a, const Candidate& b) {
+        if (a.priority() != b.priority()) return a.priority() < b.priority();
+        return lru_less(a, b);
+      });
       return blocks;
     case PolicyMode::kSessionAware: {
       // Leaving the daemon altogether: the blocks no session holds go first (the
@@ -119,6 +121,7 @@ std::vector<Candidate> sacrifice_order(PlanContext& ctx, const PlanState& plan, 
         return kind == Sacrifice::kEvict && group == 1 ? -1 : group;
       };
       std::sort(blocks.begin(), blocks.end(), [&](const Candidate& a, const Candidate& b) {
+        if (a.priority() != b.priority()) return a.priority() < b.priority();
         const int ra = rank(a), rb = rank(b);
         if (ra != rb) return ra < rb;
         if (a.holders == nullptr || b.holders == nullptr) return lru_less(a, b);
@@ -155,7 +158,7 @@ std::vector<Candidate> sacrifice_order(PlanContext& ctx, const PlanState& plan, 
     const double value = c.holders == nullptr ? 0.0 : ctx.value(*c.holders, horizon);
     const double loss = value * std::max(0.0, worse_by) /
                         static_cast<double>(std::max<uint64_t>(c.placement.bytes, 1));
-    ranked.push_back({c.holders == nullptr ? uint8_t{0} : c.holders->max_priority,
+    ranked.push_back({c.priority(),
                       c.holders != nullptr && c.holders->active > 0, loss,
                       c.holders == nullptr ? 0 : c.holders->hot_seq, i});
   }

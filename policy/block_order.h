@@ -76,17 +76,20 @@ struct Candidate {
   Placement placement;
   const BlockHolders* holders = nullptr;
   uint32_t depth() const { return holders == nullptr ? 0 : holders->depth; }
+  // Its retention priority (a block no session holds has the default).
+  uint8_t priority() const { return holders == nullptr ? kDefaultPriority : holders->priority(); }
 };
 
 enum class Sacrifice { kDemote, kEvict };
 
 // Movable blocks now in `tier`, in the order the configured policy gives them up:
+// lowest retention priority first in every mode (session_table.h), and among blocks of
+// one priority:
 //  kLru: least recently used first (blocks used together: deepest in the prefix first);
 //  kSessionAware: idle sessions' blocks (least recently active holder first, tail
-//    first), blocks no session holds (LRU), active sessions', durable sessions'; a
-//    shared block goes with its most recently active holder. For kEvict the blocks no
-//    session holds go first;
-//  kPredictive: durable and active last; otherwise least loss first, where loss =
+//    first), blocks no session holds (LRU), active sessions'; a shared block goes with
+//    its most recently active holder. For kEvict the blocks no session holds go first;
+//  kPredictive: active last; otherwise least loss first, where loss =
 //    value × (next-turn cost after the move − cost now) per byte; among equal losses
 //    the least recently active holder's first, each session's tail first (a block is
 //    worth nothing without those before it).

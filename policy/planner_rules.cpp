@@ -175,7 +175,7 @@ void prefetch_predicted_returns(PlanContext& ctx, PlanState& plan) {
     for (auto it = idle.rbegin(); it != idle.rend() && recency < kProspectWindow; ++it, ++recency) {
       const Session& s = *it->session;
       if (s.blocks.empty()) continue;
-      const double p = s.priority > 0 ? 1.0
+      const double p = s.priority > kDefaultPriority ? 1.0
                        : upper == Tier::kHbm
                            ? ctx.predictor().probability_within(s, ctx.config.hbm_idle_ms)
                            : ctx.predictor().probability_within(s, ctx.config.ram_idle_ms);
@@ -256,7 +256,7 @@ std::vector<Move> turn_start(PlanContext& ctx, const Session& session,
         victims_ready = true;
         // Blocks of sessions in a turn (this one included) or durable ones stay.
         for (const Candidate& c : sacrifice_order(ctx, plan, top, Sacrifice::kDemote)) {
-          if (c.holders != nullptr && (c.holders->active > 0 || c.holders->durable > 0)) continue;
+          if (c.holders != nullptr && (c.holders->active > 0 || c.holders->durable())) continue;
           victims.push_back(c);
         }
       }

@@ -101,19 +101,81 @@ void SessionTable::change(Session& session, SessionState state, uint64_t now_ms)
   if (state == SessionState::kIdle) idle_insert(session);
 }
 
-void SessionTable::set_priority(Session& session, uint8_t priority) {
+void SessionTable::add_priority(BlockHolders& h, uint8_t priority) {
+  if (priority > h.max_priority) {
+    h.max_priority = priority;
+    h.at_max = 1;
+  } else if (priority == h.max_priority) {
+    ++h.at_max;
+  }
+}
+
+void SessionTable::remove_priority(BlockHolders& h, uint8_t priority) {
+  if (priority != h.max_priority || --h.at_max > 0) return;
+  // The last holder at the top left: a scan of the holders (O(sharing), and only when
+  // the highest priority changes).
+  h.max_priority = 0;
+  h.for_each([&](const Session& s) { add_priority(h, s.priority); });
+}
+
+void SessionTable::set_priority(Session& session, uint8_t priority, uint64_t until_ms) {
+  if (session.priority_until_ms != 0) {
+    session_expiries_.erase({session.priority_until_ms, &session});
+  }
+  session.priority_until_ms = until_ms;
+  if (until_ms != 0) session_expiries_.insert({until_ms, &session});
   const uint8_t old = session.priority;
   if (old == priority) return;
   session.priority = priority;
   for (BlockList::Entry* entry : session.blocks.entries_) {
     BlockHolders& h = entry->second;
-    h.durable += (priority > 0 ? 1 : 0) - (old > 0 ? 1 : 0);
-    if (priority >= h.max_priority) {
-      h.max_priority = priority;
-    } else if (old == h.max_priority) {
+    if (old == h.max_priority && h.at_max == 1) {
+      // It was the only holder at the top: a scan, which finds it at its new priority.
       h.max_priority = 0;
-      h.for_each([&](const Session& s) { h.max_priority = std::max(h.max_priority, s.priority); });
+      h.at_max = 0;
+      h.for_each([&](const Session& s) { add_priority(h, s.priority); });
+    } else {
+      remove_priority(h, old);
+      add_priority(h, priority);
     }
+  }
+}
+
+bool SessionTable::set_block_priority(const BlockKey& key, uint8_t priority, uint64_t until_ms) {
+  auto it = holders_.find(key);
+  if (it == holders_.end()) return false;
+  clear_block_expiry(key);
+  it->second.block_priority = priority;
+  if (priority != 0 && until_ms != 0) {
+    block_priority_until_[key] = until_ms;
+    block_expiries_.emplace(until_ms, key);
+  }
+  return true;
+}
+
+void SessionTable::clear_block_expiry(const BlockKey& key) {
+  auto until = block_priority_until_.find(key);
+  if (until == block_priority_until_.end()) return;
+  auto [first, last] = block_expiries_.equal_range(until->second);
+  for (auto at = first; at != last; ++at) {
+    if (at->second == key) {
+      block_expiries_.erase(at);
+      break;
+    }
+  }
+  block_priority_until_.erase(until);
+}
+
+void SessionTable::expire_priorities(uint64_t now_ms) {
+  while (!session_expiries_.empty() && session_expiries_.begin()->first <= now_ms) {
+    Session* session = session_expiries_.begin()->second;
+    set_priority(*session, kDefaultPriority);  // erases its expiry
+  }
+  while (!block_expiries_.empty() && block_expiries_.begin()->first <= now_ms) {
+    const BlockKey key = block_expiries_.begin()->second;
+    block_expiries_.erase(block_expiries_.begin());
+    block_priority_until_.erase(key);
+    if (auto it = holders_.find(key); it != holders_.end()) it->second.block_priority = 0;
   }
 }
 
@@ -128,8 +190,7 @@ BlockList::Entry* SessionTable::add_holder(const Session& session, const BlockHa
     h.more->push_back(&session);
   }
   if (session.state == SessionState::kActive) ++h.active;
-  if (session.priority > 0) ++h.durable;
-  h.max_priority = std::max(h.max_priority, session.priority);
+  add_priority(h, session.priority);
   h.depth = std::max(h.depth, depth);
   h.hot_seq = std::max(h.hot_seq, session.touch_seq);
   h.hot_ms = std::max(h.hot_ms, session.last_active_ms);
@@ -159,15 +220,12 @@ void SessionTable::drop_holder(const Session& session, const BlockHash& hash) {
   }
   if (more != nullptr && more->empty()) h.more.reset();
   if (h.first == nullptr) {
+    if (h.block_priority != 0) clear_block_expiry(it->first);
     holders_.erase(it);
     return;
   }
   if (session.state == SessionState::kActive) --h.active;
-  if (session.priority > 0) --h.durable;
-  if (session.priority > 0 && session.priority == h.max_priority) {
-    h.max_priority = 0;
-    h.for_each([&](const Session& s) { h.max_priority = std::max(h.max_priority, s.priority); });
-  }
+  remove_priority(h, session.priority);
 }
 
 const BlockHolders* SessionTable::holders(const BlockKey& key) const {
@@ -276,6 +334,9 @@ Result<std::vector<BlockHash>> SessionTable::close(uint32_t namespace_id, const 
                                now > session.last_active_ms ? now - session.last_active_ms : 0);
   }
   if (session.state == SessionState::kIdle) idle_erase(session);
+  if (session.priority_until_ms != 0) {
+    session_expiries_.erase({session.priority_until_ms, const_cast<Session*>(&session)});
+  }
   std::vector<BlockHash> blocks = session.blocks.hashes();
   it->second.blocks.entries_.clear();  // first: dropping the last holder frees the entry
   for (const BlockHash& hash : blocks) drop_holder(session, hash);

@@ -17,6 +17,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <iterator>
+#include <map>
 #include <memory>
 #include <set>
 #include <string>
@@ -32,6 +33,16 @@
 namespace kvtier::policy {
 
 enum class SessionState : uint8_t { kActive = 0, kIdle = 1 };
+
+// Retention priorities, as engines give them with a Save (TensorRT-LLM's scale): 1..100,
+// higher is kept longer. Under pressure every policy gives blocks up lowest priority
+// first (its own order among equals); above the default a session is durable: no idle
+// demotion, and the predictive policy counts it as certain to return. A block's own
+// priority (from a Save's block range) overrides its holders'; a priority given for a
+// time returns to the default (a block's: to its holders') when the time is up.
+inline constexpr uint8_t kMinPriority = 1;
+inline constexpr uint8_t kMaxPriority = 100;
+inline constexpr uint8_t kDefaultPriority = 35;
 
 struct Session;
 
@@ -57,10 +68,14 @@ struct BlockHolders {
   // it: it says when the block was last part of an active conversation.
   uint64_t hot_seq = 0;
   uint64_t hot_ms = 0;
-  uint32_t active = 0;       // holders in a turn
-  uint32_t durable = 0;      // holders with priority > 0
-  uint32_t depth = 0;        // the largest index of the block in a holder's prefix
-  uint8_t max_priority = 0;  // the highest priority among holders
+  uint32_t active = 0;  // holders in a turn
+  uint32_t at_max = 0;  // holders whose priority is max_priority
+  uint32_t depth = 0;   // the largest index of the block in a holder's prefix
+  uint8_t max_priority = 0;    // the highest priority among holders
+  uint8_t block_priority = 0;  // the block's own (a Save's block range); 0: none
+  // The priority the block is kept by: its own, else its holders' highest.
+  uint8_t priority() const { return block_priority != 0 ? block_priority : max_priority; }
+  bool durable() const { return priority() > kDefaultPriority; }
 };
 
 // A session's blocks in prefix order, read as BlockHashes. Each is 8 bytes: a pointer
@@ -147,7 +162,8 @@ struct Session {
   uint32_t turns = 0;           // turns ended (Save with endOfTurn)
   uint32_t returns = 0;         // idle periods that ended with the session coming back
   double sum_log_gap = 0;       // Σ ln(gap ms + 1) over those returns (its turn rhythm)
-  uint8_t priority = 0;         // 0: normal; > 0: durable — kept above every normal session
+  uint8_t priority = kDefaultPriority;  // retention priority, 1..100 (kDefaultPriority)
+  uint64_t priority_until_ms = 0;       // when it returns to the default; 0: never
   // A BeginTurn not yet followed by a Load, and when it came: the daemon measures the
   // turn lead from it (Planner::observe_turn_lead).
   bool turn_begun = false;
@@ -199,8 +215,15 @@ class SessionTable {
   void restore_state(Session& session, SessionState state) {
     restore(session, state, session.last_active_ms);
   }
-  // Marks a session (e.g. one holding a shared system prompt) durable or not.
-  void set_priority(Session& session, uint8_t priority);
+  // A session's retention priority (kMinPriority..kMaxPriority), until `until_ms` (0:
+  // until changed), when expire_priorities() returns it to kDefaultPriority. O(its blocks).
+  void set_priority(Session& session, uint8_t priority, uint64_t until_ms = 0);
+  // A block's own priority, overriding its holders' (0 clears it), until `until_ms` (0:
+  // while some session holds the block). False (nothing set) when no session holds it:
+  // a block's priority lives with its holders.
+  bool set_block_priority(const BlockKey& key, uint8_t priority, uint64_t until_ms = 0);
+  // Priorities whose time is up by `now_ms` end. O(those, log of the timed ones).
+  void expire_priorities(uint64_t now_ms);
   // Drops a block from a session (it was evicted or lost); returns whether it was there.
   bool forget_block(Session& session, const BlockHash& hash);
   // Cuts a session's prefix to its first `length` blocks; returns the blocks it no
@@ -262,6 +285,11 @@ class SessionTable {
   // The block's entry in holders_, with `session` added to its holders.
   BlockList::Entry* add_holder(const Session& session, const BlockHash& hash, uint32_t depth);
   void drop_holder(const Session& session, const BlockHash& hash);
+  // A holder of priority `priority` joined or left h's holders (already in or out of
+  // its list): max_priority and at_max follow.
+  static void add_priority(BlockHolders& h, uint8_t priority);
+  static void remove_priority(BlockHolders& h, uint8_t priority);
+  void clear_block_expiry(const BlockKey& key);
   void idle_insert(Session& session);
   void idle_erase(const Session& session);
   void rebuild_census(uint64_t now_ms) const;
@@ -274,6 +302,11 @@ class SessionTable {
   std::array<size_t, 2> totals_{};
   std::unordered_map<uint32_t, std::array<size_t, 2>> by_namespace_;
   std::unordered_map<BlockKey, BlockHolders, BlockKeyHasher> holders_;
+  // Priorities given for a time, soonest end first (sessions by pointer: nodes of
+  // sessions_ stay put), and the end of each timed block priority.
+  std::set<std::pair<uint64_t, Session*>> session_expiries_;
+  std::multimap<uint64_t, BlockKey> block_expiries_;
+  std::unordered_map<BlockKey, uint64_t, BlockKeyHasher> block_priority_until_;
   uint64_t touch_seq_ = 0;
   std::set<IdleKey> idle_;
   // The census of idle_ (mutable: brought up to date by the const reader). edge_[b],

@@ -1,6 +1,7 @@
 // The cost model, kLru (the LRU-tiering baseline) and the session-aware rules that
 // involve RAM and NVMe: watermark cascades, the RAM idle threshold, durable sessions
 // and BeginTurn (plan_turn_start), on a ManualClock.
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -123,13 +124,77 @@ TEST_F(PlannerTiersTest, RamIdleThresholdMovesIdleSessionsToNvme) {
 TEST_F(PlannerTiersTest, DurableSessionsSkipIdleThresholdsAndLeaveLast) {
   use(PolicyMode::kSessionAware);
   Session& durable = save("system-prompt", {1, 2}, true, 0);
-  table_.set_priority(durable, 1);
+  table_.set_priority(durable, 90);
   save("chat", {3, 4, 5, 6, 7, 8, 9, 10}, false, 500);  // active
   put(Tier::kHbm, {1, 2, 3, 4, 5, 6, 7, 8, 9, 10});
   clock_.set_ms(1'000'000);
   // Over the high watermark (1000 > 900): the active chat's tail goes, the durable
   // prompt stays although it is idle and older.
   EXPECT_EQ(plan(), (Strings{"D 10 hbm->ram", "D 9 hbm->ram", "D 8 hbm->ram"}));
+}
+
+// Retention priorities come before each policy's own order: under pressure the lowest
+// priority goes first, a priority above the default keeps a block however old, a
+// block's own priority overrides its session's, and a timed priority ends.
+TEST(PlannerRetentionTest, EveryPolicyGivesUpTheLowestPriorityFirst) {
+  for (PolicyMode mode : {PolicyMode::kLru, PolicyMode::kSessionAware, PolicyMode::kPredictive}) {
+    SCOPED_TRACE(policy_mode_name(mode));
+    ManualClock clock{0};
+    SessionTable table{clock};
+    FakePlacementView view;
+    view.set_capacity(Tier::kHbm, 1'000);  // high 900, low 750: three blocks go
+    view.set_capacity(Tier::kRam, 10'000);
+    PlannerConfig config;
+    config.mode = mode;
+    Planner planner{config, clock};
+    Session& old_chat = fake::save_session(clock, table, "old", {1, 2, 3, 4}, true, 0);
+    Session& tool_call = fake::save_session(clock, table, "tool-call", {5, 6, 7}, true, 400);
+    fake::save_session(clock, table, "chat", {8, 9, 10}, true, 500);
+    for (uint8_t n = 1; n <= 10; ++n) {
+      view.put(n, Tier::kHbm, {.last_access_ms = n <= 4 ? 0u : n <= 7 ? 400u : 500u});
+    }
+    clock.set_ms(1'000);  // every session idle, none past an idle threshold
+    auto first_three = [&] {
+      auto moves = describe(planner.plan_demotions(table, view));
+      EXPECT_EQ(moves.size(), 3u);
+      moves.resize(std::min<size_t>(moves.size(), 3));
+      std::sort(moves.begin(), moves.end());
+      return moves;
+    };
+    const Strings old_tail{"D 2 hbm->ram", "D 3 hbm->ram", "D 4 hbm->ram"};
+    const Strings tool_call_blocks{"D 5 hbm->ram", "D 6 hbm->ram", "D 7 hbm->ram"};
+    const Strings unprioritized = first_three();
+    // LRU and session-aware give up the oldest session's tail; predictive by its losses.
+    if (mode != PolicyMode::kPredictive) {
+      EXPECT_EQ(unprioritized, old_tail);
+    }
+
+    table.set_priority(tool_call, 10);  // one-off: goes before older blocks
+    EXPECT_EQ(first_three(), tool_call_blocks);
+
+    table.set_priority(tool_call, kDefaultPriority);
+    table.set_priority(old_chat, 90, /*until_ms=*/2'000);  // durable for a while
+    for (const std::string& move : first_three()) {
+      for (const char* kept : {"D 1 ", "D 2 ", "D 3 ", "D 4 "}) {
+        EXPECT_FALSE(move.starts_with(kept)) << move;
+      }
+    }
+    clock.set_ms(2'000);
+    table.expire_priorities(clock.now_ms());
+    EXPECT_EQ(old_chat.priority, kDefaultPriority);
+    EXPECT_EQ(first_three(), unprioritized);
+
+    // A block's own priority overrides its session's, both ways.
+    table.set_priority(old_chat, 90);
+    ASSERT_TRUE(table.set_block_priority(fake::key_of(1), 5));
+    auto moves = describe(planner.plan_demotions(table, view));
+    ASSERT_FALSE(moves.empty());
+    EXPECT_EQ(moves.front(), "D 1 hbm->ram");
+    ASSERT_TRUE(table.set_block_priority(fake::key_of(1), 0));  // cleared: the session's
+    moves = describe(planner.plan_demotions(table, view));
+    EXPECT_TRUE(std::find(moves.begin(), moves.end(), "D 1 hbm->ram") == moves.end());
+    EXPECT_FALSE(table.set_block_priority(fake::key_of(99), 50));  // held by no session
+  }
 }
 
 // An idle session and a busy one fill HBM to 800 of the 900 allowed; session "s" has

@@ -67,8 +67,9 @@ TEST(SessionLifecycleTest, ReturnsRecordGapsAndClosingIdleIsCensored) {
   clock.set_ms(66'000);  // idle 60 s, then closed: stayed away at least that long
   ASSERT_TRUE(table.close(7, "s").is_ok());
   EXPECT_EQ(model.censored_in(2, GapModel::bin_of(60'000)), 1);
-  table.set_priority(*table.get_or_create(7, "d", kLayout).value(), 3);
-  EXPECT_EQ(table.find(7, "d")->priority, 3);
+  EXPECT_EQ(table.get_or_create(7, "d", kLayout).value()->priority, kDefaultPriority);
+  table.set_priority(*table.find(7, "d"), 90);
+  EXPECT_EQ(table.find(7, "d")->priority, 90);
 }
 
 class ReturnPredictorTest : public ::testing::Test {

@@ -216,12 +216,19 @@ TEST_P(SessionTableIndexTest, IndexesMatchAWalkOverEverySession) {
   };
   std::vector<std::string> names;
   for (int i = 0; i < 40; ++i) names.push_back("s" + std::to_string(i));
+  // Block priorities as the table should have them: (priority, until; 0: untimed).
+  std::unordered_map<BlockKey, std::pair<uint8_t, uint64_t>, BlockKeyHasher> block_priorities;
+  const uint8_t kPriorities[] = {10, kDefaultPriority, kDefaultPriority, 90, kMaxPriority};
   for (int step = 0; step < 3'000; ++step) {
     clock.advance_ms(next(4) == 0 ? next(20'000) : next(50));
+    table.expire_priorities(clock.now_ms());
+    std::erase_if(block_priorities, [&](const auto& kv) {
+      return kv.second.second != 0 && kv.second.second <= clock.now_ms();
+    });
     const std::string& name = names[next(names.size())];
     const uint32_t ns = 1 + static_cast<uint32_t>(next(2));
     const LayoutKey layout{ns, kLayout.layout_digest};
-    switch (next(8)) {
+    switch (next(9)) {
       case 0:
       case 1:
       case 2: {  // a save of a few blocks from a small shared pool (shared prefixes)
@@ -239,8 +246,23 @@ TEST_P(SessionTableIndexTest, IndexesMatchAWalkOverEverySession) {
         (void)table.close(ns, name);
         break;
       case 5:
-        if (Session* s = table.find(ns, name))
-          table.set_priority(*s, static_cast<uint8_t>(next(3)));
+        if (Session* s = table.find(ns, name)) {
+          const uint64_t until = next(2) == 0 ? 0 : clock.now_ms() + 1 + next(30'000);
+          table.set_priority(*s, kPriorities[next(std::size(kPriorities))], until);
+        }
+        break;
+      case 7:
+        if (Session* s = table.find(ns, name); s != nullptr && !s->blocks.empty()) {
+          const BlockKey key{s->layout, s->blocks[next(s->blocks.size())]};
+          const uint8_t priority = next(3) == 0 ? 0 : kPriorities[next(std::size(kPriorities))];
+          const uint64_t until = next(2) == 0 ? 0 : clock.now_ms() + 1 + next(30'000);
+          ASSERT_TRUE(table.set_block_priority(key, priority, until));
+          if (priority == 0) {
+            block_priorities.erase(key);
+          } else {
+            block_priorities[key] = {priority, until};
+          }
+        }
         break;
       case 6:
         if (Session* s = table.find(ns, name); s != nullptr && !s->blocks.empty()) {
@@ -254,22 +276,31 @@ TEST_P(SessionTableIndexTest, IndexesMatchAWalkOverEverySession) {
       default:
         break;
     }
+    // A block no session holds any more has no priority of its own.
+    std::erase_if(block_priorities, [&](const auto& kv) { return table.holders(kv.first) == nullptr; });
     if (step % 97 != 0) continue;
     // The walk.
     struct Facts {
-      uint32_t count = 0, active = 0, durable = 0;
+      uint32_t count = 0, active = 0, at_max = 0;
       uint8_t max_priority = 0;
     };
     std::unordered_map<BlockKey, Facts, BlockKeyHasher> facts;
     SessionTable::Census census{};
     size_t idle = 0;
     table.for_each([&](const Session& s) {
+      // A priority given for a time has ended (back to the default) once it was up.
+      if (s.priority_until_ms != 0) {
+        EXPECT_GT(s.priority_until_ms, clock.now_ms());
+      }
       for (const BlockHash& h : s.blocks) {
         Facts& f = facts[BlockKey{s.layout, h}];
         ++f.count;
         f.active += s.state == SessionState::kActive;
-        f.durable += s.priority > 0;
-        f.max_priority = std::max(f.max_priority, s.priority);
+        if (s.priority > f.max_priority) {
+          f.max_priority = s.priority;
+          f.at_max = 0;
+        }
+        f.at_max += s.priority == f.max_priority;
       }
       if (s.state == SessionState::kIdle) {
         ++idle;
@@ -283,8 +314,12 @@ TEST_P(SessionTableIndexTest, IndexesMatchAWalkOverEverySession) {
       ASSERT_NE(h, nullptr) << "step " << step;
       EXPECT_EQ(h->count(), f.count) << "step " << step;
       EXPECT_EQ(h->active, f.active) << "step " << step;
-      EXPECT_EQ(h->durable, f.durable) << "step " << step;
+      EXPECT_EQ(h->at_max, f.at_max) << "step " << step;
       EXPECT_EQ(h->max_priority, f.max_priority) << "step " << step;
+      auto own = block_priorities.find(key);
+      const uint8_t block_priority = own == block_priorities.end() ? 0 : own->second.first;
+      EXPECT_EQ(h->block_priority, block_priority) << "step " << step;
+      EXPECT_EQ(h->priority(), block_priority != 0 ? block_priority : f.max_priority);
     }
     for (uint8_t n = 0; n < 60; ++n) {
       for (uint32_t ns2 : {1u, 2u}) {
