@@ -34,17 +34,24 @@ std::string return_text(const SessionInfo& s) {
   return fmt::format("{:.0f}% {}", 100 * s.return_probability, when);
 }
 
+// The retention priority: "35", or "90 for 2m" while a timed one lasts.
+std::string priority_text(const SessionInfo& s) {
+  if (s.priority_remaining_ms == 0) return std::to_string(s.priority);
+  return fmt::format("{} for {}", s.priority, format_duration_ms(s.priority_remaining_ms));
+}
+
 std::string session_object(const SessionInfo& s) {
   const std::string return_in =
       s.return_in_ms == UINT64_MAX ? "null" : std::to_string(s.return_in_ms);
   return fmt::format(
       R"({{"id":{},"namespace":{},"state":"{}","idle_ms":{},"turns":{},"blocks":{},"bytes":{},)"
       R"("blocks_per_tier":{{"hbm":{},"ram":{},"nvme":{},"none":{}}},"pinned":{},)"
-      R"("return_probability":{:.4f},"return_in_ms":{},"layout_digest":"{:016x}"}})",
+      R"("return_probability":{:.4f},"return_in_ms":{},"priority":{},)"
+      R"("priority_remaining_ms":{},"layout_digest":"{:016x}"}})",
       json_quote(s.session_id), json_quote(s.namespace_name), s.active ? "active" : "idle",
       s.idle_ms, s.turns, s.blocks, s.bytes, tier_count(s, 0), tier_count(s, 1), tier_count(s, 2),
-      tier_count(s, 3), s.pinned ? "true" : "false", s.return_probability, return_in,
-      s.layout_digest);
+      tier_count(s, 3), s.pinned ? "true" : "false", s.return_probability, return_in, s.priority,
+      s.priority_remaining_ms, s.layout_digest);
 }
 
 std::string recent_moves_json(const StatsInfo& s) {
@@ -157,15 +164,16 @@ std::string sessions_text(const std::vector<SessionInfo>& sessions) {
   }
   id_width = std::min<size_t>(id_width, 48);
   std::string out = fmt::format(
-      "{:<{}} {:<{}} {:<6} {:>9} {:>12} {:>5} {:>6} {:>10} {:>5} {:>5} {:>5} {:>5} {}\n", "SESSION",
-      id_width, "NAMESPACE", ns_width, "STATE", "IDLE", "RETURN", "TURNS", "BLOCKS", "SIZE", "HBM",
-      "RAM", "NVME", "GONE", "PIN");
+      "{:<{}} {:<{}} {:<6} {:>9} {:>12} {:>10} {:>5} {:>6} {:>10} {:>5} {:>5} {:>5} {:>5} {}\n",
+      "SESSION", id_width, "NAMESPACE", ns_width, "STATE", "IDLE", "RETURN", "PRIORITY", "TURNS",
+      "BLOCKS", "SIZE", "HBM", "RAM", "NVME", "GONE", "PIN");
   for (const auto& s : sessions) {
     out += fmt::format(
-        "{:<{}} {:<{}} {:<6} {:>9} {:>12} {:>5} {:>6} {:>10} {:>5} {:>5} {:>5} {:>5} {}\n",
+        "{:<{}} {:<{}} {:<6} {:>9} {:>12} {:>10} {:>5} {:>6} {:>10} {:>5} {:>5} {:>5} {:>5} {}\n",
         s.session_id, id_width, s.namespace_name, ns_width, s.active ? "active" : "idle",
-        idle_text(s), return_text(s), s.turns, s.blocks, format_bytes(s.bytes), tier_count(s, 0),
-        tier_count(s, 1), tier_count(s, 2), tier_count(s, 3), s.pinned ? "yes" : "-");
+        idle_text(s), return_text(s), priority_text(s), s.turns, s.blocks, format_bytes(s.bytes),
+        tier_count(s, 0), tier_count(s, 1), tier_count(s, 2), tier_count(s, 3),
+        s.pinned ? "yes" : "-");
   }
   return out;
 }
@@ -179,6 +187,7 @@ std::string session_text(const SessionInfo& s) {
   out += s.active ? "state      active (a turn is in progress)\n"
                   : fmt::format("state      idle for {}\n", format_duration_ms(s.idle_ms));
   out += fmt::format("turns      {}\n", s.turns);
+  out += fmt::format("priority   {} (retention, 1..100; 35 is the default)\n", priority_text(s));
   if (!s.active)
     out += fmt::format("return     {} (chance it comes back; median wait)\n", return_text(s));
   out += fmt::format("blocks     {} ({} held)\n", s.blocks, format_bytes(s.bytes));

@@ -1,9 +1,12 @@
 // The C boundary of the data path: Save, Lookup, Load, BeginTurn, CloseSession, each
 // blocking and as a kvtier_pending.
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cstring>
 #include <new>
 #include <string>
+#include <string_view>
 #include <utility>
 
 #include "client/c_api_internal.h"
@@ -46,6 +49,46 @@ void write_begin_turn_result(const BeginTurnResult& result, kvtier_begin_turn_re
 }
 
 namespace {
+
+Result<Retention> to_retention(const kvtier_retention& in, std::string_view field) {
+  if (in.priority > 100) {
+    return invalid_argument("{}.priority is {}; 1..100 allowed (0: not given)", field, in.priority);
+  }
+  if (in.priority == 0 && in.duration_ms != 0) {
+    return invalid_argument("{}.duration_ms is {} without a priority", field, in.duration_ms);
+  }
+  return Retention{static_cast<uint8_t>(in.priority), in.duration_ms};
+}
+
+// The options of kvtier_save_with_retention, checked against the save's `count` refs.
+Result<SaveOptions> to_save_options(const kvtier_retention* session_retention,
+                                    const kvtier_range_retention* ranges, uint32_t range_count,
+                                    uint32_t count) {
+  SaveOptions options;
+  if (session_retention != nullptr) {
+    auto retention = to_retention(*session_retention, "session_retention");
+    if (!retention.is_ok()) return retention.status();
+    if (retention->priority == 0) {
+      return invalid_argument("session_retention.priority is 0; pass NULL to leave it as is");
+    }
+    options.retention = *retention;
+  }
+  if (range_count > 0 && ranges == nullptr) {
+    return invalid_argument("ranges is NULL with range_count {}", range_count);
+  }
+  for (uint32_t i = 0; i < range_count; ++i) {
+    const kvtier_range_retention& range = ranges[i];
+    if (range.count == 0) return invalid_argument("ranges[{}].count is 0", i);
+    if (uint64_t{range.first} + range.count > count) {
+      return invalid_argument("ranges[{}] covers refs {}..{}; the save has {}", i, range.first,
+                              uint64_t{range.first} + range.count - 1, count);
+    }
+    auto retention = to_retention(range.retention, fmt::format("ranges[{}].retention", i));
+    if (!retention.is_ok()) return retention.status();
+    options.block_retention.push_back({range.first, range.count, *retention});
+  }
+  return options;
+}
 
 // Hands `reply` to the caller as a new kvtier_pending, or returns why it was not sent.
 template <typename T>
@@ -98,6 +141,24 @@ KVTIER_EXPORT kvtier_status kvtier_save(kvtier_client* client, const char* sessi
     auto blocks = to_block_refs(refs, count);
     if (!blocks.is_ok()) return blocks.status();
     auto saved = client->client->save(session_id, *blocks, end_of_turn != 0);
+    if (!saved.is_ok()) return saved.status();
+    write_save_result(*saved, out);
+    return Status::ok();
+  });
+}
+
+KVTIER_EXPORT kvtier_status kvtier_save_with_retention(
+    kvtier_client* client, const char* session_id, const kvtier_block_ref* refs, uint32_t count,
+    int end_of_turn, const kvtier_retention* session_retention,
+    const kvtier_range_retention* ranges, uint32_t range_count, kvtier_save_result* out) {
+  return guarded([&]() -> Status {
+    KVTIER_RETURN_IF_ERROR(require(client, "client"));
+    KVTIER_RETURN_IF_ERROR(require(session_id, "session_id"));
+    auto blocks = to_block_refs(refs, count);
+    if (!blocks.is_ok()) return blocks.status();
+    auto options = to_save_options(session_retention, ranges, range_count, count);
+    if (!options.is_ok()) return options.status();
+    auto saved = client->client->save(session_id, *blocks, end_of_turn != 0, *options);
     if (!saved.is_ok()) return saved.status();
     write_save_result(*saved, out);
     return Status::ok();
@@ -172,6 +233,25 @@ KVTIER_EXPORT kvtier_status kvtier_save_async(kvtier_client* client, const char*
     auto blocks = to_block_refs(refs, count);
     if (!blocks.is_ok()) return blocks.status();
     return make_pending(client, client->client->save_async(session_id, *blocks, end_of_turn != 0),
+                        count, out);
+  });
+}
+
+KVTIER_EXPORT kvtier_status kvtier_save_with_retention_async(
+    kvtier_client* client, const char* session_id, const kvtier_block_ref* refs, uint32_t count,
+    int end_of_turn, const kvtier_retention* session_retention,
+    const kvtier_range_retention* ranges, uint32_t range_count, kvtier_pending** out) {
+  if (out != nullptr) *out = nullptr;
+  return guarded([&]() -> Status {
+    KVTIER_RETURN_IF_ERROR(require(client, "client"));
+    KVTIER_RETURN_IF_ERROR(require(session_id, "session_id"));
+    KVTIER_RETURN_IF_ERROR(require(out, "out"));
+    auto blocks = to_block_refs(refs, count);
+    if (!blocks.is_ok()) return blocks.status();
+    auto options = to_save_options(session_retention, ranges, range_count, count);
+    if (!options.is_ok()) return options.status();
+    return make_pending(client,
+                        client->client->save_async(session_id, *blocks, end_of_turn != 0, *options),
                         count, out);
   });
 }

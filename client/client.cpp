@@ -41,6 +41,8 @@ SessionInfo session_from_wire(wire::SessionInfo::Reader s) {
   info.pinned = s.getPinned();
   info.return_probability = s.getReturnProbability();
   info.return_in_ms = s.getReturnInMs();
+  info.priority = s.getPriority();
+  info.priority_remaining_ms = s.getPriorityRemainingMs();
   return info;
 }
 
@@ -230,12 +232,28 @@ Pending<uint32_t> Client::unregister_region_async(uint32_t region_id) {
 }
 
 Pending<SaveResult> Client::save_async(const std::string& session_id,
-                                       std::span<const BlockRef> blocks, bool end_of_turn) {
+                                       std::span<const BlockRef> blocks, bool end_of_turn,
+                                       const SaveOptions& options) {
   auto id = send([&](wire::Request::Builder request) {
     auto save = request.initSave();
     save.setSessionId(session_id);
     save.setEndOfTurn(end_of_turn);
     fill_blocks(save.initBlocks(static_cast<unsigned>(blocks.size())), blocks);
+    if (options.retention.priority != 0 || options.retention.duration_ms != 0) {
+      auto retention = save.initRetention();
+      retention.setPriority(options.retention.priority);
+      retention.setDurationMs(options.retention.duration_ms);
+    }
+    if (!options.block_retention.empty()) {
+      auto ranges = save.initBlockRetention(static_cast<unsigned>(options.block_retention.size()));
+      for (unsigned i = 0; i < ranges.size(); ++i) {
+        const RangeRetention& range = options.block_retention[i];
+        ranges[i].setFirst(range.first);
+        ranges[i].setCount(range.count);
+        ranges[i].initRetention().setPriority(range.retention.priority);
+        ranges[i].getRetention().setDurationMs(range.retention.duration_ms);
+      }
+    }
   });
   return Pending<SaveResult>(this, std::move(id),
                              [](wire::Response::Reader response) -> Result<SaveResult> {

@@ -107,6 +107,26 @@ struct BlockRef {
   uint64_t engine_block_id;
 };
 
+// How long kvtierd keeps a session's blocks (schema: Retention): priority 1..100 on
+// TensorRT-LLM's scale, higher kept longer, 35 when nobody gave one. Under pressure every
+// policy gives up the lowest priority first; above 35 a session is durable (not demoted
+// for being idle). After `duration_ms` the priority returns to 35.
+struct Retention {
+  uint8_t priority = 0;      // 1..100; 0: not given (a session's) or clear (a range's)
+  uint64_t duration_ms = 0;  // 0: until changed
+};
+// A priority for blocks [first, first + count) of one Save's list, overriding the
+// session's (a system prompt kept, a failed tool call let go first).
+struct RangeRetention {
+  uint32_t first = 0;
+  uint32_t count = 0;
+  Retention retention;
+};
+struct SaveOptions {
+  Retention retention;                          // the session's; priority 0 leaves it as is
+  std::vector<RangeRetention> block_retention;  // later ranges win where they overlap
+};
+
 struct SaveResult {
   uint32_t stored;
   uint32_t deduplicated;
@@ -180,10 +200,12 @@ struct SessionInfo {
   uint32_t blocks;
   std::vector<uint32_t> blocks_per_tier;  // hbm, ram, nvme, none
   uint64_t layout_digest;
-  uint64_t bytes = 0;             // of the blocks held, any tier
-  bool pinned = false;            // an admin pinned it
-  double return_probability = 1;  // P(it comes back at all); 1 while active
-  uint64_t return_in_ms = 0;      // median time to its next turn; UINT64_MAX: not expected
+  uint64_t bytes = 0;                  // of the blocks held, any tier
+  bool pinned = false;                 // an admin pinned it
+  double return_probability = 1;       // P(it comes back at all); 1 while active
+  uint64_t return_in_ms = 0;           // median time to its next turn; UINT64_MAX: not expected
+  uint8_t priority = 35;               // retention priority (Retention)
+  uint64_t priority_remaining_ms = 0;  // until it returns to 35; 0: no end
 };
 
 // Operator requests (kvtierctl). Admin ones fail with PermissionDenied for others.
@@ -283,8 +305,8 @@ class Client {
   }
 
   Result<SaveResult> save(const std::string& session_id, std::span<const BlockRef> blocks,
-                          bool end_of_turn) {
-    return save_async(session_id, blocks, end_of_turn).wait();
+                          bool end_of_turn, const SaveOptions& options = {}) {
+    return save_async(session_id, blocks, end_of_turn, options).wait();
   }
   Result<LookupResult> lookup(std::span<const BlockHash> hashes) {
     return lookup_async(hashes).wait();
@@ -315,7 +337,7 @@ class Client {
   Result<std::vector<ConfigEntryInfo>> get_config();  // admin: effective configuration
 
   Pending<SaveResult> save_async(const std::string& session_id, std::span<const BlockRef> blocks,
-                                 bool end_of_turn);
+                                 bool end_of_turn, const SaveOptions& options = {});
   Pending<LookupResult> lookup_async(std::span<const BlockHash> hashes);
   Pending<LoadResult> load_async(const std::string& session_id, std::span<const BlockRef> blocks);
   Pending<BeginTurnResult> begin_turn_async(const std::string& session_id);

@@ -178,6 +178,24 @@ typedef struct kvtier_block_ref {
   uint64_t engine_block_id;
 } kvtier_block_ref;
 
+/* How long the daemon keeps blocks (ABI 0.4): priority 1..100 on TensorRT-LLM's scale,
+ * higher kept longer, 35 when none was given. Under pressure every policy gives up the
+ * lowest priority first; above 35 a session is durable (not demoted for being idle).
+ * After duration_ms (0: until changed) the priority returns to 35. */
+typedef struct kvtier_retention {
+  uint32_t priority; /* 1..100; 0: not given (a session's) / clear (a range's) */
+  uint32_t reserved; /* 0 */
+  uint64_t duration_ms;
+} kvtier_retention;
+
+/* A priority for refs[first .. first + count) of one save, overriding the session's
+ * (keep a system prompt, let a failed tool call go first). Later ranges win. */
+typedef struct kvtier_range_retention {
+  uint32_t first;
+  uint32_t count;
+  kvtier_retention retention;
+} kvtier_range_retention;
+
 typedef struct kvtier_save_result {
   uint32_t stored;       /* blocks copied into the daemon */
   uint32_t deduplicated; /* blocks the daemon already held */
@@ -323,6 +341,17 @@ kvtier_status kvtier_save(kvtier_client* client, const char* session_id,
                           const kvtier_block_ref* refs, uint32_t count, int end_of_turn,
                           kvtier_save_result* out);
 
+/* kvtier_save with retention priorities (ABI 0.4): session_retention (NULL: the
+ * session's priority stays as it is) and range_count ranges of refs (ranges may be
+ * NULL when range_count is 0). KVTIER_INVALID_ARGUMENT for a priority over 100, a
+ * duration without a priority, or a range outside refs. */
+kvtier_status kvtier_save_with_retention(kvtier_client* client, const char* session_id,
+                                         const kvtier_block_ref* refs, uint32_t count,
+                                         int end_of_turn,
+                                         const kvtier_retention* session_retention,
+                                         const kvtier_range_retention* ranges,
+                                         uint32_t range_count, kvtier_save_result* out);
+
 /* How many leading hashes the daemon holds (*hit_count) and, when tiers_out is not
  * NULL, where: tiers_out[i] for i < *hit_count (tiers_out holds at least count
  * entries; the ones from *hit_count on are set to KVTIER_TIER_NONE). */
@@ -359,6 +388,12 @@ kvtier_status kvtier_stats(kvtier_client* client, kvtier_stats_info* out);
 kvtier_status kvtier_save_async(kvtier_client* client, const char* session_id,
                                 const kvtier_block_ref* refs, uint32_t count, int end_of_turn,
                                 kvtier_pending** out);
+kvtier_status kvtier_save_with_retention_async(kvtier_client* client, const char* session_id,
+                                               const kvtier_block_ref* refs, uint32_t count,
+                                               int end_of_turn,
+                                               const kvtier_retention* session_retention,
+                                               const kvtier_range_retention* ranges,
+                                               uint32_t range_count, kvtier_pending** out);
 kvtier_status kvtier_lookup_async(kvtier_client* client, const kvtier_hash* hashes, uint32_t count,
                                   kvtier_pending** out);
 kvtier_status kvtier_load_async(kvtier_client* client, const char* session_id,

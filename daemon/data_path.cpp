@@ -311,6 +311,7 @@ void Service::finish_save(const ConnectionPtr& c, uint64_t id, const EngineConte
          sessions_.record_save(**session, request.hashes, request.end_of_turn)) {
       store_->add_session_ref({engine.layout_key, hash});
     }
+    apply_retention(**session, request);
     note_session_changed(**session);
   }
   reply(c, id, [&](wire::Response::Builder response) {
@@ -320,6 +321,32 @@ void Service::finish_save(const ConnectionPtr& c, uint64_t id, const EngineConte
   });
   if (!session.is_ok()) KVTIER_LOG_WARN("save: {}", session.status().to_string());
   plan_soon();
+}
+
+namespace {
+
+// When a priority given for `duration_ms` ends (0: never), on the policy's clock.
+uint64_t retention_until(uint64_t now_ms, uint64_t duration_ms) {
+  if (duration_ms == 0) return 0;
+  return duration_ms > UINT64_MAX - now_ms ? UINT64_MAX : now_ms + duration_ms;
+}
+
+}  // namespace
+
+void Service::apply_retention(policy::Session& session, const BlockListRequest& request) {
+  const uint64_t now = sessions_.now_ms();
+  if (request.retention.priority != 0) {
+    sessions_.set_priority(session, request.retention.priority,
+                           retention_until(now, request.retention.duration_ms));
+  }
+  for (const BlockRangeRetention& range : request.block_retention) {
+    const uint64_t until = retention_until(now, range.retention.duration_ms);
+    for (uint32_t i = range.first; i < range.first + range.count; ++i) {
+      // Every block of the Save is the session's now (record_save): this holds.
+      (void)sessions_.set_block_priority({session.layout, request.hashes[i]},
+                                         range.retention.priority, until);
+    }
+  }
 }
 
 void Service::plan_soon() {
@@ -354,6 +381,7 @@ Status Service::handle_lookup(const ConnectionPtr& c, EngineContext& engine, uin
 
 void Service::run_planner(policy::Planner::PlanKind kind) {
   if (stopping_ || store_ == nullptr) return;
+  sessions_.expire_priorities(sessions_.now_ms());
   mover_->apply(planner_.plan_demotions(sessions_, *view_, kind));
   flush_sessions(/*sync=*/false);
   mover_->release_slots();

@@ -129,6 +129,11 @@ void Service::fill_session_info(const policy::Session& session, wire::SessionInf
   out.setReturnProbability(predictor.probability_ever(session));
   const double return_in = predictor.median_return_in_ms(session);
   out.setReturnInMs(std::isfinite(return_in) ? static_cast<uint64_t>(return_in) : UINT64_MAX);
+  out.setPriority(session.priority);
+  const uint64_t now = now_ms();
+  out.setPriorityRemainingMs(session.priority_until_ms == 0    ? 0
+                             : session.priority_until_ms > now ? session.priority_until_ms - now
+                                                               : 1);
 }
 
 }  // namespace kvtier::daemon

@@ -44,7 +44,11 @@ NvmeSessionRecord to_record(const policy::Session& session, const std::string& n
   record.last_active_wall_ms = steady_to_wall_ms(session.last_active_ms, steady_now, wall_now);
   record.turns = session.turns;
   record.state = static_cast<uint8_t>(session.state);
-  record.priority = session.priority;
+  // On disk 0 is the default (the records' encoding before priorities had a scale). A
+  // priority given for a time is not persisted: after a restart it has ended.
+  record.priority = session.priority_until_ms != 0 || session.priority == policy::kDefaultPriority
+                        ? 0
+                        : session.priority;
   record.returns = session.returns;
   record.sum_log_gap = session.sum_log_gap;
   record.blocks = session.blocks.hashes();
@@ -188,7 +192,9 @@ Status Service::recover_nvme() {
     restored.turns = record.turns;
     restored.returns = record.returns;
     restored.sum_log_gap = record.sum_log_gap;
-    sessions_.set_priority(restored, record.priority);
+    sessions_.set_priority(
+        restored, record.priority == 0 ? policy::kDefaultPriority
+                                       : std::min<uint8_t>(record.priority, policy::kMaxPriority));
     sessions_.restore(
         restored, record.state == 0 ? policy::SessionState::kActive : policy::SessionState::kIdle,
         wall_to_steady_ms(record.last_active_wall_ms, steady_now, wall_now));

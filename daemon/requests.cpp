@@ -1,8 +1,13 @@
 #include "daemon/requests.h"
 
+#include <fmt/format.h>
+
 #include <cstring>
 #include <span>
+#include <string_view>
 #include <unordered_map>
+
+#include "policy/session_table.h"
 
 namespace kvtier::daemon {
 
@@ -47,6 +52,54 @@ Result<BlockListRequest> decode_block_list(const EngineContext& engine, uint32_t
     request.engine_block_ids.push_back(block_id);
   }
   return request;
+}
+
+namespace {
+
+Result<RetentionRequest> decode_retention(wire::Retention::Reader retention,
+                                          std::string_view field) {
+  RetentionRequest out{retention.getPriority(), retention.getDurationMs()};
+  if (out.priority > policy::kMaxPriority) {
+    return invalid_argument("{}.priority is {}; 1..{} allowed (0: not given)", field, out.priority,
+                            policy::kMaxPriority);
+  }
+  if (out.priority == 0 && out.duration_ms != 0) {
+    return invalid_argument("{}.durationMs is {} without a priority", field, out.duration_ms);
+  }
+  return out;
+}
+
+}  // namespace
+
+Status decode_save_retention(wire::Save::Reader save, BlockListRequest& request) {
+  if (save.hasRetention()) {
+    auto retention = decode_retention(save.getRetention(), "retention");
+    if (!retention.is_ok()) return retention.status();
+    request.retention = *retention;
+  }
+  const auto ranges = save.getBlockRetention();
+  const size_t blocks = request.hashes.size();
+  if (ranges.size() > blocks) {
+    return invalid_argument("blockRetention has {} ranges for {} blocks; at most one per block",
+                            ranges.size(), blocks);
+  }
+  request.block_retention.reserve(ranges.size());
+  for (unsigned i = 0; i < ranges.size(); ++i) {
+    const auto range = ranges[i];
+    const uint64_t first = range.getFirst();
+    const uint64_t count = range.getCount();
+    if (count == 0) return invalid_argument("blockRetention[{}].count is 0", i);
+    if (first + count > blocks) {
+      return invalid_argument("blockRetention[{}] covers blocks {}..{}; the Save has {}", i, first,
+                              first + count - 1, blocks);
+    }
+    auto retention =
+        decode_retention(range.getRetention(), fmt::format("blockRetention[{}].retention", i));
+    if (!retention.is_ok()) return retention.status();
+    request.block_retention.push_back(
+        {static_cast<uint32_t>(first), static_cast<uint32_t>(count), *retention});
+  }
+  return Status::ok();
 }
 
 Result<std::vector<BlockHash>> decode_lookup(uint32_t max_blocks,

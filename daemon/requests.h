@@ -20,12 +20,26 @@ namespace kvtier::daemon {
 
 enum class BlockListKind { kSave, kLoad };
 
+// A retention priority as a Save gives it (schema: Retention).
+struct RetentionRequest {
+  uint8_t priority = 0;      // 1..100; 0: not given (a session's) / clear (a range's)
+  uint64_t duration_ms = 0;  // 0: until changed
+};
+struct BlockRangeRetention {
+  uint32_t first = 0;  // index into the Save's blocks
+  uint32_t count = 0;
+  RetentionRequest retention;
+};
+
 // A validated Save or Load, copied out of the wire message before any work starts.
 struct BlockListRequest {
   std::string session_id;
   std::vector<BlockHash> hashes;
   std::vector<uint64_t> engine_block_ids;
   bool end_of_turn = false;
+  // Save only.
+  RetentionRequest retention;
+  std::vector<BlockRangeRetention> block_retention;  // in the order given: later ones win
 };
 
 // Save (kSave: a session id is required) or Load, against the engine's layout and
@@ -35,6 +49,10 @@ Result<BlockListRequest> decode_block_list(const EngineContext& engine, uint32_t
                                            capnp::Text::Reader session,
                                            capnp::List<wire::BlockRef>::Reader blocks,
                                            BlockListKind kind);
+// Save's retention fields into `request` (its hashes already decoded): priorities
+// 0..100, a duration only with a priority, ranges of at least one block inside the
+// Save's blocks, at most one range per block.
+Status decode_save_retention(wire::Save::Reader save, BlockListRequest& request);
 // Lookup: at most `max_blocks` hashes of 1..32 bytes each.
 Result<std::vector<BlockHash>> decode_lookup(uint32_t max_blocks,
                                              capnp::List<capnp::Data>::Reader hashes);

@@ -272,6 +272,7 @@ Status Service::dispatch(const ConnectionPtr& c, EngineContext& engine,
                                       save.getBlocks(), BlockListKind::kSave);
       if (!parsed.is_ok()) return parsed.status();
       parsed->end_of_turn = save.getEndOfTurn();
+      KVTIER_RETURN_IF_ERROR(decode_save_retention(save, *parsed));
       return handle_save(c, engine, id, std::move(*parsed));
     }
     case wire::Request::LOOKUP: {

@@ -229,6 +229,8 @@ class Service final : public ipc::RequestHandler {
   // Plans and applies the moves; a periodic plan also arms the next one.
   void run_planner(policy::Planner::PlanKind kind);
   // Runs the planner once the current handlers are done (coalesces post-Save plans).
+  // A Save's retention priorities, for its session and ranges of its blocks.
+  void apply_retention(policy::Session& session, const BlockListRequest& request);
   void plan_soon();
   // The moves' executor reports blocks that left the store (evicted, or lost: their
   // bytes were bad): the sessions holding them are cut there.

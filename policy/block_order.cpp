@@ -158,8 +158,7 @@ std::vector<Candidate> sacrifice_order(PlanContext& ctx, const PlanState& plan, 
     const double value = c.holders == nullptr ? 0.0 : ctx.value(*c.holders, horizon);
     const double loss = value * std::max(0.0, worse_by) /
                         static_cast<double>(std::max<uint64_t>(c.placement.bytes, 1));
-    ranked.push_back({c.priority(),
-                      c.holders != nullptr && c.holders->active > 0, loss,
+    ranked.push_back({c.priority(), c.holders != nullptr && c.holders->active > 0, loss,
                       c.holders == nullptr ? 0 : c.holders->hot_seq, i});
   }
   std::sort(ranked.begin(), ranked.end(), [&](const Ranked& a, const Ranked& b) {

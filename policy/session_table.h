@@ -68,9 +68,9 @@ struct BlockHolders {
   // it: it says when the block was last part of an active conversation.
   uint64_t hot_seq = 0;
   uint64_t hot_ms = 0;
-  uint32_t active = 0;  // holders in a turn
-  uint32_t at_max = 0;  // holders whose priority is max_priority
-  uint32_t depth = 0;   // the largest index of the block in a holder's prefix
+  uint32_t active = 0;         // holders in a turn
+  uint32_t at_max = 0;         // holders whose priority is max_priority
+  uint32_t depth = 0;          // the largest index of the block in a holder's prefix
   uint8_t max_priority = 0;    // the highest priority among holders
   uint8_t block_priority = 0;  // the block's own (a Save's block range); 0: none
   // The priority the block is kept by: its own, else its holders' highest.
@@ -158,10 +158,10 @@ struct Session {
   BlockList blocks;  // prefix order, no duplicates
   SessionState state = SessionState::kActive;
   uint64_t created_ms = 0;
-  uint64_t last_active_ms = 0;  // last Save/Load/BeginTurn
-  uint32_t turns = 0;           // turns ended (Save with endOfTurn)
-  uint32_t returns = 0;         // idle periods that ended with the session coming back
-  double sum_log_gap = 0;       // Σ ln(gap ms + 1) over those returns (its turn rhythm)
+  uint64_t last_active_ms = 0;          // last Save/Load/BeginTurn
+  uint32_t turns = 0;                   // turns ended (Save with endOfTurn)
+  uint32_t returns = 0;                 // idle periods that ended with the session coming back
+  double sum_log_gap = 0;               // Σ ln(gap ms + 1) over those returns (its turn rhythm)
   uint8_t priority = kDefaultPriority;  // retention priority, 1..100 (kDefaultPriority)
   uint64_t priority_until_ms = 0;       // when it returns to the default; 0: never
   // A BeginTurn not yet followed by a Load, and when it came: the daemon measures the

@@ -142,6 +142,23 @@ struct Save {
   sessionId @0 :Text;          # conversation id, 1..256 bytes; created on first Save
   blocks @1 :List(BlockRef);   # the session's blocks in prefix order, to append/refresh
   endOfTurn @2 :Bool;          # true: the turn ended, the session's idle clock starts
+  retention @3 :Retention;     # the session's priority (absent or priority 0: unchanged)
+  blockRetention @4 :List(BlockRetention);  # priorities of ranges of this Save's blocks
+}
+
+# How long kvtierd keeps blocks, on TensorRT-LLM's scale: priority 1..100, higher is
+# kept longer; 35 for a session or block nobody gave one. Under pressure every policy
+# gives up the lowest priority first; above 35 a session is durable (never demoted for
+# being idle). After durationMs the priority returns to 35 (a block's: to its session's).
+struct Retention {
+  priority @0 :UInt8;          # 1..100; 0: not given (Save.retention) / clear (a range)
+  durationMs @1 :UInt64;       # how long it holds; 0: until changed
+}
+
+struct BlockRetention {
+  first @0 :UInt32;            # index into Save.blocks
+  count @1 :UInt32;            # blocks from there, >= 1
+  retention @2 :Retention;     # overrides the session's for these blocks; later ranges win
 }
 
 struct SaveReply {
@@ -272,6 +289,8 @@ struct SessionInfo {
   returnProbability @10 :Float64;  # P(it comes back at all), learned online; 1 while active
   returnInMs @11 :UInt64;      # median time from now to its next turn, if it comes back
                                # (0 while active; 2^64-1 when not expected back)
+  priority @12 :UInt8;         # retention priority, 1..100 (35 unless an engine set one)
+  priorityRemainingMs @13 :UInt64;  # until it returns to 35; 0: no end
 }
 
 enum SessionState {

@@ -26,7 +26,8 @@
 // sessions:
 //   key:   name(namespace) ‖ session id (1..256 bytes, the rest of the key)
 //   value: u64 layout digest ‖ u64 created (wall ms) ‖ u64 last active (wall ms) ‖
-//          u32 turns ‖ u8 state (0 active, 1 idle) ‖ u8 priority ‖ u32 returns ‖
+//          u32 turns ‖ u8 state (0 active, 1 idle) ‖ u8 retention priority (0: the
+//          default, else 1..100) ‖ u32 returns ‖
 //          f64 Σ ln(gap ms + 1) over the returns (IEEE-754 bits as a u64) ‖
 //          u32 block count ‖ block count × name(block hash)
 //   merge operands (RocksDB Merge; version 2): a session delta, so that a turn writes

@@ -277,7 +277,8 @@ TEST_P(SessionTableIndexTest, IndexesMatchAWalkOverEverySession) {
         break;
     }
     // A block no session holds any more has no priority of its own.
-    std::erase_if(block_priorities, [&](const auto& kv) { return table.holders(kv.first) == nullptr; });
+    std::erase_if(block_priorities,
+                  [&](const auto& kv) { return table.holders(kv.first) == nullptr; });
     if (step % 97 != 0) continue;
     // The walk.
     struct Facts {
