@@ -351,6 +351,58 @@ TEST_F(HandlerTest, TurnLeadIsTimedFromBeginTurnToTheNextLoad) {
   EXPECT_DOUBLE_EQ(*lead_seconds(), 0.35);
 }
 
+// Retention fields are checked before anything is stored, and each error names its
+// field; a Save refused for one creates no session.
+TEST_F(HandlerTest, SaveRetentionIsValidatedAtTheBoundary) {
+  const auto refs = Engine::refs(PagedCache::chain_hashes("r", 4), 0);
+  engine_->fill(refs);
+  auto refused = [&](const SaveOptions& options, const std::string& message) {
+    auto saved = engine_->client->save("r", refs, true, options);
+    EXPECT_TRUE(IsError(saved.status(), StatusCode::kInvalidArgument, message))
+        << saved.status().to_string();
+  };
+  refused(session_retention(101, 0), "retention.priority is 101");
+  refused(session_retention(0, 5'000), "retention.durationMs is 5000 without a priority");
+  refused(range_retention({{0, 0, {50, 0}}}), "blockRetention[0].count is 0");
+  refused(range_retention({{0, 1, {50, 0}}, {2, 3, {50, 0}}}),
+          "blockRetention[1] covers blocks 2..4; the Save has 4");
+  refused(range_retention({{0, 1, {200, 0}}}), "blockRetention[0].retention.priority is 200");
+  refused(range_retention(std::vector<RangeRetention>(5, {0, 1, {50, 0}})),
+          "blockRetention has 5 ranges for 4 blocks");
+  EXPECT_TRUE(IsError(engine_->client->get_session("r").status(), StatusCode::kNotFound, "r"));
+}
+
+// A priority given for a time shows how long it has left and returns to the default
+// when the time is up (on the daemon's clock, at the next plan).
+TEST_F(HandlerTest, ATimedPriorityEndsAndTheSessionIsBackToTheDefault) {
+  const auto refs = Engine::refs(PagedCache::chain_hashes("t", 2), 0);
+  engine_->fill(refs);
+  ASSERT_TRUE(engine_->client->save("t", refs, true, session_retention(80, 60'000)).is_ok());
+  auto info = engine_->client->get_session("t");
+  ASSERT_TRUE(info.is_ok()) << info.status().to_string();
+  EXPECT_EQ(info->priority, 80);
+  EXPECT_EQ(info->priority_remaining_ms, 60'000u);
+  daemon_->advance_clock_ms(20'000);
+  info = engine_->client->get_session("t");
+  ASSERT_TRUE(info.is_ok());
+  EXPECT_EQ(info->priority_remaining_ms, 40'000u);
+  // A Save without retention leaves the priority as it is.
+  ASSERT_TRUE(engine_->client->save("t", refs, false).is_ok());
+  info = engine_->client->get_session("t");
+  ASSERT_TRUE(info.is_ok());
+  EXPECT_EQ(info->priority, 80);
+
+  daemon_->advance_clock_ms(40'000);
+  ASSERT_TRUE(engine_->client->save("t", refs, true).is_ok());  // runs a plan after it
+  const auto deadline = std::chrono::steady_clock::now() + kDeadline;
+  do {
+    info = engine_->client->get_session("t");
+    ASSERT_TRUE(info.is_ok());
+  } while (info->priority != 35 && std::chrono::steady_clock::now() < deadline);
+  EXPECT_EQ(info->priority, 35);
+  EXPECT_EQ(info->priority_remaining_ms, 0u);
+}
+
 TEST_F(HandlerTest, BeginTurnOfAnUnknownSessionIsNotFoundAndCreatesNothing) {
   EXPECT_TRUE(IsError(engine_->client->begin_turn("never-saved").status(), StatusCode::kNotFound,
                       "unknown session 'never-saved'"));

@@ -38,6 +38,18 @@ inline std::vector<BlockHash> concat_hashes(std::vector<BlockHash> head,
   return head;
 }
 
+// Save options with only the session's retention, or only ranges of blocks.
+inline SaveOptions session_retention(uint8_t priority, uint64_t duration_ms) {
+  SaveOptions options;
+  options.retention = {priority, duration_ms};
+  return options;
+}
+inline SaveOptions range_retention(std::vector<RangeRetention> ranges) {
+  SaveOptions options;
+  options.block_retention = std::move(ranges);
+  return options;
+}
+
 // inprocess_config() with an admin group whose gid is kAdminGid.
 DaemonConfig admin_group_config();
 

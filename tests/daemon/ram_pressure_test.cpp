@@ -175,6 +175,41 @@ TEST_F(RamPressureTest, SessionAwareEvictionTakesTheOldestIdleSessionsTail) {
   EXPECT_EQ(new_info->blocks, 16u);
 }
 
+// Retention priorities come before the policy's own order: the session that would
+// lose its tail (the oldest idle one, as above) is durable, and the newer session's
+// last six blocks were saved as one-off, so those go; GetSession shows both priorities.
+TEST_F(RamPressureTest, RetentionPrioritiesDecideWhatAFullTierGivesUp) {
+  const auto old_session = PagedCache::chain_hashes("old", 16);
+  const auto new_session = PagedCache::chain_hashes("new", 16);
+  auto refs = Engine::refs(old_session, 0);
+  engine_->fill(refs);
+  ASSERT_TRUE(engine_->client->save("old", refs, true, session_retention(90, 0)).is_ok());
+  daemon_->advance_clock_ms(10);
+  refs = Engine::refs(new_session, 16);
+  engine_->fill(refs);
+  SaveOptions one_off_tail;
+  one_off_tail.block_retention.push_back({10, 6, {5, 0}});
+  ASSERT_TRUE(engine_->client->save("new", refs, true, one_off_tail).is_ok());
+  ASSERT_TRUE(wait_until_settled().is_ok());
+  daemon_->advance_clock_ms(10);
+
+  auto saved = save(*engine_, "newest", 6, 32);
+  ASSERT_TRUE(saved.is_ok()) << saved.status().to_string();
+  auto old_info = engine_->client->get_session("old");
+  ASSERT_TRUE(old_info.is_ok()) << old_info.status().to_string();
+  EXPECT_EQ(old_info->blocks, 16u);
+  EXPECT_EQ(old_info->priority, 90);
+  EXPECT_EQ(old_info->priority_remaining_ms, 0u);
+  auto new_info = engine_->client->get_session("new");
+  ASSERT_TRUE(new_info.is_ok()) << new_info.status().to_string();
+  EXPECT_EQ(new_info->blocks, 10u);
+  EXPECT_EQ(new_info->priority, 35);
+  auto loaded = load(*engine_, "old", old_session, 0);
+  ASSERT_TRUE(loaded.is_ok()) << loaded.status().to_string();
+  EXPECT_EQ(loaded->reply.loaded_count, 16u);
+  EXPECT_EQ(loaded->verified, 16u);
+}
+
 // Every slot is a block still being written (its Save's copy held on the device): a
 // Save that finds no room, not even by evicting, waits for it instead of failing, and
 // goes on when the copy lands; until then a later Save waits behind it (not ahead).
