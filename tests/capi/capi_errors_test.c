@@ -92,6 +92,55 @@ static void test_null_arguments(const capi_daemon* daemon) {
   cache_destroy(&cache);
 }
 
+/* Retention priorities (ABI 0.4): bad ones are refused by the library with the field
+ * named, before anything is sent; good ones reach the daemon and the save succeeds. */
+static void test_save_with_retention(const capi_daemon* daemon) {
+  capi_cache cache;
+  CHECK(cache_create(&cache) == 0);
+  kvtier_client* client = connect_engine(daemon, &cache);
+  if (client == NULL) return;
+  uint8_t hashes[3][16];
+  kvtier_block_ref refs[3];
+  for (uint32_t i = 0; i < 3; ++i) {
+    make_hash(9, i, hashes[i]);
+    refs[i] = (kvtier_block_ref){hashes[i], 16, i};
+  }
+  kvtier_retention too_high = {101, 0, 0};
+  CHECK_STATUS(kvtier_save_with_retention(client, "p", refs, 3, 1, &too_high, NULL, 0, NULL),
+               KVTIER_INVALID_ARGUMENT);
+  CHECK_MESSAGE("session_retention.priority is 101");
+  kvtier_retention no_priority = {0, 0, 1000};
+  CHECK_STATUS(kvtier_save_with_retention(client, "p", refs, 3, 1, &no_priority, NULL, 0, NULL),
+               KVTIER_INVALID_ARGUMENT);
+  CHECK_MESSAGE("without a priority");
+  kvtier_range_retention ranges[2] = {{0, 1, {90, 0, 0}}, {2, 2, {5, 0, 0}}};
+  CHECK_STATUS(kvtier_save_with_retention(client, "p", refs, 3, 1, NULL, ranges, 2, NULL),
+               KVTIER_INVALID_ARGUMENT);
+  CHECK_MESSAGE("ranges[1] covers refs 2..3; the save has 3");
+  CHECK_STATUS(kvtier_save_with_retention(client, "p", refs, 3, 1, NULL, NULL, 1, NULL),
+               KVTIER_INVALID_ARGUMENT);
+  CHECK_MESSAGE("ranges is NULL");
+  kvtier_pending* pending = NULL;
+  CHECK_STATUS(
+      kvtier_save_with_retention_async(client, "p", refs, 3, 1, &too_high, NULL, 0, &pending),
+      KVTIER_INVALID_ARGUMENT);
+  CHECK(pending == NULL);
+  uint32_t hits = 7;
+  CHECK_OK(kvtier_lookup(client, NULL, 0, &hits, NULL)); /* nothing was sent */
+
+  kvtier_retention durable = {80, 0, 60000};
+  ranges[1].count = 1;
+  kvtier_save_result saved = {0, 0};
+  CHECK_OK(kvtier_save_with_retention(client, "p", refs, 3, 1, &durable, ranges, 2, &saved));
+  CHECK(saved.stored == 3);
+  CHECK_OK(kvtier_save_with_retention_async(client, "p", refs, 3, 1, NULL, ranges, 2, &pending));
+  CHECK_OK(kvtier_pending_wait_save(pending, &saved));
+  CHECK(saved.deduplicated == 3);
+  kvtier_pending_free(pending);
+  kvtier_close(client);
+  cache_destroy(&cache);
+}
+
 /* Says Hello with `layout` on a fresh connection; returns the status. */
 static kvtier_status hello_with(const capi_daemon* daemon, const kvtier_layout* layout,
                                 kvtier_device_kind kind) {
@@ -276,6 +325,7 @@ int main(void) {
   const char* const flags[] = {"--max-regions-per-connection", "1", NULL};
   if (daemon_start_with(&daemon, flags) != 0) return 1;
   test_null_arguments(&daemon);
+  test_save_with_retention(&daemon);
   test_bad_layouts(&daemon);
   test_unknown_names(&daemon);
   test_cuda_pointer_on_host(&daemon);

@@ -21,6 +21,10 @@ if ! printf '%s\n' "$symbols" | grep -q ' kvtier_last_error_retryable@@KVTIER_0\
   echo "kvtier_last_error_retryable is not in version node KVTIER_0.2" >&2
   exit 1
 fi
+if ! printf '%s\n' "$symbols" | grep -q ' kvtier_save_with_retention@@KVTIER_0\.4$'; then
+  echo "kvtier_save_with_retention is not in version node KVTIER_0.4" >&2
+  exit 1
+fi
 count=$(printf '%s\n' "$symbols" | grep -c ' T kvtier_')
 if [ "$count" -lt 20 ]; then
   echo "only $count kvtier_* functions exported:" >&2
