@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import threading
 
 import pytest
@@ -136,3 +137,57 @@ def test_hashes_may_be_any_bytes_like(client, unique):
     assert client.lookup([b"short", hashes[0]]).hit_count == 0  # any length 1..32
     words = memoryview(hashes[0]).cast("I")  # 8 items of 4 bytes: still 32 bytes
     assert client.lookup([words, hashes[1]]).hit_count == 2
+
+
+def session_json(daemon, session_id):
+    """What `kvtierctl session ID --json` says about a session of this test user."""
+    import json
+    import subprocess
+
+    from kvtierd_process import BUILD_DIR
+
+    out = subprocess.run([str(BUILD_DIR / "kvtierctl"), "--socket", daemon.socket_path, "--json",
+                          "session", session_id], check=True, capture_output=True, text=True)
+    return json.loads(out.stdout)
+
+
+def test_save_carries_retention_priorities(daemon, client, unique):
+    engine(client, unique("retention"))
+    session = unique("session")
+    hashes = block_hashes(range(32), 4, session)  # 8 blocks
+    blocks = list(zip(hashes, range(8)))
+    ranges = [kvtier.BlockPriority(0, 2, 90), kvtier.BlockPriority(6, 2, 5, duration_s=30)]
+    saved = client.save(session, blocks, priority=70, priority_duration_s=60,
+                        block_priorities=ranges)
+    assert saved.stored == 8
+    shown = session_json(daemon, session)
+    assert shown["priority"] == 70
+    assert 0 < shown["priority_remaining_ms"] <= 60_000
+
+    # A save without retention leaves it; a durationless one holds until changed.
+    client.save(session, blocks)
+    assert session_json(daemon, session)["priority"] == 70
+    client.save_async(session, blocks, priority=20).result()
+    shown = session_json(daemon, session)
+    assert (shown["priority"], shown["priority_remaining_ms"]) == (20, 0)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"priority": 101}, "priority is 101"),
+    ({"priority": 0}, "priority is 0; 1..100"),
+    ({"priority": True}, "priority must be an int"),
+    ({"priority_duration_s": 5}, "without a priority"),
+    ({"priority": 50, "priority_duration_s": -1}, "positive number of seconds"),
+    ({"block_priorities": [kvtier.BlockPriority(7, 2, 50)]}, "block_priorities[0] covers"),
+    ({"block_priorities": [kvtier.BlockPriority(0, 0, 50)]}, "block_priorities[0] covers"),
+    ({"block_priorities": [kvtier.BlockPriority(0, 1, 500)]}, "block_priorities[0].priority"),
+    ({"block_priorities": [(0, 1, 50)]}, "must be a kvtier.BlockPriority"),
+])
+def test_bad_retention_is_refused_before_sending(client, unique, kwargs, message):
+    engine(client, unique("bad-retention"))
+    session = unique("session")
+    blocks = list(zip(block_hashes(range(32), 4, session), range(8)))
+    with pytest.raises(kvtier.InvalidArgument, match=re.escape(message)):
+        client.save(session, blocks, **kwargs)
+    with pytest.raises(kvtier.NotFound):  # nothing was saved
+        client.begin_turn(session)

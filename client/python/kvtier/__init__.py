@@ -18,7 +18,7 @@ from .errors import (ClientClosed, DataLoss, Internal, InvalidArgument, KvtierEr
                      NotSupported, PermissionDenied, ResourceExhausted, StatusCode, Unavailable)
 from .layout import Layout, Plane
 from .pending import Pending
-from .results import (BeginTurnResult, HelloInfo, LoadResult, LookupResult, SaveResult, Stats,
+from .results import (BeginTurnResult, BlockPriority, HelloInfo, LoadResult, LookupResult, SaveResult, Stats,
                       TierStats)
 
 __version__ = "0.1.0"
@@ -32,7 +32,7 @@ def library_version() -> str:
 
 
 __all__ = [
-    "BeginTurnResult", "Block", "Client", "ClientClosed", "DataLoss", "HelloInfo", "Internal",
+    "BeginTurnResult", "Block", "BlockPriority", "Client", "ClientClosed", "DataLoss", "HelloInfo", "Internal",
     "InvalidArgument", "KvtierError", "Layout", "LoadResult", "LookupResult", "NotFound",
     "NotSupported", "Pending", "PermissionDenied", "Plane", "ResourceExhausted", "SaveResult",
     "Session", "Stats", "StatusCode", "TierStats", "Unavailable", "hashing", "library_version",

@@ -69,6 +69,14 @@ class BlockRef(Structure):
     _fields_ = [("hash", c_char_p), ("hash_len", c_uint32), ("engine_block_id", c_uint64)]
 
 
+class Retention(Structure):
+    _fields_ = [("priority", c_uint32), ("reserved", c_uint32), ("duration_ms", c_uint64)]
+
+
+class RangeRetention(Structure):
+    _fields_ = [("first", c_uint32), ("count", c_uint32), ("retention", Retention)]
+
+
 class SaveResult(Structure):
     _fields_ = [("stored", c_uint32), ("deduplicated", c_uint32)]
 
@@ -149,6 +157,10 @@ _OPTIONAL_SIGNATURES = {
     "kvtier_connect_with_options": (_status, [c_char_p, POINTER(ClientOptions),
                                               POINTER(_client_p)]),
     "kvtier_reconnects": (c_uint64, [_client_p]),
+    "kvtier_save_with_retention_async": (_status, [_client_p, c_char_p, c_void_p, c_uint32,
+                                                   c_int, POINTER(Retention),
+                                                   POINTER(RangeRetention), c_uint32,
+                                                   POINTER(_pending_p)]),
 }
 
 _load_lock = threading.Lock()

@@ -11,7 +11,7 @@ from typing import Sequence, Tuple
 
 from . import _lib
 from .errors import InvalidArgument
-from .results import BeginTurnResult, LoadResult, LookupResult, SaveResult
+from .results import BeginTurnResult, BlockPriority, LoadResult, LookupResult, SaveResult
 
 Block = Tuple[bytes, int]  # (block hash, engine block id)
 
@@ -141,3 +141,52 @@ def load_result(out: _lib.LoadResult) -> LoadResult:
 
 def begin_turn_result(out: _lib.BeginTurnResult) -> BeginTurnResult:
     return BeginTurnResult(known_blocks=out.known_blocks, promoted_blocks=out.promoted_blocks)
+
+
+def _duration_ms(name: str, seconds: float | None) -> int:
+    if seconds is None:
+        return 0
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds > 0:
+        raise InvalidArgument(f"{name} must be a positive number of seconds, got {seconds!r}")
+    return max(1, round(seconds * 1000))
+
+
+def _priority(name: str, value: int, allow_zero: bool) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidArgument(f"{name} must be an int, got {type(value).__name__}")
+    low = 0 if allow_zero else 1
+    if not low <= value <= 100:
+        raise InvalidArgument(f"{name} is {value}; {low}..100 allowed")
+    return value
+
+
+def retention(priority: int | None, duration_s: float | None):
+    """kvtier_retention for a session's priority, or None when none was given."""
+    if priority is None:
+        if duration_s is not None:
+            raise InvalidArgument("priority_duration_s was given without a priority")
+        return None
+    return _lib.Retention(_priority("priority", priority, False), 0,
+                          _duration_ms("priority_duration_s", duration_s))
+
+
+def range_retentions(ranges: Sequence[BlockPriority], count: int):
+    """(kvtier_range_retention array or None, how many) for a save of `count` blocks."""
+    if not ranges:
+        return None, 0
+    out = (_lib.RangeRetention * len(ranges))()
+    for i, r in enumerate(ranges):
+        if not isinstance(r, BlockPriority):
+            raise InvalidArgument(f"block_priorities[{i}] must be a kvtier.BlockPriority, "
+                                  f"got {type(r).__name__}")
+        if isinstance(r.first, bool) or not isinstance(r.first, int) or r.first < 0 \
+                or isinstance(r.count, bool) or not isinstance(r.count, int) or r.count < 1 \
+                or r.first + r.count > count:
+            raise InvalidArgument(f"block_priorities[{i}] covers blocks[{r.first!r}:"
+                                  f"{r.first!r}+{r.count!r}]; the save has {count} blocks")
+        priority = _priority(f"block_priorities[{i}].priority", r.priority, True)
+        if priority == 0 and r.duration_s is not None:
+            raise InvalidArgument(f"block_priorities[{i}].duration_s without a priority")
+        out[i] = _lib.RangeRetention(r.first, r.count, _lib.Retention(
+            priority, 0, _duration_ms(f"block_priorities[{i}].duration_s", r.duration_s)))
+    return out, len(ranges)

@@ -35,7 +35,7 @@ from ._marshal import Block
 from .errors import ClientClosed, InvalidArgument, KvtierError, NotFound, NotSupported
 from .layout import Layout
 from .pending import Pending
-from .results import (BeginTurnResult, HelloInfo, LoadResult, LookupResult, SaveResult, Stats,
+from .results import (BeginTurnResult, BlockPriority, HelloInfo, LoadResult, LookupResult, SaveResult, Stats,
                       TierStats)
 
 _DEVICE_KINDS = {"host": _lib.DEVICE_HOST, "cuda": _lib.DEVICE_CUDA}
@@ -311,13 +311,21 @@ class Client:
 
     # ---- data path (blocking) ------------------------------------------------------
 
-    def save(self, session_id: str, blocks: Sequence[Block],
-             end_of_turn: bool = True) -> SaveResult:
+    def save(self, session_id: str, blocks: Sequence[Block], end_of_turn: bool = True, *,
+             priority: int | None = None, priority_duration_s: float | None = None,
+             block_priorities: Sequence[BlockPriority] = ()) -> SaveResult:
         """Copies the blocks' bytes into the daemon and returns when done: the engine
         may reuse those blocks then. Blocks already held are deduplicated.
         ``end_of_turn`` starts the session's idle clock. ResourceExhausted: no room,
-        retry later or with fewer blocks."""
-        return self.save_async(session_id, blocks, end_of_turn).result()
+        retry later or with fewer blocks.
+
+        Retention (TensorRT-LLM's scale, 1..100, 35 when none is given; under pressure
+        the lowest goes first, above 35 a session is never demoted for being idle):
+        ``priority`` sets the session's, for ``priority_duration_s`` seconds (None:
+        until changed); ``block_priorities`` override it for ranges of ``blocks``."""
+        return self.save_async(session_id, blocks, end_of_turn, priority=priority,
+                               priority_duration_s=priority_duration_s,
+                               block_priorities=block_priorities).result()
 
     def lookup(self, hashes: Sequence[bytes]) -> LookupResult:
         """How many leading hashes the daemon holds, and in which tier each is."""
@@ -391,19 +399,31 @@ class Client:
 
     # ---- data path (non-blocking) --------------------------------------------------
 
-    def save_async(self, session_id: str, blocks: Sequence[Block],
-                   end_of_turn: bool = True) -> Pending[SaveResult]:
+    def save_async(self, session_id: str, blocks: Sequence[Block], end_of_turn: bool = True, *,
+                   priority: int | None = None, priority_duration_s: float | None = None,
+                   block_priorities: Sequence[BlockPriority] = ()) -> Pending[SaveResult]:
         """save() without waiting: the request is sent before this returns."""
         session = _marshal.text("session_id", session_id)
         refs, count, keep = _marshal.block_array(blocks)
+        retention = _marshal.retention(priority, priority_duration_s)
+        ranges, range_count = _marshal.range_retentions(block_priorities, count)
 
         def wait(pending: int) -> SaveResult:
             out = _lib.SaveResult()
             _lib.check(self._lib.kvtier_pending_wait_save(pending, byref(out)))
             return _marshal.save_result(out)
 
-        return self._pending(lambda h, out: self._lib.kvtier_save_async(
-            h, session, refs, count, 1 if end_of_turn else 0, out), wait, keep)
+        turn_ends = 1 if end_of_turn else 0
+        if retention is None and range_count == 0:
+            return self._pending(lambda h, out: self._lib.kvtier_save_async(
+                h, session, refs, count, turn_ends, out), wait, keep)
+        save_with_retention = getattr(self._lib, "kvtier_save_with_retention_async", None)
+        if save_with_retention is None:
+            raise NotSupported("this libkvtier.so.0 predates retention priorities (ABI 0.4)",
+                               retryable=False)
+        return self._pending(lambda h, out: save_with_retention(
+            h, session, refs, count, turn_ends, None if retention is None else byref(retention),
+            ranges, range_count, out), wait, (keep, retention, ranges))
 
     def lookup_async(self, hashes: Sequence[bytes]) -> Pending[LookupResult]:
         """lookup() without waiting."""
@@ -464,8 +484,12 @@ class Session:
         self.client = client
         self.session_id = session_id
 
-    def save(self, blocks: Sequence[Block], end_of_turn: bool = True) -> SaveResult:
-        return self.client.save(self.session_id, blocks, end_of_turn)
+    def save(self, blocks: Sequence[Block], end_of_turn: bool = True, *,
+             priority: int | None = None, priority_duration_s: float | None = None,
+             block_priorities: Sequence[BlockPriority] = ()) -> SaveResult:
+        return self.client.save(self.session_id, blocks, end_of_turn, priority=priority,
+                                priority_duration_s=priority_duration_s,
+                                block_priorities=block_priorities)
 
     def load(self, blocks: Sequence[Block]) -> LoadResult:
         return self.client.load(self.session_id, blocks)

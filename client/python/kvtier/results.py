@@ -22,6 +22,19 @@ class HelloInfo:
 
 
 @dataclasses.dataclass(frozen=True)
+class BlockPriority:
+    """A retention priority (1..100) for blocks[first : first + count] of one save,
+    overriding the session's: keep a system prompt (high), let a failed tool call go
+    first (low); 0 clears a priority given before. ``duration_s``: how long it holds
+    (None: while the blocks are held)."""
+
+    first: int
+    count: int
+    priority: int
+    duration_s: float | None = None
+
+
+@dataclasses.dataclass(frozen=True)
 class SaveResult:
     stored: int  # blocks copied into the daemon by this save
     deduplicated: int  # blocks it already held: nothing copied
