@@ -22,6 +22,9 @@ namespace {
 // tiering to the offline optimum, and is never more than 1 % slower than LRU tiering.
 constexpr double kGapClosedTarget = 0.5;
 constexpr double kVsLruTarget = 1.01;
+// A workload whose requests carry retention priorities: each policy is at least 1 %
+// faster (mean TTFT) with them than on the same requests without them.
+constexpr double kPriorityGainTarget = 1.01;
 
 // (LRU − policy) ÷ (LRU − optimum) on mean TTFT; 0 when the optimum is no better.
 double gap_closed(const SimResult& policy, const SimResult& lru, const SimResult& optimum) {
@@ -148,6 +151,7 @@ void run_workload(BenchReport& report, const Workload& workload, const std::stri
     SimBudget budget;
     SimPolicy policy;
     SimResult result;
+    bool priorities = true;  // false: the same requests with their priorities ignored
   };
   std::vector<Task> tasks;
   // The infinite cache, and two bounds: the same hits, every one read from RAM / NVMe.
@@ -159,13 +163,17 @@ void run_workload(BenchReport& report, const Workload& workload, const std::stri
   for (const SimBudget& budget : budgets) {
     tasks.push_back({budget, SimPolicy::kClairvoyant, {}});
     for (SimPolicy policy : policies) tasks.push_back({budget, policy, {}});
+    if (!workload.trace.has_priorities) continue;
+    for (SimPolicy policy : policies) tasks.push_back({budget, policy, {}, false});
   }
   std::atomic<size_t> next{0};
   std::vector<std::thread> workers;
   for (int j = 0; j < std::min<int>(jobs, static_cast<int>(tasks.size())); ++j) {
     workers.emplace_back([&] {
       for (size_t i = next++; i < tasks.size(); i = next++) {
-        tasks[i].result = simulate(workload.trace, config, tasks[i].budget, tasks[i].policy);
+        SimConfig run_config = config;
+        run_config.priorities = tasks[i].priorities;
+        tasks[i].result = simulate(workload.trace, run_config, tasks[i].budget, tasks[i].policy);
       }
     });
   }
@@ -190,9 +198,14 @@ void run_workload(BenchReport& report, const Workload& workload, const std::stri
   report.result(prefix + "ideal_from_nvme_ttft_mean_ms", tasks[2].result.ttft_mean_ms);
   for (const SimBudget& budget : budgets) {
     std::map<SimPolicy, const SimResult*> by_policy;
+    std::map<SimPolicy, const SimResult*> without_priorities;
     std::vector<SimResult> rows;
     for (const Task& task : tasks) {
       if (task.budget.name != budget.name) continue;
+      if (!task.priorities) {
+        without_priorities[task.policy] = &task.result;
+        continue;
+      }
       rows.push_back(task.result);
       by_policy[task.policy] = &task.result;
       add_results(report,
@@ -203,6 +216,21 @@ void run_workload(BenchReport& report, const Workload& workload, const std::stri
     const SimResult* lru = find(SimPolicy::kLruTiering);
     const SimResult* optimum = find(SimPolicy::kClairvoyant);
     add_table(report, budget, rows, bounds, lru, optimum);
+    if (!without_priorities.empty()) {
+      std::string line = "  without priorities (mean ms, and x faster with them):";
+      for (const auto& [policy, plain] : without_priorities) {
+        const SimResult* with = find(policy);
+        const double gain = with->ttft_mean_ms > 0 ? plain->ttft_mean_ms / with->ttft_mean_ms : 0;
+        line += fmt::format("  p{} {:.0f} ({:.2f}x)", static_cast<int>(policy), plain->ttft_mean_ms,
+                            gain);
+        const std::string name =
+            fmt::format("{}{}_p{}_", prefix, budget.name, static_cast<int>(policy));
+        add_results(report, name + "no_priorities_", *plain);
+        report.result(name + "priority_gain", gain);
+      }
+      report.note(line);
+      report.note("");
+    }
     if (lru == nullptr || optimum == nullptr) continue;
     for (SimPolicy p : {SimPolicy::kSessionAware, SimPolicy::kPredictive}) {
       const SimResult* r = find(p);
@@ -219,6 +247,11 @@ void run_workload(BenchReport& report, const Workload& workload, const std::stri
   for (const SimBudget& budget : budgets) {
     report.target(prefix + budget.name + "_p4_gap_closed", ">=", kGapClosedTarget);
     report.target(prefix + budget.name + "_p4_vs_p2_ttft_mean_ratio", "<=", kVsLruTarget);
+    if (!workload.trace.has_priorities) continue;
+    for (SimPolicy p : policies) {
+      report.target(fmt::format("{}{}_p{}_priority_gain", prefix, budget.name, static_cast<int>(p)),
+                    ">=", kPriorityGainTarget);
+    }
   }
 }
 
@@ -331,8 +364,9 @@ CLI::App* add_sim_subcommand(CLI::App& app, SimOptions& options) {
   sim->add_option("--hbm-idle", options.hbm_idle, "idle sessions leave HBM after this");
   sim->add_option("--ram-idle", options.ram_idle, "idle sessions leave RAM after this");
   sim->add_option("--policies", options.policies, "policies to run (1..4)")->delimiter(',');
-  sim->add_option("--workload", options.workloads,
-                  "trace (the --trace file), long-chats, one-shot, doc-qa, or all; repeatable")
+  sim->add_option(
+         "--workload", options.workloads,
+         "trace (the --trace file), long-chats, one-shot, doc-qa, agents, or all; repeatable")
       ->delimiter(',');
   sim->add_option("--seed", options.seed, "seed of the generated workloads");
   sim->add_option("--jobs", options.jobs, "simulation threads (default: one per CPU)")

@@ -235,6 +235,17 @@ class Simulation {
       store_.add_ref(key);
       holders_[key].push_back(request.session);
     }
+    if (config_.priorities) {  // as kvtierd applies a Save's retention
+      if (request.priorities.session != 0) {
+        sessions_.set_priority(session, request.priorities.session);
+      }
+      for (const PriorityRange& range : request.priorities.blocks) {
+        const size_t end = std::min<size_t>(range.first + range.count, saved.size());
+        for (size_t k = range.first; k < end; ++k) {
+          (void)sessions_.set_block_priority({kLayout, saved[k]}, range.priority);
+        }
+      }
+    }
     // As kvtierd does after a Save (prefetch stays with the periodic plans).
     apply(planner_.plan_demotions(sessions_, store_, policy::Planner::PlanKind::kAfterSave));
   }

@@ -57,6 +57,9 @@ struct SimConfig {
   // batching). 0: unlimited, every request starts on arrival.
   uint32_t engines = 0;
   uint64_t plan_interval_ms = 1000;
+  // Whether the engine's Saves carry the retention priorities the trace gives
+  // (TraceRequest::priorities; the clairvoyant policy needs none).
+  bool priorities = true;
   // Thresholds and watermarks; mode, costs and plan interval are set per run.
   policy::PlannerConfig planner;
 };

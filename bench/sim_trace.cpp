@@ -69,7 +69,7 @@ TraceBuilder::TraceBuilder(uint32_t tokens_per_block) {
 }
 
 Status TraceBuilder::add(uint64_t arrival_ms, uint32_t input_tokens, uint32_t output_tokens,
-                         std::span<const uint64_t> hash_ids) {
+                         std::span<const uint64_t> hash_ids, RequestPriorities priorities) {
   if (!trace_.requests.empty() && arrival_ms < trace_.requests.back().arrival_ms) {
     return invalid_argument("timestamp goes backwards");
   }
@@ -83,6 +83,18 @@ Status TraceBuilder::add(uint64_t arrival_ms, uint32_t input_tokens, uint32_t ou
   }
   request.full_blocks = std::min<uint32_t>(input_tokens / trace_.tokens_per_block,
                                            static_cast<uint32_t>(request.hash_ids.size()));
+  if (priorities.session > 100) {
+    return invalid_argument("session priority {} is outside 1..100", priorities.session);
+  }
+  for (const PriorityRange& range : priorities.blocks) {
+    if (range.priority == 0 || range.priority > 100 || range.count == 0 ||
+        uint64_t{range.first} + range.count > request.full_blocks) {
+      return invalid_argument("priority range {}+{} (priority {}) is not within the {} full blocks",
+                              range.first, range.count, range.priority, request.full_blocks);
+    }
+  }
+  trace_.has_priorities |= priorities.session != 0 || !priorities.blocks.empty();
+  request.priorities = std::move(priorities);
   // A turn continues the latest request whose whole prefix it extends (the longest
   // match), unless another request continued that one already: then it is a fork,
   // and a prefix many requests extend (a system prompt) is not one conversation.

@@ -24,6 +24,19 @@
 
 namespace kvtier::bench {
 
+// A retention priority the engine gives blocks [first, first + count) of a request's
+// full blocks when it saves them (policy/session_table.h: 1..100, 35 the default).
+struct PriorityRange {
+  uint32_t first = 0;
+  uint32_t count = 0;
+  uint8_t priority = 0;
+};
+// What an engine that knows its requests says with a turn's Save (0 / none: nothing).
+struct RequestPriorities {
+  uint8_t session = 0;
+  std::vector<PriorityRange> blocks;
+};
+
 struct TraceRequest {
   uint64_t arrival_ms = 0;
   uint32_t input_tokens = 0;
@@ -33,6 +46,7 @@ struct TraceRequest {
   uint32_t session = 0;            // conversation index, 0-based
   bool follow_up = false;          // continues an earlier request's conversation
   uint32_t full_blocks = 0;        // leading hash_ids that cover tokens_per_block tokens
+  RequestPriorities priorities;    // generated workloads only: trace files carry none
 };
 
 struct Trace {
@@ -43,6 +57,7 @@ struct Trace {
   uint32_t tokens_per_block = 0;
   uint64_t blocks_requested = 0;  // Σ hash_ids over all requests
   uint64_t distinct_blocks = 0;   // hash ids run 0 .. distinct_blocks - 1
+  bool has_priorities = false;    // some request gives retention priorities
 };
 
 // Builds a Trace from requests given in arrival order: renumbers hash ids densely and
@@ -51,8 +66,10 @@ class TraceBuilder {
  public:
   explicit TraceBuilder(uint32_t tokens_per_block);  // REQUIRES: > 0
   // InvalidArgument when `arrival_ms` is before the previous request's.
+  // InvalidArgument when `arrival_ms` is before the previous request's, or a priority
+  // is outside 1..100 or a range outside the request's full blocks.
   Status add(uint64_t arrival_ms, uint32_t input_tokens, uint32_t output_tokens,
-             std::span<const uint64_t> hash_ids);
+             std::span<const uint64_t> hash_ids, RequestPriorities priorities = {});
   // InvalidArgument when no request was added.
   Result<Trace> finish() &&;
 

@@ -17,6 +17,7 @@ struct Request {
   uint32_t input_tokens;
   uint32_t output_tokens;
   std::vector<uint64_t> hash_ids;  // full blocks, then one partial block
+  RequestPriorities priorities;    // what the engine says with the turn's Save
 };
 
 class Generator {
@@ -39,7 +40,7 @@ class Generator {
   // A request whose full blocks are `prefix`; its last, partial block is fresh.
   Request request(uint64_t conversation, uint64_t arrival_ms, const std::vector<uint64_t>& prefix,
                   uint32_t output) {
-    Request r{conversation, arrival_ms, 0, output, prefix};
+    Request r{conversation, arrival_ms, 0, output, prefix, {}};
     const uint32_t partial = static_cast<uint32_t>(uniform(1, tokens_ - 1));
     r.input_tokens = static_cast<uint32_t>(prefix.size()) * tokens_ + partial;
     r.hash_ids.push_back(fresh());
@@ -124,10 +125,62 @@ void doc_qa(Generator& g) {
   }
 }
 
+// Retention priorities an engine that knows its requests gives (session_table.h).
+constexpr uint8_t kKeep = 90;    // a prompt every task of an agent starts with
+constexpr uint8_t kOneOff = 10;  // a failed tool call's output, a batch request
+
+void agents(Generator& g) {
+  constexpr uint64_t kSpanMs = 1'200'000;
+  std::vector<std::vector<uint64_t>> prompts(8);
+  for (auto& prompt : prompts) g.append_fresh(prompt, g.uniform(24, 48));
+  double at = 0;
+  uint64_t conversation = 0;
+  while ((at += g.exponential_ms(4'000)) < kSpanMs) {  // a task every 4 s
+    const std::vector<uint64_t>& prompt = prompts[g.uniform(0, prompts.size() - 1)];
+    const PriorityRange keep_prompt{0, static_cast<uint32_t>(prompt.size()), kKeep};
+    std::vector<uint64_t> blocks = prompt;
+    g.append_fresh(blocks, g.uniform(1, 3));  // the task
+    uint64_t c = conversation++;
+    uint64_t turn_at = static_cast<uint64_t>(at);
+    for (uint64_t t = 0, turns = g.uniform(2, 6); t < turns; ++t) {
+      g.requests.push_back(
+          g.request(c, turn_at, blocks, static_cast<uint32_t>(g.uniform(50, 200))));
+      g.requests.back().priorities.blocks = {keep_prompt};
+      turn_at = Generator::next_turn_at(g.requests.back(), g.exponential_ms(3'000));  // the tool
+      if (g.chance(0.25)) {
+        // The tool call failed: the turn that read its output is retried from before it,
+        // so those blocks are never read again, and the engine says so.
+        std::vector<uint64_t> failed = blocks;
+        g.append_fresh(failed, g.uniform(1, 3));
+        g.requests.push_back(
+            g.request(c, turn_at, failed, static_cast<uint32_t>(g.uniform(20, 80))));
+        g.requests.back().priorities.blocks = {
+            keep_prompt,
+            {static_cast<uint32_t>(blocks.size()),
+             static_cast<uint32_t>(failed.size() - blocks.size()), kOneOff}};
+        turn_at = Generator::next_turn_at(g.requests.back(), g.exponential_ms(3'000));
+        // The retry extends the turn the failed call had already extended: a fork, which
+        // a trace without session ids shows as a conversation of its own.
+        c = conversation++;
+      }
+      g.append_fresh(blocks, g.uniform(1, 3));  // the tool's output
+    }
+  }
+  // Beside them, batch requests over documents of their own, never read again.
+  at = 0;
+  while ((at += g.exponential_ms(500)) < kSpanMs) {  // 2 per second
+    std::vector<uint64_t> blocks;
+    g.append_fresh(blocks, g.uniform(8, 32));
+    g.requests.push_back(g.request(conversation++, static_cast<uint64_t>(at), blocks,
+                                   static_cast<uint32_t>(g.uniform(50, 300))));
+    g.requests.back().priorities.session = kOneOff;
+  }
+}
+
 }  // namespace
 
 const std::vector<std::string>& workload_names() {
-  static const std::vector<std::string> names = {"long-chats", "one-shot", "doc-qa"};
+  static const std::vector<std::string> names = {"long-chats", "one-shot", "doc-qa", "agents"};
   return names;
 }
 
@@ -141,8 +194,10 @@ Result<Trace> generate_workload(const std::string& name, uint64_t seed, uint32_t
     one_shot(g);
   } else if (name == "doc-qa") {
     doc_qa(g);
+  } else if (name == "agents") {
+    agents(g);
   } else {
-    return invalid_argument("unknown workload '{}' (long-chats, one-shot, doc-qa)", name);
+    return invalid_argument("unknown workload '{}' (long-chats, one-shot, doc-qa, agents)", name);
   }
   std::stable_sort(g.requests.begin(), g.requests.end(),
                    [](const Request& a, const Request& b) { return a.arrival_ms < b.arrival_ms; });
@@ -150,7 +205,8 @@ Result<Trace> generate_workload(const std::string& name, uint64_t seed, uint32_t
   if (conversations != nullptr) conversations->clear();
   for (const Request& r : g.requests) {
     if (conversations != nullptr) conversations->push_back(r.conversation);
-    KVTIER_RETURN_IF_ERROR(builder.add(r.arrival_ms, r.input_tokens, r.output_tokens, r.hash_ids));
+    KVTIER_RETURN_IF_ERROR(
+        builder.add(r.arrival_ms, r.input_tokens, r.output_tokens, r.hash_ids, r.priorities));
   }
   return std::move(builder).finish();
 }

@@ -6,7 +6,12 @@
 //  * one-shot: many one-shot requests behind one shared system prompt (5,000 at 5/s,
 //    15 % with one follow-up);
 //  * doc-qa: document QA, many sessions over a few long shared documents (2,500
-//    sessions on 40 documents of 16–64 blocks, Zipf popularity, 1–4 questions each).
+//    sessions on 40 documents of 16–64 blocks, Zipf popularity, 1–4 questions each);
+//  * agents: tool-using agents (a task every 4 s for 20 minutes on one of 8 agents
+//    whose prompts are 24–48 blocks, 2–6 tool calls of which a quarter fail and are
+//    retried) beside one-off batch requests (2/s, 8–32 blocks of their own). The only
+//    workload whose requests carry retention priorities, as an engine that knows them
+//    would give: agents' prompts 90, failed calls' output and batch requests 10.
 // Requests go through the same TraceBuilder as a trace file, so conversations are
 // derived the same way. A follow-up arrives after its previous turn has been served
 // (prefill at 8,000 tokens/s and 20 ms per output token, the simulator's defaults)

@@ -247,5 +247,53 @@ TEST(SimOptimum, LiesBetweenTheInfiniteCacheAndTheOnlinePolicies) {
   }
 }
 
+// ---- retention priorities ----
+
+// A trace built in memory, so that its requests carry priorities.
+Trace build(const std::vector<Line>& lines, const std::vector<RequestPriorities>& priorities) {
+  TraceBuilder builder(kTokensPerBlock);
+  for (size_t i = 0; i < lines.size(); ++i) {
+    const Line& line = lines[i];
+    EXPECT_TRUE(builder
+                    .add(line.at_ms, static_cast<uint32_t>(line.hashes.size() * kTokensPerBlock), 1,
+                         line.hashes, priorities[i])
+                    .is_ok());
+  }
+  auto trace = std::move(builder).finish();
+  EXPECT_TRUE(trace.is_ok()) << trace.status().to_string();
+  return trace.is_ok() ? std::move(*trace) : Trace{};
+}
+
+TEST(SimPriorities, ADurablePromptOutlivesTheOneOffRequestsThatWouldPushItOut) {
+  // HBM holds four blocks and nothing is below it. A prompt (1, 2) is saved as durable,
+  // three one-off requests of two fresh blocks each follow, then the prompt is read.
+  const std::vector<Line> lines = {
+      {0, {1, 2}}, {1'000, {3, 4}}, {2'000, {5, 6}}, {3'000, {7, 8}}, {4'000, {1, 2, 9}}};
+  RequestPriorities prompt{0, {{0, 2, 90}}};
+  RequestPriorities one_off{10, {}};
+  const Trace trace = build(lines, {prompt, one_off, one_off, one_off, {}});
+  ASSERT_TRUE(trace.has_priorities);
+  SimConfig plain = config();
+  plain.priorities = false;
+  for (SimPolicy p : {SimPolicy::kHbmOnlyLru, SimPolicy::kLruTiering, SimPolicy::kSessionAware,
+                      SimPolicy::kPredictive}) {
+    const SimResult with = simulate(trace, config(), blocks(4, 0, 0), p);
+    const SimResult without = simulate(trace, plain, blocks(4, 0, 0), p);
+    EXPECT_EQ(with.hit_blocks[0], 2u) << sim_policy_label(p);
+    EXPECT_EQ(without.hit_blocks[0], 0u) << sim_policy_label(p);
+    EXPECT_LT(with.ttft_mean_ms, without.ttft_mean_ms) << sim_policy_label(p);
+  }
+}
+
+TEST(SimPriorities, BadPrioritiesAreRefused) {
+  TraceBuilder builder(kTokensPerBlock);
+  const std::vector<uint64_t> hashes = {1, 2};
+  EXPECT_FALSE(builder.add(0, 2 * kTokensPerBlock, 1, hashes, {101, {}}).is_ok());
+  EXPECT_FALSE(builder.add(0, 2 * kTokensPerBlock, 1, hashes, {0, {{1, 2, 50}}}).is_ok());
+  EXPECT_FALSE(builder.add(0, 2 * kTokensPerBlock, 1, hashes, {0, {{0, 1, 0}}}).is_ok());
+  EXPECT_FALSE(builder.add(0, 2 * kTokensPerBlock, 1, hashes, {0, {{0, 0, 50}}}).is_ok());
+  EXPECT_TRUE(builder.add(0, 2 * kTokensPerBlock, 1, hashes, {0, {{0, 2, 50}}}).is_ok());
+}
+
 }  // namespace
 }  // namespace kvtier::bench
