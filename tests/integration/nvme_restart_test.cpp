@@ -94,6 +94,16 @@ TEST(NvmeRestart, SigtermDrainsRamAndHbmToNvme) {
     auto engine = Engine::connect((*daemon)->socket_path(), small_shape(64), "saver");
     ASSERT_TRUE(engine.is_ok()) << engine.status().to_string();
     ASSERT_TRUE(save_session(*engine, "drained", 24).is_ok());
+    // A durationless priority is kept in the session's record; a timed one is not.
+    for (const auto& [session, retention] :
+         {std::pair{"durable", Retention{90, 0}}, {"timed", Retention{80, 3'600'000}}}) {
+      const auto refs = Engine::refs(PagedCache::chain_hashes(session, 4),
+                                     std::string(session) == "durable" ? 40 : 44);
+      engine->fill(refs);
+      SaveOptions options;
+      options.retention = retention;
+      ASSERT_TRUE(engine->client->save(session, refs, true, options).is_ok());
+    }
     auto stats = engine->client->stats();
     ASSERT_TRUE(stats.is_ok());
     EXPECT_EQ(tier_blocks(*stats, Tier::kNvme), 0u);
@@ -109,6 +119,16 @@ TEST(NvmeRestart, SigtermDrainsRamAndHbmToNvme) {
   ASSERT_TRUE(check.is_ok()) << check.status().to_string();
   EXPECT_EQ(check->loaded, 24u) << check->describe();
   EXPECT_EQ(check->bit_exact, 24u) << check->describe();
+  auto durable = engine->client->get_session("durable");
+  ASSERT_TRUE(durable.is_ok()) << durable.status().to_string();
+  EXPECT_EQ(durable->priority, 90);
+  auto timed = engine->client->get_session("timed");
+  ASSERT_TRUE(timed.is_ok()) << timed.status().to_string();
+  EXPECT_EQ(timed->priority, 35);
+  EXPECT_EQ(timed->priority_remaining_ms, 0u);
+  auto drained = engine->client->get_session("drained");
+  ASSERT_TRUE(drained.is_ok());
+  EXPECT_EQ(drained->priority, 35);
   EXPECT_TRUE((*daemon)->stop().ok());
 }
 
