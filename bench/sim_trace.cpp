@@ -77,22 +77,24 @@ Status TraceBuilder::add(uint64_t arrival_ms, uint32_t input_tokens, uint32_t ou
   request.arrival_ms = arrival_ms;
   request.input_tokens = input_tokens;
   request.output_tokens = output_tokens;
-  for (uint64_t id : hash_ids) {
-    auto [it, inserted] = dense_ids_.try_emplace(id, dense_ids_.size());
-    request.hash_ids.push_back(it->second);
-  }
-  request.full_blocks = std::min<uint32_t>(input_tokens / trace_.tokens_per_block,
-                                           static_cast<uint32_t>(request.hash_ids.size()));
+  // Checked before anything is renumbered: a refused request changes nothing.
+  const uint32_t full_blocks = std::min<uint32_t>(input_tokens / trace_.tokens_per_block,
+                                                  static_cast<uint32_t>(hash_ids.size()));
   if (priorities.session > 100) {
     return invalid_argument("session priority {} is outside 1..100", priorities.session);
   }
   for (const PriorityRange& range : priorities.blocks) {
     if (range.priority == 0 || range.priority > 100 || range.count == 0 ||
-        uint64_t{range.first} + range.count > request.full_blocks) {
+        uint64_t{range.first} + range.count > full_blocks) {
       return invalid_argument("priority range {}+{} (priority {}) is not within the {} full blocks",
-                              range.first, range.count, range.priority, request.full_blocks);
+                              range.first, range.count, range.priority, full_blocks);
     }
   }
+  for (uint64_t id : hash_ids) {
+    auto [it, inserted] = dense_ids_.try_emplace(id, dense_ids_.size());
+    request.hash_ids.push_back(it->second);
+  }
+  request.full_blocks = full_blocks;
   trace_.has_priorities |= priorities.session != 0 || !priorities.blocks.empty();
   request.priorities = std::move(priorities);
   // A turn continues the latest request whose whole prefix it extends (the longest

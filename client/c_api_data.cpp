@@ -51,6 +51,7 @@ void write_begin_turn_result(const BeginTurnResult& result, kvtier_begin_turn_re
 namespace {
 
 Result<Retention> to_retention(const kvtier_retention& in, std::string_view field) {
+  if (in.reserved != 0) return invalid_argument("{}.reserved is {}; must be 0", field, in.reserved);
   if (in.priority > 100) {
     return invalid_argument("{}.priority is {}; 1..100 allowed (0: not given)", field, in.priority);
   }
@@ -68,17 +69,19 @@ Result<SaveOptions> to_save_options(const kvtier_retention* session_retention,
   if (session_retention != nullptr) {
     auto retention = to_retention(*session_retention, "session_retention");
     if (!retention.is_ok()) return retention.status();
-    if (retention->priority == 0) {
-      return invalid_argument("session_retention.priority is 0; pass NULL to leave it as is");
-    }
-    options.retention = *retention;
+    options.retention = *retention;  // priority 0: not given, as NULL
   }
   if (range_count > 0 && ranges == nullptr) {
     return invalid_argument("ranges is NULL with range_count {}", range_count);
   }
+  uint64_t covered = 0;
   for (uint32_t i = 0; i < range_count; ++i) {
     const kvtier_range_retention& range = ranges[i];
     if (range.count == 0) return invalid_argument("ranges[{}].count is 0", i);
+    if ((covered += range.count) > count) {
+      return invalid_argument("ranges cover {} refs in total by ranges[{}]; at most the save's {}",
+                              covered, i, count);
+    }
     if (uint64_t{range.first} + range.count > count) {
       return invalid_argument("ranges[{}] covers refs {}..{}; the save has {}", i, range.first,
                               uint64_t{range.first} + range.count - 1, count);

@@ -116,8 +116,13 @@ Result<HelloInfo> Client::hello(const LayoutSpec& layout, const std::string& eng
       decode_hello);
   if (info.is_ok()) {
     std::lock_guard lock(send_mutex_);
-    hello_ = HelloRecord{layout,      engine_name,         prefill_tokens_per_second,
-                         device_kind, info->layout_digest, info->namespace_name};
+    hello_ = HelloRecord{layout,
+                         engine_name,
+                         prefill_tokens_per_second,
+                         device_kind,
+                         info->layout_digest,
+                         info->namespace_name,
+                         info->retention_priorities};
   }
   return info;
 }
@@ -234,6 +239,23 @@ Pending<uint32_t> Client::unregister_region_async(uint32_t region_id) {
 Pending<SaveResult> Client::save_async(const std::string& session_id,
                                        std::span<const BlockRef> blocks, bool end_of_turn,
                                        const SaveOptions& options) {
+  auto decode = [](wire::Response::Reader response) -> Result<SaveResult> {
+    if (!response.isSave()) return unexpected_reply(response, "Save");
+    auto reply = response.getSave();
+    return SaveResult{reply.getStored(), reply.getDeduplicated()};
+  };
+  if (options.retention.priority != 0 || options.retention.duration_ms != 0 ||
+      !options.block_retention.empty()) {
+    std::lock_guard lock(send_mutex_);
+    if (hello_ && !hello_->retention_priorities) {
+      // An older daemon would drop the fields it does not know and save without them.
+      return Pending<SaveResult>(
+          this,
+          not_supported("this kvtierd predates retention priorities; save without them")
+              .with_retryable(false),
+          decode);
+    }
+  }
   auto id = send([&](wire::Request::Builder request) {
     auto save = request.initSave();
     save.setSessionId(session_id);
@@ -255,12 +277,7 @@ Pending<SaveResult> Client::save_async(const std::string& session_id,
       }
     }
   });
-  return Pending<SaveResult>(this, std::move(id),
-                             [](wire::Response::Reader response) -> Result<SaveResult> {
-                               if (!response.isSave()) return unexpected_reply(response, "Save");
-                               auto reply = response.getSave();
-                               return SaveResult{reply.getStored(), reply.getDeduplicated()};
-                             });
+  return Pending<SaveResult>(this, std::move(id), decode);
 }
 
 Pending<LookupResult> Client::lookup_async(std::span<const BlockHash> hashes) {

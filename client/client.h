@@ -93,6 +93,7 @@ struct HelloInfo {
   DeviceKind device_kind = DeviceKind::kHost;  // the daemon's backend
   std::vector<std::string> gpu_uuids;          // cuda: the GPUs it serves ("GPU-…")
   std::string device_name;                     // "host" or the GPU models, for logs
+  bool retention_priorities = false;           // Save's SaveOptions are honoured
 };
 
 // One chunk of a CUDA VMM region: the POSIX fd of one cuMemCreate handle (the caller
@@ -358,7 +359,8 @@ class Client {
     double prefill_tokens_per_second = 0;
     DeviceKind device_kind = DeviceKind::kHost;
     uint64_t layout_digest = 0;
-    std::string namespace_name;  // a daemon that moved the engine is not joined
+    std::string namespace_name;         // a daemon that moved the engine is not joined
+    bool retention_priorities = false;  // of the daemon last joined
   };
   struct RegionRecord {
     std::function<void(wire::RegisterRegion::Builder)> fill;  // owns what it writes

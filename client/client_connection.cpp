@@ -179,6 +179,7 @@ Status Client::reconnect_locked() {
                                              "where its blocks are",
                                              info->namespace_name, hello_->namespace_name));
     }
+    hello_->retention_priorities = info->retention_priorities;  // the daemon may be another
   }
   for (const auto& entry : regions_) {
     const uint32_t region_id = entry.first;

@@ -52,6 +52,7 @@ Result<HelloInfo> decode_hello(wire::Response::Reader response) {
       reply.getDeviceKind() == wire::DeviceKind::CUDA ? DeviceKind::kCuda : DeviceKind::kHost;
   for (auto uuid : reply.getGpuUuids()) info.gpu_uuids.emplace_back(uuid.cStr());
   info.device_name = reply.getDeviceName().cStr();
+  info.retention_priorities = reply.getRetentionPriorities();
   return info;
 }
 

@@ -46,7 +46,8 @@
  * versioned KVTIER_0). Additions are appended only: new enum values (a caller must
  * treat an unknown kvtier_status like KVTIER_INTERNAL) and new functions, each in a
  * later version node (KVTIER_0.2: kvtier_last_error_retryable; KVTIER_0.3:
- * kvtier_connect_with_options, kvtier_reconnects). Any incompatible
+ * kvtier_connect_with_options, kvtier_reconnects; KVTIER_0.4:
+ * kvtier_save_with_retention, kvtier_save_with_retention_async). Any incompatible
  * change bumps the soname.
  */
 #ifndef KVTIER_H_
@@ -341,16 +342,18 @@ kvtier_status kvtier_save(kvtier_client* client, const char* session_id,
                           const kvtier_block_ref* refs, uint32_t count, int end_of_turn,
                           kvtier_save_result* out);
 
-/* kvtier_save with retention priorities (ABI 0.4): session_retention (NULL: the
- * session's priority stays as it is) and range_count ranges of refs (ranges may be
- * NULL when range_count is 0). KVTIER_INVALID_ARGUMENT for a priority over 100, a
- * duration without a priority, or a range outside refs. */
+/* kvtier_save with retention priorities (ABI 0.4): session_retention (NULL, or priority
+ * 0: the session's priority stays as it is) and range_count ranges of refs (ranges may
+ * be NULL when range_count is 0; they may overlap, later ones winning, but cover at
+ * most count refs in total). A range never lowers a block other sessions hold too.
+ * KVTIER_INVALID_ARGUMENT for a priority over 100, a duration without a priority, a
+ * nonzero reserved field, or ranges outside refs or covering more than count;
+ * KVTIER_NOT_SUPPORTED when the daemon predates retention priorities. */
 kvtier_status kvtier_save_with_retention(kvtier_client* client, const char* session_id,
                                          const kvtier_block_ref* refs, uint32_t count,
-                                         int end_of_turn,
-                                         const kvtier_retention* session_retention,
-                                         const kvtier_range_retention* ranges,
-                                         uint32_t range_count, kvtier_save_result* out);
+                                         int end_of_turn, const kvtier_retention* session_retention,
+                                         const kvtier_range_retention* ranges, uint32_t range_count,
+                                         kvtier_save_result* out);
 
 /* How many leading hashes the daemon holds (*hit_count) and, when tiers_out is not
  * NULL, where: tiers_out[i] for i < *hit_count (tiers_out holds at least count

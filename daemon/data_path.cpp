@@ -138,6 +138,7 @@ Result<std::optional<PendingWrite>> Service::reserve_block(const BlockKey& key,
   // that has any to give (RAM may hold only blocks in flight while HBM holds cold ones).
   // Room for the rest of the request at once (`room_bytes`), so that a request plans
   // once, not once per block; for one block when that much cannot be had.
+  sessions_.expire_priorities(sessions_.now_ms());  // a priority whose time is up keeps nothing
   for (Tier victim_tier : {Tier::kRam, Tier::kHbm}) {
     if (store_->memory(victim_tier) == nullptr) continue;
     auto moves =
@@ -422,6 +423,7 @@ void Service::make_mover() {
     return [this, guard](std::function<void()> fn) { asio::post(io_, [guard, fn] { fn(); }); };
   };
   hooks.make_room = [this](Tier tier, uint64_t bytes) {
+    sessions_.expire_priorities(sessions_.now_ms());
     return planner_.make_room(tier, bytes, sessions_, *view_);
   };
   hooks.not_moved = [this](const BlockKey& key) { planner_.revisit(sessions_, key); };

@@ -84,11 +84,18 @@ Status decode_save_retention(wire::Save::Reader save, BlockListRequest& request)
                             ranges.size(), blocks);
   }
   request.block_retention.reserve(ranges.size());
+  uint64_t covered = 0;  // bounds the work of applying them: once per block of the Save
   for (unsigned i = 0; i < ranges.size(); ++i) {
     const auto range = ranges[i];
     const uint64_t first = range.getFirst();
     const uint64_t count = range.getCount();
     if (count == 0) return invalid_argument("blockRetention[{}].count is 0", i);
+    if ((covered += count) > blocks) {
+      return invalid_argument(
+          "blockRetention covers {} blocks in total by range {}; at most the Save's {} (ranges "
+          "may overlap, but not cover more than that)",
+          covered, i, blocks);
+    }
     if (first + count > blocks) {
       return invalid_argument("blockRetention[{}] covers blocks {}..{}; the Save has {}", i, first,
                               first + count - 1, blocks);

@@ -51,7 +51,7 @@ Result<BlockListRequest> decode_block_list(const EngineContext& engine, uint32_t
                                            BlockListKind kind);
 // Save's retention fields into `request` (its hashes already decoded): priorities
 // 0..100, a duration only with a priority, ranges of at least one block inside the
-// Save's blocks, at most one range per block.
+// Save's blocks that cover no more blocks in total than the Save has.
 Status decode_save_retention(wire::Save::Reader save, BlockListRequest& request);
 // Lookup: at most `max_blocks` hashes of 1..32 bytes each.
 Result<std::vector<BlockHash>> decode_lookup(uint32_t max_blocks,

@@ -380,6 +380,7 @@ Status Service::handle_hello(const ConnectionPtr& c, EngineContext& engine, uint
     auto uuids = out.initGpuUuids(static_cast<unsigned>(gpus_.size()));
     for (unsigned i = 0; i < gpus_.size(); ++i) uuids.set(i, gpus_[i].uuid);
     out.setDeviceName(std::string(device_->name()));
+    out.setRetentionPriorities(true);
   });
   return Status::ok();
 }
@@ -391,6 +392,7 @@ Status Service::handle_begin_turn(const ConnectionPtr& c, EngineContext& engine,
   sessions_.record_activity(*session);
   session->turn_begun = true;
   session->turn_begun_ms = now_ms();
+  sessions_.expire_priorities(sessions_.now_ms());
   auto moves = planner_.plan_turn_start(*session, sessions_, *view_);
   mover_->apply(moves, engine.gpu_part);  // toward the GPU of the engine that will load them
   const uint32_t known = static_cast<uint32_t>(session->blocks.size());

@@ -121,6 +121,7 @@ std::vector<Candidate> sacrifice_order(PlanContext& ctx, const PlanState& plan, 
         return kind == Sacrifice::kEvict && group == 1 ? -1 : group;
       };
       std::sort(blocks.begin(), blocks.end(), [&](const Candidate& a, const Candidate& b) {
+        if (a.kept() != b.kept()) return b.kept();
         if (a.priority() != b.priority()) return a.priority() < b.priority();
         const int ra = rank(a), rb = rank(b);
         if (ra != rb) return ra < rb;
@@ -139,7 +140,7 @@ std::vector<Candidate> sacrifice_order(PlanContext& ctx, const PlanState& plan, 
   }
   struct Ranked {
     uint8_t priority;
-    bool active;
+    bool kept;
     double loss;
     uint64_t hot_seq;
     size_t at;
@@ -158,12 +159,12 @@ std::vector<Candidate> sacrifice_order(PlanContext& ctx, const PlanState& plan, 
     const double value = c.holders == nullptr ? 0.0 : ctx.value(*c.holders, horizon);
     const double loss = value * std::max(0.0, worse_by) /
                         static_cast<double>(std::max<uint64_t>(c.placement.bytes, 1));
-    ranked.push_back({c.priority(), c.holders != nullptr && c.holders->active > 0, loss,
+    ranked.push_back({c.priority(), c.kept(), loss,
                       c.holders == nullptr ? 0 : c.holders->hot_seq, i});
   }
   std::sort(ranked.begin(), ranked.end(), [&](const Ranked& a, const Ranked& b) {
-    if (std::tie(a.priority, a.active) != std::tie(b.priority, b.active)) {
-      return std::tie(a.priority, a.active) < std::tie(b.priority, b.active);
+    if (std::tie(a.kept, a.priority) != std::tie(b.kept, b.priority)) {
+      return std::tie(a.kept, a.priority) < std::tie(b.kept, b.priority);
     }
     if (a.loss != b.loss) return a.loss < b.loss;
     // Equal worth (sessions alike, or one session's blocks): the least recently

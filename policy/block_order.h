@@ -78,13 +78,20 @@ struct Candidate {
   uint32_t depth() const { return holders == nullptr ? 0 : holders->depth; }
   // Its retention priority (a block no session holds has the default).
   uint8_t priority() const { return holders == nullptr ? kDefaultPriority : holders->priority(); }
+  // Held by a session in a turn or kept above the default: such blocks go after every
+  // other in the session modes, whatever their priority (then by it).
+  bool kept() const {
+    return holders != nullptr && (holders->active > 0 || priority() > kDefaultPriority);
+  }
 };
 
 enum class Sacrifice { kDemote, kEvict };
 
 // Movable blocks now in `tier`, in the order the configured policy gives them up:
-// lowest retention priority first in every mode (session_table.h), and among blocks of
-// one priority:
+// lowest retention priority first in every mode (session_table.h) — in the session
+// modes the blocks of sessions in a turn and those kept above the default go after
+// every other, whatever their priority (then by it) — and among blocks of one
+// priority:
 //  kLru: least recently used first (blocks used together: deepest in the prefix first);
 //  kSessionAware: idle sessions' blocks (least recently active holder first, tail
 //    first), blocks no session holds (LRU), active sessions'; a shared block goes with

@@ -24,7 +24,9 @@
 //      learned online. A block's value for a tier is Σ over the sessions holding it of
 //      P(that session returns within the tier's idle threshold) — the slowest tier
 //      uses P(it returns at all) — so blocks shared by many sessions (system prompts,
-//      common documents) are worth more. Durable sessions (priority > 0) outrank all.
+//      common documents) are worth more. Durable sessions (retention priority above
+//      the default) count as certain to return.
+//  Every mode gives blocks up lowest retention priority first (session_table.h).
 //    - Cost model (cost_model.h): under pressure the block that loses least leaves
 //      first — value × (reload time from the lower tier − reload time from this one).
 //      A block whose reload from the lower tier would be slower than recomputing it

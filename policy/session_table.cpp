@@ -144,11 +144,12 @@ void SessionTable::set_priority(Session& session, uint8_t priority, uint64_t unt
 bool SessionTable::set_block_priority(const BlockKey& key, uint8_t priority, uint64_t until_ms) {
   auto it = holders_.find(key);
   if (it == holders_.end()) return false;
+  BlockHolders& h = it->second;
+  if (priority != 0 && priority < h.priority() && h.count() > 1) return true;  // shared
   clear_block_expiry(key);
-  it->second.block_priority = priority;
+  h.block_priority = priority;
   if (priority != 0 && until_ms != 0) {
-    block_priority_until_[key] = until_ms;
-    block_expiries_.emplace(until_ms, key);
+    block_priority_until_.emplace(key, block_expiries_.emplace(until_ms, key));
   }
   return true;
 }
@@ -156,13 +157,7 @@ bool SessionTable::set_block_priority(const BlockKey& key, uint8_t priority, uin
 void SessionTable::clear_block_expiry(const BlockKey& key) {
   auto until = block_priority_until_.find(key);
   if (until == block_priority_until_.end()) return;
-  auto [first, last] = block_expiries_.equal_range(until->second);
-  for (auto at = first; at != last; ++at) {
-    if (at->second == key) {
-      block_expiries_.erase(at);
-      break;
-    }
-  }
+  block_expiries_.erase(until->second);
   block_priority_until_.erase(until);
 }
 
@@ -173,8 +168,7 @@ void SessionTable::expire_priorities(uint64_t now_ms) {
   }
   while (!block_expiries_.empty() && block_expiries_.begin()->first <= now_ms) {
     const BlockKey key = block_expiries_.begin()->second;
-    block_expiries_.erase(block_expiries_.begin());
-    block_priority_until_.erase(key);
+    clear_block_expiry(key);
     if (auto it = holders_.find(key); it != holders_.end()) it->second.block_priority = 0;
   }
 }
@@ -191,6 +185,11 @@ BlockList::Entry* SessionTable::add_holder(const Session& session, const BlockHa
   }
   if (session.state == SessionState::kActive) ++h.active;
   add_priority(h, session.priority);
+  if (h.block_priority != 0 && h.block_priority < session.priority) {
+    // Lowered while others did not hold it: a session that wants it more takes it up.
+    clear_block_expiry(entry.first);
+    h.block_priority = 0;
+  }
   h.depth = std::max(h.depth, depth);
   h.hot_seq = std::max(h.hot_seq, session.touch_seq);
   h.hot_ms = std::max(h.hot_ms, session.last_active_ms);

@@ -220,7 +220,10 @@ class SessionTable {
   void set_priority(Session& session, uint8_t priority, uint64_t until_ms = 0);
   // A block's own priority, overriding its holders' (0 clears it), until `until_ms` (0:
   // while some session holds the block). False (nothing set) when no session holds it:
-  // a block's priority lives with its holders.
+  // a block's priority lives with its holders. A block other sessions hold too is never
+  // lowered this way (one conversation's "one-off" must not demote another's prompt),
+  // and a block lowered while one session held it returns to its holders' priority when
+  // a session of higher priority takes it up.
   bool set_block_priority(const BlockKey& key, uint8_t priority, uint64_t until_ms = 0);
   // Priorities whose time is up by `now_ms` end. O(those, log of the timed ones).
   void expire_priorities(uint64_t now_ms);
@@ -306,7 +309,8 @@ class SessionTable {
   // sessions_ stay put), and the end of each timed block priority.
   std::set<std::pair<uint64_t, Session*>> session_expiries_;
   std::multimap<uint64_t, BlockKey> block_expiries_;
-  std::unordered_map<BlockKey, uint64_t, BlockKeyHasher> block_priority_until_;
+  std::unordered_map<BlockKey, std::multimap<uint64_t, BlockKey>::iterator, BlockKeyHasher>
+      block_priority_until_;
   uint64_t touch_seq_ = 0;
   std::set<IdleKey> idle_;
   // The census of idle_ (mutable: brought up to date by the const reader). edge_[b],

@@ -92,6 +92,7 @@ struct HelloReply {
   deviceKind @5 :DeviceKind;   # the daemon's backend (host: memfd regions; cuda: GPU regions)
   gpuUuids @6 :List(Text);     # cuda: the GPUs this daemon serves ("GPU-…"); regions name one
   deviceName @7 :Text;         # "host" or the GPU models, for logs
+  retentionPriorities @8 :Bool;  # Save's retention fields are honoured (older daemons: false)
 }
 
 struct RegisterRegion {

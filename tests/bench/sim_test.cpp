@@ -293,6 +293,10 @@ TEST(SimPriorities, BadPrioritiesAreRefused) {
   EXPECT_FALSE(builder.add(0, 2 * kTokensPerBlock, 1, hashes, {0, {{0, 1, 0}}}).is_ok());
   EXPECT_FALSE(builder.add(0, 2 * kTokensPerBlock, 1, hashes, {0, {{0, 0, 50}}}).is_ok());
   EXPECT_TRUE(builder.add(0, 2 * kTokensPerBlock, 1, hashes, {0, {{0, 2, 50}}}).is_ok());
+  auto trace = std::move(builder).finish();
+  ASSERT_TRUE(trace.is_ok());
+  EXPECT_EQ(trace->distinct_blocks, 2u);  // the refused requests renumbered nothing
+  EXPECT_EQ(trace->requests.size(), 1u);
 }
 
 }  // namespace

@@ -120,19 +120,31 @@ static void test_save_with_retention(const capi_daemon* daemon) {
   CHECK_STATUS(kvtier_save_with_retention(client, "p", refs, 3, 1, NULL, NULL, 1, NULL),
                KVTIER_INVALID_ARGUMENT);
   CHECK_MESSAGE("ranges is NULL");
+  kvtier_range_retention overlapping[2] = {{0, 3, {50, 0, 0}}, {1, 1, {60, 0, 0}}};
+  CHECK_STATUS(kvtier_save_with_retention(client, "p", refs, 3, 1, NULL, overlapping, 2, NULL),
+               KVTIER_INVALID_ARGUMENT);
+  CHECK_MESSAGE("ranges cover 4 refs in total by ranges[1]; at most the save's 3");
+  kvtier_retention reserved = {50, 1, 0};
+  CHECK_STATUS(kvtier_save_with_retention(client, "p", refs, 3, 1, &reserved, NULL, 0, NULL),
+               KVTIER_INVALID_ARGUMENT);
+  CHECK_MESSAGE("session_retention.reserved is 1");
   kvtier_pending* pending = NULL;
   CHECK_STATUS(
       kvtier_save_with_retention_async(client, "p", refs, 3, 1, &too_high, NULL, 0, &pending),
       KVTIER_INVALID_ARGUMENT);
   CHECK(pending == NULL);
   uint32_t hits = 7;
-  CHECK_OK(kvtier_lookup(client, NULL, 0, &hits, NULL)); /* nothing was sent */
+  kvtier_hash first = {hashes[0], 16};
+  CHECK_OK(kvtier_lookup(client, &first, 1, &hits, NULL));
+  CHECK(hits == 0); /* none of the refused saves stored anything */
 
+  kvtier_retention not_given = {0, 0, 0}; /* zero-initialized: the same as NULL */
+  CHECK_OK(kvtier_save_with_retention(client, "q", refs, 1, 1, &not_given, NULL, 0, NULL));
   kvtier_retention durable = {80, 0, 60000};
   ranges[1].count = 1;
   kvtier_save_result saved = {0, 0};
   CHECK_OK(kvtier_save_with_retention(client, "p", refs, 3, 1, &durable, ranges, 2, &saved));
-  CHECK(saved.stored == 3);
+  CHECK(saved.stored == 2); /* refs[0] came with "q" */
   CHECK_OK(kvtier_save_with_retention_async(client, "p", refs, 3, 1, NULL, ranges, 2, &pending));
   CHECK_OK(kvtier_pending_wait_save(pending, &saved));
   CHECK(saved.deduplicated == 3);

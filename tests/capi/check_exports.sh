@@ -21,10 +21,12 @@ if ! printf '%s\n' "$symbols" | grep -q ' kvtier_last_error_retryable@@KVTIER_0\
   echo "kvtier_last_error_retryable is not in version node KVTIER_0.2" >&2
   exit 1
 fi
-if ! printf '%s\n' "$symbols" | grep -q ' kvtier_save_with_retention@@KVTIER_0\.4$'; then
-  echo "kvtier_save_with_retention is not in version node KVTIER_0.4" >&2
-  exit 1
-fi
+for name in kvtier_save_with_retention kvtier_save_with_retention_async; do
+  if ! printf '%s\n' "$symbols" | grep -q " $name@@KVTIER_0\.4\$"; then
+    echo "$name is not in version node KVTIER_0.4" >&2
+    exit 1
+  fi
+done
 count=$(printf '%s\n' "$symbols" | grep -c ' T kvtier_')
 if [ "$count" -lt 20 ]; then
   echo "only $count kvtier_* functions exported:" >&2

@@ -369,6 +369,8 @@ TEST_F(HandlerTest, SaveRetentionIsValidatedAtTheBoundary) {
   refused(range_retention({{0, 1, {200, 0}}}), "blockRetention[0].retention.priority is 200");
   refused(range_retention(std::vector<RangeRetention>(5, {0, 1, {50, 0}})),
           "blockRetention has 5 ranges for 4 blocks");
+  refused(range_retention({{0, 4, {50, 0}}, {0, 1, {60, 0}}}),
+          "blockRetention covers 5 blocks in total by range 1; at most the Save's 4");
   EXPECT_TRUE(IsError(engine_->client->get_session("r").status(), StatusCode::kNotFound, "r"));
 }
 

@@ -200,6 +200,32 @@ TEST(PlannerRetentionTest, EveryPolicyGivesUpTheLowestPriorityFirst) {
   }
 }
 
+// A range never lowers a block other sessions hold; a block lowered while one session
+// held it goes back to its holders' priority when a session that wants it more takes
+// it up; a timed block priority ends; ranges in one call apply in order.
+TEST(PlannerRetentionTest, ABlocksOwnPriorityRespectsItsOtherHolders) {
+  ManualClock clock{0};
+  SessionTable table{clock};
+  Session& agent = fake::save_session(clock, table, "agent", {1, 2}, true, 0);
+  table.set_priority(agent, 90);
+  fake::save_session(clock, table, "batch", {1, 2, 3}, true, 10);
+  // The batch request calls its whole prefix one-off: the agent's prompt stays at 90.
+  ASSERT_TRUE(table.set_block_priority(fake::key_of(1), 10));
+  EXPECT_EQ(table.holders(fake::key_of(1))->priority(), 90);
+  ASSERT_TRUE(table.set_block_priority(fake::key_of(3), 10));  // its own block: lowered
+  EXPECT_EQ(table.holders(fake::key_of(3))->priority(), 10);
+  ASSERT_TRUE(table.set_block_priority(fake::key_of(1), 95, /*until_ms=*/500));  // raised
+  EXPECT_EQ(table.holders(fake::key_of(1))->priority(), 95);
+  clock.set_ms(500);
+  table.expire_priorities(clock.now_ms());
+  EXPECT_EQ(table.holders(fake::key_of(1))->priority(), 90);
+  EXPECT_EQ(table.holders(fake::key_of(1))->block_priority, 0);
+  // Another session of the default priority takes block 3 up: back to its holders'.
+  fake::save_session(clock, table, "retry", {1, 2, 3, 4}, true, 600);
+  EXPECT_EQ(table.holders(fake::key_of(3))->block_priority, 0);
+  EXPECT_EQ(table.holders(fake::key_of(3))->priority(), kDefaultPriority);
+}
+
 // An idle session and a busy one fill HBM to 800 of the 900 allowed; session "s" has
 // block 11 in RAM and 12, 13 in NVMe, and begins its turn at 300 ms.
 Session& PlannerTiersTest::hbm_nearly_full_and_s_below() {

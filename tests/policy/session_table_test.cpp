@@ -236,7 +236,14 @@ TEST_P(SessionTableIndexTest, IndexesMatchAWalkOverEverySession) {
         std::vector<BlockHash> hashes;
         for (uint64_t k = next(5); k > 0; --k)
           hashes.push_back(hash_of(static_cast<uint8_t>(next(60))));
-        (void)table.record_save(*s, hashes, next(2) == 0);
+        for (const BlockHash& hash : table.record_save(*s, hashes, next(2) == 0)) {
+          // A block lowered by a range goes back to its holders' when a session that
+          // wants it more takes it up.
+          auto own = block_priorities.find(BlockKey{layout, hash});
+          if (own != block_priorities.end() && own->second.first < s->priority) {
+            block_priorities.erase(own);
+          }
+        }
         break;
       }
       case 3:
@@ -256,8 +263,12 @@ TEST_P(SessionTableIndexTest, IndexesMatchAWalkOverEverySession) {
           const BlockKey key{s->layout, s->blocks[next(s->blocks.size())]};
           const uint8_t priority = next(3) == 0 ? 0 : kPriorities[next(std::size(kPriorities))];
           const uint64_t until = next(2) == 0 ? 0 : clock.now_ms() + 1 + next(30'000);
+          const BlockHolders* h = table.holders(key);
+          const bool lowers_shared = priority != 0 && priority < h->priority() && h->count() > 1;
           ASSERT_TRUE(table.set_block_priority(key, priority, until));
-          if (priority == 0) {
+          if (lowers_shared) {
+            // Never lowered while other sessions hold it.
+          } else if (priority == 0) {
             block_priorities.erase(key);
           } else {
             block_priorities[key] = {priority, until};

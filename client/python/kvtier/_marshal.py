@@ -143,12 +143,20 @@ def begin_turn_result(out: _lib.BeginTurnResult) -> BeginTurnResult:
     return BeginTurnResult(known_blocks=out.known_blocks, promoted_blocks=out.promoted_blocks)
 
 
+_MAX_DURATION_MS = 2**64 - 1
+
+
 def _duration_ms(name: str, seconds: float | None) -> int:
     if seconds is None:
         return 0
-    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds > 0:
-        raise InvalidArgument(f"{name} must be a positive number of seconds, got {seconds!r}")
-    return max(1, round(seconds * 1000))
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) \
+            or not 0 < seconds < float("inf"):
+        raise InvalidArgument(f"{name} must be a positive, finite number of seconds, "
+                              f"got {seconds!r}")
+    ms = max(1, round(seconds * 1000))
+    if ms > _MAX_DURATION_MS:
+        raise InvalidArgument(f"{name} is {seconds!r} s; at most {_MAX_DURATION_MS} ms")
+    return ms
 
 
 def _priority(name: str, value: int, allow_zero: bool) -> int:
@@ -171,10 +179,13 @@ def retention(priority: int | None, duration_s: float | None):
 
 
 def range_retentions(ranges: Sequence[BlockPriority], count: int):
-    """(kvtier_range_retention array or None, how many) for a save of `count` blocks."""
+    """(kvtier_range_retention array or None, how many) for a save of `count` blocks:
+    ranges may overlap (later ones win) but cover at most `count` blocks in total."""
+    ranges = list(ranges)
     if not ranges:
         return None, 0
     out = (_lib.RangeRetention * len(ranges))()
+    covered = 0
     for i, r in enumerate(ranges):
         if not isinstance(r, BlockPriority):
             raise InvalidArgument(f"block_priorities[{i}] must be a kvtier.BlockPriority, "
@@ -184,6 +195,10 @@ def range_retentions(ranges: Sequence[BlockPriority], count: int):
                 or r.first + r.count > count:
             raise InvalidArgument(f"block_priorities[{i}] covers blocks[{r.first!r}:"
                                   f"{r.first!r}+{r.count!r}]; the save has {count} blocks")
+        covered += r.count
+        if covered > count:
+            raise InvalidArgument(f"block_priorities cover {covered} blocks in total by "
+                                  f"block_priorities[{i}]; at most the save's {count}")
         priority = _priority(f"block_priorities[{i}].priority", r.priority, True)
         if priority == 0 and r.duration_s is not None:
             raise InvalidArgument(f"block_priorities[{i}].duration_s without a priority")
