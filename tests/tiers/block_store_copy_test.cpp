@@ -1,0 +1,231 @@
+// BlockStore copies: a durable tier configured with keep_copies (NVMe, inclusive below
+// RAM) keeps the slot of a block that moved up out of it as the block's copy; the
+// block moves back down onto it without a new slot, and copies go first when the tier
+// needs room.
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "tests/tiers/test_memory.h"
+#include "tiers/block_store.h"
+
+namespace kvtier {
+namespace {
+
+using tiers_test::key_of;
+using tiers_test::make_memory;
+
+constexpr uint64_t kBlock = 4096;
+
+class BlockStoreCopyTest : public ::testing::Test {
+ protected:
+  BlockStoreCopyTest()
+      : store_({{Tier::kHbm, make_memory(2 * kBlock), kBlock},
+                {Tier::kRam, make_memory(4 * kBlock), kBlock},
+                {Tier::kNvme, nullptr, 4 * kBlock, 4 * kBlock, /*confirm_release=*/true,
+                 /*parts=*/1, /*keep_copies=*/true}}) {
+    EXPECT_TRUE(store_.register_layout(layout_, kBlock).is_ok());
+  }
+
+  BlockKey key(uint32_t n) const { return key_of(layout_, n); }
+
+  // A block saved into RAM and moved down to NVMe.
+  void put_on_nvme(uint32_t n) {
+    auto reserved = store_.reserve(key(n), std::vector<Tier>{Tier::kRam}, 1);
+    ASSERT_TRUE(reserved.is_ok()) << reserved.status().to_string();
+    ASSERT_TRUE(reserved->has_value());
+    (*reserved)->commit();
+    move(n, Tier::kNvme);
+  }
+  void move(uint32_t n, Tier to) {
+    auto started = store_.begin_move(key(n), to);
+    ASSERT_TRUE(started.is_ok()) << started.status().to_string();
+    store_.finish_move(key(n), true);
+  }
+  // Confirms every pending release, as the executor does once the index deletes are
+  // durable; returns them.
+  std::vector<BlockStore::PendingRelease> confirm_all() {
+    auto pending = store_.take_pending_releases();
+    for (const auto& release : pending) store_.confirm_release(release.location, release.bytes);
+    return pending;
+  }
+
+  const LayoutKey layout_{1, 0x42};
+  BlockStore store_;
+};
+
+TEST_F(BlockStoreCopyTest, PromotionOutOfNvmeKeepsTheSlotAsACopy) {
+  put_on_nvme(1);
+  const uint64_t nvme_slot = store_.lookup(key(1))->location.offset;
+  EXPECT_FALSE(store_.copy_of(key(1)).has_value());
+  move(1, Tier::kRam);
+
+  auto info = store_.lookup(key(1));
+  ASSERT_TRUE(info.has_value());
+  EXPECT_EQ(info->location.tier, Tier::kRam);
+  EXPECT_TRUE(info->has_copy);
+  auto copy = store_.copy_of(key(1));
+  ASSERT_TRUE(copy.has_value());
+  EXPECT_EQ(copy->tier, Tier::kNvme);
+  EXPECT_EQ(copy->offset, nvme_slot);
+  // Nothing is given up: the index entry keeps naming the slot.
+  EXPECT_TRUE(store_.take_pending_releases().empty());
+  EXPECT_EQ(store_.unconfirmed_release_bytes(Tier::kNvme), 0u);
+  // The copy counts as used, not as a block living there.
+  const TierUsage nvme = store_.usage(Tier::kNvme);
+  EXPECT_EQ(nvme.used_bytes, kBlock);
+  EXPECT_EQ(nvme.copy_bytes, kBlock);
+  EXPECT_EQ(nvme.copies, 1u);
+  EXPECT_EQ(nvme.blocks, 0u);
+  EXPECT_EQ(store_.usage(Tier::kRam).blocks, 1u);
+  size_t listed = 0;
+  store_.for_each_in_tier(Tier::kNvme, [&](const BlockKey&, const BlockInfo&) { ++listed; });
+  EXPECT_EQ(listed, 0u);
+
+  // Moving on up (RAM → HBM) and back keeps the copy where it was.
+  move(1, Tier::kHbm);
+  move(1, Tier::kRam);
+  ASSERT_TRUE(store_.copy_of(key(1)).has_value());
+  EXPECT_EQ(store_.copy_of(key(1))->offset, nvme_slot);
+}
+
+TEST_F(BlockStoreCopyTest, DemoteOntoCopyAllocatesNothingAndFreesTheMemorySlot) {
+  put_on_nvme(1);
+  const uint64_t nvme_slot = store_.lookup(key(1))->location.offset;
+  move(1, Tier::kRam);
+  EXPECT_EQ(store_.usage(Tier::kRam).used_bytes, kBlock);
+
+  // begin_move into the copy's tier is refused: it would give the block two slots there.
+  auto refused = store_.begin_move(key(1), Tier::kNvme);
+  EXPECT_FALSE(refused.is_ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+
+  auto landed = store_.demote_onto_copy(key(1));
+  ASSERT_TRUE(landed.is_ok()) << landed.status().to_string();
+  EXPECT_EQ(landed->tier, Tier::kNvme);
+  EXPECT_EQ(landed->offset, nvme_slot);
+  auto info = store_.lookup(key(1));
+  ASSERT_TRUE(info.has_value());
+  EXPECT_EQ(info->location.tier, Tier::kNvme);
+  EXPECT_EQ(info->location.offset, nvme_slot);
+  EXPECT_EQ(info->state, BlockState::kReady);
+  EXPECT_FALSE(info->has_copy);
+  EXPECT_FALSE(store_.copy_of(key(1)).has_value());
+  EXPECT_EQ(store_.usage(Tier::kRam).used_bytes, 0u);  // the memory slot is free at once
+  EXPECT_EQ(store_.usage(Tier::kRam).blocks, 0u);
+  const TierUsage nvme = store_.usage(Tier::kNvme);
+  EXPECT_EQ(nvme.used_bytes, kBlock);  // no new slot
+  EXPECT_EQ(nvme.copy_bytes, 0u);
+  EXPECT_EQ(nvme.blocks, 1u);
+  EXPECT_TRUE(store_.take_pending_releases().empty());
+
+  // Without a copy there is nothing to move onto.
+  auto again = store_.demote_onto_copy(key(1));
+  EXPECT_FALSE(again.is_ok());
+  EXPECT_FALSE(store_.demote_onto_copy(key(9)).is_ok());
+}
+
+TEST_F(BlockStoreCopyTest, DemoteOntoCopyUnderAReaderDefersTheMemorySlot) {
+  put_on_nvme(1);
+  move(1, Tier::kRam);
+  PinnedBlock reader = store_.pin(key(1), 5);
+  ASSERT_TRUE(reader);
+  ASSERT_TRUE(store_.demote_onto_copy(key(1)).is_ok());
+  EXPECT_EQ(store_.usage(Tier::kRam).used_bytes, kBlock);  // the reader's slot stays
+  reader.reset();
+  EXPECT_EQ(store_.usage(Tier::kRam).used_bytes, 0u);
+}
+
+TEST_F(BlockStoreCopyTest, EvictGivesUpTheBlockAndItsCopy) {
+  put_on_nvme(1);
+  const BlockLocation nvme_slot = store_.lookup(key(1))->location;
+  move(1, Tier::kRam);
+  ASSERT_TRUE(store_.evict(key(1)));
+  EXPECT_FALSE(store_.lookup(key(1)).has_value());
+  EXPECT_EQ(store_.usage(Tier::kRam).used_bytes, 0u);
+  // The copy's slot goes through the durable release, like any NVMe slot.
+  EXPECT_EQ(store_.unconfirmed_release_bytes(Tier::kNvme), kBlock);
+  EXPECT_EQ(store_.usage(Tier::kNvme).copy_bytes, 0u);
+  EXPECT_EQ(store_.usage(Tier::kNvme).copies, 0u);
+  auto released = confirm_all();
+  ASSERT_EQ(released.size(), 1u);
+  EXPECT_EQ(released[0].key, key(1));
+  EXPECT_EQ(released[0].location.tier, nvme_slot.tier);
+  EXPECT_EQ(released[0].location.offset, nvme_slot.offset);
+  EXPECT_EQ(store_.usage(Tier::kNvme).used_bytes, 0u);
+}
+
+TEST_F(BlockStoreCopyTest, CopiesAreDroppedOldestFirstWhenTheTierNeedsRoom) {
+  for (uint32_t n = 0; n < 4; ++n) put_on_nvme(n);
+  EXPECT_FALSE(store_.has_room(Tier::kNvme, kBlock));
+  // Blocks 0, 1, 2 come up to RAM in that order; 3 stays on NVMe.
+  for (uint32_t n = 0; n < 3; ++n) move(n, Tier::kRam);
+  EXPECT_EQ(store_.usage(Tier::kNvme).copies, 3u);
+  EXPECT_FALSE(store_.has_room(Tier::kNvme, kBlock));
+
+  // A pinned block's copy stays (a reader may hold its slot): 0 is skipped.
+  PinnedBlock reader = store_.pin(key(0), 9);
+  ASSERT_TRUE(reader);
+  EXPECT_EQ(store_.drop_copies(Tier::kNvme, 2 * kBlock), 2 * kBlock);
+  EXPECT_TRUE(store_.copy_of(key(0)).has_value());
+  EXPECT_FALSE(store_.copy_of(key(1)).has_value());
+  EXPECT_FALSE(store_.copy_of(key(2)).has_value());
+  EXPECT_FALSE(store_.lookup(key(1))->has_copy);
+  // The dropped copies are pending releases: not reusable before their index deletes.
+  EXPECT_FALSE(store_.has_room(Tier::kNvme, kBlock));
+  EXPECT_EQ(store_.unconfirmed_release_bytes(Tier::kNvme), 2 * kBlock);
+  auto released = confirm_all();
+  ASSERT_EQ(released.size(), 2u);
+  EXPECT_EQ(released[0].key, key(1));
+  EXPECT_EQ(released[1].key, key(2));
+  EXPECT_TRUE(store_.has_room(Tier::kNvme, kBlock));
+  // The blocks that lost their copies live on in RAM; the block on NVMe is untouched.
+  EXPECT_EQ(store_.lookup(key(1))->location.tier, Tier::kRam);
+  EXPECT_EQ(store_.lookup(key(3))->location.tier, Tier::kNvme);
+  const TierUsage nvme = store_.usage(Tier::kNvme);
+  EXPECT_EQ(nvme.used_bytes, 2 * kBlock);
+  EXPECT_EQ(nvme.copy_bytes, kBlock);
+  EXPECT_EQ(nvme.copies, 1u);
+
+  // With the reader gone its copy may go too; nothing is left to drop after it.
+  reader.reset();
+  EXPECT_EQ(store_.drop_copies(Tier::kNvme, 4 * kBlock), kBlock);
+  EXPECT_EQ(store_.drop_copies(Tier::kNvme, kBlock), 0u);
+  EXPECT_EQ(store_.usage(Tier::kNvme).copies, 0u);
+
+  // A block without a copy is written to a new slot again (begin_move is allowed).
+  confirm_all();
+  ASSERT_TRUE(store_.begin_move(key(1), Tier::kNvme).is_ok());
+  store_.finish_move(key(1), true);
+  EXPECT_EQ(store_.lookup(key(1))->location.tier, Tier::kNvme);
+}
+
+TEST_F(BlockStoreCopyTest, AFailedPromotionKeepsNoCopy) {
+  put_on_nvme(1);
+  ASSERT_TRUE(store_.begin_move(key(1), Tier::kRam).is_ok());
+  store_.finish_move(key(1), false);
+  auto info = store_.lookup(key(1));
+  EXPECT_EQ(info->location.tier, Tier::kNvme);
+  EXPECT_FALSE(info->has_copy);
+  EXPECT_EQ(store_.usage(Tier::kNvme).copies, 0u);
+  EXPECT_EQ(store_.usage(Tier::kRam).used_bytes, 0u);
+}
+
+TEST(BlockStoreCopyConfigTest, WithoutKeepCopiesAPromotionGivesTheSlotUp) {
+  BlockStore store({{Tier::kRam, make_memory(4 * kBlock), kBlock},
+                    {Tier::kNvme, nullptr, 4 * kBlock, 4 * kBlock, /*confirm_release=*/true}});
+  const LayoutKey layout{1, 0x42};
+  ASSERT_TRUE(store.register_layout(layout, kBlock).is_ok());
+  auto reserved = store.reserve(key_of(layout, 1), std::vector<Tier>{Tier::kRam}, 1);
+  ASSERT_TRUE(reserved.is_ok() && reserved->has_value());
+  (*reserved)->commit();
+  ASSERT_TRUE(store.begin_move(key_of(layout, 1), Tier::kNvme).is_ok());
+  store.finish_move(key_of(layout, 1), true);
+  ASSERT_TRUE(store.begin_move(key_of(layout, 1), Tier::kRam).is_ok());
+  store.finish_move(key_of(layout, 1), true);
+  EXPECT_FALSE(store.copy_of(key_of(layout, 1)).has_value());
+  EXPECT_EQ(store.take_pending_releases().size(), 1u);
+}
+
+}  // namespace
+}  // namespace kvtier
