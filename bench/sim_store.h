@@ -89,6 +89,11 @@ class SimStore final : public policy::PlacementView {
   uint64_t nvme_written_bytes() const { return nvme_written_bytes_; }
   uint64_t demoted_onto_copy_bytes() const { return demoted_onto_copy_bytes_; }
   uint64_t nvme_copy_bytes() const { return copy_order_.size() * block_bytes_; }
+  // Whether the block lives above NVMe with a copy there (a demotion to NVMe is free).
+  bool has_nvme_copy(const BlockKey& key) const {
+    const Block* block = find(key);
+    return block != nullptr && block->nvme_copy;
+  }
 
  private:
   struct Block {
