@@ -4,6 +4,8 @@
 // needs room.
 #include <gtest/gtest.h>
 
+#include <random>
+#include <set>
 #include <vector>
 
 #include "tests/tiers/test_memory.h"
@@ -225,6 +227,120 @@ TEST(BlockStoreCopyConfigTest, WithoutKeepCopiesAPromotionGivesTheSlotUp) {
   store.finish_move(key_of(layout, 1), true);
   EXPECT_FALSE(store.copy_of(key_of(layout, 1)).has_value());
   EXPECT_EQ(store.take_pending_releases().size(), 1u);
+}
+
+// A seeded random walk over saves, moves both ways, moves onto copies, copy drops,
+// evictions, read pins and (delayed) release confirmations, checked after every step:
+// no two live NVMe slots (blocks, copies, slots waiting for their release) overlap —
+// a copy's slot is never handed to another block — has_copy and copy_of agree, a
+// copy lies below its block, and NVMe's used bytes are exactly its blocks, copies and
+// unconfirmed releases.
+TEST(BlockStoreCopyRandomTest, CopiesNeverShareASlotAndUsageAddsUp) {
+  constexpr uint32_t kKeys = 24;
+  const LayoutKey layout{1, 0x42};
+  for (uint32_t seed = 1; seed <= 20; ++seed) {
+    BlockStore store({{Tier::kRam, make_memory(8 * kBlock), kBlock},
+                      {Tier::kNvme, nullptr, 4 * kBlock, 12 * kBlock, /*confirm_release=*/true,
+                       /*parts=*/1, /*keep_copies=*/true}});
+    ASSERT_TRUE(store.register_layout(layout, kBlock).is_ok());
+    std::mt19937 rng(seed);
+    std::vector<PinnedBlock> readers;
+    std::vector<BlockStore::PendingRelease> unconfirmed;
+    for (int step = 0; step < 2000; ++step) {
+      const BlockKey key = key_of(layout, rng() % kKeys);
+      switch (rng() % 9) {
+        case 0: {  // save into RAM
+          auto reserved = store.reserve(key, std::vector<Tier>{Tier::kRam}, step);
+          if (reserved.is_ok() && reserved->has_value()) (*reserved)->commit();
+          break;
+        }
+        case 1:
+        case 2: {  // a move either way, landing or failing at once
+          auto info = store.lookup(key);
+          if (!info) break;
+          const Tier to = info->location.tier == Tier::kRam ? Tier::kNvme : Tier::kRam;
+          if (store.begin_move(key, to).is_ok()) store.finish_move(key, rng() % 5 != 0);
+          break;
+        }
+        case 3:
+          (void)store.demote_onto_copy(key);
+          break;
+        case 4:
+          (void)store.drop_copies(Tier::kNvme, (rng() % 3) * kBlock);
+          break;
+        case 5:
+          (void)store.evict(key);
+          break;
+        case 6: {  // a read pin, or one given back
+          if (!readers.empty() && rng() % 2 == 0) {
+            readers.erase(readers.begin() + rng() % readers.size());
+          } else if (PinnedBlock pin = store.pin(key, step)) {
+            readers.push_back(std::move(pin));
+          }
+          break;
+        }
+        case 7: {  // releases are confirmed late, some of them
+          for (auto& release : store.take_pending_releases()) unconfirmed.push_back(release);
+          if (!unconfirmed.empty() && rng() % 2 == 0) {
+            const size_t at = rng() % unconfirmed.size();
+            store.confirm_release(unconfirmed[at].location, unconfirmed[at].bytes);
+            unconfirmed.erase(unconfirmed.begin() + at);
+          }
+          break;
+        }
+        case 8:
+          store.add_session_ref(key);
+          break;
+      }
+      for (auto& release : store.take_pending_releases()) unconfirmed.push_back(release);
+
+      std::set<uint64_t> nvme_slots;
+      uint64_t nvme_blocks = 0, copies = 0;
+      auto claim = [&](uint64_t offset) {
+        EXPECT_TRUE(nvme_slots.insert(offset).second)
+            << "seed " << seed << " step " << step << ": NVMe slot " << offset << " held twice";
+      };
+      for (uint32_t n = 0; n < kKeys; ++n) {
+        const BlockKey k = key_of(layout, n);
+        auto info = store.lookup(k);
+        auto copy = store.copy_of(k);
+        if (!info) {
+          EXPECT_FALSE(copy.has_value());
+          continue;
+        }
+        EXPECT_EQ(info->has_copy, copy.has_value());
+        if (info->location.tier == Tier::kNvme) {
+          ++nvme_blocks;
+          claim(info->location.offset);
+        }
+        if (copy) {
+          ++copies;
+          EXPECT_EQ(copy->tier, Tier::kNvme);
+          EXPECT_EQ(info->location.tier, Tier::kRam);
+          claim(copy->offset);
+        }
+      }
+      for (const auto& release : unconfirmed) {
+        ASSERT_EQ(release.location.tier, Tier::kNvme);
+        claim(release.location.offset);
+      }
+      const TierUsage nvme = store.usage(Tier::kNvme);
+      ASSERT_EQ(nvme.used_bytes, (nvme_blocks + copies + unconfirmed.size()) * kBlock)
+          << "seed " << seed << " step " << step;
+      ASSERT_EQ(nvme.copies, copies);
+      ASSERT_EQ(nvme.copy_bytes, copies * kBlock);
+      ASSERT_EQ(nvme.blocks, nvme_blocks);
+      ASSERT_EQ(store.unconfirmed_release_bytes(Tier::kNvme), unconfirmed.size() * kBlock);
+    }
+    // With every reader gone and every release confirmed, RAM holds exactly its blocks.
+    readers.clear();
+    for (auto& release : store.take_pending_releases()) unconfirmed.push_back(release);
+    for (const auto& release : unconfirmed) store.confirm_release(release.location, release.bytes);
+    const TierUsage ram = store.usage(Tier::kRam);
+    EXPECT_EQ(ram.used_bytes, ram.blocks * kBlock) << "seed " << seed;
+    EXPECT_EQ(store.usage(Tier::kNvme).used_bytes,
+              (store.usage(Tier::kNvme).blocks + store.usage(Tier::kNvme).copies) * kBlock);
+  }
 }
 
 }  // namespace
