@@ -249,10 +249,13 @@ void BlockStore::finish_move(const BlockKey& key, bool ok) {
   remove_resident(*entry);
   entry->set_location(target);
   add_resident(layouts_.find(key.layout)->first, *entry);
-  if (old_tier->keep_copies && target.tier < old.tier && !entry->has_copy) {
+  // A copy is kept only when no reader pins the old slot: then no handle ever names a
+  // copy's slot (pins taken from now on name the new place), and a copy may be dropped
+  // whenever room is needed, also while its block is pinned up above (an admin's pin
+  // holds a block for as long as it likes). With readers, the slot goes as before.
+  if (old_tier->keep_copies && target.tier < old.tier && !entry->has_copy && entry->pins == 0) {
     // The old slot and the index entry naming it stay: the block is immutable, so they
-    // hold its bytes for as long as it exists. Readers that pinned the block there keep
-    // reading valid bytes, and drop_copies skips a pinned block.
+    // hold its bytes for as long as it exists.
     add_copy(key, *entry, old, bytes);
     return;
   }
@@ -322,7 +325,6 @@ uint64_t BlockStore::drop_copies(Tier tier, uint64_t bytes) {
   for (auto it = state->copies.begin(); it != state->copies.end() && dropped < bytes;) {
     const BlockKey key = *it++;  // take_copy erases the node
     Entry* entry = find(key);
-    if (entry->pins > 0) continue;
     const uint64_t block = block_bytes(key.layout);
     release_slot(key, take_copy(key, *entry, block), block);
     dropped += block;

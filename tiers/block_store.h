@@ -38,11 +38,13 @@
 //  - A block has at most one copy, in a tier below the one it lives in. A copy's slot
 //    is never handed to another block while the copy exists; it is given up only
 //    through the tier's durable release (a PendingRelease, like an evicted block's).
+//  - A copy is kept only when no reader pinned the block at its old slot (else that
+//    slot goes as it did before copies), so no handle ever names a copy's slot.
 //  - demote_onto_copy(): the block's place becomes its copy's slot and its old slot is
 //    freed; nothing is written. begin_move() into the copy's tier is refused.
 //  - Copies are redundant, so they go first when the tier needs room: drop_copies()
-//    gives up unpinned copies, oldest made first (a copy is made at a promotion, an
-//    access, so this is roughly least recently accessed first).
+//    gives them up, oldest made first (a copy is made at a promotion, an access, so
+//    this is roughly least recently accessed first), pinned blocks' copies too.
 //  - evict() gives up the block's copy with its slot.
 // Lookups of blocks without a copy cost nothing extra: an Entry flag says whether the
 // side table of copies has one.
@@ -266,8 +268,8 @@ class BlockStore {
       const BlockKey& key, Tier to, int preferred_part = SlabAllocator::kAnyPart);
   // The copy landed: the block now lives at the destination; the old slot is freed
   // as soon as no reader pins it, or, when the block moved up out of a keep_copies
-  // tier, kept as the block's copy. With `ok` false the destination slot is freed and
-  // the block stays where it was.
+  // tier and no reader pins it, kept as the block's copy. With `ok` false the
+  // destination slot is freed and the block stays where it was.
   void finish_move(const BlockKey& key, bool ok);
 
   // ---- copies in durable tiers (see the top of this file) ----
@@ -281,8 +283,7 @@ class BlockStore {
   // still pinned by readers.
   Result<BlockLocation> demote_onto_copy(const BlockKey& key);
   // Gives up copies in `tier`, oldest made first, until `bytes` are given up or none is
-  // left that may go (a copy of a pinned block stays: a reader may hold its slot). Their
-  // slots become pending releases. Returns the bytes given up.
+  // left. Their slots become pending releases. Returns the bytes given up.
   uint64_t drop_copies(Tier tier, uint64_t bytes);
 
   // Removes a kReady, unpinned block and frees its slot (and gives up its copy).
