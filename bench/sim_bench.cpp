@@ -75,6 +75,7 @@ Result<SimConfig> make_config(const SimOptions& options) {
   }
   if (*interval == 0) return invalid_argument("--plan-interval must be positive");
   config.plan_interval_ms = *interval;
+  config.inclusive_nvme = !options.exclusive_nvme;
   config.planner.hbm_idle_ms = *hbm_idle;
   config.planner.ram_idle_ms = *ram_idle;
   return config;
@@ -86,6 +87,9 @@ std::string percent(double fraction) {
 std::string gib(uint64_t bytes) {
   return fmt::format("{:.0f}", bytes / double(1ull << 30));
 }
+std::string mib(double bytes) {
+  return fmt::format("{:.0f}", bytes / double(1ull << 20));
+}
 
 void add_table(BenchReport& report, const SimBudget& budget, const std::vector<SimResult>& rows,
                const std::vector<const SimResult*>& bounds, const SimResult* lru,
@@ -93,22 +97,22 @@ void add_table(BenchReport& report, const SimBudget& budget, const std::vector<S
   report.note(fmt::format("{}: HBM {}, RAM {}, NVMe {}", budget.name, format_bytes(budget.bytes[0]),
                           format_bytes(budget.bytes[1]), format_bytes(budget.bytes[2])));
   report.note(fmt::format(
-      "  {:<17} {:>8} {:>7} {:>7} {:>7} {:>6} {:>6} {:>6} {:>6} {:>8} {:>8} {:>6} {:>6}", "policy",
-      "mean ms", "p50", "p90", "p99", "hit%", "hbm%", "ram%", "nvme%", "moved", "prefetch", "vs 2",
-      "gap"));
+      "  {:<17} {:>8} {:>7} {:>7} {:>7} {:>6} {:>6} {:>6} {:>6} {:>8} {:>8} {:>9} {:>6} {:>6}",
+      "policy", "mean ms", "p50", "p90", "p99", "hit%", "hbm%", "ram%", "nvme%", "moved",
+      "prefetch", "nvme w/t", "vs 2", "gap"));
   auto line = [&](const SimResult& r) {
     const std::string ratio = lru && lru->ttft_mean_ms > 0
                                   ? fmt::format("{:.2f}", r.ttft_mean_ms / lru->ttft_mean_ms)
                                   : "-";
     const std::string gap =
         lru && optimum ? fmt::format("{:.2f}", gap_closed(r, *lru, *optimum)) : "-";
-    report.note(
-        fmt::format("  {:<17} {:>8.0f} {:>7.0f} {:>7.0f} {:>7.0f} {:>6} {:>6} {:>6} {:>6} {:>8} "
-                    "{:>8} {:>6} {:>6}",
-                    sim_policy_label(r.policy), r.ttft_mean_ms, r.ttft_p50_ms, r.ttft_p90_ms,
-                    r.ttft_p99_ms, percent(r.hit_rate()), percent(r.hit_rate(Tier::kHbm)),
-                    percent(r.hit_rate(Tier::kRam)), percent(r.hit_rate(Tier::kNvme)),
-                    gib(r.bytes_moved()) + "G", gib(r.bytes_prefetched) + "G", ratio, gap));
+    report.note(fmt::format(
+        "  {:<17} {:>8.0f} {:>7.0f} {:>7.0f} {:>7.0f} {:>6} {:>6} {:>6} {:>6} {:>8} "
+        "{:>8} {:>9} {:>6} {:>6}",
+        sim_policy_label(r.policy), r.ttft_mean_ms, r.ttft_p50_ms, r.ttft_p90_ms, r.ttft_p99_ms,
+        percent(r.hit_rate()), percent(r.hit_rate(Tier::kHbm)), percent(r.hit_rate(Tier::kRam)),
+        percent(r.hit_rate(Tier::kNvme)), gib(r.bytes_moved()) + "G", gib(r.bytes_prefetched) + "G",
+        mib(r.nvme_written_bytes_per_turn()) + "M", ratio, gap));
   };
   for (const SimResult& r : rows) line(r);
   for (const SimResult* bound : bounds) line(*bound);
@@ -130,6 +134,8 @@ void add_results(BenchReport& report, const std::string& prefix, const SimResult
   report.result(prefix + "bytes_prefetched", static_cast<double>(r.bytes_prefetched));
   report.result(prefix + "blocks_evicted", static_cast<double>(r.blocks_evicted));
   report.result(prefix + "blocks_dropped", static_cast<double>(r.blocks_dropped));
+  report.result(prefix + "nvme_written_bytes_per_turn", r.nvme_written_bytes_per_turn());
+  report.result(prefix + "bytes_demoted_onto_copy", static_cast<double>(r.bytes_demoted_onto_copy));
 }
 
 }  // namespace
@@ -317,6 +323,7 @@ Result<BenchReport> run_sim_bench(const SimOptions& options) {
   report.config("engines", options.engines < 0 ? std::string("derived per workload")
                                                : std::to_string(options.engines));
   report.config("plan_interval_ms", static_cast<int64_t>(config->plan_interval_ms));
+  report.config("nvme", std::string(config->inclusive_nvme ? "inclusive" : "exclusive"));
   report.config("hbm_idle_ms", static_cast<int64_t>(config->planner.hbm_idle_ms));
   report.config("ram_idle_ms", static_cast<int64_t>(config->planner.ram_idle_ms));
   for (const SimBudget& budget : budgets) {
@@ -369,6 +376,9 @@ CLI::App* add_sim_subcommand(CLI::App& app, SimOptions& options) {
          "trace (the --trace file), long-chats, one-shot, doc-qa, agents, or all; repeatable")
       ->delimiter(',');
   sim->add_option("--seed", options.seed, "seed of the generated workloads");
+  sim->add_flag("--exclusive-nvme", options.exclusive_nvme,
+                "NVMe exclusive below RAM (the old tier): a promotion out of NVMe gives its copy "
+                "up, so the next demotion writes the block again");
   sim->add_option("--jobs", options.jobs, "simulation threads (default: one per CPU)")
       ->check(CLI::Range(0, 256));
   return sim;

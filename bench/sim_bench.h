@@ -42,7 +42,8 @@ struct SimOptions {
   std::vector<int> policies = {1, 2, 3, 4};
   std::vector<std::string> workloads = {"trace"};  // or generated ones; "all"
   uint64_t seed = 1;
-  int jobs = 0;  // 0: one per CPU
+  int jobs = 0;                 // 0: one per CPU
+  bool exclusive_nvme = false;  // a promotion out of NVMe gives its slot up (no copy kept)
 };
 
 Result<BenchReport> run_sim_bench(const SimOptions& options);

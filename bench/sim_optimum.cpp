@@ -96,9 +96,32 @@ void Clairvoyant::rebalance(uint64_t now_ms, uint64_t horizon_ms) {
   // needed-first first. A move the link cannot start within the horizon waits.
   const double limit = static_cast<double>(now_ms + horizon_ms);
   waiting_ = false;
+  // A demotion onto the block's NVMe copy writes nothing and takes no link time, so it
+  // waits until a move needs its room: done at once, it would free room that
+  // promotions refill over the NVMe read link, and blocks at a tier's edge would go
+  // down and come back up each rebalance (what a slow write used to hold back).
+  std::array<std::vector<const Out*>, kTierCount> free_demotions{};  // by from, needed-last first
+  std::array<size_t, kTierCount> next_free{};
+  auto demote_free = [&](const Out& o) {
+    if (!store_.begin_move(SimStore::key_of(o.id), o.to, now_ms)) return;
+    stats_.bytes_demoted += store_.block_bytes();
+  };
+  auto make_room = [&](Tier tier) {
+    const size_t t = static_cast<size_t>(tier);
+    while (next_free[t] < free_demotions[t].size()) {
+      const SimStore::TierSpace space = store_.space(tier);
+      if (space.capacity_bytes - space.used_bytes >= store_.block_bytes()) return;
+      demote_free(*free_demotions[t][next_free[t]++]);
+    }
+  };
   auto try_move = [&](const Out& o) {
     const BlockKey key = SimStore::key_of(o.id);
-    if (store_.link_free_at_ms(o.from, o.to) > limit || !store_.begin_move(key, o.to, now_ms)) {
+    if (store_.link_free_at_ms(o.from, o.to) > limit) {
+      waiting_ = true;
+      return;
+    }
+    if (o.to != Tier::kNvme) make_room(o.to);
+    if (!store_.begin_move(key, o.to, now_ms)) {
       waiting_ = true;
       return;
     }
@@ -108,7 +131,12 @@ void Clairvoyant::rebalance(uint64_t now_ms, uint64_t horizon_ms) {
     if (o.to == Tier::kNone) evict(o.id);
   }
   for (auto it = out.rbegin(); it != out.rend(); ++it) {
-    if (it->to != Tier::kNone && it->to > it->from) try_move(*it);
+    if (it->to == Tier::kNone || it->to < it->from) continue;
+    if (it->to == Tier::kNvme && store_.has_nvme_copy(SimStore::key_of(it->id))) {
+      free_demotions[static_cast<size_t>(it->from)].push_back(&*it);
+    } else {
+      try_move(*it);
+    }
   }
   for (const Out& o : out) {
     if (o.to != Tier::kNone && o.to < o.from) try_move(o);

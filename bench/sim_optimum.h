@@ -9,7 +9,9 @@
 //    blocks are ranked by next use and given HBM, then RAM, then NVMe by capacity; a
 //    block out of place is demoted (farthest next use first) or promoted (soonest
 //    first), each move queued on its link only while the link's backlog is under the
-//    horizon, so prefetches are limited by bandwidth as the planner's are;
+//    horizon, so prefetches are limited by bandwidth as the planner's are; a demotion
+//    onto the block's NVMe copy (free: no write, no link time) waits until a move needs
+//    its room;
 //  * a block never used again is dropped at once; a new block that finds every tier
 //    full takes the place of the block with the farthest next use, or is not stored
 //    when its own next use is farther still.

@@ -39,7 +39,7 @@ class Simulation {
         sessions_(clock_),
         planner_(planner_config(config, policy, trace.tokens_per_block), clock_),
         store_(capacities(budget, policy), config.read_bytes_per_s, block_bytes_,
-               trace.distinct_blocks) {
+               trace.distinct_blocks, config.inclusive_nvme) {
     planner_.set_layout_cost(kLayout, {trace.tokens_per_block, config.prefill_tokens_per_s});
     if (policy == SimPolicy::kClairvoyant) clairvoyant_.emplace(trace, store_);
     result_.policy = policy;
@@ -320,6 +320,10 @@ class Simulation {
       result_.bytes_prefetched = clairvoyant_->stats().bytes_promoted;  // all ahead of a use
       result_.blocks_evicted = clairvoyant_->stats().blocks_evicted;
     }
+    // Demotions onto NVMe copies were counted as they were applied; they copied nothing.
+    result_.bytes_demoted_onto_copy = store_.demoted_onto_copy_bytes();
+    result_.bytes_demoted -= result_.bytes_demoted_onto_copy;
+    result_.nvme_written_bytes = store_.nvme_written_bytes();
     result_.turns = ttfts_.size();
     result_.wall_seconds = wall_seconds;
     if (ttfts_.empty()) return;

@@ -60,6 +60,9 @@ struct SimConfig {
   // Whether the engine's Saves carry the retention priorities the trace gives
   // (TraceRequest::priorities; the clairvoyant policy needs none).
   bool priorities = true;
+  // NVMe keeps a copy of what is promoted out of it (kvtierd's design; SimStore); false
+  // runs the old exclusive tier, where a promotion gives the NVMe slot up.
+  bool inclusive_nvme = true;
   // Thresholds and watermarks; mode, costs and plan interval are set per run.
   policy::PlannerConfig planner;
 };
@@ -72,9 +75,11 @@ struct SimResult {
   double follow_up_ttft_mean_ms = 0;
   double wait_mean_ms = 0;        // arrival → an engine takes it (part of the TTFT)
   uint64_t blocks_requested = 0;  // Σ hash_ids over the trace
-  std::array<uint64_t, kTierCount> hit_blocks{};  // loaded, by the tier read from
-  uint64_t bytes_saved = 0;                       // engine → daemon at ends of turns
-  uint64_t bytes_promoted = 0, bytes_demoted = 0;
+  std::array<uint64_t, kTierCount> hit_blocks{};   // loaded, by the tier read from
+  uint64_t bytes_saved = 0;                        // engine → daemon at ends of turns
+  uint64_t bytes_promoted = 0, bytes_demoted = 0;  // copied (a demotion onto a copy is not)
+  uint64_t bytes_demoted_onto_copy = 0;            // demotions onto an NVMe copy: no write
+  uint64_t nvme_written_bytes = 0;                 // demotions and new blocks written to NVMe
   uint64_t bytes_prefetched = 0;  // promotions for predicted returns (part of promoted)
   uint64_t blocks_evicted = 0, blocks_dropped = 0;
   double wall_seconds = 0;
@@ -82,6 +87,9 @@ struct SimResult {
   double hit_rate() const;
   double hit_rate(Tier tier) const;
   uint64_t bytes_moved() const { return bytes_promoted + bytes_demoted; }
+  double nvme_written_bytes_per_turn() const {
+    return turns ? static_cast<double>(nvme_written_bytes) / static_cast<double>(turns) : 0;
+  }
 };
 
 // Engines for a trace: enough prefill slots that, with no cache at all, they would be

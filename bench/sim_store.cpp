@@ -27,11 +27,12 @@ uint64_t SimStore::id_of(const BlockKey& key) {
 
 SimStore::SimStore(std::array<uint64_t, kTierCount> capacity,
                    std::array<double, kTierCount> read_bytes_per_s, uint64_t block_bytes,
-                   uint64_t distinct_ids)
+                   uint64_t distinct_ids, bool inclusive_nvme)
     : capacity_(capacity),
       read_bytes_per_s_(read_bytes_per_s),
       block_bytes_(block_bytes),
-      blocks_(distinct_ids) {}
+      blocks_(distinct_ids),
+      inclusive_nvme_(inclusive_nvme) {}
 
 SimStore::Block* SimStore::find(const BlockKey& key) {
   const uint64_t id = id_of(key);
@@ -76,7 +77,32 @@ SimStore::BlockPlacement SimStore::placement(const BlockKey& key) const {
 
 SimStore::TierSpace SimStore::space(Tier tier) const {
   if (tier == Tier::kNone) return {};
-  return {capacity_[index(tier)], used_[index(tier)]};
+  // Copies are free to the planner: they go first when room is needed.
+  const uint64_t copies = tier == Tier::kNvme ? nvme_copy_bytes() : 0;
+  return {capacity_[index(tier)], used_[index(tier)] - copies};
+}
+
+bool SimStore::make_room(Tier tier) {
+  const uint64_t capacity = capacity_[index(tier)];
+  if (capacity == 0) return false;
+  while (tier == Tier::kNvme && used_[index(tier)] + block_bytes_ > capacity &&
+         !copy_order_.empty()) {
+    drop_copy(copy_order_.front());
+  }
+  return used_[index(tier)] + block_bytes_ <= capacity;
+}
+
+void SimStore::add_copy(uint64_t id) {
+  Block& block = blocks_[id];
+  block.nvme_copy = true;
+  block.copy_at = copy_order_.insert(copy_order_.end(), static_cast<uint32_t>(id));
+}
+
+void SimStore::drop_copy(uint64_t id) {
+  Block& block = blocks_[id];
+  copy_order_.erase(block.copy_at);
+  block.nvme_copy = false;
+  used_[index(Tier::kNvme)] -= block_bytes_;
 }
 
 void SimStore::for_each_in_tier(
@@ -98,9 +124,9 @@ Tier SimStore::insert(const BlockKey& key, uint64_t now_ms) {
   const uint64_t id = id_of(key);
   if (id >= blocks_.size() || blocks_[id].tier != Tier::kNone) return Tier::kNone;
   for (Tier tier : {Tier::kHbm, Tier::kRam, Tier::kNvme}) {
-    const uint64_t capacity = capacity_[index(tier)];
-    if (capacity == 0 || used_[index(tier)] + block_bytes_ > capacity) continue;
+    if (!make_room(tier)) continue;
     used_[index(tier)] += block_bytes_;
+    if (tier == Tier::kNvme) nvme_written_bytes_ += block_bytes_;
     blocks_[id] = Block{};
     blocks_[id].last_access_ms = now_ms;
     place(id, tier);
@@ -127,6 +153,7 @@ bool SimStore::evict(const BlockKey& key) {
   Block* block = find(key);
   if (block == nullptr || block->moving_to != Tier::kNone) return false;
   used_[index(block->tier)] -= block_bytes_;
+  if (block->nvme_copy) drop_copy(id_of(key));
   unplace(id_of(key));
   return true;
 }
@@ -140,10 +167,20 @@ bool SimStore::begin_move(const BlockKey& key, Tier to, uint64_t now_ms) {
   Block* block = find(key);
   if (block == nullptr || to == Tier::kNone) return false;
   if (block->moving_to != Tier::kNone || block->tier == to) return false;
-  if (capacity_[index(to)] == 0 || used_[index(to)] + block_bytes_ > capacity_[index(to)]) {
-    return false;
+  if (to == Tier::kNvme && block->nvme_copy) {
+    // Onto its copy: nothing to write, no link time; the copy's room becomes its place.
+    const uint64_t id = id_of(key);
+    copy_order_.erase(block->copy_at);
+    block->nvme_copy = false;
+    used_[index(block->tier)] -= block_bytes_;
+    unplace(id);
+    place(id, to);
+    demoted_onto_copy_bytes_ += block_bytes_;
+    return true;
   }
+  if (!make_room(to)) return false;
   used_[index(to)] += block_bytes_;
+  if (to == Tier::kNvme) nvme_written_bytes_ += block_bytes_;
   const size_t link = link_of(block->tier, to);
   double& free_at = link_free_at_ms_[link][to > block->tier ? 1 : 0];
   const double start = std::max(static_cast<double>(now_ms), free_at);
@@ -162,7 +199,11 @@ void SimStore::finish_moves(uint64_t now_ms) {
     Block& block = blocks_[id];
     if (block.tier == Tier::kNone || block.moving_to == Tier::kNone) continue;
     const Tier to = block.moving_to;
-    used_[index(block.tier)] -= block_bytes_;
+    if (block.tier == Tier::kNvme && inclusive_nvme_) {
+      add_copy(id);  // its NVMe room stays, as the copy's
+    } else {
+      used_[index(block.tier)] -= block_bytes_;
+    }
     unplace(id);
     place(id, to);
     block.moving_to = Tier::kNone;

@@ -7,7 +7,14 @@
 //    when the link between the two tiers has carried its bytes. The link of a pair
 //    is the slower tier's (PCIe for HBM↔RAM, the drive for NVMe), one FIFO queue per
 //    direction: PCIe is full duplex, and a drive reads while it writes;
-//  * an eviction frees the block at once.
+//  * an eviction frees the block at once (and its NVMe copy).
+// NVMe is inclusive below RAM, as in kvtierd (tiers/block_store.h), unless the store is
+// made exclusive: a promotion out of NVMe keeps the block's NVMe slot as a copy, which
+// counts toward NVMe use; a demotion onto that copy takes no link time and writes
+// nothing; copies are reclaimed (oldest made first) whenever NVMe needs room for a
+// block, and space(NVMe) leaves them out, as the daemon's planner view does. Reclaiming
+// is immediate here (the daemon waits for the index delete: a write that found no room
+// goes at the next plan).
 // Loads into the engine are charged by the caller from read_tier() and do not occupy
 // links (a simplification the README states).
 //
@@ -21,6 +28,7 @@
 #include <array>
 #include <cstdint>
 #include <functional>
+#include <list>
 #include <queue>
 #include <vector>
 
@@ -33,9 +41,10 @@ class SimStore final : public policy::PlacementView {
  public:
   // `capacity[t]`: bytes of tier t (0: not configured); `read_bytes_per_s[t]`: its
   // bandwidth; every block is `block_bytes`; hash ids run 0 .. distinct_ids - 1.
+  // `inclusive_nvme` false: a promotion out of NVMe gives its slot up (the old design).
   SimStore(std::array<uint64_t, kTierCount> capacity,
            std::array<double, kTierCount> read_bytes_per_s, uint64_t block_bytes,
-           uint64_t distinct_ids);
+           uint64_t distinct_ids, bool inclusive_nvme = true);
 
   static BlockKey key_of(uint64_t hash_id);
 
@@ -75,6 +84,16 @@ class SimStore final : public policy::PlacementView {
   void set_now(uint64_t now_ms) { now_ms_ = now_ms; }
   Tier slowest_tier() const;
   uint64_t block_bytes() const { return block_bytes_; }
+  // Bytes written into NVMe (demotions and new blocks stored there; a demotion onto a
+  // copy writes nothing), and bytes demoted onto copies.
+  uint64_t nvme_written_bytes() const { return nvme_written_bytes_; }
+  uint64_t demoted_onto_copy_bytes() const { return demoted_onto_copy_bytes_; }
+  uint64_t nvme_copy_bytes() const { return copy_order_.size() * block_bytes_; }
+  // Whether the block lives above NVMe with a copy there (a demotion to NVMe is free).
+  bool has_nvme_copy(const BlockKey& key) const {
+    const Block* block = find(key);
+    return block != nullptr && block->nvme_copy;
+  }
 
  private:
   struct Block {
@@ -84,6 +103,8 @@ class SimStore final : public policy::PlacementView {
     uint64_t lands_at_ms = 0;
     uint64_t last_access_ms = 0;
     uint32_t session_refs = 0;
+    bool nvme_copy = false;                 // holds a copy in NVMe (lives above it)
+    std::list<uint32_t>::iterator copy_at;  // in copy_order_, when nvme_copy
   };
   struct Landing {
     uint64_t at_ms;
@@ -101,6 +122,10 @@ class SimStore final : public policy::PlacementView {
   size_t link_of(Tier a, Tier b) const;
   void place(uint64_t id, Tier tier);
   void unplace(uint64_t id);
+  // Whether `tier` has room for one more block, reclaiming NVMe copies if need be.
+  bool make_room(Tier tier);
+  void add_copy(uint64_t id);
+  void drop_copy(uint64_t id);  // frees its NVMe room
 
   std::array<uint64_t, kTierCount> capacity_;
   std::array<uint64_t, kTierCount> used_{};
@@ -113,6 +138,10 @@ class SimStore final : public policy::PlacementView {
   std::vector<Block> blocks_;                                // indexed by trace hash id
   std::array<std::vector<uint32_t>, kTierCount> residents_;  // ids held in each tier
   std::priority_queue<Landing, std::vector<Landing>, std::greater<>> landings_;
+  bool inclusive_nvme_;
+  std::list<uint32_t> copy_order_;  // ids with an NVMe copy, oldest made first
+  uint64_t nvme_written_bytes_ = 0;
+  uint64_t demoted_onto_copy_bytes_ = 0;
 };
 
 }  // namespace kvtier::bench

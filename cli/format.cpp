@@ -71,8 +71,10 @@ std::string status_json(const StatsInfo& s) {
   std::string tiers;
   for (const auto& t : s.tiers) {
     if (!tiers.empty()) tiers += ",";
-    tiers += fmt::format(R"({{"tier":"{}","capacity_bytes":{},"used_bytes":{},"blocks":{}}})",
-                         tier_name(t.tier), t.capacity_bytes, t.used_bytes, t.blocks);
+    tiers += fmt::format(
+        R"({{"tier":"{}","capacity_bytes":{},"used_bytes":{},"blocks":{},"copy_bytes":{},)"
+        R"("written_bytes":{}}})",
+        tier_name(t.tier), t.capacity_bytes, t.used_bytes, t.blocks, t.copy_bytes, t.written_bytes);
   }
   std::string gpus;
   for (const auto& g : s.gpus) {
@@ -104,12 +106,13 @@ std::string status_text(const StatsInfo& s) {
         format_bytes(s.fill_bytes));
   }
   out += "\n";
-  out += fmt::format("{:<6} {:>12} {:>12} {:>6} {:>10}\n", "TIER", "CAPACITY", "USED", "USE%",
-                     "BLOCKS");
+  out += fmt::format("{:<6} {:>12} {:>12} {:>6} {:>10} {:>12} {:>12}\n", "TIER", "CAPACITY", "USED",
+                     "USE%", "BLOCKS", "COPIES", "WRITTEN");
   for (const auto& t : s.tiers) {
-    out += fmt::format("{:<6} {:>12} {:>12} {:>5.1f}% {:>10}\n", tier_name(t.tier),
+    out += fmt::format("{:<6} {:>12} {:>12} {:>5.1f}% {:>10} {:>12} {:>12}\n", tier_name(t.tier),
                        format_bytes(t.capacity_bytes), format_bytes(t.used_bytes),
-                       percent(t.used_bytes, t.capacity_bytes), t.blocks);
+                       percent(t.used_bytes, t.capacity_bytes), t.blocks,
+                       format_bytes(t.copy_bytes), format_bytes(t.written_bytes));
   }
   for (const auto& g : s.gpus) {
     out += fmt::format("  hbm on {} ({}): {} of {} ({:.1f}%)\n", g.uuid, g.name,

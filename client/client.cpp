@@ -348,7 +348,8 @@ Result<StatsInfo> Client::stats(bool all_namespaces) {
         StatsInfo info{};
         for (auto tier : r.getTiers()) {
           info.tiers.push_back({static_cast<Tier>(tier.getTier()), tier.getCapacityBytes(),
-                                tier.getUsedBytes(), tier.getBlocks()});
+                                tier.getUsedBytes(), tier.getBlocks(), tier.getCopyBytes(),
+                                tier.getWrittenBytes()});
         }
         info.sessions_active = r.getSessionsActive();
         info.sessions_idle = r.getSessionsIdle();

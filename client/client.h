@@ -151,8 +151,10 @@ struct BeginTurnResult {
 struct TierStatsInfo {
   Tier tier;
   uint64_t capacity_bytes;
-  uint64_t used_bytes;
+  uint64_t used_bytes;  // copies included
   uint64_t blocks;
+  uint64_t copy_bytes = 0;     // of used_bytes: copies of blocks living above (NVMe)
+  uint64_t written_bytes = 0;  // written into the tier by the policy's moves since start
 };
 
 struct StatsInfo {

@@ -200,7 +200,8 @@ Status Service::handle_drain(const ConnectionPtr& c, EngineContext& engine, uint
   uint64_t blocks = 0, bytes = 0;
   auto count_moving = [&](const BlockKey& key) {
     auto info = store_->lookup(key);
-    if (info && info->state == BlockState::kMoving) {
+    // A block that had an NVMe copy is there already: it moved onto the copy.
+    if (info && (info->state == BlockState::kMoving || info->location.tier == Tier::kNvme)) {
       ++blocks;
       bytes += store_->block_bytes(key.layout);
     }

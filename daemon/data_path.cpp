@@ -34,8 +34,11 @@ class StorePlacementView final : public policy::PlacementView {
     if (!store_.configured(tier)) return {};
     auto usage = store_.usage(tier);
     // NVMe slots waiting for their index delete are free in a moment; counting them as
-    // used would make the planner evict again for room already being made.
-    return {usage.capacity_bytes, usage.used_bytes - store_.unconfirmed_release_bytes(tier)};
+    // used would make the planner evict again for room already being made. Copies are
+    // free too: a write that needs their room drops them first (move_executor.h), so a
+    // block never goes for room a copy holds.
+    return {usage.capacity_bytes,
+            usage.used_bytes - store_.unconfirmed_release_bytes(tier) - usage.copy_bytes};
   }
   void for_each_in_tier(
       Tier tier,

@@ -30,6 +30,8 @@ Status Service::handle_stats(const ConnectionPtr& c, EngineContext& engine, uint
       list[i].setCapacityBytes(tiers[i].capacity_bytes);
       list[i].setUsedBytes(tiers[i].used_bytes);
       list[i].setBlocks(tiers[i].blocks);
+      list[i].setCopyBytes(tiers[i].copy_bytes);
+      list[i].setWrittenBytes(mover_->counters().bytes_written[static_cast<size_t>(tiers[i].tier)]);
     }
     out.setSessionsActive(active);
     out.setSessionsIdle(idle);

@@ -89,8 +89,9 @@ Status Service::open_nvme(std::vector<BlockStore::TierMemory>& tiers) {
     return tier.status().with_context(fmt::format("NVMe tier in {}", options.dir));
   }
   state->tier = std::move(*tier);
+  // Inclusive below RAM: a block read up keeps its NVMe copy (block_store.h).
   tiers.push_back({Tier::kNvme, nullptr, state->tier->slab_bytes(), config_.nvme_bytes,
-                   /*confirm_release=*/true});
+                   /*confirm_release=*/true, /*parts=*/1, /*keep_copies=*/true});
   nvme_ = std::move(state);
   return Status::ok();
 }
@@ -308,6 +309,7 @@ void Service::start_drain(std::function<void()> stopped) {
   nvme_->drained = std::move(stopped);
   nvme_->drain_started_ms = now_ms();
   nvme_->drained_bytes_before = mover_->counters().bytes_demoted;
+  nvme_->drained_onto_copies_before = mover_->counters().bytes_demoted_onto_copy;
   mover_->set_draining(true);
   nvme_->drain_deadline = std::make_unique<asio::steady_timer>(io_);
   nvme_->drain_deadline->expires_after(std::chrono::milliseconds(config_.drain_timeout_ms));
@@ -329,7 +331,8 @@ void Service::check_drain() {
   if (nvme_->jobs_in_flight() || mover_->busy() || counters_.copies_in_flight > 0) return;
   if (nvme_->drain_phase == NvmeState::DrainPhase::kMoving) {
     // Everything a live session holds and NVMe does not have yet (blocks in GPU memory
-    // go through RAM: the executor takes them on when they land).
+    // go through RAM: the executor takes them on when they land). A block with an NVMe
+    // copy moves onto it and writes nothing.
     std::vector<policy::Move> to_nvme;
     std::unordered_set<BlockKey, BlockKeyHasher> seen;
     sessions_.for_each([&](const policy::Session& session) {
@@ -359,10 +362,13 @@ void Service::check_drain() {
       if (info && info->location.tier != Tier::kNvme) ++left;
     }
   });
-  KVTIER_LOG_INFO("drain to NVMe done in {}: {} written; {} session blocks could not be",
-                  format_duration_ms(now_ms() - nvme_->drain_started_ms),
-                  format_bytes(mover_->counters().bytes_demoted - nvme_->drained_bytes_before),
-                  left);
+  KVTIER_LOG_INFO(
+      "drain to NVMe done in {}: {} written, {} moved onto their NVMe copies; {} session "
+      "blocks could not be",
+      format_duration_ms(now_ms() - nvme_->drain_started_ms),
+      format_bytes(mover_->counters().bytes_demoted - nvme_->drained_bytes_before),
+      format_bytes(mover_->counters().bytes_demoted_onto_copy - nvme_->drained_onto_copies_before),
+      left);
   nvme_->drain_phase = NvmeState::DrainPhase::kDone;
   if (nvme_->drain_deadline) nvme_->drain_deadline->cancel();
   if (auto drained = std::exchange(nvme_->drained, nullptr)) drained();

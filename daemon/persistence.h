@@ -52,7 +52,8 @@ struct NvmeState {
   std::function<void()> drained;  // called once, when the drain is over
   std::unique_ptr<boost::asio::steady_timer> drain_deadline;
   uint64_t drain_started_ms = 0;
-  uint64_t drained_bytes_before = 0;  // bytes_demoted when the drain began
+  uint64_t drained_bytes_before = 0;        // bytes_demoted when the drain began
+  uint64_t drained_onto_copies_before = 0;  // bytes_demoted_onto_copy then
 
   // What NvmeTier::open found; consumed by Service::recover_nvme.
   std::unique_ptr<NvmeRecovery> recovery;

@@ -97,6 +97,10 @@ std::string Service::render_metrics() const {
            [](const TierUsage& t) { return t.used_bytes; });
   per_tier("kvtier_tier_blocks", "Blocks resident, per tier.",
            [](const TierUsage& t) { return t.blocks; });
+  per_tier("kvtier_tier_copy_bytes",
+           "Bytes of used slots holding copies of blocks that live in a tier above "
+           "(NVMe is inclusive below RAM); given up first when room is needed.",
+           [](const TierUsage& t) { return t.copy_bytes; });
 
   out.family("kvtier_sessions", "gauge", "Open sessions by state.");
   out.sample("kvtier_sessions", "state=\"active\"",
@@ -130,6 +134,20 @@ std::string Service::render_metrics() const {
   out.sample("kvtier_moved_bytes_total", "direction=\"demote\"", mover_->counters().bytes_demoted);
   out.sample("kvtier_moved_bytes_total", "direction=\"promote\"",
              mover_->counters().bytes_promoted);
+  out.family("kvtier_demoted_onto_copy_bytes_total", "counter",
+             "Bytes demoted onto a copy the lower tier still held: moved without a write "
+             "(not in kvtier_moved_bytes_total{direction=\"demote\"}).");
+  out.sample("kvtier_demoted_onto_copy_bytes_total", "",
+             mover_->counters().bytes_demoted_onto_copy);
+  out.family("kvtier_tier_written_bytes_total", "counter",
+             "Bytes the policy's moves wrote into each tier (Saves not included).");
+  for (const TierUsage& tier : tiers) {
+    out.sample("kvtier_tier_written_bytes_total", fmt::format("tier=\"{}\"", tier_name(tier.tier)),
+               mover_->counters().bytes_written[static_cast<size_t>(tier.tier)]);
+  }
+  out.family("kvtier_copy_dropped_bytes_total", "counter",
+             "Bytes of copies (NVMe) given up because their tier needed the room.");
+  out.sample("kvtier_copy_dropped_bytes_total", "", mover_->counters().copy_bytes_dropped);
   out.family("kvtier_blocks_evicted_total", "counter",
              "Blocks dropped to make room or by kvtierctl evict (a policy move).");
   out.sample("kvtier_blocks_evicted_total", "", mover_->counters().blocks_evicted);

@@ -217,8 +217,10 @@ struct Stats {
 struct TierStats {
   tier @0 :Tier;               # which tier
   capacityBytes @1 :UInt64;    # configured budget
-  usedBytes @2 :UInt64;        # bytes in allocated slots
+  usedBytes @2 :UInt64;        # bytes in allocated slots (copies included)
   blocks @3 :UInt64;           # blocks resident
+  copyBytes @4 :UInt64;        # bytes of usedBytes holding copies of blocks that live above (NVMe)
+  writtenBytes @5 :UInt64;     # bytes the policy's moves wrote into the tier since start
 }
 
 struct StatsReply {
@@ -343,7 +345,7 @@ struct Drain {                 # admin: push every RAM/HBM block down to NVMe (m
 }
 
 struct DrainReply {
-  blocksQueued @0 :UInt64;     # blocks whose move to NVMe started
+  blocksQueued @0 :UInt64;     # blocks whose move to NVMe started (or that moved onto their NVMe copy)
   bytesQueued @1 :UInt64;      # their bytes
 }
 

@@ -46,7 +46,10 @@ BlockStore::BlockStore(std::vector<TierMemory> tiers)
                                0,
                                tier.confirm_release,
                                0,
-                               {}});
+                               {},
+                               tier.keep_copies && tier.confirm_release,
+                               {},
+                               0});
   }
 }
 
@@ -152,8 +155,8 @@ void BlockStore::prefetch(const LayoutKey& layout, std::span<const BlockHash> ha
 std::optional<BlockInfo> BlockStore::lookup(const BlockKey& key) const {
   const Entry* entry = find(key);
   if (entry == nullptr || entry->state == BlockState::kWriting) return std::nullopt;
-  return BlockInfo{entry->state, entry->location(), entry->pins, entry->session_refs,
-                   entry->last_access_ms};
+  return BlockInfo{entry->state,        entry->location(),     entry->pins,
+                   entry->session_refs, entry->last_access_ms, entry->has_copy};
 }
 
 PinnedBlock BlockStore::pin(const BlockKey& key, uint64_t now_ms) {
@@ -191,6 +194,10 @@ Result<std::pair<BlockLocation, BlockLocation>> BlockStore::begin_move(const Blo
   }
   if (entry->tier == to) {
     return invalid_argument("block {} is already in tier {}", key.hash.to_hex(), tier_name(to));
+  }
+  if (entry->has_copy && copies_.at(key).location.tier == to) {
+    return invalid_argument("block {} has a copy in tier {}: it moves onto it", key.hash.to_hex(),
+                            tier_name(to));
   }
   if (deferred_frees_.contains(key)) {
     return invalid_argument("block {}: the old slot of its previous move is still pinned",
@@ -236,11 +243,22 @@ void BlockStore::finish_move(const BlockKey& key, bool ok) {
     return;
   }
   const BlockLocation old = entry->location();
-  --tier_state(old.tier)->blocks;
+  TierState* old_tier = tier_state(old.tier);
+  --old_tier->blocks;
   ++tier_state(target.tier)->blocks;
   remove_resident(*entry);
   entry->set_location(target);
   add_resident(layouts_.find(key.layout)->first, *entry);
+  // A copy is kept only when no reader pins the old slot: then no handle ever names a
+  // copy's slot (pins taken from now on name the new place), and a copy may be dropped
+  // whenever room is needed, also while its block is pinned up above (an admin's pin
+  // holds a block for as long as it likes). With readers, the slot goes as before.
+  if (old_tier->keep_copies && target.tier < old.tier && !entry->has_copy && entry->pins == 0) {
+    // The old slot and the index entry naming it stay: the block is immutable, so they
+    // hold its bytes for as long as it exists.
+    add_copy(key, *entry, old, bytes);
+    return;
+  }
   // Readers that pinned the block before the switch still read the old slot.
   if (entry->pins > 0) {
     deferred_frees_[key] = old;
@@ -256,11 +274,62 @@ bool BlockStore::evict(const BlockKey& key) {
   if (entry == nullptr) return false;
   if (entry->state != BlockState::kReady || entry->pins > 0) return false;
   release_slot(key, entry->location(), layout->second.block_bytes);
+  if (entry->has_copy) {
+    release_slot(key, take_copy(key, *entry, layout->second.block_bytes),
+                 layout->second.block_bytes);
+  }
   --tier_state(entry->tier)->blocks;
   --block_count_;
   remove_resident(*entry);
   layout->second.blocks.erase(entry, relocated(layout->first));
   return true;
+}
+
+std::optional<BlockLocation> BlockStore::copy_of(const BlockKey& key) const {
+  const Entry* entry = find(key);
+  if (entry == nullptr || !entry->has_copy) return std::nullopt;
+  return copies_.at(key).location;
+}
+
+Result<BlockLocation> BlockStore::demote_onto_copy(const BlockKey& key) {
+  Entry* entry = find(key);
+  if (entry == nullptr) return invalid_argument("block {} is not stored", key.hash.to_hex());
+  if (!entry->has_copy) return invalid_argument("block {} has no copy", key.hash.to_hex());
+  if (entry->state != BlockState::kReady) {
+    return invalid_argument("block {} is not ready (being written or moved)", key.hash.to_hex());
+  }
+  if (deferred_frees_.contains(key)) {
+    return invalid_argument("block {}: the old slot of its previous move is still pinned",
+                            key.hash.to_hex());
+  }
+  const uint64_t bytes = block_bytes(key.layout);
+  const BlockLocation old = entry->location();
+  const BlockLocation copy = take_copy(key, *entry, bytes);
+  --tier_state(old.tier)->blocks;
+  ++tier_state(copy.tier)->blocks;
+  remove_resident(*entry);
+  entry->set_location(copy);
+  add_resident(layouts_.find(key.layout)->first, *entry);
+  if (entry->pins > 0) {
+    deferred_frees_[key] = old;
+  } else {
+    release_slot(key, old, bytes);
+  }
+  return copy;
+}
+
+uint64_t BlockStore::drop_copies(Tier tier, uint64_t bytes) {
+  TierState* state = tier_state(tier);
+  if (state == nullptr) return 0;
+  uint64_t dropped = 0;
+  for (auto it = state->copies.begin(); it != state->copies.end() && dropped < bytes;) {
+    const BlockKey key = *it++;  // take_copy erases the node
+    Entry* entry = find(key);
+    const uint64_t block = block_bytes(key.layout);
+    release_slot(key, take_copy(key, *entry, block), block);
+    dropped += block;
+  }
+  return dropped;
 }
 
 Status BlockStore::insert_recovered(const BlockKey& key, const BlockLocation& location,
@@ -323,8 +392,9 @@ void BlockStore::for_each_in_tier(
   for (const TierState::Resident& resident : state->residents) {
     const Entry& entry = *resident.entry;
     if (entry.state == BlockState::kWriting) continue;
-    fn(BlockKey{*resident.layout, entry.hash}, BlockInfo{entry.state, entry.location(), entry.pins,
-                                                         entry.session_refs, entry.last_access_ms});
+    fn(BlockKey{*resident.layout, entry.hash},
+       BlockInfo{entry.state, entry.location(), entry.pins, entry.session_refs,
+                 entry.last_access_ms, entry.has_copy});
   }
 }
 
@@ -342,6 +412,26 @@ void BlockStore::remove_resident(Entry& entry) {
   residents.pop_back();
 }
 
+void BlockStore::add_copy(const BlockKey& key, Entry& entry, const BlockLocation& location,
+                          uint64_t bytes) {
+  TierState* tier = tier_state(location.tier);
+  tier->copies.push_back(key);
+  copies_.emplace(key, Copy{location, std::prev(tier->copies.end())});
+  tier->copy_bytes += bytes;
+  entry.has_copy = true;
+}
+
+BlockLocation BlockStore::take_copy(const BlockKey& key, Entry& entry, uint64_t bytes) {
+  auto it = copies_.find(key);
+  const Copy copy = it->second;
+  copies_.erase(it);
+  TierState* tier = tier_state(copy.location.tier);
+  tier->copies.erase(copy.in_tier);
+  tier->copy_bytes -= bytes;
+  entry.has_copy = false;
+  return copy.location;
+}
+
 std::vector<TierUsage> BlockStore::usage() const {
   std::vector<TierUsage> out;
   out.reserve(tiers_.size());
@@ -352,7 +442,12 @@ std::vector<TierUsage> BlockStore::usage() const {
 TierUsage BlockStore::usage(Tier tier) const {
   const TierState* state = tier_state(tier);
   if (state == nullptr) return TierUsage{tier, 0, 0, 0};
-  return TierUsage{tier, state->slabs.capacity_bytes(), state->slabs.used_bytes(), state->blocks};
+  return TierUsage{tier,
+                   state->slabs.capacity_bytes(),
+                   state->slabs.used_bytes(),
+                   state->blocks,
+                   state->copy_bytes,
+                   state->copies.size()};
 }
 
 bool BlockStore::has_room(Tier tier, uint64_t slot_bytes) const {

@@ -28,6 +28,27 @@
 // slots, confirm_release() frees them. Blocks found on disk at start-up come back
 // with insert_recovered().
 //
+// Copies (a durable tier configured with keep_copies, i.e. NVMe inclusive below RAM):
+// when a block moves up out of such a tier and the move succeeds, its old slot is not
+// given up but kept as the block's copy: the slot stays allocated (its index entry
+// keeps naming it, so after a crash the block is recovered from there) and counts in
+// the tier's used bytes (TierUsage::copy_bytes says how many of them are copies).
+// Blocks are immutable, so a copy stays valid for as long as the block exists. The
+// rules:
+//  - A block has at most one copy, in a tier below the one it lives in. A copy's slot
+//    is never handed to another block while the copy exists; it is given up only
+//    through the tier's durable release (a PendingRelease, like an evicted block's).
+//  - A copy is kept only when no reader pinned the block at its old slot (else that
+//    slot goes as it did before copies), so no handle ever names a copy's slot.
+//  - demote_onto_copy(): the block's place becomes its copy's slot and its old slot is
+//    freed; nothing is written. begin_move() into the copy's tier is refused.
+//  - Copies are redundant, so they go first when the tier needs room: drop_copies()
+//    gives them up, oldest made first (a copy is made at a promotion, an access, so
+//    this is roughly least recently accessed first), pinned blocks' copies too.
+//  - evict() gives up the block's copy with its slot.
+// Lookups of blocks without a copy cost nothing extra: an Entry flag says whether the
+// side table of copies has one.
+//
 // Thread-safety: none. The control thread owns the store and its handles; copies run
 // elsewhere and report back to the control thread, which commits or aborts the
 // writes, releases the pins and finishes the moves.
@@ -36,6 +57,7 @@
 #include <array>
 #include <cstdint>
 #include <functional>
+#include <list>
 #include <memory>
 #include <optional>
 #include <span>
@@ -169,13 +191,16 @@ struct BlockInfo {
   uint32_t pins;
   uint32_t session_refs;
   uint64_t last_access_ms;
+  bool has_copy = false;  // a copy in a durable tier below (BlockStore::copy_of)
 };
 
 struct TierUsage {
   Tier tier;
   uint64_t capacity_bytes;
-  uint64_t used_bytes;
-  uint64_t blocks;
+  uint64_t used_bytes;  // copies included
+  uint64_t blocks;      // blocks living here (copies not included)
+  uint64_t copy_bytes = 0;
+  uint64_t copies = 0;
 };
 
 class BlockStore {
@@ -187,6 +212,8 @@ class BlockStore {
     uint64_t capacity_bytes = 0;     // size of a tier without memory (NVMe)
     bool confirm_release = false;    // freed slots wait for confirm_release()
     uint32_t parts = 1;              // equal parts (the arena: one per GPU; SlabAllocator)
+    bool keep_copies = false;        // a block moving up keeps its slot here as a copy
+                                     // (only with confirm_release)
   };
   // Tiers in order from fastest (HBM) to slowest.
   explicit BlockStore(std::vector<TierMemory> tiers);
@@ -234,17 +261,33 @@ class BlockStore {
 
   // Starts moving a kReady block to `to`: reserves the destination slot, marks the
   // block kMoving and pins it. Returns (from, to) locations. InvalidArgument when the
-  // block is absent, not kReady, already in `to`, or its previous move's old slot is
-  // still pinned by readers; ResourceExhausted when `to` has no room.
+  // block is absent, not kReady, already in `to`, has its copy in `to` (use
+  // demote_onto_copy), or its previous move's old slot is still pinned by readers;
+  // ResourceExhausted when `to` has no room.
   Result<std::pair<BlockLocation, BlockLocation>> begin_move(
       const BlockKey& key, Tier to, int preferred_part = SlabAllocator::kAnyPart);
   // The copy landed: the block now lives at the destination; the old slot is freed
-  // as soon as no reader pins it. With `ok` false the destination slot is freed and
-  // the block stays where it was.
+  // as soon as no reader pins it, or, when the block moved up out of a keep_copies
+  // tier and no reader pins it, kept as the block's copy. With `ok` false the
+  // destination slot is freed and the block stays where it was.
   void finish_move(const BlockKey& key, bool ok);
 
-  // Removes a kReady, unpinned block and frees its slot. Returns false (and does
-  // nothing) when the block is absent, pinned, or not kReady.
+  // ---- copies in durable tiers (see the top of this file) ----
+
+  // Where the block's copy is; nullopt when it has none (or is absent).
+  std::optional<BlockLocation> copy_of(const BlockKey& key) const;
+  // Moves a kReady block onto its copy at once: it now lives at the copy's slot (no
+  // bytes move; the slot's index entry already names the block), and its old slot is
+  // freed as soon as no reader pins it. Returns the new location. InvalidArgument when
+  // the block is absent, has no copy, is not kReady, or its previous move's old slot is
+  // still pinned by readers.
+  Result<BlockLocation> demote_onto_copy(const BlockKey& key);
+  // Gives up copies in `tier`, oldest made first, until `bytes` are given up or none is
+  // left. Their slots become pending releases. Returns the bytes given up.
+  uint64_t drop_copies(Tier tier, uint64_t bytes);
+
+  // Removes a kReady, unpinned block and frees its slot (and gives up its copy).
+  // Returns false (and does nothing) when the block is absent, pinned, or not kReady.
   bool evict(const BlockKey& key);
 
   // ---- persistent tiers ----
@@ -308,7 +351,8 @@ class BlockStore {
     uint16_t pins = 0;
     BlockState state = BlockState::kWriting;
     Tier tier = Tier::kNone;
-    BlockHash hash;  // the key
+    BlockHash hash;         // the key
+    bool has_copy = false;  // copies_ holds its copy
 
     BlockLocation location() const { return {tier, offset}; }
     void set_location(const BlockLocation& location) {
@@ -336,6 +380,15 @@ class BlockStore {
       Entry* entry;
     };
     std::vector<Resident> residents;
+    bool keep_copies = false;
+    // Blocks with a copy here, oldest made first (drop_copies takes from the front).
+    std::list<BlockKey> copies;
+    uint64_t copy_bytes = 0;
+  };
+  // A block's copy: where it is and its place in the tier's list.
+  struct Copy {
+    BlockLocation location;
+    std::list<BlockKey>::iterator in_tier;
   };
 
   Entry* find(const BlockKey& key);
@@ -344,6 +397,9 @@ class BlockStore {
   const TierState* tier_state(Tier tier) const;
   void release_slot(const BlockKey& key, const BlockLocation& location, uint64_t block_bytes);
   void change_pins(Entry& entry, int delta);
+  void add_copy(const BlockKey& key, Entry& entry, const BlockLocation& location, uint64_t bytes);
+  // Forgets the entry's copy and returns where it was; its slot stays allocated.
+  BlockLocation take_copy(const BlockKey& key, Entry& entry, uint64_t bytes);
   // Keep TierState::residents in step with Entry::location.tier.
   void add_resident(const LayoutKey& layout, Entry& entry);
   void remove_resident(Entry& entry);
@@ -361,6 +417,8 @@ class BlockStore {
   // Old slots of moved blocks still pinned by readers: freed when pins reach 0.
   std::unordered_map<BlockKey, BlockLocation, BlockKeyHasher> deferred_frees_;
   std::vector<PendingRelease> pending_releases_;
+  // The copies of the blocks whose Entry::has_copy is set.
+  std::unordered_map<BlockKey, Copy, BlockKeyHasher> copies_;
   uint64_t pinned_blocks_ = 0;
   uint64_t block_count_ = 0;
   // Shared with the handles; handed to them if the store goes first (~BlockStore).

@@ -69,10 +69,12 @@ void MoveExecutor::apply(const std::vector<policy::Move>& moves, int hbm_part) {
     BlockKey key;
     policy::MoveKind kind;
     uint64_t bytes;
+    Tier to;
     Tier onward;  // kNone, or where the block goes next (second hop)
   };
   std::vector<Started> started;
   std::vector<BlockKey> evictions;
+  bool demoted_onto_copy = false;  // freed slots above: reads waiting for room may go
   std::array<std::vector<BlockKey>, kTierCount> writes{};                         // by destination
   std::array<std::array<std::vector<BlockKey>, kTierCount>, kTierCount> reads{};  // [from][to]
   for (const policy::Move& move : moves) {
@@ -84,6 +86,10 @@ void MoveExecutor::apply(const std::vector<policy::Move>& moves, int hbm_part) {
     if (!info || tier(move.to) == nullptr) continue;
     const Tier from = info->location.tier;
     if (from == move.to) continue;  // already there
+    if (info->has_copy && move_onto_copy(move.block, move.to)) {
+      demoted_onto_copy = true;
+      continue;
+    }
     Tier to = move.to;
     Tier onward = Tier::kNone;
     if (!copies_by_device(to)) {
@@ -115,7 +121,7 @@ void MoveExecutor::apply(const std::vector<policy::Move>& moves, int hbm_part) {
     batch.segments.push_back({batch.memory_index(tier(from)->memory()),
                               batch.memory_index(tier(to)->memory()), from_slot.offset,
                               to_slot.offset, bytes});
-    started.push_back({move.block, move.kind, bytes, onward});
+    started.push_back({move.block, move.kind, bytes, to, onward});
   }
   if (!evictions.empty()) evict(evictions);
   for (size_t to = 0; to < kTierCount; ++to) {
@@ -128,6 +134,7 @@ void MoveExecutor::apply(const std::vector<policy::Move>& moves, int hbm_part) {
     }
   }
   release_slots();
+  if (demoted_onto_copy) retry_room_waiters();
   if (started.empty()) return;
   ++copies_;
   Status submitted = hooks_.copy(std::move(batch), [this, started](Status status) {
@@ -139,6 +146,7 @@ void MoveExecutor::apply(const std::vector<policy::Move>& moves, int hbm_part) {
         hooks_.not_moved(move.key);
         continue;
       }
+      counters_.bytes_written[static_cast<size_t>(move.to)] += move.bytes;
       (move.kind == policy::MoveKind::kDemote ? counters_.bytes_demoted
                                               : counters_.bytes_promoted) += move.bytes;
       if (move.onward != Tier::kNone) onward[static_cast<size_t>(move.onward)].push_back(move.key);
@@ -158,6 +166,32 @@ void MoveExecutor::apply(const std::vector<policy::Move>& moves, int hbm_part) {
     }
     KVTIER_LOG_ERROR("block moves rejected: {}", submitted.to_string());
   }
+}
+
+void MoveExecutor::count_read_up(const BlockKey& key) {
+  const uint64_t bytes = store_.block_bytes(key.layout);
+  counters_.bytes_promoted += bytes;
+  if (const auto info = store_.lookup(key)) {
+    counters_.bytes_written[static_cast<size_t>(info->location.tier)] += bytes;
+  }
+}
+
+bool MoveExecutor::move_onto_copy(const BlockKey& key, Tier to) {
+  const std::optional<BlockLocation> copy = store_.copy_of(key);
+  if (!copy || copy->tier != to) return false;
+  auto moved = store_.demote_onto_copy(key);
+  if (!moved.is_ok()) {
+    KVTIER_LOG_DEBUG("move of {} onto its copy skipped: {}", key.hash.to_hex(),
+                     moved.status().to_string());
+    hooks_.not_moved(key);
+    return true;
+  }
+  // Nothing is written, so the copy's index record keeps the access time it was
+  // written with: after a restart the block looks as old as its last write to NVMe and
+  // is an earlier eviction candidate than it should be. Rewriting the record would cost
+  // an index write per demotion, which is what copies are there to save.
+  counters_.bytes_demoted_onto_copy += store_.block_bytes(key.layout);
+  return true;
 }
 
 void MoveExecutor::evict(const std::vector<BlockKey>& keys, bool lost) {
@@ -180,11 +214,16 @@ void MoveExecutor::write_into(StorageTier& to, const std::vector<BlockKey>& keys
   }
   if (to.release_is_durable()) hooks_.before_persistent_write();
   std::vector<StorageTier::WriteItem> items;
-  std::vector<BlockKey> started;
+  std::vector<BlockKey> started;  // written or moved onto a copy
+  std::vector<BlockKey> writing;  // parallel to items
   uint64_t needed_bytes = 0;
   for (const BlockKey& key : keys) {
     auto info = store_.lookup(key);
     if (!info || info->state != BlockState::kReady || info->location.tier == to.id()) continue;
+    if (info->has_copy && move_onto_copy(key, to.id())) {
+      started.push_back(key);  // not a write, but done: not reported as not moved
+      continue;
+    }
     const std::byte* source = tier(info->location.tier)->host_address(info->location.offset);
     if (source == nullptr) continue;  // GPU memory: through RAM (apply)
     const uint64_t bytes = store_.block_bytes(key.layout);
@@ -197,6 +236,7 @@ void MoveExecutor::write_into(StorageTier& to, const std::vector<BlockKey>& keys
     items.push_back(
         {{key, locations->second.offset, bytes}, source, hooks_.wall_ms_of(info->last_access_ms)});
     started.push_back(key);
+    writing.push_back(key);
   }
   if (started.size() < keys.size()) {
     // Blocks that could not start now (no room yet, busy): planned again later.
@@ -206,16 +246,29 @@ void MoveExecutor::write_into(StorageTier& to, const std::vector<BlockKey>& keys
     }
   }
   if (needed_bytes > 0) {
-    // The tier is full: its coldest blocks go. Their slots are reusable once released
-    // (durably, on NVMe), so the blocks that did not fit wait for a later plan; the
-    // planner's view counts slots being released as free, so nothing goes twice.
+    // The tier is full: copies go first (they are redundant), then its coldest blocks.
+    // Their slots are reusable once released (durably, on NVMe), so the blocks that did
+    // not fit wait for a later plan; the planner's view counts slots being released and
+    // copies as free, so nothing goes twice and no block goes for room copies give.
     const uint64_t capacity = to.capacity_bytes();
-    auto victims = hooks_.make_room(to.id(), std::min(needed_bytes, capacity / 2));
-    if (!victims.empty()) apply(victims);
+    const uint64_t wanted = std::min(needed_bytes, capacity / 2);
+    // Slots already on their way back (copies dropped by an earlier write) count.
+    const uint64_t being_freed = store_.unconfirmed_release_bytes(to.id());
+    const uint64_t dropped =
+        wanted > being_freed ? store_.drop_copies(to.id(), wanted - being_freed) : 0;
+    if (dropped > 0) {
+      counters_.copy_bytes_dropped += dropped;
+      release_slots();
+    }
+    if (being_freed + dropped < wanted) {
+      auto victims = hooks_.make_room(to.id(), wanted);
+      if (!victims.empty()) apply(victims);
+    }
   }
+  if (writing.size() < started.size()) retry_room_waiters();  // moves onto copies freed slots
   const Tier to_id = to.id();
   for_each_job(
-      items, started, [&](std::vector<StorageTier::WriteItem> job, std::vector<BlockKey> job_keys) {
+      items, writing, [&](std::vector<StorageTier::WriteItem> job, std::vector<BlockKey> job_keys) {
         ++jobs_;
         auto post = hooks_.control_thread();
         to.write(std::move(job), [this, post, job_keys, to_id](std::vector<Status> results) {
@@ -227,7 +280,9 @@ void MoveExecutor::write_into(StorageTier& to, const std::vector<BlockKey>& keys
               const bool ok = results[i].is_ok();
               store_.finish_move(job_keys[i], ok);
               if (ok) {
-                counters_.bytes_demoted += store_.block_bytes(job_keys[i].layout);
+                const uint64_t bytes = store_.block_bytes(job_keys[i].layout);
+                counters_.bytes_demoted += bytes;
+                counters_.bytes_written[static_cast<size_t>(to_id)] += bytes;
                 continue;
               }
               ++failed;
@@ -321,7 +376,7 @@ void MoveExecutor::read_from(StorageTier& from, const std::vector<BlockKey>& key
                         store_.finish_move(key, ok);
                         const bool continues = continue_to_hbm_.erase(key) > 0;
                         if (ok) {
-                          counters_.bytes_promoted += store_.block_bytes(key.layout);
+                          count_read_up(key);
                           if (continues) {
                             onward.push_back({policy::MoveKind::kPromote, key, Tier::kRam, target});
                           }

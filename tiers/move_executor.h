@@ -20,6 +20,19 @@
 // Evictions remove the block from BlockStore (step 4 for its slot) and are reported
 // back to the daemon, which cuts the sessions that held it.
 //
+// Copies in a durable tier (NVMe is inclusive below RAM; block_store.h):
+//  - A block read up out of NVMe keeps its NVMe slot as a copy (step 4 does not give
+//    it up); its index entry stays, so a crash does not lose the block.
+//  - Demoting a block onto a tier that holds its copy, from any tier (GPU HBM too),
+//    writes nothing: BlockStore::demote_onto_copy makes the copy its place at once and
+//    frees the old slot (counted as bytes_demoted_onto_copy, not bytes_demoted).
+//  - Capacity: copies are redundant, so they go before any block that lives only in
+//    the tier. A write that finds no room first drops copies (durable releases, as for
+//    evictions), then asks make_room for what is still missing; the daemon's planner
+//    view counts copy bytes as free, so its watermark plans never evict a block for
+//    room that dropping copies would give.
+//  - Evicting a block gives up its copy too (durably).
+//
 // Writes into a tier are paused with exponential backoff after a failure (a full or
 // failing disk is not hammered every plan), except while draining.
 //
@@ -27,6 +40,7 @@
 // back through Hooks, which post to the control thread.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -70,8 +84,12 @@ class MoveExecutor {
     std::function<uint64_t(uint64_t steady_ms)> wall_ms_of;
   };
   struct Counters {
-    uint64_t bytes_demoted = 0;
+    uint64_t bytes_demoted = 0;            // copied down a tier (written)
+    uint64_t bytes_demoted_onto_copy = 0;  // moved down onto a copy (nothing written)
     uint64_t bytes_promoted = 0;
+    // Bytes the moves wrote into each tier, by Tier (Saves are not moves).
+    std::array<uint64_t, kTierCount> bytes_written{};
+    uint64_t copy_bytes_dropped = 0;  // copies given up for room
     uint64_t blocks_evicted = 0;
     uint64_t blocks_lost = 0;   // dropped: their bytes were bad
     uint64_t write_errors = 0;  // blocks whose write into a tier failed
@@ -121,6 +139,11 @@ class MoveExecutor {
   StorageTier* tier(Tier id) const;
 
  private:
+  // Moves `key` onto its copy when its copy is in `to`: true when it did (or tried and
+  // reported the block not moved), false when the block has no copy there.
+  bool move_onto_copy(const BlockKey& key, Tier to);
+  // Counts a block read up out of a tier that is not memory, now where it landed.
+  void count_read_up(const BlockKey& key);
   // The two ways bytes move that are not a Device copy.
   void write_into(StorageTier& to, const std::vector<BlockKey>& keys);
   void read_from(StorageTier& from, const std::vector<BlockKey>& keys, Tier target);

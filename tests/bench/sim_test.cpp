@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "bench/sim_runner.h"
+#include "bench/sim_store.h"
 #include "bench/sim_trace.h"
 #include "bench/sim_workloads.h"
 
@@ -297,6 +298,126 @@ TEST(SimPriorities, BadPrioritiesAreRefused) {
   ASSERT_TRUE(trace.is_ok());
   EXPECT_EQ(trace->distinct_blocks, 2u);  // the refused requests renumbered nothing
   EXPECT_EQ(trace->requests.size(), 1u);
+}
+
+// ---- NVMe inclusive below RAM ----
+
+TEST(SimInclusiveNvme, APromotionKeepsTheCopyAndADemotionOntoItWritesNothing) {
+  const double kFast = 1e12;  // every link: moves land within a millisecond
+  SimStore store({kBlockBytes, kBlockBytes, 2 * kBlockBytes}, {kFast, kFast, kFast}, kBlockBytes,
+                 4);
+  const BlockKey a = SimStore::key_of(0), b = SimStore::key_of(1), c = SimStore::key_of(2);
+  // a goes down to NVMe (written once) and comes back up to RAM.
+  ASSERT_EQ(store.insert(a, 0), Tier::kHbm);
+  ASSERT_TRUE(store.begin_move(a, Tier::kNvme, 0));
+  store.finish_moves(10);
+  EXPECT_EQ(store.nvme_written_bytes(), kBlockBytes);
+  ASSERT_TRUE(store.begin_move(a, Tier::kRam, 10));
+  store.finish_moves(20);
+  EXPECT_EQ(store.placement(a).tier, Tier::kRam);
+  EXPECT_EQ(store.nvme_copy_bytes(), kBlockBytes);
+  EXPECT_EQ(store.space(Tier::kNvme).used_bytes, 0u);  // copies are free to the planner
+  // Down again: onto the copy, at once, nothing written.
+  ASSERT_TRUE(store.begin_move(a, Tier::kNvme, 20));
+  EXPECT_EQ(store.placement(a).tier, Tier::kNvme);
+  EXPECT_TRUE(store.placement(a).movable);
+  EXPECT_EQ(store.nvme_written_bytes(), kBlockBytes);
+  EXPECT_EQ(store.demoted_onto_copy_bytes(), kBlockBytes);
+  EXPECT_EQ(store.nvme_copy_bytes(), 0u);
+  EXPECT_EQ(store.space(Tier::kRam).used_bytes, 0u);
+
+  // Copies give their room up to blocks that need it: a and b come up (two copies
+  // fill NVMe), c needs NVMe room and takes a's (the oldest copy).
+  ASSERT_TRUE(store.begin_move(a, Tier::kRam, 30));
+  ASSERT_EQ(store.insert(b, 30), Tier::kHbm);
+  ASSERT_TRUE(store.begin_move(b, Tier::kNvme, 30));
+  store.finish_moves(40);
+  ASSERT_TRUE(store.begin_move(b, Tier::kHbm, 40));
+  store.finish_moves(50);
+  EXPECT_EQ(store.nvme_copy_bytes(), 2 * kBlockBytes);
+  ASSERT_TRUE(store.evict(b));  // an eviction drops the copy too
+  EXPECT_EQ(store.nvme_copy_bytes(), kBlockBytes);
+  ASSERT_EQ(store.insert(b, 50), Tier::kHbm);
+  ASSERT_TRUE(store.begin_move(b, Tier::kNvme, 50));  // into the room b's old copy had
+  store.finish_moves(60);
+  ASSERT_EQ(store.insert(c, 60), Tier::kHbm);
+  ASSERT_TRUE(store.begin_move(c, Tier::kNvme, 60));  // NVMe full but for a's copy
+  store.finish_moves(70);
+  EXPECT_EQ(store.nvme_copy_bytes(), 0u);
+  EXPECT_EQ(store.placement(c).tier, Tier::kNvme);
+  EXPECT_EQ(store.placement(a).tier, Tier::kRam);
+  EXPECT_EQ(store.nvme_written_bytes(), 4 * kBlockBytes);  // a, b, b again, c
+}
+
+TEST(SimInclusiveNvme, ExclusiveModeGivesTheSlotUpOnPromotion) {
+  SimStore store({kBlockBytes, kBlockBytes, 2 * kBlockBytes}, {1e12, 1e12, 1e12}, kBlockBytes, 1,
+                 /*inclusive_nvme=*/false);
+  const BlockKey a = SimStore::key_of(0);
+  ASSERT_EQ(store.insert(a, 0), Tier::kHbm);
+  ASSERT_TRUE(store.begin_move(a, Tier::kNvme, 0));
+  store.finish_moves(10);
+  ASSERT_TRUE(store.begin_move(a, Tier::kRam, 10));
+  store.finish_moves(20);
+  EXPECT_EQ(store.nvme_copy_bytes(), 0u);
+  ASSERT_TRUE(store.begin_move(a, Tier::kNvme, 20));
+  store.finish_moves(30);
+  EXPECT_EQ(store.nvme_written_bytes(), 2 * kBlockBytes);
+  EXPECT_EQ(store.demoted_onto_copy_bytes(), 0u);
+}
+
+// Conversations that go idle long enough to reach NVMe and come back: each return reads
+// the prefix up, and the next idle period demotes it again. Inclusive, only the new
+// blocks of each turn are written; exclusive, the whole prefix is written again.
+TEST(SimInclusiveNvme, WritesLessThanExclusiveWhenSessionsReturn) {
+  std::vector<Line> lines;
+  std::vector<std::vector<uint64_t>> conversations(3);
+  uint64_t next_hash = 0;
+  for (uint64_t turn = 0; turn < 6; ++turn) {
+    for (size_t c = 0; c < conversations.size(); ++c) {
+      conversations[c].push_back(next_hash++);
+      conversations[c].push_back(next_hash++);
+      lines.push_back({turn * 60'000 + c * 1'000, conversations[c]});
+    }
+  }
+  const Trace trace = write_and_load(lines);
+  SimConfig inclusive = config();
+  inclusive.planner.hbm_idle_ms = 2'000;
+  inclusive.planner.ram_idle_ms = 10'000;
+  SimConfig exclusive = inclusive;
+  exclusive.inclusive_nvme = false;
+  // The session-aware policy brings every returning prefix up at BeginTurn.
+  for (SimPolicy p : {SimPolicy::kSessionAware}) {
+    const SimResult in = simulate(trace, inclusive, blocks(8, 8, 200), p);
+    const SimResult ex = simulate(trace, exclusive, blocks(8, 8, 200), p);
+    EXPECT_GT(ex.bytes_promoted, 0u) << sim_policy_label(p);  // prefixes came back up
+    EXPECT_GT(in.bytes_demoted_onto_copy, 0u) << sim_policy_label(p);
+    EXPECT_EQ(ex.bytes_demoted_onto_copy, 0u) << sim_policy_label(p);
+    EXPECT_LT(in.nvme_written_bytes, ex.nvme_written_bytes) << sim_policy_label(p);
+    EXPECT_LT(in.nvme_written_bytes_per_turn(), ex.nvme_written_bytes_per_turn());
+    // Every block reaches NVMe once at most while it lives (NVMe never fills here).
+    EXPECT_LE(in.nvme_written_bytes, trace.distinct_blocks * kBlockBytes) << sim_policy_label(p);
+  }
+}
+
+TEST(SimInclusiveNvme, WritesTheSameAsExclusiveWhenNothingReturns) {
+  // One-shot requests, no shared blocks: nothing comes back up from NVMe, so there is
+  // never a copy to demote onto.
+  std::vector<Line> lines;
+  for (uint64_t i = 0; i < 20; ++i) lines.push_back({i * 5'000, {10 * i, 10 * i + 1}});
+  const Trace trace = write_and_load(lines);
+  SimConfig inclusive = config();
+  inclusive.planner.hbm_idle_ms = 1'000;
+  inclusive.planner.ram_idle_ms = 2'000;
+  SimConfig exclusive = inclusive;
+  exclusive.inclusive_nvme = false;
+  for (SimPolicy p : {SimPolicy::kLruTiering, SimPolicy::kSessionAware}) {
+    const SimResult in = simulate(trace, inclusive, blocks(2, 2, 100), p);
+    const SimResult ex = simulate(trace, exclusive, blocks(2, 2, 100), p);
+    EXPECT_GT(in.nvme_written_bytes, 0u) << sim_policy_label(p);
+    EXPECT_EQ(in.nvme_written_bytes, ex.nvme_written_bytes) << sim_policy_label(p);
+    EXPECT_EQ(in.bytes_demoted_onto_copy, 0u) << sim_policy_label(p);
+    EXPECT_EQ(in.ttft_mean_ms, ex.ttft_mean_ms) << sim_policy_label(p);
+  }
 }
 
 }  // namespace

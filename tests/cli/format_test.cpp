@@ -20,7 +20,8 @@ SessionInfo session(std::string id, bool active, uint64_t idle_ms, uint64_t byte
 
 StatsInfo stats() {
   StatsInfo s{};
-  s.tiers = {{Tier::kHbm, 1ull << 30, 256ull << 20, 128}, {Tier::kRam, 2ull << 30, 0, 0}};
+  s.tiers = {{Tier::kHbm, 1ull << 30, 256ull << 20, 128},
+             {Tier::kNvme, 2ull << 30, 1ull << 20, 0, 1ull << 20, 3ull << 20}};
   s.sessions_active = 1;
   s.sessions_idle = 2;
   s.lookup_hits = 30;
@@ -44,6 +45,8 @@ TEST(Format, StatusJsonIsJsonWithRawNumbers) {
   auto value = parse(status_json(stats()));
   EXPECT_EQ(value.at("device").as_string(), "host \"quoted\"");
   EXPECT_EQ(value.at("tiers").as_array()[0].at("used_bytes").as_int64(), 256 << 20);
+  EXPECT_EQ(value.at("tiers").as_array()[1].at("copy_bytes").as_int64(), 1 << 20);
+  EXPECT_EQ(value.at("tiers").as_array()[1].at("written_bytes").as_int64(), 3 << 20);
   EXPECT_EQ(value.at("sessions").at("pinned").as_int64(), 1);
   EXPECT_EQ(value.at("admin_pinned_blocks").as_int64(), 4);
 }

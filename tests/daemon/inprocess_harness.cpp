@@ -24,8 +24,8 @@ constexpr std::chrono::milliseconds kPollInterval{2};
 std::string describe_tiers(const StatsInfo& stats) {
   std::string text;
   for (const TierStatsInfo& tier : stats.tiers) {
-    text += fmt::format("{}: {} blocks, {} bytes used; ", tier_name(tier.tier), tier.blocks,
-                        tier.used_bytes);
+    text += fmt::format("{}: {} blocks, {} bytes used ({} copies); ", tier_name(tier.tier),
+                        tier.blocks, tier.used_bytes, tier.copy_bytes);
   }
   return text + fmt::format("copies_in_flight {}, pinned_blocks {}", stats.copies_in_flight,
                             stats.pinned_blocks);

@@ -147,7 +147,7 @@ PagedCacheShape small_shape(uint64_t num_blocks = 16);
 PagedCacheShape example_shape(uint64_t num_blocks);
 
 const TierStatsInfo* find_tier(const StatsInfo& stats, Tier tier);
-// Every tier's used_bytes equals its blocks × block_bytes: no slot is leaked.
+// Every tier's used_bytes equals its blocks × block_bytes plus its copies: no slot is leaked.
 ::testing::AssertionResult NoLeakedSlots(const StatsInfo& stats, uint64_t block_bytes);
 uint64_t total_blocks(const StatsInfo& stats);
 

@@ -1,7 +1,8 @@
 // Sessions survive a restart through the NVMe tier: demoted by the planner or drained
 // on SIGTERM, they load back bit-exact in a new daemon process, and kvtierctl shows
-// them on NVMe. A second SIGTERM cuts the drain short; a newer on-disk format is
-// refused with both version numbers named.
+// them on NVMe; a session read back up keeps its NVMe copy and survives kill -9. A
+// second SIGTERM cuts the drain short; a newer on-disk format is refused with both
+// version numbers named.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -80,6 +81,69 @@ TEST(NvmeRestart, SessionsDemotedToNvmeLoadBitExactAfterRestart) {
   }
   ExitStatus stopped = (*daemon)->stop();
   EXPECT_TRUE(stopped.ok()) << stopped.describe();
+}
+
+// NVMe is inclusive below RAM: a session read back up from NVMe keeps its NVMe copy
+// (its index entries stay), so a kill -9 while it lives in RAM/HBM loses nothing: the
+// next daemon recovers it from NVMe, bit-exact.
+TEST(NvmeRestart, APromotedSessionKilledWithSigkillIsRecoveredFromItsNvmeCopy) {
+  ScratchDir scratch;
+  const std::string data = scratch.path() + "/data";
+  auto daemon = PersistentDaemon::start(scratch.path(), data, nvme_tier_flags());
+  ASSERT_TRUE(daemon.is_ok()) << daemon.status().to_string();
+  {
+    auto engine = Engine::connect((*daemon)->socket_path(), small_shape(64), "saver");
+    ASSERT_TRUE(engine.is_ok()) << engine.status().to_string();
+    ASSERT_TRUE(save_session(*engine, "alpha", kAlphaBlocks).is_ok());
+  }
+  // Idle thresholds of 0: the session goes down to NVMe.
+  auto on_nvme = (*daemon)->wait_for_stats([](const StatsInfo& s) {
+    return tier_blocks(s, Tier::kNvme) == kAlphaBlocks && s.copies_in_flight == 0;
+  });
+  ASSERT_TRUE(on_nvme.is_ok()) << on_nvme.status().to_string();
+  ASSERT_TRUE((*daemon)->stop().ok());
+
+  // Long idle thresholds: what a Load reads up stays above NVMe.
+  const std::vector<std::string> flags =
+      with_flag(with_flag(nvme_tier_flags(), "--hbm-idle-ms", "1h"), "--ram-idle-ms", "1h");
+  ASSERT_TRUE((*daemon)->restart(flags).is_ok()) << (*daemon)->log();
+  {
+    auto engine = Engine::connect((*daemon)->socket_path(), small_shape(64), "reader");
+    ASSERT_TRUE(engine.is_ok()) << engine.status().to_string();
+    auto check = load_session(*engine, "alpha", kAlphaBlocks, 32);
+    ASSERT_TRUE(check.is_ok()) << check.status().to_string();
+    ASSERT_EQ(check->bit_exact, kAlphaBlocks) << check->describe();
+  }
+  const uint64_t block_bytes = small_shape().block_bytes();
+  auto promoted = (*daemon)->wait_for_stats([&](const StatsInfo& s) {
+    const TierStatsInfo* nvme = find_tier(s, Tier::kNvme);
+    return tier_blocks(s, Tier::kNvme) == 0 && nvme != nullptr &&
+           nvme->copy_bytes == kAlphaBlocks * block_bytes && s.copies_in_flight == 0 &&
+           s.pinned_blocks == 0;
+  });
+  ASSERT_TRUE(promoted.is_ok()) << promoted.status().to_string();
+  EXPECT_TRUE(NoLeakedSlots(*promoted, block_bytes));
+  ProcessResult status = (*daemon)->run_kvtierctl({"status", "--json"});
+  ASSERT_TRUE(status.status.ok()) << status.describe();
+  EXPECT_NE(status.stdout_text.find(fmt::format("\"copy_bytes\":{}", kAlphaBlocks * block_bytes)),
+            std::string::npos)
+      << status.stdout_text;
+
+  const ExitStatus killed = (*daemon)->kill9();
+  ASSERT_EQ(killed.signal, SIGKILL) << killed.describe();
+  ASSERT_TRUE((*daemon)->restart(flags).is_ok()) << (*daemon)->log();
+  auto engine = Engine::connect((*daemon)->socket_path(), small_shape(64), "after-crash");
+  ASSERT_TRUE(engine.is_ok()) << engine.status().to_string();
+  auto found = engine->client->lookup(PagedCache::chain_hashes("alpha", kAlphaBlocks));
+  ASSERT_TRUE(found.is_ok()) << found.status().to_string();
+  EXPECT_EQ(found->hit_count, kAlphaBlocks);
+  ASSERT_FALSE(found->tiers.empty());
+  EXPECT_EQ(found->tiers[0], Tier::kNvme);
+  auto check = load_session(*engine, "alpha", kAlphaBlocks, 32);
+  ASSERT_TRUE(check.is_ok()) << check.status().to_string();
+  EXPECT_EQ(check->loaded, kAlphaBlocks) << check->describe();
+  EXPECT_EQ(check->bit_exact, kAlphaBlocks) << check->describe();
+  EXPECT_TRUE((*daemon)->stop().ok());
 }
 
 TEST(NvmeRestart, SigtermDrainsRamAndHbmToNvme) {

@@ -1,0 +1,142 @@
+// NVMe is inclusive below RAM, in the in-process daemon (handler_fixture.h): a block
+// read up from NVMe keeps its NVMe copy, demoting it again writes nothing, and copies
+// give their room up before any block living only on NVMe is evicted.
+//
+// The daemon runs without HBM: 2 MiB of RAM (64 slots of the 32 KiB test blocks) and
+// 1 MiB of NVMe (32 slots); RAM watermarks of 1 so that the planner never evicts from
+// RAM on its own.
+#include <string>
+#include <vector>
+
+#include "tests/daemon/handler_fixture.h"
+
+namespace kvtier::daemon {
+namespace {
+
+constexpr uint32_t kNvmeSlots = 32;
+
+class NvmeCopyTest : public HandlerTest {
+ protected:
+  DaemonConfig daemon_config() const override {
+    DaemonConfig config = inprocess_config();
+    config.hbm_bytes = 0;
+    config.ram_bytes = 2ull << 20;
+    config.ram_high_watermark = 1.0;
+    config.ram_low_watermark = 1.0;
+    config.nvme_bytes = 1ull << 20;
+    config.ram_idle_ms = 5'000;  // on the manual clock
+    return config;
+  }
+  PagedCacheShape shape() const override { return integration::small_shape(/*num_blocks=*/128); }
+
+  // A metric sample's value from the /metrics text (-1 when absent).
+  double metric(const std::string& series) {
+    const std::string text = daemon_->metrics_text();
+    const size_t at = text.find("\n" + series + " ");
+    if (at == std::string::npos) return -1;
+    return std::stod(text.substr(at + series.size() + 2));
+  }
+  Result<StatsInfo> settled_stats() { return wait_until_settled(); }
+  static const TierStatsInfo& nvme_of(const StatsInfo& stats) {
+    return *integration::find_tier(stats, Tier::kNvme);
+  }
+};
+
+// Save → drain (written once) → Load (read up: the copy stays) → drain again: the
+// second demotion writes zero NVMe bytes, and the block still loads bit-exact from
+// the slot its copy kept.
+TEST_F(NvmeCopyTest, PromoteThenDemoteWritesNothingTheSecondTimeAndLoadsBitExact) {
+  constexpr uint32_t kBlocks = 4;
+  const auto hashes = PagedCache::chain_hashes("round", kBlocks);
+  ASSERT_TRUE(save_hashes(*engine_, "round", hashes, 0).is_ok());
+  ASSERT_TRUE(settled_stats().is_ok());
+  ASSERT_TRUE(engine_->client->drain().is_ok());
+  ASSERT_TRUE(wait_until_in_tier("round", Tier::kNvme, kBlocks).is_ok());
+  auto first = settled_stats();
+  ASSERT_TRUE(first.is_ok()) << first.status().to_string();
+  const uint64_t written_once = kBlocks * block_bytes();
+  EXPECT_EQ(nvme_of(*first).written_bytes, written_once);
+  EXPECT_EQ(nvme_of(*first).copy_bytes, 0u);
+
+  // The Load reads the blocks up into RAM; NVMe keeps them as copies.
+  auto loaded = load(*engine_, "round", hashes, 16);
+  ASSERT_TRUE(loaded.is_ok()) << loaded.status().to_string();
+  EXPECT_EQ(loaded->verified, kBlocks);
+  ASSERT_TRUE(wait_until_in_tier("round", Tier::kRam, kBlocks).is_ok());
+  auto promoted = settled_stats();
+  ASSERT_TRUE(promoted.is_ok()) << promoted.status().to_string();
+  EXPECT_EQ(nvme_of(*promoted).blocks, 0u);
+  EXPECT_EQ(nvme_of(*promoted).copy_bytes, written_once);
+  EXPECT_EQ(nvme_of(*promoted).used_bytes, written_once);
+  EXPECT_TRUE(NoLeakedSlots(*promoted, block_bytes()));
+  EXPECT_EQ(metric("kvtier_tier_copy_bytes{tier=\"nvme\"}"), static_cast<double>(written_once));
+
+  // Demoting again moves the blocks onto their copies: nothing more is written.
+  auto drained = engine_->client->drain();
+  ASSERT_TRUE(drained.is_ok()) << drained.status().to_string();
+  EXPECT_EQ(drained->blocks_queued, kBlocks);
+  ASSERT_TRUE(wait_until_in_tier("round", Tier::kNvme, kBlocks).is_ok());
+  auto second = settled_stats();
+  ASSERT_TRUE(second.is_ok()) << second.status().to_string();
+  EXPECT_EQ(nvme_of(*second).written_bytes, written_once);
+  EXPECT_EQ(nvme_of(*second).copy_bytes, 0u);
+  EXPECT_EQ(nvme_of(*second).blocks, kBlocks);
+  EXPECT_EQ(second->bytes_demoted, written_once);  // copied down once only
+  EXPECT_EQ(integration::find_tier(*second, Tier::kRam)->used_bytes, 0u);
+  EXPECT_TRUE(NoLeakedSlots(*second, block_bytes()));
+  EXPECT_EQ(metric("kvtier_tier_written_bytes_total{tier=\"nvme\"}"),
+            static_cast<double>(written_once));
+  EXPECT_EQ(metric("kvtier_demoted_onto_copy_bytes_total"), static_cast<double>(written_once));
+
+  // Read from the NVMe slots the copies kept: every byte is the saved one.
+  auto again = load(*engine_, "round", hashes, 32);
+  ASSERT_TRUE(again.is_ok()) << again.status().to_string();
+  EXPECT_EQ(again->reply.loaded_count, kBlocks) << again->reply.stop_reason.to_string();
+  EXPECT_EQ(again->verified, kBlocks);
+}
+
+// "kept" was read up from NVMe and stays in RAM (its turn is open); "cold" goes idle and
+// is demoted into an NVMe tier whose room the copies of "kept" hold. The copies give
+// their room up (durably released, then reused); no block is evicted, and both sessions
+// load bit-exact.
+TEST_F(NvmeCopyTest, CopiesGiveTheirRoomUpBeforeAnyBlockIsEvicted) {
+  constexpr uint32_t kKept = 24;
+  constexpr uint32_t kCold = 24;  // with kept's copies: more than NVMe holds
+  const auto kept = PagedCache::chain_hashes("kept", kKept);
+  ASSERT_TRUE(save_hashes(*engine_, "kept", kept, 0).is_ok());
+  ASSERT_TRUE(settled_stats().is_ok());
+  ASSERT_TRUE(engine_->client->drain().is_ok());
+  ASSERT_TRUE(wait_until_in_tier("kept", Tier::kNvme, kKept).is_ok());
+  auto loaded = load(*engine_, "kept", kept, 64);
+  ASSERT_TRUE(loaded.is_ok()) << loaded.status().to_string();
+  ASSERT_EQ(loaded->verified, kKept);
+  // A Save that does not end the turn keeps the session active: not demoted when idle.
+  ASSERT_TRUE(save_hashes(*engine_, "kept", kept, 0, /*end_of_turn=*/false).is_ok());
+  auto promoted = settled_stats();
+  ASSERT_TRUE(promoted.is_ok()) << promoted.status().to_string();
+  ASSERT_EQ(nvme_of(*promoted).copy_bytes, kKept * block_bytes());
+
+  const auto cold = PagedCache::chain_hashes("cold", kCold);
+  ASSERT_TRUE(save_hashes(*engine_, "cold", cold, 32).is_ok());
+  daemon_->advance_clock_ms(10'000);  // past ram-idle-ms: "cold" goes down to NVMe
+  ASSERT_TRUE(wait_until_in_tier("cold", Tier::kNvme, kCold).is_ok());
+  auto stats = settled_stats();
+  ASSERT_TRUE(stats.is_ok()) << stats.status().to_string();
+  EXPECT_EQ(stats->blocks_evicted, 0u);
+  EXPECT_EQ(nvme_of(*stats).blocks, kCold);
+  EXPECT_EQ(nvme_of(*stats).copy_bytes, (kNvmeSlots - kCold) * block_bytes());
+  EXPECT_EQ(nvme_of(*stats).written_bytes, (kKept + kCold) * block_bytes());
+  EXPECT_TRUE(NoLeakedSlots(*stats, block_bytes()));
+  EXPECT_EQ(metric("kvtier_copy_dropped_bytes_total"),
+            static_cast<double>((kKept + kCold - kNvmeSlots) * block_bytes()));
+
+  auto kept_again = load(*engine_, "kept", kept, 64);
+  ASSERT_TRUE(kept_again.is_ok()) << kept_again.status().to_string();
+  EXPECT_EQ(kept_again->verified, kKept);
+  auto cold_again = load(*engine_, "cold", cold, 96);
+  ASSERT_TRUE(cold_again.is_ok()) << cold_again.status().to_string();
+  EXPECT_EQ(cold_again->verified, kCold);
+}
+
+}  // namespace
+}  // namespace kvtier::daemon
