@@ -135,21 +135,6 @@ using namespace kvtier::c_api;
 
 // ---- Blocking -------------------------------------------------------------------
 
-KVTIER_EXPORT kvtier_status kvtier_save(kvtier_client* client, const char* session_id,
-                                        const kvtier_block_ref* refs, uint32_t count,
-                                        int end_of_turn, kvtier_save_result* out) {
-  return guarded([&]() -> Status {
-    KVTIER_RETURN_IF_ERROR(require(client, "client"));
-    KVTIER_RETURN_IF_ERROR(require(session_id, "session_id"));
-    auto blocks = to_block_refs(refs, count);
-    if (!blocks.is_ok()) return blocks.status();
-    auto saved = client->client->save(session_id, *blocks, end_of_turn != 0);
-    if (!saved.is_ok()) return saved.status();
-    write_save_result(*saved, out);
-    return Status::ok();
-  });
-}
-
 KVTIER_EXPORT kvtier_status kvtier_save_with_retention(
     kvtier_client* client, const char* session_id, const kvtier_block_ref* refs, uint32_t count,
     int end_of_turn, const kvtier_retention* session_retention,
@@ -166,6 +151,13 @@ KVTIER_EXPORT kvtier_status kvtier_save_with_retention(
     write_save_result(*saved, out);
     return Status::ok();
   });
+}
+
+KVTIER_EXPORT kvtier_status kvtier_save(kvtier_client* client, const char* session_id,
+                                        const kvtier_block_ref* refs, uint32_t count,
+                                        int end_of_turn, kvtier_save_result* out) {
+  return kvtier_save_with_retention(client, session_id, refs, count, end_of_turn, nullptr, nullptr,
+                                    0, out);
 }
 
 KVTIER_EXPORT kvtier_status kvtier_lookup(kvtier_client* client, const kvtier_hash* hashes,
@@ -225,21 +217,6 @@ KVTIER_EXPORT kvtier_status kvtier_close_session(kvtier_client* client, const ch
 
 // ---- Non-blocking ----------------------------------------------------------------
 
-KVTIER_EXPORT kvtier_status kvtier_save_async(kvtier_client* client, const char* session_id,
-                                              const kvtier_block_ref* refs, uint32_t count,
-                                              int end_of_turn, kvtier_pending** out) {
-  if (out != nullptr) *out = nullptr;
-  return guarded([&]() -> Status {
-    KVTIER_RETURN_IF_ERROR(require(client, "client"));
-    KVTIER_RETURN_IF_ERROR(require(session_id, "session_id"));
-    KVTIER_RETURN_IF_ERROR(require(out, "out"));
-    auto blocks = to_block_refs(refs, count);
-    if (!blocks.is_ok()) return blocks.status();
-    return make_pending(client, client->client->save_async(session_id, *blocks, end_of_turn != 0),
-                        count, out);
-  });
-}
-
 KVTIER_EXPORT kvtier_status kvtier_save_with_retention_async(
     kvtier_client* client, const char* session_id, const kvtier_block_ref* refs, uint32_t count,
     int end_of_turn, const kvtier_retention* session_retention,
@@ -257,6 +234,13 @@ KVTIER_EXPORT kvtier_status kvtier_save_with_retention_async(
                         client->client->save_async(session_id, *blocks, end_of_turn != 0, *options),
                         count, out);
   });
+}
+
+KVTIER_EXPORT kvtier_status kvtier_save_async(kvtier_client* client, const char* session_id,
+                                              const kvtier_block_ref* refs, uint32_t count,
+                                              int end_of_turn, kvtier_pending** out) {
+  return kvtier_save_with_retention_async(client, session_id, refs, count, end_of_turn, nullptr,
+                                          nullptr, 0, out);
 }
 
 KVTIER_EXPORT kvtier_status kvtier_lookup_async(kvtier_client* client, const kvtier_hash* hashes,
