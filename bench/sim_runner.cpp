@@ -268,6 +268,11 @@ class Simulation {
   void apply(const std::vector<policy::Move>& moves) {
     for (const policy::Move& move : moves) {
       if (move.kind == policy::MoveKind::kEvict) {
+        // As kvtierd's executor: room made by a block with an NVMe copy moves it there.
+        if (move.reason == policy::MoveReason::kMakeRoom && store_.has_nvme_copy(move.block) &&
+            store_.begin_move(move.block, Tier::kNvme, clock_.now_ms())) {
+          continue;
+        }
         if (!store_.evict(move.block)) continue;
         ++result_.blocks_evicted;
         if (move.reason == policy::MoveReason::kRecomputeCheaper) ++result_.blocks_dropped;

@@ -79,6 +79,13 @@ void MoveExecutor::apply(const std::vector<policy::Move>& moves, int hbm_part) {
   std::array<std::array<std::vector<BlockKey>, kTierCount>, kTierCount> reads{};  // [from][to]
   for (const policy::Move& move : moves) {
     if (move.kind == policy::MoveKind::kEvict) {
+      // Room a Save or a read needs: a block with a copy below frees its slot just as
+      // well by moving onto the copy, and stays cached (nothing is written).
+      if (move.reason == policy::MoveReason::kMakeRoom && store_.copy_of(move.block) &&
+          store_.demote_onto_copy(move.block).is_ok()) {
+        counters_.bytes_demoted_onto_copy += store_.block_bytes(move.block.layout);
+        continue;
+      }
       evictions.push_back(move.block);
       continue;
     }

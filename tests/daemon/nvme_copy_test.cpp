@@ -138,5 +138,43 @@ TEST_F(NvmeCopyTest, CopiesGiveTheirRoomUpBeforeAnyBlockIsEvicted) {
   EXPECT_EQ(cold_again->verified, kCold);
 }
 
+// A Save into a full RAM makes room: the blocks given up that still have NVMe copies
+// move onto them (nothing written, their session intact and loadable) instead of being
+// evicted.
+TEST_F(NvmeCopyTest, MakingRoomMovesBlocksOntoTheirCopiesInsteadOfEvictingThem) {
+  constexpr uint32_t kKept = 16;
+  constexpr uint32_t kFiller = 48;  // with kept: every RAM slot
+  const auto kept = PagedCache::chain_hashes("kept", kKept);
+  ASSERT_TRUE(save_hashes(*engine_, "kept", kept, 0).is_ok());
+  ASSERT_TRUE(settled_stats().is_ok());
+  ASSERT_TRUE(engine_->client->drain().is_ok());
+  ASSERT_TRUE(wait_until_in_tier("kept", Tier::kNvme, kKept).is_ok());
+  auto loaded = load(*engine_, "kept", kept, 64);
+  ASSERT_TRUE(loaded.is_ok()) << loaded.status().to_string();
+  ASSERT_EQ(loaded->verified, kKept);
+  ASSERT_TRUE(save_hashes(*engine_, "kept", kept, 64).is_ok());  // idle again
+  // The filler's turn stays open, so "kept" is what the policy gives up first.
+  const auto filler = PagedCache::chain_hashes("filler", kFiller);
+  ASSERT_TRUE(save_hashes(*engine_, "filler", filler, 80, /*end_of_turn=*/false).is_ok());
+  auto full = settled_stats();
+  ASSERT_TRUE(full.is_ok()) << full.status().to_string();
+  ASSERT_EQ(integration::find_tier(*full, Tier::kRam)->blocks, kKept + kFiller);
+  const uint64_t written = nvme_of(*full).written_bytes;
+
+  ASSERT_TRUE(save(*engine_, "fresh", 8, 0).is_ok());
+  auto stats = settled_stats();
+  ASSERT_TRUE(stats.is_ok()) << stats.status().to_string();
+  EXPECT_EQ(stats->blocks_evicted, 0u);
+  EXPECT_EQ(nvme_of(*stats).written_bytes, written);
+  EXPECT_GE(metric("kvtier_demoted_onto_copy_bytes_total"), 8.0 * block_bytes());
+  auto info = engine_->client->get_session("kept");
+  ASSERT_TRUE(info.is_ok()) << info.status().to_string();
+  EXPECT_EQ(info->blocks, kKept);
+  EXPECT_TRUE(NoLeakedSlots(*stats, block_bytes()));
+  auto kept_again = load(*engine_, "kept", kept, 96);
+  ASSERT_TRUE(kept_again.is_ok()) << kept_again.status().to_string();
+  EXPECT_EQ(kept_again->verified, kKept);
+}
+
 }  // namespace
 }  // namespace kvtier::daemon
