@@ -132,13 +132,16 @@ Status Service::handle_evict(const ConnectionPtr& c, EngineContext& engine, uint
       ++kept;  // another session still holds it
     }
   }
+  std::vector<bool> had_copy;  // an NVMe copy goes with its block: its slot is freed too
+  for (const BlockKey& key : unshared) had_copy.push_back(store_->copy_of(key).has_value());
   mover_->evict(unshared);
-  for (const BlockKey& key : unshared) {
+  for (size_t i = 0; i < unshared.size(); ++i) {
+    const BlockKey& key = unshared[i];
     if (store_->lookup(key)) {
       ++kept;  // a copy is reading it; it stays as prefix cache until the planner needs room
     } else {
       ++evicted;
-      bytes_freed += store_->block_bytes(key.layout);
+      bytes_freed += store_->block_bytes(key.layout) * (had_copy[i] ? 2 : 1);
     }
   }
   KVTIER_LOG_INFO("evict (uid {}): {} sessions, {} blocks freed ({}), {} blocks kept",

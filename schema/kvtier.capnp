@@ -326,7 +326,7 @@ struct Evict {                 # admin: drop sessions and free their blocks
 struct EvictReply {
   sessions @0 :UInt32;         # sessions removed
   blocksEvicted @1 :UInt64;    # blocks dropped from every tier
-  bytesFreed @2 :UInt64;       # bytes those blocks occupied
+  bytesFreed @2 :UInt64;       # bytes those blocks occupied (with their NVMe copies)
   blocksKept @3 :UInt64;       # blocks left because another session shares them or a copy
                                # is reading them (they are no longer the session's)
 }
