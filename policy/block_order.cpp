@@ -159,8 +159,8 @@ std::vector<Candidate> sacrifice_order(PlanContext& ctx, const PlanState& plan, 
     const double value = c.holders == nullptr ? 0.0 : ctx.value(*c.holders, horizon);
     const double loss = value * std::max(0.0, worse_by) /
                         static_cast<double>(std::max<uint64_t>(c.placement.bytes, 1));
-    ranked.push_back({c.priority(), c.kept(), loss,
-                      c.holders == nullptr ? 0 : c.holders->hot_seq, i});
+    ranked.push_back(
+        {c.priority(), c.kept(), loss, c.holders == nullptr ? 0 : c.holders->hot_seq, i});
   }
   std::sort(ranked.begin(), ranked.end(), [&](const Ranked& a, const Ranked& b) {
     if (std::tie(a.kept, a.priority) != std::tie(b.kept, b.priority)) {

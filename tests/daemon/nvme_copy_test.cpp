@@ -37,6 +37,18 @@ class NvmeCopyTest : public HandlerTest {
     return std::stod(text.substr(at + series.size() + 2));
   }
   Result<StatsInfo> settled_stats() { return wait_until_settled(); }
+  // Saves `hashes` as `session` from engine block 0 on, drains it to NVMe and loads it
+  // back into engine blocks `load_at`.. (bit-exact): RAM holds it, NVMe its copies.
+  void read_up_from_nvme(const std::string& session, const std::vector<BlockHash>& hashes,
+                         uint64_t load_at) {
+    ASSERT_TRUE(save_hashes(*engine_, session, hashes, 0).is_ok());
+    ASSERT_TRUE(settled_stats().is_ok());
+    ASSERT_TRUE(engine_->client->drain().is_ok());
+    ASSERT_TRUE(wait_until_in_tier(session, Tier::kNvme, hashes.size()).is_ok());
+    auto loaded = load(*engine_, session, hashes, load_at);
+    ASSERT_TRUE(loaded.is_ok()) << loaded.status().to_string();
+    ASSERT_EQ(loaded->verified, hashes.size());
+  }
   static const TierStatsInfo& nvme_of(const StatsInfo& stats) {
     return *integration::find_tier(stats, Tier::kNvme);
   }
@@ -103,13 +115,8 @@ TEST_F(NvmeCopyTest, CopiesGiveTheirRoomUpBeforeAnyBlockIsEvicted) {
   constexpr uint32_t kKept = 24;
   constexpr uint32_t kCold = 24;  // with kept's copies: more than NVMe holds
   const auto kept = PagedCache::chain_hashes("kept", kKept);
-  ASSERT_TRUE(save_hashes(*engine_, "kept", kept, 0).is_ok());
-  ASSERT_TRUE(settled_stats().is_ok());
-  ASSERT_TRUE(engine_->client->drain().is_ok());
-  ASSERT_TRUE(wait_until_in_tier("kept", Tier::kNvme, kKept).is_ok());
-  auto loaded = load(*engine_, "kept", kept, 64);
-  ASSERT_TRUE(loaded.is_ok()) << loaded.status().to_string();
-  ASSERT_EQ(loaded->verified, kKept);
+  read_up_from_nvme("kept", kept, 64);
+  if (HasFatalFailure()) return;
   // A Save that does not end the turn keeps the session active: not demoted when idle.
   ASSERT_TRUE(save_hashes(*engine_, "kept", kept, 0, /*end_of_turn=*/false).is_ok());
   auto promoted = settled_stats();
@@ -145,13 +152,8 @@ TEST_F(NvmeCopyTest, MakingRoomMovesBlocksOntoTheirCopiesInsteadOfEvictingThem) 
   constexpr uint32_t kKept = 16;
   constexpr uint32_t kFiller = 48;  // with kept: every RAM slot
   const auto kept = PagedCache::chain_hashes("kept", kKept);
-  ASSERT_TRUE(save_hashes(*engine_, "kept", kept, 0).is_ok());
-  ASSERT_TRUE(settled_stats().is_ok());
-  ASSERT_TRUE(engine_->client->drain().is_ok());
-  ASSERT_TRUE(wait_until_in_tier("kept", Tier::kNvme, kKept).is_ok());
-  auto loaded = load(*engine_, "kept", kept, 64);
-  ASSERT_TRUE(loaded.is_ok()) << loaded.status().to_string();
-  ASSERT_EQ(loaded->verified, kKept);
+  read_up_from_nvme("kept", kept, 64);
+  if (HasFatalFailure()) return;
   ASSERT_TRUE(save_hashes(*engine_, "kept", kept, 64).is_ok());  // idle again
   // The filler's turn stays open, so "kept" is what the policy gives up first.
   const auto filler = PagedCache::chain_hashes("filler", kFiller);
