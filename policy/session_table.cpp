@@ -110,12 +110,13 @@ void SessionTable::add_priority(BlockHolders& h, uint8_t priority) {
   }
 }
 
-void SessionTable::remove_priority(BlockHolders& h, uint8_t priority) {
-  if (priority != h.max_priority || --h.at_max > 0) return;
+bool SessionTable::remove_priority(BlockHolders& h, uint8_t priority) {
+  if (priority != h.max_priority || --h.at_max > 0) return false;
   // The last holder at the top left: a scan of the holders (O(sharing), and only when
   // the highest priority changes).
   h.max_priority = 0;
   h.for_each([&](const Session& s) { add_priority(h, s.priority); });
+  return true;
 }
 
 void SessionTable::set_priority(Session& session, uint8_t priority, uint64_t until_ms) {
@@ -129,15 +130,9 @@ void SessionTable::set_priority(Session& session, uint8_t priority, uint64_t unt
   session.priority = priority;
   for (BlockList::Entry* entry : session.blocks.entries_) {
     BlockHolders& h = entry->second;
-    if (old == h.max_priority && h.at_max == 1) {
-      // It was the only holder at the top: a scan, which finds it at its new priority.
-      h.max_priority = 0;
-      h.at_max = 0;
-      h.for_each([&](const Session& s) { add_priority(h, s.priority); });
-    } else {
-      remove_priority(h, old);
-      add_priority(h, priority);
-    }
+    // A scan (the session's old priority was the last at the top) finds it at its new
+    // priority already.
+    if (!remove_priority(h, old)) add_priority(h, priority);
   }
 }
 
@@ -224,7 +219,7 @@ void SessionTable::drop_holder(const Session& session, const BlockHash& hash) {
     return;
   }
   if (session.state == SessionState::kActive) --h.active;
-  remove_priority(h, session.priority);
+  (void)remove_priority(h, session.priority);
 }
 
 const BlockHolders* SessionTable::holders(const BlockKey& key) const {

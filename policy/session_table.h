@@ -289,9 +289,10 @@ class SessionTable {
   BlockList::Entry* add_holder(const Session& session, const BlockHash& hash, uint32_t depth);
   void drop_holder(const Session& session, const BlockHash& hash);
   // A holder of priority `priority` joined or left h's holders (already in or out of
-  // its list): max_priority and at_max follow.
+  // its list): max_priority and at_max follow. remove_priority returns whether it
+  // rescanned the holders (then every holder's current priority is counted).
   static void add_priority(BlockHolders& h, uint8_t priority);
-  static void remove_priority(BlockHolders& h, uint8_t priority);
+  static bool remove_priority(BlockHolders& h, uint8_t priority);
   void clear_block_expiry(const BlockKey& key);
   void idle_insert(Session& session);
   void idle_erase(const Session& session);
