@@ -168,6 +168,8 @@ const std::vector<Setting>& settings() {
                        "TESTS ONLY: report the memory pools filled this much later"),
       duration_setting("fault-region-open-delay-ms", &C::fault_region_open_delay_ms, kRestart,
                        "TESTS ONLY: open each engine region this much later"),
+      duration_setting("fault-start-delay-ms", &C::fault_start_delay_ms, kRestart,
+                       "TESTS ONLY: listen on the socket this much later"),
       size_setting("slab-bytes", &C::slab_bytes, kRestart,
                    "slot carving unit; the largest block a layout may have"),
       duration_setting("hbm-idle-ms", &C::hbm_idle_ms, kLive,

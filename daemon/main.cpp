@@ -11,9 +11,11 @@
 #include <boost/asio/signal_set.hpp>
 
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <thread>
 
 #include "common/log.h"
 #include "common/units.h"
@@ -131,6 +133,11 @@ int run(int argc, char** argv) {
     return 2;
   }
   boost::asio::io_context io(1);
+  // Signals are caught from here on, before anything could connect: a SIGTERM that
+  // arrives while kvtierd starts (a test or systemd stopping it as soon as the socket
+  // answers) is queued and handled by the loop, never the default death by signal.
+  boost::asio::signal_set stop_signals(io, SIGINT, SIGTERM);
+  boost::asio::signal_set reload_signals(io, SIGHUP);
   const std::string device_name((*device)->name());
   daemon::Service service(io, config, std::move(*device));
   // Reserves the tier memory and starts filling it in the background: the socket
@@ -155,6 +162,10 @@ int run(int argc, char** argv) {
     }
   }
 
+  if (config.fault_start_delay_ms > 0) {  // fault-start-delay-ms (tests only)
+    KVTIER_LOG_INFO("holding the start for {} ms before listening", config.fault_start_delay_ms);
+    std::this_thread::sleep_for(std::chrono::milliseconds(config.fault_start_delay_ms));
+  }
   ipc::Server server(io, service, connection_limits(config));
   service.attach_server(&server);
   std::string listening_on = config.socket_path;
@@ -170,10 +181,13 @@ int run(int argc, char** argv) {
   }
 
   daemon::ServiceNotifier notifier(io, [&service] { return service.status_line(); });
-  boost::asio::signal_set stop_signals(io, SIGINT, SIGTERM);
-  boost::asio::signal_set reload_signals(io, SIGHUP);
+  // Set once the loop is winding down (a stop signal or a lost device). A signal whose
+  // wait completed in the same turn of the loop is handled after that: cancel() cannot
+  // take back a completed wait, so the handlers look here and do not re-arm.
+  bool ending = false;
   auto shut_down = [&](int signal_number) {
     KVTIER_LOG_INFO("signal {}: shutting down", signal_number);
+    ending = true;
     notifier.stopping();
     reload_signals.cancel();
     metrics.stop();
@@ -187,7 +201,7 @@ int run(int argc, char** argv) {
   int stop_requests = 0;
   std::function<void()> wait_for_stop = [&] {
     stop_signals.async_wait([&](const boost::system::error_code& ec, int signal_number) {
-      if (ec) return;
+      if (ec || (ending && stop_requests == 0)) return;  // the device was lost meanwhile
       if (++stop_requests > 1) {
         KVTIER_LOG_WARN("signal {} again: exiting now", signal_number);
         service.stop();  // a second stop gives up the drain
@@ -200,7 +214,7 @@ int run(int argc, char** argv) {
   wait_for_stop();
   std::function<void()> wait_for_hangup = [&] {
     reload_signals.async_wait([&](const boost::system::error_code& ec, int) {
-      if (ec) return;
+      if (ec || ending) return;
       reload(argc, argv, service, notifier);
       wait_for_hangup();
     });
@@ -209,6 +223,7 @@ int run(int argc, char** argv) {
   // A lost GPU context: the service wrote what it can and stops the loop; close
   // everything else so that nothing is served until systemd starts a fresh daemon.
   service.set_fatal_exit([&](int) {
+    ending = true;
     notifier.stopping();
     stop_signals.cancel();
     reload_signals.cancel();
