@@ -74,8 +74,7 @@ bool PlanContext::wanted(const BlockKey& key, const BlockHolders& holders, Tier 
   const auto t = static_cast<unsigned>(tier);
   uint8_t& judged = wanted_[key];
   if ((judged & (1u << t)) == 0) {
-    bool any = false;
-    holders.for_each([&](const Session& s) { any = any || !past_threshold(s, tier); });
+    const bool any = holders.any_of([&](const Session& s) { return !past_threshold(s, tier); });
     judged = static_cast<uint8_t>(judged | (1u << t) | (any ? 1u << (4 + t) : 0u));
   }
   return (judged & (1u << (4 + t))) != 0;
@@ -83,10 +82,7 @@ bool PlanContext::wanted(const BlockKey& key, const BlockHolders& holders, Tier 
 
 double PlanContext::value(const BlockHolders& holders, Tier horizon) {
   double sum = 0;
-  uint32_t seen = 0;
-  holders.for_each([&](const Session& s) {
-    if (seen++ < kValueSample) sum += probability(s, horizon);
-  });
+  holders.for_first(kValueSample, [&](const Session& s) { sum += probability(s, horizon); });
   const uint32_t count = holders.count();
   return count > kValueSample ? sum * count / kValueSample : sum;
 }

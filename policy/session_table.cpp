@@ -228,75 +228,73 @@ const BlockHolders* SessionTable::holders(const BlockKey& key) const {
 }
 
 void SessionTable::idle_insert(Session& session) {
-  auto [it, inserted] = idle_.insert(idle_key(session));
-  if (census_dirty_) return;
-  if (std::next(it) != idle_.end()) {
-    census_dirty_ = true;  // not the newest (recovery): recount once, on next use
-    return;
-  }
-  // The newest idle session has been idle for 0 ms: bin 0, before no edge.
-  census_[GapModel::stratum_of(session.returns)][0] += 1;
-  for (int b = 1; b < GapModel::kBins; ++b) {
-    if (edge_[b] == idle_.end()) edge_[b] = it;
-  }
+  idle_.insert(idle_key(session));
+  const int stratum = GapModel::stratum_of(session.returns);
+  idle_by_stratum_[stratum].insert(idle_key(session));
+  if (census_counted_) census_[stratum][census_bin(session.last_active_ms)] += 1;
 }
 
 void SessionTable::idle_erase(const Session& session) {
   auto it = idle_.find(idle_key(session));
   if (it == idle_.end()) return;
-  if (!census_dirty_) {
-    int bin = 0;  // the edges it is before: the bin the census counts it in
-    for (int b = 1; b < GapModel::kBins; ++b) {
-      if (edge_[b] == idle_.end() || *it < *edge_[b]) bin = b;
-    }
-    census_[GapModel::stratum_of(session.returns)][bin] -= 1;
-    for (int b = 1; b < GapModel::kBins; ++b) {
-      if (edge_[b] == it) edge_[b] = std::next(it);
-    }
-  }
   idle_.erase(it);
+  const int stratum = GapModel::stratum_of(session.returns);
+  idle_by_stratum_[stratum].erase(idle_key(session));
+  if (census_counted_) census_[stratum][census_bin(session.last_active_ms)] -= 1;
 }
 
-const SessionTable::Census& SessionTable::idle_census(uint64_t now_ms) const {
-  if (census_dirty_ || now_ms < census_ms_) {
-    rebuild_census(now_ms);
-    return census_;
-  }
-  census_ms_ = now_ms;
-  // Ascending edges: a session that crossed several since the last call moves one bin
-  // per edge. At most kCensusMovesPerCall moves per call: sessions that went idle
-  // together cross edges together, and the census may lag a little rather than stall
-  // a plan (an edge is only started once the one before it is done, so the counts
-  // stay consistent).
-  size_t budget = kCensusMovesPerCall;
-  for (int b = 1; b < GapModel::kBins; ++b) {
-    for (auto& e = edge_[b]; e != idle_.end(); ++e) {
-      const uint64_t idle = now_ms > e->last_active_ms ? now_ms - e->last_active_ms : 0;
-      if (GapModel::bin_of(static_cast<double>(idle)) < b) break;
-      if (budget-- == 0) return census_;
-      auto& row = census_[GapModel::stratum_of(e->session->returns)];
-      row[b - 1] -= 1;
-      row[b] += 1;
+int SessionTable::census_bin(uint64_t last_active_ms) const {
+  const uint64_t idle = census_ms_ > last_active_ms ? census_ms_ - last_active_ms : 0;
+  return GapModel::bin_of(static_cast<double>(idle));
+}
+
+namespace {
+
+// The least whole idle time (ms) in each bin: idle >= kBinFloor[b] <=> bin_of(idle) >= b.
+const std::array<uint64_t, GapModel::kBins>& bin_floors() {
+  static const std::array<uint64_t, GapModel::kBins> floors = [] {
+    std::array<uint64_t, GapModel::kBins> out{};
+    for (int b = 1; b < GapModel::kBins; ++b) {
+      auto ms = static_cast<uint64_t>(GapModel::bin_start_ms(b));
+      while (ms > 0 && GapModel::bin_of(static_cast<double>(ms - 1)) >= b) --ms;
+      while (GapModel::bin_of(static_cast<double>(ms)) < b) ++ms;
+      out[b] = ms;
     }
+    return out;
+  }();
+  return floors;
+}
+
+}  // namespace
+
+const SessionTable::Census& SessionTable::idle_census(uint64_t now_ms) const {
+  if (!census_counted_ || now_ms < census_ms_ || now_ms - census_ms_ >= kCensusRefreshMs) {
+    recount_census(now_ms);
   }
   return census_;
 }
 
-void SessionTable::rebuild_census(uint64_t now_ms) const {
+void SessionTable::recount_census(uint64_t now_ms) const {
+  const std::array<uint64_t, GapModel::kBins>& floors = bin_floors();
   census_ = Census{};
-  edge_.fill(idle_.end());
-  int lowest_unset = GapModel::kBins;  // edges b >= this are set
-  for (auto it = idle_.begin(); it != idle_.end(); ++it) {
-    const uint64_t idle = now_ms > it->last_active_ms ? now_ms - it->last_active_ms : 0;
-    const int bin = GapModel::bin_of(static_cast<double>(idle));
-    census_[GapModel::stratum_of(it->session->returns)][bin] += 1;
-    // Idle times fall along the order: this is the first session under every edge
-    // above its bin that no earlier session was under.
-    for (int b = std::max(bin + 1, 1); b < lowest_unset; ++b) edge_[b] = it;
-    lowest_unset = std::min(lowest_unset, std::max(bin + 1, 1));
+  for (int s = 0; s < GapModel::kStrata; ++s) {
+    const CountingTree& tree = idle_by_stratum_[s];
+    // at_least: the sessions idle for at least the start of bin b, i.e. idle since
+    // at most now - floor (sessions stamped after now count as idle 0 ms).
+    auto at_least_prev = static_cast<double>(tree.size());
+    for (int b = 1; b < GapModel::kBins && at_least_prev > 0; ++b) {
+      double at_least = 0;
+      if (now_ms >= floors[b]) {
+        at_least =
+            static_cast<double>(tree.order_of_key(IdleKey{now_ms - floors[b] + 1, 0, nullptr}));
+      }
+      census_[s][b - 1] = at_least_prev - at_least;
+      at_least_prev = at_least;
+    }
+    if (at_least_prev > 0) census_[s][GapModel::kBins - 1] = at_least_prev;
   }
   census_ms_ = now_ms;
-  census_dirty_ = false;
+  census_counted_ = true;
 }
 
 bool SessionTable::forget_block(Session& session, const BlockHash& hash) {

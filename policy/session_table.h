@@ -16,6 +16,8 @@
 #include <compare>
 #include <cstddef>
 #include <cstdint>
+#include <ext/pb_ds/assoc_container.hpp>
+#include <ext/pb_ds/tree_policy.hpp>
 #include <iterator>
 #include <map>
 #include <memory>
@@ -59,6 +61,31 @@ struct BlockHolders {
     if (more) {
       for (const Session* s : *more) fn(*s);
     }
+  }
+  // The first `limit` holders only: a prefix shared by every conversation has as many
+  // holders as there are sessions, and a plan must not walk them all per block.
+  template <typename Fn>
+  void for_first(uint32_t limit, Fn&& fn) const {
+    if (limit == 0) return;
+    if (first) {
+      fn(*first);
+      --limit;
+    }
+    if (more) {
+      const size_t n = std::min<size_t>(limit, more->size());
+      for (size_t i = 0; i < n; ++i) fn(*(*more)[i]);
+    }
+  }
+  // Whether `pred` holds for some holder; stops at the first that does.
+  template <typename Pred>
+  bool any_of(Pred&& pred) const {
+    if (first && pred(*first)) return true;
+    if (more) {
+      for (const Session* s : *more) {
+        if (pred(*s)) return true;
+      }
+    }
+    return false;
   }
   // Most blocks have one holder: it needs no allocation, and the others' list costs a
   // pointer until a second holder comes (one of these per referenced block).
@@ -252,13 +279,16 @@ class SessionTable {
     return IdleKey{s.last_active_ms, s.touch_seq, const_cast<Session*>(&s)};
   }
   // The sessions idle right now, counted by GapModel stratum and by the bin of their
-  // idle time at `now_ms` (the return predictor's censored observations). Kept as
-  // sessions come and go and brought up to `now_ms` here: O(sessions whose idle time
-  // crossed a bin edge since the last call, at most kCensusMovesPerCall; the rest
-  // next call), not O(idle sessions).
+  // idle time at census_ms() (the return predictor's censored observations), a time
+  // at most kCensusRefreshMs before `now_ms`: every idle session is counted, at its
+  // idle time then. Recounted from per-stratum order-statistics trees in
+  // O(strata × bins × log idle sessions) — however many sessions crossed a bin edge
+  // since the last count (sessions that went idle together cross together) — and kept
+  // exact between recounts as sessions go idle and come back.
   using Census = std::array<std::array<double, GapModel::kBins>, GapModel::kStrata>;
-  static constexpr size_t kCensusMovesPerCall = 2048;
+  static constexpr uint64_t kCensusRefreshMs = 100;
   const Census& idle_census(uint64_t now_ms) const;
+  uint64_t census_ms() const { return census_ms_; }
 
   // Removes the session; returns its blocks so the caller can drop references.
   // Closing an idle session tells the GapModel it stayed away at least that long.
@@ -296,7 +326,9 @@ class SessionTable {
   void clear_block_expiry(const BlockKey& key);
   void idle_insert(Session& session);
   void idle_erase(const Session& session);
-  void rebuild_census(uint64_t now_ms) const;
+  void recount_census(uint64_t now_ms) const;
+  // The census bin a session idle since `last_active_ms` is counted in at census_ms_.
+  int census_bin(uint64_t last_active_ms) const;
 
   const Clock& clock_;
   GapModel gap_model_;
@@ -314,13 +346,16 @@ class SessionTable {
       block_priority_until_;
   uint64_t touch_seq_ = 0;
   std::set<IdleKey> idle_;
-  // The census of idle_ (mutable: brought up to date by the const reader). edge_[b],
-  // for b >= 1, is the first idle session whose idle time was under bin b's start at
-  // census_ms_ (the sessions before it are in bin b or later).
+  // idle_ again per GapModel stratum (a session's stays put while it is idle), in
+  // trees that count: how many sessions went idle before a time is O(log n).
+  using CountingTree =
+      __gnu_pbds::tree<IdleKey, __gnu_pbds::null_type, std::less<IdleKey>, __gnu_pbds::rb_tree_tag,
+                       __gnu_pbds::tree_order_statistics_node_update>;
+  std::array<CountingTree, GapModel::kStrata> idle_by_stratum_;
+  // The census at census_ms_ (mutable: recounted by the const reader).
   mutable Census census_{};
-  mutable std::array<std::set<IdleKey>::const_iterator, GapModel::kBins> edge_{};
   mutable uint64_t census_ms_ = 0;
-  mutable bool census_dirty_ = true;
+  mutable bool census_counted_ = false;
 };
 
 }  // namespace kvtier::policy

@@ -110,6 +110,44 @@ TEST_F(SessionTableTest, EndOfTurnMakesIdleAndCountsTurns) {
   EXPECT_EQ(table_.count(SessionState::kActive), 0u);
 }
 
+// Sessions that went idle together cross an idle-time bin edge together; the census
+// is recounted, not walked session by session, so it is whole after the crossing. It
+// is at most kCensusRefreshMs old, and exact for that time as sessions come and go.
+TEST_F(SessionTableTest, IdleCensusCountsACrowdCrossingABinEdgeAtOnce) {
+  constexpr int kSessions = 300;
+  clock_.set_ms(10'000);
+  for (int i = 0; i < kSessions; ++i) {
+    Session& s = *table_.get_or_create(7, "s" + std::to_string(i), kLayout).value();
+    (void)table_.record_save(s, hashes_of({static_cast<uint8_t>(i % 200)}), true);
+  }
+  auto in_bin = [](const SessionTable::Census& census, int bin) {
+    double n = 0;
+    for (const auto& row : census) n += row[bin];
+    return n;
+  };
+  EXPECT_EQ(in_bin(table_.idle_census(clock_.now_ms()), 0), kSessions);
+  // Past the start of bin 1 (1 s idle): every session is counted there at once.
+  clock_.advance_ms(1'200);
+  ASSERT_EQ(GapModel::bin_of(1'200), 1);
+  const SessionTable::Census& crossed = table_.idle_census(clock_.now_ms());
+  EXPECT_EQ(table_.census_ms(), clock_.now_ms());
+  EXPECT_EQ(in_bin(crossed, 0), 0);
+  EXPECT_EQ(in_bin(crossed, 1), kSessions);
+  // Within the refresh time the census keeps its time, and follows the idle set: one
+  // session comes back (out of bin 1), and a new one goes idle (idle 0 ms: bin 0).
+  clock_.advance_ms(SessionTable::kCensusRefreshMs / 2);
+  table_.record_activity(*table_.find(7, "s0"));
+  Session& late = *table_.get_or_create(7, "late", kLayout).value();
+  (void)table_.record_save(late, hashes_of({250}), true);
+  const SessionTable::Census& kept = table_.idle_census(clock_.now_ms());
+  EXPECT_EQ(table_.census_ms(), clock_.now_ms() - SessionTable::kCensusRefreshMs / 2);
+  EXPECT_EQ(in_bin(kept, 0), 1);
+  EXPECT_EQ(in_bin(kept, 1), kSessions - 1);
+  // A recount at a time far past every bin start puts all of them in the last bin.
+  clock_.advance_ms(400ull * 24 * 3600 * 1000);
+  EXPECT_EQ(in_bin(table_.idle_census(clock_.now_ms()), GapModel::kBins - 1), kSessions);
+}
+
 // The counts Stats reads are kept as sessions change state, not computed by walking.
 TEST_F(SessionTableTest, CountsFollowEveryStateChangePerNamespace) {
   auto walk = [&](uint32_t namespace_id, SessionState state) {
@@ -299,6 +337,7 @@ TEST_P(SessionTableIndexTest, IndexesMatchAWalkOverEverySession) {
     std::unordered_map<BlockKey, Facts, BlockKeyHasher> facts;
     SessionTable::Census census{};
     size_t idle = 0;
+    const SessionTable::Census counted = table.idle_census(clock.now_ms());
     table.for_each([&](const Session& s) {
       // A priority given for a time has ended (back to the default) once it was up.
       if (s.priority_until_ms != 0) {
@@ -316,7 +355,9 @@ TEST_P(SessionTableIndexTest, IndexesMatchAWalkOverEverySession) {
       }
       if (s.state == SessionState::kIdle) {
         ++idle;
-        const uint64_t idle_ms = clock.now_ms() - s.last_active_ms;
+        // The census counts at census_ms(), at most kCensusRefreshMs ago.
+        const uint64_t at = table.census_ms();
+        const uint64_t idle_ms = at > s.last_active_ms ? at - s.last_active_ms : 0;
         census[GapModel::stratum_of(s.returns)][GapModel::bin_of(static_cast<double>(idle_ms))] +=
             1;
       }
@@ -347,7 +388,8 @@ TEST_P(SessionTableIndexTest, IndexesMatchAWalkOverEverySession) {
       EXPECT_GE(k.last_active_ms, last);
       last = k.last_active_ms;
     }
-    EXPECT_EQ(table.idle_census(clock.now_ms()), census) << "step " << step;
+    EXPECT_LT(clock.now_ms() - table.census_ms(), SessionTable::kCensusRefreshMs);
+    EXPECT_EQ(counted, census) << "step " << step;
   }
 }
 
