@@ -220,8 +220,11 @@ Status RemoteCluster::refresh_slots() {
       continue;
     }
     slots_ = std::move(next);
+    map_suspect_ = false;
+    last_refresh_ = std::chrono::steady_clock::now();
     return Status::ok();
   }
+  last_refresh_ = std::chrono::steady_clock::now();
   return unavailable("no node of the Redis Cluster gave a slot map{}", failures);
 }
 
@@ -256,12 +259,23 @@ Result<RemoteCluster::Node*> RemoteCluster::node(const Endpoint& at) {
 
 void RemoteCluster::drop(const Endpoint& at) {
   nodes_.erase(at.to_string());
+  map_suspect_ = true;
+}
+
+void RemoteCluster::refresh_if_suspect() {
+  if (!map_suspect_) return;
+  const auto now = std::chrono::steady_clock::now();
+  if (now - last_refresh_ < kSuspectRefreshInterval) return;
+  (void)refresh_slots();  // on failure the old map stays, and stays suspect
 }
 
 Result<Reply> RemoteCluster::run_on(const Endpoint& at, const std::vector<std::string_view>& argv,
                                     bool asking) {
   auto connection = node(at);
-  if (!connection.is_ok()) return connection.status();
+  if (!connection.is_ok()) {
+    map_suspect_ = true;
+    return connection.status();
+  }
   redisContext* context = (*connection)->context;
   if (asking) {
     OwnedReply ok(static_cast<redisReply*>(redisCommand(context, "ASKING")));
@@ -294,6 +308,7 @@ Result<Reply> RemoteCluster::command(const std::vector<std::string_view>& argv, 
   if (key_index >= argv.size()) {
     return invalid_argument("command of {} arguments has no key at {}", argv.size(), key_index);
   }
+  refresh_if_suspect();
   const uint16_t slot = key_slot(argv[key_index]);
   const Endpoint* owner = slots_.master_of(slot);
   if (owner == nullptr) {
@@ -322,6 +337,78 @@ Result<Reply> RemoteCluster::command(const std::vector<std::string_view>& argv, 
     }
   }
   return unavailable("slot {}: more than {} redirects", slot, options_.max_redirects);
+}
+
+std::vector<Result<Reply>> RemoteCluster::pipeline(const std::vector<Argv>& commands,
+                                                   size_t key_index) {
+  refresh_if_suspect();
+  std::vector<Result<Reply>> results(commands.size(), Result<Reply>(Reply{}));
+  // Commands by the master of their key's slot, in order.
+  std::map<std::string, std::pair<Endpoint, std::vector<size_t>>> by_node;
+  std::vector<size_t> unrouted;
+  for (size_t i = 0; i < commands.size(); ++i) {
+    if (key_index >= commands[i].size()) {
+      results[i] = invalid_argument("command {} has no key at {}", i, key_index);
+      continue;
+    }
+    const Endpoint* owner = slots_.master_of(key_slot(commands[i][key_index]));
+    if (owner == nullptr) {
+      unrouted.push_back(i);
+      continue;
+    }
+    auto& entry = by_node[owner->to_string()];
+    entry.first = *owner;
+    entry.second.push_back(i);
+  }
+  std::vector<size_t> retry = unrouted;
+  for (auto& [name, entry] : by_node) {
+    const auto& [at, indexes] = entry;
+    auto connection = node(at);
+    if (!connection.is_ok()) {
+      map_suspect_ = true;
+      for (size_t i : indexes) results[i] = connection.status();
+      continue;
+    }
+    redisContext* context = (*connection)->context;
+    std::vector<const char*> args;
+    std::vector<size_t> lens;
+    bool broken = false;
+    for (size_t i : indexes) {
+      args.clear();
+      lens.clear();
+      for (std::string_view arg : commands[i]) {
+        args.push_back(arg.data());
+        lens.push_back(arg.size());
+      }
+      if (redisAppendCommandArgv(context, static_cast<int>(args.size()), args.data(),
+                                 lens.data()) != REDIS_OK) {
+        broken = true;
+        break;
+      }
+    }
+    for (size_t i : indexes) {
+      void* raw = nullptr;
+      if (broken || redisGetReply(context, &raw) != REDIS_OK || raw == nullptr) {
+        if (!broken) {
+          broken = true;
+          results[i] = unavailable("Redis node {}: {}", name, context->errstr);
+        } else {
+          results[i] = unavailable("Redis node {}: connection lost in a pipeline", name);
+        }
+        continue;
+      }
+      OwnedReply reply(static_cast<redisReply*>(raw));
+      Reply decoded = Reply::from(*reply);
+      if (decoded.kind == Reply::Kind::kError && parse_redirect(decoded.str)) {
+        retry.push_back(i);
+        continue;
+      }
+      results[i] = std::move(decoded);
+    }
+    if (broken) drop(at);
+  }
+  for (size_t i : retry) results[i] = command(commands[i], key_index);
+  return results;
 }
 
 }  // namespace kvtier::remote

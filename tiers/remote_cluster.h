@@ -10,8 +10,10 @@
 //    already at the target: send ASKING and the command there once, map unchanged);
 //    at most max_redirects per command, then Unavailable.
 // Every node connection has a connect and a command timeout; a node that times out or
-// drops is disconnected and reconnected on next use. Authentication: an ACL user and
-// password (AUTH user password) on every connection.
+// drops is disconnected and reconnected on next use, and the slot map is read again
+// before the next command (at most every kSuspectRefreshInterval): a master that died
+// is found replaced by its promoted replica once the cluster has failed over. Authentication: an
+// ACL user and password (AUTH user password) on every connection.
 //
 // Errors: Unavailable (retryable) for a node down, slow, or a cluster without a master
 // for the slot; InvalidArgument for bad options; Internal for replies that break the
@@ -111,6 +113,11 @@ class RemoteCluster {
   // Runs `argv` (argv[key_index] is the key that routes it) on the master of its slot,
   // following redirects. A Redis error reply is a Reply of kind kError, not a Status.
   Result<Reply> command(const std::vector<std::string_view>& argv, size_t key_index = 1);
+  // Many commands, pipelined per node: every command for one node is sent before its
+  // replies are read, so a batch costs a round trip per node, not per command. Each
+  // result is what command() would give; a redirected one is retried through it.
+  using Argv = std::vector<std::string_view>;
+  std::vector<Result<Reply>> pipeline(const std::vector<Argv>& commands, size_t key_index = 1);
   // Reads the slot map again from any master (or seed) that answers.
   Status refresh_slots();
   const SlotMap& slots() const { return slots_; }
@@ -127,8 +134,14 @@ class RemoteCluster {
   // One command on one node; a dropped or timed-out connection is Unavailable.
   Result<Reply> run_on(const Endpoint& at, const std::vector<std::string_view>& argv, bool asking);
 
+  // A node failed since the map was read: read it again before the next command.
+  void refresh_if_suspect();
+  static constexpr std::chrono::milliseconds kSuspectRefreshInterval{200};
+
   ClusterOptions options_;
   SlotMap slots_;
+  bool map_suspect_ = false;
+  std::chrono::steady_clock::time_point last_refresh_{};
   std::map<std::string, std::unique_ptr<Node>> nodes_;  // by Endpoint::to_string()
   uint64_t moved_ = 0;
   uint64_t asks_ = 0;

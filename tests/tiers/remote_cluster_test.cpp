@@ -7,24 +7,13 @@
 #include "tiers/remote_cluster.h"
 
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <signal.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <chrono>
-#include <cstdlib>
-#include <filesystem>
-#include <random>
-#include <thread>
 
-#include "common/unique_fd.h"
-#include "tests/support/process.h"
+#include "tests/tiers/redis_cluster.h"
 
 namespace kvtier::remote {
 namespace {
-
-using std::chrono::milliseconds;
 
 TEST(KeySlot, MatchesTheClusterSpec) {
   // The spec's CRC16 test vector: CRC16("123456789") = 0x31C3.
@@ -111,132 +100,6 @@ TEST(SlotMap, ReadsClusterSlotsAndRefusesMalformedReplies) {
 
 // ---- Against a real cluster ----
 
-bool port_free(int port) {
-  UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  address.sin_port = htons(static_cast<uint16_t>(port));
-  return ::bind(fd.get(), reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0;
-}
-
-// Six redis-server processes (3 masters, 3 replicas) made into a cluster with
-// `redis-cli --cluster create`; each node's cluster bus is its port + 10000.
-class RedisCluster {
- public:
-  static constexpr int kNodes = 6;
-
-  ~RedisCluster() {
-    for (pid_t pid : pids_) {
-      if (pid > 0) {
-        ::kill(pid, SIGKILL);
-        (void)support::wait_for_exit(pid, milliseconds(5000));
-      }
-    }
-    std::error_code ignored;
-    if (!dir_.empty()) std::filesystem::remove_all(dir_, ignored);
-  }
-
-  Status start() {
-    char tmpl[] = "/tmp/kvtier-redis-XXXXXX";
-    if (::mkdtemp(tmpl) == nullptr) return errno_status(errno, "mkdtemp");
-    dir_ = tmpl;
-    std::mt19937 rng(std::random_device{}());
-    std::uniform_int_distribution<int> base_of(20000, 50000);
-    for (int attempt = 0; ports_.size() < kNodes && attempt < 200; ++attempt) {
-      const int port = base_of(rng);
-      if (port_free(port) && port_free(port + 10000) &&
-          std::find(ports_.begin(), ports_.end(), port) == ports_.end()) {
-        ports_.push_back(port);
-      }
-    }
-    if (ports_.size() < kNodes) return unavailable("no free loopback ports for Redis");
-    for (int port : ports_) {
-      const std::string node_dir = fmt::format("{}/{}", dir_, port);
-      std::filesystem::create_directories(node_dir);
-      auto pid = support::spawn({"/usr/bin/redis-server",
-                                 "--port",
-                                 std::to_string(port),
-                                 "--bind",
-                                 "127.0.0.1",
-                                 "--cluster-enabled",
-                                 "yes",
-                                 "--cluster-config-file",
-                                 node_dir + "/nodes.conf",
-                                 "--cluster-node-timeout",
-                                 "2000",
-                                 "--dir",
-                                 node_dir,
-                                 "--save",
-                                 "",
-                                 "--appendonly",
-                                 "no",
-                                 "--daemonize",
-                                 "no",
-                                 "--logfile",
-                                 node_dir + "/redis.log"},
-                                -1, -1);
-      if (!pid.is_ok()) return pid.status();
-      pids_.push_back(*pid);
-    }
-    for (int port : ports_) KVTIER_RETURN_IF_ERROR(wait_for_ping(port));
-    std::vector<std::string> create = {"/usr/bin/redis-cli", "--cluster", "create"};
-    for (int port : ports_) create.push_back(fmt::format("127.0.0.1:{}", port));
-    create.insert(create.end(), {"--cluster-replicas", "1", "--cluster-yes"});
-    support::ProcessResult made = support::run_process(create, milliseconds(60'000));
-    if (!made.status.ok()) return unavailable("redis-cli --cluster create: {}", made.describe());
-    for (int port : ports_) KVTIER_RETURN_IF_ERROR(wait_for_state_ok(port));
-    return Status::ok();
-  }
-
-  const std::vector<int>& ports() const { return ports_; }
-  std::vector<Endpoint> seeds() const {
-    std::vector<Endpoint> out;
-    for (int port : ports_) out.push_back({"127.0.0.1", port});
-    return out;
-  }
-  // redis-cli -p port args...: its stdout, trimmed.
-  std::string cli(int port, std::vector<std::string> args) const {
-    std::vector<std::string> argv = {"/usr/bin/redis-cli", "-p", std::to_string(port)};
-    argv.insert(argv.end(), args.begin(), args.end());
-    support::ProcessResult r = support::run_process(argv, milliseconds(10'000));
-    std::string out = r.stdout_text;
-    while (!out.empty() && (out.back() == '\n' || out.back() == '\r')) out.pop_back();
-    return out;
-  }
-  void kill_node(int port) {
-    for (size_t i = 0; i < ports_.size(); ++i) {
-      if (ports_[i] == port && pids_[i] > 0) {
-        ::kill(pids_[i], SIGKILL);
-        (void)support::wait_for_exit(pids_[i], milliseconds(5000));
-        pids_[i] = -1;
-      }
-    }
-  }
-
- private:
-  Status wait_for_ping(int port) const {
-    for (int i = 0; i < 500; ++i) {
-      if (cli(port, {"ping"}) == "PONG") return Status::ok();
-      std::this_thread::sleep_for(milliseconds(20));
-    }
-    return unavailable("redis-server on {} does not answer", port);
-  }
-  Status wait_for_state_ok(int port) const {
-    for (int i = 0; i < 1000; ++i) {
-      if (cli(port, {"cluster", "info"}).find("cluster_state:ok") != std::string::npos) {
-        return Status::ok();
-      }
-      std::this_thread::sleep_for(milliseconds(20));
-    }
-    return unavailable("the cluster is not ok on {}", port);
-  }
-
-  std::string dir_;
-  std::vector<int> ports_;
-  std::vector<pid_t> pids_;
-};
-
 class RemoteClusterTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -255,7 +118,7 @@ class RemoteClusterTest : public ::testing::Test {
     return than;
   }
 
-  RedisCluster redis_;
+  LocalRedisCluster redis_;
   std::unique_ptr<RemoteCluster> cluster_;
 };
 

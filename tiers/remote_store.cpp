@@ -1,0 +1,256 @@
+#include "tiers/remote_store.h"
+
+#include <fmt/format.h>
+
+#include "tiers/remote_format.h"
+
+namespace kvtier::remote {
+namespace {
+
+uint64_t wall_ms() {
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                   std::chrono::system_clock::now().time_since_epoch())
+                                   .count());
+}
+
+// A reply to SET: +OK, or an error.
+Status set_status(const Result<Reply>& reply, std::string_view key) {
+  if (!reply.is_ok()) return reply.status();
+  if (reply->kind == Reply::Kind::kStatus) return Status::ok();
+  return unavailable("Redis refused SET {}: {}", key, reply->str);
+}
+
+}  // namespace
+
+RemoteStore::RemoteStore(RemoteStoreOptions options, std::unique_ptr<RemoteCluster> cluster)
+    : options_(std::move(options)), cluster_(std::move(cluster)) {}
+
+Result<std::unique_ptr<RemoteStore>> RemoteStore::open(RemoteStoreOptions options) {
+  if (options.budget_bytes == 0) return invalid_argument("remote-bytes must be positive");
+  auto cluster = RemoteCluster::connect(options.cluster);
+  if (!cluster.is_ok()) return cluster.status();
+  return std::unique_ptr<RemoteStore>(new RemoteStore(std::move(options), std::move(*cluster)));
+}
+
+void RemoteStore::note(const Status& status) {
+  if (status.code() == StatusCode::kUnavailable) {
+    unreachable_ = true;
+    ++stats_.errors;
+  }
+}
+
+// One public call: afterwards the store is degraded exactly when some node it needed
+// could not be reached.
+class RemoteStore::CallScope {
+ public:
+  explicit CallScope(RemoteStore& store) : store_(store) { store_.unreachable_ = false; }
+  ~CallScope() { store_.degraded_ = store_.unreachable_; }
+  CallScope(const CallScope&) = delete;
+  CallScope& operator=(const CallScope&) = delete;
+
+ private:
+  RemoteStore& store_;
+};
+
+void RemoteStore::forget(const std::string& key) {
+  auto it = current_.find(key);
+  if (it == current_.end()) return;
+  stats_.stored_bytes -= it->second.bytes;
+  current_.erase(it);
+}
+
+void RemoteStore::forget_expired() {
+  if (options_.ttl.count() == 0) return;
+  const auto now = std::chrono::steady_clock::now();
+  while (!written_.empty() && written_.front().expires <= now) {
+    auto it = current_.find(written_.front().key);
+    if (it != current_.end() && it->second.seq == written_.front().seq) forget(it->first);
+    written_.pop_front();
+  }
+}
+
+bool RemoteStore::make_room(uint64_t bytes) {
+  if (bytes > options_.budget_bytes) return false;
+  forget_expired();
+  std::vector<std::string> victims;
+  uint64_t freed = 0;
+  while (stats_.stored_bytes - freed + bytes > options_.budget_bytes && !written_.empty()) {
+    Written oldest = std::move(written_.front());
+    written_.pop_front();
+    auto it = current_.find(oldest.key);
+    if (it == current_.end() || it->second.seq != oldest.seq) continue;  // written again
+    freed += it->second.bytes;
+    victims.push_back(std::move(oldest.key));
+  }
+  if (!victims.empty()) {
+    std::vector<RemoteCluster::Argv> dels;
+    for (const std::string& key : victims) dels.push_back({"DEL", key});
+    const auto replies = cluster_->pipeline(dels);
+    for (size_t i = 0; i < victims.size(); ++i) {
+      // A DEL that did not get through leaves a value that expires by its TTL; it is
+      // no longer this node's to count either way.
+      note(replies[i].status());
+      forget(victims[i]);
+      ++stats_.budget_deletes;
+    }
+  }
+  return true;
+}
+
+void RemoteStore::account(const std::string& key, uint64_t bytes) {
+  forget(key);
+  const uint64_t seq = ++seq_;
+  current_[key] = Current{bytes, seq};
+  stats_.stored_bytes += bytes;
+  written_.push_back(Written{key, seq, std::chrono::steady_clock::now() + options_.ttl});
+}
+
+std::vector<Status> RemoteStore::put_blocks(const std::vector<BlockWrite>& blocks) {
+  CallScope call(*this);
+  std::vector<Status> out(blocks.size());
+  std::vector<std::string> keys(blocks.size());
+  std::vector<std::string> values(blocks.size());
+  const std::string ttl = std::to_string(options_.ttl.count());
+  const uint64_t now = wall_ms();
+  std::vector<RemoteCluster::Argv> sets;
+  std::vector<size_t> sent;
+  uint64_t batch_bytes = 0;  // the batch itself fits the budget, so room is never made
+                             // by deleting a block of this batch before it is sent
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    const RemoteBlockId& id = blocks[i].id;
+    keys[i] = block_key(id.namespace_name, id.layout_digest, id.hash);
+    values[i] = encode_block_value(keys[i], blocks[i].payload, now);
+    if (batch_bytes + values[i].size() > options_.budget_bytes) {
+      out[i] = resource_exhausted("this write's blocks up to {} pass remote-bytes ({})", keys[i],
+                                  options_.budget_bytes);
+      continue;
+    }
+    batch_bytes += values[i].size();
+    forget(keys[i]);  // its old value, if this node wrote one, is overwritten
+    if (!make_room(values[i].size())) {
+      out[i] = resource_exhausted("a {}-byte value is larger than remote-bytes ({})",
+                                  values[i].size(), options_.budget_bytes);
+      continue;
+    }
+    // Counted before it is sent, so the next block's make_room sees it.
+    account(keys[i], values[i].size());
+    if (options_.ttl.count() > 0) {
+      sets.push_back({"SET", keys[i], values[i], "PX", ttl});
+    } else {
+      sets.push_back({"SET", keys[i], values[i]});
+    }
+    sent.push_back(i);
+  }
+  const auto replies = cluster_->pipeline(sets);
+  for (size_t j = 0; j < sent.size(); ++j) {
+    const size_t i = sent[j];
+    out[i] = set_status(replies[j], keys[i]);
+    note(replies[j].status());
+    if (out[i].is_ok()) {
+      stats_.bytes_written += values[i].size();
+    } else {
+      forget(keys[i]);
+    }
+  }
+  return out;
+}
+
+std::vector<Result<std::string>> RemoteStore::get_blocks(const std::vector<BlockRead>& blocks) {
+  CallScope call(*this);
+  std::vector<Result<std::string>> out;
+  out.reserve(blocks.size());
+  std::vector<std::string> keys;
+  std::vector<RemoteCluster::Argv> gets;
+  keys.reserve(blocks.size());
+  for (const BlockRead& block : blocks) {
+    keys.push_back(block_key(block.id.namespace_name, block.id.layout_digest, block.id.hash));
+  }
+  for (const std::string& key : keys) gets.push_back({"GET", key});
+  auto replies = cluster_->pipeline(gets);
+  std::vector<RemoteCluster::Argv> deletes;
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    note(replies[i].status());
+    if (!replies[i].is_ok()) {
+      out.push_back(replies[i].status());
+      continue;
+    }
+    Reply& reply = *replies[i];
+    if (reply.kind == Reply::Kind::kNil) {
+      ++stats_.misses;
+      out.push_back(not_found("{} is not in the remote tier", keys[i]));
+      continue;
+    }
+    if (reply.kind != Reply::Kind::kString) {
+      out.push_back(unavailable("Redis answered GET {} with {}", keys[i], reply.str));
+      continue;
+    }
+    auto payload = verify_block_value(keys[i], reply.str, blocks[i].bytes);
+    if (!payload.is_ok()) {
+      ++stats_.corrupt;
+      deletes.push_back({"DEL", keys[i]});
+      forget(keys[i]);
+      out.push_back(payload.status());
+      continue;
+    }
+    ++stats_.hits;
+    stats_.bytes_read += reply.str.size();
+    reply.str.erase(0, kRemoteHeaderBytes);
+    out.push_back(std::move(reply.str));
+  }
+  // Deleted only by key, after the reads: a value a node wrote meanwhile under the same
+  // key would go too, and that node's next read misses (never a wrong byte).
+  if (!deletes.empty()) (void)cluster_->pipeline(deletes);
+  return out;
+}
+
+Status RemoteStore::put_session(std::string_view namespace_name, std::string_view session_id,
+                                std::string_view record) {
+  CallScope call(*this);
+  const std::string key = session_key(namespace_name, session_id);
+  const std::string value = encode_session_value(key, record);
+  forget(key);
+  if (!make_room(value.size())) {
+    return resource_exhausted("a {}-byte session record is larger than remote-bytes ({})",
+                              value.size(), options_.budget_bytes);
+  }
+  account(key, value.size());
+  const std::string ttl = std::to_string(options_.ttl.count());
+  auto reply = options_.ttl.count() > 0 ? cluster_->command({"SET", key, value, "PX", ttl})
+                                        : cluster_->command({"SET", key, value});
+  note(reply.status());
+  Status status = set_status(reply, key);
+  if (status.is_ok()) {
+    stats_.bytes_written += value.size();
+  } else {
+    forget(key);
+  }
+  return status;
+}
+
+Result<std::string> RemoteStore::get_session(std::string_view namespace_name,
+                                             std::string_view session_id) {
+  CallScope call(*this);
+  const std::string key = session_key(namespace_name, session_id);
+  auto reply = cluster_->command({"GET", key});
+  note(reply.status());
+  if (!reply.is_ok()) return reply.status();
+  if (reply->kind == Reply::Kind::kNil) {
+    ++stats_.misses;
+    return not_found("session {} is not in the remote tier", key);
+  }
+  if (reply->kind != Reply::Kind::kString) {
+    return unavailable("Redis answered GET {} with {}", key, reply->str);
+  }
+  auto record = verify_session_value(key, reply->str);
+  if (!record.is_ok()) {
+    ++stats_.corrupt;
+    (void)cluster_->command({"DEL", key});
+    forget(key);
+    return record.status();
+  }
+  ++stats_.hits;
+  stats_.bytes_read += reply->str.size();
+  return std::string(*record);
+}
+
+}  // namespace kvtier::remote
