@@ -200,9 +200,11 @@ Status RemoteCluster::refresh_slots() {
     if (std::find(ask.begin(), ask.end(), seed) == ask.end()) ask.push_back(seed);
   }
   std::string failures;
+  bool denied = false;
   for (const Endpoint& at : ask) {
     auto reply = run_on(at, {"CLUSTER", "SLOTS"}, false);
     if (!reply.is_ok()) {
+      denied = denied || reply.status().code() == StatusCode::kPermissionDenied;
       failures += fmt::format("; {}: {}", at.to_string(), reply.status().message());
       continue;
     }
@@ -225,6 +227,8 @@ Status RemoteCluster::refresh_slots() {
     return Status::ok();
   }
   last_refresh_ = std::chrono::steady_clock::now();
+  // Refused credentials are not a node being down: say so, so that it is not retried.
+  if (denied) return permission_denied("no node of the Redis Cluster gave a slot map{}", failures);
   return unavailable("no node of the Redis Cluster gave a slot map{}", failures);
 }
 

@@ -209,6 +209,34 @@ TEST_F(RemoteClusterTest, ADeadSeedIsSkippedAndNoLiveSeedIsUnavailable) {
       << none.status().message();
 }
 
+// ACL: a user with a password on every node (ACL SETUSER is per node), its keys only.
+TEST_F(RemoteClusterTest, AnAclUserIsAuthenticatedAndAWrongPasswordIsPermissionDenied) {
+  for (int port : redis_.ports()) {
+    ASSERT_EQ(redis_.cli(port, {"acl", "setuser", "kvtier", "on", ">s3cret", "~kvtier:*", "+@all"}),
+              "OK");
+  }
+  ClusterOptions options;
+  options.seeds = redis_.seeds();
+  options.user = "kvtier";
+  options.password = "s3cret";
+  auto cluster = RemoteCluster::connect(options);
+  ASSERT_TRUE(cluster.is_ok()) << cluster.status().to_string();
+  auto set = (*cluster)->command({"SET", "kvtier:1:x:ok", "v"});
+  ASSERT_TRUE(set.is_ok()) << set.status().to_string();
+  EXPECT_EQ(set->kind, Reply::Kind::kStatus) << set->str;
+  // Outside the user's key pattern: Redis refuses it, as a reply.
+  auto other = (*cluster)->command({"SET", "not-kvtier", "v"});
+  ASSERT_TRUE(other.is_ok());
+  EXPECT_EQ(other->kind, Reply::Kind::kError);
+  EXPECT_NE(other->str.find("NOPERM"), std::string::npos) << other->str;
+
+  options.password = "wrong";
+  auto refused = RemoteCluster::connect(options);
+  ASSERT_FALSE(refused.is_ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kPermissionDenied) << refused.status().to_string();
+  EXPECT_NE(refused.status().message().find("kvtier"), std::string::npos);
+}
+
 TEST_F(RemoteClusterTest, AMasterThatDiedIsUnavailableWithinTheTimeoutNotAHang) {
   const std::string key = "on-a-dead-node";
   ASSERT_TRUE(cluster_->command({"SET", key, "x"}).is_ok());
