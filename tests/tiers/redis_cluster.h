@@ -53,10 +53,9 @@ class LocalRedisCluster {
     if (!dir_.empty()) std::filesystem::remove_all(dir_, ignored);
   }
 
-  Status start() {
-    char tmpl[] = "/tmp/kvtier-redis-XXXXXX";
-    if (::mkdtemp(tmpl) == nullptr) return errno_status(errno, "mkdtemp");
-    dir_ = tmpl;
+  // Picks the ports (free now) without starting anything: a test can point a client at
+  // the cluster before it exists. start() calls it when no ports were picked.
+  Status choose_ports() {
     std::mt19937 rng(std::random_device{}());
     std::uniform_int_distribution<int> base_of(20000, 50000);
     for (int attempt = 0; ports_.size() < kNodes && attempt < 200; ++attempt) {
@@ -67,6 +66,14 @@ class LocalRedisCluster {
       }
     }
     if (ports_.size() < kNodes) return unavailable("no free loopback ports for Redis");
+    return Status::ok();
+  }
+
+  Status start() {
+    if (ports_.empty()) KVTIER_RETURN_IF_ERROR(choose_ports());
+    char tmpl[] = "/tmp/kvtier-redis-XXXXXX";
+    if (::mkdtemp(tmpl) == nullptr) return errno_status(errno, "mkdtemp");
+    dir_ = tmpl;
     for (int port : ports_) {
       const std::string node_dir = fmt::format("{}/{}", dir_, port);
       std::filesystem::create_directories(node_dir);

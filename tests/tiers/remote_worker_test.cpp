@@ -1,0 +1,183 @@
+// RemoteWorker (tiers/remote_worker.h) against a Redis Cluster the test starts: its
+// completions arrive through the caller's post function, the in-flight bound declines
+// what would pass it, and a worker started before the cluster exists answers
+// Unavailable at once, says it is degraded, and connects by itself once the cluster is
+// up. Every request completes once, even when the worker is destroyed with it queued.
+#include "tiers/remote_worker.h"
+
+#include <gtest/gtest.h>
+
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+
+#include "tests/tiers/redis_cluster.h"
+
+namespace kvtier::remote {
+namespace {
+
+// What the daemon's control thread is to the worker: completions queue here and the
+// test runs them.
+class Inbox {
+ public:
+  RemoteWorker::Post post() {
+    return [this](std::function<void()> fn) {
+      std::lock_guard lock(mu_);
+      queue_.push_back(std::move(fn));
+      cv_.notify_all();
+    };
+  }
+  // Runs one completion; false when none came within `timeout`.
+  bool run_one(milliseconds timeout = milliseconds(10'000)) {
+    std::function<void()> fn;
+    {
+      std::unique_lock lock(mu_);
+      if (!cv_.wait_for(lock, timeout, [this] { return !queue_.empty(); })) return false;
+      fn = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    fn();
+    return true;
+  }
+  size_t pending() {
+    std::lock_guard lock(mu_);
+    return queue_.size();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> queue_;
+};
+
+BlockHash hash_of(uint32_t n) {
+  std::array<uint8_t, 4> bytes{};
+  for (int i = 0; i < 4; ++i) bytes[i] = static_cast<uint8_t>(n >> (8 * i));
+  return BlockHash(bytes);
+}
+
+std::vector<RemoteWorker::OwnedBlock> blocks(uint32_t n, size_t bytes) {
+  std::vector<RemoteWorker::OwnedBlock> out;
+  for (uint32_t i = 0; i < n; ++i) {
+    out.push_back({{"ns", 9, hash_of(i)}, std::vector<std::byte>(bytes, std::byte(i * 7 + 1))});
+  }
+  return out;
+}
+
+RemoteWorkerOptions options_for(const LocalRedisCluster& redis) {
+  RemoteWorkerOptions options;
+  options.store.cluster.seeds = redis.seeds();
+  options.store.cluster.connect_timeout = milliseconds(300);
+  options.reconnect_interval = milliseconds(200);
+  return options;
+}
+
+TEST(RemoteWorker, WritesAndReadsBackWithCompletionsPostedToTheCaller) {
+  LocalRedisCluster redis;
+  ASSERT_TRUE(redis.start().is_ok());
+  Inbox inbox;
+  auto worker = RemoteWorker::start(options_for(redis), inbox.post());
+  std::vector<Status> written;
+  ASSERT_TRUE(worker->put_blocks(blocks(16, 4096), [&](std::vector<Status> s) { written = s; }));
+  ASSERT_TRUE(inbox.run_one());
+  ASSERT_EQ(written.size(), 16u);
+  for (const Status& s : written) EXPECT_TRUE(s.is_ok()) << s.to_string();
+
+  std::vector<RemoteStore::BlockRead> reads;
+  for (uint32_t i = 0; i < 16; ++i) reads.push_back({{"ns", 9, hash_of(i)}, 4096});
+  std::vector<Result<std::string>> got;
+  ASSERT_TRUE(worker->get_blocks(reads, [&](std::vector<Result<std::string>> g) { got = g; }));
+  ASSERT_TRUE(inbox.run_one());
+  ASSERT_EQ(got.size(), 16u);
+  for (uint32_t i = 0; i < 16; ++i) {
+    ASSERT_TRUE(got[i].is_ok()) << got[i].status().to_string();
+    EXPECT_EQ(*got[i], std::string(4096, static_cast<char>(i * 7 + 1)));
+  }
+  Status session = internal_error("not run");
+  worker->put_session("ns", "chat", "record", [&](Status s) { session = s; });
+  ASSERT_TRUE(inbox.run_one());
+  EXPECT_TRUE(session.is_ok()) << session.to_string();
+  Result<std::string> record = internal_error("not run");
+  worker->get_session("ns", "chat", [&](Result<std::string> r) { record = std::move(r); });
+  ASSERT_TRUE(inbox.run_one());
+  ASSERT_TRUE(record.is_ok());
+  EXPECT_EQ(*record, "record");
+
+  const RemoteWorker::Snapshot s = worker->snapshot();
+  EXPECT_TRUE(s.connected);
+  EXPECT_FALSE(s.degraded);
+  EXPECT_EQ(s.in_flight_bytes, 0u);
+  EXPECT_EQ(s.write_lag.count(), 0);
+  EXPECT_EQ(s.store.hits, 17u);
+  EXPECT_EQ(s.reachable_masters, 3u);
+}
+
+TEST(RemoteWorker, DeclinesWhatWouldPassTheInFlightBound) {
+  LocalRedisCluster redis;
+  ASSERT_TRUE(redis.start().is_ok());
+  Inbox inbox;
+  RemoteWorkerOptions options = options_for(redis);
+  options.max_in_flight_bytes = 64 << 10;
+  auto worker = RemoteWorker::start(options, inbox.post());
+  bool called = false;
+  EXPECT_FALSE(worker->put_blocks(blocks(17, 4096), [&](std::vector<Status>) { called = true; }));
+  std::vector<RemoteStore::BlockRead> reads(17, {{"ns", 9, hash_of(0)}, 4096});
+  EXPECT_FALSE(worker->get_blocks(reads, [&](std::vector<Result<std::string>>) { called = true; }));
+  EXPECT_EQ(worker->snapshot().in_flight_bytes, 0u);
+  EXPECT_TRUE(worker->put_blocks(blocks(16, 4096), [&](std::vector<Status>) { called = true; }));
+  ASSERT_TRUE(inbox.run_one());
+  EXPECT_TRUE(called);
+  EXPECT_FALSE(inbox.run_one(milliseconds(200))) << "declined requests complete nothing";
+  EXPECT_EQ(worker->snapshot().in_flight_bytes, 0u);
+}
+
+TEST(RemoteWorker, WithTheClusterDownFailsFastThenConnectsWhenItComesUp) {
+  LocalRedisCluster redis;
+  ASSERT_TRUE(redis.choose_ports().is_ok());
+  Inbox inbox;
+  auto worker = RemoteWorker::start(options_for(redis), inbox.post());
+  std::vector<Status> written;
+  const auto began = std::chrono::steady_clock::now();
+  ASSERT_TRUE(worker->put_blocks(blocks(2, 1024), [&](std::vector<Status> s) { written = s; }));
+  ASSERT_TRUE(inbox.run_one());
+  EXPECT_LT(std::chrono::steady_clock::now() - began, std::chrono::seconds(3));
+  ASSERT_EQ(written.size(), 2u);
+  EXPECT_EQ(written[0].code(), StatusCode::kUnavailable) << written[0].to_string();
+  EXPECT_FALSE(worker->snapshot().connected);
+  EXPECT_TRUE(worker->snapshot().degraded);
+
+  ASSERT_TRUE(redis.start().is_ok());
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (!worker->snapshot().connected && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(milliseconds(50));
+  }
+  ASSERT_TRUE(worker->snapshot().connected) << "never connected to the cluster once it was up";
+  ASSERT_TRUE(worker->put_blocks(blocks(2, 1024), [&](std::vector<Status> s) { written = s; }));
+  ASSERT_TRUE(inbox.run_one());
+  EXPECT_TRUE(written[0].is_ok()) << written[0].to_string();
+  EXPECT_FALSE(worker->snapshot().degraded);
+}
+
+TEST(RemoteWorker, EveryRequestCompletesOnceEvenWhenTheWorkerIsDestroyedWithItQueued) {
+  LocalRedisCluster redis;
+  ASSERT_TRUE(redis.choose_ports().is_ok());  // never started: every request waits to fail
+  Inbox inbox;
+  RemoteWorkerOptions options = options_for(redis);
+  options.reconnect_interval = milliseconds(60'000);
+  int completed = 0;
+  {
+    auto worker = RemoteWorker::start(options, inbox.post());
+    for (int i = 0; i < 5; ++i) {
+      worker->put_session("ns", std::to_string(i), "r", [&](Status s) {
+        EXPECT_EQ(s.code(), StatusCode::kUnavailable);
+        ++completed;
+      });
+    }
+  }
+  while (inbox.run_one(milliseconds(100))) {
+  }
+  EXPECT_EQ(completed, 5);
+}
+
+}  // namespace
+}  // namespace kvtier::remote

@@ -1,0 +1,169 @@
+#include "tiers/remote_worker.h"
+
+#include "common/log.h"
+
+namespace kvtier::remote {
+
+std::unique_ptr<RemoteWorker> RemoteWorker::start(RemoteWorkerOptions options, Post post) {
+  return std::unique_ptr<RemoteWorker>(new RemoteWorker(std::move(options), std::move(post)));
+}
+
+RemoteWorker::RemoteWorker(RemoteWorkerOptions options, Post post)
+    : options_(std::move(options)),
+      post_(std::move(post)),
+      thread_([this](std::stop_token stop) { loop(stop); }) {}
+
+RemoteWorker::~RemoteWorker() {
+  thread_.request_stop();
+  wake_.notify_all();
+  thread_.join();
+  // What was still queued completes as if the cluster were unreachable.
+  for (Job& job : jobs_) post_(job.run(nullptr));
+}
+
+bool RemoteWorker::enqueue(Job job, bool bounded) {
+  {
+    std::lock_guard lock(mu_);
+    if (bounded && in_flight_bytes_ + job.bytes > options_.max_in_flight_bytes) return false;
+    in_flight_bytes_ += job.bytes;
+    job.queued_at = std::chrono::steady_clock::now();
+    if (job.write) pending_writes_.push_back(job.queued_at);
+    jobs_.push_back(std::move(job));
+  }
+  wake_.notify_one();
+  return true;
+}
+
+bool RemoteWorker::put_blocks(std::vector<OwnedBlock> blocks,
+                              std::function<void(std::vector<Status>)> done) {
+  Job job;
+  for (const OwnedBlock& block : blocks) job.bytes += block.payload.size();
+  job.write = true;
+  job.run = [blocks = std::move(blocks),
+             done = std::move(done)](RemoteStore* store) -> std::function<void()> {
+    std::vector<Status> statuses;
+    if (store == nullptr) {
+      statuses.assign(blocks.size(), unavailable("the remote tier is not connected"));
+    } else {
+      std::vector<RemoteStore::BlockWrite> writes;
+      writes.reserve(blocks.size());
+      for (const OwnedBlock& block : blocks) writes.push_back({block.id, block.payload});
+      statuses = store->put_blocks(writes);
+    }
+    return [done, statuses = std::move(statuses)]() mutable { done(std::move(statuses)); };
+  };
+  return enqueue(std::move(job), true);
+}
+
+bool RemoteWorker::get_blocks(std::vector<RemoteStore::BlockRead> reads,
+                              std::function<void(std::vector<Result<std::string>>)> done) {
+  Job job;
+  for (const RemoteStore::BlockRead& read : reads) job.bytes += read.bytes;
+  job.run = [reads = std::move(reads),
+             done = std::move(done)](RemoteStore* store) -> std::function<void()> {
+    std::vector<Result<std::string>> got;
+    if (store == nullptr) {
+      got.assign(reads.size(), unavailable("the remote tier is not connected"));
+    } else {
+      got = store->get_blocks(reads);
+    }
+    return [done, got = std::move(got)]() mutable { done(std::move(got)); };
+  };
+  return enqueue(std::move(job), true);
+}
+
+void RemoteWorker::put_session(std::string namespace_name, std::string session_id,
+                               std::string record, std::function<void(Status)> done) {
+  Job job;
+  job.write = true;
+  job.run = [ns = std::move(namespace_name), id = std::move(session_id), record = std::move(record),
+             done = std::move(done)](RemoteStore* store) -> std::function<void()> {
+    Status status = store == nullptr ? unavailable("the remote tier is not connected")
+                                     : store->put_session(ns, id, record);
+    return [done, status]() { done(status); };
+  };
+  (void)enqueue(std::move(job), false);  // records are small: never declined
+}
+
+void RemoteWorker::get_session(std::string namespace_name, std::string session_id,
+                               std::function<void(Result<std::string>)> done) {
+  Job job;
+  job.run = [ns = std::move(namespace_name), id = std::move(session_id),
+             done = std::move(done)](RemoteStore* store) -> std::function<void()> {
+    Result<std::string> record =
+        store == nullptr ? Result<std::string>(unavailable("the remote tier is not connected"))
+                         : store->get_session(ns, id);
+    return [done, record = std::move(record)]() mutable { done(std::move(record)); };
+  };
+  (void)enqueue(std::move(job), false);
+}
+
+RemoteWorker::Snapshot RemoteWorker::snapshot() const {
+  std::lock_guard lock(mu_);
+  Snapshot out = snapshot_;
+  out.in_flight_bytes = in_flight_bytes_;
+  out.queued = jobs_.size();
+  if (!pending_writes_.empty()) {
+    out.write_lag = std::chrono::duration_cast<std::chrono::milliseconds>(
+        std::chrono::steady_clock::now() - pending_writes_.front());
+  }
+  return out;
+}
+
+void RemoteWorker::maybe_connect() {
+  if (store_) return;
+  const auto now = std::chrono::steady_clock::now();
+  if (last_attempt_.time_since_epoch().count() != 0 &&
+      now - last_attempt_ < options_.reconnect_interval) {
+    return;
+  }
+  last_attempt_ = now;
+  auto store = RemoteStore::open(options_.store);
+  if (store.is_ok()) {
+    store_ = std::move(*store);
+    KVTIER_LOG_INFO("remote tier: connected to the Redis Cluster ({} masters)",
+                    store_->cluster().slots().masters().size());
+  } else {
+    KVTIER_LOG_WARN("remote tier: {}; retrying every {} ms", store.status().message(),
+                    options_.reconnect_interval.count());
+  }
+}
+
+void RemoteWorker::publish() {
+  std::lock_guard lock(mu_);
+  snapshot_.connected = store_ != nullptr;
+  snapshot_.degraded = store_ == nullptr || store_->degraded();
+  if (store_) {
+    snapshot_.store = store_->stats();
+    snapshot_.reachable_masters = store_->cluster().slots().masters().size();
+  }
+}
+
+void RemoteWorker::loop(std::stop_token stop) {
+  while (!stop.stop_requested()) {
+    maybe_connect();
+    publish();
+    Job job;
+    {
+      std::unique_lock lock(mu_);
+      // Wakes for work, for a stop, or to retry connecting.
+      if (!wake_.wait_for(lock, stop, options_.reconnect_interval,
+                          [this] { return !jobs_.empty(); })) {
+        continue;
+      }
+      job = std::move(jobs_.front());
+      jobs_.pop_front();
+    }
+    if (!store_) maybe_connect();
+    std::function<void()> completion = job.run(store_.get());
+    {
+      std::lock_guard lock(mu_);
+      in_flight_bytes_ -= job.bytes;
+      if (job.write && !pending_writes_.empty()) pending_writes_.pop_front();
+    }
+    publish();
+    post_(std::move(completion));
+  }
+}
+
+}  // namespace kvtier::remote

@@ -1,0 +1,106 @@
+// RemoteWorker: the remote tier's RemoteStore on a thread of its own, so that the
+// control thread never waits on Redis. Requests are queued and run in order; each
+// completion is handed to `post` (the daemon posts it to its control thread).
+//
+// Contracts:
+//  * start() returns at once. The worker connects on its thread and, while it cannot
+//    (no seed answers), retries every reconnect_interval; requests meanwhile fail
+//    with Unavailable at once and the worker says it is degraded.
+//  * Bounded in-flight bytes: the payload bytes of queued and running writes and reads
+//    stay under max_in_flight_bytes. A request that would pass the bound is declined
+//    (put/get return false and nothing is queued): write-behind skips, a read falls
+//    back to local data.
+//  * Write-behind lag: how long the oldest queued or running write has waited, so an
+//    operator sees how far behind another node's view of this node's sessions is.
+//  * Destruction stops the thread after the request it is running; queued requests
+//    complete with Unavailable (through `post`) before the destructor returns.
+//
+// Thread-safety: the public methods may be called from any thread; completions run
+// wherever `post` runs them.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/status.h"
+#include "tiers/remote_store.h"
+
+namespace kvtier::remote {
+
+struct RemoteWorkerOptions {
+  RemoteStoreOptions store;
+  uint64_t max_in_flight_bytes = 256ull << 20;
+  std::chrono::milliseconds reconnect_interval{1000};
+};
+
+class RemoteWorker {
+ public:
+  using Post = std::function<void(std::function<void()>)>;
+  static std::unique_ptr<RemoteWorker> start(RemoteWorkerOptions options, Post post);
+  ~RemoteWorker();
+  RemoteWorker(const RemoteWorker&) = delete;
+  RemoteWorker& operator=(const RemoteWorker&) = delete;
+
+  // A block to write, owning its bytes (the caller's copy may be gone by then).
+  struct OwnedBlock {
+    RemoteBlockId id;
+    std::vector<std::byte> payload;
+  };
+  bool put_blocks(std::vector<OwnedBlock> blocks, std::function<void(std::vector<Status>)> done);
+  bool get_blocks(std::vector<RemoteStore::BlockRead> reads,
+                  std::function<void(std::vector<Result<std::string>>)> done);
+  void put_session(std::string namespace_name, std::string session_id, std::string record,
+                   std::function<void(Status)> done);
+  void get_session(std::string namespace_name, std::string session_id,
+                   std::function<void(Result<std::string>)> done);
+
+  struct Snapshot {
+    bool connected = false;
+    bool degraded = true;
+    uint64_t in_flight_bytes = 0;
+    uint64_t queued = 0;
+    std::chrono::milliseconds write_lag{0};  // the oldest pending write's wait; 0: none
+    size_t reachable_masters = 0;
+    RemoteStore::Stats store;
+  };
+  Snapshot snapshot() const;
+
+ private:
+  RemoteWorker(RemoteWorkerOptions options, Post post);
+  struct Job {
+    uint64_t bytes = 0;
+    bool write = false;
+    std::chrono::steady_clock::time_point queued_at;
+    // Runs on the worker with the store (nullptr: not connected) and returns the
+    // completion to post.
+    std::function<std::function<void()>(RemoteStore*)> run;
+  };
+  bool enqueue(Job job, bool bounded);
+  void loop(std::stop_token stop);
+  // Connects when not connected and the retry interval has passed.
+  void maybe_connect();
+  void publish();  // copies the store's state into snapshot_ (under mu_)
+
+  const RemoteWorkerOptions options_;
+  const Post post_;
+  std::unique_ptr<RemoteStore> store_;  // the worker thread's
+  std::chrono::steady_clock::time_point last_attempt_{};
+
+  mutable std::mutex mu_;
+  std::condition_variable_any wake_;
+  std::deque<Job> jobs_;
+  Snapshot snapshot_;
+  uint64_t in_flight_bytes_ = 0;
+  std::deque<std::chrono::steady_clock::time_point> pending_writes_;  // queued_at, in order
+  std::jthread thread_;  // last: started once everything above exists
+};
+
+}  // namespace kvtier::remote
