@@ -14,6 +14,7 @@
 #include "bench/gpu_bench.h"
 #endif
 #include "bench/nvme_bench.h"
+#include "bench/remote_bench.h"
 #include "bench/scale_bench.h"
 #include "bench/sim_bench.h"
 #include "bench/soak_bench.h"
@@ -93,6 +94,8 @@ int main(int argc, char** argv) {
   CLI::App* scale_app = add_scale_subcommand(app, scale);
   SoakBenchOptions soak;
   CLI::App* soak_app = add_soak_subcommand(app, soak);
+  RemoteBenchOptions remote;
+  CLI::App* remote_app = add_remote_subcommand(app, remote);
 #ifdef KVTIER_HAVE_CUDA
   GpuBenchOptions gpu;
   CLI::App* gpu_app = add_gpu_subcommand(app, gpu);
@@ -114,6 +117,9 @@ int main(int argc, char** argv) {
     return finish("scale", run_scale_bench(common, scale), json, require_targets);
   if (soak_app->parsed())
     return finish("soak", run_soak_bench(common, soak), json, require_targets);
+  if (remote_app->parsed()) {
+    return finish("remote", run_remote_bench(remote), json, require_targets);
+  }
   if (nvme_app->parsed()) {
     return finish("nvme", run_nvme_bench(common, nvme), json, require_targets);
   }

@@ -10,7 +10,7 @@
 
 #include <chrono>
 
-#include "tests/tiers/redis_cluster.h"
+#include "tests/support/redis_cluster.h"
 
 namespace kvtier::remote {
 namespace {

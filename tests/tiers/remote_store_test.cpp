@@ -11,7 +11,7 @@
 #include <chrono>
 #include <thread>
 
-#include "tests/tiers/redis_cluster.h"
+#include "tests/support/redis_cluster.h"
 #include "tiers/remote_format.h"
 
 namespace kvtier::remote {

@@ -11,7 +11,7 @@
 #include <deque>
 #include <mutex>
 
-#include "tests/tiers/redis_cluster.h"
+#include "tests/support/redis_cluster.h"
 
 namespace kvtier::remote {
 namespace {

@@ -1,4 +1,4 @@
-// LocalRedisCluster: a Redis Cluster for tests, as the remote tier's tests need one —
+// LocalRedisCluster: a Redis Cluster for the remote tier's tests and `kvtier-bench remote` —
 // six redis-server processes from Debian (3 masters, 3 replicas) on free loopback
 // ports, state in a temporary directory, joined with `redis-cli --cluster create`, and
 // killed with the object. Header-only: each test binary that starts one includes it.
