@@ -94,7 +94,14 @@ std::optional<Redirect> parse_redirect(std::string_view error) {
   if (space == std::string_view::npos) return std::nullopt;
   const auto slot = parse_integer(error.substr(0, space));
   if (!slot || *slot < 0 || *slot >= kClusterSlots) return std::nullopt;
-  auto to = parse_endpoint(error.substr(space + 1));
+  std::string_view address = error.substr(space + 1);
+  if (address.starts_with(':') && address.find(':', 1) == std::string_view::npos) {
+    // cluster-preferred-endpoint-type unknown-endpoint: ":port", on the node that replied.
+    const auto port = parse_integer(address.substr(1));
+    if (!port || *port <= 0 || *port > 65535) return std::nullopt;
+    return Redirect{kind, static_cast<uint16_t>(*slot), Endpoint{"", static_cast<int>(*port)}};
+  }
+  auto to = parse_endpoint(address);
   if (!to.is_ok()) return std::nullopt;
   return Redirect{kind, static_cast<uint16_t>(*slot), std::move(*to)};
 }
@@ -143,7 +150,8 @@ Status SlotMap::assign_from_cluster_slots(const Reply& reply, std::string_view a
     const long long last = range.elements[1].integer;
     const Reply& master = range.elements[2];
     if (first < 0 || last >= kClusterSlots || first > last ||
-        master.elements[0].kind != Reply::Kind::kString ||
+        (master.elements[0].kind != Reply::Kind::kString &&
+         master.elements[0].kind != Reply::Kind::kNil) ||
         master.elements[1].kind != Reply::Kind::kInteger || master.elements[1].integer <= 0 ||
         master.elements[1].integer > 65535) {
       return internal_error("CLUSTER SLOTS: bad range {}..{} or master address", first, last);
@@ -185,6 +193,10 @@ struct RemoteCluster::Node {
 Result<std::unique_ptr<RemoteCluster>> RemoteCluster::connect(ClusterOptions options) {
   if (options.seeds.empty()) return invalid_argument("no seed nodes for the Redis Cluster");
   if (options.max_redirects < 1) return invalid_argument("max_redirects must be at least 1");
+  // A zero socket timeout would mean "block forever" to hiredis.
+  if (options.connect_timeout.count() <= 0 || options.command_timeout.count() <= 0) {
+    return invalid_argument("the Redis connect and command timeouts must be positive");
+  }
   std::unique_ptr<RemoteCluster> cluster(new RemoteCluster(std::move(options)));
   KVTIER_RETURN_IF_ERROR(cluster->refresh_slots());
   return cluster;
@@ -236,11 +248,19 @@ Result<RemoteCluster::Node*> RemoteCluster::node(const Endpoint& at) {
   const std::string name = at.to_string();
   auto it = nodes_.find(name);
   if (it != nodes_.end()) return it->second.get();
+  const auto now = std::chrono::steady_clock::now();
+  if (auto down = down_until_.find(name); down != down_until_.end()) {
+    if (now < down->second) {
+      return unavailable("Redis node {} failed less than {} ms ago", name, kNodeBackoff.count());
+    }
+    down_until_.erase(down);
+  }
   auto fresh = std::make_unique<Node>();
   fresh->context =
       redisConnectWithTimeout(at.host.c_str(), at.port, to_timeval(options_.connect_timeout));
   if (fresh->context == nullptr) return resource_exhausted("cannot allocate a hiredis context");
   if (fresh->context->err != 0) {
+    down_until_[name] = std::chrono::steady_clock::now() + kNodeBackoff;
     return unavailable("Redis node {}: {}", name, fresh->context->errstr);
   }
   if (redisSetTimeout(fresh->context, to_timeval(options_.command_timeout)) != REDIS_OK) {
@@ -250,7 +270,10 @@ Result<RemoteCluster::Node*> RemoteCluster::node(const Endpoint& at) {
     const char* argv[] = {"AUTH", options_.user.c_str(), options_.password.c_str()};
     const size_t lens[] = {4, options_.user.size(), options_.password.size()};
     OwnedReply reply(static_cast<redisReply*>(redisCommandArgv(fresh->context, 3, argv, lens)));
-    if (!reply) return unavailable("Redis node {}: AUTH: {}", name, fresh->context->errstr);
+    if (!reply) {
+      down_until_[name] = std::chrono::steady_clock::now() + kNodeBackoff;
+      return unavailable("Redis node {}: AUTH: {}", name, fresh->context->errstr);
+    }
     if (reply->type == REDIS_REPLY_ERROR) {
       return permission_denied("Redis node {} refused user '{}': {}", name, options_.user,
                                std::string_view(reply->str, reply->len));
@@ -263,6 +286,9 @@ Result<RemoteCluster::Node*> RemoteCluster::node(const Endpoint& at) {
 
 void RemoteCluster::drop(const Endpoint& at) {
   nodes_.erase(at.to_string());
+  // Its connection broke or timed out: not again until the back-off has passed, so a
+  // node that hangs costs one timeout per back-off, not one per command.
+  down_until_[at.to_string()] = std::chrono::steady_clock::now() + kNodeBackoff;
   map_suspect_ = true;
 }
 
@@ -326,8 +352,11 @@ Result<Reply> RemoteCluster::command(const std::vector<std::string_view>& argv, 
     auto reply = run_on(at, argv, asking);
     if (!reply.is_ok()) return reply.status();
     if (reply->kind != Reply::Kind::kError) return reply;
-    const auto redirect = parse_redirect(reply->str);
+    auto redirect = parse_redirect(reply->str);
     if (!redirect) return reply;  // Redis's own error: the caller's to judge
+    if (redirect->to.host.empty()) {
+      redirect->to.host = at.host;
+    }
     at = redirect->to;
     if (redirect->kind == Redirect::Kind::kMoved) {
       ++moved_;

@@ -9,8 +9,10 @@
 //    retry there) and "ASK slot host:port" (the slot is being migrated and this key is
 //    already at the target: send ASKING and the command there once, map unchanged);
 //    at most max_redirects per command, then Unavailable.
-// Every node connection has a connect and a command timeout; a node that times out or
-// drops is disconnected and reconnected on next use, and the slot map is read again
+// Every node connection has a connect and a command timeout; a node that times out,
+// drops or refuses is disconnected and answers Unavailable at once for kNodeBackoff
+// (a node that hangs costs one timeout per back-off, not one per command), and the
+// slot map is read again
 // before the next command (at most every kSuspectRefreshInterval): a master that died
 // is found replaced by its promoted replica once the cluster has failed over. Authentication: an
 // ACL user and password (AUTH user password) on every connection.
@@ -61,6 +63,8 @@ struct Redirect {
   Endpoint to;
 };
 // A "MOVED slot host:port" or "ASK slot host:port" error text; nullopt for any other.
+// "MOVED slot :port" (a cluster announcing unknown endpoints) has an empty host: the
+// node that replied.
 std::optional<Redirect> parse_redirect(std::string_view error);
 
 // One reply, owned.
@@ -77,7 +81,8 @@ struct Reply {
 class SlotMap {
  public:
   // Replaces the map with what a CLUSTER SLOTS reply says (a node announced with an
-  // empty host is on `asked_host`, the node that replied). Internal when the reply is
+  // empty or nil host — unknown-endpoint mode — is on `asked_host`, the node that
+  // replied). Internal when the reply is
   // not shaped as the command documents (the map is then unchanged).
   Status assign_from_cluster_slots(const Reply& reply, std::string_view asked_host);
   void assign(uint16_t first, uint16_t last, const Endpoint& master);
@@ -137,6 +142,8 @@ class RemoteCluster {
   // A node failed since the map was read: read it again before the next command.
   void refresh_if_suspect();
   static constexpr std::chrono::milliseconds kSuspectRefreshInterval{200};
+  static constexpr std::chrono::milliseconds kNodeBackoff{1000};
+  std::map<std::string, std::chrono::steady_clock::time_point> down_until_;
 
   ClusterOptions options_;
   SlotMap slots_;

@@ -31,8 +31,28 @@ uint64_t checksum(std::string_view bytes) {
   return XXH3_64bits(bytes.data(), bytes.size());
 }
 
+// Braces would make a hash tag of part of a name (all of a namespace on one master):
+// '{', '}' and '%' are written as %7B, %7D and %25.
+std::string escaped(std::string_view name) {
+  std::string out;
+  out.reserve(name.size());
+  for (const char ch : name) {
+    if (ch == '{') {
+      out += "%7B";
+    } else if (ch == '}') {
+      out += "%7D";
+    } else if (ch == '%') {
+      out += "%25";
+    } else {
+      out += ch;
+    }
+  }
+  return out;
+}
+
 std::string prefix(std::string_view namespace_name) {
-  return fmt::format("kvtier:{}:{}:", namespace_name.size(), namespace_name);
+  const std::string name = escaped(namespace_name);
+  return fmt::format("kvtier:{}:{}:", name.size(), name);
 }
 
 std::string encode(uint32_t magic, std::string_view key, std::string_view payload,
@@ -60,8 +80,8 @@ Result<std::string_view> verify(uint32_t magic, std::string_view key, std::strin
                      magic == kBlockMagic ? "block" : "session");
   }
   if (const auto version = get_le<uint16_t>(value, 4); version != kRemoteFormatVersion) {
-    return data_loss("remote value of {} has format version {}; this kvtierd reads {}", key,
-                     version, kRemoteFormatVersion);
+    return not_supported("remote value of {} has format version {}; this kvtierd reads {}", key,
+                         version, kRemoteFormatVersion);
   }
   if (get_le<uint16_t>(value, 6) != kRemoteHeaderBytes) {
     return data_loss("remote value of {} has a header of the wrong size", key);
@@ -93,7 +113,7 @@ std::string block_key(std::string_view namespace_name, uint64_t layout_digest,
 }
 
 std::string session_key(std::string_view namespace_name, std::string_view session_id) {
-  return fmt::format("{}s:{}", prefix(namespace_name), session_id);
+  return fmt::format("{}s:{}", prefix(namespace_name), escaped(session_id));
 }
 
 std::string encode_block_value(std::string_view key, std::span<const std::byte> payload,

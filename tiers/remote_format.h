@@ -7,8 +7,9 @@
 // blocks spread over every master):
 //   block:    kvtier:<len>:<namespace>:b:<layout digest, 16 hex>:<block hash, hex>
 //   session:  kvtier:<len>:<namespace>:s:<session id>
-// A node only ever builds keys for the namespace of the engine it serves, so it cannot
-// name another namespace's blocks.
+// '{', '}' and '%' in a namespace or session id are written %7B, %7D, %25 (the length
+// is the written one), so keys have no hash tags. A node only ever builds keys for the
+// namespace of the engine it serves, so it cannot name another namespace's blocks.
 //
 // Block values: a 40-byte header, then the payload. Integers little-endian.
 //   u32 magic "KVRB" ‖ u16 format version ‖ u16 header bytes (40) ‖
@@ -48,7 +49,8 @@ std::string encode_block_value(std::string_view key, std::span<const std::byte> 
 std::string encode_session_value(std::string_view key, std::string_view record);
 
 // The payload inside `value` read under `key`, verified; DataLoss saying what did not
-// verify (magic, version, length, key, checksum). `expected_bytes` 0: any length.
+// verify (magic, length, key, checksum); NotSupported for another format version (a
+// node of another release wrote it: not corrupt). `expected_bytes` 0: any length.
 Result<std::string_view> verify_block_value(std::string_view key, std::string_view value,
                                             uint64_t expected_bytes);
 Result<std::string_view> verify_session_value(std::string_view key, std::string_view value);

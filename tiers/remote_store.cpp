@@ -27,6 +27,7 @@ RemoteStore::RemoteStore(RemoteStoreOptions options, std::unique_ptr<RemoteClust
 
 Result<std::unique_ptr<RemoteStore>> RemoteStore::open(RemoteStoreOptions options) {
   if (options.budget_bytes == 0) return invalid_argument("remote-bytes must be positive");
+  if (options.ttl.count() < 0) return invalid_argument("remote-ttl must not be negative");
   auto cluster = RemoteCluster::connect(options.cluster);
   if (!cluster.is_ok()) return cluster.status();
   return std::unique_ptr<RemoteStore>(new RemoteStore(std::move(options), std::move(*cluster)));
@@ -72,7 +73,7 @@ void RemoteStore::forget_expired() {
 bool RemoteStore::make_room(uint64_t bytes) {
   if (bytes > options_.budget_bytes) return false;
   forget_expired();
-  std::vector<std::string> victims;
+  std::vector<Written> victims;
   uint64_t freed = 0;
   while (stats_.stored_bytes - freed + bytes > options_.budget_bytes && !written_.empty()) {
     Written oldest = std::move(written_.front());
@@ -80,18 +81,21 @@ bool RemoteStore::make_room(uint64_t bytes) {
     auto it = current_.find(oldest.key);
     if (it == current_.end() || it->second.seq != oldest.seq) continue;  // written again
     freed += it->second.bytes;
-    victims.push_back(std::move(oldest.key));
+    victims.push_back(std::move(oldest));
   }
-  if (!victims.empty()) {
-    std::vector<RemoteCluster::Argv> dels;
-    for (const std::string& key : victims) dels.push_back({"DEL", key});
-    const auto replies = cluster_->pipeline(dels);
-    for (size_t i = 0; i < victims.size(); ++i) {
-      // A DEL that did not get through leaves a value that expires by its TTL; it is
-      // no longer this node's to count either way.
-      note(replies[i].status());
-      forget(victims[i]);
+  if (victims.empty()) return true;
+  std::vector<RemoteCluster::Argv> dels;
+  for (const Written& victim : victims) dels.push_back({"DEL", victim.key});
+  const auto replies = cluster_->pipeline(dels);
+  // A DEL that did not get through leaves its value counted and first in line for the
+  // next write (the budget is passed until then, or until it expires).
+  for (size_t i = victims.size(); i-- > 0;) {
+    note(replies[i].status());
+    if (replies[i].is_ok() && replies[i]->kind == Reply::Kind::kInteger) {
+      forget(victims[i].key);
       ++stats_.budget_deletes;
+    } else {
+      written_.push_front(std::move(victims[i]));
     }
   }
   return true;
@@ -103,6 +107,27 @@ void RemoteStore::account(const std::string& key, uint64_t bytes) {
   current_[key] = Current{bytes, seq};
   stats_.stored_bytes += bytes;
   written_.push_back(Written{key, seq, std::chrono::steady_clock::now() + options_.ttl});
+  // Keys written again leave stale entries behind; drop them before they outnumber the
+  // live ones (a session record rewritten every turn would otherwise grow the queue).
+  if (written_.size() > 2 * current_.size() + 1024) {
+    std::erase_if(written_, [this](const Written& w) {
+      auto it = current_.find(w.key);
+      return it == current_.end() || it->second.seq != w.seq;
+    });
+  }
+}
+
+void RemoteStore::settle_write(const Result<Reply>& reply, const std::string& key, uint64_t bytes,
+                               Status& status) {
+  status = set_status(reply, key);
+  note(status);
+  if (status.is_ok()) {
+    stats_.bytes_written += bytes;
+  } else if (reply.is_ok()) {
+    forget(key);  // Redis answered with an error: nothing was written
+  }
+  // A transport failure (timeout, dropped connection) may still have been applied: the
+  // value stays counted, and leaves the count by the budget's DEL or its TTL.
 }
 
 std::vector<Status> RemoteStore::put_blocks(const std::vector<BlockWrite>& blocks) {
@@ -112,10 +137,8 @@ std::vector<Status> RemoteStore::put_blocks(const std::vector<BlockWrite>& block
   std::vector<std::string> values(blocks.size());
   const std::string ttl = std::to_string(options_.ttl.count());
   const uint64_t now = wall_ms();
-  std::vector<RemoteCluster::Argv> sets;
   std::vector<size_t> sent;
-  uint64_t batch_bytes = 0;  // the batch itself fits the budget, so room is never made
-                             // by deleting a block of this batch before it is sent
+  uint64_t batch_bytes = 0;
   for (size_t i = 0; i < blocks.size(); ++i) {
     const RemoteBlockId& id = blocks[i].id;
     keys[i] = block_key(id.namespace_name, id.layout_digest, id.hash);
@@ -127,30 +150,24 @@ std::vector<Status> RemoteStore::put_blocks(const std::vector<BlockWrite>& block
     }
     batch_bytes += values[i].size();
     forget(keys[i]);  // its old value, if this node wrote one, is overwritten
-    if (!make_room(values[i].size())) {
-      out[i] = resource_exhausted("a {}-byte value is larger than remote-bytes ({})",
-                                  values[i].size(), options_.budget_bytes);
-      continue;
-    }
-    // Counted before it is sent, so the next block's make_room sees it.
+    sent.push_back(i);
+  }
+  // Room once for the whole write, in one DEL pipeline. The write fits the budget, so
+  // no block of it is deleted to make room for another.
+  (void)make_room(batch_bytes);
+  std::vector<RemoteCluster::Argv> sets;
+  for (size_t i : sent) {
     account(keys[i], values[i].size());
     if (options_.ttl.count() > 0) {
       sets.push_back({"SET", keys[i], values[i], "PX", ttl});
     } else {
       sets.push_back({"SET", keys[i], values[i]});
     }
-    sent.push_back(i);
   }
   const auto replies = cluster_->pipeline(sets);
   for (size_t j = 0; j < sent.size(); ++j) {
     const size_t i = sent[j];
-    out[i] = set_status(replies[j], keys[i]);
-    note(replies[j].status());
-    if (out[i].is_ok()) {
-      stats_.bytes_written += values[i].size();
-    } else {
-      forget(keys[i]);
-    }
+    settle_write(replies[j], keys[i], values[i].size(), out[i]);
   }
   return out;
 }
@@ -169,38 +186,43 @@ std::vector<Result<std::string>> RemoteStore::get_blocks(const std::vector<Block
   auto replies = cluster_->pipeline(gets);
   std::vector<RemoteCluster::Argv> deletes;
   for (size_t i = 0; i < blocks.size(); ++i) {
-    note(replies[i].status());
-    if (!replies[i].is_ok()) {
-      out.push_back(replies[i].status());
-      continue;
-    }
-    Reply& reply = *replies[i];
-    if (reply.kind == Reply::Kind::kNil) {
-      ++stats_.misses;
-      out.push_back(not_found("{} is not in the remote tier", keys[i]));
-      continue;
-    }
-    if (reply.kind != Reply::Kind::kString) {
-      out.push_back(unavailable("Redis answered GET {} with {}", keys[i], reply.str));
-      continue;
-    }
-    auto payload = verify_block_value(keys[i], reply.str, blocks[i].bytes);
-    if (!payload.is_ok()) {
-      ++stats_.corrupt;
-      deletes.push_back({"DEL", keys[i]});
-      forget(keys[i]);
-      out.push_back(payload.status());
-      continue;
-    }
-    ++stats_.hits;
-    stats_.bytes_read += reply.str.size();
-    reply.str.erase(0, kRemoteHeaderBytes);
-    out.push_back(std::move(reply.str));
+    out.push_back(read_block(replies[i], keys[i], blocks[i].bytes, deletes));
+    note(out.back().status());
   }
   // Deleted only by key, after the reads: a value a node wrote meanwhile under the same
   // key would go too, and that node's next read misses (never a wrong byte).
   if (!deletes.empty()) (void)cluster_->pipeline(deletes);
   return out;
+}
+
+Result<std::string> RemoteStore::read_block(Result<Reply>& reply, const std::string& key,
+                                            uint64_t bytes,
+                                            std::vector<RemoteCluster::Argv>& deletes) {
+  if (!reply.is_ok()) return reply.status();
+  if (reply->kind == Reply::Kind::kNil) {
+    ++stats_.misses;
+    return not_found("{} is not in the remote tier", key);
+  }
+  if (reply->kind != Reply::Kind::kString) {
+    return unavailable("Redis answered GET {} with {}", key, reply->str);
+  }
+  auto payload = verify_block_value(key, reply->str, bytes);
+  if (!payload.is_ok()) {
+    if (payload.status().code() == StatusCode::kNotSupported) {
+      // Another format version (a node of another release): not this node's to judge
+      // or delete; a miss here.
+      ++stats_.misses;
+      return not_found("{}", payload.status().message());
+    }
+    ++stats_.corrupt;
+    deletes.push_back({"DEL", key});
+    forget(key);
+    return payload.status();
+  }
+  ++stats_.hits;
+  stats_.bytes_read += reply->str.size();
+  reply->str.erase(0, kRemoteHeaderBytes);
+  return std::move(reply->str);
 }
 
 Status RemoteStore::put_session(std::string_view namespace_name, std::string_view session_id,
@@ -217,13 +239,8 @@ Status RemoteStore::put_session(std::string_view namespace_name, std::string_vie
   const std::string ttl = std::to_string(options_.ttl.count());
   auto reply = options_.ttl.count() > 0 ? cluster_->command({"SET", key, value, "PX", ttl})
                                         : cluster_->command({"SET", key, value});
-  note(reply.status());
-  Status status = set_status(reply, key);
-  if (status.is_ok()) {
-    stats_.bytes_written += value.size();
-  } else {
-    forget(key);
-  }
+  Status status;
+  settle_write(reply, key, value.size(), status);
   return status;
 }
 
@@ -232,25 +249,32 @@ Result<std::string> RemoteStore::get_session(std::string_view namespace_name,
   CallScope call(*this);
   const std::string key = session_key(namespace_name, session_id);
   auto reply = cluster_->command({"GET", key});
-  note(reply.status());
-  if (!reply.is_ok()) return reply.status();
-  if (reply->kind == Reply::Kind::kNil) {
-    ++stats_.misses;
-    return not_found("session {} is not in the remote tier", key);
-  }
-  if (reply->kind != Reply::Kind::kString) {
-    return unavailable("Redis answered GET {} with {}", key, reply->str);
-  }
-  auto record = verify_session_value(key, reply->str);
-  if (!record.is_ok()) {
-    ++stats_.corrupt;
-    (void)cluster_->command({"DEL", key});
-    forget(key);
-    return record.status();
-  }
-  ++stats_.hits;
-  stats_.bytes_read += reply->str.size();
-  return std::string(*record);
+  Result<std::string> record = [&]() -> Result<std::string> {
+    if (!reply.is_ok()) return reply.status();
+    if (reply->kind == Reply::Kind::kNil) {
+      ++stats_.misses;
+      return not_found("session {} is not in the remote tier", key);
+    }
+    if (reply->kind != Reply::Kind::kString) {
+      return unavailable("Redis answered GET {} with {}", key, reply->str);
+    }
+    auto verified = verify_session_value(key, reply->str);
+    if (!verified.is_ok()) {
+      if (verified.status().code() == StatusCode::kNotSupported) {
+        ++stats_.misses;
+        return not_found("{}", verified.status().message());
+      }
+      ++stats_.corrupt;
+      (void)cluster_->command({"DEL", key});
+      forget(key);
+      return verified.status();
+    }
+    ++stats_.hits;
+    stats_.bytes_read += reply->str.size();
+    return std::string(*verified);
+  }();
+  note(record.status());
+  return record;
 }
 
 }  // namespace kvtier::remote

@@ -4,15 +4,20 @@
 // Contracts:
 //  * A read returns bytes only when they verify (remote_format.h). A value that does
 //    not — corrupt, truncated, another key's — is DataLoss: the key is deleted (so no
-//    node reads it again) and counted. A missing key is NotFound.
+//    node reads it again) and counted. A missing key is NotFound, and so is a value of
+//    another format version (a node of another release wrote it: left alone).
 //  * Every value is written with the store's TTL (remote-ttl; SET … PX), so a fleet's
 //    forgotten sessions leave the cluster by themselves.
 //  * Byte budget (remote-bytes): what this node wrote and has not seen expire or
 //    deleted stays under the budget; a write that would pass it first deletes this
-//    node's oldest values (FIFO). A value larger than the whole budget is refused
-//    (ResourceExhausted). The budget is this node's share: other nodes keep their own.
-//  * Unavailable (a node down or slower than the command timeout) makes the store
-//    degraded() until a later command gets through; callers fall back to what is local.
+//    node's oldest values (FIFO, one DEL pipeline per write). A write's blocks past the
+//    budget are refused (ResourceExhausted). A SET or DEL whose outcome is unknown (the
+//    node timed out) keeps its value counted, so the budget may be passed while a node
+//    is unreachable, never under-counted. The budget is this node's share: other nodes
+//    keep their own, and a block two nodes both wrote (same key) is counted by both.
+//  * Unavailable — a node down or slower than the command timeout, or a Redis error
+//    reply (CLUSTERDOWN, OOM, …) — makes the store degraded() until a call needs no
+//    node that fails; callers fall back to what is local.
 //
 // Thread-safety: none; one owner thread (the remote tier's worker).
 #pragma once
@@ -94,6 +99,12 @@ class RemoteStore {
   // Deletes this node's oldest values until `bytes` more fit. False when they never can.
   bool make_room(uint64_t bytes);
   void account(const std::string& key, uint64_t bytes);
+  // A SET's outcome into `status`; the count follows what is known to be stored.
+  void settle_write(const Result<Reply>& reply, const std::string& key, uint64_t bytes,
+                    Status& status);
+  // One GET's reply as a verified payload (corrupt keys are queued on `deletes`).
+  Result<std::string> read_block(Result<Reply>& reply, const std::string& key, uint64_t bytes,
+                                 std::vector<RemoteCluster::Argv>& deletes);
   void note(const Status& status);
 
   RemoteStoreOptions options_;

@@ -17,8 +17,14 @@ RemoteWorker::~RemoteWorker() {
   thread_.request_stop();
   wake_.notify_all();
   thread_.join();
-  // What was still queued completes as if the cluster were unreachable.
-  for (Job& job : jobs_) post_(job.run(nullptr));
+  // What was still queued completes as if the cluster were unreachable. Taken out
+  // first: a completion `post` runs inline may queue more (which then also fails).
+  std::deque<Job> left;
+  {
+    std::lock_guard lock(mu_);
+    left.swap(jobs_);
+  }
+  for (Job& job : left) post_(job.run(nullptr));
 }
 
 bool RemoteWorker::enqueue(Job job, bool bounded) {
@@ -117,8 +123,10 @@ void RemoteWorker::maybe_connect() {
       now - last_attempt_ < options_.reconnect_interval) {
     return;
   }
-  last_attempt_ = now;
   auto store = RemoteStore::open(options_.store);
+  // From the end of the attempt: one that took longer than the interval (seeds that
+  // hang) is not followed by another at once.
+  last_attempt_ = std::chrono::steady_clock::now();
   if (store.is_ok()) {
     store_ = std::move(*store);
     KVTIER_LOG_INFO("remote tier: connected to the Redis Cluster ({} masters)",
@@ -135,7 +143,7 @@ void RemoteWorker::publish() {
   snapshot_.degraded = store_ == nullptr || store_->degraded();
   if (store_) {
     snapshot_.store = store_->stats();
-    snapshot_.reachable_masters = store_->cluster().slots().masters().size();
+    snapshot_.masters = store_->cluster().slots().masters().size();
   }
 }
 
@@ -154,7 +162,8 @@ void RemoteWorker::loop(std::stop_token stop) {
       job = std::move(jobs_.front());
       jobs_.pop_front();
     }
-    if (!store_) maybe_connect();
+    // Not connected: the job fails at once; connecting happens between jobs, on the
+    // retry interval, never on a job's time.
     std::function<void()> completion = job.run(store_.get());
     {
       std::lock_guard lock(mu_);

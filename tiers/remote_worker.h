@@ -4,8 +4,10 @@
 //
 // Contracts:
 //  * start() returns at once. The worker connects on its thread and, while it cannot
-//    (no seed answers), retries every reconnect_interval; requests meanwhile fail
-//    with Unavailable at once and the worker says it is degraded.
+//    (no seed answers), retries every reconnect_interval (counted from the end of an
+//    attempt); requests meanwhile fail with Unavailable — a request waits behind at
+//    most one attempt per interval, the one between two requests — and the worker says
+//    it is degraded.
 //  * Bounded in-flight bytes: the payload bytes of queued and running writes and reads
 //    stay under max_in_flight_bytes. A request that would pass the bound is declined
 //    (put/get return false and nothing is queued): write-behind skips, a read falls
@@ -68,7 +70,7 @@ class RemoteWorker {
     uint64_t in_flight_bytes = 0;
     uint64_t queued = 0;
     std::chrono::milliseconds write_lag{0};  // the oldest pending write's wait; 0: none
-    size_t reachable_masters = 0;
+    size_t masters = 0;                      // masters in the slot map (not all need be reachable)
     RemoteStore::Stats store;
   };
   Snapshot snapshot() const;

@@ -57,7 +57,9 @@ class LocalRedisCluster {
   // the cluster before it exists. start() calls it when no ports were picked.
   Status choose_ports() {
     std::mt19937 rng(std::random_device{}());
-    std::uniform_int_distribution<int> base_of(20000, 50000);
+    // Below Linux's ephemeral range (32768..60999), bus ports (+10000) included, so no
+    // outgoing connection of another process takes one between the check and the bind.
+    std::uniform_int_distribution<int> base_of(10000, 22000);
     for (int attempt = 0; ports_.size() < kNodes && attempt < 200; ++attempt) {
       const int port = base_of(rng);
       if (port_free(port) && port_free(port + 10000) &&
@@ -115,6 +117,13 @@ class LocalRedisCluster {
     std::string out = r.stdout_text;
     while (!out.empty() && (out.back() == '\n' || out.back() == '\r')) out.pop_back();
     return out;
+  }
+  // SIGSTOP / SIGCONT: a node that hangs (accepts connections, answers nothing) rather
+  // than one that is gone.
+  void pause_node(int port, bool paused) {
+    for (size_t i = 0; i < ports_.size(); ++i) {
+      if (ports_[i] == port && pids_[i] > 0) ::kill(pids_[i], paused ? SIGSTOP : SIGCONT);
+    }
   }
   void kill_node(int port) {
     for (size_t i = 0; i < ports_.size(); ++i) {

@@ -36,6 +36,11 @@ TEST(Redirects, AreParsedAndAnythingElseIsNot) {
   EXPECT_EQ(moved->kind, Redirect::Kind::kMoved);
   EXPECT_EQ(moved->slot, 3999);
   EXPECT_EQ(moved->to, (Endpoint{"127.0.0.1", 6381}));
+  // A cluster announcing unknown endpoints: ":port" on the node that replied.
+  auto unknown = parse_redirect("MOVED 5 :7002");
+  ASSERT_TRUE(unknown.has_value());
+  EXPECT_EQ(unknown->to, (Endpoint{"", 7002}));
+  EXPECT_FALSE(parse_redirect("MOVED 5 :0").has_value());
   auto ask = parse_redirect("ASK 16383 ::1:7000");
   ASSERT_TRUE(ask.has_value());
   EXPECT_EQ(ask->kind, Redirect::Kind::kAsk);
@@ -75,14 +80,17 @@ TEST(SlotMap, ReadsClusterSlotsAndRefusesMalformedReplies) {
   Reply slots = array({
       array({integer(0), integer(5460), array({string("10.0.0.1"), integer(7000), string("a")}),
              array({string("10.0.0.4"), integer(7003), string("d")})}),
-      array({integer(5461), integer(16383), array({string(""), integer(7001), string("b")})}),
+      array({integer(5461), integer(10000), array({string(""), integer(7001), string("b")})}),
+      array({integer(10001), integer(16383), array({Reply{}, integer(7002), string("c")})}),
   });
   ASSERT_TRUE(map.assign_from_cluster_slots(slots, "10.0.0.9").is_ok());
   EXPECT_EQ(*map.master_of(0), (Endpoint{"10.0.0.1", 7000}));
   EXPECT_EQ(*map.master_of(5460), (Endpoint{"10.0.0.1", 7000}));
   // An empty host is the node that replied.
   EXPECT_EQ(*map.master_of(5461), (Endpoint{"10.0.0.9", 7001}));
-  EXPECT_EQ(map.masters().size(), 2u);
+  // A nil host (unknown-endpoint mode) too.
+  EXPECT_EQ(*map.master_of(16383), (Endpoint{"10.0.0.9", 7002}));
+  EXPECT_EQ(map.masters().size(), 3u);
 
   const std::vector<Reply> malformed = {
       string("nope"),

@@ -49,6 +49,14 @@ TEST(RemoteFormat, KeysAreUnambiguousAcrossNamespacesAndIds) {
   EXPECT_NE(session_key("a", "b:s:c"), session_key("a:s:b", "c"));
   EXPECT_NE(block_key("a", 1, h), block_key("b", 1, h));
   EXPECT_NE(block_key("a", 1, h), block_key("a", 2, h));
+  // Braces in names are escaped: no part of a key becomes a hash tag, so a namespace's
+  // blocks spread over every master.
+  for (const std::string& key :
+       {block_key("{x}", 1, h), session_key("ns{", "id}{y}"), session_key("%7B", "s")}) {
+    EXPECT_EQ(key.find_first_of("{}"), std::string::npos) << key;
+    EXPECT_EQ(hash_tag(key), key);
+  }
+  EXPECT_NE(session_key("{", "s"), session_key("%7B", "s"));
 }
 
 TEST(RemoteFormat, OnlyTheBytesWrittenUnderTheKeyVerify) {
@@ -71,9 +79,13 @@ TEST(RemoteFormat, OnlyTheBytesWrittenUnderTheKeyVerify) {
   std::string flipped = value;
   flipped[kRemoteHeaderBytes + 100] ^= 1;
   expect_loss(verify_block_value(key, flipped, 4096), "checksum");
+  // Another format version is not corruption: a node of another release wrote it.
   std::string version = value;
   version[4] = 9;
-  expect_loss(verify_block_value(key, version, 4096), "format version 9");
+  auto other_release = verify_block_value(key, version, 4096);
+  ASSERT_FALSE(other_release.is_ok());
+  EXPECT_EQ(other_release.status().code(), StatusCode::kNotSupported);
+  EXPECT_NE(other_release.status().message().find("format version 9"), std::string::npos);
   expect_loss(verify_block_value(key, "hello world, not a kvtier value at all!!!!", 0),
               "not a kvtier block");
   // A session value is not a block value, and the other way round.
@@ -177,6 +189,72 @@ TEST_F(RemoteStoreTest, CorruptTruncatedOrMovedValuesAreDataLossAndDeleted) {
   ASSERT_TRUE(store->cluster().command({"SET", sk, "garbage"}).is_ok());
   EXPECT_EQ(store->get_session("ns", "s").status().code(), StatusCode::kDataLoss);
   EXPECT_EQ(store->get_session("ns", "s").status().code(), StatusCode::kNotFound);
+}
+
+// A value of another format version (a node of another release wrote it) is a miss
+// here and is left in place, not deleted as corrupt.
+TEST_F(RemoteStoreTest, AnotherFormatVersionIsAMissAndIsNotDeleted) {
+  auto store = open();
+  ASSERT_NE(store, nullptr);
+  put(*store, "ns", 1, 1024);
+  const std::string key = block_key("ns", 42, hash_of(0));
+  auto raw = store->cluster().command({"GET", key});
+  ASSERT_TRUE(raw.is_ok());
+  std::string newer = raw->str;
+  newer[4] = static_cast<char>(kRemoteFormatVersion + 1);
+  ASSERT_TRUE(store->cluster().command({"SET", key, newer}).is_ok());
+  EXPECT_EQ(get(*store, "ns", 0, 1024).status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(store->stats().corrupt, 0u);
+  auto still = store->cluster().command({"GET", key});
+  ASSERT_TRUE(still.is_ok());
+  EXPECT_EQ(still->str, newer) << "another release's value was deleted";
+}
+
+// A master that hangs (SIGSTOP: it accepts connections and answers nothing) costs one
+// command timeout, then fails at once for the back-off; the other masters are served
+// throughout, and a write whose outcome is unknown stays counted against the budget.
+TEST_F(RemoteStoreTest, AHungMasterCostsOneTimeoutThenFailsFast) {
+  RemoteStoreOptions options;
+  options.cluster.seeds = redis_.seeds();
+  options.cluster.connect_timeout = milliseconds(300);
+  options.cluster.command_timeout = milliseconds(300);
+  auto opened = RemoteStore::open(options);
+  ASSERT_TRUE(opened.is_ok()) << opened.status().to_string();
+  RemoteStore& store = **opened;
+  put(store, "ns", 32, 1024);
+  const std::string key = block_key("ns", 42, hash_of(0));
+  const Endpoint hung = *store.cluster().slots().master_of(key_slot(key));
+  redis_.pause_node(hung.port, true);
+  std::vector<RemoteStore::BlockRead> reads;
+  for (uint32_t i = 0; i < 32; ++i) reads.push_back({{"ns", 42, hash_of(i)}, 1024});
+  for (int call = 0; call < 4; ++call) {
+    const auto began = std::chrono::steady_clock::now();
+    auto got = store.get_blocks(reads);
+    const auto took = std::chrono::steady_clock::now() - began;
+    // The first call waits out one timeout (plus a map refresh that skips the hung
+    // node); the next ones, inside the back-off, do not wait at all.
+    EXPECT_LT(took, call == 0 ? milliseconds(1500) : milliseconds(250)) << "call " << call;
+    EXPECT_TRUE(store.degraded());
+    size_t served = 0;
+    for (uint32_t i = 0; i < 32; ++i) {
+      if (got[i].is_ok()) {
+        ++served;
+        EXPECT_EQ(*got[i], as_string(payload_of(i, 1024)));
+      } else {
+        EXPECT_EQ(got[i].status().code(), StatusCode::kUnavailable);
+      }
+    }
+    EXPECT_GT(served, 0u);
+    EXPECT_LT(served, 32u);
+  }
+  // A write to the hung master: its outcome is unknown, so it stays counted.
+  const uint64_t before = store.stats().stored_bytes;
+  std::this_thread::sleep_for(milliseconds(1100));  // past the back-off: a real attempt
+  const auto payload = payload_of(0, 1024);
+  const auto statuses = store.put_blocks({{{"ns", 42, hash_of(0)}, payload}});
+  EXPECT_EQ(statuses[0].code(), StatusCode::kUnavailable) << statuses[0].to_string();
+  EXPECT_EQ(store.stats().stored_bytes, before) << "the rewrite is counted once, not dropped";
+  redis_.pause_node(hung.port, false);
 }
 
 TEST_F(RemoteStoreTest, NamespacesNeverSeeEachOthersBlocks) {

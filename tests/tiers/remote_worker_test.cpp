@@ -109,7 +109,7 @@ TEST(RemoteWorker, WritesAndReadsBackWithCompletionsPostedToTheCaller) {
   EXPECT_EQ(s.in_flight_bytes, 0u);
   EXPECT_EQ(s.write_lag.count(), 0);
   EXPECT_EQ(s.store.hits, 17u);
-  EXPECT_EQ(s.reachable_masters, 3u);
+  EXPECT_EQ(s.masters, 3u);
 }
 
 TEST(RemoteWorker, DeclinesWhatWouldPassTheInFlightBound) {
