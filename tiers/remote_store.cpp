@@ -186,7 +186,7 @@ std::vector<Result<std::string>> RemoteStore::get_blocks(const std::vector<Block
   auto replies = cluster_->pipeline(gets);
   std::vector<RemoteCluster::Argv> deletes;
   for (size_t i = 0; i < blocks.size(); ++i) {
-    out.push_back(read_block(replies[i], keys[i], blocks[i].bytes, deletes));
+    out.push_back(read_value(replies[i], keys[i], ValueKind::kBlock, blocks[i].bytes, deletes));
     note(out.back().status());
   }
   // Deleted only by key, after the reads: a value a node wrote meanwhile under the same
@@ -195,8 +195,8 @@ std::vector<Result<std::string>> RemoteStore::get_blocks(const std::vector<Block
   return out;
 }
 
-Result<std::string> RemoteStore::read_block(Result<Reply>& reply, const std::string& key,
-                                            uint64_t bytes,
+Result<std::string> RemoteStore::read_value(Result<Reply>& reply, const std::string& key,
+                                            ValueKind kind, uint64_t bytes,
                                             std::vector<RemoteCluster::Argv>& deletes) {
   if (!reply.is_ok()) return reply.status();
   if (reply->kind == Reply::Kind::kNil) {
@@ -206,7 +206,8 @@ Result<std::string> RemoteStore::read_block(Result<Reply>& reply, const std::str
   if (reply->kind != Reply::Kind::kString) {
     return unavailable("Redis answered GET {} with {}", key, reply->str);
   }
-  auto payload = verify_block_value(key, reply->str, bytes);
+  auto payload = kind == ValueKind::kBlock ? verify_block_value(key, reply->str, bytes)
+                                           : verify_session_value(key, reply->str);
   if (!payload.is_ok()) {
     if (payload.status().code() == StatusCode::kNotSupported) {
       // Another format version (a node of another release): not this node's to judge
@@ -249,30 +250,9 @@ Result<std::string> RemoteStore::get_session(std::string_view namespace_name,
   CallScope call(*this);
   const std::string key = session_key(namespace_name, session_id);
   auto reply = cluster_->command({"GET", key});
-  Result<std::string> record = [&]() -> Result<std::string> {
-    if (!reply.is_ok()) return reply.status();
-    if (reply->kind == Reply::Kind::kNil) {
-      ++stats_.misses;
-      return not_found("session {} is not in the remote tier", key);
-    }
-    if (reply->kind != Reply::Kind::kString) {
-      return unavailable("Redis answered GET {} with {}", key, reply->str);
-    }
-    auto verified = verify_session_value(key, reply->str);
-    if (!verified.is_ok()) {
-      if (verified.status().code() == StatusCode::kNotSupported) {
-        ++stats_.misses;
-        return not_found("{}", verified.status().message());
-      }
-      ++stats_.corrupt;
-      (void)cluster_->command({"DEL", key});
-      forget(key);
-      return verified.status();
-    }
-    ++stats_.hits;
-    stats_.bytes_read += reply->str.size();
-    return std::string(*verified);
-  }();
+  std::vector<RemoteCluster::Argv> deletes;
+  Result<std::string> record = read_value(reply, key, ValueKind::kSession, 0, deletes);
+  if (!deletes.empty()) (void)cluster_->command(deletes.front());
   note(record.status());
   return record;
 }

@@ -102,9 +102,11 @@ class RemoteStore {
   // A SET's outcome into `status`; the count follows what is known to be stored.
   void settle_write(const Result<Reply>& reply, const std::string& key, uint64_t bytes,
                     Status& status);
-  // One GET's reply as a verified payload (corrupt keys are queued on `deletes`).
-  Result<std::string> read_block(Result<Reply>& reply, const std::string& key, uint64_t bytes,
-                                 std::vector<RemoteCluster::Argv>& deletes);
+  // One GET's reply as a verified payload: NotFound when missing or of another format
+  // version; DataLoss (counted, forgotten, the key queued on `deletes`) when corrupt.
+  enum class ValueKind { kBlock, kSession };
+  Result<std::string> read_value(Result<Reply>& reply, const std::string& key, ValueKind kind,
+                                 uint64_t bytes, std::vector<RemoteCluster::Argv>& deletes);
   void note(const Status& status);
 
   RemoteStoreOptions options_;
