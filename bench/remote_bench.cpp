@@ -182,8 +182,8 @@ Result<BenchReport> run_remote_bench(const RemoteBenchOptions& options) {
   report.target("write_vs_redis_ratio", ">=", 0.8);
   report.target("read_vs_redis_ratio", ">=", 0.8);
   report.note(
-      "  resume of a 32-block session on another node: not measured (the daemon does "
-      "not use the remote tier yet)");
+      "  resume of a 32-block session on another node: not measured (the daemon writes "
+      "to the remote tier but does not read from it yet)");
   return report;
 }
 

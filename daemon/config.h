@@ -46,6 +46,14 @@ struct DaemonConfig {
   // room (0: refused at once with resource_exhausted).
   uint64_t save_room_wait_ms = 5'000;
   uint64_t drain_timeout_ms = 30'000;  // SIGTERM: time to drain RAM/HBM to NVMe before exit
+  // The remote tier (tiers/remote_*.h): a Redis Cluster shared by a fleet. Empty
+  // remote_nodes: none.
+  std::string remote_nodes;                      // "host:port,host:port": seeds of the cluster
+  std::string remote_user;                       // ACL user ("": none)
+  std::string remote_password_file;              // its password, the file's first line
+  uint64_t remote_ttl_ms = 24ull * 3600 * 1000;  // every value expires after this
+  uint64_t remote_bytes = 8ull << 30;            // what this node keeps stored there
+  uint64_t remote_timeout_ms = 1'000;            // connect and command timeout per node
   // TESTS ONLY: slab-file I/O faults to inject (tiers/nvme_io.h, "KIND:N[+][:ERRNO]").
   std::vector<std::string> fault_nvme;
   // A data request arriving while the tier memory is still being filled waits this

@@ -317,6 +317,7 @@ void Service::finish_save(const ConnectionPtr& c, uint64_t id, const EngineConte
     }
     apply_retention(**session, request);
     note_session_changed(**session);
+    if (request.end_of_turn) write_behind(**session);  // remote_path.cpp
   }
   reply(c, id, [&](wire::Response::Builder response) {
     auto out = response.initSave();

@@ -32,8 +32,6 @@ uint64_t wall_to_steady_ms(uint64_t wall_ms, uint64_t steady_now_ms, uint64_t wa
   return steady_now_ms > age ? steady_now_ms - age : 0;
 }
 
-namespace {
-
 NvmeSessionRecord to_record(const policy::Session& session, const std::string& namespace_name,
                             uint64_t steady_now, uint64_t wall_now) {
   NvmeSessionRecord record;
@@ -54,8 +52,6 @@ NvmeSessionRecord to_record(const policy::Session& session, const std::string& n
   record.blocks = session.blocks.hashes();
   return record;
 }
-
-}  // namespace
 
 NvmeBlockKey Service::nvme_key(const BlockKey& key) const {
   return NvmeBlockKey{engines_.namespaces().name(key.layout.namespace_id), key.layout.layout_digest,

@@ -76,6 +76,10 @@ std::function<void(Result)> on_control_thread(boost::asio::io_context& io, Fn fn
   };
 }
 
+// A session as the NVMe tier (and the remote tier) store it.
+NvmeSessionRecord to_record(const policy::Session& session, const std::string& namespace_name,
+                            uint64_t steady_now, uint64_t wall_now);
+
 // Wall clock (persisted) ↔ steady clock (the policy's) conversions around `now`.
 uint64_t wall_now_ms();
 uint64_t steady_to_wall_ms(uint64_t steady_ms, uint64_t steady_now_ms, uint64_t wall_now);

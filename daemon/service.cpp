@@ -12,6 +12,7 @@
 #include "common/log.h"
 #include "daemon/persistence.h"
 #include "daemon/region_worker.h"
+#include "daemon/remote_path.h"
 #include "daemon/startup.h"
 
 namespace kvtier::daemon {
@@ -94,6 +95,7 @@ Service::Service(asio::io_context& io, DaemonConfig config, std::unique_ptr<Devi
       startup_(std::make_unique<StartupState>(io)) {}
 
 Service::~Service() {
+  remote_.reset();  // its thread may be reading pinned tier memory: stopped first
   cancel_fill();
   if (startup_->filler.joinable()) startup_->filler.join();
   region_worker_.reset();  // runs the closes still queued
@@ -134,6 +136,7 @@ Status Service::start() {
   view_ = make_placement_view(*store_);
   make_mover();
   KVTIER_RETURN_IF_ERROR(recover_nvme());
+  KVTIER_RETURN_IF_ERROR(open_remote());  // remote_path.cpp
   started_ms_ = now_ms();
   start_fill(std::move(fills));  // the planner starts once it is done
   return Status::ok();

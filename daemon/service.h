@@ -238,6 +238,14 @@ class Service final : public ipc::RequestHandler {
   // The tiers behind the executor, built once the store exists (start()).
   void make_mover();
 
+  // remote_path.cpp: the remote tier (a Redis Cluster; nullptr without remote-nodes).
+  // At the end of a turn the session's blocks not yet written there that sit in host
+  // memory (RAM; HBM on the host backend) are written behind the turn, read in place
+  // under pins the completion drops on this thread, and then its record.
+  Status open_remote();
+  void write_behind(const policy::Session& session);
+  void render_remote_metrics(PrometheusText& out) const;
+
   // persistence.cpp: the NVMe tier — opening and recovering it, session records, slot
   // releases, the SIGTERM drain (state in persistence.h; nullptr without the tier).
   Status open_nvme(std::vector<BlockStore::TierMemory>& tiers);
@@ -313,6 +321,8 @@ class Service final : public ipc::RequestHandler {
   // Last: destroyed first, so the tier's workers stop before the memory they read
   // into and write from goes away.
   std::unique_ptr<NvmeState> nvme_;
+  struct RemoteState;
+  std::unique_ptr<RemoteState> remote_;  // after nvme_: its worker stops first of all
 };
 
 }  // namespace kvtier::daemon

@@ -163,6 +163,7 @@ std::string Service::render_metrics() const {
   out.sample("kvtier_pinned_blocks", "reason=\"copy\"", copy_pinned_blocks());
   out.sample("kvtier_pinned_blocks", "reason=\"admin\"", admin_pinned_blocks());
   request_metrics_.render(out);
+  render_remote_metrics(out);  // remote_path.cpp; nothing without remote-nodes
   return out.text();
 }
 

@@ -126,6 +126,23 @@ bool is_gpu_uuid(std::string_view text) {
 
 }  // namespace
 
+Result<std::vector<remote::Endpoint>> parse_remote_nodes(std::string_view text) {
+  std::vector<remote::Endpoint> out;
+  while (!text.empty()) {
+    const size_t comma = text.find(',');
+    auto endpoint = remote::parse_endpoint(text.substr(0, comma));
+    if (!endpoint.is_ok()) return endpoint.status();
+    out.push_back(std::move(*endpoint));
+    if (comma == std::string_view::npos) break;
+    text.remove_prefix(comma + 1);
+  }
+  return out;
+}
+
+Status check_remote_nodes(std::string_view text) {
+  return parse_remote_nodes(text).status();
+}
+
 Status check_gpus(std::string_view text) {
   if (text == "all") return Status::ok();
   if (text.empty())

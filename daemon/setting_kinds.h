@@ -11,6 +11,7 @@
 #include <string_view>
 
 #include "daemon/config.h"
+#include "tiers/remote_cluster.h"
 
 namespace kvtier::daemon {
 
@@ -66,5 +67,8 @@ Status check_gpus(std::string_view text);          // all | GPU-xxxxxxxx-xxxx-â€
 Status check_socket_path(std::string_view text);   // non-empty, fits sockaddr_un
 Status check_directory(std::string_view text);     // non-empty, not an existing non-directory
 Status check_metrics_addr(std::string_view text);  // IP:PORT or "off"
+// "host:port,host:port" (empty: none): the remote tier's seed nodes.
+Result<std::vector<remote::Endpoint>> parse_remote_nodes(std::string_view text);
+Status check_remote_nodes(std::string_view text);
 
 }  // namespace kvtier::daemon

@@ -61,6 +61,22 @@ bool RemoteWorker::put_blocks(std::vector<OwnedBlock> blocks,
   return enqueue(std::move(job), true);
 }
 
+bool RemoteWorker::put_borrowed(std::vector<RemoteStore::BlockWrite> blocks,
+                                std::function<void(std::vector<Status>)> done) {
+  Job job;
+  for (const RemoteStore::BlockWrite& block : blocks) job.bytes += block.payload.size();
+  job.write = true;
+  job.run = [blocks = std::move(blocks),
+             done = std::move(done)](RemoteStore* store) -> std::function<void()> {
+    std::vector<Status> statuses =
+        store == nullptr
+            ? std::vector<Status>(blocks.size(), unavailable("the remote tier is not connected"))
+            : store->put_blocks(blocks);
+    return [done, statuses = std::move(statuses)]() mutable { done(std::move(statuses)); };
+  };
+  return enqueue(std::move(job), true);
+}
+
 bool RemoteWorker::get_blocks(std::vector<RemoteStore::BlockRead> reads,
                               std::function<void(std::vector<Result<std::string>>)> done) {
   Job job;
@@ -131,9 +147,12 @@ void RemoteWorker::maybe_connect() {
     store_ = std::move(*store);
     KVTIER_LOG_INFO("remote tier: connected to the Redis Cluster ({} masters)",
                     store_->cluster().slots().masters().size());
-  } else {
-    KVTIER_LOG_WARN("remote tier: {}; retrying every {} ms", store.status().message(),
-                    options_.reconnect_interval.count());
+    failed_attempts_ = 0;
+  } else if (++failed_attempts_ == 1 || failed_attempts_ % 60 == 0) {
+    // The first failure and then one line a minute or so, not one per attempt.
+    KVTIER_LOG_WARN("remote tier: {}; retrying every {} ms ({} attempts so far)",
+                    store.status().message(), options_.reconnect_interval.count(),
+                    failed_attempts_);
   }
 }
 

@@ -57,6 +57,10 @@ class RemoteWorker {
     std::vector<std::byte> payload;
   };
   bool put_blocks(std::vector<OwnedBlock> blocks, std::function<void(std::vector<Status>)> done);
+  // The same with bytes the caller keeps valid (and unchanged) until `done` runs, such
+  // as pinned tier slots: no copy on the caller's thread.
+  bool put_borrowed(std::vector<RemoteStore::BlockWrite> blocks,
+                    std::function<void(std::vector<Status>)> done);
   bool get_blocks(std::vector<RemoteStore::BlockRead> reads,
                   std::function<void(std::vector<Result<std::string>>)> done);
   void put_session(std::string namespace_name, std::string session_id, std::string record,
@@ -95,6 +99,7 @@ class RemoteWorker {
   const Post post_;
   std::unique_ptr<RemoteStore> store_;  // the worker thread's
   std::chrono::steady_clock::time_point last_attempt_{};
+  uint64_t failed_attempts_ = 0;  // connection attempts failed in a row
 
   mutable std::mutex mu_;
   std::condition_variable_any wake_;
