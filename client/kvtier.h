@@ -103,6 +103,7 @@ typedef enum kvtier_tier {
   KVTIER_TIER_RAM = 1,                 /* pinned host RAM pool */
   KVTIER_TIER_NVME = 2,                /* slab files on NVMe */
   KVTIER_TIER_NONE = 3,                /* not held */
+  KVTIER_TIER_REMOTE = 4,              /* lookup: in the remote tier (Redis Cluster) */
   KVTIER_TIER_FORCE_32BIT = 0x7fffffff /* not a tier: keeps the enum 32-bit wide */
 } kvtier_tier;
 #define KVTIER_TIER_COUNT 3 /* tiers that hold bytes (HBM, RAM, NVME) */

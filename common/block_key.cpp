@@ -14,6 +14,8 @@ std::string_view tier_name(Tier tier) {
       return "nvme";
     case Tier::kNone:
       return "none";
+    case Tier::kRemote:
+      return "remote";
   }
   return "?";
 }

@@ -13,7 +13,7 @@
 namespace kvtier {
 
 // Numbering matches the wire enum `Tier` in schema/kvtier.capnp.
-enum class Tier : uint8_t { kHbm = 0, kRam = 1, kNvme = 2, kNone = 3 };
+enum class Tier : uint8_t { kHbm = 0, kRam = 1, kNvme = 2, kNone = 3, kRemote = 4 };
 inline constexpr int kTierCount = 3;    // tiers that hold bytes (kNone excluded)
 std::string_view tier_name(Tier tier);  // "hbm", "ram", "nvme", "none"
 

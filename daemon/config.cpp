@@ -295,6 +295,11 @@ Status validate(const DaemonConfig& config) {
     return invalid_argument("nvme-low-watermark ({}) is above nvme-high-watermark ({})",
                             config.nvme_low_watermark, config.nvme_high_watermark);
   }
+  if (!config.remote_nodes.empty()) {
+    if (config.remote_bytes == 0) return invalid_argument("remote-bytes must be positive");
+    if (config.remote_timeout_ms == 0) return invalid_argument("remote-timeout must be positive");
+    if (config.remote_ttl_ms == 0) return invalid_argument("remote-ttl must be positive");
+  }
   return Status::ok();
 }
 

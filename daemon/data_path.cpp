@@ -373,6 +373,10 @@ Status Service::handle_lookup(const ConnectionPtr& c, EngineContext& engine, uin
     if (!info) break;
     tiers.push_back(info->location.tier);
   }
+  if (remote_ && tiers.size() < hashes.size()) {
+    lookup_remote(c, engine, id, hashes, std::move(tiers));  // answers when the cluster did
+    return Status::ok();
+  }
   counters_.lookup_hits += tiers.size();
   counters_.lookup_misses += hashes.size() - tiers.size();
   reply(c, id, [&](wire::Response::Builder response) {

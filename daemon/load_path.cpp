@@ -26,8 +26,9 @@ struct PendingLoad {
   struct Entry {
     BlockKey key;
     uint64_t engine_block_id;
-    PinnedBlock pinned;  // held once readable and pinned
-    Status failure;      // why not, for a block that was waited for
+    PinnedBlock pinned;   // held once readable and pinned
+    Status failure;       // why not, for a block that was waited for
+    bool remote = false;  // read from the remote tier (not held here when the Load came)
   };
   std::vector<Entry> entries;  // the prefix that was held when the Load arrived
   Status scan_stop;            // why the scan stopped early (OK when it did not)
@@ -52,10 +53,23 @@ Status Service::handle_load(const ConnectionPtr& c, EngineContext& engine, uint6
   }
   auto load = std::make_shared<PendingLoad>();
   std::vector<BlockKey> to_read;
+  std::vector<BlockKey> from_remote;  // the rest of the prefix from the first block not held
+  size_t first_remote = 0;
   store_->prefetch(engine.layout_key, request.hashes);
   for (size_t i = 0; i < request.hashes.size(); ++i) {
     BlockKey key{engine.layout_key, request.hashes[i]};
     auto info = store_->lookup(key);
+    if (!info && remote_) {
+      first_remote = i;
+      for (size_t j = i; j < request.hashes.size(); ++j) {
+        BlockKey rest{engine.layout_key, request.hashes[j]};
+        from_remote.push_back(rest);
+        load->entries.push_back(
+            {rest, request.engine_block_ids[j], PinnedBlock(), Status::ok(), /*remote=*/true});
+      }
+      load->waiting += from_remote.size();
+      break;
+    }
     if (!info) {
       load->scan_stop =
           not_found("blocks[{}] (hash {}) is not held", i, request.hashes[i].to_hex());
@@ -138,22 +152,26 @@ Status Service::handle_load(const ConnectionPtr& c, EngineContext& engine, uint6
     return Status::ok();
   }
 
-  // Blocks on NVMe: read them (one batch), or join the reads already running.
+  // Blocks on NVMe: read them (one batch), or join the reads already running. Blocks
+  // from the remote tier wait up to remote-timeout, those on NVMe nvme-load-wait-ms.
   (void)mover_->read_into_memory(to_read);
+  const bool nvme_waits = load->waiting > from_remote.size();
+  const uint64_t wait_ms = std::max<uint64_t>(nvme_waits ? config_.nvme_load_wait_ms : 0,
+                                              from_remote.empty() ? 0 : config_.remote_timeout_ms);
   load->deadline = std::make_unique<asio::steady_timer>(io_);
-  load->deadline->expires_after(std::chrono::milliseconds(config_.nvme_load_wait_ms));
-  load->deadline->async_wait([this, load, finish](const boost::system::error_code& ec) {
+  load->deadline->expires_after(std::chrono::milliseconds(wait_ms));
+  load->deadline->async_wait([this, load, finish, wait_ms](const boost::system::error_code& ec) {
     if (ec || load->finished) return;
     for (PendingLoad::Entry& entry : load->entries) {
       if (!entry.pinned && entry.failure.is_ok()) {
-        entry.failure =
-            unavailable("still being read from NVMe after {} ms; retry", config_.nvme_load_wait_ms);
+        entry.failure = unavailable("still being read from {} after {} ms; retry",
+                                    entry.remote ? "the remote tier" : "NVMe", wait_ms);
       }
     }
     (*finish)();
   });
   for (size_t i = 0; i < load->entries.size(); ++i) {
-    if (load->entries[i].pinned) continue;
+    if (load->entries[i].pinned || load->entries[i].remote) continue;
     mover_->await_readable(load->entries[i].key, [this, load, finish, i](const Status& status) {
       if (load->finished) return;
       PendingLoad::Entry& entry = load->entries[i];
@@ -165,6 +183,21 @@ Status Service::handle_load(const ConnectionPtr& c, EngineContext& engine, uint6
       }
       if (--load->waiting == 0) (*finish)();
     });
+  }
+  if (!from_remote.empty()) {
+    fetch_remote(engine.namespace_name, from_remote,
+                 [this, load, finish, first_remote](size_t j, const Status& status) {
+                   if (load->finished) return;
+                   PendingLoad::Entry& entry = load->entries[first_remote + j];
+                   if (status.is_ok()) {
+                     entry.pinned = store_->pin(entry.key, now_ms());
+                     if (!entry.pinned)
+                       entry.failure = not_found("it was evicted before it could be loaded");
+                   } else {
+                     entry.failure = status;
+                   }
+                   if (--load->waiting == 0) (*finish)();
+                 });
   }
   return Status::ok();
 }

@@ -185,16 +185,7 @@ Status Service::recover_nvme() {
     for (const BlockHash& hash : sessions_.record_save(restored, present, false)) {
       store_->add_session_ref({layout, hash});
     }
-    restored.created_ms = wall_to_steady_ms(record.created_wall_ms, steady_now, wall_now);
-    restored.turns = record.turns;
-    restored.returns = record.returns;
-    restored.sum_log_gap = record.sum_log_gap;
-    sessions_.set_priority(
-        restored, record.priority == 0 ? policy::kDefaultPriority
-                                       : std::min<uint8_t>(record.priority, policy::kMaxPriority));
-    sessions_.restore(
-        restored, record.state == 0 ? policy::SessionState::kActive : policy::SessionState::kIdle,
-        wall_to_steady_ms(record.last_active_wall_ms, steady_now, wall_now));
+    restore_from_record(restored, record, steady_now, wall_now);
     if (present.size() < record.blocks.size()) {
       ++cut_sessions;
       note_session_cut(restored);
@@ -218,17 +209,33 @@ Status Service::recover_nvme() {
   return Status::ok();
 }
 
+void Service::restore_from_record(policy::Session& session, const NvmeSessionRecord& record,
+                                  uint64_t steady_now, uint64_t wall_now) {
+  session.created_ms = wall_to_steady_ms(record.created_wall_ms, steady_now, wall_now);
+  session.turns = record.turns;
+  session.returns = record.returns;
+  session.sum_log_gap = record.sum_log_gap;
+  sessions_.set_priority(session, record.priority == 0
+                                      ? policy::kDefaultPriority
+                                      : std::min<uint8_t>(record.priority, policy::kMaxPriority));
+  sessions_.restore(session,
+                    record.state == 0 ? policy::SessionState::kActive : policy::SessionState::kIdle,
+                    wall_to_steady_ms(record.last_active_wall_ms, steady_now, wall_now));
+}
+
 void Service::note_session_changed(const policy::Session& session) {
   if (nvme_) nvme_->dirty_sessions.insert({session.namespace_id, session.id});
 }
 
 void Service::note_session_cut(const policy::Session& session) {
+  note_remote_cut(session);
   if (!nvme_) return;
   nvme_->dirty_sessions.insert({session.namespace_id, session.id});
   nvme_->stored_blocks.erase({session.namespace_id, session.id});  // written whole next
 }
 
 void Service::note_session_closed(uint32_t namespace_id, const std::string& session_id) {
+  note_remote_closed(namespace_id, session_id);
   if (!nvme_) return;
   nvme_->dirty_sessions.erase({namespace_id, session_id});
   nvme_->stored_blocks.erase({namespace_id, session_id});

@@ -3,6 +3,7 @@
 #include "daemon/remote_path.h"
 
 #include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
 
 #include <fstream>
 
@@ -45,15 +46,15 @@ void Service::write_behind(const policy::Session& session) {
   if (!remote_) return;
   const policy::SessionKey key{session.namespace_id, session.id};
   uint32_t& synced = remote_->synced[key];
-  // Cut meanwhile (an evicted block): what it holds now is written again.
-  if (synced > session.blocks.size()) synced = 0;
+  if (synced > session.blocks.size()) synced = 0;  // defensive: cuts lower it (note_remote_cut)
   const std::string& ns = engines_.namespaces().name(session.namespace_id);
   const uint64_t block_bytes = store_->block_bytes(session.layout);
   const uint64_t now = now_ms();
   auto pins = std::make_shared<std::vector<PinnedBlock>>();
   std::vector<remote::RemoteStore::BlockWrite> writes;
-  for (size_t i = synced; i < session.blocks.size(); ++i) {
-    const BlockKey block{session.layout, session.blocks[i]};
+  size_t next = synced;
+  for (; next < session.blocks.size(); ++next) {
+    const BlockKey block{session.layout, session.blocks[next]};
     auto info = store_->lookup(block);
     if (!info) break;
     const std::shared_ptr<Memory>& memory = store_->memory(info->location.tier);
@@ -65,16 +66,23 @@ void Service::write_behind(const policy::Session& session) {
     writes.push_back({{ns, session.layout.layout_digest, block.hash}, {bytes, block_bytes}});
     pins->push_back(std::move(pinned));
   }
+  // What stays behind though it is held here: a gauge, per session, not a sum of turns.
+  uint32_t deferred = 0;
+  for (size_t i = next; i < session.blocks.size(); ++i) {
+    if (store_->lookup({session.layout, session.blocks[i]})) ++deferred;
+  }
+  uint32_t& was = remote_->deferred[key];
+  remote_->deferred_blocks = remote_->deferred_blocks - was + deferred;
+  was = deferred;
+
   const uint32_t from = synced;
-  const auto upto = static_cast<uint32_t>(from + writes.size());
-  remote_->deferred_blocks += session.blocks.size() - upto;
   NvmeSessionRecord record = to_record(session, ns, now, wall_now_ms());
   std::string value = encode_session_value(record);
   if (writes.empty()) {
     remote_->worker->put_session(ns, session.id, std::move(value), [](Status) {});
     return;
   }
-  synced = upto;  // handed over; lowered again below if some fail
+  synced = static_cast<uint32_t>(next);  // handed over; lowered again below if some fail
   const bool queued = remote_->worker->put_borrowed(
       std::move(writes),
       [this, pins, key, from, ns, value = std::move(value)](std::vector<Status> statuses) mutable {
@@ -96,6 +104,275 @@ void Service::write_behind(const policy::Session& session) {
     ++remote_->declined_writes;
     synced = from;
   }
+}
+
+void Service::note_remote_cut(const policy::Session& session) {
+  if (!remote_) return;
+  auto it = remote_->synced.find({session.namespace_id, session.id});
+  // Blocks from the cut on may come back as other blocks: written again from there.
+  if (it != remote_->synced.end()) {
+    it->second = std::min<uint32_t>(it->second, static_cast<uint32_t>(session.blocks.size()));
+  }
+}
+
+void Service::note_remote_closed(uint32_t namespace_id, const std::string& session_id) {
+  if (!remote_) return;
+  const policy::SessionKey key{namespace_id, session_id};
+  remote_->synced.erase(key);
+  if (auto it = remote_->deferred.find(key); it != remote_->deferred.end()) {
+    remote_->deferred_blocks -= it->second;
+    remote_->deferred.erase(it);
+  }
+}
+
+Result<std::optional<PendingWrite>> Service::reserve_staging(const BlockKey& key,
+                                                             uint64_t block_bytes) {
+  std::vector<Tier> tiers;  // host-addressable ones: the worker writes the bytes there
+  for (Tier tier : {Tier::kRam, Tier::kHbm}) {
+    const std::shared_ptr<Memory>& memory = store_->memory(tier);
+    if (memory != nullptr && memory->host_data() != nullptr) tiers.push_back(tier);
+  }
+  if (tiers.empty()) return not_supported("no host memory tier to read remote blocks into");
+  auto reserved = store_->reserve(key, tiers, now_ms());
+  if (reserved.is_ok() || reserved.status().code() != StatusCode::kResourceExhausted) {
+    return reserved;
+  }
+  sessions_.expire_priorities(sessions_.now_ms());
+  for (Tier tier : tiers) {
+    auto moves = planner_.make_room(tier, block_bytes, sessions_, *view_);
+    if (moves.empty()) continue;
+    mover_->apply(moves);
+    return store_->reserve(key, tiers, now_ms());
+  }
+  return reserved;
+}
+
+void Service::fetch_remote(const std::string& namespace_name, const std::vector<BlockKey>& keys,
+                           std::function<void(size_t, const Status&)> done) {
+  auto answer = std::make_shared<std::function<void(size_t, const Status&)>>(std::move(done));
+  std::vector<std::pair<size_t, Status>> at_once;
+  std::vector<remote::RemoteWorker::ReadInto> reads;
+  auto slots = std::make_shared<std::vector<PendingWrite>>();
+  auto started = std::make_shared<std::vector<BlockKey>>();
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const BlockKey& key = keys[i];
+    auto waiter = [answer, i](const Status& status) { (*answer)(i, status); };
+    if (auto it = remote_->fetching.find(key); it != remote_->fetching.end()) {
+      it->second.push_back(std::move(waiter));  // joins the read already running
+      continue;
+    }
+    if (store_->lookup(key)) {
+      at_once.emplace_back(i, Status::ok());
+      continue;
+    }
+    const uint64_t block_bytes = store_->block_bytes(key.layout);
+    auto reserved = reserve_staging(key, block_bytes);
+    if (!reserved.is_ok()) {
+      at_once.emplace_back(i, reserved.status());
+      continue;
+    }
+    if (!*reserved) {  // present but not visible: a Save is writing it
+      at_once.emplace_back(i, unavailable("it is being saved; retry"));
+      continue;
+    }
+    PendingWrite& slot = **reserved;
+    std::byte* into = store_->memory(slot.location().tier)->host_data() + slot.location().offset;
+    reads.push_back({{namespace_name, key.layout.layout_digest, key.hash}, {into, block_bytes}});
+    slots->push_back(std::move(slot));
+    started->push_back(key);
+    remote_->fetching[key].push_back(std::move(waiter));
+  }
+  // Every started read ends here once: the slot committed or given back, its waiters told.
+  auto settle = [this, slots, started](const std::vector<Status>& statuses) {
+    for (size_t j = 0; j < started->size(); ++j) {
+      if (statuses[j].is_ok()) {
+        (*slots)[j].commit();
+        ++remote_->fetched_blocks;
+      } else {
+        (*slots)[j].abort();
+        ++remote_->fetch_misses;
+      }
+      auto it = remote_->fetching.find((*started)[j]);
+      if (it == remote_->fetching.end()) continue;
+      auto waiters = std::move(it->second);
+      remote_->fetching.erase(it);
+      for (auto& waiter : waiters) waiter(statuses[j]);
+    }
+  };
+  if (!reads.empty() &&
+      !remote_->worker->get_into(std::move(reads),
+                                 [settle](std::vector<Status> statuses) { settle(statuses); })) {
+    settle(std::vector<Status>(
+        started->size(),
+        resource_exhausted("the remote tier has as many bytes in flight as it may; retry")));
+  }
+  for (const auto& [i, status] : at_once) (*answer)(i, status);
+}
+
+namespace {
+
+// A reply that waits for the remote tier: the first of its answer and its deadline
+// (remote-timeout) sends it.
+struct RemoteWait {
+  bool answered = false;
+  std::unique_ptr<asio::steady_timer> deadline;
+  bool take() {
+    if (answered) return false;
+    answered = true;
+    if (deadline) deadline->cancel();
+    return true;
+  }
+};
+
+}  // namespace
+
+void Service::lookup_remote(const ConnectionPtr& c, const EngineContext& engine, uint64_t id,
+                            std::vector<BlockHash> hashes, std::vector<Tier> tiers) {
+  const size_t first = tiers.size();
+  std::vector<remote::RemoteBlockId> ids;
+  for (size_t i = first; i < hashes.size(); ++i) {
+    ids.push_back({engine.namespace_name, engine.layout_key.layout_digest, hashes[i]});
+  }
+  auto answer = [this, c, id, total = hashes.size()](const std::vector<Tier>& found) {
+    counters_.lookup_hits += found.size();
+    counters_.lookup_misses += total - found.size();
+    reply(c, id, [&](wire::Response::Builder response) {
+      auto out = response.initLookup();
+      out.setHitCount(static_cast<uint32_t>(found.size()));
+      auto list = out.initTiers(static_cast<unsigned>(found.size()));
+      for (unsigned i = 0; i < found.size(); ++i) list.set(i, static_cast<wire::Tier>(found[i]));
+    });
+  };
+  auto wait = std::make_shared<RemoteWait>();
+  wait->deadline = std::make_unique<asio::steady_timer>(io_);
+  wait->deadline->expires_after(std::chrono::milliseconds(config_.remote_timeout_ms));
+  wait->deadline->async_wait([wait, answer, tiers](const boost::system::error_code& ec) {
+    if (!ec && wait->take()) answer(tiers);  // what is held here
+  });
+  remote_->worker->exists_blocks(
+      std::move(ids), [this, wait, answer, tiers](std::vector<Result<bool>> found) mutable {
+        if (!wait->take()) return;
+        for (Result<bool>& exists : found) {
+          if (!exists.is_ok() || !*exists) break;
+          tiers.push_back(Tier::kRemote);
+          ++remote_->lookup_hits;
+        }
+        answer(tiers);
+      });
+}
+
+void Service::resume_from_remote(const ConnectionPtr& c, const EngineContext& engine, uint64_t id,
+                                 const std::string& session_id) {
+  auto engine_ref = std::static_pointer_cast<EngineContext>(c->user_state);
+  auto wait = std::make_shared<RemoteWait>();
+  wait->deadline = std::make_unique<asio::steady_timer>(io_);
+  wait->deadline->expires_after(std::chrono::milliseconds(config_.remote_timeout_ms));
+  wait->deadline->async_wait([this, wait, c, id, session_id](const boost::system::error_code& ec) {
+    if (ec || !wait->take()) return;
+    reply_error(c, id,
+                not_found("unknown session '{}' (the remote tier did not answer within {} ms)",
+                          session_id, config_.remote_timeout_ms));
+  });
+  remote_->worker->get_session(
+      engine.namespace_name, session_id,
+      [this, wait, c, id, engine_ref, session_id](Result<std::string> value) {
+        if (!wait->take()) return;
+        EngineContext& engine = *engine_ref;
+        // A Save may have created the session meanwhile: then it is simply known.
+        if (policy::Session* known = sessions_.find(engine.namespace_id, session_id)) {
+          begin_turn(c, engine, id, *known, 0);
+          return;
+        }
+        if (!value.is_ok()) {
+          reply_error(c, id,
+                      not_found("unknown session '{}' (the remote tier: {})", session_id,
+                                value.status().to_string()));
+          return;
+        }
+        auto record = decode_session(encode_session_key(engine.namespace_name, session_id), *value);
+        if (!record || record->namespace_name != engine.namespace_name ||
+            record->session_id != session_id) {
+          reply_error(c, id, data_loss("session '{}': its remote record is malformed", session_id));
+          return;
+        }
+        if (record->layout_digest != engine.layout_key.layout_digest) {
+          reply_error(c, id,
+                      not_found("unknown session '{}' (the remote tier has it for another KV "
+                                "layout)",
+                                session_id));
+          return;
+        }
+        auto created = sessions_.get_or_create(engine.namespace_id, session_id, engine.layout_key);
+        if (!created.is_ok()) {
+          reply_error(c, id, created.status());
+          return;
+        }
+        policy::Session& session = **created;
+        const LayoutKey layout = engine.layout_key;
+        // The blocks held here already, then the rest read from the cluster: the session
+        // grows by each block once it and all before it are here, and stops at the first
+        // that is not.
+        size_t held = 0;
+        while (held < record->blocks.size() && store_->lookup({layout, record->blocks[held]})) {
+          ++held;
+        }
+        std::vector<BlockHash> present(record->blocks.begin(),
+                                       record->blocks.begin() + static_cast<std::ptrdiff_t>(held));
+        for (const BlockHash& hash : sessions_.record_save(session, present, false)) {
+          store_->add_session_ref({layout, hash});
+        }
+        restore_from_record(session, *record, now_ms(), wall_now_ms());
+        ++remote_->resumed_sessions;
+        std::vector<BlockKey> rest;
+        for (size_t i = held; i < record->blocks.size(); ++i) {
+          rest.push_back({layout, record->blocks[i]});
+        }
+        const auto fetching = static_cast<uint32_t>(rest.size());
+        if (held == 0) remote_->synced[{engine.namespace_id, session_id}] = 0;
+        struct Growth {
+          std::vector<char> landed;
+          size_t next = 0;
+          bool stopped = false;
+        };
+        auto growth = std::make_shared<Growth>();
+        growth->landed.assign(rest.size(), 0);
+        const policy::SessionKey key{engine.namespace_id, session_id};
+        // Before the turn is answered, so that the waits below see a live session.
+        begin_turn(c, engine, id, session, fetching);
+        fetch_remote(
+            engine.namespace_name, rest,
+            [this, growth, rest, key, held](size_t i, const Status& status) {
+              if (growth->stopped) return;
+              if (!status.is_ok()) {
+                growth->stopped = true;
+                return;
+              }
+              growth->landed[i] = 1;
+              policy::Session* session = sessions_.find(key.namespace_id, key.id);
+              if (session == nullptr) {
+                growth->stopped = true;
+                return;
+              }
+              while (growth->next < rest.size() && growth->landed[growth->next]) {
+                const BlockKey& block = rest[growth->next];
+                // The block may have gone again (evicted): the session ends before it.
+                if (!store_->lookup(block)) {
+                  growth->stopped = true;
+                  return;
+                }
+                for (const BlockHash& hash : sessions_.record_save(*session, {block.hash}, false)) {
+                  store_->add_session_ref({block.layout, hash});
+                }
+                // Read from the cluster: there already, nothing to write behind.
+                auto synced = remote_->synced.find(key);
+                if (synced != remote_->synced.end() && held == 0 &&
+                    synced->second == growth->next) {
+                  ++synced->second;
+                }
+                ++growth->next;
+              }
+            });
+      });
 }
 
 void Service::render_remote_metrics(PrometheusText& out) const {
@@ -137,10 +414,20 @@ void Service::render_remote_metrics(PrometheusText& out) const {
           remote_->written_blocks);
   counter("kvtier_remote_failed_blocks_total", "Blocks whose write-behind failed.",
           remote_->failed_blocks);
-  counter("kvtier_remote_deferred_blocks_total",
-          "Blocks not written behind because they were not in host memory at the end of "
-          "their turn.",
-          remote_->deferred_blocks);
+  gauge("kvtier_remote_deferred_blocks",
+        "Blocks held here that sessions' last end of turn could not write behind (in GPU "
+        "memory or on NVMe).",
+        remote_->deferred_blocks);
+  counter("kvtier_remote_fetched_blocks_total",
+          "Blocks a Load or BeginTurn read from the cluster into RAM.", remote_->fetched_blocks);
+  counter("kvtier_remote_fetch_misses_total",
+          "Blocks asked of the cluster and not read (absent, corrupt, unreachable, no room).",
+          remote_->fetch_misses);
+  counter("kvtier_remote_lookup_hits_total", "Blocks a Lookup found only in the remote tier.",
+          remote_->lookup_hits);
+  counter("kvtier_remote_resumed_sessions_total",
+          "Sessions a BeginTurn created here from their record in the remote tier.",
+          remote_->resumed_sessions);
   counter("kvtier_remote_declined_writes_total", "Write-behinds the in-flight bound declined.",
           remote_->declined_writes);
 }

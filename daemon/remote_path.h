@@ -4,8 +4,10 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <unordered_map>
+#include <vector>
 
 #include "daemon/service.h"
 #include "policy/session_table.h"
@@ -16,12 +18,22 @@ namespace kvtier::daemon {
 struct Service::RemoteState {
   std::unique_ptr<remote::RemoteWorker> worker;
   // Per session: its first `synced` blocks were handed to the worker (lowered again to
-  // the first that failed when a write-behind reports failures).
+  // the first that failed when a write-behind reports failures, and to a cut).
   std::unordered_map<policy::SessionKey, uint32_t, policy::SessionKeyHasher> synced;
-  uint64_t written_blocks = 0;   // written behind, confirmed
-  uint64_t failed_blocks = 0;    // written behind, refused or unreachable
-  uint64_t deferred_blocks = 0;  // not in host memory at the end of their turn (GPU, NVMe)
-  uint64_t declined_writes = 0;  // write-behinds the in-flight bound declined
+  // Per session: blocks held here that its last end of turn could not write behind
+  // (in GPU memory or on NVMe); `deferred_blocks` is their sum.
+  std::unordered_map<policy::SessionKey, uint32_t, policy::SessionKeyHasher> deferred;
+  uint64_t deferred_blocks = 0;
+  // Blocks being read into RAM slots from the cluster, and who waits for each.
+  std::unordered_map<BlockKey, std::vector<std::function<void(const Status&)>>, BlockKeyHasher>
+      fetching;
+  uint64_t written_blocks = 0;    // written behind, confirmed
+  uint64_t failed_blocks = 0;     // written behind, refused or unreachable
+  uint64_t declined_writes = 0;   // write-behinds the in-flight bound declined
+  uint64_t fetched_blocks = 0;    // read into RAM, verified
+  uint64_t fetch_misses = 0;      // asked for and not there (or not verified, or unreachable)
+  uint64_t lookup_hits = 0;       // blocks a Lookup found only in the remote tier
+  uint64_t resumed_sessions = 0;  // sessions a BeginTurn created from a remote record
 };
 
 }  // namespace kvtier::daemon

@@ -391,14 +391,24 @@ Status Service::handle_hello(const ConnectionPtr& c, EngineContext& engine, uint
 Status Service::handle_begin_turn(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
                                   const std::string& session_id) {
   policy::Session* session = sessions_.find(engine.namespace_id, session_id);
-  if (session == nullptr) return not_found("unknown session '{}'", session_id);
-  sessions_.record_activity(*session);
-  session->turn_begun = true;
-  session->turn_begun_ms = now_ms();
+  if (session == nullptr) {
+    if (!remote_) return not_found("unknown session '{}'", session_id);
+    resume_from_remote(c, engine, id, session_id);  // answers when the record came (or not)
+    return Status::ok();
+  }
+  begin_turn(c, engine, id, *session, 0);
+  return Status::ok();
+}
+
+void Service::begin_turn(const ConnectionPtr& c, const EngineContext& engine, uint64_t id,
+                         policy::Session& session, uint32_t fetching) {
+  sessions_.record_activity(session);
+  session.turn_begun = true;
+  session.turn_begun_ms = now_ms();
   sessions_.expire_priorities(sessions_.now_ms());
-  auto moves = planner_.plan_turn_start(*session, sessions_, *view_);
+  auto moves = planner_.plan_turn_start(session, sessions_, *view_);
   mover_->apply(moves, engine.gpu_part);  // toward the GPU of the engine that will load them
-  const uint32_t known = static_cast<uint32_t>(session->blocks.size());
+  const auto known = static_cast<uint32_t>(session.blocks.size()) + fetching;
   // The plan may also demote other sessions' blocks to make room: count promotions.
   const auto promoted = std::count_if(moves.begin(), moves.end(), [](const policy::Move& move) {
     return move.kind == policy::MoveKind::kPromote;
@@ -406,9 +416,8 @@ Status Service::handle_begin_turn(const ConnectionPtr& c, EngineContext& engine,
   reply(c, id, [&](wire::Response::Builder response) {
     auto out = response.initBeginTurn();
     out.setKnownBlocks(known);
-    out.setPromotedBlocks(static_cast<uint32_t>(promoted));
+    out.setPromotedBlocks(static_cast<uint32_t>(promoted) + fetching);
   });
-  return Status::ok();
 }
 
 Status Service::handle_close_session(const ConnectionPtr& c, EngineContext& engine, uint64_t id,

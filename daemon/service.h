@@ -242,9 +242,37 @@ class Service final : public ipc::RequestHandler {
   // At the end of a turn the session's blocks not yet written there that sit in host
   // memory (RAM; HBM on the host backend) are written behind the turn, read in place
   // under pins the completion drops on this thread, and then its record.
+  //
+  // Reading: a Lookup that misses here asks the cluster which of the rest exist there
+  // (they are reported as Tier::kRemote); a Load that misses here reads the rest of its
+  // prefix into RAM slots (fetch_remote) and scatters from there; a BeginTurn of a
+  // session this node does not know fetches its record, creates the session from the
+  // blocks it has, and prefetches the others. Every wait is bounded by remote-timeout.
   Status open_remote();
   void write_behind(const policy::Session& session);
   void render_remote_metrics(PrometheusText& out) const;
+  void note_remote_cut(const policy::Session& session);
+  void note_remote_closed(uint32_t namespace_id, const std::string& session_id);
+  // Reads `keys` (all of one namespace) from the remote tier into RAM (host HBM when
+  // there is no RAM tier), joining reads already running. `done(i, status)` runs once
+  // per key on the control thread, maybe before this returns: OK once keys[i] is held
+  // here (visible to lookup and pin), or why not (NotFound, DataLoss, Unavailable,
+  // ResourceExhausted).
+  void fetch_remote(const std::string& namespace_name, const std::vector<BlockKey>& keys,
+                    std::function<void(size_t, const Status&)> done);
+  // A RAM (or host HBM) slot for a block read from the remote tier, making room the way
+  // a Save does. nullopt when the block is present already.
+  Result<std::optional<PendingWrite>> reserve_staging(const BlockKey& key, uint64_t block_bytes);
+  // Lookup's tail: how many of `hashes` from `first` on the cluster holds, in a row.
+  void lookup_remote(const ConnectionPtr& c, const EngineContext& engine, uint64_t id,
+                     std::vector<BlockHash> hashes, std::vector<Tier> tiers);
+  // BeginTurn of a session not known here: its record from the remote tier, then the turn.
+  void resume_from_remote(const ConnectionPtr& c, const EngineContext& engine, uint64_t id,
+                          const std::string& session_id);
+  // BeginTurn of a known session: active, promotions planned, answered. `fetching`:
+  // blocks being read from the remote tier for it (reported as known and promoted).
+  void begin_turn(const ConnectionPtr& c, const EngineContext& engine, uint64_t id,
+                  policy::Session& session, uint32_t fetching);
 
   // persistence.cpp: the NVMe tier — opening and recovering it, session records, slot
   // releases, the SIGTERM drain (state in persistence.h; nullptr without the tier).
@@ -256,6 +284,10 @@ class Service final : public ipc::RequestHandler {
   // whole at the next flush instead of appended to.
   void note_session_cut(const policy::Session& session);
   void note_session_closed(uint32_t namespace_id, const std::string& session_id);
+  // A session's statistics and state as a stored record has them (NVMe recovery and
+  // remote resume).
+  void restore_from_record(policy::Session& session, const NvmeSessionRecord& record,
+                           uint64_t steady_now, uint64_t wall_now);
   void flush_sessions(bool sync);
   void start_drain(std::function<void()> stopped);
   void check_drain();

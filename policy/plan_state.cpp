@@ -31,6 +31,7 @@ Watermarks watermarks_of(const PlannerConfig& config, Tier tier) {
     case Tier::kNvme:
       return {config.nvme_high_watermark, config.nvme_low_watermark};
     case Tier::kNone:
+    case Tier::kRemote:
       break;
   }
   return {};

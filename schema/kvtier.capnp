@@ -176,6 +176,7 @@ enum Tier {
   ram @1;                      # pinned host pool
   nvme @2;                     # slab files on NVMe
   none @3;                     # not held
+  remote @4;                   # Lookup: in the remote tier (a Load reads it into RAM first)
 }
 
 struct LookupReply {

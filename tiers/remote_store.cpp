@@ -195,6 +195,39 @@ std::vector<Result<std::string>> RemoteStore::get_blocks(const std::vector<Block
   return out;
 }
 
+std::vector<Result<bool>> RemoteStore::exists_blocks(const std::vector<RemoteBlockId>& blocks) {
+  CallScope call(*this);
+  std::vector<std::string> keys;  // the commands below point into these
+  keys.reserve(blocks.size());
+  for (const RemoteBlockId& id : blocks) {
+    keys.push_back(block_key(id.namespace_name, id.layout_digest, id.hash));
+  }
+  std::vector<RemoteCluster::Argv> commands;
+  commands.reserve(blocks.size());
+  for (const std::string& key : keys) commands.push_back({"EXISTS", key});
+  auto replies = cluster_->pipeline(commands);
+  std::vector<Result<bool>> out;
+  out.reserve(blocks.size());
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    Status status = Status::ok();
+    bool exists = false;
+    if (!replies[i].is_ok()) {
+      status = replies[i].status();
+    } else if (replies[i]->kind != Reply::Kind::kInteger) {
+      status = unavailable("Redis answered EXISTS {} with {}", keys[i], replies[i]->str);
+    } else {
+      exists = replies[i]->integer > 0;
+    }
+    note(status);
+    if (status.is_ok()) {
+      out.emplace_back(exists);
+    } else {
+      out.emplace_back(std::move(status));
+    }
+  }
+  return out;
+}
+
 Result<std::string> RemoteStore::read_value(Result<Reply>& reply, const std::string& key,
                                             ValueKind kind, uint64_t bytes,
                                             std::vector<RemoteCluster::Argv>& deletes) {

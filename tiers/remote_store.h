@@ -67,6 +67,9 @@ class RemoteStore {
   };
   // Each block's verified payload, or NotFound / DataLoss / Unavailable. Pipelined.
   std::vector<Result<std::string>> get_blocks(const std::vector<BlockRead>& blocks);
+  // Whether each block has a value in the cluster (EXISTS, pipelined): what a Lookup
+  // may promise; the value itself is verified only when it is read.
+  std::vector<Result<bool>> exists_blocks(const std::vector<RemoteBlockId>& blocks);
 
   Status put_session(std::string_view namespace_name, std::string_view session_id,
                      std::string_view record);

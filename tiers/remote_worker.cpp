@@ -1,5 +1,8 @@
 #include "tiers/remote_worker.h"
 
+#include <algorithm>
+#include <cstring>
+
 #include "common/log.h"
 
 namespace kvtier::remote {
@@ -33,8 +36,15 @@ bool RemoteWorker::enqueue(Job job, bool bounded) {
     if (bounded && in_flight_bytes_ + job.bytes > options_.max_in_flight_bytes) return false;
     in_flight_bytes_ += job.bytes;
     job.queued_at = std::chrono::steady_clock::now();
-    if (job.write) pending_writes_.push_back(job.queued_at);
-    jobs_.push_back(std::move(job));
+    if (job.write) {
+      pending_writes_.push_back(job.queued_at);
+      jobs_.push_back(std::move(job));
+    } else {
+      // A read has an engine waiting on it: ahead of the queued writes, behind other reads.
+      auto first_write =
+          std::find_if(jobs_.begin(), jobs_.end(), [](const Job& queued) { return queued.write; });
+      jobs_.insert(first_write, std::move(job));
+    }
   }
   wake_.notify_one();
   return true;
@@ -92,6 +102,51 @@ bool RemoteWorker::get_blocks(std::vector<RemoteStore::BlockRead> reads,
     return [done, got = std::move(got)]() mutable { done(std::move(got)); };
   };
   return enqueue(std::move(job), true);
+}
+
+bool RemoteWorker::get_into(std::vector<ReadInto> reads,
+                            std::function<void(std::vector<Status>)> done) {
+  Job job;
+  for (const ReadInto& read : reads) job.bytes += read.into.size();
+  job.run = [reads = std::move(reads),
+             done = std::move(done)](RemoteStore* store) -> std::function<void()> {
+    std::vector<Status> statuses(reads.size(), unavailable("the remote tier is not connected"));
+    if (store != nullptr) {
+      std::vector<RemoteStore::BlockRead> gets;
+      gets.reserve(reads.size());
+      for (const ReadInto& read : reads) gets.push_back({read.id, read.into.size()});
+      std::vector<Result<std::string>> got = store->get_blocks(gets);
+      for (size_t i = 0; i < reads.size(); ++i) {
+        if (!got[i].is_ok()) {
+          statuses[i] = got[i].status();
+        } else if (got[i]->size() != reads[i].into.size()) {  // verified against `bytes` above
+          statuses[i] = data_loss("a remote value of {} bytes for a {}-byte block", got[i]->size(),
+                                  reads[i].into.size());
+        } else {
+          std::memcpy(reads[i].into.data(), got[i]->data(), got[i]->size());
+          statuses[i] = Status::ok();
+        }
+      }
+    }
+    return [done, statuses = std::move(statuses)]() mutable { done(std::move(statuses)); };
+  };
+  return enqueue(std::move(job), true);
+}
+
+bool RemoteWorker::exists_blocks(std::vector<RemoteBlockId> ids,
+                                 std::function<void(std::vector<Result<bool>>)> done) {
+  Job job;
+  job.run = [ids = std::move(ids),
+             done = std::move(done)](RemoteStore* store) -> std::function<void()> {
+    std::vector<Result<bool>> found;
+    if (store == nullptr) {
+      found.assign(ids.size(), unavailable("the remote tier is not connected"));
+    } else {
+      found = store->exists_blocks(ids);
+    }
+    return [done, found = std::move(found)]() mutable { done(std::move(found)); };
+  };
+  return enqueue(std::move(job), false);  // no payload: never declined
 }
 
 void RemoteWorker::put_session(std::string namespace_name, std::string session_id,

@@ -1,5 +1,5 @@
 // RemoteWorker: the remote tier's RemoteStore on a thread of its own, so that the
-// control thread never waits on Redis. Requests are queued and run in order; each
+// control thread never waits on Redis. Requests are queued (reads ahead of writes); each
 // completion is handed to `post` (the daemon posts it to its control thread).
 //
 // Contracts:
@@ -14,6 +14,8 @@
 //    back to local data.
 //  * Write-behind lag: how long the oldest queued or running write has waited, so an
 //    operator sees how far behind another node's view of this node's sessions is.
+//  * Reads (and existence checks) run before queued writes, in their own order: an
+//    engine waits on a read, only other nodes on a write-behind.
 //  * Destruction stops the thread after the request it is running; queued requests
 //    complete with Unavailable (through `post`) before the destructor returns.
 //
@@ -28,6 +30,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -63,6 +66,16 @@ class RemoteWorker {
                     std::function<void(std::vector<Status>)> done);
   bool get_blocks(std::vector<RemoteStore::BlockRead> reads,
                   std::function<void(std::vector<Result<std::string>>)> done);
+  // Reads each block straight into `into` (which the caller keeps valid until `done`
+  // runs, such as a reserved tier slot), on the worker's thread: OK once its verified
+  // bytes are there; a value of another size is DataLoss.
+  struct ReadInto {
+    RemoteBlockId id;
+    std::span<std::byte> into;
+  };
+  bool get_into(std::vector<ReadInto> reads, std::function<void(std::vector<Status>)> done);
+  bool exists_blocks(std::vector<RemoteBlockId> ids,
+                     std::function<void(std::vector<Result<bool>>)> done);
   void put_session(std::string namespace_name, std::string session_id, std::string record,
                    std::function<void(Status)> done);
   void get_session(std::string namespace_name, std::string session_id,

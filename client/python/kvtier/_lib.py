@@ -29,7 +29,7 @@ MAX_GPUS = 64
 MESSAGE_BYTES = 512
 IPC_HANDLE_BYTES = 64
 
-TIER_NAMES = ("hbm", "ram", "nvme", "none")  # indexed by kvtier_tier
+TIER_NAMES = ("hbm", "ram", "nvme", "none", "remote")  # indexed by kvtier_tier
 DEVICE_HOST = 0
 DEVICE_CUDA = 1
 

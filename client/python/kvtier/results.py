@@ -43,7 +43,7 @@ class SaveResult:
 @dataclasses.dataclass(frozen=True)
 class LookupResult:
     hit_count: int  # leading hashes held and readable
-    tiers: list[str]  # where each of the first hit_count is: "hbm", "ram" or "nvme"
+    tiers: list[str]  # where each of the first hit_count is: "hbm", "ram", "nvme" or "remote"
 
 
 @dataclasses.dataclass(frozen=True)
