@@ -118,7 +118,7 @@ int main(int argc, char** argv) {
   if (soak_app->parsed())
     return finish("soak", run_soak_bench(common, soak), json, require_targets);
   if (remote_app->parsed()) {
-    return finish("remote", run_remote_bench(remote), json, require_targets);
+    return finish("remote", run_remote_bench(common, remote), json, require_targets);
   }
   if (nvme_app->parsed()) {
     return finish("nvme", run_nvme_bench(common, nvme), json, require_targets);

@@ -9,6 +9,13 @@
 #include <cstring>
 #include <sstream>
 
+#include <unistd.h>
+
+#include <thread>
+
+#include "client/client.h"
+#include "client/paged_cache.h"
+#include "tests/support/daemon_process.h"
 #include "tests/support/redis_cluster.h"
 #include "tiers/remote_store.h"
 
@@ -83,6 +90,64 @@ Result<std::pair<double, double>> redis_benchmark(int port, uint32_t requests, u
   return std::pair{set_rps, get_rps};
 }
 
+// One kvtierd on the cluster and an engine on it with `blocks` 2 MiB engine blocks.
+struct Node {
+  std::optional<support::DaemonProcess> daemon;
+  std::unique_ptr<Client> client;
+  std::optional<PagedCache> cache;
+  HelloInfo hello;
+};
+
+Result<Node> start_node(const CommonOptions& common, const remote::LocalRedisCluster& redis,
+                        uint64_t blocks) {
+  std::string seeds;
+  for (const remote::Endpoint& e : redis.seeds())
+    seeds += (seeds.empty() ? "" : ",") + e.to_string();
+  const uint64_t pool =
+      (blocks * (2ull << 20) * 2 + (64ull << 20) - 1) / (64ull << 20) * (64ull << 20);
+  auto started = support::DaemonProcess::start(private_daemon_options(
+      common,
+      {"--hbm-bytes", std::to_string(pool), "--ram-bytes", std::to_string(pool), "--copy-threads",
+       std::to_string(common.threads), "--remote-nodes", seeds, "--metrics-addr", "off"}));
+  if (!started.is_ok()) return started.status();
+  Node node;
+  node.daemon.emplace(std::move(*started));
+  PagedCacheShape shape;  // 32 layers × K/V planes of 32 KiB: 2 MiB blocks
+  shape.model_id = "kvtier-bench/remote";
+  shape.num_blocks = blocks;
+  auto cache = PagedCache::create(shape);
+  if (!cache.is_ok()) return cache.status();
+  node.cache.emplace(std::move(*cache));
+  auto client = Client::connect(node.daemon->socket_path());
+  if (!client.is_ok()) return client.status();
+  node.client = std::move(*client);
+  auto hello = node.client->hello(node.cache->layout(), "kvtier-bench-remote");
+  if (!hello.is_ok()) return hello.status();
+  node.hello = *hello;
+  if (hello->block_bytes != kBlockBytes) {
+    return internal_error("kvtierd says blocks are {} bytes; expected {}", hello->block_bytes,
+                          kBlockBytes);
+  }
+  KVTIER_RETURN_IF_ERROR(node.client->register_memfd_region(
+      node.cache->region_id(), node.cache->region().fd(), node.cache->region().size_bytes()));
+  return node;
+}
+
+Status check_loaded(const Result<LoadResult>& loaded, const PagedCache& cache,
+                    const std::vector<BlockRef>& refs, const char* what) {
+  if (!loaded.is_ok()) return loaded.status().with_context(what);
+  if (loaded->loaded_count != refs.size()) {
+    return data_loss("{}: loaded {} of {} blocks: {}", what, loaded->loaded_count, refs.size(),
+                     loaded->stop_reason.to_string());
+  }
+  for (const BlockRef& ref : refs) {
+    if (!cache.verify(ref.engine_block_id, ref.hash)) {
+      return data_loss("{}: engine block {} is not bit-exact", what, ref.engine_block_id);
+    }
+  }
+  return Status::ok();
+}
+
 }  // namespace
 
 CLI::App* add_remote_subcommand(CLI::App& app, RemoteBenchOptions& options) {
@@ -93,10 +158,14 @@ CLI::App* add_remote_subcommand(CLI::App& app, RemoteBenchOptions& options) {
   sub->add_option("--rounds", options.rounds, "rounds (medians reported)")
       ->check(CLI::Range(1u, 100u));
   sub->add_option("--batch", options.batch, "blocks per store call")->check(CLI::Range(3u, 1024u));
+  sub->add_option("--session-blocks", options.session_blocks,
+                  "blocks of the session node B resumes from node A")
+      ->check(CLI::Range(1u, 1024u));
   return sub;
 }
 
-Result<BenchReport> run_remote_bench(const RemoteBenchOptions& options) {
+Result<BenchReport> run_remote_bench(const CommonOptions& common,
+                                     const RemoteBenchOptions& options) {
   remote::LocalRedisCluster redis;
   KVTIER_RETURN_IF_ERROR(redis.start());
   remote::RemoteStoreOptions store_options;
@@ -181,9 +250,90 @@ Result<BenchReport> run_remote_bench(const RemoteBenchOptions& options) {
   report.result("read_vs_redis_ratio", median(read_ratio));
   report.target("write_vs_redis_ratio", ">=", 0.8);
   report.target("read_vs_redis_ratio", ">=", 0.8);
-  report.note(
-      "  resume of a 32-block session on another node: not measured (the daemon writes "
-      "to the remote tier but does not read from it yet)");
+
+  // The hand-off: A saves, B resumes.
+  const uint32_t n = options.session_blocks;
+  auto node_a = start_node(common, redis, 2ull * n);
+  if (!node_a.is_ok()) return node_a.status().with_context("node A");
+  auto node_b = start_node(common, redis, 2ull * n);
+  if (!node_b.is_ok()) return node_b.status().with_context("node B");
+  report.config("session_blocks", int64_t{n});
+  report.note(fmt::format("  {:<6} {:>14} {:>14} {:>14}", "round", "resume on B", "load on A",
+                          "cluster read"));
+  std::vector<double> resume_ms, local_ms, raw_ms, resume_vs_raw;
+  const std::string run_id =
+      fmt::format("{}-{}", ::getpid(), Clock::now().time_since_epoch().count());
+  uint64_t written_before = 0;
+  for (uint32_t round = 0; round < options.rounds; ++round) {
+    const std::string session = fmt::format("kvtier-bench-remote/{}/{}", run_id, round);
+    const auto hashes = PagedCache::chain_hashes(session, n);
+    std::vector<BlockRef> save_refs, load_refs;
+    for (uint32_t i = 0; i < n; ++i) {
+      node_a->cache->fill(i, hashes[i]);
+      save_refs.push_back({hashes[i], i});
+      load_refs.push_back({hashes[i], uint64_t{n} + i});
+    }
+    auto saved = node_a->client->save(session, save_refs, /*end_of_turn=*/true);
+    if (!saved.is_ok()) return saved.status().with_context("save on A");
+    // Written behind: every block confirmed by A, then the record.
+    const auto deadline = Clock::now() + std::chrono::seconds(60);
+    for (;;) {
+      auto stats = node_a->client->stats();
+      if (!stats.is_ok()) return stats.status();
+      if (stats->remote.written_blocks >= written_before + n &&
+          stats->remote.in_flight_bytes == 0 &&
+          (*store)->get_session(node_a->hello.namespace_name, session).is_ok()) {
+        written_before = stats->remote.written_blocks;
+        break;
+      }
+      if (Clock::now() > deadline) {
+        return unavailable("A's write-behind of {} blocks did not finish within 60 s", n);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+
+    node_b->cache->wipe();  // a load that copied nothing cannot verify
+    const auto start = Clock::now();
+    auto begun = node_b->client->begin_turn(session);
+    if (!begun.is_ok()) return begun.status().with_context("BeginTurn on B");
+    auto looked = node_b->client->lookup(hashes);
+    if (!looked.is_ok()) return looked.status().with_context("Lookup on B");
+    if (looked->hit_count != n) {
+      return data_loss("Lookup on B found {} of {} blocks", looked->hit_count, n);
+    }
+    auto loaded = node_b->client->load(session, load_refs);
+    const double resume = seconds_since(start) * 1e3;
+    KVTIER_RETURN_IF_ERROR(check_loaded(loaded, *node_b->cache, load_refs, "resume on B"));
+
+    node_a->cache->wipe();
+    const auto local_start = Clock::now();
+    auto local = node_a->client->load(session, load_refs);
+    const double local_load = seconds_since(local_start) * 1e3;
+    KVTIER_RETURN_IF_ERROR(check_loaded(local, *node_a->cache, load_refs, "load on A"));
+
+    std::vector<remote::RemoteStore::BlockRead> reads;
+    for (const BlockHash& h : hashes) {
+      reads.push_back(
+          {{node_a->hello.namespace_name, node_a->hello.layout_digest, h}, kBlockBytes});
+    }
+    const auto raw_start = Clock::now();
+    auto got = (*store)->get_blocks(reads);
+    const double raw = seconds_since(raw_start) * 1e3;
+    for (auto& g : got) KVTIER_RETURN_IF_ERROR(g.status());
+
+    resume_ms.push_back(resume);
+    local_ms.push_back(local_load);
+    raw_ms.push_back(raw);
+    resume_vs_raw.push_back(resume / raw);
+    report.note(fmt::format("  {:<6} {:>11.1f} ms {:>11.1f} ms {:>11.1f} ms", round, resume,
+                            local_load, raw));
+  }
+  report.result("resume_ms", median(resume_ms));
+  report.result("local_load_ms", median(local_ms));
+  report.result("cluster_read_ms", median(raw_ms));
+  report.result("resume_vs_cluster_read_ratio", median(resume_vs_raw));
+  node_a->daemon->stop(kDaemonStopTimeout);
+  node_b->daemon->stop(kDaemonStopTimeout);
   return report;
 }
 

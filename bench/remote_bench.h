@@ -10,6 +10,14 @@
 //    requests pipelined on each.
 // It reports GB/s of both and their ratio (target ≥ 0.8), medians over rounds.
 //
+// Then the hand-off: two kvtierds (A and B) on the same cluster, an engine on each.
+// Per round A saves a `session_blocks`-block session (2 MiB blocks, one turn) and
+// writes it behind; B resumes it — BeginTurn (record fetched, blocks prefetched),
+// Lookup, Load, every block verified bit-exact — timed from BeginTurn to the Load's
+// reply. Baselines in the same round: the same Load on A, where the blocks are local,
+// and RemoteStore::get_blocks of the same blocks straight from the cluster (the bytes
+// moved, without a daemon).
+//
 // Thread-safety: run_remote_bench() is called from main only.
 #pragma once
 
@@ -28,10 +36,12 @@ namespace kvtier::bench {
 struct RemoteBenchOptions {
   uint32_t blocks = 96;  // 2 MiB blocks per round
   uint32_t rounds = 3;
-  uint32_t batch = 24;  // blocks per put_blocks/get_blocks call
+  uint32_t batch = 24;           // blocks per put_blocks/get_blocks call
+  uint32_t session_blocks = 32;  // blocks of the session node B resumes
 };
 
-Result<BenchReport> run_remote_bench(const RemoteBenchOptions& options);
+Result<BenchReport> run_remote_bench(const CommonOptions& common,
+                                     const RemoteBenchOptions& options);
 CLI::App* add_remote_subcommand(CLI::App& app, RemoteBenchOptions& options);
 
 }  // namespace kvtier::bench

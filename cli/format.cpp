@@ -65,6 +65,18 @@ std::string recent_moves_json(const StatsInfo& s) {
   return "[" + out + "]";
 }
 
+std::string remote_json(const StatsInfo::RemoteStatsInfo& r) {
+  if (!r.configured) return "null";
+  return fmt::format(
+      R"({{"connected":{},"degraded":{},"masters":{},"stored_bytes":{},"budget_bytes":{},)"
+      R"("in_flight_bytes":{},"write_lag_ms":{},"written_blocks":{},"fetched_blocks":{},)"
+      R"("lookup_hits":{},"corrupt_values":{},"errors":{},"resumed_sessions":{},)"
+      R"("deferred_blocks":{}}})",
+      r.connected, r.degraded, r.masters, r.stored_bytes, r.budget_bytes, r.in_flight_bytes,
+      r.write_lag_ms, r.written_blocks, r.fetched_blocks, r.lookup_hits, r.corrupt_values, r.errors,
+      r.resumed_sessions, r.deferred_blocks);
+}
+
 }  // namespace
 
 std::string status_json(const StatsInfo& s) {
@@ -89,12 +101,12 @@ std::string status_json(const StatsInfo& s) {
       R"("lookups":{{"hits":{},"misses":{}}},)"
       R"("bytes":{{"saved":{},"loaded":{},"demoted":{},"promoted":{}}},)"
       R"("pinned_blocks":{},"admin_pinned_blocks":{},"copies_in_flight":{},"connections":{},)"
-      R"("blocks_evicted":{},"data_loss_blocks":{},"policy":{},"recent_moves":{}}})",
+      R"("blocks_evicted":{},"data_loss_blocks":{},"policy":{},"recent_moves":{},"remote":{}}})",
       json_quote(s.device_name), s.uptime_ms, s.starting ? "true" : "false", s.fill_bytes, tiers,
       gpus, s.sessions_active, s.sessions_idle, s.pinned_sessions, s.lookup_hits, s.lookup_misses,
       s.bytes_saved, s.bytes_loaded, s.bytes_demoted, s.bytes_promoted, s.pinned_blocks,
       s.admin_pinned_blocks, s.copies_in_flight, s.connections, s.blocks_evicted,
-      s.data_loss_blocks, json_quote(s.policy), recent_moves_json(s));
+      s.data_loss_blocks, json_quote(s.policy), recent_moves_json(s), remote_json(s.remote));
 }
 
 std::string status_text(const StatsInfo& s) {
@@ -129,6 +141,19 @@ std::string status_text(const StatsInfo& s) {
                      s.copies_in_flight, s.pinned_blocks, s.admin_pinned_blocks);
   out += fmt::format("dropped    {} evicted, {} lost to corruption\n", s.blocks_evicted,
                      s.data_loss_blocks);
+  if (s.remote.configured) {
+    const auto& r = s.remote;
+    out += fmt::format("remote     {}, {} masters{}; {} of {} stored, write-behind lag {}\n",
+                       r.connected ? "connected" : "not connected", r.masters,
+                       r.degraded ? ", DEGRADED (a node is down or failing)" : "",
+                       format_bytes(r.stored_bytes), format_bytes(r.budget_bytes),
+                       format_duration_ms(r.write_lag_ms));
+    out += fmt::format(
+        "           {} blocks written, {} read, {} lookup hits, {} sessions resumed, {} corrupt "
+        "values, {} errors, {} blocks deferred\n",
+        r.written_blocks, r.fetched_blocks, r.lookup_hits, r.resumed_sessions, r.corrupt_values,
+        r.errors, r.deferred_blocks);
+  }
   out += fmt::format("\nplanner    {} policy; recent moves, newest last:\n",
                      s.policy.empty() ? "?" : s.policy);
   if (s.recent_moves.empty()) out += "  (none yet)\n";

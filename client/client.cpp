@@ -383,6 +383,13 @@ Result<StatsInfo> Client::stats(bool all_namespaces) {
           info.gpus.push_back({gpu.getUuid().cStr(), gpu.getName().cStr(),
                                gpu.getHbmCapacityBytes(), gpu.getHbmUsedBytes()});
         }
+        auto remote = r.getRemote();
+        info.remote = {
+            remote.getConfigured(),    remote.getConnected(),       remote.getDegraded(),
+            remote.getMasters(),       remote.getStoredBytes(),     remote.getBudgetBytes(),
+            remote.getInFlightBytes(), remote.getWriteLagMs(),      remote.getWrittenBlocks(),
+            remote.getFetchedBlocks(), remote.getLookupHits(),      remote.getCorruptValues(),
+            remote.getErrors(),        remote.getResumedSessions(), remote.getDeferredBlocks()};
         return info;
       });
 }

@@ -192,6 +192,15 @@ struct StatsInfo {
     uint64_t hbm_used_bytes;
   };
   std::vector<GpuStatsInfo> gpus;
+  // The remote tier (a Redis Cluster); configured false without remote-nodes.
+  struct RemoteStatsInfo {
+    bool configured = false, connected = false, degraded = false;
+    uint32_t masters = 0;
+    uint64_t stored_bytes = 0, budget_bytes = 0, in_flight_bytes = 0, write_lag_ms = 0;
+    uint64_t written_blocks = 0, fetched_blocks = 0, lookup_hits = 0, corrupt_values = 0;
+    uint64_t errors = 0, resumed_sessions = 0, deferred_blocks = 0;
+  };
+  RemoteStatsInfo remote;
 };
 
 struct SessionInfo {

@@ -394,6 +394,7 @@ void Service::run_planner(policy::Planner::PlanKind kind) {
   mover_->apply(planner_.plan_demotions(sessions_, *view_, kind));
   flush_sessions(/*sync=*/false);
   mover_->release_slots();
+  sweep_write_behind();   // remote_path.cpp
   resume_parked_saves();  // also answers those whose wait is over
   // The period is kept whatever Saves do: a stream of them does not postpone it.
   if (kind != policy::Planner::PlanKind::kPeriodic) return;

@@ -63,6 +63,7 @@ Status Service::handle_stats(const ConnectionPtr& c, EngineContext& engine, uint
       gpus[i].setHbmCapacityBytes(has_part ? store_->part_capacity_bytes(Tier::kHbm) : 0);
       gpus[i].setHbmUsedBytes(has_part ? hbm_parts[i] : 0);
     }
+    fill_remote_stats(out.initRemote());
     const auto& recent = planner_.recent_moves();
     auto moves = out.initRecentMoves(static_cast<unsigned>(recent.size()));
     const uint64_t now = now_ms();

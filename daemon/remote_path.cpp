@@ -74,6 +74,11 @@ void Service::write_behind(const policy::Session& session) {
   uint32_t& was = remote_->deferred[key];
   remote_->deferred_blocks = remote_->deferred_blocks - was + deferred;
   was = deferred;
+  if (deferred > 0) {
+    remote_->unsynced.insert(key);
+  } else {
+    remote_->unsynced.erase(key);
+  }
 
   const uint32_t from = synced;
   NvmeSessionRecord record = to_record(session, ns, now, wall_now_ms());
@@ -95,6 +100,7 @@ void Service::write_behind(const policy::Session& session) {
           auto it = remote_->synced.find(key);
           if (it != remote_->synced.end()) {
             it->second = std::min<uint32_t>(it->second, from + static_cast<uint32_t>(ok));
+            remote_->unsynced.insert(key);  // tried again by the sweep
           }
         }
         // The record after its blocks: a node that finds it finds them (or misses).
@@ -103,6 +109,30 @@ void Service::write_behind(const policy::Session& session) {
   if (!queued) {
     ++remote_->declined_writes;
     synced = from;
+    remote_->unsynced.insert(key);
+  }
+}
+
+void Service::sweep_write_behind() {
+  if (!remote_ || remote_->unsynced.empty()) return;
+  const uint64_t now = now_ms();
+  if (now - std::min(now, remote_->last_sweep_ms) < 1000) return;
+  remote_->last_sweep_ms = now;
+  constexpr size_t kPerSweep = 256;  // sessions; the rest wait for the next sweep
+  std::vector<policy::SessionKey> keys;
+  for (auto it = remote_->unsynced.begin();
+       it != remote_->unsynced.end() && keys.size() < kPerSweep;) {
+    keys.push_back(*it);
+    it = remote_->unsynced.erase(it);
+  }
+  for (const policy::SessionKey& key : keys) {
+    const policy::Session* session = sessions_.find(key.namespace_id, key.id);
+    // Mid-turn sessions are written at the end of their turn.
+    if (session != nullptr && session->state == policy::SessionState::kIdle) {
+      write_behind(*session);
+    } else if (session != nullptr) {
+      remote_->unsynced.insert(key);
+    }
   }
 }
 
@@ -119,6 +149,7 @@ void Service::note_remote_closed(uint32_t namespace_id, const std::string& sessi
   if (!remote_) return;
   const policy::SessionKey key{namespace_id, session_id};
   remote_->synced.erase(key);
+  remote_->unsynced.erase(key);
   if (auto it = remote_->deferred.find(key); it != remote_->deferred.end()) {
     remote_->deferred_blocks -= it->second;
     remote_->deferred.erase(it);
@@ -228,11 +259,6 @@ struct RemoteWait {
 
 void Service::lookup_remote(const ConnectionPtr& c, const EngineContext& engine, uint64_t id,
                             std::vector<BlockHash> hashes, std::vector<Tier> tiers) {
-  const size_t first = tiers.size();
-  std::vector<remote::RemoteBlockId> ids;
-  for (size_t i = first; i < hashes.size(); ++i) {
-    ids.push_back({engine.namespace_name, engine.layout_key.layout_digest, hashes[i]});
-  }
   auto answer = [this, c, id, total = hashes.size()](const std::vector<Tier>& found) {
     counters_.lookup_hits += found.size();
     counters_.lookup_misses += total - found.size();
@@ -243,6 +269,19 @@ void Service::lookup_remote(const ConnectionPtr& c, const EngineContext& engine,
       for (unsigned i = 0; i < found.size(); ++i) list.set(i, static_cast<wire::Tier>(found[i]));
     });
   };
+  // Blocks being read from the cluster already (a BeginTurn's prefetch) need no question.
+  while (tiers.size() < hashes.size() &&
+         remote_->fetching.contains({engine.layout_key, hashes[tiers.size()]})) {
+    tiers.push_back(Tier::kRemote);
+  }
+  if (tiers.size() == hashes.size()) {
+    answer(tiers);
+    return;
+  }
+  std::vector<remote::RemoteBlockId> ids;
+  for (size_t i = tiers.size(); i < hashes.size(); ++i) {
+    ids.push_back({engine.namespace_name, engine.layout_key.layout_digest, hashes[i]});
+  }
   auto wait = std::make_shared<RemoteWait>();
   wait->deadline = std::make_unique<asio::steady_timer>(io_);
   wait->deadline->expires_after(std::chrono::milliseconds(config_.remote_timeout_ms));
@@ -373,6 +412,26 @@ void Service::resume_from_remote(const ConnectionPtr& c, const EngineContext& en
               }
             });
       });
+}
+
+void Service::fill_remote_stats(wire::RemoteStats::Builder out) const {
+  out.setConfigured(remote_ != nullptr);
+  if (!remote_) return;
+  const remote::RemoteWorker::Snapshot s = remote_->worker->snapshot();
+  out.setConnected(s.connected);
+  out.setDegraded(s.degraded);
+  out.setMasters(static_cast<uint32_t>(s.masters));
+  out.setStoredBytes(s.store.stored_bytes);
+  out.setBudgetBytes(config_.remote_bytes);
+  out.setInFlightBytes(s.in_flight_bytes);
+  out.setWriteLagMs(static_cast<uint64_t>(s.write_lag.count()));
+  out.setWrittenBlocks(remote_->written_blocks);
+  out.setFetchedBlocks(remote_->fetched_blocks);
+  out.setLookupHits(remote_->lookup_hits);
+  out.setCorruptValues(s.store.corrupt);
+  out.setErrors(s.store.errors);
+  out.setResumedSessions(remote_->resumed_sessions);
+  out.setDeferredBlocks(remote_->deferred_blocks);
 }
 
 void Service::render_remote_metrics(PrometheusText& out) const {

@@ -7,6 +7,7 @@
 #include <functional>
 #include <memory>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "daemon/service.h"
@@ -24,6 +25,11 @@ struct Service::RemoteState {
   // (in GPU memory or on NVMe); `deferred_blocks` is their sum.
   std::unordered_map<policy::SessionKey, uint32_t, policy::SessionKeyHasher> deferred;
   uint64_t deferred_blocks = 0;
+  // Sessions with blocks still to write behind (deferred, failed or declined): the
+  // periodic sweep tries them again, a bounded number per second, so blocks saved into
+  // GPU memory are written once the policy demoted them to RAM.
+  std::unordered_set<policy::SessionKey, policy::SessionKeyHasher> unsynced;
+  uint64_t last_sweep_ms = 0;
   // Blocks being read into RAM slots from the cluster, and who waits for each.
   std::unordered_map<BlockKey, std::vector<std::function<void(const Status&)>>, BlockKeyHasher>
       fetching;

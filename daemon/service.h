@@ -250,7 +250,10 @@ class Service final : public ipc::RequestHandler {
   // blocks it has, and prefetches the others. Every wait is bounded by remote-timeout.
   Status open_remote();
   void write_behind(const policy::Session& session);
+  // Writes behind again for sessions left with blocks to write (at most once a second).
+  void sweep_write_behind();
   void render_remote_metrics(PrometheusText& out) const;
+  void fill_remote_stats(wire::RemoteStats::Builder out) const;
   void note_remote_cut(const policy::Session& session);
   void note_remote_closed(uint32_t namespace_id, const std::string& session_id);
   // Reads `keys` (all of one namespace) from the remote tier into RAM (host HBM when

@@ -249,6 +249,25 @@ struct StatsReply {
   starting @21 :Bool;          # the memory pools are still being filled: Save, Load,
                                # BeginTurn and Drain wait (up to startup-wait-ms)
   fillBytes @22 :UInt64;       # while starting: bytes of memory pools being filled
+  remote @23 :RemoteStats;     # the remote tier (configured false without remote-nodes)
+}
+
+struct RemoteStats {
+  configured @0 :Bool;         # remote-nodes is set
+  connected @1 :Bool;          # the daemon has a slot map of the cluster
+  degraded @2 :Bool;           # a node it needed was down or answered errors (last call)
+  masters @3 :UInt32;          # masters in the slot map
+  storedBytes @4 :UInt64;      # bytes this node keeps stored there (remote-bytes budget)
+  budgetBytes @5 :UInt64;      # remote-bytes
+  inFlightBytes @6 :UInt64;    # payload bytes queued or moving
+  writeLagMs @7 :UInt64;       # how long the oldest pending write-behind has waited
+  writtenBlocks @8 :UInt64;    # blocks written behind since start
+  fetchedBlocks @9 :UInt64;    # blocks read into RAM since start
+  lookupHits @10 :UInt64;      # blocks Lookups found only there
+  corruptValues @11 :UInt64;   # values that did not verify (deleted, never served)
+  errors @12 :UInt64;          # commands a node did not answer or refused
+  resumedSessions @13 :UInt64; # sessions BeginTurn created from a remote record
+  deferredBlocks @14 :UInt64;  # blocks held here not written behind (GPU memory, NVMe)
 }
 
 struct GpuStats {

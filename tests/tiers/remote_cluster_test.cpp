@@ -217,10 +217,12 @@ TEST_F(RemoteClusterTest, ADeadSeedIsSkippedAndNoLiveSeedIsUnavailable) {
       << none.status().message();
 }
 
-// ACL: a user with a password on every node (ACL SETUSER is per node), its keys only.
+// ACL: a user with a password on every node (ACL SETUSER is per node), its keys only,
+// with the commands the README's operations section grants and no others.
 TEST_F(RemoteClusterTest, AnAclUserIsAuthenticatedAndAWrongPasswordIsPermissionDenied) {
   for (int port : redis_.ports()) {
-    ASSERT_EQ(redis_.cli(port, {"acl", "setuser", "kvtier", "on", ">s3cret", "~kvtier:*", "+@all"}),
+    ASSERT_EQ(redis_.cli(port, {"acl", "setuser", "kvtier", "on", ">s3cret", "~kvtier:*", "+get",
+                                "+set", "+del", "+exists", "+cluster|slots", "+asking"}),
               "OK");
   }
   ClusterOptions options;
@@ -232,6 +234,11 @@ TEST_F(RemoteClusterTest, AnAclUserIsAuthenticatedAndAWrongPasswordIsPermissionD
   auto set = (*cluster)->command({"SET", "kvtier:1:x:ok", "v"});
   ASSERT_TRUE(set.is_ok()) << set.status().to_string();
   EXPECT_EQ(set->kind, Reply::Kind::kStatus) << set->str;
+  for (const char* command : {"GET", "EXISTS", "DEL"}) {
+    auto reply = (*cluster)->command({command, "kvtier:1:x:ok"});
+    ASSERT_TRUE(reply.is_ok()) << command;
+    EXPECT_NE(reply->kind, Reply::Kind::kError) << command << ": " << reply->str;
+  }
   // Outside the user's key pattern: Redis refuses it, as a reply.
   auto other = (*cluster)->command({"SET", "not-kvtier", "v"});
   ASSERT_TRUE(other.is_ok());
