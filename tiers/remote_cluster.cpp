@@ -394,6 +394,17 @@ std::vector<Result<Reply>> RemoteCluster::pipeline(const std::vector<Argv>& comm
     entry.second.push_back(i);
   }
   std::vector<size_t> retry = unrouted;
+  // Every node's commands are sent before any reply is read, so the masters work at
+  // the same time: while one node's replies are read the others' are on their way.
+  struct Sent {
+    const std::string* name;
+    const Endpoint* at;
+    const std::vector<size_t>* indexes;
+    redisContext* context = nullptr;
+    bool broken = false;
+  };
+  std::vector<Sent> sent;
+  sent.reserve(by_node.size());
   for (auto& [name, entry] : by_node) {
     const auto& [at, indexes] = entry;
     auto connection = node(at);
@@ -402,10 +413,10 @@ std::vector<Result<Reply>> RemoteCluster::pipeline(const std::vector<Argv>& comm
       for (size_t i : indexes) results[i] = connection.status();
       continue;
     }
-    redisContext* context = (*connection)->context;
+    Sent& node_sent = sent.emplace_back(Sent{&name, &at, &indexes, (*connection)->context});
+    redisContext* context = node_sent.context;
     std::vector<const char*> args;
     std::vector<size_t> lens;
-    bool broken = false;
     for (size_t i : indexes) {
       args.clear();
       lens.clear();
@@ -415,19 +426,28 @@ std::vector<Result<Reply>> RemoteCluster::pipeline(const std::vector<Argv>& comm
       }
       if (redisAppendCommandArgv(context, static_cast<int>(args.size()), args.data(),
                                  lens.data()) != REDIS_OK) {
-        broken = true;
+        node_sent.broken = true;
         break;
       }
     }
-    for (size_t i : indexes) {
+    // Written out now (bounded by the command timeout, as a read is).
+    for (int done = 0; !node_sent.broken && !done;) {
+      if (redisBufferWrite(context, &done) != REDIS_OK) node_sent.broken = true;
+    }
+  }
+  for (Sent& node_sent : sent) {
+    redisContext* context = node_sent.context;
+    bool& broken = node_sent.broken;
+    const std::string& name = *node_sent.name;
+    bool reported = false;  // the first failure says why; the others that it happened
+    for (size_t i : *node_sent.indexes) {
       void* raw = nullptr;
       if (broken || redisGetReply(context, &raw) != REDIS_OK || raw == nullptr) {
-        if (!broken) {
-          broken = true;
-          results[i] = unavailable("Redis node {}: {}", name, context->errstr);
-        } else {
-          results[i] = unavailable("Redis node {}: connection lost in a pipeline", name);
-        }
+        broken = true;
+        results[i] = reported
+                         ? unavailable("Redis node {}: connection lost in a pipeline", name)
+                         : unavailable("Redis node {}: {}", name, context->errstr);
+        reported = true;
         continue;
       }
       OwnedReply reply(static_cast<redisReply*>(raw));
@@ -438,7 +458,7 @@ std::vector<Result<Reply>> RemoteCluster::pipeline(const std::vector<Argv>& comm
       }
       results[i] = std::move(decoded);
     }
-    if (broken) drop(at);
+    if (broken) drop(*node_sent.at);
   }
   for (size_t i : retry) results[i] = command(commands[i], key_index);
   return results;

@@ -12,7 +12,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
@@ -124,6 +126,36 @@ class LocalRedisCluster {
     for (size_t i = 0; i < ports_.size(); ++i) {
       if (ports_[i] == port && pids_[i] > 0) ::kill(pids_[i], paused ? SIGSTOP : SIGCONT);
     }
+  }
+  // Waits until every master's replicas have acknowledged all it has written (their
+  // offsets in INFO replication equal the master's), so a measurement that follows does
+  // not share the CPUs with replication still streaming.
+  Status wait_for_replication(milliseconds timeout) const {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    for (int port : ports_) {
+      for (;;) {
+        const std::string info = cli(port, {"info", "replication"});
+        if (info.find("role:master") == std::string::npos) break;
+        const auto field = [&](std::string_view name, size_t from) -> std::optional<long long> {
+          const size_t at = info.find(name, from);
+          if (at == std::string::npos) return std::nullopt;
+          return std::atoll(info.c_str() + at + name.size());
+        };
+        const auto master = field("master_repl_offset:", 0);
+        bool caught_up = master.has_value();
+        for (size_t at = info.find("slave0:"); caught_up && at != std::string::npos;
+             at = info.find("\nslave", at + 1)) {
+          const auto offset = field("offset=", at);
+          caught_up = offset.has_value() && *offset >= *master;
+        }
+        if (caught_up) break;
+        if (std::chrono::steady_clock::now() > deadline) {
+          return unavailable("the replicas of {} did not catch up: {}", port, info);
+        }
+        std::this_thread::sleep_for(milliseconds(5));
+      }
+    }
+    return Status::ok();
   }
   void kill_node(int port) {
     for (size_t i = 0; i < ports_.size(); ++i) {
