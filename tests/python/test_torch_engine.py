@@ -9,7 +9,11 @@ history's KV restored from kvtierd as with the KV it computed itself:
    and restarted on the same data dir in the middle of the conversation;
 3. a second engine process loads the first one's system-prompt blocks (deduplicated
    on save) and answers as a recompute would; an engine with other weights (another
-   model id) finds nothing.
+   model id) finds nothing;
+4. a conversation begun on one node (kvtierd A) goes on on another (kvtierd B, its
+   own data dir and socket) through the remote tier on a local Redis Cluster: B's
+   engine restores the whole history from the cluster and answers bit for bit as the
+   engine that kept its cache.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kvtierd_process import REPO, Kvtierd
+from kvtierd_process import BUILD_DIR, REPO, Kvtierd
 
 ENGINE_DIR = REPO / "examples" / "torch_engine"
 sys.path.insert(0, str(ENGINE_DIR))
@@ -182,3 +186,58 @@ def test_second_engine_loads_the_first_ones_system_prompt(daemon, model, tmp_pat
                                         seed=1)
     assert other_model["lookup_hits"] == 0
     assert other_model["deduplicated_blocks"] == 0
+
+
+def remote_status(socket_path: str) -> dict:
+    done = subprocess.run([str(BUILD_DIR / "kvtierctl"), "--socket", socket_path, "status",
+                           "--json"], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)["remote"]
+
+
+def test_conversation_moves_to_another_node_through_the_remote_tier(model, tmp_path):
+    cluster_dir = tmp_path / "redis"
+    started = subprocess.run([str(REPO / "scripts" / "redis-cluster"), "start", str(cluster_dir)],
+                             capture_output=True, text=True, timeout=120)
+    assert started.returncode == 0, started.stderr
+    seeds = started.stdout.strip().splitlines()[-1]
+    nodes = []
+    engines = []
+    try:
+        nodes = [Kvtierd(["--remote-nodes", seeds]) for _ in range(2)]
+        config = model.config
+        engine_a, engine_b = (Engine(config, "kvtier", socket_path=node.socket_path, model=model)
+                              for node in nodes)
+        reference = Engine(config, "memory", model=model)
+        engines = [engine_a, engine_b, reference]
+        conversation = start_conversation(engine_a, "moves", "moves")
+        expected = start_conversation(reference, "moves", "moves")
+        saved_blocks = 0
+        for turn, message in enumerate(MESSAGES):
+            engine = engine_a if turn < 2 else engine_b
+            if turn == 2:
+                # Node A has written the first two turns behind (blocks, then records).
+                deadline = time.monotonic() + 20
+                while True:
+                    status = remote_status(nodes[0].socket_path)
+                    if status["written_blocks"] >= saved_blocks and \
+                            status["in_flight_bytes"] == 0 and status["write_lag_ms"] == 0:
+                        break
+                    assert time.monotonic() < deadline, status
+                    time.sleep(0.05)
+            restored = engine.turn(conversation, message, NEW_TOKENS)
+            assert_same_as_reference(restored, reference.turn(expected, message, NEW_TOKENS))
+            if turn > 0:
+                assert restored.lookup_hits == saved_blocks
+            if turn == 2:
+                # B had never seen this conversation: every block came from the cluster.
+                assert remote_status(nodes[1].socket_path)["fetched_blocks"] == saved_blocks
+            saved_blocks += restored.saved_blocks
+        assert all(node.running() for node in nodes)
+    finally:
+        for engine in engines:
+            engine.close()
+        for node in nodes:
+            node.stop()
+        subprocess.run([str(REPO / "scripts" / "redis-cluster"), "stop", str(cluster_dir)],
+                       capture_output=True, timeout=60)
