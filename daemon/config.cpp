@@ -174,6 +174,9 @@ const std::vector<Setting>& settings() {
                    "remote tier: the most this node keeps stored in the cluster"),
       duration_setting("remote-timeout", &C::remote_timeout_ms, kRestart,
                        "remote tier: connect and command timeout per Redis node"),
+      size_setting("remote-max-in-flight", &C::remote_max_in_flight_bytes, kRestart,
+                   "remote tier: payload bytes being read (and, separately, written) at "
+                   "once; a longer prefix is read in turn"),
       fault_nvme_setting(),
       duration_setting("startup-wait-ms", &C::startup_wait_ms, kLive,
                        "how long a Save/Load/BeginTurn/Drain that arrives while the memory "
@@ -298,6 +301,9 @@ Status validate(const DaemonConfig& config) {
   if (!config.remote_nodes.empty()) {
     if (config.remote_bytes == 0) return invalid_argument("remote-bytes must be positive");
     if (config.remote_timeout_ms == 0) return invalid_argument("remote-timeout must be positive");
+    if (config.remote_max_in_flight_bytes == 0) {
+      return invalid_argument("remote-max-in-flight must be positive");
+    }
     if (config.remote_ttl_ms == 0) return invalid_argument("remote-ttl must be positive");
   }
   return Status::ok();

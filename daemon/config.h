@@ -54,6 +54,7 @@ struct DaemonConfig {
   uint64_t remote_ttl_ms = 24ull * 3600 * 1000;  // every value expires after this
   uint64_t remote_bytes = 8ull << 30;            // what this node keeps stored there
   uint64_t remote_timeout_ms = 1'000;            // connect and command timeout per node
+  uint64_t remote_max_in_flight_bytes = 256ull << 20;  // reads (and writes) at once
   // TESTS ONLY: slab-file I/O faults to inject (tiers/nvme_io.h, "KIND:N[+][:ERRNO]").
   std::vector<std::string> fault_nvme;
   // A data request arriving while the tier memory is still being filled waits this

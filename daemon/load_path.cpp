@@ -4,7 +4,10 @@
 // RAM (or host HBM) by the move executor (tiers/move_executor.h), waits for those reads —
 // joining a read already running rather than reading twice — for at most
 // nvme-load-wait-ms, and then scatters what is readable, in prefix order. A block
-// whose bytes failed their checksum ends the prefix with DataLoss.
+// whose bytes failed their checksum ends the prefix with DataLoss. With a remote tier,
+// blocks not held here are read from the cluster into RAM slots (fetch_remote,
+// remote_path.cpp) for at most remote-timeout; the first that is not there ends the
+// prefix the same way.
 #include <boost/asio/steady_timer.hpp>
 
 #include <cstddef>
@@ -53,22 +56,20 @@ Status Service::handle_load(const ConnectionPtr& c, EngineContext& engine, uint6
   }
   auto load = std::make_shared<PendingLoad>();
   std::vector<BlockKey> to_read;
-  std::vector<BlockKey> from_remote;  // the rest of the prefix from the first block not held
-  size_t first_remote = 0;
+  // With a remote tier, blocks not held here are read from it (their entries' indexes).
+  std::vector<BlockKey> from_remote;
+  std::vector<size_t> remote_entries;
   store_->prefetch(engine.layout_key, request.hashes);
   for (size_t i = 0; i < request.hashes.size(); ++i) {
     BlockKey key{engine.layout_key, request.hashes[i]};
     auto info = store_->lookup(key);
     if (!info && remote_) {
-      first_remote = i;
-      for (size_t j = i; j < request.hashes.size(); ++j) {
-        BlockKey rest{engine.layout_key, request.hashes[j]};
-        from_remote.push_back(rest);
-        load->entries.push_back(
-            {rest, request.engine_block_ids[j], PinnedBlock(), Status::ok(), /*remote=*/true});
-      }
-      load->waiting += from_remote.size();
-      break;
+      remote_entries.push_back(load->entries.size());
+      from_remote.push_back(key);
+      ++load->waiting;
+      load->entries.push_back(
+          {key, request.engine_block_ids[i], PinnedBlock(), Status::ok(), /*remote=*/true});
+      continue;
     }
     if (!info) {
       load->scan_stop =
@@ -186,9 +187,9 @@ Status Service::handle_load(const ConnectionPtr& c, EngineContext& engine, uint6
   }
   if (!from_remote.empty()) {
     fetch_remote(engine.namespace_name, from_remote,
-                 [this, load, finish, first_remote](size_t j, const Status& status) {
+                 [this, load, finish, remote_entries](size_t j, const Status& status) {
                    if (load->finished) return;
-                   PendingLoad::Entry& entry = load->entries[first_remote + j];
+                   PendingLoad::Entry& entry = load->entries[remote_entries[j]];
                    if (status.is_ok()) {
                      entry.pinned = store_->pin(entry.key, now_ms());
                      if (!entry.pinned)

@@ -5,7 +5,9 @@
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 
+#include <deque>
 #include <fstream>
+#include <optional>
 
 #include "common/log.h"
 #include "daemon/persistence.h"
@@ -32,6 +34,7 @@ Status Service::open_remote() {
   options.store.cluster.command_timeout = timeout;
   options.store.ttl = std::chrono::milliseconds(config_.remote_ttl_ms);
   options.store.budget_bytes = std::max<uint64_t>(config_.remote_bytes, 1);
+  options.max_in_flight_bytes = config_.remote_max_in_flight_bytes;
   remote_ = std::make_unique<RemoteState>();
   // Completions come back to the control thread; after the loop stops they are
   // dropped unrun, and their pins release nothing (tiers/block_store.h).
@@ -42,7 +45,7 @@ Status Service::open_remote() {
   return Status::ok();
 }
 
-void Service::write_behind(const policy::Session& session) {
+void Service::write_behind(const policy::Session& session, bool sweeping) {
   if (!remote_) return;
   const policy::SessionKey key{session.namespace_id, session.id};
   uint32_t& synced = remote_->synced[key];
@@ -74,23 +77,32 @@ void Service::write_behind(const policy::Session& session) {
   uint32_t& was = remote_->deferred[key];
   remote_->deferred_blocks = remote_->deferred_blocks - was + deferred;
   was = deferred;
-  if (deferred > 0) {
-    remote_->unsynced.insert(key);
+  // Tried again by the sweep while what stops it is in GPU memory (it comes down to
+  // RAM in time); blocks already on NVMe are not read back up for this.
+  const bool stopped_on_nvme = next < session.blocks.size() && [&] {
+    auto info = store_->lookup({session.layout, session.blocks[next]});
+    return info && info->location.tier == Tier::kNvme;
+  }();
+  if (deferred > 0 && !stopped_on_nvme) {
+    remote_->mark_unsynced(key);
   } else {
     remote_->unsynced.erase(key);
   }
 
   const uint32_t from = synced;
-  NvmeSessionRecord record = to_record(session, ns, now, wall_now_ms());
-  std::string value = encode_session_value(record);
   if (writes.empty()) {
-    remote_->worker->put_session(ns, session.id, std::move(value), [](Status) {});
+    // A sweep that wrote nothing has nothing new to say (and must not keep renewing
+    // the record's TTL while its blocks expire).
+    if (!sweeping) {
+      remote_->worker->put_session(ns, session.id,
+                                   encode_session_value(to_record(session, ns, now, wall_now_ms())),
+                                   [](Status) {});
+    }
     return;
   }
   synced = static_cast<uint32_t>(next);  // handed over; lowered again below if some fail
   const bool queued = remote_->worker->put_borrowed(
-      std::move(writes),
-      [this, pins, key, from, ns, value = std::move(value)](std::vector<Status> statuses) mutable {
+      std::move(writes), [this, pins, key, from, ns](std::vector<Status> statuses) {
         pins->clear();  // the worker is done with the slots
         size_t ok = 0;
         while (ok < statuses.size() && statuses[ok].is_ok()) ++ok;
@@ -100,16 +112,22 @@ void Service::write_behind(const policy::Session& session) {
           auto it = remote_->synced.find(key);
           if (it != remote_->synced.end()) {
             it->second = std::min<uint32_t>(it->second, from + static_cast<uint32_t>(ok));
-            remote_->unsynced.insert(key);  // tried again by the sweep
+            remote_->mark_unsynced(key);  // tried again by the sweep
           }
         }
-        // The record after its blocks: a node that finds it finds them (or misses).
-        remote_->worker->put_session(ns, key.id, std::move(value), [](Status) {});
+        // The record after its blocks: a node that finds it finds them (or misses). As
+        // the session is now, so that an older turn's record never lands after a newer
+        // one; none once the session was closed.
+        const policy::Session* live = sessions_.find(key.namespace_id, key.id);
+        if (live == nullptr) return;
+        remote_->worker->put_session(
+            ns, key.id, encode_session_value(to_record(*live, ns, now_ms(), wall_now_ms())),
+            [](Status) {});
       });
   if (!queued) {
     ++remote_->declined_writes;
     synced = from;
-    remote_->unsynced.insert(key);
+    remote_->mark_unsynced(key);
   }
 }
 
@@ -118,20 +136,22 @@ void Service::sweep_write_behind() {
   const uint64_t now = now_ms();
   if (now - std::min(now, remote_->last_sweep_ms) < 1000) return;
   remote_->last_sweep_ms = now;
-  constexpr size_t kPerSweep = 256;  // sessions; the rest wait for the next sweep
+  constexpr size_t kPerSweep = 256;  // sessions; the rest wait for the next sweep, in turn
   std::vector<policy::SessionKey> keys;
-  for (auto it = remote_->unsynced.begin();
-       it != remote_->unsynced.end() && keys.size() < kPerSweep;) {
-    keys.push_back(*it);
-    it = remote_->unsynced.erase(it);
+  while (!remote_->unsynced_order.empty() && keys.size() < kPerSweep) {
+    policy::SessionKey key = std::move(remote_->unsynced_order.front());
+    remote_->unsynced_order.pop_front();
+    if (remote_->unsynced.erase(key) == 0) continue;  // closed or written meanwhile
+    keys.push_back(std::move(key));
   }
   for (const policy::SessionKey& key : keys) {
     const policy::Session* session = sessions_.find(key.namespace_id, key.id);
+    if (session == nullptr) continue;
     // Mid-turn sessions are written at the end of their turn.
-    if (session != nullptr && session->state == policy::SessionState::kIdle) {
-      write_behind(*session);
-    } else if (session != nullptr) {
-      remote_->unsynced.insert(key);
+    if (session->state == policy::SessionState::kIdle) {
+      write_behind(*session, /*sweeping=*/true);
+    } else {
+      remote_->mark_unsynced(key);
     }
   }
 }
@@ -147,6 +167,10 @@ void Service::note_remote_cut(const policy::Session& session) {
 
 void Service::note_remote_closed(uint32_t namespace_id, const std::string& session_id) {
   if (!remote_) return;
+  // Closed for good: no node resumes it (a write-behind still queued for it writes its
+  // blocks, and its completion finds the session gone and writes no record).
+  remote_->worker->delete_session(engines_.namespaces().name(namespace_id), session_id,
+                                  [](Status) {});
   const policy::SessionKey key{namespace_id, session_id};
   remote_->synced.erase(key);
   remote_->unsynced.erase(key);
@@ -178,66 +202,129 @@ Result<std::optional<PendingWrite>> Service::reserve_staging(const BlockKey& key
   return reserved;
 }
 
+// One fetch_remote call's reads: the keys it started, read in chunks of at most
+// kFetchChunkBytes with at most `window` chunks at the worker at once, so a prefix of
+// any length is read (in turn) and slots are reserved only as their chunk starts.
+struct Service::RemoteFetch {
+  std::string namespace_name;
+  std::deque<BlockKey> to_read;
+  size_t chunks_in_flight = 0;
+};
+
+namespace {
+constexpr uint64_t kFetchChunkBytes = 32ull << 20;
+}  // namespace
+
 void Service::fetch_remote(const std::string& namespace_name, const std::vector<BlockKey>& keys,
                            std::function<void(size_t, const Status&)> done) {
   auto answer = std::make_shared<std::function<void(size_t, const Status&)>>(std::move(done));
   std::vector<std::pair<size_t, Status>> at_once;
-  std::vector<remote::RemoteWorker::ReadInto> reads;
-  auto slots = std::make_shared<std::vector<PendingWrite>>();
-  auto started = std::make_shared<std::vector<BlockKey>>();
+  if (!remote_->worker->snapshot().connected) {
+    for (size_t i = 0; i < keys.size(); ++i) {
+      (*answer)(i, store_->lookup(keys[i]) ? Status::ok()
+                                           : unavailable("the remote tier is not connected"));
+    }
+    return;
+  }
+  auto fetch = std::make_shared<RemoteFetch>();
+  fetch->namespace_name = namespace_name;
   for (size_t i = 0; i < keys.size(); ++i) {
     const BlockKey& key = keys[i];
     auto waiter = [answer, i](const Status& status) { (*answer)(i, status); };
     if (auto it = remote_->fetching.find(key); it != remote_->fetching.end()) {
-      it->second.push_back(std::move(waiter));  // joins the read already running
+      it->second.push_back(std::move(waiter));  // joins the read already under way
       continue;
     }
     if (store_->lookup(key)) {
       at_once.emplace_back(i, Status::ok());
       continue;
     }
-    const uint64_t block_bytes = store_->block_bytes(key.layout);
-    auto reserved = reserve_staging(key, block_bytes);
-    if (!reserved.is_ok()) {
-      at_once.emplace_back(i, reserved.status());
-      continue;
-    }
-    if (!*reserved) {  // present but not visible: a Save is writing it
-      at_once.emplace_back(i, unavailable("it is being saved; retry"));
-      continue;
-    }
-    PendingWrite& slot = **reserved;
-    std::byte* into = store_->memory(slot.location().tier)->host_data() + slot.location().offset;
-    reads.push_back({{namespace_name, key.layout.layout_digest, key.hash}, {into, block_bytes}});
-    slots->push_back(std::move(slot));
-    started->push_back(key);
     remote_->fetching[key].push_back(std::move(waiter));
+    fetch->to_read.push_back(key);
   }
-  // Every started read ends here once: the slot committed or given back, its waiters told.
-  auto settle = [this, slots, started](const std::vector<Status>& statuses) {
-    for (size_t j = 0; j < started->size(); ++j) {
-      if (statuses[j].is_ok()) {
-        (*slots)[j].commit();
-        ++remote_->fetched_blocks;
-      } else {
-        (*slots)[j].abort();
-        ++remote_->fetch_misses;
-      }
-      auto it = remote_->fetching.find((*started)[j]);
-      if (it == remote_->fetching.end()) continue;
-      auto waiters = std::move(it->second);
-      remote_->fetching.erase(it);
-      for (auto& waiter : waiters) waiter(statuses[j]);
-    }
-  };
-  if (!reads.empty() &&
-      !remote_->worker->get_into(std::move(reads),
-                                 [settle](std::vector<Status> statuses) { settle(statuses); })) {
-    settle(std::vector<Status>(
-        started->size(),
-        resource_exhausted("the remote tier has as many bytes in flight as it may; retry")));
-  }
+  pump_fetch(fetch);
   for (const auto& [i, status] : at_once) (*answer)(i, status);
+}
+
+void Service::settle_fetch(const BlockKey& key, PendingWrite* slot, const Status& status) {
+  if (slot != nullptr) {
+    if (status.is_ok()) {
+      slot->commit();
+    } else {
+      slot->abort();
+    }
+    // A Save that found the block being written (our reservation) waits for it.
+    wake_write_waiters(key, status.is_ok());
+  }
+  if (status.is_ok()) {
+    ++remote_->fetched_blocks;
+  } else {
+    ++remote_->fetch_misses;
+  }
+  auto it = remote_->fetching.find(key);
+  if (it == remote_->fetching.end()) return;
+  auto waiters = std::move(it->second);
+  remote_->fetching.erase(it);
+  for (auto& waiter : waiters) waiter(status);
+}
+
+void Service::pump_fetch(const std::shared_ptr<RemoteFetch>& fetch) {
+  if (!remote_) return;
+  const uint64_t chunk_limit = std::min(kFetchChunkBytes, config_.remote_max_in_flight_bytes);
+  const size_t window = std::max<uint64_t>(1, config_.remote_max_in_flight_bytes / chunk_limit);
+  while (fetch->chunks_in_flight < window && !fetch->to_read.empty()) {
+    std::vector<remote::RemoteWorker::ReadInto> reads;
+    auto slots = std::make_shared<std::vector<PendingWrite>>();
+    auto started = std::make_shared<std::vector<BlockKey>>();
+    uint64_t bytes = 0;
+    while (!fetch->to_read.empty()) {
+      const BlockKey key = fetch->to_read.front();
+      const uint64_t block_bytes = store_->block_bytes(key.layout);
+      if (!started->empty() && bytes + block_bytes > chunk_limit) break;
+      fetch->to_read.pop_front();
+      auto reserved = reserve_staging(key, block_bytes);
+      if (!reserved.is_ok() || !*reserved) {
+        // No room, or present meanwhile but not visible (a Save is writing it).
+        settle_fetch(
+            key, nullptr,
+            reserved.is_ok() ? unavailable("it is being saved; retry") : reserved.status());
+        continue;
+      }
+      PendingWrite& slot = **reserved;
+      std::byte* into = store_->memory(slot.location().tier)->host_data() + slot.location().offset;
+      reads.push_back(
+          {{fetch->namespace_name, key.layout.layout_digest, key.hash}, {into, block_bytes}});
+      slots->push_back(std::move(slot));
+      started->push_back(key);
+      bytes += block_bytes;
+    }
+    if (reads.empty()) continue;
+    ++fetch->chunks_in_flight;
+    // Every started read ends once: its slot committed or given back, its waiters told.
+    auto settle = [this, slots, started, fetch](const std::vector<Status>& statuses) {
+      for (size_t j = 0; j < started->size(); ++j) {
+        settle_fetch((*started)[j], &(*slots)[j], statuses[j]);
+      }
+      --fetch->chunks_in_flight;
+      pump_fetch(fetch);
+    };
+    if (!remote_->worker->get_into(std::move(reads),
+                                   [settle](std::vector<Status> statuses) { settle(statuses); })) {
+      // Other reads hold the worker's bound: this chunk and the rest are not read now.
+      --fetch->chunks_in_flight;
+      const Status busy =
+          resource_exhausted("the remote tier has as many bytes in flight as it may; retry");
+      for (size_t j = 0; j < started->size(); ++j) {
+        settle_fetch((*started)[j], &(*slots)[j], busy);
+      }
+      while (!fetch->to_read.empty()) {
+        const BlockKey key = fetch->to_read.front();
+        fetch->to_read.pop_front();
+        settle_fetch(key, nullptr, busy);
+      }
+      return;
+    }
+  }
 }
 
 namespace {
@@ -274,7 +361,8 @@ void Service::lookup_remote(const ConnectionPtr& c, const EngineContext& engine,
          remote_->fetching.contains({engine.layout_key, hashes[tiers.size()]})) {
     tiers.push_back(Tier::kRemote);
   }
-  if (tiers.size() == hashes.size()) {
+  // Not connected (the cluster is down or not reached yet): a miss at once, no wait.
+  if (tiers.size() == hashes.size() || !remote_->worker->snapshot().connected) {
     answer(tiers);
     return;
   }
@@ -302,6 +390,11 @@ void Service::lookup_remote(const ConnectionPtr& c, const EngineContext& engine,
 
 void Service::resume_from_remote(const ConnectionPtr& c, const EngineContext& engine, uint64_t id,
                                  const std::string& session_id) {
+  if (!remote_->worker->snapshot().connected) {
+    reply_error(c, id,
+                not_found("unknown session '{}' (the remote tier is not connected)", session_id));
+    return;
+  }
   auto engine_ref = std::static_pointer_cast<EngineContext>(c->user_state);
   auto wait = std::make_shared<RemoteWait>();
   wait->deadline = std::make_unique<asio::steady_timer>(io_);
@@ -368,49 +461,62 @@ void Service::resume_from_remote(const ConnectionPtr& c, const EngineContext& en
         }
         const auto fetching = static_cast<uint32_t>(rest.size());
         if (held == 0) remote_->synced[{engine.namespace_id, session_id}] = 0;
+        note_session_changed(session);  // its NVMe record, when there is a tier
+        // The blocks as they land: the session grows by each once it and all before it
+        // are here, up to the first that is not, and only while it is still the
+        // session this record made (its last block the record's block before).
         struct Growth {
           std::vector<char> landed;
           size_t next = 0;
-          bool stopped = false;
+          size_t limit = 0;  // the first block that did not land (rest.size(): none yet)
         };
         auto growth = std::make_shared<Growth>();
         growth->landed.assign(rest.size(), 0);
+        growth->limit = rest.size();
         const policy::SessionKey key{engine.namespace_id, session_id};
         // Before the turn is answered, so that the waits below see a live session.
         begin_turn(c, engine, id, session, fetching);
-        fetch_remote(
-            engine.namespace_name, rest,
-            [this, growth, rest, key, held](size_t i, const Status& status) {
-              if (growth->stopped) return;
-              if (!status.is_ok()) {
-                growth->stopped = true;
-                return;
-              }
-              growth->landed[i] = 1;
-              policy::Session* session = sessions_.find(key.namespace_id, key.id);
-              if (session == nullptr) {
-                growth->stopped = true;
-                return;
-              }
-              while (growth->next < rest.size() && growth->landed[growth->next]) {
-                const BlockKey& block = rest[growth->next];
-                // The block may have gone again (evicted): the session ends before it.
-                if (!store_->lookup(block)) {
-                  growth->stopped = true;
-                  return;
-                }
-                for (const BlockHash& hash : sessions_.record_save(*session, {block.hash}, false)) {
-                  store_->add_session_ref({block.layout, hash});
-                }
-                // Read from the cluster: there already, nothing to write behind.
-                auto synced = remote_->synced.find(key);
-                if (synced != remote_->synced.end() && held == 0 &&
-                    synced->second == growth->next) {
-                  ++synced->second;
-                }
-                ++growth->next;
-              }
-            });
+        auto grow = [this, growth, rest, key, held,
+                     before = held == 0 ? std::optional<BlockHash>()
+                                        : std::optional<BlockHash>(record->blocks[held - 1])](
+                        size_t i, const Status& status) {
+          if (status.is_ok()) {
+            growth->landed[i] = 1;
+          } else {
+            growth->limit = std::min(growth->limit, i);
+          }
+          policy::Session* session = sessions_.find(key.namespace_id, key.id);
+          if (session == nullptr) return;
+          bool grew = false;
+          while (growth->next < growth->limit && growth->landed[growth->next]) {
+            const BlockKey& block = rest[growth->next];
+            const std::optional<BlockHash> last =
+                growth->next == 0 ? before : std::optional<BlockHash>(rest[growth->next - 1].hash);
+            // Cut, closed and made again, or grown by a Save meanwhile: not this
+            // record's session any more; and a block evicted again ends it here.
+            if (session->blocks.size() != held + growth->next ||
+                (last.has_value() &&
+                 (session->blocks.empty() || session->blocks.back() != *last)) ||
+                !store_->lookup(block)) {
+              growth->limit = growth->next;
+              break;
+            }
+            // Appended without touching the session's state: a block landing after the
+            // turn's end must not make it active again.
+            for (const BlockHash& hash : sessions_.append_blocks(*session, {block.hash})) {
+              store_->add_session_ref({block.layout, hash});
+            }
+            // Read from the cluster: there already, nothing to write behind.
+            auto synced = remote_->synced.find(key);
+            if (synced != remote_->synced.end() && held == 0 && synced->second == growth->next) {
+              ++synced->second;
+            }
+            ++growth->next;
+            grew = true;
+          }
+          if (grew) note_session_changed(*session);
+        };
+        fetch_remote(engine.namespace_name, rest, std::move(grow));
       });
 }
 

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <unordered_map>
@@ -28,7 +29,12 @@ struct Service::RemoteState {
   // Sessions with blocks still to write behind (deferred, failed or declined): the
   // periodic sweep tries them again, a bounded number per second, so blocks saved into
   // GPU memory are written once the policy demoted them to RAM.
+  // In order (oldest first; the set says which entries of the queue still count).
   std::unordered_set<policy::SessionKey, policy::SessionKeyHasher> unsynced;
+  std::deque<policy::SessionKey> unsynced_order;
+  void mark_unsynced(const policy::SessionKey& key) {
+    if (unsynced.insert(key).second) unsynced_order.push_back(key);
+  }
   uint64_t last_sweep_ms = 0;
   // Blocks being read into RAM slots from the cluster, and who waits for each.
   std::unordered_map<BlockKey, std::vector<std::function<void(const Status&)>>, BlockKeyHasher>

@@ -249,7 +249,7 @@ class Service final : public ipc::RequestHandler {
   // session this node does not know fetches its record, creates the session from the
   // blocks it has, and prefetches the others. Every wait is bounded by remote-timeout.
   Status open_remote();
-  void write_behind(const policy::Session& session);
+  void write_behind(const policy::Session& session, bool sweeping = false);
   // Writes behind again for sessions left with blocks to write (at most once a second).
   void sweep_write_behind();
   void render_remote_metrics(PrometheusText& out) const;
@@ -263,6 +263,12 @@ class Service final : public ipc::RequestHandler {
   // ResourceExhausted).
   void fetch_remote(const std::string& namespace_name, const std::vector<BlockKey>& keys,
                     std::function<void(size_t, const Status&)> done);
+  struct RemoteFetch;
+  // Starts the next chunks of `fetch` while it has fewer than its window at the worker.
+  void pump_fetch(const std::shared_ptr<RemoteFetch>& fetch);
+  // A fetched block's end: its slot (nullptr: none was reserved) committed when
+  // `status` is OK, else given back; Saves and fetch waiters told.
+  void settle_fetch(const BlockKey& key, PendingWrite* slot, const Status& status);
   // A RAM (or host HBM) slot for a block read from the remote tier, making room the way
   // a Save does. nullopt when the block is present already.
   Result<std::optional<PendingWrite>> reserve_staging(const BlockKey& key, uint64_t block_bytes);

@@ -43,6 +43,23 @@ const Session* SessionTable::find(uint32_t namespace_id, const std::string& id) 
 std::vector<BlockHash> SessionTable::record_save(Session& session,
                                                  const std::vector<BlockHash>& hashes,
                                                  bool end_of_turn) {
+  std::vector<BlockHash> appended = append_blocks(session, hashes);
+  // Out of the idle order before the return is counted: the census files it by its
+  // return count.
+  if (session.state == SessionState::kIdle) idle_erase(session);
+  end_idle_period(session);
+  if (end_of_turn) {
+    ++session.turns;
+    // A turn that ended without a Load after its BeginTurn gives no turn lead: a Load
+    // in some later turn must not be timed from it.
+    session.turn_begun = false;
+  }
+  change(session, end_of_turn ? SessionState::kIdle : SessionState::kActive, clock_.now_ms());
+  return appended;
+}
+
+std::vector<BlockHash> SessionTable::append_blocks(Session& session,
+                                                   const std::vector<BlockHash>& hashes) {
   // A per-call set keeps a save of n hashes into a session of m blocks O(n + m)
   // without storing an index per session (memory target: 8 B per block ref).
   std::unordered_set<BlockHash, BlockHashHasher> present(session.blocks.begin(),
@@ -61,17 +78,6 @@ std::vector<BlockHash> SessionTable::record_save(Session& session,
   for (const BlockHash& hash : appended) {
     entries.push_back(add_holder(session, hash, static_cast<uint32_t>(entries.size())));
   }
-  // Out of the idle order before the return is counted: the census files it by its
-  // return count.
-  if (session.state == SessionState::kIdle) idle_erase(session);
-  end_idle_period(session);
-  if (end_of_turn) {
-    ++session.turns;
-    // A turn that ended without a Load after its BeginTurn gives no turn lead: a Load
-    // in some later turn must not be timed from it.
-    session.turn_begun = false;
-  }
-  change(session, end_of_turn ? SessionState::kIdle : SessionState::kActive, clock_.now_ms());
   return appended;
 }
 

@@ -232,6 +232,9 @@ class SessionTable {
   // followed: see Session::turn_begun).
   std::vector<BlockHash> record_save(Session& session, const std::vector<BlockHash>& hashes,
                                      bool end_of_turn);
+  // The same appending, leaving the session's state and activity alone (blocks that
+  // arrive for it from elsewhere, e.g. read from the remote tier after its turn).
+  std::vector<BlockHash> append_blocks(Session& session, const std::vector<BlockHash>& hashes);
   // A turn started (BeginTurn) or the session read its blocks (Load): active, touched.
   // An idle session becoming active is a return: its gap feeds the GapModel.
   void record_activity(Session& session);

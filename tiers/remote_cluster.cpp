@@ -444,9 +444,8 @@ std::vector<Result<Reply>> RemoteCluster::pipeline(const std::vector<Argv>& comm
       void* raw = nullptr;
       if (broken || redisGetReply(context, &raw) != REDIS_OK || raw == nullptr) {
         broken = true;
-        results[i] = reported
-                         ? unavailable("Redis node {}: connection lost in a pipeline", name)
-                         : unavailable("Redis node {}: {}", name, context->errstr);
+        results[i] = reported ? unavailable("Redis node {}: connection lost in a pipeline", name)
+                              : unavailable("Redis node {}: {}", name, context->errstr);
         reported = true;
         continue;
       }

@@ -278,6 +278,18 @@ Status RemoteStore::put_session(std::string_view namespace_name, std::string_vie
   return status;
 }
 
+Status RemoteStore::delete_session(std::string_view namespace_name, std::string_view session_id) {
+  CallScope call(*this);
+  const std::string key = session_key(namespace_name, session_id);
+  auto reply = cluster_->command({"DEL", key});
+  if (!reply.is_ok()) {
+    note(reply.status());
+    return reply.status();
+  }
+  forget(key);
+  return Status::ok();
+}
+
 Result<std::string> RemoteStore::get_session(std::string_view namespace_name,
                                              std::string_view session_id) {
   CallScope call(*this);

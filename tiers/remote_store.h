@@ -74,6 +74,8 @@ class RemoteStore {
   Status put_session(std::string_view namespace_name, std::string_view session_id,
                      std::string_view record);
   Result<std::string> get_session(std::string_view namespace_name, std::string_view session_id);
+  // The record goes (a closed session); its blocks stay until their TTL or the budget.
+  Status delete_session(std::string_view namespace_name, std::string_view session_id);
 
   bool degraded() const { return degraded_; }
   struct Stats {

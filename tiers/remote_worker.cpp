@@ -27,14 +27,21 @@ RemoteWorker::~RemoteWorker() {
     std::lock_guard lock(mu_);
     left.swap(jobs_);
   }
-  for (Job& job : left) post_(job.run(nullptr));
+  for (Job& job : left) {
+    std::function<void()> completion = job.run(nullptr);
+    job.run = nullptr;
+    post_(std::move(completion));
+  }
 }
 
 bool RemoteWorker::enqueue(Job job, bool bounded) {
   {
     std::lock_guard lock(mu_);
-    if (bounded && in_flight_bytes_ + job.bytes > options_.max_in_flight_bytes) return false;
-    in_flight_bytes_ += job.bytes;
+    // Reads and writes each have the bound: a backlog of write-behind never declines
+    // the reads an engine waits on.
+    uint64_t& in_flight = job.write ? in_flight_write_bytes_ : in_flight_read_bytes_;
+    if (bounded && in_flight + job.bytes > options_.max_in_flight_bytes) return false;
+    in_flight += job.bytes;
     job.queued_at = std::chrono::steady_clock::now();
     if (job.write) {
       pending_writes_.push_back(job.queued_at);
@@ -56,7 +63,7 @@ bool RemoteWorker::put_blocks(std::vector<OwnedBlock> blocks,
   for (const OwnedBlock& block : blocks) job.bytes += block.payload.size();
   job.write = true;
   job.run = [blocks = std::move(blocks),
-             done = std::move(done)](RemoteStore* store) -> std::function<void()> {
+             done = std::move(done)](RemoteStore* store) mutable -> std::function<void()> {
     std::vector<Status> statuses;
     if (store == nullptr) {
       statuses.assign(blocks.size(), unavailable("the remote tier is not connected"));
@@ -66,7 +73,9 @@ bool RemoteWorker::put_blocks(std::vector<OwnedBlock> blocks,
       for (const OwnedBlock& block : blocks) writes.push_back({block.id, block.payload});
       statuses = store->put_blocks(writes);
     }
-    return [done, statuses = std::move(statuses)]() mutable { done(std::move(statuses)); };
+    return [done = std::move(done), statuses = std::move(statuses)]() mutable {
+      done(std::move(statuses));
+    };
   };
   return enqueue(std::move(job), true);
 }
@@ -77,12 +86,14 @@ bool RemoteWorker::put_borrowed(std::vector<RemoteStore::BlockWrite> blocks,
   for (const RemoteStore::BlockWrite& block : blocks) job.bytes += block.payload.size();
   job.write = true;
   job.run = [blocks = std::move(blocks),
-             done = std::move(done)](RemoteStore* store) -> std::function<void()> {
+             done = std::move(done)](RemoteStore* store) mutable -> std::function<void()> {
     std::vector<Status> statuses =
         store == nullptr
             ? std::vector<Status>(blocks.size(), unavailable("the remote tier is not connected"))
             : store->put_blocks(blocks);
-    return [done, statuses = std::move(statuses)]() mutable { done(std::move(statuses)); };
+    return [done = std::move(done), statuses = std::move(statuses)]() mutable {
+      done(std::move(statuses));
+    };
   };
   return enqueue(std::move(job), true);
 }
@@ -92,14 +103,14 @@ bool RemoteWorker::get_blocks(std::vector<RemoteStore::BlockRead> reads,
   Job job;
   for (const RemoteStore::BlockRead& read : reads) job.bytes += read.bytes;
   job.run = [reads = std::move(reads),
-             done = std::move(done)](RemoteStore* store) -> std::function<void()> {
+             done = std::move(done)](RemoteStore* store) mutable -> std::function<void()> {
     std::vector<Result<std::string>> got;
     if (store == nullptr) {
       got.assign(reads.size(), unavailable("the remote tier is not connected"));
     } else {
       got = store->get_blocks(reads);
     }
-    return [done, got = std::move(got)]() mutable { done(std::move(got)); };
+    return [done = std::move(done), got = std::move(got)]() mutable { done(std::move(got)); };
   };
   return enqueue(std::move(job), true);
 }
@@ -109,7 +120,7 @@ bool RemoteWorker::get_into(std::vector<ReadInto> reads,
   Job job;
   for (const ReadInto& read : reads) job.bytes += read.into.size();
   job.run = [reads = std::move(reads),
-             done = std::move(done)](RemoteStore* store) -> std::function<void()> {
+             done = std::move(done)](RemoteStore* store) mutable -> std::function<void()> {
     std::vector<Status> statuses(reads.size(), unavailable("the remote tier is not connected"));
     if (store != nullptr) {
       std::vector<RemoteStore::BlockRead> gets;
@@ -128,7 +139,9 @@ bool RemoteWorker::get_into(std::vector<ReadInto> reads,
         }
       }
     }
-    return [done, statuses = std::move(statuses)]() mutable { done(std::move(statuses)); };
+    return [done = std::move(done), statuses = std::move(statuses)]() mutable {
+      done(std::move(statuses));
+    };
   };
   return enqueue(std::move(job), true);
 }
@@ -137,14 +150,14 @@ bool RemoteWorker::exists_blocks(std::vector<RemoteBlockId> ids,
                                  std::function<void(std::vector<Result<bool>>)> done) {
   Job job;
   job.run = [ids = std::move(ids),
-             done = std::move(done)](RemoteStore* store) -> std::function<void()> {
+             done = std::move(done)](RemoteStore* store) mutable -> std::function<void()> {
     std::vector<Result<bool>> found;
     if (store == nullptr) {
       found.assign(ids.size(), unavailable("the remote tier is not connected"));
     } else {
       found = store->exists_blocks(ids);
     }
-    return [done, found = std::move(found)]() mutable { done(std::move(found)); };
+    return [done = std::move(done), found = std::move(found)]() mutable { done(std::move(found)); };
   };
   return enqueue(std::move(job), false);  // no payload: never declined
 }
@@ -154,23 +167,37 @@ void RemoteWorker::put_session(std::string namespace_name, std::string session_i
   Job job;
   job.write = true;
   job.run = [ns = std::move(namespace_name), id = std::move(session_id), record = std::move(record),
-             done = std::move(done)](RemoteStore* store) -> std::function<void()> {
+             done = std::move(done)](RemoteStore* store) mutable -> std::function<void()> {
     Status status = store == nullptr ? unavailable("the remote tier is not connected")
                                      : store->put_session(ns, id, record);
-    return [done, status]() { done(status); };
+    return [done = std::move(done), status]() { done(status); };
   };
   (void)enqueue(std::move(job), false);  // records are small: never declined
+}
+
+void RemoteWorker::delete_session(std::string namespace_name, std::string session_id,
+                                  std::function<void(Status)> done) {
+  Job job;
+  job.write = true;
+  job.run = [ns = std::move(namespace_name), id = std::move(session_id),
+             done = std::move(done)](RemoteStore* store) mutable -> std::function<void()> {
+    Status status = store == nullptr ? unavailable("the remote tier is not connected")
+                                     : store->delete_session(ns, id);
+    return [done = std::move(done), status]() { done(status); };
+  };
+  (void)enqueue(std::move(job), false);
 }
 
 void RemoteWorker::get_session(std::string namespace_name, std::string session_id,
                                std::function<void(Result<std::string>)> done) {
   Job job;
   job.run = [ns = std::move(namespace_name), id = std::move(session_id),
-             done = std::move(done)](RemoteStore* store) -> std::function<void()> {
+             done = std::move(done)](RemoteStore* store) mutable -> std::function<void()> {
     Result<std::string> record =
         store == nullptr ? Result<std::string>(unavailable("the remote tier is not connected"))
                          : store->get_session(ns, id);
-    return [done, record = std::move(record)]() mutable { done(std::move(record)); };
+    return
+        [done = std::move(done), record = std::move(record)]() mutable { done(std::move(record)); };
   };
   (void)enqueue(std::move(job), false);
 }
@@ -178,7 +205,7 @@ void RemoteWorker::get_session(std::string namespace_name, std::string session_i
 RemoteWorker::Snapshot RemoteWorker::snapshot() const {
   std::lock_guard lock(mu_);
   Snapshot out = snapshot_;
-  out.in_flight_bytes = in_flight_bytes_;
+  out.in_flight_bytes = in_flight_read_bytes_ + in_flight_write_bytes_;
   out.queued = jobs_.size();
   if (!pending_writes_.empty()) {
     out.write_lag = std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -239,9 +266,12 @@ void RemoteWorker::loop(std::stop_token stop) {
     // Not connected: the job fails at once; connecting happens between jobs, on the
     // retry interval, never on a job's time.
     std::function<void()> completion = job.run(store_.get());
+    // The job's captures (the caller's objects: connections, timers, slots) go with
+    // the completion to the caller's thread, never released here.
+    job.run = nullptr;
     {
       std::lock_guard lock(mu_);
-      in_flight_bytes_ -= job.bytes;
+      (job.write ? in_flight_write_bytes_ : in_flight_read_bytes_) -= job.bytes;
       if (job.write && !pending_writes_.empty()) pending_writes_.pop_front();
     }
     publish();

@@ -8,10 +8,13 @@
 //    attempt); requests meanwhile fail with Unavailable — a request waits behind at
 //    most one attempt per interval, the one between two requests — and the worker says
 //    it is degraded.
-//  * Bounded in-flight bytes: the payload bytes of queued and running writes and reads
-//    stay under max_in_flight_bytes. A request that would pass the bound is declined
+//  * Bounded in-flight bytes: the payload bytes of queued and running writes stay under
+//    max_in_flight_bytes, and so do those of reads (each on its own, so a write-behind
+//    backlog never declines a read). A request that would pass the bound is declined
 //    (put/get return false and nothing is queued): write-behind skips, a read falls
 //    back to local data.
+//  * A request's `done` (and whatever it holds) is released with its completion, where
+//    `post` runs it, never on the worker's thread.
 //  * Write-behind lag: how long the oldest queued or running write has waited, so an
 //    operator sees how far behind another node's view of this node's sessions is.
 //  * Reads (and existence checks) run before queued writes, in their own order: an
@@ -80,6 +83,9 @@ class RemoteWorker {
                    std::function<void(Status)> done);
   void get_session(std::string namespace_name, std::string session_id,
                    std::function<void(Result<std::string>)> done);
+  // Queued as a write: after the writes (records included) queued before it.
+  void delete_session(std::string namespace_name, std::string session_id,
+                      std::function<void(Status)> done);
 
   struct Snapshot {
     bool connected = false;
@@ -118,7 +124,8 @@ class RemoteWorker {
   std::condition_variable_any wake_;
   std::deque<Job> jobs_;
   Snapshot snapshot_;
-  uint64_t in_flight_bytes_ = 0;
+  uint64_t in_flight_read_bytes_ = 0;  // each bounded by max_in_flight_bytes
+  uint64_t in_flight_write_bytes_ = 0;
   std::deque<std::chrono::steady_clock::time_point> pending_writes_;  // queued_at, in order
   std::jthread thread_;  // last: started once everything above exists
 };
