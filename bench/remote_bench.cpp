@@ -337,8 +337,9 @@ Result<BenchReport> run_remote_bench(const CommonOptions& common,
     local_ms.push_back(local_load);
     raw_ms.push_back(raw);
     resume_vs_raw.push_back(resume / raw);
-    report.note(fmt::format("  {:<6} {:>11.1f} ms {:>11.1f} ms {:>11.1f} ms   (BeginTurn answered at {:.1f} ms)",
-                            round, resume, local_load, raw, begin_ms));
+    report.note(fmt::format(
+        "  {:<6} {:>11.1f} ms {:>11.1f} ms {:>11.1f} ms   (BeginTurn answered at {:.1f} ms)", round,
+        resume, local_load, raw, begin_ms));
   }
   report.result("resume_ms", median(resume_ms));
   report.result("local_load_ms", median(local_ms));

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <optional>
 #include <thread>
 
 #include <fmt/format.h>
@@ -106,6 +107,41 @@ std::vector<BlockHash> save_turns(Engine& engine, const std::string& session, si
   return ::testing::AssertionFailure() << "not written behind within 15 s; last: " << last;
 }
 
+// Two nodes on one cluster: a Redis Cluster, kvtierd A and kvtierd B on it (each with
+// its own flags, once connected), and an engine on each with `blocks` engine blocks.
+class RemoteHandOff : public ::testing::Test {
+ protected:
+  void start(std::vector<std::string> flags_a, std::vector<std::string> flags_b, uint64_t blocks) {
+    ASSERT_TRUE(redis.start().is_ok());
+    auto a = start_node(redis, std::move(flags_a));
+    ASSERT_TRUE(a.is_ok()) << a.status().to_string();
+    node_a.emplace(std::move(*a));
+    auto b = start_node(redis, std::move(flags_b));
+    ASSERT_TRUE(b.is_ok()) << b.status().to_string();
+    node_b.emplace(std::move(*b));
+    shape = small_shape(blocks);
+    auto ea = Engine::connect((*node_a)->socket_path(), shape, "engine-a");
+    ASSERT_TRUE(ea.is_ok()) << ea.status().to_string();
+    engine_a.emplace(std::move(*ea));
+    auto eb = Engine::connect((*node_b)->socket_path(), shape, "engine-b");
+    ASSERT_TRUE(eb.is_ok()) << eb.status().to_string();
+    engine_b.emplace(std::move(*eb));
+  }
+  // Saves `session` on A (hashes chained from its name) and waits until the cluster
+  // holds it.
+  std::vector<BlockHash> save_on_a(const std::string& session, size_t turns, size_t per_turn) {
+    auto hashes = save_turns(*engine_a, session, turns, per_turn);
+    EXPECT_TRUE(WrittenBehind(redis, engine_a->hello.namespace_name, engine_a->hello.layout_digest,
+                              session, hashes));
+    return hashes;
+  }
+
+  remote::LocalRedisCluster redis;
+  std::optional<std::unique_ptr<Daemon>> node_a, node_b;
+  PagedCacheShape shape;
+  std::optional<Engine> engine_a, engine_b;
+};
+
 TEST(RemoteTier, EndOfTurnWritesTheSessionsBlocksAndRecordBehindIt) {
   remote::LocalRedisCluster redis;
   ASSERT_TRUE(redis.start().is_ok());
@@ -167,23 +203,13 @@ TEST(RemoteTier, EndOfTurnWritesTheSessionsBlocksAndRecordBehindIt) {
 // (another kvtierd, socket and data dir) resumes it by session id and loads it
 // bit-exact; B's next turn is written behind too, and A, which still holds the first
 // three turns, finds the fourth in the cluster.
-TEST(RemoteTier, ASessionSavedOnOneNodeResumesOnAnotherBitExact) {
-  remote::LocalRedisCluster redis;
-  ASSERT_TRUE(redis.start().is_ok());
-  auto node_a = start_node(redis);
-  ASSERT_TRUE(node_a.is_ok()) << node_a.status().to_string();
-  auto node_b = start_node(redis);
-  ASSERT_TRUE(node_b.is_ok()) << node_b.status().to_string();
-  const PagedCacheShape shape = small_shape(32);
-  auto engine_a = Engine::connect((*node_a)->socket_path(), shape, "engine-a");
-  ASSERT_TRUE(engine_a.is_ok()) << engine_a.status().to_string();
+TEST_F(RemoteHandOff, ASessionSavedOnOneNodeResumesOnAnotherBitExact) {
+  ASSERT_NO_FATAL_FAILURE(start({}, {}, 32));
   const auto hashes = save_turns(*engine_a, "chat-9", 3, 4);
   const std::string ns = engine_a->hello.namespace_name;
   const uint64_t digest = engine_a->hello.layout_digest;
   ASSERT_TRUE(WrittenBehind(redis, ns, digest, "chat-9", hashes));
 
-  auto engine_b = Engine::connect((*node_b)->socket_path(), shape, "engine-b");
-  ASSERT_TRUE(engine_b.is_ok()) << engine_b.status().to_string();
   ASSERT_EQ(engine_b->hello.namespace_name, ns);
   auto begun = engine_b->client->begin_turn("chat-9");
   ASSERT_TRUE(begun.is_ok()) << begun.status().to_string();
@@ -239,16 +265,8 @@ TEST(RemoteTier, ASessionSavedOnOneNodeResumesOnAnotherBitExact) {
 
 // A value overwritten in the cluster is DataLoss on the node that reads it: the Load
 // stops there with the blocks before it right, the key is deleted and counted.
-TEST(RemoteTier, ACorruptRemoteValueIsDataLossAndNeverServed) {
-  remote::LocalRedisCluster redis;
-  ASSERT_TRUE(redis.start().is_ok());
-  auto node_a = start_node(redis);
-  ASSERT_TRUE(node_a.is_ok()) << node_a.status().to_string();
-  auto node_b = start_node(redis);
-  ASSERT_TRUE(node_b.is_ok()) << node_b.status().to_string();
-  const PagedCacheShape shape = small_shape(16);
-  auto engine_a = Engine::connect((*node_a)->socket_path(), shape, "engine-a");
-  ASSERT_TRUE(engine_a.is_ok()) << engine_a.status().to_string();
+TEST_F(RemoteHandOff, ACorruptRemoteValueIsDataLossAndNeverServed) {
+  ASSERT_NO_FATAL_FAILURE(start({}, {}, 16));
   const auto hashes = save_turns(*engine_a, "doc", 1, 8);
   const std::string ns = engine_a->hello.namespace_name;
   const uint64_t digest = engine_a->hello.layout_digest;
@@ -268,8 +286,6 @@ TEST(RemoteTier, ACorruptRemoteValueIsDataLossAndNeverServed) {
   bad[bad.size() / 2] ^= 0x5a;
   ASSERT_TRUE((*store)->cluster().command({"SET", key, bad}).is_ok());
 
-  auto engine_b = Engine::connect((*node_b)->socket_path(), shape, "engine-b");
-  ASSERT_TRUE(engine_b.is_ok()) << engine_b.status().to_string();
   const auto refs = Engine::refs(hashes, 0);
   auto loaded = engine_b->client->load("", refs);
   ASSERT_TRUE(loaded.is_ok()) << loaded.status().to_string();
@@ -292,23 +308,14 @@ TEST(RemoteTier, ACorruptRemoteValueIsDataLossAndNeverServed) {
 
 // Two namespaces on two nodes: B's engine, in another namespace, never sees A's
 // session or blocks; a third node in A's namespace does.
-TEST(RemoteTier, TwoNamespacesOnTwoNodesNeverSeeEachOthersBlocks) {
-  remote::LocalRedisCluster redis;
-  ASSERT_TRUE(redis.start().is_ok());
+TEST_F(RemoteHandOff, TwoNamespacesOnTwoNodesNeverSeeEachOthersBlocks) {
   const uid_t uid = ::getuid();
-  auto node_a = start_node(redis, {"--shared-namespace", fmt::format("team-a={}", uid)});
-  ASSERT_TRUE(node_a.is_ok()) << node_a.status().to_string();
-  auto node_b = start_node(redis, {"--shared-namespace", fmt::format("team-b={}", uid)});
-  ASSERT_TRUE(node_b.is_ok()) << node_b.status().to_string();
-  const PagedCacheShape shape = small_shape(16);
-  auto engine_a = Engine::connect((*node_a)->socket_path(), shape, "engine-a");
-  ASSERT_TRUE(engine_a.is_ok()) << engine_a.status().to_string();
+  ASSERT_NO_FATAL_FAILURE(start({"--shared-namespace", fmt::format("team-a={}", uid)},
+                                {"--shared-namespace", fmt::format("team-b={}", uid)}, 16));
   ASSERT_EQ(engine_a->hello.namespace_name, "team-a");
   const auto hashes = save_turns(*engine_a, "secret", 2, 4);
   ASSERT_TRUE(WrittenBehind(redis, "team-a", engine_a->hello.layout_digest, "secret", hashes));
 
-  auto engine_b = Engine::connect((*node_b)->socket_path(), shape, "engine-b");
-  ASSERT_TRUE(engine_b.is_ok()) << engine_b.status().to_string();
   ASSERT_EQ(engine_b->hello.namespace_name, "team-b");
   auto begun = engine_b->client->begin_turn("secret");
   EXPECT_TRUE(IsError(begun.status(), StatusCode::kNotFound, "unknown session"));
@@ -338,16 +345,8 @@ TEST(RemoteTier, TwoNamespacesOnTwoNodesNeverSeeEachOthersBlocks) {
 // A master killed while another node reads: every Load returns right bytes or stops
 // early, never a wrong byte; the daemon stays up, says it is degraded while the master
 // is gone, and serves everything again once the replica took over.
-TEST(RemoteTier, AMasterKilledMidRunLeavesRightBytesOrMisses) {
-  remote::LocalRedisCluster redis;
-  ASSERT_TRUE(redis.start().is_ok());
-  auto node_a = start_node(redis);
-  ASSERT_TRUE(node_a.is_ok()) << node_a.status().to_string();
-  auto node_b = start_node(redis, {"--remote-timeout", "300ms"});
-  ASSERT_TRUE(node_b.is_ok()) << node_b.status().to_string();
-  const PagedCacheShape shape = small_shape(16);
-  auto engine_a = Engine::connect((*node_a)->socket_path(), shape, "engine-a");
-  ASSERT_TRUE(engine_a.is_ok()) << engine_a.status().to_string();
+TEST_F(RemoteHandOff, AMasterKilledMidRunLeavesRightBytesOrMisses) {
+  ASSERT_NO_FATAL_FAILURE(start({}, {"--remote-timeout", "300ms"}, 16));
   // Many small sessions, so that every round on B reads blocks it does not hold yet;
   // their keys spread over the three masters.
   constexpr int kSessions = 120;
@@ -377,8 +376,6 @@ TEST(RemoteTier, AMasterKilledMidRunLeavesRightBytesOrMisses) {
     on_victim.push_back(touches);
   }
 
-  auto engine_b = Engine::connect((*node_b)->socket_path(), shape, "engine-b");
-  ASSERT_TRUE(engine_b.is_ok()) << engine_b.status().to_string();
   bool saw_degraded = false;
   size_t partial = 0;
   size_t round = 0;
@@ -499,22 +496,11 @@ TEST(RemoteTier, TtlAndBudgetAreKept) {
 
 // A prefix longer than remote-max-in-flight is read in chunks, in turn: all of it
 // arrives (one read of the whole prefix would be declined).
-TEST(RemoteTier, APrefixLongerThanTheInFlightBoundIsReadInTurn) {
-  remote::LocalRedisCluster redis;
-  ASSERT_TRUE(redis.start().is_ok());
-  auto node_a = start_node(redis);
-  ASSERT_TRUE(node_a.is_ok()) << node_a.status().to_string();
+TEST_F(RemoteHandOff, APrefixLongerThanTheInFlightBoundIsReadInTurn) {
+  ASSERT_NO_FATAL_FAILURE(start({}, {"--remote-max-in-flight", "64KiB"}, 32));
   // 32 KiB blocks, 64 KiB in flight: chunks of two blocks, one at a time.
-  auto node_b = start_node(redis, {"--remote-max-in-flight", "64KiB"});
-  ASSERT_TRUE(node_b.is_ok()) << node_b.status().to_string();
-  const PagedCacheShape shape = small_shape(32);
-  auto engine_a = Engine::connect((*node_a)->socket_path(), shape, "engine-a");
-  ASSERT_TRUE(engine_a.is_ok()) << engine_a.status().to_string();
-  const auto hashes = save_turns(*engine_a, "long", 3, 4);
-  ASSERT_TRUE(WrittenBehind(redis, engine_a->hello.namespace_name, engine_a->hello.layout_digest,
-                            "long", hashes));
-  auto engine_b = Engine::connect((*node_b)->socket_path(), shape, "engine-b");
-  ASSERT_TRUE(engine_b.is_ok()) << engine_b.status().to_string();
+  const auto hashes = save_on_a("long", 3, 4);
+  ASSERT_FALSE(HasFailure());
   auto begun = engine_b->client->begin_turn("long");
   ASSERT_TRUE(begun.is_ok()) << begun.status().to_string();
   EXPECT_EQ(begun->known_blocks, 12u);
@@ -533,23 +519,14 @@ TEST(RemoteTier, APrefixLongerThanTheInFlightBoundIsReadInTurn) {
 
 // A Load whose prefix is partly in the cluster and partly on this node's NVMe: the
 // NVMe block is read up, the others come from the cluster, all in prefix order.
-TEST(RemoteTier, ALoadMixesRemoteBlocksWithOnesOnNvmeHere) {
-  remote::LocalRedisCluster redis;
-  ASSERT_TRUE(redis.start().is_ok());
-  auto node_a = start_node(redis);
-  ASSERT_TRUE(node_a.is_ok()) << node_a.status().to_string();
-  auto node_b = start_node(redis, {"--nvme-bytes", "64MiB", "--slab-bytes", "1MiB", "--hbm-idle-ms",
-                                   "0", "--ram-idle-ms", "0", "--plan-interval-ms", "10ms"});
-  ASSERT_TRUE(node_b.is_ok()) << node_b.status().to_string();
-  const PagedCacheShape shape = small_shape(16);
-  auto engine_a = Engine::connect((*node_a)->socket_path(), shape, "engine-a");
-  ASSERT_TRUE(engine_a.is_ok()) << engine_a.status().to_string();
-  const auto hashes = save_turns(*engine_a, "mixed", 1, 4);
-  ASSERT_TRUE(WrittenBehind(redis, engine_a->hello.namespace_name, engine_a->hello.layout_digest,
-                            "mixed", hashes));
+TEST_F(RemoteHandOff, ALoadMixesRemoteBlocksWithOnesOnNvmeHere) {
+  ASSERT_NO_FATAL_FAILURE(start({},
+                                {"--nvme-bytes", "64MiB", "--slab-bytes", "1MiB", "--hbm-idle-ms",
+                                 "0", "--ram-idle-ms", "0", "--plan-interval-ms", "10ms"},
+                                16));
+  const auto hashes = save_on_a("mixed", 1, 4);
+  ASSERT_FALSE(HasFailure());
   // B holds block 2 itself, idle, so it goes down to NVMe.
-  auto engine_b = Engine::connect((*node_b)->socket_path(), shape, "engine-b");
-  ASSERT_TRUE(engine_b.is_ok()) << engine_b.status().to_string();
   const auto own = Engine::refs(std::span(hashes).subspan(2, 1), 8);
   engine_b->fill(own);
   ASSERT_TRUE(engine_b->client->save("other", own, /*end_of_turn=*/true).is_ok());
@@ -570,21 +547,10 @@ TEST(RemoteTier, ALoadMixesRemoteBlocksWithOnesOnNvmeHere) {
 
 // A Save of the blocks a BeginTurn is still reading from the cluster (a master that
 // hangs makes the read slow): the Save answers once those reads ended, whichever way.
-TEST(RemoteTier, ASaveDuringAPrefetchOfTheSameBlocksIsAnswered) {
-  remote::LocalRedisCluster redis;
-  ASSERT_TRUE(redis.start().is_ok());
-  auto node_a = start_node(redis);
-  ASSERT_TRUE(node_a.is_ok()) << node_a.status().to_string();
-  auto node_b = start_node(redis, {"--remote-timeout", "500ms"});
-  ASSERT_TRUE(node_b.is_ok()) << node_b.status().to_string();
-  const PagedCacheShape shape = small_shape(16);
-  auto engine_a = Engine::connect((*node_a)->socket_path(), shape, "engine-a");
-  ASSERT_TRUE(engine_a.is_ok()) << engine_a.status().to_string();
-  const auto hashes = save_turns(*engine_a, "raced", 1, 6);
-  ASSERT_TRUE(WrittenBehind(redis, engine_a->hello.namespace_name, engine_a->hello.layout_digest,
-                            "raced", hashes));
-  auto engine_b = Engine::connect((*node_b)->socket_path(), shape, "engine-b");
-  ASSERT_TRUE(engine_b.is_ok()) << engine_b.status().to_string();
+TEST_F(RemoteHandOff, ASaveDuringAPrefetchOfTheSameBlocksIsAnswered) {
+  ASSERT_NO_FATAL_FAILURE(start({}, {"--remote-timeout", "500ms"}, 16));
+  const auto hashes = save_on_a("raced", 1, 6);
+  ASSERT_FALSE(HasFailure());
   // A master with some of the blocks hangs (not the one with the session's record):
   // the prefetch's reads wait on it.
   remote::RemoteStoreOptions options;
