@@ -161,7 +161,7 @@ Status Service::handle_load(const ConnectionPtr& c, EngineContext& engine, uint6
                                               from_remote.empty() ? 0 : config_.remote_timeout_ms);
   load->deadline = std::make_unique<asio::steady_timer>(io_);
   load->deadline->expires_after(std::chrono::milliseconds(wait_ms));
-  load->deadline->async_wait([this, load, finish, wait_ms](const boost::system::error_code& ec) {
+  load->deadline->async_wait([load, finish, wait_ms](const boost::system::error_code& ec) {
     if (ec || load->finished) return;
     for (PendingLoad::Entry& entry : load->entries) {
       if (!entry.pinned && entry.failure.is_ok()) {
