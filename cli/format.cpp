@@ -71,10 +71,10 @@ std::string remote_json(const StatsInfo::RemoteStatsInfo& r) {
       R"({{"connected":{},"degraded":{},"masters":{},"stored_bytes":{},"budget_bytes":{},)"
       R"("in_flight_bytes":{},"write_lag_ms":{},"written_blocks":{},"fetched_blocks":{},)"
       R"("lookup_hits":{},"corrupt_values":{},"errors":{},"resumed_sessions":{},)"
-      R"("deferred_blocks":{}}})",
+      R"("deferred_blocks":{},"spilled_blocks":{},"spill_unwritten":{}}})",
       r.connected, r.degraded, r.masters, r.stored_bytes, r.budget_bytes, r.in_flight_bytes,
       r.write_lag_ms, r.written_blocks, r.fetched_blocks, r.lookup_hits, r.corrupt_values, r.errors,
-      r.resumed_sessions, r.deferred_blocks);
+      r.resumed_sessions, r.deferred_blocks, r.spilled_blocks, r.spill_unwritten);
 }
 
 }  // namespace
@@ -153,6 +153,8 @@ std::string status_text(const StatsInfo& s) {
         "values, {} errors, {} blocks deferred\n",
         r.written_blocks, r.fetched_blocks, r.lookup_hits, r.resumed_sessions, r.corrupt_values,
         r.errors, r.deferred_blocks);
+    out += fmt::format("           NVMe evictions: {} written there on their way out, {} not\n",
+                       r.spilled_blocks, r.spill_unwritten);
   }
   out += fmt::format("\nplanner    {} policy; recent moves, newest last:\n",
                      s.policy.empty() ? "?" : s.policy);

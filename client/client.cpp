@@ -389,7 +389,8 @@ Result<StatsInfo> Client::stats(bool all_namespaces) {
             remote.getMasters(),       remote.getStoredBytes(),     remote.getBudgetBytes(),
             remote.getInFlightBytes(), remote.getWriteLagMs(),      remote.getWrittenBlocks(),
             remote.getFetchedBlocks(), remote.getLookupHits(),      remote.getCorruptValues(),
-            remote.getErrors(),        remote.getResumedSessions(), remote.getDeferredBlocks()};
+            remote.getErrors(),        remote.getResumedSessions(), remote.getDeferredBlocks(),
+            remote.getSpilledBlocks(), remote.getSpillUnwritten()};
         return info;
       });
 }

@@ -199,6 +199,7 @@ struct StatsInfo {
     uint64_t stored_bytes = 0, budget_bytes = 0, in_flight_bytes = 0, write_lag_ms = 0;
     uint64_t written_blocks = 0, fetched_blocks = 0, lookup_hits = 0, corrupt_values = 0;
     uint64_t errors = 0, resumed_sessions = 0, deferred_blocks = 0;
+    uint64_t spilled_blocks = 0, spill_unwritten = 0;
   };
   RemoteStatsInfo remote;
 };

@@ -23,7 +23,8 @@ namespace {
 
 class StorePlacementView final : public policy::PlacementView {
  public:
-  explicit StorePlacementView(const BlockStore& store) : store_(store) {}
+  StorePlacementView(const BlockStore& store, std::function<uint64_t(Tier)> leaving_bytes)
+      : store_(store), leaving_bytes_(std::move(leaving_bytes)) {}
 
   BlockPlacement placement(const BlockKey& key) const override {
     auto info = store_.lookup(key);
@@ -36,9 +37,11 @@ class StorePlacementView final : public policy::PlacementView {
     // NVMe slots waiting for their index delete are free in a moment; counting them as
     // used would make the planner evict again for room already being made. Copies are
     // free too: a write that needs their room drops them first (move_executor.h), so a
-    // block never goes for room a copy holds.
-    return {usage.capacity_bytes,
-            usage.used_bytes - store_.unconfirmed_release_bytes(tier) - usage.copy_bytes};
+    // block never goes for room a copy holds. Blocks being written to the remote tier
+    // on their way out are gone in a moment too.
+    const uint64_t going =
+        store_.unconfirmed_release_bytes(tier) + usage.copy_bytes + leaving_bytes_(tier);
+    return {usage.capacity_bytes, usage.used_bytes - std::min(usage.used_bytes, going)};
   }
   void for_each_in_tier(
       Tier tier,
@@ -54,6 +57,7 @@ class StorePlacementView final : public policy::PlacementView {
             store_.block_bytes(key.layout), info.session_refs, info.last_access_ms};
   }
   const BlockStore& store_;
+  std::function<uint64_t(Tier)> leaving_bytes_;
 };
 
 using KeySet = std::unordered_set<BlockKey, BlockKeyHasher>;
@@ -89,8 +93,9 @@ void cut_sessions_at(const KeySet& removed, policy::SessionTable& sessions, Bloc
 
 }  // namespace
 
-std::unique_ptr<policy::PlacementView> Service::make_placement_view(const BlockStore& store) {
-  return std::make_unique<StorePlacementView>(store);
+std::unique_ptr<policy::PlacementView> Service::make_placement_view(
+    const BlockStore& store, std::function<uint64_t(Tier)> leaving_bytes) {
+  return std::make_unique<StorePlacementView>(store, std::move(leaving_bytes));
 }
 
 void Service::add_plane_segments(CopyBatch& batch, const EngineContext& engine,
@@ -436,6 +441,9 @@ void Service::make_mover() {
     return planner_.make_room(tier, bytes, sessions_, *view_);
   };
   hooks.not_moved = [this](const BlockKey& key) { planner_.revisit(sessions_, key); };
+  hooks.take_evictions = [this](std::vector<BlockKey> keys) {
+    return spill_evictions(std::move(keys));  // remote_path.cpp
+  };
   hooks.removed = [this](const std::vector<BlockKey>& keys, bool lost) {
     on_blocks_removed(keys, lost);
   };

@@ -2,9 +2,11 @@
 // blocks and the session record behind the turn (daemon/service.h, remote_path.h).
 #include "daemon/remote_path.h"
 
+#include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 
+#include <cstdlib>
 #include <deque>
 #include <fstream>
 #include <optional>
@@ -180,6 +182,172 @@ void Service::note_remote_closed(uint32_t namespace_id, const std::string& sessi
   }
 }
 
+// NVMe evictions being written to the cluster first: each block pinned (its slot stays,
+// and the planner leaves it alone) until it is written there or given up.
+struct Service::Spill {
+  struct Block {
+    BlockKey key;
+    PinnedBlock pin;  // empty once finished
+    uint64_t bytes = 0;
+  };
+  std::vector<Block> blocks;
+};
+
+namespace {
+// Blocks per NVMe read of a spill (the executor's job size).
+constexpr size_t kSpillBlocksPerRead = 32;
+// O_DIRECT-friendly buffers for blocks read out of NVMe.
+constexpr size_t kSpillBufferAlignment = 4096;
+}  // namespace
+
+uint64_t Service::leaving_bytes(Tier tier) const {
+  return remote_ && tier == Tier::kNvme ? remote_->spilling_bytes : 0;
+}
+
+std::vector<BlockKey> Service::spill_evictions(std::vector<BlockKey> keys) {
+  if (!remote_ || stopping_ || !remote_->worker->connected()) {
+    if (remote_) remote_->spill_unwritten += keys.size();
+    return keys;
+  }
+  auto spill = std::make_shared<Spill>();
+  std::vector<BlockKey> rest;
+  std::vector<remote::RemoteBlockId> ids;
+  const uint64_t now = now_ms();
+  for (BlockKey& key : keys) {
+    const auto info = store_->lookup(key);
+    // What evict() refuses (pinned, moving) it refuses either way.
+    if (!info || info->state != BlockState::kReady || info->pins > 0 ||
+        info->location.tier != Tier::kNvme) {
+      rest.push_back(std::move(key));
+      continue;
+    }
+    const uint64_t bytes = store_->block_bytes(key.layout);
+    if (remote_->spilling_bytes + bytes > config_.remote_max_in_flight_bytes) {
+      ++remote_->spill_unwritten;  // the cluster is not keeping up: local room first
+      rest.push_back(std::move(key));
+      continue;
+    }
+    PinnedBlock pin = store_->pin(key, now);
+    if (!pin) {
+      rest.push_back(std::move(key));
+      continue;
+    }
+    remote_->spilling_bytes += bytes;
+    ids.push_back(
+        {engines_.namespaces().name(key.layout.namespace_id), key.layout.layout_digest, key.hash});
+    spill->blocks.push_back({std::move(key), std::move(pin), bytes});
+  }
+  if (spill->blocks.empty()) return rest;
+  // Most blocks were written behind at the end of their turn: only the others are read.
+  const bool asked = remote_->worker->exists_blocks(
+      std::move(ids), [this, spill](std::vector<Result<bool>> found) {
+        std::vector<size_t> missing;
+        std::vector<size_t> done;
+        for (size_t i = 0; i < found.size(); ++i) {
+          if (found[i].is_ok() && !*found[i]) {
+            missing.push_back(i);
+            continue;
+          }
+          // There already, or the cluster did not say: evicted without a write.
+          ++(found[i].is_ok() ? remote_->spill_present : remote_->spill_unwritten);
+          done.push_back(i);
+        }
+        finish_spill(spill, done);
+        for (size_t begin = 0; begin < missing.size(); begin += kSpillBlocksPerRead) {
+          const size_t end = std::min(missing.size(), begin + kSpillBlocksPerRead);
+          spill_missing(spill, {missing.begin() + begin, missing.begin() + end});
+        }
+      });
+  if (!asked) {
+    for (Spill::Block& block : spill->blocks) {
+      block.pin.reset();
+      remote_->spilling_bytes -= block.bytes;
+      ++remote_->spill_unwritten;
+      rest.push_back(block.key);
+    }
+  }
+  return rest;
+}
+
+void Service::spill_missing(const std::shared_ptr<Spill>& spill, std::vector<size_t> missing) {
+  StorageTier* nvme = mover_->tier(Tier::kNvme);
+  uint64_t total = 0;
+  for (size_t i : missing) total += spill->blocks[i].bytes;
+  const uint64_t rounded =
+      (total + kSpillBufferAlignment - 1) / kSpillBufferAlignment * kSpillBufferAlignment;
+  std::shared_ptr<std::byte> buffer(
+      static_cast<std::byte*>(std::aligned_alloc(kSpillBufferAlignment, rounded)), std::free);
+  if (nvme == nullptr || buffer == nullptr) {
+    remote_->spill_unwritten += missing.size();
+    finish_spill(spill, missing);
+    return;
+  }
+  std::vector<StorageTier::ReadItem> items;
+  uint64_t offset = 0;
+  for (size_t i : missing) {
+    const Spill::Block& block = spill->blocks[i];
+    items.push_back({{block.key, block.pin.location().offset, block.bytes}, buffer.get() + offset});
+    offset += block.bytes;
+  }
+  auto guard = asio::make_work_guard(io_);
+  nvme->read(std::move(items), [this, spill, missing = std::move(missing), buffer,
+                                guard](std::vector<StorageTier::ReadOutcome> outcomes) mutable {
+    asio::post(io_, [this, spill, missing = std::move(missing), buffer = std::move(buffer),
+                     outcomes = std::move(outcomes), guard = std::move(guard)] {
+      std::vector<remote::RemoteStore::BlockWrite> writes;
+      std::vector<size_t> writing;
+      std::vector<size_t> unread;
+      uint64_t offset = 0;
+      for (size_t j = 0; j < missing.size(); ++j) {
+        const Spill::Block& block = spill->blocks[missing[j]];
+        if (outcomes[j].status.is_ok()) {
+          writes.push_back({{engines_.namespaces().name(block.key.layout.namespace_id),
+                             block.key.layout.layout_digest, block.key.hash},
+                            {buffer.get() + offset, block.bytes}});
+          writing.push_back(missing[j]);
+        } else {
+          // Bad bytes are not written anywhere; the eviction goes ahead.
+          KVTIER_LOG_WARN("reading block {} out of NVMe for the remote tier failed: {}",
+                          block.key.hash.to_hex(), outcomes[j].status.to_string());
+          unread.push_back(missing[j]);
+        }
+        offset += block.bytes;
+      }
+      remote_->spill_unwritten += unread.size();
+      finish_spill(spill, unread);
+      if (writing.empty()) return;
+      auto on_written = [this, spill, writing, buffer](std::vector<Status> statuses) {
+        for (const Status& status : statuses) {
+          ++(status.is_ok() ? remote_->spilled_blocks : remote_->spill_unwritten);
+        }
+        finish_spill(spill, writing);
+      };
+      if (!remote_->worker->put_borrowed(std::move(writes), std::move(on_written))) {
+        remote_->spill_unwritten += writing.size();
+        finish_spill(spill, writing);
+      }
+    });
+  });
+}
+
+void Service::finish_spill(const std::shared_ptr<Spill>& spill,
+                           const std::vector<size_t>& indices) {
+  std::vector<BlockKey> evictions;
+  for (size_t i : indices) {
+    Spill::Block& block = spill->blocks[i];
+    if (!block.pin) continue;
+    const BlockLocation where = block.pin.location();
+    block.pin.reset();
+    remote_->spilling_bytes -= block.bytes;
+    // A block read up meanwhile (a Load, a BeginTurn) stays where it went.
+    const auto info = store_->lookup(block.key);
+    if (info && info->location.tier == where.tier && info->location.offset == where.offset) {
+      evictions.push_back(block.key);
+    }
+  }
+  if (!evictions.empty()) mover_->evict(evictions);
+}
+
 Result<std::optional<PendingWrite>> Service::reserve_staging(const BlockKey& key,
                                                              uint64_t block_bytes) {
   std::vector<Tier> tiers;  // host-addressable ones: the worker writes the bytes there
@@ -219,7 +387,7 @@ void Service::fetch_remote(const std::string& namespace_name, const std::vector<
                            std::function<void(size_t, const Status&)> done) {
   auto answer = std::make_shared<std::function<void(size_t, const Status&)>>(std::move(done));
   std::vector<std::pair<size_t, Status>> at_once;
-  if (!remote_->worker->snapshot().connected) {
+  if (!remote_->worker->connected()) {
     for (size_t i = 0; i < keys.size(); ++i) {
       (*answer)(i, store_->lookup(keys[i]) ? Status::ok()
                                            : unavailable("the remote tier is not connected"));
@@ -362,7 +530,7 @@ void Service::lookup_remote(const ConnectionPtr& c, const EngineContext& engine,
     tiers.push_back(Tier::kRemote);
   }
   // Not connected (the cluster is down or not reached yet): a miss at once, no wait.
-  if (tiers.size() == hashes.size() || !remote_->worker->snapshot().connected) {
+  if (tiers.size() == hashes.size() || !remote_->worker->connected()) {
     answer(tiers);
     return;
   }
@@ -390,7 +558,7 @@ void Service::lookup_remote(const ConnectionPtr& c, const EngineContext& engine,
 
 void Service::resume_from_remote(const ConnectionPtr& c, const EngineContext& engine, uint64_t id,
                                  const std::string& session_id) {
-  if (!remote_->worker->snapshot().connected) {
+  if (!remote_->worker->connected()) {
     reply_error(c, id,
                 not_found("unknown session '{}' (the remote tier is not connected)", session_id));
     return;
@@ -538,6 +706,8 @@ void Service::fill_remote_stats(wire::RemoteStats::Builder out) const {
   out.setErrors(s.store.errors);
   out.setResumedSessions(remote_->resumed_sessions);
   out.setDeferredBlocks(remote_->deferred_blocks);
+  out.setSpilledBlocks(remote_->spilled_blocks);
+  out.setSpillUnwritten(remote_->spill_unwritten);
 }
 
 void Service::render_remote_metrics(PrometheusText& out) const {
@@ -593,6 +763,16 @@ void Service::render_remote_metrics(PrometheusText& out) const {
   counter("kvtier_remote_resumed_sessions_total",
           "Sessions a BeginTurn created here from their record in the remote tier.",
           remote_->resumed_sessions);
+  counter("kvtier_remote_spilled_blocks_total",
+          "Blocks evicted from NVMe that were written to the cluster on their way out.",
+          remote_->spilled_blocks);
+  counter("kvtier_remote_spill_present_blocks_total",
+          "Blocks evicted from NVMe that the cluster held already (nothing written).",
+          remote_->spill_present);
+  counter("kvtier_remote_spill_unwritten_blocks_total",
+          "Blocks evicted from NVMe without being written to the cluster (the spill bound was "
+          "full, the cluster unreachable, or a read or write failed).",
+          remote_->spill_unwritten);
   counter("kvtier_remote_declined_writes_total", "Write-behinds the in-flight bound declined.",
           remote_->declined_writes);
 }

@@ -46,6 +46,14 @@ struct Service::RemoteState {
   uint64_t fetch_misses = 0;      // asked for and not there (or not verified, or unreachable)
   uint64_t lookup_hits = 0;       // blocks a Lookup found only in the remote tier
   uint64_t resumed_sessions = 0;  // sessions a BeginTurn created from a remote record
+  // NVMe evictions (spill_evictions): bytes pinned on their way to the cluster (at
+  // most remote-max-in-flight), blocks written there on their way out, blocks found
+  // there already, and blocks evicted unwritten (bound full, not connected, a read or
+  // write that failed).
+  uint64_t spilling_bytes = 0;
+  uint64_t spilled_blocks = 0;
+  uint64_t spill_present = 0;
+  uint64_t spill_unwritten = 0;
 };
 
 }  // namespace kvtier::daemon

@@ -133,7 +133,7 @@ Status Service::start() {
   }
   KVTIER_RETURN_IF_ERROR(open_nvme(tiers));  // persistence.cpp
   store_ = std::make_unique<BlockStore>(std::move(tiers));
-  view_ = make_placement_view(*store_);
+  view_ = make_placement_view(*store_, [this](Tier tier) { return leaving_bytes(tier); });
   make_mover();
   KVTIER_RETURN_IF_ERROR(recover_nvme());
   KVTIER_RETURN_IF_ERROR(open_remote());  // remote_path.cpp

@@ -272,6 +272,20 @@ class Service final : public ipc::RequestHandler {
   // A RAM (or host HBM) slot for a block read from the remote tier, making room the way
   // a Save does. nullopt when the block is present already.
   Result<std::optional<PendingWrite>> reserve_staging(const BlockKey& key, uint64_t block_bytes);
+  // Planned evictions out of NVMe (the executor's take_evictions): the blocks the
+  // cluster lacks are read from NVMe and written there before they are evicted, so a
+  // block leaving this node stays in the fleet. Returns the keys not taken (evicted at
+  // once: no remote tier, not connected, the spill bound full). Taken blocks are pinned
+  // until written, and their bytes count as leaving in the planner's view.
+  std::vector<BlockKey> spill_evictions(std::vector<BlockKey> keys);
+  struct Spill;
+  void spill_missing(const std::shared_ptr<Spill>& spill, std::vector<size_t> missing);
+  // The spill's blocks at `indices` are done with: unpinned, and evicted when they are
+  // still where they were.
+  void finish_spill(const std::shared_ptr<Spill>& spill, const std::vector<size_t>& indices);
+  // Bytes of `tier` on their way out (spilled to the remote tier); the planner's view
+  // counts them as free.
+  uint64_t leaving_bytes(Tier tier) const;
   // Lookup's tail: how many of `hashes` from `first` on the cluster holds, in a row.
   void lookup_remote(const ConnectionPtr& c, const EngineContext& engine, uint64_t id,
                      std::vector<BlockHash> hashes, std::vector<Tier> tiers);
@@ -301,7 +315,8 @@ class Service final : public ipc::RequestHandler {
   void start_drain(std::function<void()> stopped);
   void check_drain();
   uint64_t now_ms() const { return clock_.now_ms(); }
-  static std::unique_ptr<policy::PlacementView> make_placement_view(const BlockStore& store);
+  static std::unique_ptr<policy::PlacementView> make_placement_view(
+      const BlockStore& store, std::function<uint64_t(Tier)> leaving_bytes);
 
   asio::io_context& io_;
   DaemonConfig config_;  // reloadable settings change on SIGHUP (apply_reloaded_config)

@@ -268,6 +268,8 @@ struct RemoteStats {
   errors @12 :UInt64;          # commands a node did not answer or refused
   resumedSessions @13 :UInt64; # sessions BeginTurn created from a remote record
   deferredBlocks @14 :UInt64;  # blocks held here not written behind (GPU memory, NVMe)
+  spilledBlocks @15 :UInt64;   # NVMe evictions written there on their way out
+  spillUnwritten @16 :UInt64;  # NVMe evictions it lacks that were not written (bound, faults)
 }
 
 struct GpuStats {

@@ -130,6 +130,20 @@ void MoveExecutor::apply(const std::vector<policy::Move>& moves, int hbm_part) {
                               to_slot.offset, bytes});
     started.push_back({move.block, move.kind, bytes, to, onward});
   }
+  if (!evictions.empty() && hooks_.take_evictions) {
+    // Blocks leaving the node's last local tier: the daemon may write them out first.
+    std::vector<BlockKey> leaving;
+    std::erase_if(evictions, [&](const BlockKey& key) {
+      const auto info = store_.lookup(key);
+      if (!info || copies_by_device(info->location.tier)) return false;
+      leaving.push_back(key);
+      return true;
+    });
+    if (!leaving.empty()) {
+      std::vector<BlockKey> rest = hooks_.take_evictions(std::move(leaving));
+      evictions.insert(evictions.end(), rest.begin(), rest.end());
+    }
+  }
   if (!evictions.empty()) evict(evictions);
   for (size_t to = 0; to < kTierCount; ++to) {
     if (!writes[to].empty()) write_into(*tiers_[to], writes[to]);

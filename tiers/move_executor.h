@@ -18,7 +18,8 @@
 //     holds it as a pending release; release_slots() hands those to the tier's
 //     release() and frees them when that is done (a failed release is retried).
 // Evictions remove the block from BlockStore (step 4 for its slot) and are reported
-// back to the daemon, which cuts the sessions that held it.
+// back to the daemon, which cuts the sessions that held it. Planned evictions out of a
+// tier that is not memory go by way of Hooks::take_evictions (the remote tier).
 //
 // Copies in a durable tier (NVMe is inclusive below RAM; block_store.h):
 //  - A block read up out of NVMe keeps its NVMe slot as a copy (step 4 does not give
@@ -74,6 +75,11 @@ class MoveExecutor {
     // Blocks that left the store: evicted (lost = false) or dropped because their bytes
     // were bad (lost = true). The daemon cuts the sessions that held them.
     std::function<void(const std::vector<BlockKey>&, bool lost)> removed;
+    // Evictions planned out of a tier that is not memory (NVMe: blocks leaving the
+    // node) are offered here first. The daemon takes those it writes to the remote tier
+    // before it evicts them itself (evict()), and returns the others, evicted at once.
+    // Optional.
+    std::function<std::vector<BlockKey>(std::vector<BlockKey>)> take_evictions;
     // Before blocks are written into a persistent tier (the daemon writes the session
     // records first, so an index entry never comes without the record naming it).
     std::function<void()> before_persistent_write;

@@ -241,6 +241,7 @@ void RemoteWorker::maybe_connect() {
 void RemoteWorker::publish() {
   std::lock_guard lock(mu_);
   snapshot_.connected = store_ != nullptr;
+  connected_.store(snapshot_.connected, std::memory_order_relaxed);
   snapshot_.degraded = store_ == nullptr || store_->degraded();
   if (store_) {
     snapshot_.store = store_->stats();

@@ -26,6 +26,7 @@
 // wherever `post` runs them.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -97,6 +98,8 @@ class RemoteWorker {
     RemoteStore::Stats store;
   };
   Snapshot snapshot() const;
+  // snapshot().connected without the copy (for checks on every request).
+  bool connected() const { return connected_.load(std::memory_order_relaxed); }
 
  private:
   RemoteWorker(RemoteWorkerOptions options, Post post);
@@ -124,7 +127,8 @@ class RemoteWorker {
   std::condition_variable_any wake_;
   std::deque<Job> jobs_;
   Snapshot snapshot_;
-  uint64_t in_flight_read_bytes_ = 0;  // each bounded by max_in_flight_bytes
+  std::atomic<bool> connected_{false};  // snapshot_.connected
+  uint64_t in_flight_read_bytes_ = 0;   // each bounded by max_in_flight_bytes
   uint64_t in_flight_write_bytes_ = 0;
   std::deque<std::chrono::steady_clock::time_point> pending_writes_;  // queued_at, in order
   std::jthread thread_;  // last: started once everything above exists

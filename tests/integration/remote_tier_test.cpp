@@ -599,6 +599,94 @@ TEST_F(RemoteHandOff, ASaveDuringAPrefetchOfTheSameBlocksIsAnswered) {
   EXPECT_TRUE((*node_b)->stop().ok());
 }
 
+// Blocks evicted from NVMe that the cluster lacks (here: deleted there, as when their
+// TTL ran out) are written there on their way out, bit-exact, so the node that evicted
+// them finds them again (Lookup says remote, Load reads them back); blocks the cluster
+// holds are not written again.
+TEST(RemoteTier, BlocksEvictedFromNvmeAreWrittenToTheClusterFirst) {
+  remote::LocalRedisCluster redis;
+  ASSERT_TRUE(redis.start().is_ok());
+  // 32 KiB blocks; NVMe holds 64 of them and keeps under 32 (evicting down to 16).
+  auto node =
+      start_node(redis, {"--nvme-bytes", "2MiB", "--slab-bytes", "1MiB", "--nvme-high-watermark",
+                         "0.5", "--nvme-low-watermark", "0.25", "--hbm-idle-ms", "0",
+                         "--ram-idle-ms", "0", "--plan-interval-ms", "10ms"});
+  ASSERT_TRUE(node.is_ok()) << node.status().to_string();
+  const PagedCacheShape shape = small_shape(32);
+  auto engine = Engine::connect((*node)->socket_path(), shape, "engine");
+  ASSERT_TRUE(engine.is_ok()) << engine.status().to_string();
+  const std::string ns = engine->hello.namespace_name;
+  const uint64_t digest = engine->hello.layout_digest;
+  const auto old_hashes = save_turns(*engine, "old", 1, 16);
+  ASSERT_TRUE(WrittenBehind(redis, ns, digest, "old", old_hashes));
+  auto all_on_nvme = (*node)->wait_for_stats([](const StatsInfo& stats) {
+    const TierStatsInfo* nvme = find_tier(stats, Tier::kNvme);
+    return nvme != nullptr && nvme->blocks == 16 && total_blocks(stats) == 16;
+  });
+  ASSERT_TRUE(all_on_nvme.is_ok()) << all_on_nvme.status().to_string();
+  // The cluster forgets "old"'s blocks; the node still holds them on NVMe.
+  remote::RemoteStoreOptions options;
+  options.cluster.seeds = redis.seeds();
+  auto store = remote::RemoteStore::open(options);
+  ASSERT_TRUE(store.is_ok()) << store.status().to_string();
+  std::vector<remote::RemoteBlockId> ids;
+  for (const BlockHash& h : old_hashes) {
+    ids.push_back({ns, digest, h});
+    const std::string key = remote::block_key(ns, digest, h);
+    ASSERT_TRUE((*store)->cluster().command({"DEL", key}).is_ok());
+  }
+  for (auto& f : (*store)->exists_blocks(ids)) ASSERT_FALSE(f.is_ok() && *f);
+
+  // A newer session of 24 blocks takes NVMe past its high watermark: the oldest go.
+  const auto new_hashes = save_turns(*engine, "new", 1, 24);
+  ASSERT_TRUE(WrittenBehind(redis, ns, digest, "new", new_hashes));
+  // Settled: everything came down to NVMe and it is back under its high watermark.
+  auto evicted = (*node)->wait_for_stats([](const StatsInfo& stats) {
+    const TierStatsInfo* nvme = find_tier(stats, Tier::kNvme);
+    return stats.blocks_evicted > 0 && nvme != nullptr && nvme->blocks <= 32 &&
+           total_blocks(stats) == nvme->blocks;
+  });
+  ASSERT_TRUE(evicted.is_ok()) << evicted.status().to_string();
+  const uint64_t gone = evicted->blocks_evicted;
+
+  // Which of "old"'s blocks left the node: each of those is in the cluster, bit-exact.
+  auto looked = engine->client->lookup(old_hashes);
+  ASSERT_TRUE(looked.is_ok()) << looked.status().to_string();
+  ASSERT_EQ(looked->hit_count, 16u);  // every one, here or in the cluster
+  size_t old_evicted = 0;
+  for (Tier tier : looked->tiers) old_evicted += tier == Tier::kRemote ? 1 : 0;
+  EXPECT_GE(old_evicted, 1u);  // the oldest went first
+  std::vector<remote::RemoteStore::BlockRead> reads;
+  for (const BlockHash& h : old_hashes) reads.push_back({{ns, digest, h}, shape.block_bytes()});
+  auto got = (*store)->get_blocks(reads);
+  size_t in_cluster = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (!got[i].is_ok()) continue;
+    ++in_cluster;
+    EXPECT_EQ(*got[i], expected_block(shape, old_hashes[i])) << "block " << i;
+  }
+  EXPECT_EQ(in_cluster, old_evicted);
+  // Written once each; "new"'s evicted blocks were there already and cost no write.
+  auto stats = engine->client->stats();
+  ASSERT_TRUE(stats.is_ok());
+  EXPECT_EQ(stats->remote.spilled_blocks, old_evicted);
+  EXPECT_EQ(stats->remote.spill_unwritten, 0u);
+  EXPECT_EQ(stats->blocks_evicted, gone);
+  auto status = (*node)->run_kvtierctl({"status"});
+  EXPECT_NE(status.stdout_text.find(fmt::format("NVMe evictions: {} written there", old_evicted)),
+            std::string::npos)
+      << status.describe();
+
+  // The node loads them back from the cluster.
+  engine->cache.wipe();
+  const auto refs = Engine::refs(old_hashes, 0);
+  auto loaded = engine->client->load("", refs);
+  ASSERT_TRUE(loaded.is_ok()) << loaded.status().to_string();
+  EXPECT_EQ(loaded->loaded_count, 16u) << loaded->stop_reason.to_string();
+  EXPECT_EQ(engine->count_verified(refs, refs.size()), 16u);
+  EXPECT_TRUE((*node)->stop().ok());
+}
+
 // A turn that ended while the cluster was unreachable is written behind once it is
 // reachable: the write-behind sweep tries sessions with blocks left to write again.
 TEST(RemoteTier, ATurnEndedWhileTheClusterWasDownIsWrittenOnceItIsUp) {
