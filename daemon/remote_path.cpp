@@ -38,6 +38,17 @@ Status Service::open_remote() {
   options.store.budget_bytes = std::max<uint64_t>(config_.remote_bytes, 1);
   options.max_in_flight_bytes = config_.remote_max_in_flight_bytes;
   remote_ = std::make_unique<RemoteState>();
+  const std::shared_ptr<Memory>& hbm = store_->memory(Tier::kHbm);
+  if (hbm != nullptr && hbm->host_data() == nullptr) {
+    // Blocks saved into GPU memory are written behind through pinned host memory.
+    const uint64_t staging_bytes = 2 * config_.slab_bytes;
+    auto staging = device_->allocate_pinned_pool(staging_bytes);
+    if (!staging.is_ok()) {
+      return staging.status().with_context("pinned host memory to stage remote writes from HBM");
+    }
+    remote_->staging = std::move(*staging);
+    remote_->staging_slots.emplace(staging_bytes, config_.slab_bytes);
+  }
   // Completions come back to the control thread; after the loop stops they are
   // dropped unrun, and their pins release nothing (tiers/block_store.h).
   remote_->worker = remote::RemoteWorker::start(
@@ -55,22 +66,41 @@ void Service::write_behind(const policy::Session& session, bool sweeping) {
   const std::string& ns = engines_.namespaces().name(session.namespace_id);
   const uint64_t block_bytes = store_->block_bytes(session.layout);
   const uint64_t now = now_ms();
-  auto pins = std::make_shared<std::vector<PinnedBlock>>();
-  std::vector<remote::RemoteStore::BlockWrite> writes;
+  auto batch = std::make_shared<WriteBehind>();
+  CopyBatch staging_copy;  // blocks in GPU memory → staging slots
+  staging_copy.priority = CopyPriority::kBackground;
   size_t next = synced;
   for (; next < session.blocks.size(); ++next) {
     const BlockKey block{session.layout, session.blocks[next]};
     auto info = store_->lookup(block);
     if (!info) break;
     const std::shared_ptr<Memory>& memory = store_->memory(info->location.tier);
-    // In GPU memory or on NVMe: not written behind (yet); the prefix stops here.
-    if (memory == nullptr || memory->host_data() == nullptr) break;
+    // On NVMe: not read back up for this; the prefix stops here (an NVMe eviction
+    // writes the block on its way out).
+    if (memory == nullptr) break;
     PinnedBlock pinned = store_->pin(block, now);
     if (!pinned) break;
-    const std::byte* bytes = memory->host_data() + pinned.location().offset;
-    writes.push_back({{ns, session.layout.layout_digest, block.hash}, {bytes, block_bytes}});
-    pins->push_back(std::move(pinned));
+    const std::byte* bytes = nullptr;
+    if (memory->host_data() != nullptr) {
+      bytes = memory->host_data() + pinned.location().offset;
+    } else {
+      // GPU memory: copied into a staging slot first (none free: the sweep comes back).
+      if (!remote_->staging_slots) break;
+      auto slot = remote_->staging_slots->allocate(block_bytes);
+      if (!slot.is_ok()) break;
+      staging_copy.segments.push_back({staging_copy.memory_index(memory),
+                                       staging_copy.memory_index(remote_->staging),
+                                       pinned.location().offset, *slot, block_bytes});
+      batch->staged.push_back(*slot);
+      bytes = remote_->staging->host_data() + *slot;
+    }
+    batch->writes.push_back({{ns, session.layout.layout_digest, block.hash}, {bytes, block_bytes}});
+    batch->pins.push_back(std::move(pinned));
   }
+  batch->key = key;
+  batch->namespace_name = ns;
+  batch->from = synced;
+  batch->block_bytes = block_bytes;
   // What stays behind though it is held here: a gauge, per session, not a sum of turns.
   uint32_t deferred = 0;
   for (size_t i = next; i < session.blocks.size(); ++i) {
@@ -79,8 +109,8 @@ void Service::write_behind(const policy::Session& session, bool sweeping) {
   uint32_t& was = remote_->deferred[key];
   remote_->deferred_blocks = remote_->deferred_blocks - was + deferred;
   was = deferred;
-  // Tried again by the sweep while what stops it is in GPU memory (it comes down to
-  // RAM in time); blocks already on NVMe are not read back up for this.
+  // Tried again by the sweep while what stops it is in memory (a staging slot frees,
+  // a block comes down to RAM); blocks already on NVMe are not read back up for this.
   const bool stopped_on_nvme = next < session.blocks.size() && [&] {
     auto info = store_->lookup({session.layout, session.blocks[next]});
     return info && info->location.tier == Tier::kNvme;
@@ -91,8 +121,7 @@ void Service::write_behind(const policy::Session& session, bool sweeping) {
     remote_->unsynced.erase(key);
   }
 
-  const uint32_t from = synced;
-  if (writes.empty()) {
+  if (batch->writes.empty()) {
     // A sweep that wrote nothing has nothing new to say (and must not keep renewing
     // the record's TTL while its blocks expire).
     if (!sweeping) {
@@ -102,35 +131,67 @@ void Service::write_behind(const policy::Session& session, bool sweeping) {
     }
     return;
   }
-  synced = static_cast<uint32_t>(next);  // handed over; lowered again below if some fail
-  const bool queued = remote_->worker->put_borrowed(
-      std::move(writes), [this, pins, key, from, ns](std::vector<Status> statuses) {
-        pins->clear();  // the worker is done with the slots
+  synced = static_cast<uint32_t>(next);  // handed over; lowered again if some fail
+  if (staging_copy.segments.empty()) {
+    send_write_behind(batch);
+    return;
+  }
+  merge_adjacent_segments(staging_copy.segments);
+  Status submitted = submit_copy(std::move(staging_copy), [this, batch](Status copied) {
+    if (!copied.is_ok()) {
+      KVTIER_LOG_WARN("staging {} blocks out of GPU memory for the remote tier failed: {}",
+                      batch->staged.size(), copied.to_string());
+      fail_write_behind(*batch, batch->writes.size(), /*declined=*/false);
+      return;
+    }
+    remote_->staged_blocks += batch->staged.size();
+    send_write_behind(batch);
+  });
+  if (!submitted.is_ok()) fail_write_behind(*batch, batch->writes.size(), /*declined=*/false);
+}
+
+void Service::send_write_behind(const std::shared_ptr<WriteBehind>& batch) {
+  auto writes = std::move(batch->writes);
+  const size_t count = writes.size();
+  const bool queued =
+      remote_->worker->put_borrowed(std::move(writes), [this, batch](std::vector<Status> statuses) {
         size_t ok = 0;
         while (ok < statuses.size() && statuses[ok].is_ok()) ++ok;
         remote_->written_blocks += ok;
         if (ok < statuses.size()) {
-          remote_->failed_blocks += statuses.size() - ok;
-          auto it = remote_->synced.find(key);
-          if (it != remote_->synced.end()) {
-            it->second = std::min<uint32_t>(it->second, from + static_cast<uint32_t>(ok));
-            remote_->mark_unsynced(key);  // tried again by the sweep
-          }
+          fail_write_behind(*batch, statuses.size() - ok, /*declined=*/false);
+        } else {
+          release_write_behind(*batch);
         }
         // The record after its blocks: a node that finds it finds them (or misses). As
         // the session is now, so that an older turn's record never lands after a newer
         // one; none once the session was closed.
-        const policy::Session* live = sessions_.find(key.namespace_id, key.id);
+        const policy::Session* live = sessions_.find(batch->key.namespace_id, batch->key.id);
         if (live == nullptr) return;
         remote_->worker->put_session(
-            ns, key.id, encode_session_value(to_record(*live, ns, now_ms(), wall_now_ms())),
+            batch->namespace_name, batch->key.id,
+            encode_session_value(to_record(*live, batch->namespace_name, now_ms(), wall_now_ms())),
             [](Status) {});
       });
-  if (!queued) {
-    ++remote_->declined_writes;
-    synced = from;
-    remote_->mark_unsynced(key);
+  if (!queued) fail_write_behind(*batch, count, /*declined=*/true);
+}
+
+void Service::fail_write_behind(WriteBehind& batch, size_t failed, bool declined) {
+  const size_t count = batch.pins.size();
+  (declined ? remote_->declined_writes : remote_->failed_blocks) += declined ? 1 : failed;
+  auto it = remote_->synced.find(batch.key);
+  if (it != remote_->synced.end()) {
+    // Written again from the first that failed, by the sweep.
+    it->second = std::min<uint32_t>(it->second, batch.from + static_cast<uint32_t>(count - failed));
+    remote_->mark_unsynced(batch.key);
   }
+  release_write_behind(batch);
+}
+
+void Service::release_write_behind(WriteBehind& batch) {
+  batch.pins.clear();  // the worker (and the Device) are done with the slots
+  for (uint64_t slot : batch.staged) remote_->staging_slots->free(slot, batch.block_bytes);
+  batch.staged.clear();
 }
 
 void Service::sweep_write_behind() {

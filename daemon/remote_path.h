@@ -7,6 +7,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
@@ -14,8 +15,21 @@
 #include "daemon/service.h"
 #include "policy/session_table.h"
 #include "tiers/remote_worker.h"
+#include "tiers/slab_allocator.h"
 
 namespace kvtier::daemon {
+
+// One write-behind: a session's blocks from `from` on, read in place under `pins`
+// (blocks in GPU memory from the staging slots `staged`, once the Device copied them).
+struct Service::WriteBehind {
+  policy::SessionKey key;
+  std::string namespace_name;
+  uint32_t from = 0;
+  uint64_t block_bytes = 0;
+  std::vector<remote::RemoteStore::BlockWrite> writes;
+  std::vector<PinnedBlock> pins;
+  std::vector<uint64_t> staged;
+};
 
 struct Service::RemoteState {
   std::unique_ptr<remote::RemoteWorker> worker;
@@ -36,6 +50,11 @@ struct Service::RemoteState {
     if (unsynced.insert(key).second) unsynced_order.push_back(key);
   }
   uint64_t last_sweep_ms = 0;
+  // Blocks in GPU memory are written behind from here: pinned host memory the Device
+  // copies them into first (two slabs; only when HBM is GPU memory).
+  std::shared_ptr<Memory> staging;
+  std::optional<SlabAllocator> staging_slots;
+  uint64_t staged_blocks = 0;  // copied out of GPU memory to be written behind
   // Blocks being read into RAM slots from the cluster, and who waits for each.
   std::unordered_map<BlockKey, std::vector<std::function<void(const Status&)>>, BlockKeyHasher>
       fetching;

@@ -239,9 +239,10 @@ class Service final : public ipc::RequestHandler {
   void make_mover();
 
   // remote_path.cpp: the remote tier (a Redis Cluster; nullptr without remote-nodes).
-  // At the end of a turn the session's blocks not yet written there that sit in host
-  // memory (RAM; HBM on the host backend) are written behind the turn, read in place
-  // under pins the completion drops on this thread, and then its record.
+  // At the end of a turn the session's blocks not yet written there are written behind
+  // the turn, and then its record: blocks in host memory (RAM; HBM on the host
+  // backend) read in place under pins the completion drops on this thread, blocks in
+  // GPU memory copied into pinned staging slots first (a background Device copy).
   //
   // Reading: a Lookup that misses here asks the cluster which of the rest exist there
   // (they are reported as Tier::kRemote); a Load that misses here reads the rest of its
@@ -250,6 +251,13 @@ class Service final : public ipc::RequestHandler {
   // blocks it has, and prefetches the others. Every wait is bounded by remote-timeout.
   Status open_remote();
   void write_behind(const policy::Session& session, bool sweeping = false);
+  struct WriteBehind;
+  void send_write_behind(const std::shared_ptr<WriteBehind>& batch);
+  // `failed` blocks at the end of the batch were not written (declined: none was):
+  // the session's mark goes back to them and the sweep tries again.
+  void fail_write_behind(WriteBehind& batch, size_t failed, bool declined);
+  // Drops the batch's pins and gives its staging slots back.
+  void release_write_behind(WriteBehind& batch);
   // Writes behind again for sessions left with blocks to write (at most once a second).
   void sweep_write_behind();
   void render_remote_metrics(PrometheusText& out) const;
