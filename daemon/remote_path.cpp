@@ -16,6 +16,10 @@
 #include "daemon/setting_kinds.h"
 
 namespace kvtier::daemon {
+namespace {
+// O_DIRECT-friendly buffers for blocks read out of NVMe for the remote tier.
+constexpr size_t kBufferAlignment = 4096;
+}  // namespace
 
 Status Service::open_remote() {
   if (config_.remote_nodes.empty()) return Status::ok();
@@ -67,21 +71,32 @@ void Service::write_behind(const policy::Session& session, bool sweeping) {
   const uint64_t block_bytes = store_->block_bytes(session.layout);
   const uint64_t now = now_ms();
   auto batch = std::make_shared<WriteBehind>();
+  batch->key = key;
+  batch->namespace_name = ns;
+  batch->from = synced;
+  batch->block_bytes = block_bytes;
   CopyBatch staging_copy;  // blocks in GPU memory → staging slots
   staging_copy.priority = CopyPriority::kBackground;
+  std::vector<StorageTier::ReadItem> nvme_reads;  // destinations filled in below
+  StorageTier* nvme = mover_->tier(Tier::kNvme);
   size_t next = synced;
   for (; next < session.blocks.size(); ++next) {
+    // One batch stays within the worker's in-flight bound (a larger one would be
+    // declined every time); the sweep sends the rest.
+    if ((batch->writes.size() + 1) * block_bytes > config_.remote_max_in_flight_bytes) break;
     const BlockKey block{session.layout, session.blocks[next]};
     auto info = store_->lookup(block);
     if (!info) break;
     const std::shared_ptr<Memory>& memory = store_->memory(info->location.tier);
-    // On NVMe: not read back up for this; the prefix stops here (an NVMe eviction
-    // writes the block on its way out).
-    if (memory == nullptr) break;
+    if (memory == nullptr && (info->location.tier != Tier::kNvme || nvme == nullptr)) break;
     PinnedBlock pinned = store_->pin(block, now);
     if (!pinned) break;
-    const std::byte* bytes = nullptr;
-    if (memory->host_data() != nullptr) {
+    const std::byte* bytes = nullptr;  // NVMe: set once the buffer exists
+    if (memory == nullptr) {
+      // On NVMe (demoted before it could be written): read out of NVMe first.
+      batch->from_nvme.push_back(batch->writes.size());
+      nvme_reads.push_back({{block, pinned.location().offset, block_bytes}, nullptr});
+    } else if (memory->host_data() != nullptr) {
       bytes = memory->host_data() + pinned.location().offset;
     } else {
       // GPU memory: copied into a staging slot first (none free: the sweep comes back).
@@ -92,15 +107,13 @@ void Service::write_behind(const policy::Session& session, bool sweeping) {
                                        staging_copy.memory_index(remote_->staging),
                                        pinned.location().offset, *slot, block_bytes});
       batch->staged.push_back(*slot);
+      batch->first_staged = std::min(batch->first_staged, batch->writes.size());
       bytes = remote_->staging->host_data() + *slot;
     }
     batch->writes.push_back({{ns, session.layout.layout_digest, block.hash}, {bytes, block_bytes}});
     batch->pins.push_back(std::move(pinned));
   }
-  batch->key = key;
-  batch->namespace_name = ns;
-  batch->from = synced;
-  batch->block_bytes = block_bytes;
+  batch->blocks = batch->writes.size();
   // What stays behind though it is held here: a gauge, per session, not a sum of turns.
   uint32_t deferred = 0;
   for (size_t i = next; i < session.blocks.size(); ++i) {
@@ -109,13 +122,8 @@ void Service::write_behind(const policy::Session& session, bool sweeping) {
   uint32_t& was = remote_->deferred[key];
   remote_->deferred_blocks = remote_->deferred_blocks - was + deferred;
   was = deferred;
-  // Tried again by the sweep while what stops it is in memory (a staging slot frees,
-  // a block comes down to RAM); blocks already on NVMe are not read back up for this.
-  const bool stopped_on_nvme = next < session.blocks.size() && [&] {
-    auto info = store_->lookup({session.layout, session.blocks[next]});
-    return info && info->location.tier == Tier::kNvme;
-  }();
-  if (deferred > 0 && !stopped_on_nvme) {
+  // Tried again by the sweep (a staging slot frees, the bound has room again).
+  if (deferred > 0) {
     remote_->mark_unsynced(key);
   } else {
     remote_->unsynced.erase(key);
@@ -132,34 +140,83 @@ void Service::write_behind(const policy::Session& session, bool sweeping) {
     return;
   }
   synced = static_cast<uint32_t>(next);  // handed over; lowered again if some fail
-  if (staging_copy.segments.empty()) {
-    send_write_behind(batch);
-    return;
-  }
-  merge_adjacent_segments(staging_copy.segments);
-  Status submitted = submit_copy(std::move(staging_copy), [this, batch](Status copied) {
-    if (!copied.is_ok()) {
-      KVTIER_LOG_WARN("staging {} blocks out of GPU memory for the remote tier failed: {}",
-                      batch->staged.size(), copied.to_string());
-      fail_write_behind(*batch, batch->writes.size(), /*declined=*/false);
-      return;
+
+  batch->waiting = 1;  // this function's own: released by the call at its end
+  if (!staging_copy.segments.empty()) {
+    ++batch->waiting;
+    merge_adjacent_segments(staging_copy.segments);
+    Status submitted = submit_copy(std::move(staging_copy), [this, batch](Status copied) {
+      if (copied.is_ok()) {
+        remote_->staged_blocks += batch->staged.size();
+      } else {
+        KVTIER_LOG_WARN("staging {} blocks out of GPU memory for the remote tier failed: {}",
+                        batch->staged.size(), copied.to_string());
+        batch->readable = std::min(batch->readable, batch->first_staged);
+      }
+      write_behind_staged(batch);
+    });
+    if (!submitted.is_ok()) {
+      batch->readable = std::min(batch->readable, batch->first_staged);
+      --batch->waiting;
     }
-    remote_->staged_blocks += batch->staged.size();
+  }
+  if (!nvme_reads.empty()) {
+    const uint64_t total = nvme_reads.size() * block_bytes;
+    const uint64_t rounded = (total + kBufferAlignment - 1) / kBufferAlignment * kBufferAlignment;
+    batch->nvme_buffer.reset(static_cast<std::byte*>(std::aligned_alloc(kBufferAlignment, rounded)),
+                             std::free);
+    if (batch->nvme_buffer == nullptr) {
+      batch->readable = std::min(batch->readable, batch->from_nvme.front());
+    } else {
+      for (size_t j = 0; j < nvme_reads.size(); ++j) {
+        std::byte* into = batch->nvme_buffer.get() + j * block_bytes;
+        nvme_reads[j].destination = into;
+        batch->writes[batch->from_nvme[j]].payload = {into, block_bytes};
+      }
+      ++batch->waiting;
+      auto guard = asio::make_work_guard(io_);
+      nvme->read(std::move(nvme_reads),
+                 [this, batch, guard](std::vector<StorageTier::ReadOutcome> outcomes) mutable {
+                   asio::post(io_, [this, batch, guard = std::move(guard),
+                                    outcomes = std::move(outcomes)] {
+                     for (size_t j = 0; j < outcomes.size(); ++j) {
+                       if (outcomes[j].status.is_ok()) continue;
+                       const size_t at = batch->from_nvme[j];
+                       batch->readable = std::min(batch->readable, at);
+                       if (outcomes[j].corrupt) batch->lost.push_back(batch->pins[at].key());
+                       KVTIER_LOG_WARN("reading a block out of NVMe to write it behind failed: {}",
+                                       outcomes[j].status.to_string());
+                     }
+                     write_behind_staged(batch);
+                   });
+                 });
+    }
+  }
+  write_behind_staged(batch);
+}
+
+void Service::write_behind_staged(const std::shared_ptr<WriteBehind>& batch) {
+  if (--batch->waiting > 0) return;
+  if (batch->readable < batch->writes.size()) batch->writes.resize(batch->readable);
+  if (batch->writes.empty()) {
+    fail_write_behind(*batch, 0, /*declined=*/false);
+  } else {
     send_write_behind(batch);
-  });
-  if (!submitted.is_ok()) fail_write_behind(*batch, batch->writes.size(), /*declined=*/false);
+  }
+  // Bad bytes on NVMe: the block goes, as when any read finds it so.
+  if (!batch->lost.empty()) mover_->evict(std::exchange(batch->lost, {}), /*lost=*/true);
 }
 
 void Service::send_write_behind(const std::shared_ptr<WriteBehind>& batch) {
   auto writes = std::move(batch->writes);
-  const size_t count = writes.size();
   const bool queued =
       remote_->worker->put_borrowed(std::move(writes), [this, batch](std::vector<Status> statuses) {
         size_t ok = 0;
         while (ok < statuses.size() && statuses[ok].is_ok()) ++ok;
         remote_->written_blocks += ok;
-        if (ok < statuses.size()) {
-          fail_write_behind(*batch, statuses.size() - ok, /*declined=*/false);
+        remote_->failed_blocks += statuses.size() - ok;
+        if (ok < batch->blocks) {
+          fail_write_behind(*batch, ok, /*declined=*/false);
         } else {
           release_write_behind(*batch);
         }
@@ -172,24 +229,29 @@ void Service::send_write_behind(const std::shared_ptr<WriteBehind>& batch) {
             batch->namespace_name, batch->key.id,
             encode_session_value(to_record(*live, batch->namespace_name, now_ms(), wall_now_ms())),
             [](Status) {});
+        // All written and more to go (the batch stopped at the in-flight bound): the next
+        // batch now rather than at the next sweep.
+        if (ok == batch->blocks && remote_->unsynced.contains(batch->key) &&
+            live->state == policy::SessionState::kIdle) {
+          write_behind(*live, /*sweeping=*/true);
+        }
       });
-  if (!queued) fail_write_behind(*batch, count, /*declined=*/true);
+  if (!queued) fail_write_behind(*batch, 0, /*declined=*/true);
 }
 
-void Service::fail_write_behind(WriteBehind& batch, size_t failed, bool declined) {
-  const size_t count = batch.pins.size();
-  (declined ? remote_->declined_writes : remote_->failed_blocks) += declined ? 1 : failed;
+void Service::fail_write_behind(WriteBehind& batch, size_t written, bool declined) {
+  if (declined) ++remote_->declined_writes;
   auto it = remote_->synced.find(batch.key);
   if (it != remote_->synced.end()) {
-    // Written again from the first that failed, by the sweep.
-    it->second = std::min<uint32_t>(it->second, batch.from + static_cast<uint32_t>(count - failed));
+    // Written again from the first that was not, by the sweep.
+    it->second = std::min<uint32_t>(it->second, batch.from + static_cast<uint32_t>(written));
     remote_->mark_unsynced(batch.key);
   }
   release_write_behind(batch);
 }
 
 void Service::release_write_behind(WriteBehind& batch) {
-  batch.pins.clear();  // the worker (and the Device) are done with the slots
+  batch.pins.clear();  // the worker, the Device and the NVMe tier are done with the slots
   for (uint64_t slot : batch.staged) remote_->staging_slots->free(slot, batch.block_bytes);
   batch.staged.clear();
 }
@@ -257,8 +319,6 @@ struct Service::Spill {
 namespace {
 // Blocks per NVMe read of a spill (the executor's job size).
 constexpr size_t kSpillBlocksPerRead = 32;
-// O_DIRECT-friendly buffers for blocks read out of NVMe.
-constexpr size_t kSpillBufferAlignment = 4096;
 }  // namespace
 
 uint64_t Service::leaving_bytes(Tier tier) const {
@@ -334,10 +394,9 @@ void Service::spill_missing(const std::shared_ptr<Spill>& spill, std::vector<siz
   StorageTier* nvme = mover_->tier(Tier::kNvme);
   uint64_t total = 0;
   for (size_t i : missing) total += spill->blocks[i].bytes;
-  const uint64_t rounded =
-      (total + kSpillBufferAlignment - 1) / kSpillBufferAlignment * kSpillBufferAlignment;
+  const uint64_t rounded = (total + kBufferAlignment - 1) / kBufferAlignment * kBufferAlignment;
   std::shared_ptr<std::byte> buffer(
-      static_cast<std::byte*>(std::aligned_alloc(kSpillBufferAlignment, rounded)), std::free);
+      static_cast<std::byte*>(std::aligned_alloc(kBufferAlignment, rounded)), std::free);
   if (nvme == nullptr || buffer == nullptr) {
     remote_->spill_unwritten += missing.size();
     finish_spill(spill, missing);

@@ -19,16 +19,24 @@
 
 namespace kvtier::daemon {
 
-// One write-behind: a session's blocks from `from` on, read in place under `pins`
-// (blocks in GPU memory from the staging slots `staged`, once the Device copied them).
+// One write-behind: a session's blocks from `from` on, under `pins`. Blocks in host
+// memory are read in place; blocks in GPU memory from the staging slots `staged` once
+// the Device copied them there; blocks on NVMe from `nvme_buffer` once read into it.
 struct Service::WriteBehind {
   policy::SessionKey key;
   std::string namespace_name;
   uint32_t from = 0;
   uint64_t block_bytes = 0;
   std::vector<remote::RemoteStore::BlockWrite> writes;
-  std::vector<PinnedBlock> pins;
+  std::vector<PinnedBlock> pins;  // parallel to writes
+  size_t blocks = 0;              // writes.size() before any were cut off
   std::vector<uint64_t> staged;
+  size_t first_staged = SIZE_MAX;  // index in writes
+  std::vector<size_t> from_nvme;   // indices in writes
+  std::shared_ptr<std::byte> nvme_buffer;
+  size_t waiting = 0;          // stages still running (the staging copy, the NVMe read)
+  size_t readable = SIZE_MAX;  // writes before the first whose bytes could not be had
+  std::vector<BlockKey> lost;  // NVMe blocks whose bytes did not verify
 };
 
 struct Service::RemoteState {

@@ -252,10 +252,14 @@ class Service final : public ipc::RequestHandler {
   Status open_remote();
   void write_behind(const policy::Session& session, bool sweeping = false);
   struct WriteBehind;
+  // A stage of the batch ended (the staging copy, the NVMe read); after the last one
+  // the blocks it could read are sent.
+  void write_behind_staged(const std::shared_ptr<WriteBehind>& batch);
   void send_write_behind(const std::shared_ptr<WriteBehind>& batch);
-  // `failed` blocks at the end of the batch were not written (declined: none was):
-  // the session's mark goes back to them and the sweep tries again.
-  void fail_write_behind(WriteBehind& batch, size_t failed, bool declined);
+  // Only the batch's first `written` blocks were written (a declined batch: none was
+  // and `declined` is set): the session's mark goes back to the first that was not,
+  // and the sweep tries again. Then the batch is released.
+  void fail_write_behind(WriteBehind& batch, size_t written, bool declined);
   // Drops the batch's pins and gives its staging slots back.
   void release_write_behind(WriteBehind& batch);
   // Writes behind again for sessions left with blocks to write (at most once a second).

@@ -707,6 +707,59 @@ TEST(RemoteTier, ATurnEndedWhileTheClusterWasDownIsWrittenOnceItIsUp) {
   EXPECT_TRUE((*node)->stop().ok());
 }
 
+// The same when the turn's blocks went down to NVMe before the cluster came up: the
+// sweep reads them out of NVMe to write them.
+TEST(RemoteTier, ATurnThatReachedNvmeWhileTheClusterWasDownIsWrittenOnceItIsUp) {
+  remote::LocalRedisCluster redis;
+  ASSERT_TRUE(redis.choose_ports().is_ok());  // nothing listens there yet
+  auto node =
+      start_node(redis,
+                 {"--remote-timeout", "200ms", "--nvme-bytes", "64MiB", "--slab-bytes", "1MiB",
+                  "--hbm-idle-ms", "0", "--ram-idle-ms", "0", "--plan-interval-ms", "10ms"},
+                 /*wait_connected=*/false);
+  ASSERT_TRUE(node.is_ok()) << node.status().to_string();
+  auto engine = Engine::connect((*node)->socket_path(), small_shape(16), "engine");
+  ASSERT_TRUE(engine.is_ok()) << engine.status().to_string();
+  const auto hashes = save_turns(*engine, "went-down", 2, 3);
+  auto on_nvme = (*node)->wait_for_stats([](const StatsInfo& stats) {
+    const TierStatsInfo* nvme = find_tier(stats, Tier::kNvme);
+    return nvme != nullptr && nvme->blocks == 6 && total_blocks(stats) == 6;
+  });
+  ASSERT_TRUE(on_nvme.is_ok()) << on_nvme.status().to_string();
+  ASSERT_TRUE(redis.start().is_ok());
+  EXPECT_TRUE(WrittenBehind(redis, engine->hello.namespace_name, engine->hello.layout_digest,
+                            "went-down", hashes));
+  auto stats = engine->client->stats();
+  ASSERT_TRUE(stats.is_ok());
+  EXPECT_EQ(stats->remote.written_blocks, 6u);
+  EXPECT_EQ(stats->remote.deferred_blocks, 0u);
+  // Read out of NVMe, not moved: the blocks are still there.
+  const TierStatsInfo* nvme = find_tier(*stats, Tier::kNvme);
+  ASSERT_NE(nvme, nullptr);
+  EXPECT_EQ(nvme->blocks, 6u);
+  EXPECT_TRUE((*node)->stop().ok());
+}
+
+// A turn larger than remote-max-in-flight is written in batches within the bound (one
+// write of it all would be declined every time).
+TEST(RemoteTier, ATurnLargerThanTheInFlightBoundIsWrittenInBatches) {
+  remote::LocalRedisCluster redis;
+  ASSERT_TRUE(redis.start().is_ok());
+  // 32 KiB blocks, 64 KiB in flight: two blocks a batch.
+  auto node = start_node(redis, {"--remote-max-in-flight", "64KiB"});
+  ASSERT_TRUE(node.is_ok()) << node.status().to_string();
+  auto engine = Engine::connect((*node)->socket_path(), small_shape(16), "engine");
+  ASSERT_TRUE(engine.is_ok()) << engine.status().to_string();
+  const auto hashes = save_turns(*engine, "big-turns", 2, 5);
+  EXPECT_TRUE(WrittenBehind(redis, engine->hello.namespace_name, engine->hello.layout_digest,
+                            "big-turns", hashes));
+  auto stats = engine->client->stats();
+  ASSERT_TRUE(stats.is_ok());
+  EXPECT_EQ(stats->remote.written_blocks, 10u);
+  EXPECT_EQ(stats->remote.deferred_blocks, 0u);
+  EXPECT_TRUE((*node)->stop().ok());
+}
+
 TEST(RemoteTier, AnUnreachableClusterLeavesTheDaemonServing) {
   remote::LocalRedisCluster redis;
   ASSERT_TRUE(redis.choose_ports().is_ok());  // nothing listens there
