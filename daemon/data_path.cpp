@@ -322,7 +322,7 @@ void Service::finish_save(const ConnectionPtr& c, uint64_t id, const EngineConte
     }
     apply_retention(**session, request);
     note_session_changed(**session);
-    if (request.end_of_turn) write_behind(**session);  // remote_path.cpp
+    if (request.end_of_turn) write_behind(**session);  // remote_write_behind.cpp
   }
   reply(c, id, [&](wire::Response::Builder response) {
     auto out = response.initSave();
@@ -382,15 +382,20 @@ Status Service::handle_lookup(const ConnectionPtr& c, EngineContext& engine, uin
     lookup_remote(c, engine, id, hashes, std::move(tiers));  // answers when the cluster did
     return Status::ok();
   }
+  reply_lookup(c, id, hashes.size(), tiers);
+  return Status::ok();
+}
+
+void Service::reply_lookup(const ConnectionPtr& c, uint64_t id, size_t asked,
+                           const std::vector<Tier>& tiers) {
   counters_.lookup_hits += tiers.size();
-  counters_.lookup_misses += hashes.size() - tiers.size();
+  counters_.lookup_misses += asked - tiers.size();
   reply(c, id, [&](wire::Response::Builder response) {
     auto out = response.initLookup();
     out.setHitCount(static_cast<uint32_t>(tiers.size()));
     auto list = out.initTiers(static_cast<unsigned>(tiers.size()));
     for (unsigned i = 0; i < tiers.size(); ++i) list.set(i, static_cast<wire::Tier>(tiers[i]));
   });
-  return Status::ok();
 }
 
 void Service::run_planner(policy::Planner::PlanKind kind) {
@@ -399,7 +404,7 @@ void Service::run_planner(policy::Planner::PlanKind kind) {
   mover_->apply(planner_.plan_demotions(sessions_, *view_, kind));
   flush_sessions(/*sync=*/false);
   mover_->release_slots();
-  sweep_write_behind();   // remote_path.cpp
+  sweep_write_behind();   // remote_write_behind.cpp
   resume_parked_saves();  // also answers those whose wait is over
   // The period is kept whatever Saves do: a stream of them does not postpone it.
   if (kind != policy::Planner::PlanKind::kPeriodic) return;
@@ -442,7 +447,7 @@ void Service::make_mover() {
   };
   hooks.not_moved = [this](const BlockKey& key) { planner_.revisit(sessions_, key); };
   hooks.take_evictions = [this](std::vector<BlockKey> keys) {
-    return spill_evictions(std::move(keys));  // remote_path.cpp
+    return spill_evictions(std::move(keys));  // remote_spill.cpp
   };
   hooks.removed = [this](const std::vector<BlockKey>& keys, bool lost) {
     on_blocks_removed(keys, lost);

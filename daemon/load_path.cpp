@@ -6,7 +6,7 @@
 // nvme-load-wait-ms, and then scatters what is readable, in prefix order. A block
 // whose bytes failed their checksum ends the prefix with DataLoss. With a remote tier,
 // blocks not held here are read from the cluster into RAM slots (fetch_remote,
-// remote_path.cpp) for at most remote-timeout; the first that is not there ends the
+// remote_read_path.cpp) for at most remote-timeout; the first that is not there ends the
 // prefix the same way.
 #include <boost/asio/steady_timer.hpp>
 

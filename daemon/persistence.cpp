@@ -298,6 +298,7 @@ void Service::stop(std::function<void()> stopped) {
   }
   stopping_ = true;
   plan_timer_.cancel();
+  abandon_spills();       // NVMe room they held is the drain's
   resume_parked_saves();  // answers them: nothing new starts now
   cancel_fill();          // a stop while the tier memory is filling: nothing was served yet
   if (!nvme_ || nvme_->drain_phase == NvmeState::DrainPhase::kDone) {

@@ -1,4 +1,4 @@
-// The remote tier's state inside the Service (remote_path.cpp): the worker that owns
+// The remote tier's state inside the Service (remote_*.cpp): the worker that owns
 // the Redis Cluster connections, and how far each session has been written there.
 // Control thread only, like the rest of the Service.
 #pragma once
@@ -19,27 +19,42 @@
 
 namespace kvtier::daemon {
 
-// One write-behind: a session's blocks from `from` on, under `pins`. Blocks in host
-// memory are read in place; blocks in GPU memory from the staging slots `staged` once
-// the Device copied them there; blocks on NVMe from `nvme_buffer` once read into it.
+// Blocks read out of NVMe for the remote tier (write-behind, spills) go into
+// O_DIRECT-friendly buffers, in reads of the executor's job size.
+constexpr uint64_t kNvmeBufferAlignment = 4096;
+constexpr size_t kNvmeBlocksPerRead = 32;
+// The size of such a buffer for `bytes` of blocks (rounded up to the alignment).
+constexpr uint64_t nvme_buffer_bytes(uint64_t bytes) {
+  return (bytes + kNvmeBufferAlignment - 1) / kNvmeBufferAlignment * kNvmeBufferAlignment;
+}
+// A buffer of `bytes` (a nvme_buffer_bytes() size); null when memory is short.
+std::shared_ptr<std::byte> allocate_nvme_buffer(uint64_t bytes);
+
+// One write-behind: a session's blocks from `from` on. Blocks in host memory are read in
+// place, under their pins; blocks in GPU memory from the staging slots the Device copies
+// them into, and blocks on NVMe from `nvme_buffer` once read into it (their pins go once
+// the copy or read is done).
 struct Service::WriteBehind {
+  static constexpr uint64_t kNoSlot = UINT64_MAX;
   policy::SessionKey key;
   std::string namespace_name;
   uint32_t from = 0;
   uint64_t block_bytes = 0;
   std::vector<remote::RemoteStore::BlockWrite> writes;
   std::vector<PinnedBlock> pins;  // parallel to writes
+  std::vector<uint64_t> slots;    // parallel to writes: the staging slot, or kNoSlot
   size_t blocks = 0;              // writes.size() before any were cut off
-  std::vector<uint64_t> staged;
-  size_t first_staged = SIZE_MAX;  // index in writes
-  std::vector<size_t> from_nvme;   // indices in writes
+  std::vector<size_t> staged;     // indices in writes, copied out of GPU memory
+  std::vector<size_t> from_nvme;  // indices in writes, read out of NVMe
   std::shared_ptr<std::byte> nvme_buffer;
-  size_t waiting = 0;          // stages still running (the staging copy, the NVMe read)
-  size_t readable = SIZE_MAX;  // writes before the first whose bytes could not be had
-  std::vector<BlockKey> lost;  // NVMe blocks whose bytes did not verify
+  uint64_t buffered_bytes = 0;  // nvme_buffer's size (in RemoteState::buffered_bytes)
+  size_t waiting = 0;           // stages still running (the staging copy, the NVMe reads)
+  size_t readable = SIZE_MAX;   // writes before the first whose bytes could not be had
 };
 
 struct Service::RemoteState {
+  // The worker goes first: its thread may still be reading the staging memory.
+  ~RemoteState() { worker.reset(); }
   std::unique_ptr<remote::RemoteWorker> worker;
   // Per session: its first `synced` blocks were handed to the worker (lowered again to
   // the first that failed when a write-behind reports failures, and to a cut).
@@ -63,6 +78,9 @@ struct Service::RemoteState {
   std::shared_ptr<Memory> staging;
   std::optional<SlabAllocator> staging_slots;
   uint64_t staged_blocks = 0;  // copied out of GPU memory to be written behind
+  // Bytes of the buffers NVMe blocks are read into to be written behind (at most
+  // remote-max-in-flight).
+  uint64_t buffered_bytes = 0;
   // Blocks being read into RAM slots from the cluster, and who waits for each.
   std::unordered_map<BlockKey, std::vector<std::function<void(const Status&)>>, BlockKeyHasher>
       fetching;
@@ -78,6 +96,8 @@ struct Service::RemoteState {
   // there already, and blocks evicted unwritten (bound full, not connected, a read or
   // write that failed).
   uint64_t spilling_bytes = 0;
+  // The spills under way (each until its last block is finished): a stop gives them up.
+  std::unordered_set<std::shared_ptr<Spill>> spills;
   uint64_t spilled_blocks = 0;
   uint64_t spill_present = 0;
   uint64_t spill_unwritten = 0;

@@ -209,6 +209,9 @@ class Service final : public ipc::RequestHandler {
   void resume_parked_saves();
   Status handle_lookup(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
                        const std::vector<BlockHash>& hashes);
+  // Lookup's reply: `tiers` (where each block of the prefix found is), of `asked`.
+  void reply_lookup(const ConnectionPtr& c, uint64_t id, size_t asked,
+                    const std::vector<Tier>& tiers);
   Status handle_load(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
                      BlockListRequest request);
   struct SaveInProgress;  // data_path.cpp
@@ -238,7 +241,7 @@ class Service final : public ipc::RequestHandler {
   // The tiers behind the executor, built once the store exists (start()).
   void make_mover();
 
-  // remote_path.cpp: the remote tier (a Redis Cluster; nullptr without remote-nodes).
+  // remote_*.cpp: the remote tier (a Redis Cluster; nullptr without remote-nodes).
   // At the end of a turn the session's blocks not yet written there are written behind
   // the turn, and then its record: blocks in host memory (RAM; HBM on the host
   // backend) read in place under pins the completion drops on this thread, blocks in
@@ -255,12 +258,18 @@ class Service final : public ipc::RequestHandler {
   // A stage of the batch ended (the staging copy, the NVMe read); after the last one
   // the blocks it could read are sent.
   void write_behind_staged(const std::shared_ptr<WriteBehind>& batch);
+  // Reads the batch's NVMe blocks (`reads`, parallel to its from_nvme) into a buffer.
+  void read_write_behind(const std::shared_ptr<WriteBehind>& batch,
+                         std::vector<StorageTier::ReadItem> reads);
+  // One of those reads ended: the blocks from `begin` on in from_nvme.
+  void write_behind_read(const std::shared_ptr<WriteBehind>& batch, size_t begin,
+                         const std::vector<StorageTier::ReadOutcome>& outcomes);
   void send_write_behind(const std::shared_ptr<WriteBehind>& batch);
   // Only the batch's first `written` blocks were written (a declined batch: none was
   // and `declined` is set): the session's mark goes back to the first that was not,
   // and the sweep tries again. Then the batch is released.
   void fail_write_behind(WriteBehind& batch, size_t written, bool declined);
-  // Drops the batch's pins and gives its staging slots back.
+  // Drops the batch's pins and gives its staging slots and buffer back.
   void release_write_behind(WriteBehind& batch);
   // Writes behind again for sessions left with blocks to write (at most once a second).
   void sweep_write_behind();
@@ -295,6 +304,8 @@ class Service final : public ipc::RequestHandler {
   // The spill's blocks at `indices` are done with: unpinned, and evicted when they are
   // still where they were.
   void finish_spill(const std::shared_ptr<Spill>& spill, const std::vector<size_t>& indices);
+  // At stop: every spill under way is finished now, its blocks unpinned and evicted.
+  void abandon_spills();
   // Bytes of `tier` on their way out (spilled to the remote tier); the planner's view
   // counts them as free.
   uint64_t leaving_bytes(Tier tier) const;

@@ -160,13 +160,21 @@ std::optional<BlockInfo> BlockStore::lookup(const BlockKey& key) const {
 }
 
 PinnedBlock BlockStore::pin(const BlockKey& key, uint64_t now_ms) {
+  return pin_entry(key, now_ms);
+}
+
+PinnedBlock BlockStore::pin_in_background(const BlockKey& key) {
+  return pin_entry(key, std::nullopt);
+}
+
+PinnedBlock BlockStore::pin_entry(const BlockKey& key, std::optional<uint64_t> now_ms) {
   Entry* entry = find(key);
   if (entry == nullptr || entry->state == BlockState::kWriting) return {};
   // A full pin counter refuses the read rather than wrap (a wrapped count would free a
   // slot under a reader).
   if (entry->pins == std::numeric_limits<decltype(entry->pins)>::max()) return {};
   change_pins(*entry, +1);
-  entry->last_access_ms = now_ms;
+  if (now_ms) entry->last_access_ms = *now_ms;
   return PinnedBlock(*anchor_, key, entry->location());
 }
 

@@ -256,6 +256,9 @@ class BlockStore {
   // is held) and refreshes its access time. An empty handle when the block is not
   // visible, or already holds as many pins as it can count.
   PinnedBlock pin(const BlockKey& key, uint64_t now_ms);
+  // The same without refreshing the access time: a copy made in the background (written
+  // to another tier) is not a use, and must not make the block look recently used.
+  PinnedBlock pin_in_background(const BlockKey& key);
 
   // ---- moves between tiers ----
 
@@ -336,6 +339,9 @@ class BlockStore {
  private:
   friend class PinnedBlock;
   friend class PendingWrite;
+
+  // pin() and pin_in_background(): refreshes the access time when `now_ms` is given.
+  PinnedBlock pin_entry(const BlockKey& key, std::optional<uint64_t> now_ms);
 
   // What the handles call, each once per handle.
   void unpin(const BlockKey& key);

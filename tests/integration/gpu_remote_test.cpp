@@ -9,19 +9,15 @@
 #include <thread>
 
 #include "tests/integration/gpu_harness.h"
-#include "tests/support/redis_cluster.h"
-#include "tiers/remote_store.h"
+#include "tests/integration/remote_harness.h"
 
 namespace kvtier::integration {
 namespace {
 
 std::vector<std::string> with_remote(std::vector<std::string> flags,
                                      const remote::LocalRedisCluster& redis) {
-  std::string nodes;
-  for (const remote::Endpoint& e : redis.seeds())
-    nodes += (nodes.empty() ? "" : ",") + e.to_string();
   // HBM keeps the session: what reaches the cluster came out of GPU memory.
-  flags.insert(flags.end(), {"--remote-nodes", nodes, "--hbm-idle-ms", "10m"});
+  flags.insert(flags.end(), {"--remote-nodes", nodes_flag(redis.seeds()), "--hbm-idle-ms", "10m"});
   return flags;
 }
 
@@ -45,9 +41,7 @@ TEST(GpuRemote, BlocksInGpuMemoryAreWrittenBehindAndResumeOnAnotherNode) {
   auto in_hbm = wait_for_session_in_tier(node_a->socket_path(), saver.session, Tier::kHbm, blocks);
   ASSERT_TRUE(in_hbm.is_ok()) << in_hbm.status().to_string();
   // The record follows the blocks.
-  remote::RemoteStoreOptions options;
-  options.cluster.seeds = redis.seeds();
-  auto store = remote::RemoteStore::open(options);
+  auto store = open_store(redis);
   ASSERT_TRUE(store.is_ok()) << store.status().to_string();
   auto hello = hello_as_cuda_engine(node_a->socket_path());
   ASSERT_TRUE(hello.is_ok()) << hello.status().to_string();

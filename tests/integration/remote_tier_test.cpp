@@ -1,203 +1,22 @@
-// kvtierd with a remote tier (--remote-nodes) on a Redis Cluster the test starts
-// (tests/support/redis_cluster.h): at the end of each turn the session's new blocks and
-// its record are written behind the turn, and another node's store reads them
-// bit-exact; a second kvtierd resumes the conversation from the cluster (BeginTurn,
-// Lookup, Load) bit-exact; a corrupt value is DataLoss and never served; namespaces
-// stay apart; a master killed mid-run leaves right bytes or misses; TTL and budget
-// hold; with the cluster unreachable the daemon serves as before and says so.
+// Two kvtierds on one Redis Cluster the test starts (remote_harness.h): a second node
+// resumes a conversation from the cluster (BeginTurn, Lookup, Load) bit-exact; a corrupt
+// value is DataLoss and never served; namespaces stay apart; a master killed mid-run
+// leaves right bytes or misses; TTL and budget hold; with the cluster unreachable the
+// daemon serves as before and says so. Writing to the cluster: remote_write_test.cpp.
 #include <gtest/gtest.h>
 
-#include <unistd.h>
-
 #include <chrono>
-#include <optional>
 #include <thread>
 
 #include <fmt/format.h>
 
-#include "tests/integration/daemon_harness.h"
-#include "tests/support/redis_cluster.h"
-#include "tiers/nvme_format.h"
+#include "tests/integration/remote_harness.h"
 #include "tiers/remote_cluster.h"
 #include "tiers/remote_format.h"
 #include "tiers/remote_store.h"
 
 namespace kvtier::integration {
 namespace {
-
-std::string nodes_flag(const std::vector<remote::Endpoint>& seeds) {
-  std::string out;
-  for (const remote::Endpoint& e : seeds) out += (out.empty() ? "" : ",") + e.to_string();
-  return out;
-}
-
-// What the daemon stores for a block of a PagedCache: its planes in order.
-std::string expected_block(const PagedCacheShape& shape, const BlockHash& hash) {
-  std::string out(shape.block_bytes(), '\0');
-  const uint32_t planes = 2 * shape.num_layers;
-  for (uint32_t p = 0; p < planes; ++p) {
-    PagedCache::generate(hash, p,
-                         reinterpret_cast<std::byte*>(out.data()) + p * shape.plane_bytes(),
-                         shape.plane_bytes());
-  }
-  return out;
-}
-
-// A kvtierd on the cluster, with `extra` flags; once it has connected to the cluster
-// (it connects in the background) unless `wait_connected` is false.
-Result<std::unique_ptr<Daemon>> start_node(const remote::LocalRedisCluster& redis,
-                                           std::vector<std::string> extra = {},
-                                           bool wait_connected = true) {
-  auto flags = small_tier_flags();
-  flags.insert(flags.end(), {"--remote-nodes", nodes_flag(redis.seeds()), "--metrics-addr", "off"});
-  flags.insert(flags.end(), extra.begin(), extra.end());
-  auto daemon = Daemon::start(flags);
-  if (!daemon.is_ok() || !wait_connected) return daemon;
-  auto connected =
-      (*daemon)->wait_for_stats([](const StatsInfo& stats) { return stats.remote.connected; });
-  if (!connected.is_ok()) return connected.status().with_context("connecting to the cluster");
-  return daemon;
-}
-
-// Saves `turns` turns of `per_turn` blocks of `session` (hashes chained from its name),
-// each ending the turn; returns the hashes.
-std::vector<BlockHash> save_turns(Engine& engine, const std::string& session, size_t turns,
-                                  size_t per_turn) {
-  const auto hashes = PagedCache::chain_hashes(session, turns * per_turn);
-  for (size_t turn = 0; turn < turns; ++turn) {
-    const auto refs =
-        Engine::refs(std::span(hashes).subspan(per_turn * turn, per_turn), per_turn * turn);
-    engine.fill(refs);
-    auto saved = engine.client->save(session, refs, /*end_of_turn=*/true);
-    EXPECT_TRUE(saved.is_ok()) << saved.status().to_string();
-  }
-  return hashes;
-}
-
-// Waits until the cluster holds `session`'s record with `blocks` blocks and every one
-// of those blocks (written behind the turn: within seconds, not at the reply).
-::testing::AssertionResult WrittenBehind(const remote::LocalRedisCluster& redis,
-                                         const std::string& ns, uint64_t layout_digest,
-                                         const std::string& session,
-                                         const std::vector<BlockHash>& blocks) {
-  remote::RemoteStoreOptions options;
-  options.cluster.seeds = redis.seeds();
-  auto store = remote::RemoteStore::open(options);
-  if (!store.is_ok()) return ::testing::AssertionFailure() << store.status().to_string();
-  std::vector<remote::RemoteBlockId> ids;
-  for (const BlockHash& h : blocks) ids.push_back({ns, layout_digest, h});
-  std::string last = "nothing read";
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(15);
-  while (std::chrono::steady_clock::now() < deadline) {
-    auto record = (*store)->get_session(ns, session);
-    if (record.is_ok()) {
-      auto decoded = decode_session(encode_session_key(ns, session), *record);
-      bool all = decoded.has_value() && decoded->blocks == blocks;
-      for (auto& exists : (*store)->exists_blocks(ids)) {
-        all = all && exists.is_ok() && *exists;
-      }
-      if (all) return ::testing::AssertionSuccess();
-      last = decoded ? fmt::format("a record of {} blocks", decoded->blocks.size())
-                     : "a malformed record";
-    } else {
-      last = record.status().to_string();
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  return ::testing::AssertionFailure() << "not written behind within 15 s; last: " << last;
-}
-
-// Two nodes on one cluster: a Redis Cluster, kvtierd A and kvtierd B on it (each with
-// its own flags, once connected), and an engine on each with `blocks` engine blocks.
-class RemoteHandOff : public ::testing::Test {
- protected:
-  void start(std::vector<std::string> flags_a, std::vector<std::string> flags_b, uint64_t blocks) {
-    ASSERT_TRUE(redis.start().is_ok());
-    auto a = start_node(redis, std::move(flags_a));
-    ASSERT_TRUE(a.is_ok()) << a.status().to_string();
-    node_a.emplace(std::move(*a));
-    auto b = start_node(redis, std::move(flags_b));
-    ASSERT_TRUE(b.is_ok()) << b.status().to_string();
-    node_b.emplace(std::move(*b));
-    shape = small_shape(blocks);
-    auto ea = Engine::connect((*node_a)->socket_path(), shape, "engine-a");
-    ASSERT_TRUE(ea.is_ok()) << ea.status().to_string();
-    engine_a.emplace(std::move(*ea));
-    auto eb = Engine::connect((*node_b)->socket_path(), shape, "engine-b");
-    ASSERT_TRUE(eb.is_ok()) << eb.status().to_string();
-    engine_b.emplace(std::move(*eb));
-  }
-  // Saves `session` on A (hashes chained from its name) and waits until the cluster
-  // holds it.
-  std::vector<BlockHash> save_on_a(const std::string& session, size_t turns, size_t per_turn) {
-    auto hashes = save_turns(*engine_a, session, turns, per_turn);
-    EXPECT_TRUE(WrittenBehind(redis, engine_a->hello.namespace_name, engine_a->hello.layout_digest,
-                              session, hashes));
-    return hashes;
-  }
-
-  remote::LocalRedisCluster redis;
-  std::optional<std::unique_ptr<Daemon>> node_a, node_b;
-  PagedCacheShape shape;
-  std::optional<Engine> engine_a, engine_b;
-};
-
-TEST(RemoteTier, EndOfTurnWritesTheSessionsBlocksAndRecordBehindIt) {
-  remote::LocalRedisCluster redis;
-  ASSERT_TRUE(redis.start().is_ok());
-  auto flags = small_tier_flags();
-  flags.insert(flags.end(), {"--remote-nodes", nodes_flag(redis.seeds()), "--remote-ttl", "10m",
-                             "--metrics-addr", "off"});
-  auto daemon = Daemon::start(flags);
-  ASSERT_TRUE(daemon.is_ok()) << daemon.status().to_string();
-  const PagedCacheShape shape = small_shape(16);
-  auto engine = Engine::connect((*daemon)->socket_path(), shape, "writer");
-  ASSERT_TRUE(engine.is_ok()) << engine.status().to_string();
-
-  // Three turns of four blocks each, one conversation.
-  const auto hashes = PagedCache::chain_hashes("chat-7", 12);
-  for (size_t turn = 0; turn < 3; ++turn) {
-    const auto refs = Engine::refs(std::span(hashes).subspan(4 * turn, 4), 4 * turn);
-    engine->fill(refs);
-    auto saved = engine->client->save("chat-7", refs, /*end_of_turn=*/true);
-    ASSERT_TRUE(saved.is_ok()) << saved.status().to_string();
-  }
-
-  // Another node's view of the cluster.
-  remote::RemoteStoreOptions options;
-  options.cluster.seeds = redis.seeds();
-  auto store = remote::RemoteStore::open(options);
-  ASSERT_TRUE(store.is_ok()) << store.status().to_string();
-  const std::string ns = engine->hello.namespace_name;
-  std::vector<remote::RemoteStore::BlockRead> reads;
-  for (const BlockHash& h : hashes) {
-    reads.push_back({{ns, engine->hello.layout_digest, h}, shape.block_bytes()});
-  }
-  // Written behind the turn: within a few seconds, not at the reply.
-  std::vector<Result<std::string>> got;
-  Result<std::string> record = not_found("not yet");
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(15);
-  while (std::chrono::steady_clock::now() < deadline) {
-    got = (*store)->get_blocks(reads);
-    record = (*store)->get_session(ns, "chat-7");
-    bool all = record.is_ok();
-    for (const auto& g : got) all = all && g.is_ok();
-    if (all) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  ASSERT_TRUE(record.is_ok()) << record.status().to_string();
-  for (size_t i = 0; i < hashes.size(); ++i) {
-    ASSERT_TRUE(got[i].is_ok()) << i << ": " << got[i].status().to_string();
-    EXPECT_TRUE(*got[i] == expected_block(shape, hashes[i])) << "block " << i << " differs";
-  }
-  auto decoded = decode_session(encode_session_key(ns, "chat-7"), *record);
-  ASSERT_TRUE(decoded.has_value());
-  EXPECT_EQ(decoded->session_id, "chat-7");
-  EXPECT_EQ(decoded->layout_digest, engine->hello.layout_digest);
-  EXPECT_EQ(decoded->turns, 3u);
-  EXPECT_EQ(decoded->blocks, hashes);
-  EXPECT_TRUE((*daemon)->stop().ok());
-}
 
 // The headline: engine on node A saves a 3-turn session; engine on node B
 // (another kvtierd, socket and data dir) resumes it by session id and loads it
@@ -272,9 +91,7 @@ TEST_F(RemoteHandOff, ACorruptRemoteValueIsDataLossAndNeverServed) {
   const uint64_t digest = engine_a->hello.layout_digest;
   ASSERT_TRUE(WrittenBehind(redis, ns, digest, "doc", hashes));
 
-  remote::RemoteStoreOptions options;
-  options.cluster.seeds = redis.seeds();
-  auto store = remote::RemoteStore::open(options);
+  auto store = open_store(redis);
   ASSERT_TRUE(store.is_ok()) << store.status().to_string();
   const std::string key = remote::block_key(ns, digest, hashes[3]);
   const int port = (*store)->cluster().slots().master_of(remote::key_slot(key))->port;
@@ -360,9 +177,7 @@ TEST_F(RemoteHandOff, AMasterKilledMidRunLeavesRightBytesOrMisses) {
   }
   const int victim = redis.ports()[0];  // a master at start
   // Which sessions have a block on the victim.
-  remote::RemoteStoreOptions options;
-  options.cluster.seeds = redis.seeds();
-  auto store = remote::RemoteStore::open(options);
+  auto store = open_store(redis);
   ASSERT_TRUE(store.is_ok()) << store.status().to_string();
   std::vector<bool> on_victim;
   for (const auto& hashes : sessions) {
@@ -461,9 +276,7 @@ TEST(RemoteTier, TtlAndBudgetAreKept) {
   ASSERT_TRUE(engine_a.is_ok()) << engine_a.status().to_string();
   const auto hashes = save_turns(*engine_a, "short", 4, 4);  // 16 blocks, 6 fit
   const std::string ns = engine_a->hello.namespace_name;
-  remote::RemoteStoreOptions options;
-  options.cluster.seeds = redis.seeds();
-  auto store = remote::RemoteStore::open(options);
+  auto store = open_store(redis);
   ASSERT_TRUE(store.is_ok()) << store.status().to_string();
   std::vector<remote::RemoteBlockId> ids;
   for (const BlockHash& h : hashes) ids.push_back({ns, engine_a->hello.layout_digest, h});
@@ -535,12 +348,8 @@ TEST_F(RemoteHandOff, ALoadMixesRemoteBlocksWithOnesOnNvmeHere) {
     return nvme != nullptr && nvme->blocks == 1 && total_blocks(stats) == 1;
   });
   ASSERT_TRUE(on_nvme.is_ok()) << on_nvme.status().to_string();
-  engine_b->cache.wipe();
-  const auto refs = Engine::refs(hashes, 0);
-  auto loaded = engine_b->client->load("", refs);
-  ASSERT_TRUE(loaded.is_ok()) << loaded.status().to_string();
-  EXPECT_EQ(loaded->loaded_count, 4u) << loaded->stop_reason.to_string();
-  EXPECT_EQ(engine_b->count_verified(refs, refs.size()), 4u);
+  ASSERT_EQ(hashes.size(), 4u);
+  EXPECT_TRUE(LoadsBitExact(*engine_b, hashes));
   EXPECT_TRUE((*node_a)->stop().ok());
   EXPECT_TRUE((*node_b)->stop().ok());
 }
@@ -553,9 +362,7 @@ TEST_F(RemoteHandOff, ASaveDuringAPrefetchOfTheSameBlocksIsAnswered) {
   ASSERT_FALSE(HasFailure());
   // A master with some of the blocks hangs (not the one with the session's record):
   // the prefetch's reads wait on it.
-  remote::RemoteStoreOptions options;
-  options.cluster.seeds = redis.seeds();
-  auto store = remote::RemoteStore::open(options);
+  auto store = open_store(redis);
   ASSERT_TRUE(store.is_ok()) << store.status().to_string();
   const auto& slots = (*store)->cluster().slots();
   const std::string& ns = engine_a->hello.namespace_name;
@@ -597,167 +404,6 @@ TEST_F(RemoteHandOff, ASaveDuringAPrefetchOfTheSameBlocksIsAnswered) {
   EXPECT_EQ(engine_b->count_verified(refs, loaded->loaded_count), loaded->loaded_count);
   EXPECT_TRUE((*node_a)->stop().ok());
   EXPECT_TRUE((*node_b)->stop().ok());
-}
-
-// Blocks evicted from NVMe that the cluster lacks (here: deleted there, as when their
-// TTL ran out) are written there on their way out, bit-exact, so the node that evicted
-// them finds them again (Lookup says remote, Load reads them back); blocks the cluster
-// holds are not written again.
-TEST(RemoteTier, BlocksEvictedFromNvmeAreWrittenToTheClusterFirst) {
-  remote::LocalRedisCluster redis;
-  ASSERT_TRUE(redis.start().is_ok());
-  // 32 KiB blocks; NVMe holds 64 of them and keeps under 32 (evicting down to 16).
-  auto node =
-      start_node(redis, {"--nvme-bytes", "2MiB", "--slab-bytes", "1MiB", "--nvme-high-watermark",
-                         "0.5", "--nvme-low-watermark", "0.25", "--hbm-idle-ms", "0",
-                         "--ram-idle-ms", "0", "--plan-interval-ms", "10ms"});
-  ASSERT_TRUE(node.is_ok()) << node.status().to_string();
-  const PagedCacheShape shape = small_shape(32);
-  auto engine = Engine::connect((*node)->socket_path(), shape, "engine");
-  ASSERT_TRUE(engine.is_ok()) << engine.status().to_string();
-  const std::string ns = engine->hello.namespace_name;
-  const uint64_t digest = engine->hello.layout_digest;
-  const auto old_hashes = save_turns(*engine, "old", 1, 16);
-  ASSERT_TRUE(WrittenBehind(redis, ns, digest, "old", old_hashes));
-  auto all_on_nvme = (*node)->wait_for_stats([](const StatsInfo& stats) {
-    const TierStatsInfo* nvme = find_tier(stats, Tier::kNvme);
-    return nvme != nullptr && nvme->blocks == 16 && total_blocks(stats) == 16;
-  });
-  ASSERT_TRUE(all_on_nvme.is_ok()) << all_on_nvme.status().to_string();
-  // The cluster forgets "old"'s blocks; the node still holds them on NVMe.
-  remote::RemoteStoreOptions options;
-  options.cluster.seeds = redis.seeds();
-  auto store = remote::RemoteStore::open(options);
-  ASSERT_TRUE(store.is_ok()) << store.status().to_string();
-  std::vector<remote::RemoteBlockId> ids;
-  for (const BlockHash& h : old_hashes) {
-    ids.push_back({ns, digest, h});
-    const std::string key = remote::block_key(ns, digest, h);
-    ASSERT_TRUE((*store)->cluster().command({"DEL", key}).is_ok());
-  }
-  for (auto& f : (*store)->exists_blocks(ids)) ASSERT_FALSE(f.is_ok() && *f);
-
-  // A newer session of 24 blocks takes NVMe past its high watermark: the oldest go.
-  const auto new_hashes = save_turns(*engine, "new", 1, 24);
-  ASSERT_TRUE(WrittenBehind(redis, ns, digest, "new", new_hashes));
-  // Settled: everything came down to NVMe and it is back under its high watermark.
-  auto evicted = (*node)->wait_for_stats([](const StatsInfo& stats) {
-    const TierStatsInfo* nvme = find_tier(stats, Tier::kNvme);
-    return stats.blocks_evicted > 0 && nvme != nullptr && nvme->blocks <= 32 &&
-           total_blocks(stats) == nvme->blocks;
-  });
-  ASSERT_TRUE(evicted.is_ok()) << evicted.status().to_string();
-  const uint64_t gone = evicted->blocks_evicted;
-
-  // Which of "old"'s blocks left the node: each of those is in the cluster, bit-exact.
-  auto looked = engine->client->lookup(old_hashes);
-  ASSERT_TRUE(looked.is_ok()) << looked.status().to_string();
-  ASSERT_EQ(looked->hit_count, 16u);  // every one, here or in the cluster
-  size_t old_evicted = 0;
-  for (Tier tier : looked->tiers) old_evicted += tier == Tier::kRemote ? 1 : 0;
-  EXPECT_GE(old_evicted, 1u);  // the oldest went first
-  std::vector<remote::RemoteStore::BlockRead> reads;
-  for (const BlockHash& h : old_hashes) reads.push_back({{ns, digest, h}, shape.block_bytes()});
-  auto got = (*store)->get_blocks(reads);
-  size_t in_cluster = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    if (!got[i].is_ok()) continue;
-    ++in_cluster;
-    EXPECT_EQ(*got[i], expected_block(shape, old_hashes[i])) << "block " << i;
-  }
-  EXPECT_EQ(in_cluster, old_evicted);
-  // Written once each; "new"'s evicted blocks were there already and cost no write.
-  auto stats = engine->client->stats();
-  ASSERT_TRUE(stats.is_ok());
-  EXPECT_EQ(stats->remote.spilled_blocks, old_evicted);
-  EXPECT_EQ(stats->remote.spill_unwritten, 0u);
-  EXPECT_EQ(stats->blocks_evicted, gone);
-  auto status = (*node)->run_kvtierctl({"status"});
-  EXPECT_NE(status.stdout_text.find(fmt::format("NVMe evictions: {} written there", old_evicted)),
-            std::string::npos)
-      << status.describe();
-
-  // The node loads them back from the cluster.
-  engine->cache.wipe();
-  const auto refs = Engine::refs(old_hashes, 0);
-  auto loaded = engine->client->load("", refs);
-  ASSERT_TRUE(loaded.is_ok()) << loaded.status().to_string();
-  EXPECT_EQ(loaded->loaded_count, 16u) << loaded->stop_reason.to_string();
-  EXPECT_EQ(engine->count_verified(refs, refs.size()), 16u);
-  EXPECT_TRUE((*node)->stop().ok());
-}
-
-// A turn that ended while the cluster was unreachable is written behind once it is
-// reachable: the write-behind sweep tries sessions with blocks left to write again.
-TEST(RemoteTier, ATurnEndedWhileTheClusterWasDownIsWrittenOnceItIsUp) {
-  remote::LocalRedisCluster redis;
-  ASSERT_TRUE(redis.choose_ports().is_ok());  // nothing listens there yet
-  auto node = start_node(redis, {"--remote-timeout", "200ms"}, /*wait_connected=*/false);
-  ASSERT_TRUE(node.is_ok()) << node.status().to_string();
-  auto engine = Engine::connect((*node)->socket_path(), small_shape(16), "engine");
-  ASSERT_TRUE(engine.is_ok()) << engine.status().to_string();
-  const auto hashes = save_turns(*engine, "offline", 2, 3);
-  ASSERT_TRUE(redis.start().is_ok());
-  EXPECT_TRUE(WrittenBehind(redis, engine->hello.namespace_name, engine->hello.layout_digest,
-                            "offline", hashes));
-  auto stats = engine->client->stats();
-  ASSERT_TRUE(stats.is_ok());
-  EXPECT_TRUE(stats->remote.connected);
-  EXPECT_EQ(stats->remote.written_blocks, 6u);
-  EXPECT_TRUE((*node)->stop().ok());
-}
-
-// The same when the turn's blocks went down to NVMe before the cluster came up: the
-// sweep reads them out of NVMe to write them.
-TEST(RemoteTier, ATurnThatReachedNvmeWhileTheClusterWasDownIsWrittenOnceItIsUp) {
-  remote::LocalRedisCluster redis;
-  ASSERT_TRUE(redis.choose_ports().is_ok());  // nothing listens there yet
-  auto node =
-      start_node(redis,
-                 {"--remote-timeout", "200ms", "--nvme-bytes", "64MiB", "--slab-bytes", "1MiB",
-                  "--hbm-idle-ms", "0", "--ram-idle-ms", "0", "--plan-interval-ms", "10ms"},
-                 /*wait_connected=*/false);
-  ASSERT_TRUE(node.is_ok()) << node.status().to_string();
-  auto engine = Engine::connect((*node)->socket_path(), small_shape(16), "engine");
-  ASSERT_TRUE(engine.is_ok()) << engine.status().to_string();
-  const auto hashes = save_turns(*engine, "went-down", 2, 3);
-  auto on_nvme = (*node)->wait_for_stats([](const StatsInfo& stats) {
-    const TierStatsInfo* nvme = find_tier(stats, Tier::kNvme);
-    return nvme != nullptr && nvme->blocks == 6 && total_blocks(stats) == 6;
-  });
-  ASSERT_TRUE(on_nvme.is_ok()) << on_nvme.status().to_string();
-  ASSERT_TRUE(redis.start().is_ok());
-  EXPECT_TRUE(WrittenBehind(redis, engine->hello.namespace_name, engine->hello.layout_digest,
-                            "went-down", hashes));
-  auto stats = engine->client->stats();
-  ASSERT_TRUE(stats.is_ok());
-  EXPECT_EQ(stats->remote.written_blocks, 6u);
-  EXPECT_EQ(stats->remote.deferred_blocks, 0u);
-  // Read out of NVMe, not moved: the blocks are still there.
-  const TierStatsInfo* nvme = find_tier(*stats, Tier::kNvme);
-  ASSERT_NE(nvme, nullptr);
-  EXPECT_EQ(nvme->blocks, 6u);
-  EXPECT_TRUE((*node)->stop().ok());
-}
-
-// A turn larger than remote-max-in-flight is written in batches within the bound (one
-// write of it all would be declined every time).
-TEST(RemoteTier, ATurnLargerThanTheInFlightBoundIsWrittenInBatches) {
-  remote::LocalRedisCluster redis;
-  ASSERT_TRUE(redis.start().is_ok());
-  // 32 KiB blocks, 64 KiB in flight: two blocks a batch.
-  auto node = start_node(redis, {"--remote-max-in-flight", "64KiB"});
-  ASSERT_TRUE(node.is_ok()) << node.status().to_string();
-  auto engine = Engine::connect((*node)->socket_path(), small_shape(16), "engine");
-  ASSERT_TRUE(engine.is_ok()) << engine.status().to_string();
-  const auto hashes = save_turns(*engine, "big-turns", 2, 5);
-  EXPECT_TRUE(WrittenBehind(redis, engine->hello.namespace_name, engine->hello.layout_digest,
-                            "big-turns", hashes));
-  auto stats = engine->client->stats();
-  ASSERT_TRUE(stats.is_ok());
-  EXPECT_EQ(stats->remote.written_blocks, 10u);
-  EXPECT_EQ(stats->remote.deferred_blocks, 0u);
-  EXPECT_TRUE((*node)->stop().ok());
 }
 
 TEST(RemoteTier, AnUnreachableClusterLeavesTheDaemonServing) {

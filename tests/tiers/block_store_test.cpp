@@ -230,6 +230,24 @@ TEST_F(BlockStoreTest, PinAndUnpinCount) {
   EXPECT_FALSE(store_.pin(key(9), 0));
 }
 
+// A background pin (a copy to another tier) protects the slot like any pin but is not
+// a use: the access time the policy ranks by stays.
+TEST_F(BlockStoreTest, ABackgroundPinLeavesTheAccessTime) {
+  put(1);
+  PinnedBlock used = store_.pin(key(1), 500);
+  PinnedBlock background = store_.pin_in_background(key(1));
+  ASSERT_TRUE(background);
+  EXPECT_EQ(background.location().offset, used.location().offset);
+  EXPECT_EQ(store_.lookup(key(1))->pins, 2u);
+  EXPECT_EQ(store_.lookup(key(1))->last_access_ms, 500u);
+  used.reset();
+  EXPECT_FALSE(store_.evict(key(1)));  // still pinned
+  background.reset();
+  EXPECT_EQ(store_.lookup(key(1))->last_access_ms, 500u);
+  EXPECT_TRUE(store_.evict(key(1)));
+  EXPECT_FALSE(store_.pin_in_background(key(1)));
+}
+
 TEST_F(BlockStoreTest, EvictRefusesPinnedWritingAndMovingBlocks) {
   PendingWrite write = reserve(1);
   EXPECT_FALSE(store_.evict(key(1)));  // writing
