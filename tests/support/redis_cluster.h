@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <optional>
 #include <random>
 #include <string>
@@ -44,24 +45,17 @@ class LocalRedisCluster {
  public:
   static constexpr int kNodes = 6;
 
-  ~LocalRedisCluster() {
-    for (pid_t pid : pids_) {
-      if (pid > 0) {
-        ::kill(pid, SIGKILL);
-        (void)support::wait_for_exit(pid, milliseconds(5000));
-      }
-    }
-    std::error_code ignored;
-    if (!dir_.empty()) std::filesystem::remove_all(dir_, ignored);
-  }
+  ~LocalRedisCluster() { stop_all(); }
 
   // Picks the ports (free now) without starting anything: a test can point a client at
   // the cluster before it exists. start() calls it when no ports were picked.
   Status choose_ports() {
     std::mt19937 rng(std::random_device{}());
     // Below Linux's ephemeral range (32768..60999), bus ports (+10000) included, so no
-    // outgoing connection of another process takes one between the check and the bind.
-    std::uniform_int_distribution<int> base_of(10000, 22000);
+    // outgoing connection of another process takes one between the check and the bind;
+    // and client ports (10000..19999) apart from bus ports (20000..29999), so clusters
+    // of tests running side by side never want one port for both.
+    std::uniform_int_distribution<int> base_of(10000, 19999);
     for (int attempt = 0; ports_.size() < kNodes && attempt < 200; ++attempt) {
       const int port = base_of(rng);
       if (port_free(port) && port_free(port + 10000) &&
@@ -73,7 +67,22 @@ class LocalRedisCluster {
     return Status::ok();
   }
 
+  // Starts the cluster; once more from scratch if the first try fails (a node that lost
+  // its port to another process between the check and its bind, a replica that did not
+  // sync in time on a loaded machine), on new ports unless the caller chose them.
   Status start() {
+    const bool own_ports = ports_.empty();
+    Status started = start_once();
+    if (started.is_ok()) return started;
+    stop_all();
+    if (own_ports) ports_.clear();
+    Status again = start_once();
+    if (again.is_ok()) return again;
+    return unavailable("{}; tried again: {}", started.to_string(), again.to_string());
+  }
+
+ private:
+  Status start_once() {
     if (ports_.empty()) KVTIER_RETURN_IF_ERROR(choose_ports());
     char tmpl[] = "/tmp/kvtier-redis-XXXXXX";
     if (::mkdtemp(tmpl) == nullptr) return errno_status(errno, "mkdtemp");
@@ -105,6 +114,7 @@ class LocalRedisCluster {
     return Status::ok();
   }
 
+ public:
   const std::vector<int>& ports() const { return ports_; }
   std::vector<Endpoint> seeds() const {
     std::vector<Endpoint> out;
@@ -168,12 +178,36 @@ class LocalRedisCluster {
   }
 
  private:
+  void stop_all() {
+    for (pid_t& pid : pids_) {
+      if (pid > 0) {
+        ::kill(pid, SIGKILL);
+        (void)support::wait_for_exit(pid, milliseconds(5000));
+      }
+    }
+    pids_.clear();
+    std::error_code ignored;
+    if (!dir_.empty()) std::filesystem::remove_all(dir_, ignored);
+    dir_.clear();
+  }
+  // The last lines of a node's log, for an error that names it.
+  std::string log_tail(int port) const {
+    std::ifstream log(fmt::format("{}/{}/redis.log", dir_, port));
+    std::vector<std::string> lines;
+    for (std::string line; std::getline(log, line);) {
+      lines.push_back(line);
+      if (lines.size() > 5) lines.erase(lines.begin());
+    }
+    std::string out;
+    for (const std::string& line : lines) out += "\n  " + line;
+    return out;
+  }
   Status wait_for_ping(int port) const {
     for (int i = 0; i < 500; ++i) {
       if (cli(port, {"ping"}) == "PONG") return Status::ok();
       std::this_thread::sleep_for(milliseconds(20));
     }
-    return unavailable("redis-server on {} does not answer", port);
+    return unavailable("redis-server on {} does not answer; its log ends:{}", port, log_tail(port));
   }
   Status wait_for_replica_synced(int port) const {
     for (int i = 0; i < 1000; ++i) {
@@ -184,7 +218,8 @@ class LocalRedisCluster {
       }
       std::this_thread::sleep_for(milliseconds(20));
     }
-    return unavailable("the replica on {} never synced with its master", port);
+    return unavailable("the replica on {} never synced with its master; its log ends:{}", port,
+                       log_tail(port));
   }
   Status wait_for_state_ok(int port) const {
     for (int i = 0; i < 1000; ++i) {
