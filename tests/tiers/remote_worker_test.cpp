@@ -11,6 +11,7 @@
 #include <condition_variable>
 #include <deque>
 #include <mutex>
+#include <thread>
 
 #include "tests/support/redis_cluster.h"
 
@@ -153,42 +154,50 @@ TEST(RemoteWorker, ReadsIntoTheCallersBuffersAndSaysWhatExists) {
   EXPECT_FALSE(*found[3]) << "another layout's key";
 }
 
-// A read queued behind writes runs before them: an engine waits on a read.
+// A read queued behind writes runs before them: an engine waits on a read. Every
+// node is paused (SIGSTOP) while the jobs are queued, so the worker is held inside
+// the first write and the order does not depend on how fast the test queues.
 TEST(RemoteWorker, AReadGoesAheadOfQueuedWrites) {
   LocalRedisCluster redis;
   ASSERT_TRUE(redis.start().is_ok());
   Inbox inbox;
-  auto worker = RemoteWorker::start(options_for(redis), inbox.post());
+  RemoteWorkerOptions options = options_for(redis);
+  options.store.cluster.command_timeout = milliseconds(20'000);  // outlasts the pause
+  auto worker = RemoteWorker::start(options, inbox.post());
   ASSERT_TRUE(worker->put_blocks(blocks(1, 4096), [](std::vector<Status>) {}));
   ASSERT_TRUE(inbox.run_one());
+  for (int port : redis.ports()) redis.pause_node(port, true);
   std::vector<std::string> order;
-  constexpr int kWrites = 6;
-  for (int w = 0; w < kWrites; ++w) {
-    auto big = blocks(8, 1 << 20);  // 8 MiB per write: the queue is still full below
+  auto write = [&](int w) {
+    auto big = blocks(8, 1 << 20);
     for (auto& b : big)
       b.id.hash = hash_of(100 + static_cast<uint32_t>(w * 8) + b.id.hash.bytes()[0]);
-    ASSERT_TRUE(worker->put_blocks(std::move(big), [&order, w](std::vector<Status>) {
+    return worker->put_blocks(std::move(big), [&order, w](std::vector<Status> s) {
+      for (const Status& one : s) EXPECT_TRUE(one.is_ok()) << one.to_string();
       order.push_back("write" + std::to_string(w));
-    }));
-  }
+    });
+  };
+  constexpr int kWrites = 6;
+  ASSERT_TRUE(write(0));
+  // The worker has taken write 0 and waits on a paused node.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (worker->snapshot().queued != 0 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(milliseconds(1));
+  ASSERT_EQ(worker->snapshot().queued, 0u);
+  for (int w = 1; w < kWrites; ++w) ASSERT_TRUE(write(w));
   std::vector<RemoteStore::BlockRead> reads{{{"ns", 9, hash_of(0)}, 4096}};
   ASSERT_TRUE(worker->get_blocks(reads, [&](std::vector<Result<std::string>> got) {
     EXPECT_TRUE(got[0].is_ok());
     order.push_back("read");
   }));
-  for (int i = 0; i < kWrites + 1; ++i) ASSERT_TRUE(inbox.run_one());
-  ASSERT_EQ(order.size(), static_cast<size_t>(kWrites + 1));
-  const auto read_at = std::find(order.begin(), order.end(), "read") - order.begin();
-  // At most the write already running when the read came (and one it could have
-  // started meanwhile) is ahead of it; the other writes come after.
-  EXPECT_LE(read_at, 2) << "the read waited behind queued writes";
-  // Writes keep their own order.
-  std::vector<std::string> writes;
-  for (const auto& o : order) {
-    if (o != "read") writes.push_back(o);
-  }
-  for (int w = 0; w < kWrites; ++w)
-    EXPECT_EQ(writes[static_cast<size_t>(w)], "write" + std::to_string(w));
+  EXPECT_EQ(worker->snapshot().queued, static_cast<uint64_t>(kWrites));
+  for (int port : redis.ports()) redis.pause_node(port, false);
+  for (int i = 0; i < kWrites + 1; ++i) ASSERT_TRUE(inbox.run_one(milliseconds(30'000)));
+  // The write running when the read came finishes first; the queued writes follow the
+  // read, in their own order.
+  std::vector<std::string> expected{"write0", "read"};
+  for (int w = 1; w < kWrites; ++w) expected.push_back("write" + std::to_string(w));
+  EXPECT_EQ(order, expected);
 }
 
 TEST(RemoteWorker, DeclinesWhatWouldPassTheInFlightBound) {
