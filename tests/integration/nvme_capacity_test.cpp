@@ -40,6 +40,10 @@ TEST(NvmeCapacity, LimitHoldsUnderAStreamOfSavesLargerThanIt) {
   });
   ASSERT_TRUE(settled.is_ok()) << settled.status().to_string();
   EXPECT_LE(find_tier(*settled, Tier::kNvme)->used_bytes, kCapacity);
+  // The stream reached NVMe: it holds more than any one session. (How many sessions
+  // stay whole depends on how far demotions kept up with the stream: a Save that finds
+  // every tier full drops the coldest movable blocks rather than waiting.)
+  EXPECT_GT(tier_blocks(*settled, Tier::kNvme), 2 * kBlocks);
 
   // The newest session comes back whole (checked first: loading the older ones
   // brings them up and makes room by evicting whatever is coldest then), and
@@ -56,7 +60,6 @@ TEST(NvmeCapacity, LimitHoldsUnderAStreamOfSavesLargerThanIt) {
       EXPECT_EQ(check->loaded, kBlocks) << check->describe();
     }
   }
-  EXPECT_GT(whole, 1u);
   EXPECT_LT(whole, kSessions);  // the stream did not fit: some sessions were evicted
 
   auto quiet = (*daemon)->wait_for_stats(
