@@ -129,9 +129,12 @@ TEST_F(Reconnect, AfterSigkillBlocksThatReachedNvmeComeBackAndTheRestAreMissing)
 
 class ReconnectWhileStarting : public Reconnect {
  protected:
-  // Data requests wait while the pools fill: long enough to kill the daemon under them.
+  // Data requests wait while the pools fill, and the fill is held for longer than the
+  // test can take (the daemon is killed under the waiting Save, so nothing waits the
+  // hold out), as is the start-up wait: the Save's reply is owed when the daemon dies.
   std::vector<std::string> flags() const override {
-    return with_flag(nvme_tier_flags(), "--fault-fill-delay-ms", "3s");
+    return with_flag(with_flag(nvme_tier_flags(), "--fault-fill-delay-ms", "10m"),
+                     "--startup-wait-ms", "10m");
   }
 };
 

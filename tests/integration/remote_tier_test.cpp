@@ -269,8 +269,10 @@ TEST(RemoteTier, TtlAndBudgetAreKept) {
   ASSERT_TRUE(redis.start().is_ok());
   const PagedCacheShape shape = small_shape(32);
   const uint64_t value_bytes = shape.block_bytes() + 64;  // payload and header (40 B), rounded
+  // A TTL long enough that the values are surely still there when the write-behind
+  // of the last turn is first seen, short enough to wait out.
   auto node_a =
-      start_node(redis, {"--remote-ttl", "1s", "--remote-bytes", std::to_string(6 * value_bytes)});
+      start_node(redis, {"--remote-ttl", "3s", "--remote-bytes", std::to_string(6 * value_bytes)});
   ASSERT_TRUE(node_a.is_ok()) << node_a.status().to_string();
   auto engine_a = Engine::connect((*node_a)->socket_path(), shape, "engine-a");
   ASSERT_TRUE(engine_a.is_ok()) << engine_a.status().to_string();
@@ -297,8 +299,15 @@ TEST(RemoteTier, TtlAndBudgetAreKept) {
   auto stats = engine_a->client->stats();
   ASSERT_TRUE(stats.is_ok());
   EXPECT_LE(stats->remote.stored_bytes, 6 * value_bytes);
-  // The TTL: gone within a second or so (Redis expires by wall clock).
-  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  // The TTL: every value, blocks and session record, is gone once it has passed
+  // (Redis expires by wall clock); polled with a deadline well past it.
+  const auto expiry_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  for (;;) {
+    bool all_gone = (*store)->get_session(ns, "short").status().code() == StatusCode::kNotFound;
+    for (auto& f : (*store)->exists_blocks(ids)) all_gone = all_gone && f.is_ok() && !*f;
+    if (all_gone || std::chrono::steady_clock::now() > expiry_deadline) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
   for (auto& f : (*store)->exists_blocks(ids)) {
     ASSERT_TRUE(f.is_ok());
     EXPECT_FALSE(*f);

@@ -118,11 +118,14 @@ TEST(RemoteTier, BlocksEvictedFromNvmeAreWrittenToTheClusterFirst) {
   // A newer session of 24 blocks takes NVMe past its high watermark: the oldest go.
   const auto new_hashes = save_turns(*engine, "new", 1, 24);
   ASSERT_TRUE(WrittenBehind(redis, ns, digest, "new", new_hashes));
-  // Settled: everything came down to NVMe and it is back under its high watermark.
+  // Settled: everything came down to NVMe, it is back under its high watermark, and no
+  // eviction is still on its way to the cluster (a spill pins its blocks until it is
+  // written there or given up), so the counters read below are final.
   auto evicted = (*node)->wait_for_stats([](const StatsInfo& stats) {
     const TierStatsInfo* nvme = find_tier(stats, Tier::kNvme);
     return stats.blocks_evicted > 0 && nvme != nullptr && nvme->blocks <= 32 &&
-           total_blocks(stats) == nvme->blocks;
+           total_blocks(stats) == nvme->blocks && stats.pinned_blocks == 0 &&
+           stats.copies_in_flight == 0;
   });
   ASSERT_TRUE(evicted.is_ok()) << evicted.status().to_string();
   const uint64_t gone = evicted->blocks_evicted;
@@ -173,8 +176,12 @@ TEST(RemoteTier, ATurnEndedWhileTheClusterWasDownIsWrittenOnceItIsUp) {
   ASSERT_TRUE(redis.start().is_ok());
   EXPECT_TRUE(WrittenBehind(redis, engine->hello.namespace_name, engine->hello.layout_digest,
                             "offline", hashes));
-  auto stats = engine->client->stats();
-  ASSERT_TRUE(stats.is_ok());
+  // The blocks are visible in the cluster before the write's completion has counted
+  // them on the daemon's control thread: wait for the count.
+  auto stats = (*node)->wait_for_stats([](const StatsInfo& stats) {
+    return stats.remote.connected && stats.remote.written_blocks >= 6;
+  });
+  ASSERT_TRUE(stats.is_ok()) << stats.status().to_string();
   EXPECT_TRUE(stats->remote.connected);
   EXPECT_EQ(stats->remote.written_blocks, 6u);
   EXPECT_TRUE((*node)->stop().ok());
@@ -202,8 +209,11 @@ TEST(RemoteTier, ATurnThatReachedNvmeWhileTheClusterWasDownIsWrittenOnceItIsUp) 
   ASSERT_TRUE(redis.start().is_ok());
   EXPECT_TRUE(WrittenBehind(redis, engine->hello.namespace_name, engine->hello.layout_digest,
                             "went-down", hashes));
-  auto stats = engine->client->stats();
-  ASSERT_TRUE(stats.is_ok());
+  // Counted once the last write's completion has run on the control thread.
+  auto stats = (*node)->wait_for_stats([](const StatsInfo& stats) {
+    return stats.remote.written_blocks >= 6 && stats.remote.deferred_blocks == 0;
+  });
+  ASSERT_TRUE(stats.is_ok()) << stats.status().to_string();
   EXPECT_EQ(stats->remote.written_blocks, 6u);
   EXPECT_EQ(stats->remote.deferred_blocks, 0u);
   // Read out of NVMe, not moved: the blocks are still there.
@@ -226,8 +236,12 @@ TEST(RemoteTier, ATurnLargerThanTheInFlightBoundIsWrittenInBatches) {
   const auto hashes = save_turns(*engine, "big-turns", 2, 5);
   EXPECT_TRUE(WrittenBehind(redis, engine->hello.namespace_name, engine->hello.layout_digest,
                             "big-turns", hashes));
-  auto stats = engine->client->stats();
-  ASSERT_TRUE(stats.is_ok());
+  // The last batch is visible in the cluster before its completion has counted it on
+  // the control thread: wait for the count.
+  auto stats = (*node)->wait_for_stats([](const StatsInfo& stats) {
+    return stats.remote.written_blocks >= 10 && stats.remote.deferred_blocks == 0;
+  });
+  ASSERT_TRUE(stats.is_ok()) << stats.status().to_string();
   EXPECT_EQ(stats->remote.written_blocks, 10u);
   EXPECT_EQ(stats->remote.deferred_blocks, 0u);
   EXPECT_TRUE((*node)->stop().ok());

@@ -31,9 +31,14 @@ std::vector<std::string> with(std::vector<std::string> flags, std::vector<std::s
 
 class SlowFill : public DaemonTest {
  protected:
-  // The fill itself takes milliseconds (96 MiB); its completion is held for 4 s.
+  // The fill itself takes milliseconds (96 MiB); its completion is held for kHoldMs, so
+  // that the requests made before the Save's reply is awaited (a kvtierctl process
+  // among them) surely come while the daemon is starting, even on a loaded machine or
+  // a sanitizer build. A data request waits longer than that for the fill.
+  static constexpr uint64_t kHoldMs = 10'000;
   std::vector<std::string> daemon_flags() const override {
-    return with(small_tier_flags(), {"--fault-fill-delay-ms", "4s"});
+    return with(small_tier_flags(), {"--fault-fill-delay-ms", std::to_string(kHoldMs) + "ms",
+                                     "--startup-wait-ms", "120s"});
   }
 };
 
@@ -75,7 +80,7 @@ TEST_F(SlowFill, ServesTheSocketAtOnceAndDataRequestsWaitForTheFill) {
   stats = (*observer)->stats();
   ASSERT_TRUE(stats.is_ok()) << stats.status().to_string();
   EXPECT_FALSE(stats->starting);
-  EXPECT_GE(stats->uptime_ms, 4000u) << "the Save was answered before the fill was done";
+  EXPECT_GE(stats->uptime_ms, kHoldMs) << "the Save was answered before the fill was done";
   auto loaded = other->client->load("early", refs);
   ASSERT_TRUE(loaded.is_ok()) << loaded.status().to_string();
   EXPECT_EQ(other->count_verified(refs, loaded->loaded_count), refs.size());

@@ -166,18 +166,24 @@ TEST(RemoteWorker, AReadGoesAheadOfQueuedWrites) {
   auto worker = RemoteWorker::start(options, inbox.post());
   ASSERT_TRUE(worker->put_blocks(blocks(1, 4096), [](std::vector<Status>) {}));
   ASSERT_TRUE(inbox.run_one());
-  for (int port : redis.ports()) redis.pause_node(port, true);
-  std::vector<std::string> order;
-  auto write = [&](int w) {
+  // Every write's 8 MiB is made before the nodes are paused, so that the pause lasts
+  // only as long as queueing takes.
+  constexpr int kWrites = 6;
+  std::vector<std::vector<RemoteWorker::OwnedBlock>> payloads;
+  for (int w = 0; w < kWrites; ++w) {
     auto big = blocks(8, 1 << 20);
     for (auto& b : big)
       b.id.hash = hash_of(100 + static_cast<uint32_t>(w * 8) + b.id.hash.bytes()[0]);
-    return worker->put_blocks(std::move(big), [&order, w](std::vector<Status> s) {
+    payloads.push_back(std::move(big));
+  }
+  for (int port : redis.ports()) redis.pause_node(port, true);
+  std::vector<std::string> order;
+  auto write = [&](int w) {
+    return worker->put_blocks(std::move(payloads[w]), [&order, w](std::vector<Status> s) {
       for (const Status& one : s) EXPECT_TRUE(one.is_ok()) << one.to_string();
       order.push_back("write" + std::to_string(w));
     });
   };
-  constexpr int kWrites = 6;
   ASSERT_TRUE(write(0));
   // The worker has taken write 0 and waits on a paused node.
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
