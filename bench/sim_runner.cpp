@@ -216,16 +216,24 @@ class Simulation {
       clairvoyant_->rebalance(now_ms, config_.plan_interval_ms);
       return;
     }
+    // The Save's new blocks stay pinned until it is recorded: room made for a later
+    // block never evicts an earlier one of the same Save (in kvtierd they are reserved
+    // slots the planner does not see until the Save's copy commits them).
     std::vector<BlockHash> saved;
+    std::vector<BlockKey> written;
     for (uint32_t k = 0; k < request.full_blocks; ++k) {
       const BlockKey key = key_of(request.hash_ids[k]);
       if (store_.holds(key)) {
         store_.touch(key, now_ms);
-      } else if (!store_new_block(key, now_ms)) {
+      } else if (store_new_block(key, now_ms)) {
+        store_.set_pinned(key, true);
+        written.push_back(key);
+      } else {
         break;  // a prefix with a hole is useless past the hole
       }
       saved.push_back(key.hash);
     }
+    for (const BlockKey& key : written) store_.set_pinned(key, false);
     auto created =
         sessions_.get_or_create(kLayout.namespace_id, session_id(request.session), kLayout);
     if (!created.is_ok()) return;

@@ -65,8 +65,8 @@ void SimStore::unplace(uint64_t id) {
 }
 
 SimStore::BlockPlacement SimStore::to_placement(const Block& block) const {
-  return {block.tier, block.moving_to == Tier::kNone, block_bytes_, block.session_refs,
-          block.last_access_ms};
+  return {block.tier, block.moving_to == Tier::kNone && !block.pinned, block_bytes_,
+          block.session_refs, block.last_access_ms};
 }
 
 SimStore::BlockPlacement SimStore::placement(const BlockKey& key) const {
@@ -139,6 +139,10 @@ void SimStore::touch(const BlockKey& key, uint64_t now_ms) {
   if (Block* block = find(key)) block->last_access_ms = now_ms;
 }
 
+void SimStore::set_pinned(const BlockKey& key, bool pinned) {
+  if (Block* block = find(key)) block->pinned = pinned;
+}
+
 void SimStore::add_ref(const BlockKey& key) {
   if (Block* block = find(key)) ++block->session_refs;
 }
@@ -151,7 +155,7 @@ void SimStore::drop_ref(const BlockKey& key) {
 
 bool SimStore::evict(const BlockKey& key) {
   Block* block = find(key);
-  if (block == nullptr || block->moving_to != Tier::kNone) return false;
+  if (block == nullptr || block->moving_to != Tier::kNone || block->pinned) return false;
   used_[index(block->tier)] -= block_bytes_;
   if (block->nvme_copy) drop_copy(id_of(key));
   unplace(id_of(key));
@@ -166,7 +170,7 @@ size_t SimStore::link_of(Tier a, Tier b) const {
 bool SimStore::begin_move(const BlockKey& key, Tier to, uint64_t now_ms) {
   Block* block = find(key);
   if (block == nullptr || to == Tier::kNone) return false;
-  if (block->moving_to != Tier::kNone || block->tier == to) return false;
+  if (block->moving_to != Tier::kNone || block->pinned || block->tier == to) return false;
   if (to == Tier::kNvme && block->nvme_copy) {
     // Onto its copy: nothing to write, no link time; the copy's room becomes its place.
     const uint64_t id = id_of(key);

@@ -64,6 +64,10 @@ class SimStore final : public policy::PlacementView {
   // or kNone when every tier is full.
   Tier insert(const BlockKey& key, uint64_t now_ms);
   void touch(const BlockKey& key, uint64_t now_ms);
+  // A pinned block is neither movable nor evictable: a Save's new blocks while the Save
+  // is in progress, as kvtierd's reserved slots are invisible to its planner until the
+  // Save's copy commits them.
+  void set_pinned(const BlockKey& key, bool pinned);
   void add_ref(const BlockKey& key);
   void drop_ref(const BlockKey& key);
   bool evict(const BlockKey& key);
@@ -104,6 +108,7 @@ class SimStore final : public policy::PlacementView {
     uint64_t last_access_ms = 0;
     uint32_t session_refs = 0;
     bool nvme_copy = false;                 // holds a copy in NVMe (lives above it)
+    bool pinned = false;                    // a Save in progress is writing it
     std::list<uint32_t>::iterator copy_at;  // in copy_order_, when nvme_copy
   };
   struct Landing {

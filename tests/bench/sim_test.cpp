@@ -286,6 +286,22 @@ TEST(SimPriorities, ADurablePromptOutlivesTheOneOffRequestsThatWouldPushItOut) {
   }
 }
 
+TEST(SimSave, ASaveLargerThanTheTiersKeepsItsPrefixNotItsTail) {
+  // A turn saves six blocks where two fit (HBM only). The Save's blocks are pinned until
+  // it is recorded (kvtierd's reserved slots), so room for block 3 never evicts block 1
+  // or 2; after the Save the HBM watermark (0.9 high, 0.75 low) gives up the tail
+  // block, and the next turn loads block 1. Evicting the earlier blocks for the later
+  // ones would leave a prefix with a hole at its start: nothing to load.
+  const Trace trace = write_and_load({{0, {1, 2, 3, 4, 5, 6}}, {10'000, {1, 2, 3, 4, 5, 6, 7}}});
+  for (SimPolicy p : {SimPolicy::kHbmOnlyLru, SimPolicy::kLruTiering, SimPolicy::kSessionAware,
+                      SimPolicy::kPredictive}) {
+    const SimResult result = simulate(trace, config(), blocks(2, 0, 0), p);
+    uint64_t hits = 0;
+    for (uint64_t h : result.hit_blocks) hits += h;
+    EXPECT_EQ(hits, 1u) << sim_policy_label(p);
+  }
+}
+
 TEST(SimPriorities, BadPrioritiesAreRefused) {
   TraceBuilder builder(kTokensPerBlock);
   const std::vector<uint64_t> hashes = {1, 2};
