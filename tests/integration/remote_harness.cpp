@@ -53,6 +53,14 @@ std::vector<BlockHash> save_turns(Engine& engine, const std::string& session, si
   return hashes;
 }
 
+Result<StatsInfo> WrittenAndCounted(Daemon& node, uint64_t blocks) {
+  // At least: a count past `blocks` is for the caller's EXPECT to report at once.
+  return node.wait_for_stats([blocks](const StatsInfo& stats) {
+    return stats.remote.connected && stats.remote.written_blocks >= blocks &&
+           stats.remote.deferred_blocks == 0;
+  });
+}
+
 ::testing::AssertionResult WrittenBehind(const remote::LocalRedisCluster& redis,
                                          const std::string& ns, uint64_t layout_digest,
                                          const std::string& session,

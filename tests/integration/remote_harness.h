@@ -36,6 +36,10 @@ std::vector<BlockHash> save_turns(Engine& engine, const std::string& session, si
                                          const std::string& ns, uint64_t layout_digest,
                                          const std::string& session,
                                          const std::vector<BlockHash>& blocks);
+// Waits until the node has counted `blocks` blocks written behind, none deferred, and
+// is connected: a block is visible in the cluster before its write's completion counts
+// it on the daemon's control thread, so a test that saw the blocks waits for this.
+Result<StatsInfo> WrittenAndCounted(Daemon& node, uint64_t blocks);
 // A store client of the test's own on the cluster (to look at or tamper with values).
 Result<std::unique_ptr<remote::RemoteStore>> open_store(const remote::LocalRedisCluster& redis);
 // The engine's cache wiped, a Load of the prefix `hashes` (engine blocks 0...) brings

@@ -176,11 +176,7 @@ TEST(RemoteTier, ATurnEndedWhileTheClusterWasDownIsWrittenOnceItIsUp) {
   ASSERT_TRUE(redis.start().is_ok());
   EXPECT_TRUE(WrittenBehind(redis, engine->hello.namespace_name, engine->hello.layout_digest,
                             "offline", hashes));
-  // The blocks are visible in the cluster before the write's completion has counted
-  // them on the daemon's control thread: wait for the count.
-  auto stats = (*node)->wait_for_stats([](const StatsInfo& stats) {
-    return stats.remote.connected && stats.remote.written_blocks >= 6;
-  });
+  auto stats = WrittenAndCounted(**node, 6);
   ASSERT_TRUE(stats.is_ok()) << stats.status().to_string();
   EXPECT_TRUE(stats->remote.connected);
   EXPECT_EQ(stats->remote.written_blocks, 6u);
@@ -209,10 +205,7 @@ TEST(RemoteTier, ATurnThatReachedNvmeWhileTheClusterWasDownIsWrittenOnceItIsUp) 
   ASSERT_TRUE(redis.start().is_ok());
   EXPECT_TRUE(WrittenBehind(redis, engine->hello.namespace_name, engine->hello.layout_digest,
                             "went-down", hashes));
-  // Counted once the last write's completion has run on the control thread.
-  auto stats = (*node)->wait_for_stats([](const StatsInfo& stats) {
-    return stats.remote.written_blocks >= 6 && stats.remote.deferred_blocks == 0;
-  });
+  auto stats = WrittenAndCounted(**node, 6);
   ASSERT_TRUE(stats.is_ok()) << stats.status().to_string();
   EXPECT_EQ(stats->remote.written_blocks, 6u);
   EXPECT_EQ(stats->remote.deferred_blocks, 0u);
@@ -236,11 +229,7 @@ TEST(RemoteTier, ATurnLargerThanTheInFlightBoundIsWrittenInBatches) {
   const auto hashes = save_turns(*engine, "big-turns", 2, 5);
   EXPECT_TRUE(WrittenBehind(redis, engine->hello.namespace_name, engine->hello.layout_digest,
                             "big-turns", hashes));
-  // The last batch is visible in the cluster before its completion has counted it on
-  // the control thread: wait for the count.
-  auto stats = (*node)->wait_for_stats([](const StatsInfo& stats) {
-    return stats.remote.written_blocks >= 10 && stats.remote.deferred_blocks == 0;
-  });
+  auto stats = WrittenAndCounted(**node, 10);
   ASSERT_TRUE(stats.is_ok()) << stats.status().to_string();
   EXPECT_EQ(stats->remote.written_blocks, 10u);
   EXPECT_EQ(stats->remote.deferred_blocks, 0u);
