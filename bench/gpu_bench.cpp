@@ -145,8 +145,10 @@ Result<double> baseline_seconds(const DriverApi& driver, CUstream stream, CUdevi
   return seconds_since(start);
 }
 
+// One measurement's samples: the daemon's copy path with strided copies, the same
+// path with one copy per plane (strided copies off), and one cuMemcpyAsync.
 struct Pair {
-  std::vector<double> daemon, baseline;
+  std::vector<double> daemon, per_plane, baseline;
 };
 
 }  // namespace
@@ -156,6 +158,7 @@ Result<BenchReport> run_gpu_bench(const GpuBenchOptions& options) {
   if (!loaded.is_ok()) return loaded.status();
   const DriverApi& driver = **loaded;
   CudaDeviceOptions device_options;
+  if (options.copy_streams > 0) device_options.copy_streams = options.copy_streams;
   if (!options.gpu_uuid.empty()) device_options.gpu_uuids = {options.gpu_uuid};
   auto made = make_cuda_device(device_options);
   if (!made.is_ok()) return made.status();
@@ -179,6 +182,7 @@ Result<BenchReport> run_gpu_bench(const GpuBenchOptions& options) {
                 driver.memcpy_batch_v13000 != nullptr || driver.memcpy_batch_v12080 != nullptr);
   report.config("bytes_per_measurement", static_cast<int64_t>(bytes));
   report.config("rounds", int64_t{options.rounds});
+  report.config("copy_streams", int64_t{device_options.copy_streams});
 
   // Pinned pool set-up first, on its own.
   {
@@ -198,6 +202,18 @@ Result<BenchReport> run_gpu_bench(const GpuBenchOptions& options) {
   auto arena = device->allocate_arena(bytes, 2 << 20);
   if (!arena.is_ok()) return arena.status();
   const CUdeviceptr pool_address = reinterpret_cast<CUdeviceptr>((*pool)->host_data());
+  // The same copies with strided copies off: one batch entry per plane.
+  device_options.gpu_uuids = {gpu.uuid};
+  device_options.strided_copies = false;
+  auto per_plane_made = make_cuda_device(device_options);
+  if (!per_plane_made.is_ok()) return per_plane_made.status();
+  Device& per_plane_device = **per_plane_made;
+  auto per_plane_region = per_plane_device.open_region((*engine)->handle(gpu.uuid));
+  if (!per_plane_region.is_ok()) return per_plane_region.status();
+  auto per_plane_pool = per_plane_device.allocate_pinned_pool(bytes);
+  if (!per_plane_pool.is_ok()) return per_plane_pool.status();
+  auto per_plane_arena = per_plane_device.allocate_arena(bytes, 2 << 20);
+  if (!per_plane_arena.is_ok()) return per_plane_arena.status();
   CUstream stream = nullptr;
   KVTIER_RETURN_IF_ERROR(driver_status(
       driver.stream_create_with_priority(&stream, CU_STREAM_NON_BLOCKING, 0), "cuStreamCreate"));
@@ -206,33 +222,46 @@ Result<BenchReport> run_gpu_bench(const GpuBenchOptions& options) {
     Pair d2h, h2d, d2d;
     for (uint32_t round = 0; round < options.rounds + 1; ++round) {  // round 0 warms up
       const bool keep = round > 0;
-      auto timed = [&](Pair& pair, CopyBatch batch, CUdeviceptr dst, CUdeviceptr src,
-                       uint64_t baseline_bytes) -> Status {
-        const auto start = Clock::now();
+      auto timed = [&](Pair& pair, CopyBatch batch, CopyBatch per_plane_batch, CUdeviceptr dst,
+                       CUdeviceptr src, uint64_t baseline_bytes) -> Status {
+        auto start = Clock::now();
         KVTIER_RETURN_IF_ERROR(run_batch(*device, std::move(batch)));
         const double daemon = seconds_since(start);
+        start = Clock::now();
+        KVTIER_RETURN_IF_ERROR(run_batch(per_plane_device, std::move(per_plane_batch)));
+        const double per_plane = seconds_since(start);
         auto baseline = baseline_seconds(driver, stream, dst, src, baseline_bytes);
         if (!baseline.is_ok()) return baseline.status();
         if (keep) {
           pair.daemon.push_back(daemon);
+          pair.per_plane.push_back(per_plane);
           pair.baseline.push_back(*baseline);
         }
         return Status::ok();
       };
-      KVTIER_RETURN_IF_ERROR(timed(d2h, plane_batch(*region, *pool, bytes, plane, 0, false),
-                                   pool_address, (*engine)->base(), bytes));
-      KVTIER_RETURN_IF_ERROR(timed(h2d, plane_batch(*region, *pool, bytes, plane, 0, true),
-                                   (*engine)->base(), pool_address, bytes));
-      KVTIER_RETURN_IF_ERROR(timed(d2d, plane_batch(*region, *arena, bytes, plane, 0, false),
-                                   (*engine)->base() + bytes / 2, (*engine)->base(), bytes / 2));
+      KVTIER_RETURN_IF_ERROR(
+          timed(d2h, plane_batch(*region, *pool, bytes, plane, 0, false),
+                plane_batch(*per_plane_region, *per_plane_pool, bytes, plane, 0, false),
+                pool_address, (*engine)->base(), bytes));
+      KVTIER_RETURN_IF_ERROR(
+          timed(h2d, plane_batch(*region, *pool, bytes, plane, 0, true),
+                plane_batch(*per_plane_region, *per_plane_pool, bytes, plane, 0, true),
+                (*engine)->base(), pool_address, bytes));
+      KVTIER_RETURN_IF_ERROR(
+          timed(d2d, plane_batch(*region, *arena, bytes, plane, 0, false),
+                plane_batch(*per_plane_region, *per_plane_arena, bytes, plane, 0, false),
+                (*engine)->base() + bytes / 2, (*engine)->base(), bytes / 2));
     }
     const std::string kib = std::to_string(plane >> 10) + "k";
     auto add = [&](const std::string& name, Pair& pair, uint64_t baseline_bytes) {
       const double daemon_gbps = bytes / median(pair.daemon) / 1e9;
+      const double per_plane_gbps = bytes / median(pair.per_plane) / 1e9;
       const double baseline_gbps = baseline_bytes / median(pair.baseline) / 1e9;
       report.result(name + "_" + kib + "_gbps", daemon_gbps);
+      report.result(name + "_" + kib + "_per_plane_gbps", per_plane_gbps);
       report.result(name + "_" + kib + "_baseline_gbps", baseline_gbps);
       report.result(name + "_" + kib + "_ratio", daemon_gbps / baseline_gbps);
+      report.result(name + "_" + kib + "_per_plane_ratio", per_plane_gbps / baseline_gbps);
     };
     add("d2h", d2h, bytes);
     add("h2d", h2d, bytes);
@@ -297,6 +326,9 @@ CLI::App* add_gpu_subcommand(CLI::App& app, GpuBenchOptions& options) {
   gpu->add_option("--session-tokens", options.session_tokens,
                   "tokens of the session part (0: skip)");
   gpu->add_option("--bytes-per-token", options.bytes_per_token, "KV bytes per token");
+  gpu->add_option("--copy-streams", options.copy_streams,
+                  "CUDA streams per copy direction (default: the backend's)")
+      ->check(CLI::Range(1, 16));
   gpu->add_option("--pool-bytes", options.pool_bytes, "pinned pool measured for s/GiB")
       ->check(CLI::Range(uint64_t{2} << 20, uint64_t{1} << 40));
   return gpu;

@@ -4,6 +4,98 @@
 
 namespace kvtier::cuda {
 
+void LaneRun::fold_strided(uint32_t min_rows, uint64_t max_pitch) {
+  // Whether copy j continues a stride that copy i started (steps checked by the caller).
+  auto joinable = [&](size_t i, size_t j) {
+    return rows[j] == 1 && peer_sources[j] < 0 && sizes[j] == sizes[i] &&
+           memories[j] == memories[i];
+  };
+  auto step_ok = [&](CUdeviceptr from, CUdeviceptr to, size_t width) {
+    return to > from && to - from >= width && to - from <= max_pitch;
+  };
+  const size_t n = count();
+  size_t out = 0;
+  auto keep = [&](size_t i) {
+    if (out != i) {
+      dsts[out] = dsts[i];
+      srcs[out] = srcs[i];
+      sizes[out] = sizes[i];
+      peer_sources[out] = peer_sources[i];
+      rows[out] = rows[i];
+      dst_pitches[out] = dst_pitches[i];
+      src_pitches[out] = src_pitches[i];
+      memories[out] = memories[i];
+    }
+    ++out;
+  };
+  size_t i = 0;
+  while (i < n) {
+    size_t end = i + 1;
+    if (rows[i] == 1 && peer_sources[i] < 0 && sizes[i] > 0 && end < n && joinable(i, end) &&
+        step_ok(dsts[i], dsts[end], sizes[i]) && step_ok(srcs[i], srcs[end], sizes[i])) {
+      const CUdeviceptr dst_step = dsts[end] - dsts[i], src_step = srcs[end] - srcs[i];
+      ++end;
+      while (end < n && end - i < UINT32_MAX && joinable(i, end) &&
+             dsts[end] - dsts[end - 1] == dst_step && srcs[end] - srcs[end - 1] == src_step) {
+        ++end;
+      }
+      if (end - i >= min_rows) {
+        keep(i);
+        rows[out - 1] = static_cast<uint32_t>(end - i);
+        dst_pitches[out - 1] = dst_step;
+        src_pitches[out - 1] = src_step;
+        i = end;
+        continue;
+      }
+    }
+    for (; i < end; ++i) keep(i);
+  }
+  dsts.resize(out);
+  srcs.resize(out);
+  sizes.resize(out);
+  peer_sources.resize(out);
+  rows.resize(out);
+  dst_pitches.resize(out);
+  src_pitches.resize(out);
+  memories.resize(out);
+}
+
+LaneRun LaneRun::slice(size_t begin, size_t end) const {
+  LaneRun out;
+  auto take = [&](auto& to, const auto& from) {
+    to.assign(from.begin() + begin, from.begin() + end);
+  };
+  take(out.dsts, dsts);
+  take(out.srcs, srcs);
+  take(out.sizes, sizes);
+  take(out.peer_sources, peer_sources);
+  take(out.rows, rows);
+  take(out.dst_pitches, dst_pitches);
+  take(out.src_pitches, src_pitches);
+  take(out.memories, memories);
+  return out;
+}
+
+std::vector<LaneRun> LaneRun::split(size_t parts) const {
+  uint64_t total = 0;
+  for (size_t i = 0; i < count(); ++i) total += bytes(i);
+  std::vector<LaneRun> out;
+  size_t begin = 0;
+  uint64_t done = 0;
+  for (size_t part = 1; part <= parts && begin < count(); ++part) {
+    // This part ends once the bytes so far reach part/parts of the total.
+    const uint64_t goal = part == parts ? total : total / parts * part;
+    size_t end = begin;
+    do {
+      done += bytes(end++);
+    } while (end < count() && done < goal);
+    if (part == parts) end = count();
+    out.push_back(slice(begin, end));
+    begin = end;
+  }
+  return out;
+}
+
 CopyLane::CopyLane(LaneOwner& owner, GpuSetPtr gpus, int gpu, LaneOptions options, std::string name)
     : owner_(owner),
       gpus_(std::move(gpus)),
@@ -79,6 +171,39 @@ Status CopyLane::issue(LaneRun& run, size_t begin, size_t end) {
 }
 
 Status CopyLane::issue_stretch(LaneRun& run, size_t begin, size_t end) {
+  // One-row copies between strided ones are contiguous in the run: one batch each.
+  size_t rows_begin = begin;
+  for (size_t i = begin; i < end; ++i) {
+    if (run.rows[i] == 1) continue;
+    KVTIER_RETURN_IF_ERROR(issue_rows(run, rows_begin, i));
+    KVTIER_RETURN_IF_ERROR(issue_strided(run, i));
+    rows_begin = i + 1;
+  }
+  return issue_rows(run, rows_begin, end);
+}
+
+Status CopyLane::issue_strided(const LaneRun& run, size_t i) {
+  CUDA_MEMCPY2D copy{};
+  copy.srcMemoryType = options_.src_type;
+  if (options_.src_type == CU_MEMORYTYPE_HOST) {
+    copy.srcHost = reinterpret_cast<const void*>(run.srcs[i]);
+  } else {
+    copy.srcDevice = run.srcs[i];
+  }
+  copy.srcPitch = run.src_pitches[i];
+  copy.dstMemoryType = options_.dst_type;
+  if (options_.dst_type == CU_MEMORYTYPE_HOST) {
+    copy.dstHost = reinterpret_cast<void*>(run.dsts[i]);
+  } else {
+    copy.dstDevice = run.dsts[i];
+  }
+  copy.dstPitch = run.dst_pitches[i];
+  copy.WidthInBytes = run.sizes[i];
+  copy.Height = run.rows[i];
+  return driver_status(driver_.memcpy_2d_async(&copy, stream_), "cuMemcpy2DAsync");
+}
+
+Status CopyLane::issue_rows(LaneRun& run, size_t begin, size_t end) {
   const size_t count = end - begin;
   const bool batch_api =
       driver_.memcpy_batch_v13000 != nullptr || driver_.memcpy_batch_v12080 != nullptr;
@@ -131,8 +256,8 @@ void CopyLane::run_background(Job& job) {
     size_t end = begin;
     uint64_t bytes = 0;
     do {
-      bytes += run.sizes[end++];
-    } while (end < run.sizes.size() && bytes + run.sizes[end] <= options_.piece_bytes);
+      bytes += run.bytes(end++);
+    } while (end < run.count() && bytes + run.bytes(end) <= options_.piece_bytes);
     status = gpus_->make_current(gpu_);
     if (!status.is_ok()) break;
     status = issue(run, begin, end);

@@ -2,9 +2,13 @@
 // Internal to the CUDA backend (cuda_device.cpp).
 //
 // A batch's segments are split by (GPU, direction, priority) into runs, one per
-// lane; each lane completes its runs in its own stream order, so a batch waits only
-// for the streams it used. The last lane to finish a batch drops the batch's memory
-// references, then calls its `done`.
+// lane. Within a run, copies of equal size whose sources and destinations each
+// advance by one constant step (a block's planes at their engine stride, say) fold
+// into one strided copy (cuMemcpy2DAsync: one DMA operation for all its rows): the
+// copy engines move small planes at a fraction of their bandwidth when each is an
+// operation of its own, even inside one cuMemcpyBatchAsync; each lane completes its runs in its own
+// stream order, so a batch waits only for the streams it used. The last lane to finish a batch
+// drops the batch's memory references, then calls its `done`.
 //
 // Foreground lanes issue a run on the caller's thread (the control thread, at once)
 // and record an event the lane's thread waits on. Background lanes queue the run and
@@ -39,7 +43,9 @@ struct BatchState {
   Status error;
 };
 
-// The copies of one batch for one lane.
+// The copies of one batch for one lane. Copy i is `rows[i]` rows of `sizes[i]` bytes,
+// row r from srcs[i] + r · src_pitches[i] to dsts[i] + r · dst_pitches[i] (one row:
+// pitches 0).
 struct LaneRun {
   std::vector<CUdeviceptr> dsts;
   std::vector<CUdeviceptr> srcs;
@@ -47,13 +53,37 @@ struct LaneRun {
   // Per copy: the served GPU whose memory the source is when it is not the lane's GPU
   // (a copy between GPUs, issued with cuMemcpyPeerAsync), else -1.
   std::vector<int> peer_sources;
-  void add(CUdeviceptr dst, CUdeviceptr src, uint64_t bytes, int peer_source = -1) {
+  std::vector<uint32_t> rows;
+  std::vector<uint64_t> dst_pitches;
+  std::vector<uint64_t> src_pitches;
+  // Per copy: which memories it reads and writes (the batch's indices), so that a fold
+  // never spans two memories that merely happen to lie at a constant distance.
+  std::vector<uint64_t> memories;
+
+  void add(CUdeviceptr dst, CUdeviceptr src, uint64_t bytes, int peer_source = -1,
+           uint64_t memory_pair = 0) {
     dsts.push_back(dst);
     srcs.push_back(src);
     sizes.push_back(bytes);
     peer_sources.push_back(peer_source);
+    rows.push_back(1);
+    dst_pitches.push_back(0);
+    src_pitches.push_back(0);
+    memories.push_back(memory_pair);
   }
   bool empty() const { return sizes.empty(); }
+  size_t count() const { return sizes.size(); }
+  uint64_t bytes(size_t i) const { return uint64_t{sizes[i]} * rows[i]; }
+
+  // Folds each stretch of at least `min_rows` consecutive one-row copies within one
+  // GPU (no peer source) and one memory pair, of equal size, whose destinations and
+  // sources each advance by a constant step of at least that size (rows never overlap)
+  // and at most `max_pitch`, into one strided copy. Copies keep their order.
+  void fold_strided(uint32_t min_rows, uint64_t max_pitch);
+  // Copies [begin, end) as a run of their own.
+  LaneRun slice(size_t begin, size_t end) const;
+  // At most `parts` runs of consecutive copies with about equal bytes, none empty.
+  std::vector<LaneRun> split(size_t parts) const;
 };
 
 // How a lane issues copies.
@@ -61,6 +91,10 @@ struct LaneOptions {
   uint64_t piece_bytes = 0;   // 0: foreground; else background in pieces of at most this
   bool batch_allowed = true;  // cuMemcpyBatchAsync may take this lane's operands
   unsigned batch_flags = 0;   // CUmemcpyFlags for the batch's attributes
+  // What the lane's sources and destinations are, for strided copies (which name it):
+  // CU_MEMORYTYPE_HOST (the pinned pool's host address) or CU_MEMORYTYPE_DEVICE.
+  CUmemorytype src_type = CU_MEMORYTYPE_DEVICE;
+  CUmemorytype dst_type = CU_MEMORYTYPE_DEVICE;
 };
 
 // What lanes report to the device.
@@ -92,11 +126,14 @@ class CopyLane {
     CUevent event = nullptr;  // foreground: recorded after the run was issued
     Status error;             // foreground: issuing failed
   };
-  // Issues copies [begin, end) of `run` on the stream: stretches of copies within the
-  // lane's GPU as one batch call where the driver has it and the lane allows it, else
-  // one cuMemcpyAsync each; copies from another GPU with cuMemcpyPeerAsync.
+  // Issues copies [begin, end) of `run` on the stream: strided copies with
+  // cuMemcpy2DAsync; stretches of one-row copies within the lane's GPU as one batch
+  // call where the driver has it and the lane allows it, else one cuMemcpyAsync each;
+  // copies from another GPU with cuMemcpyPeerAsync.
   Status issue(LaneRun& run, size_t begin, size_t end);
   Status issue_stretch(LaneRun& run, size_t begin, size_t end);
+  Status issue_rows(LaneRun& run, size_t begin, size_t end);
+  Status issue_strided(const LaneRun& run, size_t i);
   Status record(CUevent* event);
   Status wait(CUevent event);
   void run_background(Job& job);

@@ -49,12 +49,18 @@ class CudaDevice final : public Device, public LaneOwner {
           lane_options.batch_flags = direction == kDeviceToDevice
                                          ? 0u
                                          : unsigned{CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE};
-          auto lane = std::make_unique<CopyLane>(
-              *this, gpus_, gpu.index, lane_options,
-              fmt::format("{}/{}{}", gpu.index, kDirectionNames[direction],
-                          background ? "/bg" : ""));
-          KVTIER_RETURN_IF_ERROR(lane->start(background ? least : greatest));
-          lanes_.push_back(std::move(lane));
+          lane_options.src_type =
+              direction == kHostToDevice ? CU_MEMORYTYPE_HOST : CU_MEMORYTYPE_DEVICE;
+          lane_options.dst_type =
+              direction == kDeviceToHost ? CU_MEMORYTYPE_HOST : CU_MEMORYTYPE_DEVICE;
+          for (int stream = 0; stream < streams_per_lane(); ++stream) {
+            auto lane = std::make_unique<CopyLane>(
+                *this, gpus_, gpu.index, lane_options,
+                fmt::format("{}/{}{}#{}", gpu.index, kDirectionNames[direction],
+                            background ? "/bg" : "", stream));
+            KVTIER_RETURN_IF_ERROR(lane->start(background ? least : greatest));
+            lanes_.push_back(std::move(lane));
+          }
         }
       }
     }
@@ -118,7 +124,7 @@ class CudaDevice final : public Device, public LaneOwner {
         return invalid_argument("batch names memory the CUDA backend did not open");
       memories.push_back(cuda_memory);
     }
-    std::vector<LaneRun> runs(lanes_.size());
+    std::vector<LaneRun> runs(lanes_.size() / streams_per_lane());
     for (size_t i = 0; i < batch.segments.size(); ++i) {
       const CopySegment& s = batch.segments[i];
       if (s.src_memory >= memories.size() || s.dst_memory >= memories.size()) {
@@ -155,11 +161,30 @@ class CudaDevice final : public Device, public LaneOwner {
                           static_cast<size_t>(batch.priority) * kDirections + direction;
       const bool between_gpus = src_gpu >= 0 && dst_gpu >= 0 && src_gpu != dst_gpu;
       runs[lane].add(dst.address() + s.dst_offset, src.address() + s.src_offset, s.bytes,
-                     between_gpus ? src_gpu : -1);
+                     between_gpus ? src_gpu : -1,
+                     (uint64_t{s.src_memory} << 32) | uint64_t{s.dst_memory});
+    }
+    if (options_.strided_copies) {
+      for (size_t lane = 0; lane < runs.size(); ++lane) {
+        const uint64_t max_pitch = gpus_->gpu(static_cast<int>(lane / kLanesPerGpu)).max_pitch;
+        if (max_pitch > 0) runs[lane].fold_strided(2, max_pitch);
+      }
     }
 
-    const auto parts = static_cast<int>(
-        std::count_if(runs.begin(), runs.end(), [](const LaneRun& run) { return !run.empty(); }));
+    // Each lane's run across its streams: [lane][stream] in lanes_.
+    std::vector<std::pair<size_t, LaneRun>> parts_to_enqueue;
+    for (size_t lane = 0; lane < runs.size(); ++lane) {
+      if (runs[lane].empty()) continue;
+      const auto streams = static_cast<size_t>(streams_per_lane());
+      if (streams == 1) {
+        parts_to_enqueue.emplace_back(lane, std::move(runs[lane]));
+        continue;
+      }
+      std::vector<LaneRun> shards = runs[lane].split(streams);
+      for (size_t k = 0; k < shards.size(); ++k)
+        parts_to_enqueue.emplace_back(lane * streams + k, std::move(shards[k]));
+    }
+    const auto parts = static_cast<int>(parts_to_enqueue.size());
     auto state =
         std::make_shared<BatchState>(std::move(batch), std::move(done), std::max(parts, 1));
     {
@@ -170,9 +195,7 @@ class CudaDevice final : public Device, public LaneOwner {
       lanes_.front()->enqueue(state, LaneRun());
       return Status::ok();
     }
-    for (size_t lane = 0; lane < lanes_.size(); ++lane) {
-      if (!runs[lane].empty()) lanes_[lane]->enqueue(state, std::move(runs[lane]));
-    }
+    for (auto& [lane, run] : parts_to_enqueue) lanes_[lane]->enqueue(state, std::move(run));
     return Status::ok();
   }
 
@@ -232,7 +255,9 @@ class CudaDevice final : public Device, public LaneOwner {
   const GpuSetPtr gpus_;
   const std::string name_;
   const CudaDeviceOptions options_;
-  std::vector<std::unique_ptr<CopyLane>> lanes_;  // [gpu][priority][direction]
+  int streams_per_lane() const { return std::max(options_.copy_streams, 1); }
+
+  std::vector<std::unique_ptr<CopyLane>> lanes_;  // [gpu][priority][direction][stream]
   std::atomic<bool> lost_{false};
 
   std::mutex mu_;  // protects the fields below
@@ -288,6 +313,12 @@ Result<GpuContext> describe_gpu(const DriverApi& driver, int ordinal) {
                                   CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM,
                                   gpu.device) == CUDA_SUCCESS) {
     gpu.host_pointers_in_batches = host_pointers != 0;
+  }
+  int max_pitch = 0;
+  if (driver.device_get_attribute(&max_pitch, CU_DEVICE_ATTRIBUTE_MAX_PITCH, gpu.device) ==
+          CUDA_SUCCESS &&
+      max_pitch > 0) {
+    gpu.max_pitch = static_cast<uint64_t>(max_pitch);
   }
   return gpu;
 }

@@ -46,6 +46,13 @@ struct CudaDeviceOptions {
   int pool_touch_threads = 4;                     // parallel first touch of the pinned pool
   uint64_t background_piece_bytes = 64ull << 20;  // at most this much background copying
                                                   // queued per stream at a time
+  // Equal-size copies at constant strides (a block's planes) go out as one
+  // cuMemcpy2DAsync each instead of one batch entry per plane (copy_lane.h). Off only
+  // to measure what it gains (kvtier-bench gpu).
+  bool strided_copies = true;
+  // Streams per (GPU, direction, priority): a batch's copies in one direction are
+  // split across them by bytes, so that several copy engines can work on them.
+  int copy_streams = 1;
 };
 
 // Unavailable ("no CUDA driver: …" / "no CUDA device") when there is no driver or no

@@ -32,6 +32,8 @@ struct GpuContext {
   // CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM: the pinned pool's host
   // addresses may go into batch copies (not so on some paravirtualized GPUs).
   bool host_pointers_in_batches = true;
+  // CU_DEVICE_ATTRIBUTE_MAX_PITCH: the largest row pitch of a strided copy.
+  uint64_t max_pitch = 0;
 };
 
 // The served GPUs with their retained primary contexts, released when the last

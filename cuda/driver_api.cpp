@@ -129,6 +129,7 @@ Status load_into(DriverApi& api) {
   loader.resolve("cuEventDestroy", 4000, api.event_destroy);
   loader.resolve("cuMemcpyAsync", 4000, api.memcpy_async);
   loader.resolve("cuMemcpyPeerAsync", 4000, api.memcpy_peer_async);
+  loader.resolve("cuMemcpy2DAsync", 3020, api.memcpy_2d_async);
   // By version, not by trying: the 12.8 and 13.0 signatures differ, and calling one
   // through the other's type would pass garbage.
   if (api.driver_version >= 13000) {

@@ -93,7 +93,8 @@ struct DriverApi {
   PFN_cuEventQuery_v2000 event_query = nullptr;
   PFN_cuEventDestroy_v4000 event_destroy = nullptr;
   PFN_cuMemcpyAsync_v4000 memcpy_async = nullptr;
-  PFN_cuMemcpyPeerAsync_v4000 memcpy_peer_async = nullptr;      // between two GPUs' contexts
+  PFN_cuMemcpyPeerAsync_v4000 memcpy_peer_async = nullptr;  // between two GPUs' contexts
+  PFN_cuMemcpy2DAsync_v3020 memcpy_2d_async = nullptr;      // rows at a pitch: one DMA operation
   PFN_cuMemcpyBatchAsync_v12080 memcpy_batch_v12080 = nullptr;  // driver 12.8 – 12.9
   PFN_cuMemcpyBatchAsync_v13000 memcpy_batch_v13000 = nullptr;  // driver ≥ 13.0
 

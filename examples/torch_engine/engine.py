@@ -105,7 +105,7 @@ class TurnResult:
         """SHA-256 of the logits' bytes: equal digests ⇔ bit-identical logits."""
         digest = hashlib.sha256()
         for row in self.logits:
-            digest.update(row.numpy().tobytes())
+            digest.update(row.cpu().numpy().tobytes())
         return digest.hexdigest()
 
     def to_json(self) -> dict:
@@ -118,12 +118,18 @@ class TurnResult:
 class Engine:
     def __init__(self, config: ModelConfig, mode: str = "kvtier", *,
                  socket_path: str | None = None, num_blocks: int = 256, block_size: int = 16,
-                 engine_name: str = "torch-engine", model: LlamaModel | None = None):
+                 engine_name: str = "torch-engine", model: LlamaModel | None = None,
+                 device: str = "cpu"):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
         self.config = config
         self.mode = mode
-        self.model = model if model is not None else LlamaModel(config)
+        self.device = torch.device(device)
+        if self.device.type not in ("cpu", "cuda"):
+            raise ValueError(f"device must be cpu or cuda, got {device!r}")
+        self.model = model if model is not None else LlamaModel(config, self.device)
+        if self.model.device != self.device:
+            raise ValueError(f"the model is on {self.model.device}, the engine on {self.device}")
         self.tokenizer = Tokenizer(config.vocab_size)
         self.socket_path = socket_path
         self.engine_name = engine_name
@@ -132,11 +138,14 @@ class Engine:
         self._kept_tokens: dict[str, list[int]] = {}  # ... and the tokens they hold
         self.client = None
         allocate = None
-        if mode == "kvtier":
+        if mode == "kvtier" and self.device.type == "cpu":
+            # kvtierd maps a CPU cache through its memfd; a CUDA cache is registered by
+            # pointer (legacy IPC or VMM, whichever the allocation is).
             import kvtier.torch
             allocate = lambda shape, dtype: kvtier.torch.memfd_tensor(shape, dtype,
                                                                      name="torch-engine-kv")
-        self.cache = PagedKVCache(config, num_blocks, block_size, allocate_tensor=allocate)
+        self.cache = PagedKVCache(config, num_blocks, block_size, allocate_tensor=allocate,
+                                  device=self.device)
         if mode == "kvtier":
             # No daemon at start is the caller's to report (Unavailable); a daemon that
             # goes away later only makes turns recompute.
@@ -157,7 +166,8 @@ class Engine:
             planes=kvtier.torch.vllm_planes(self.cache.layers(), REGION_ID))
         client = kvtier.Client(self.socket_path)
         try:
-            self.hello = client.hello(layout, engine_name=self.engine_name, device="host")
+            self.hello = client.hello(layout, engine_name=self.engine_name,
+                                      device="cuda" if self.device.type == "cuda" else "host")
             client.register_tensor(REGION_ID, self.cache.tensor)
         except BaseException:
             client.close()
@@ -254,6 +264,13 @@ class Engine:
         except kvtier.Unavailable:
             pass  # no daemon: this turn recomputes
 
+    def _synchronize(self) -> None:
+        """A CUDA cache: kvtierd's copies run on its own streams, so the engine's writes
+        to the blocks a Save or Load names must be finished first (the client's
+        contract); a Load's blocks are in place when it returns."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
     def _prefix(self, session_id: str, prompt: list[int], hashes: list[bytes],
                 blocks_needed: int, result: TurnResult) -> tuple[list[int], int]:
         """A block table for the turn whose leading blocks hold the longest prefix
@@ -272,6 +289,7 @@ class Engine:
         table = self.cache.allocate(blocks_needed)
         if self.mode == "recompute":
             return table, 0
+        self._synchronize()  # the wipe of a freed block must not land after kvtierd's copy
         import kvtier
         try:
             hits, tiers = 0, []
@@ -309,6 +327,7 @@ class Engine:
             hashes = self._block_hashes(
                 conversation.tokens[:full_blocks * self.cache.block_size])
             chunks = self._chunks(list(zip(hashes, table[:full_blocks])))
+            self._synchronize()  # kvtierd copies what the model's kernels have written
             try:
                 for index, chunk in enumerate(chunks):
                     saved = self.client.save(conversation.session_id, chunk,
@@ -340,19 +359,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--num-blocks", type=int, default=256)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's)")
     parser.add_argument("--logits-out", help="torch.save every turn's answer logits here")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="where the model and its KV cache live (cuda: kvtierd --device cuda)")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     config = config_named(args.model, args.seed)
     with Engine(config, args.mode, socket_path=args.socket, num_blocks=args.num_blocks,
-                engine_name=f"torch-engine-{os.getpid()}") as engine:
+                engine_name=f"torch-engine-{os.getpid()}", device=args.device) as engine:
         conversation = Conversation(args.session)
         if args.system:
             conversation.tokens = engine.tokenizer.message(engine.tokenizer.SYSTEM, args.system)
         all_logits = []
         for message in args.message:
             result = engine.turn(conversation, message, args.max_new_tokens)
-            all_logits.append(torch.stack(result.logits))
+            all_logits.append(torch.stack(result.logits).cpu())
             print(json.dumps(result.to_json()), flush=True)
         if args.logits_out:
             torch.save(all_logits, args.logits_out)

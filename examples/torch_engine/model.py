@@ -73,19 +73,20 @@ def config_named(name: str, seed: int = 0) -> ModelConfig:
 class PagedKVCache:
     """Paged KV storage for all layers in one tensor, plus its free-block list.
 
-    `allocate_tensor(shape, dtype)` makes the storage: a plain CPU tensor by default,
-    `kvtier.torch.memfd_tensor` when the cache is shared with kvtierd.
+    `allocate_tensor(shape, dtype)` makes the storage: a plain tensor on `device` by
+    default, `kvtier.torch.memfd_tensor` when a CPU cache is shared with kvtierd.
     """
 
     def __init__(self, config: ModelConfig, num_blocks: int, block_size: int = 16,
-                 allocate_tensor: Callable[..., torch.Tensor] | None = None):
+                 allocate_tensor: Callable[..., torch.Tensor] | None = None,
+                 device: str | torch.device = "cpu"):
         self.config = config
         self.num_blocks = num_blocks
         self.block_size = block_size
         shape = (config.num_layers, 2, num_blocks, block_size, config.num_kv_heads,
                  config.head_dim)
         if allocate_tensor is None:
-            self.tensor = torch.zeros(shape, dtype=torch.float32)
+            self.tensor = torch.zeros(shape, dtype=torch.float32, device=device)
         else:
             self.tensor = allocate_tensor(shape, torch.float32)
         self._free = list(range(num_blocks - 1, -1, -1))  # pop() hands out 0, 1, 2, ...
@@ -140,8 +141,9 @@ class _Layer:
 class LlamaModel:
     """The decoder. `forward` is the only entry point: prefill and decode alike."""
 
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, device: str | torch.device = "cpu"):
         self.config = config
+        self.device = torch.device(device)
         generator = torch.Generator().manual_seed(config.seed)
         self.embedding = _normal(generator, config.vocab_size, config.d_model, std=1.0)
         self.layers = [_Layer(config, generator) for _ in range(config.num_layers)]
@@ -156,6 +158,12 @@ class LlamaModel:
         angles = torch.outer(torch.arange(config.max_positions, dtype=torch.float64), inv_freq)
         self.rope_cos = torch.cos(angles).to(torch.float32)
         self.rope_sin = torch.sin(angles).to(torch.float32)
+        if self.device.type != "cpu":
+            # Generated on the CPU (the same seed gives the same weights on any device).
+            for owner in (self, *self.layers):
+                for name, value in list(vars(owner).items()):
+                    if isinstance(value, torch.Tensor):
+                        setattr(owner, name, value.to(self.device))
 
     def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.config.norm_eps) * weight
@@ -184,14 +192,16 @@ class LlamaModel:
         if end > config.max_positions:
             raise ValueError(f"position {end} beyond max_positions {config.max_positions}")
         block_size = cache.block_size
-        table = torch.as_tensor(list(block_table[:cache.blocks_for(end)]), dtype=torch.long)
-        positions = torch.arange(start_position, end)
+        device = self.device
+        table = torch.as_tensor(list(block_table[:cache.blocks_for(end)]), dtype=torch.long,
+                                device=device)
+        positions = torch.arange(start_position, end, device=device)
         slots = table[positions // block_size] * block_size + positions % block_size
         context_slots = (table.unsqueeze(1) * block_size
-                         + torch.arange(block_size)).reshape(-1)[:end]
+                         + torch.arange(block_size, device=device)).reshape(-1)[:end]
 
-        hidden = self.embedding[token_ids]
-        workspace = _AttentionWorkspace(config.num_heads, tokens, end)
+        hidden = self.embedding[token_ids.to(device)]
+        workspace = _AttentionWorkspace(config.num_heads, tokens, end, device)
         for index, layer in enumerate(self.layers):
             kv = cache.layer(index).view(2, cache.num_blocks * block_size,
                                          config.num_kv_heads, config.head_dim)
@@ -222,16 +232,18 @@ class _AttentionWorkspace:
     on free): more system time than arithmetic.
     """
 
-    def __init__(self, num_heads: int, tokens: int, context: int):
+    def __init__(self, num_heads: int, tokens: int, context: int, device: torch.device):
         size = num_heads * min(tokens, ATTENTION_QUERY_CHUNK) * context
-        self.scores = torch.empty(size)
-        self.probabilities = torch.empty(size)
+        self.device = device
+        self.scores = torch.empty(size, device=device)
+        self.probabilities = torch.empty(size, device=device)
         self.future_masks: dict[int, torch.Tensor] = {}
 
     def future_mask(self, chunk: int) -> torch.Tensor:
         """[chunk, chunk], True where a key lies after its query."""
         if chunk not in self.future_masks:
-            self.future_masks[chunk] = torch.ones(chunk, chunk, dtype=torch.bool).triu(1)
+            self.future_masks[chunk] = torch.ones(chunk, chunk, dtype=torch.bool,
+                                                  device=self.device).triu(1)
         return self.future_masks[chunk]
 
 
@@ -249,7 +261,7 @@ def _paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start_po
     queries = (q * head_dim ** -0.5).view(tokens, num_kv_heads, group, head_dim).permute(1, 2, 0, 3)
     # [kv_heads, context, dim] views: BLAS reads the strided rows, no copy needed.
     keys, values = k.transpose(0, 1), v.transpose(0, 1)
-    out = torch.empty(num_kv_heads, group, tokens, head_dim)
+    out = torch.empty(num_kv_heads, group, tokens, head_dim, device=q.device)
     for first in range(0, tokens, ATTENTION_QUERY_CHUNK):
         last = min(tokens, first + ATTENTION_QUERY_CHUNK)
         chunk = last - first

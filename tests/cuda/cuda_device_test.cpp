@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <array>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -19,6 +20,9 @@
 #include <future>
 #include <vector>
 
+#include <fmt/format.h>
+
+#include "cuda/copy_lane.h"
 #include "cuda/driver_api.h"
 
 namespace kvtier {
@@ -449,6 +453,163 @@ TEST_F(CudaDeviceTest, StickyErrorFailsTheBatchAndCallsTheFatalHandlerOnce) {
   EXPECT_EQ(after.code(), StatusCode::kUnavailable) << after.to_string();
   device_->drain();
   EXPECT_EQ(fatal_calls.load(), 1);
+}
+
+// ---- strided copies -------------------------------------------------------------
+
+cuda::LaneRun run_of(const std::vector<std::array<uint64_t, 3>>& copies, uint64_t pair = 0) {
+  cuda::LaneRun run;
+  for (const auto& [dst, src, bytes] : copies) run.add(dst, src, bytes, -1, pair);
+  return run;
+}
+
+TEST(FoldStrided, ABlocksPlanesAtTheirEngineStrideBecomeOneCopyPerBlock) {
+  constexpr uint64_t kPlane = 8 << 10, kBlocks = 512;
+  std::vector<std::array<uint64_t, 3>> copies;
+  for (uint64_t b = 0; b < 2; ++b) {
+    for (uint64_t p = 0; p < 4; ++p)  // slot contiguous, engine plane-major
+      copies.push_back(
+          {0x100000 + b * 4 * kPlane + p * kPlane, 0x7000000 + (p * kBlocks + b) * kPlane, kPlane});
+  }
+  cuda::LaneRun run = run_of(copies);
+  run.fold_strided(2, 1ull << 31);
+  ASSERT_EQ(run.count(), 2u);
+  for (uint64_t b = 0; b < 2; ++b) {
+    EXPECT_EQ(run.rows[b], 4u);
+    EXPECT_EQ(run.sizes[b], kPlane);
+    EXPECT_EQ(run.dst_pitches[b], kPlane);
+    EXPECT_EQ(run.src_pitches[b], kBlocks * kPlane);
+    EXPECT_EQ(run.dsts[b], 0x100000 + b * 4 * kPlane);
+    EXPECT_EQ(run.bytes(b), 4 * kPlane);
+  }
+}
+
+TEST(FoldStrided, KeepsWhatDoesNotAdvanceByOneStep) {
+  // Two rows, then a stride break, a size change, a row going backwards, an overlap
+  // (step below the width) and a step past the maximum pitch.
+  cuda::LaneRun run = run_of({{1000, 5000, 100},
+                              {1100, 5200, 100},
+                              {1200, 5400, 100},  // three rows at (100, 200)
+                              {1350, 5600, 100},  // dst step 150: a new stride starts
+                              {1500, 5800, 100},  // ... and continues (150, 200)
+                              {1600, 6000, 50},   // another size
+                              {1550, 6100, 50},   // backwards
+                              {1700, 6120, 50},   // src step 20 < 50: rows would overlap
+                              {1740, 6300, 50},   // dst step 40 < 50: likewise
+                              {1800, 1u << 20, 50},
+                              {1900, (1u << 20) + (1u << 16), 50}});  // src step > max pitch
+  const uint64_t max_pitch = 1 << 15;
+  run.fold_strided(2, max_pitch);
+  std::vector<std::array<uint64_t, 4>> got;  // dst, rows, dst pitch, src pitch
+  for (size_t i = 0; i < run.count(); ++i)
+    got.push_back({run.dsts[i], run.rows[i], run.dst_pitches[i], run.src_pitches[i]});
+  const std::vector<std::array<uint64_t, 4>> want = {
+      {1000, 3, 100, 200}, {1350, 2, 150, 200}, {1600, 1, 0, 0}, {1550, 1, 0, 0},
+      {1700, 1, 0, 0},     {1740, 1, 0, 0},     {1800, 1, 0, 0}, {1900, 1, 0, 0}};
+  EXPECT_EQ(got, want);
+}
+
+TEST(FoldStrided, NeverJoinsTwoMemoriesPeerCopiesOrFewerRowsThanAsked) {
+  cuda::LaneRun run;
+  run.add(0, 10000, 64, -1, 1);
+  run.add(64, 10128, 64, -1, 2);  // the same steps, another memory pair
+  run.add(128, 10256, 64, 1);     // from another GPU
+  run.add(192, 10384, 64, 1);
+  run.fold_strided(2, 1 << 20);
+  EXPECT_EQ(run.count(), 4u);
+  for (size_t i = 0; i < run.count(); ++i) EXPECT_EQ(run.rows[i], 1u);
+
+  cuda::LaneRun pair = run_of({{0, 1000, 10}, {20, 1020, 10}, {100, 2000, 10}});
+  pair.fold_strided(3, 1 << 20);
+  EXPECT_EQ(pair.count(), 3u);  // two rows are fewer than three
+}
+
+// The same plane layouts through every direction with strided copies, with one copy
+// per plane, and split across three streams per direction: equal bytes, and both equal to what the
+// layout says on the host. Blocks are listed in order, in reverse plane order (no fold) and with a
+// plane of another size between regular ones (a fold ends, another starts).
+TEST_F(CudaDeviceTest, StridedAndPerPlaneCopiesMoveTheSameBytes) {
+  const auto gpus = device_->gpus();
+  constexpr uint64_t kPlane = 4 << 10, kPlanes = 32, kBlocks = 8;
+  constexpr uint64_t kBlockBytes = kPlane * kPlanes + 1000;  // planes + one odd piece
+  constexpr uint64_t kOdd = 1000;
+  EngineVmm engine(*driver_, gpus.front().ordinal, 2);  // 4 MiB: layout + scatter target
+  const uint64_t half = engine.bytes() / 2;
+  std::vector<std::byte> original(engine.bytes());
+  for (uint64_t i = 0; i < original.size(); ++i) original[i] = pattern_byte(i, 11);
+  // Engine layout: plane p of block b at (p · kBlocks + b) · kPlane, the odd pieces
+  // after all planes; a slot holds planes 0..15, the odd piece, planes 16..31.
+  auto engine_offset = [&](uint64_t b, uint64_t p) { return (p * kBlocks + b) * kPlane; };
+  const uint64_t odd_base = kPlanes * kBlocks * kPlane;
+  auto slot_layout = [&](uint64_t b, auto&& emit) {  // emit(engine offset, slot offset, bytes)
+    const bool reversed = b == 3;
+    for (uint64_t k = 0; k < kPlanes; ++k) {
+      const uint64_t p = reversed ? kPlanes - 1 - k : k;
+      const uint64_t in_slot = p * kPlane + (p >= kPlanes / 2 ? kOdd : 0);
+      emit(engine_offset(b, p), b * kBlockBytes + in_slot, kPlane);
+      if (p == kPlanes / 2 - 1 && !reversed)
+        emit(odd_base + b * kOdd, b * kBlockBytes + kPlane * 16, kOdd);
+      if (p == kPlanes / 2 && reversed)
+        emit(odd_base + b * kOdd, b * kBlockBytes + kPlane * 16, kOdd);
+    }
+  };
+  std::vector<std::byte> expected_slots(kBlocks * kBlockBytes);
+  std::vector<std::byte> expected_engine = original;
+  for (uint64_t b = 0; b < kBlocks; ++b) {
+    slot_layout(b, [&](uint64_t e, uint64_t slot, uint64_t bytes) {
+      std::memcpy(expected_slots.data() + slot, original.data() + e, bytes);
+      std::memcpy(expected_engine.data() + half + e, original.data() + e, bytes);
+    });
+  }
+
+  for (auto [strided, streams] : {std::pair{true, 1}, std::pair{false, 1}, std::pair{true, 3}}) {
+    SCOPED_TRACE(fmt::format("{}, {} stream(s) per direction",
+                             strided ? "strided copies" : "one copy per plane", streams));
+    CudaDeviceOptions options;
+    options.gpu_uuids = {gpus.front().uuid};
+    options.strided_copies = strided;
+    options.copy_streams = streams;
+    auto made = make_cuda_device(options);
+    ASSERT_TRUE(made.is_ok()) << made.status().to_string();
+    Device& device = **made;
+    engine.write(0, original);
+    auto region = device.open_region(engine.handle(0, engine.bytes(), gpus.front().uuid));
+    auto arena = device.allocate_arena(2 << 20, 2 << 20);
+    auto pool = device.allocate_pinned_pool(2 << 20);
+    ASSERT_TRUE(region.is_ok() && arena.is_ok() && pool.is_ok());
+    auto run_on = [&](CopyBatch batch) {
+      std::promise<Status> finished;
+      Status submitted = device.submit(std::move(batch), [&](Status s) { finished.set_value(s); });
+      return submitted.is_ok() ? finished.get_future().get() : submitted;
+    };
+    // Engine → arena (device to device), arena → pool whole (device to host).
+    CopyBatch save;
+    uint32_t e = save.memory_index(*region), a = save.memory_index(*arena);
+    for (uint64_t b = 0; b < kBlocks; ++b) {
+      slot_layout(b, [&](uint64_t eo, uint64_t slot, uint64_t bytes) {
+        save.segments.push_back({e, a, eo, slot, bytes});
+      });
+    }
+    ASSERT_TRUE(run_on(std::move(save)).is_ok());
+    CopyBatch demote;
+    a = demote.memory_index(*arena);
+    uint32_t p = demote.memory_index(*pool);
+    demote.segments.push_back({a, p, 0, 0, kBlocks * kBlockBytes});
+    ASSERT_TRUE(run_on(std::move(demote)).is_ok());
+    EXPECT_EQ(std::memcmp((*pool)->host_data(), expected_slots.data(), expected_slots.size()), 0);
+    // Pool → engine's second half, plane by plane (host to device).
+    CopyBatch load;
+    p = load.memory_index(*pool);
+    e = load.memory_index(*region);
+    for (uint64_t b = 0; b < kBlocks; ++b) {
+      slot_layout(b, [&](uint64_t eo, uint64_t slot, uint64_t bytes) {
+        load.segments.push_back({p, e, slot, half + eo, bytes});
+      });
+    }
+    ASSERT_TRUE(run_on(std::move(load)).is_ok());
+    std::vector<std::byte> actual = engine.read(0, engine.bytes());
+    EXPECT_EQ(std::memcmp(actual.data(), expected_engine.data(), actual.size()), 0);
+  }
 }
 
 }  // namespace

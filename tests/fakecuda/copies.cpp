@@ -263,3 +263,66 @@ FAKECUDA_EXPORT CUresult cuMemsetD8_v2(CUdeviceptr dstDevice, unsigned char uc, 
   }
   return run_synchronously(*context, std::move(work));
 }
+
+namespace {
+
+// One side of a strided copy: its base address for its memory type. INVALID_VALUE for
+// a type the fake does not know; NOT_SUPPORTED for arrays (it has none).
+CUresult strided_base(CUmemorytype type, const void* host, CUdeviceptr device, uint64_t* base) {
+  switch (type) {
+    case CU_MEMORYTYPE_HOST:
+      *base = reinterpret_cast<uint64_t>(host);
+      return CUDA_SUCCESS;
+    case CU_MEMORYTYPE_DEVICE:
+    case CU_MEMORYTYPE_UNIFIED:
+      *base = device;
+      return CUDA_SUCCESS;
+    case CU_MEMORYTYPE_ARRAY:
+      return CUDA_ERROR_NOT_SUPPORTED;
+    default:
+      return CUDA_ERROR_INVALID_VALUE;
+  }
+}
+
+// Resolves one row of a strided copy's side: a HOST side must be host memory (pageable
+// or registered), a DEVICE side device memory, a UNIFIED side either.
+CUresult resolve_row(CUmemorytype type, uint64_t address, uint64_t bytes, Operand* operand) {
+  MemoryTable& memory = memory_table();
+  auto lock = memory.lock();
+  if (CUresult e = memory.resolve(address, bytes, type == CU_MEMORYTYPE_DEVICE, operand)) return e;
+  if (type == CU_MEMORYTYPE_HOST && !operand->range_ids.empty()) return CUDA_ERROR_INVALID_VALUE;
+  return CUDA_SUCCESS;
+}
+
+}  // namespace
+
+// Rows of WidthInBytes at their pitches, each resolved like a copy of its own: every
+// row must lie inside memory of its side's type (the gaps between rows are not read).
+FAKECUDA_EXPORT CUresult cuMemcpy2DAsync_v2(const CUDA_MEMCPY2D* pCopy, CUstream hStream) {
+  Context* current = nullptr;
+  if (CUresult e = require_context(&current)) return e;
+  if (pCopy == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  std::shared_ptr<Stream> stream;
+  if (CUresult e = find_stream(hStream, *current, &stream)) return e;
+  if (CUresult e = stream->context().sticky.load()) return e;
+  const CUDA_MEMCPY2D& c = *pCopy;
+  uint64_t src_base = 0, dst_base = 0;
+  if (CUresult e = strided_base(c.srcMemoryType, c.srcHost, c.srcDevice, &src_base)) return e;
+  if (CUresult e = strided_base(c.dstMemoryType, c.dstHost, c.dstDevice, &dst_base)) return e;
+  // A row may not run past its pitch, and no pitch past the device's maximum.
+  if (c.srcXInBytes + c.WidthInBytes > c.srcPitch || c.dstXInBytes + c.WidthInBytes > c.dstPitch ||
+      c.srcPitch > static_cast<size_t>(kMaxPitch) || c.dstPitch > static_cast<size_t>(kMaxPitch)) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  Work work;
+  if (c.WidthInBytes > 0) work.segments.resize(c.Height);
+  for (size_t row = 0; row < work.segments.size(); ++row) {
+    Segment& segment = work.segments[row];
+    const uint64_t src = src_base + (c.srcY + row) * c.srcPitch + c.srcXInBytes;
+    const uint64_t dst = dst_base + (c.dstY + row) * c.dstPitch + c.dstXInBytes;
+    if (CUresult e = resolve_row(c.dstMemoryType, dst, c.WidthInBytes, &segment.dst)) return e;
+    if (CUresult e = resolve_row(c.srcMemoryType, src, c.WidthInBytes, &segment.src)) return e;
+  }
+  stream->enqueue(std::move(work));
+  return CUDA_SUCCESS;
+}

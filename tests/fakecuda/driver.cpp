@@ -260,6 +260,9 @@ FAKECUDA_EXPORT CUresult cuDeviceGetAttribute(int* pi, CUdevice_attribute attrib
     case CU_DEVICE_ATTRIBUTE_ASYNC_ENGINE_COUNT:
       *pi = 2;
       break;
+    case CU_DEVICE_ATTRIBUTE_MAX_PITCH:
+      *pi = kMaxPitch;
+      break;
     default:
       *pi = 0;
       break;

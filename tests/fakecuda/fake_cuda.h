@@ -24,6 +24,10 @@
 //  - Streams run their work in order on one worker thread each; events mark completion.
 //    Copies are validated when enqueued (a device range must stay inside its allocation
 //    or mapping) and executed by memcpy on the worker.
+//  - cuMemcpy2DAsync: each row is validated like a copy of its own against its side's
+//    memory type (HOST: not device memory; DEVICE: device memory; UNIFIED: either);
+//    a row longer than its pitch, or a pitch above CU_DEVICE_ATTRIBUTE_MAX_PITCH, is
+//    INVALID_VALUE. CUDA arrays do not exist here (NOT_SUPPORTED).
 //  - cuGetProcAddress_v2: the newest ABI not newer than the requested version. Unknown
 //    symbol (or one newer than the driver): CUDA_ERROR_NOT_FOUND, SYMBOL_NOT_FOUND.
 //    Requested version older than the symbol: CUDA_ERROR_NOT_FOUND, VERSION_NOT_SUFFICIENT.
@@ -93,6 +97,7 @@ constexpr uint64_t kGranularity = uint64_t{2} << 20;  // VMM minimum and recomme
 constexpr int kMaxDevices = 32;                       // access masks are 32 bits
 constexpr int kLeastStreamPriority = 0;
 constexpr int kGreatestStreamPriority = -5;
+constexpr int kMaxPitch = 2147483647;  // CU_DEVICE_ATTRIBUTE_MAX_PITCH, as on real GPUs
 
 // The switches above. Constant after the first call.
 struct Config {

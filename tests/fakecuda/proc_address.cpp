@@ -106,6 +106,8 @@ const std::vector<Entry>& entries() {
       FAKECUDA_ABI(cuEventDestroy, 4000, cuEventDestroy_v2, false),
       FAKECUDA_ABI(cuMemcpyAsync, 4000, cuMemcpyAsync, true),
       FAKECUDA_ABI(cuMemcpyPeerAsync, 4000, cuMemcpyPeerAsync, true),
+      FAKECUDA_MISSING(cuMemcpy2DAsync, 2000, true),
+      FAKECUDA_ABI(cuMemcpy2DAsync, 3020, cuMemcpy2DAsync_v2, true),
       FAKECUDA_ABI(cuMemcpyBatchAsync, 12080, cuMemcpyBatchAsync, true),
       FAKECUDA_ABI(cuMemcpyBatchAsync, 13000, cuMemcpyBatchAsync_v2, true),
       FAKECUDA_MISSING(cuGetProcAddress, 11030, false),
