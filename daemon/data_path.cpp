@@ -142,11 +142,29 @@ Result<std::optional<PendingWrite>> Service::reserve_block(const BlockKey& key,
   auto reserved = store_->reserve(key, kSaveTiers, now_ms(), gpu_part);
   if (reserved.is_ok() || reserved.status().code() != StatusCode::kResourceExhausted)
     return reserved;
-  // Every tier is full: drop the coldest blocks to make room, from the slowest tier
-  // that has any to give (RAM may hold only blocks in flight while HBM holds cold ones).
-  // Room for the rest of the request at once (`room_bytes`), so that a request plans
-  // once, not once per block; for one block when that much cannot be had.
   sessions_.expire_priorities(sessions_.now_ms());  // a priority whose time is up keeps nothing
+  // HBM and RAM are full. Room for the rest of the request at once (`room_bytes`), so
+  // that a request plans once, not once per block; for one block when that much cannot
+  // be had. With NVMe below RAM, RAM's coldest blocks go down to it: nothing leaves the
+  // daemon for room NVMe has. The Save waits for those writes (it parks: ResourceExhausted
+  // here), as it does while room already on its way (blocks moving out) comes.
+  DemotionRoom room =
+      plan_room_by_demotion(Tier::kRam, std::max(room_bytes, block_bytes), block_bytes);
+  if (room.coming || !room.moves.empty()) {
+    if (!room.moves.empty()) {
+      mover_->apply(room.moves);
+      // Demotions onto NVMe copies (and drops) free their slots at once.
+      reserved = store_->reserve(key, kSaveTiers, now_ms(), gpu_part);
+      if (reserved.is_ok() || reserved.status().code() != StatusCode::kResourceExhausted)
+        return reserved;
+    }
+    return resource_exhausted(
+        "no room for a {}-byte block yet: RAM blocks are on their way down to NVMe to make it; "
+        "retry",
+        block_bytes);
+  }
+  // No tier below can take them: drop the coldest blocks, from the slowest tier that
+  // has any to give (RAM may hold only blocks in flight while HBM holds cold ones).
   for (Tier victim_tier : {Tier::kRam, Tier::kHbm}) {
     if (store_->memory(victim_tier) == nullptr) continue;
     auto moves =
@@ -162,6 +180,25 @@ Result<std::optional<PendingWrite>> Service::reserve_block(const BlockKey& key,
       "no room for a {}-byte block: every tier is full of blocks that are being copied or read; "
       "retry",
       block_bytes);
+}
+
+Service::DemotionRoom Service::plan_room_by_demotion(Tier tier, uint64_t wanted_bytes,
+                                                     uint64_t least_bytes) {
+  DemotionRoom room;
+  if (tier != Tier::kRam || !store_->configured(Tier::kNvme)) return room;
+  // Blocks already moving out of RAM free their slots when they land: wait for that
+  // room instead of making more (every retry would otherwise demote again).
+  const uint64_t coming = store_->moving_out_bytes(Tier::kRam);
+  if (coming >= least_bytes) {
+    room.coming = true;
+    return room;
+  }
+  room.moves = planner_.make_room(tier, wanted_bytes - std::min(wanted_bytes, coming), sessions_,
+                                  *view_, /*demote=*/true);
+  if (room.moves.empty() && wanted_bytes > least_bytes) {
+    room.moves = planner_.make_room(tier, least_bytes - coming, sessions_, *view_, /*demote=*/true);
+  }
+  return room;
 }
 
 // A Save in progress: its own copy, and the blocks it found being written by another
@@ -443,6 +480,11 @@ void Service::make_mover() {
   };
   hooks.make_room = [this](Tier tier, uint64_t bytes) {
     sessions_.expire_priorities(sessions_.now_ms());
+    // A read out of NVMe into RAM: RAM's coldest blocks go down, as for a Save; the read
+    // waits for the room (the executor retries its room waiters as moves settle).
+    DemotionRoom room = plan_room_by_demotion(tier, bytes, bytes);
+    if (room.coming) return std::vector<policy::Move>{};
+    if (!room.moves.empty()) return std::move(room.moves);
     return planner_.make_room(tier, bytes, sessions_, *view_);
   };
   hooks.not_moved = [this](const BlockKey& key) { planner_.revisit(sessions_, key); };

@@ -79,9 +79,10 @@ void Planner::revisit(const SessionTable& sessions, const BlockKey& key) const {
 }
 
 std::vector<Move> Planner::make_room(Tier tier, uint64_t bytes, const SessionTable& sessions,
-                                     const PlacementView& view) const {
+                                     const PlacementView& view, bool demote) const {
   detail::PlanContext ctx(config_, cost_, sessions, view, clock_.now_ms());
-  return record(detail::room_for(ctx, tier, bytes));
+  return record(
+      detail::room_for(ctx, tier, bytes, demote ? detail::Room::kDemote : detail::Room::kEvict));
 }
 
 void Planner::observe_turn_lead(uint64_t lead_ms) {

@@ -211,16 +211,20 @@ void prefetch_predicted_returns(PlanContext& ctx, PlanState& plan) {
   }
 }
 
-std::vector<Move> room_for(PlanContext& ctx, Tier tier, uint64_t bytes) {
+std::vector<Move> room_for(PlanContext& ctx, Tier tier, uint64_t bytes, Room room) {
   PlanState plan(ctx.view);
   const uint64_t capacity = plan.capacity(tier);
   uint64_t free_bytes = capacity > plan.used(tier) ? capacity - plan.used(tier) : 0;
   if (free_bytes >= bytes) return {};
   if (bytes > capacity) return {};  // could never fit, even in an empty tier
 
-  for (const Candidate& c : sacrifice_order(ctx, plan, tier, Sacrifice::kEvict)) {
+  const bool demote = room == Room::kDemote && plan.below(tier) != Tier::kNone;
+  for (const Candidate& c :
+       sacrifice_order(ctx, plan, tier, demote ? Sacrifice::kDemote : Sacrifice::kEvict)) {
     if (free_bytes >= bytes) break;
-    if (plan.evict(c.key, c.placement, MoveReason::kMakeRoom)) free_bytes += c.placement.bytes;
+    const bool leaves = demote ? leave_tier(ctx, plan, tier, c, MoveReason::kMakeRoom)
+                               : plan.evict(c.key, c.placement, MoveReason::kMakeRoom);
+    if (leaves) free_bytes += c.placement.bytes;
   }
   // Partial evictions would drop cached blocks without letting the caller store
   // anything, so an impossible request evicts nothing.

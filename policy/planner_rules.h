@@ -62,8 +62,13 @@ void relieve_pressure(PlanContext& ctx, PlanState& plan);
 inline constexpr size_t kProspectWindow = 1024;
 void prefetch_predicted_returns(PlanContext& ctx, PlanState& plan);
 
-// Evictions from `tier` so that `bytes` more fit; empty when impossible.
-std::vector<Move> room_for(PlanContext& ctx, Tier tier, uint64_t bytes);
+// Moves out of `tier` so that `bytes` more fit; empty when impossible. kEvict: its
+// blocks are evicted in the order of sacrifice for leaving the daemon. kDemote: they
+// go down to the tier below where it has room (in the order of sacrifice for leaving
+// the tier; a block the cost model would drop is dropped); `bytes` then counts the
+// room the demotions will make once they land.
+enum class Room : uint8_t { kEvict, kDemote };
+std::vector<Move> room_for(PlanContext& ctx, Tier tier, uint64_t bytes, Room room = Room::kEvict);
 
 // BeginTurn: `session`'s blocks come up to the top tier, displacing other idle
 // blocks when it is full; NVMe blocks that still do not fit come up to RAM.

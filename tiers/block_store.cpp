@@ -46,6 +46,7 @@ BlockStore::BlockStore(std::vector<TierMemory> tiers)
                                0,
                                tier.confirm_release,
                                0,
+                               0,
                                {},
                                tier.keep_copies && tier.confirm_release,
                                {},
@@ -228,6 +229,7 @@ Result<std::pair<BlockLocation, BlockLocation>> BlockStore::begin_move(const Blo
   if (!offset.is_ok()) return offset.status();  // can_allocate said yes: a bug
 
   const BlockLocation target{to, *offset};
+  tier_state(entry->tier)->moving_out_bytes += bytes;
   entry->state = BlockState::kMoving;
   change_pins(*entry, +1);  // the mover's pin keeps the source slot alive
   move_targets_[key] = target;
@@ -244,6 +246,7 @@ void BlockStore::finish_move(const BlockKey& key, bool ok) {
   const BlockLocation target = target_it->second;
   move_targets_.erase(target_it);
   const uint64_t bytes = block_bytes(key.layout);
+  tier_state(entry->tier)->moving_out_bytes -= bytes;
   change_pins(*entry, -1);
   entry->state = BlockState::kReady;
   if (!ok) {
@@ -377,6 +380,11 @@ void BlockStore::confirm_release(const BlockLocation& location, uint64_t bytes) 
   TierState* tier = tier_state(location.tier);
   tier->unconfirmed_bytes -= bytes;
   tier->slabs.free(location.offset, bytes);
+}
+
+uint64_t BlockStore::moving_out_bytes(Tier tier) const {
+  const TierState* state = tier_state(tier);
+  return state == nullptr ? 0 : state->moving_out_bytes;
 }
 
 uint64_t BlockStore::unconfirmed_release_bytes(Tier tier) const {

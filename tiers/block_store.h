@@ -313,6 +313,9 @@ class BlockStore {
   void confirm_release(const BlockLocation& location, uint64_t bytes);
   // Bytes of `tier` given up but not yet confirmed (taken or not).
   uint64_t unconfirmed_release_bytes(Tier tier) const;
+  // Bytes of the blocks moving out of `tier` (begin_move until finish_move): room that
+  // comes back when their copies land (unless a reader still pins the old slot).
+  uint64_t moving_out_bytes(Tier tier) const;
 
   // ---- session references ----
   void add_session_ref(const BlockKey& key);
@@ -378,6 +381,7 @@ class BlockStore {
     uint64_t blocks = 0;
     bool confirm_release = false;
     uint64_t unconfirmed_bytes = 0;
+    uint64_t moving_out_bytes = 0;
     // The blocks (any state) whose location is in this tier, in no order: enumeration
     // by tier costs what the tier holds, not what the store holds. The index moves
     // entries; it reports each move (relocated) and the pointer is updated.

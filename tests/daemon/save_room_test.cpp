@@ -1,0 +1,108 @@
+// Room for a Save or a read when RAM is full and NVMe below it has room, in the
+// in-process daemon (handler_fixture.h): RAM's coldest blocks go down to NVMe, and
+// the Save (or the Load reading an NVMe block up) waits for those writes. Nothing
+// leaves the daemon, so no session is cut; ram_pressure_test.cpp shows the eviction
+// that happens when there is no tier below.
+//
+// The daemon runs without HBM: 1 MiB of RAM (32 slots of the 32 KiB test blocks) and
+// 2 MiB of NVMe (64 slots); RAM watermarks of 1 and long idle thresholds so that the
+// planner never moves a block on its own: every move here is one that room asked for.
+#include <string>
+#include <vector>
+
+#include "tests/daemon/handler_fixture.h"
+
+namespace kvtier::daemon {
+namespace {
+
+constexpr uint32_t kRamSlots = 32;
+
+class SaveRoomTest : public HandlerTest {
+ protected:
+  DaemonConfig daemon_config() const override {
+    DaemonConfig config = inprocess_config();
+    config.hbm_bytes = 0;
+    config.ram_bytes = 1ull << 20;
+    config.ram_high_watermark = 1.0;
+    config.ram_low_watermark = 1.0;
+    config.nvme_bytes = 2ull << 20;
+    config.ram_idle_ms = 3'600'000;  // on the manual clock: never
+    config.save_room_wait_ms = 1'000;
+    return config;
+  }
+  PagedCacheShape shape() const override { return integration::small_shape(/*num_blocks=*/96); }
+
+  static const TierStatsInfo& tier_of(const StatsInfo& stats, Tier tier) {
+    return *integration::find_tier(stats, tier);
+  }
+  // The whole session is still the engine's to load, bit-exact.
+  void expect_whole(const std::string& session, const std::vector<BlockHash>& hashes,
+                    uint64_t load_at) {
+    auto info = engine_->client->get_session(session);
+    ASSERT_TRUE(info.is_ok()) << info.status().to_string();
+    EXPECT_EQ(info->blocks, hashes.size()) << session << " was cut";
+    auto loaded = load(*engine_, session, hashes, load_at);
+    ASSERT_TRUE(loaded.is_ok()) << loaded.status().to_string();
+    EXPECT_EQ(loaded->reply.loaded_count, hashes.size()) << session;
+    EXPECT_EQ(loaded->verified, hashes.size()) << session;
+  }
+};
+
+TEST_F(SaveRoomTest, ASaveIntoFullRamDemotesTheColdestToNvmeAndEvictsNothing) {
+  const auto a = PagedCache::chain_hashes("a", 16);
+  const auto b = PagedCache::chain_hashes("b", 16);
+  const auto c = PagedCache::chain_hashes("c", 8);
+  ASSERT_TRUE(save_hashes(*engine_, "a", a, 0).is_ok());
+  daemon_->advance_clock_ms(10);
+  ASSERT_TRUE(save_hashes(*engine_, "b", b, 16).is_ok());
+  auto full = wait_until_settled();
+  ASSERT_TRUE(full.is_ok()) << full.status().to_string();
+  ASSERT_EQ(tier_of(*full, Tier::kRam).blocks, kRamSlots);
+  ASSERT_EQ(tier_of(*full, Tier::kNvme).blocks, 0u);
+  daemon_->advance_clock_ms(10);
+
+  auto saved = save_hashes(*engine_, "c", c, 32);
+  ASSERT_TRUE(saved.is_ok()) << "a Save into full RAM with room on NVMe must get room: "
+                             << saved.status().to_string();
+  EXPECT_EQ(saved->stored, c.size());
+  auto stats = wait_until_settled();
+  ASSERT_TRUE(stats.is_ok()) << stats.status().to_string();
+  EXPECT_EQ(stats->blocks_evicted, 0u);
+  EXPECT_EQ(tier_of(*stats, Tier::kRam).blocks, kRamSlots);
+  EXPECT_EQ(tier_of(*stats, Tier::kNvme).blocks, c.size()) << "RAM made room for c, no more";
+  EXPECT_EQ(integration::total_blocks(*stats), a.size() + b.size() + c.size());
+  EXPECT_TRUE(NoLeakedSlots(*stats, block_bytes()));
+
+  // Every session whole; reading the demoted blocks back up needs RAM room in turn,
+  // made the same way (never by evicting).
+  expect_whole("c", c, 0);
+  expect_whole("a", a, 16);
+  expect_whole("b", b, 48);
+  auto after = wait_until_settled();
+  ASSERT_TRUE(after.is_ok()) << after.status().to_string();
+  EXPECT_EQ(after->blocks_evicted, 0u);
+  EXPECT_EQ(integration::total_blocks(*after), a.size() + b.size() + c.size());
+  EXPECT_TRUE(NoLeakedSlots(*after, block_bytes()));
+}
+
+// A Save larger than RAM: as much as fits in RAM at once comes from demoting the rest of
+// RAM; what does not fit is refused as before (ResourceExhausted), and still nothing held
+// is lost for it.
+TEST_F(SaveRoomTest, ASaveLargerThanRamIsRefusedWithoutLosingWhatIsHeld) {
+  const auto a = PagedCache::chain_hashes("a", 16);
+  ASSERT_TRUE(save_hashes(*engine_, "a", a, 0).is_ok());
+  daemon_->advance_clock_ms(10);
+  const auto big = PagedCache::chain_hashes("big", kRamSlots + 8);
+  auto refused = save_hashes(*engine_, "big", big, 16);
+  ASSERT_FALSE(refused.is_ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kResourceExhausted)
+      << refused.status().to_string();
+  auto stats = wait_until_settled();
+  ASSERT_TRUE(stats.is_ok()) << stats.status().to_string();
+  EXPECT_EQ(stats->blocks_evicted, 0u);
+  EXPECT_TRUE(NoLeakedSlots(*stats, block_bytes()));
+  expect_whole("a", a, 16);
+}
+
+}  // namespace
+}  // namespace kvtier::daemon
