@@ -42,6 +42,7 @@ class Simulation {
                trace.distinct_blocks, config.inclusive_nvme) {
     planner_.set_layout_cost(kLayout, {trace.tokens_per_block, config.prefill_tokens_per_s});
     if (policy == SimPolicy::kClairvoyant) clairvoyant_.emplace(trace, store_);
+    save_lowest_ = store_.space(Tier::kRam).capacity_bytes > 0 ? Tier::kRam : Tier::kNvme;
     result_.policy = policy;
     result_.budget = budget.name;
     result_.blocks_requested = trace.blocks_requested;
@@ -168,6 +169,7 @@ class Simulation {
     advance(now_ms);
     double load_ms = 0;
     uint32_t loaded = 0;
+    std::vector<BlockKey> read_up;  // pinned while the Load runs, as kvtierd pins them
     for (; loaded < request.full_blocks; ++loaded) {
       const BlockKey key = key_of(request.hash_ids[loaded]);
       const Tier tier = store_.read_tier(key, now_ms);
@@ -176,7 +178,13 @@ class Simulation {
       load_ms += static_cast<double>(block_bytes_) /
                  config_.read_bytes_per_s[static_cast<size_t>(tier)] * 1000.0;
       store_.touch(key, now_ms);
+      // (The optimum places blocks itself: it reads them where they are.)
+      if (tier == Tier::kNvme && !clairvoyant_ && read_into_ram(key, now_ms)) {
+        store_.set_pinned(key, true);
+        read_up.push_back(key);
+      }
     }
+    for (const BlockKey& key : read_up) store_.set_pinned(key, false);
     policy::Session* session = sessions_.find(kLayout.namespace_id, session_id(request.session));
     if (session != nullptr) {
       sessions_.record_activity(*session);  // the Load names it
@@ -225,7 +233,7 @@ class Simulation {
       const BlockKey key = key_of(request.hash_ids[k]);
       if (store_.holds(key)) {
         store_.touch(key, now_ms);
-      } else if (store_new_block(key, now_ms)) {
+      } else if (store_new_block(key, now_ms, uint64_t{request.full_blocks - k} * block_bytes_)) {
         store_.set_pinned(key, true);
         written.push_back(key);
       } else {
@@ -258,22 +266,69 @@ class Simulation {
     apply(planner_.plan_demotions(sessions_, store_, policy::Planner::PlanKind::kAfterSave));
   }
 
-  bool store_new_block(const BlockKey& key, uint64_t now_ms) {
+  // As kvtierd's Save (Service::reserve_block): a new block lands in HBM or RAM; when
+  // both are full, RAM's coldest blocks go down to NVMe for the rest of the request
+  // (`room_bytes`), and while blocks are on their way out of RAM the Save waits for
+  // them (kvtierd parks it; here they land at once, their link time charged). Only
+  // when NVMe cannot take blocks and none are leaving are blocks evicted, from RAM,
+  // then HBM. Without RAM (the bounds' single-tier stores) the block goes where there
+  // is room, and room is made from the slowest tier first.
+  bool store_new_block(const BlockKey& key, uint64_t now_ms, uint64_t room_bytes) {
     result_.bytes_saved += block_bytes_;
-    if (store_.insert(key, now_ms) != Tier::kNone) return true;
-    // Every tier is full: the planner picks what to evict, slowest tier first.
+    if (store_.insert(key, now_ms, save_lowest_) != Tier::kNone) return true;
+    if (save_lowest_ == Tier::kRam && store_.space(Tier::kNvme).capacity_bytes > 0) {
+      do {
+        if (room_by_demotion(std::max(room_bytes, block_bytes_), now_ms) &&
+            store_.insert(key, now_ms, save_lowest_) != Tier::kNone) {
+          return true;
+        }
+      } while (store_.land_first_move_from(Tier::kRam) &&
+               store_.insert(key, now_ms, save_lowest_) == Tier::kNone);
+      if (store_.holds(key)) return true;
+    }
     for (Tier tier : {Tier::kNvme, Tier::kRam, Tier::kHbm}) {
-      if (store_.space(tier).capacity_bytes == 0) continue;
+      if (tier > save_lowest_ || store_.space(tier).capacity_bytes == 0) continue;
       auto moves = planner_.make_room(tier, block_bytes_, sessions_, store_);
       if (moves.empty()) continue;
       apply(moves);
-      if (store_.insert(key, now_ms) != Tier::kNone) return true;
+      if (store_.insert(key, now_ms, save_lowest_) != Tier::kNone) return true;
     }
     result_.bytes_saved -= block_bytes_;
     return false;
   }
 
-  void apply(const std::vector<policy::Move>& moves) {
+  // RAM's coldest blocks down to NVMe, the planner's demoting make_room as kvtierd
+  // asks it; false when there is no NVMe below RAM or it cannot take them.
+  bool room_by_demotion(uint64_t bytes, uint64_t now_ms) {
+    if (save_lowest_ != Tier::kRam || store_.space(Tier::kNvme).capacity_bytes == 0) return false;
+    auto moves = planner_.make_room(Tier::kRam, bytes, sessions_, store_, /*demote=*/true);
+    if (moves.empty() && bytes > block_bytes_) {
+      moves = planner_.make_room(Tier::kRam, block_bytes_, sessions_, store_, /*demote=*/true);
+    }
+    if (moves.empty()) return false;
+    apply(moves, now_ms);
+    return true;
+  }
+
+  // A Load of an NVMe block reads it into RAM (kvtierd's executor: the block then lives
+  // in RAM, its NVMe slot kept as a copy), making room there as a Save does.
+  bool read_into_ram(const BlockKey& key, uint64_t now_ms) {
+    if (store_.space(Tier::kRam).capacity_bytes == 0) return false;
+    if (store_.move_now(key, Tier::kRam, now_ms)) return true;
+    if (room_by_demotion(block_bytes_, now_ms) && store_.move_now(key, Tier::kRam, now_ms)) {
+      return true;
+    }
+    // kvtierd's read waits for room (a room waiter): blocks on their way out land.
+    while (store_.land_first_move_from(Tier::kRam)) {
+      if (store_.move_now(key, Tier::kRam, now_ms)) return true;
+    }
+    return false;
+  }
+
+  // `now_ms`: moves something waits for, made at once (SimStore::move_now); else
+  // started, landing when their copies finish.
+  void apply(const std::vector<policy::Move>& moves,
+             std::optional<uint64_t> now_ms = std::nullopt) {
     for (const policy::Move& move : moves) {
       if (move.kind == policy::MoveKind::kEvict) {
         // As kvtierd's executor: room made by a block with an NVMe copy moves it there.
@@ -287,7 +342,9 @@ class Simulation {
         cut_sessions_at(move.block);
         continue;
       }
-      if (!store_.begin_move(move.block, move.to, clock_.now_ms())) continue;
+      const bool moved = now_ms ? store_.move_now(move.block, move.to, *now_ms)
+                                : store_.begin_move(move.block, move.to, clock_.now_ms());
+      if (!moved) continue;
       if (move.kind == policy::MoveKind::kPromote) {
         result_.bytes_promoted += block_bytes_;
         if (move.reason == policy::MoveReason::kPredictedReturn) {
@@ -364,6 +421,7 @@ class Simulation {
   policy::Planner planner_;
   SimStore store_;
   std::optional<Clairvoyant> clairvoyant_;
+  Tier save_lowest_ = Tier::kRam;  // the slowest tier a Save's new block may land in
   std::unordered_map<BlockKey, std::vector<uint32_t>, BlockKeyHasher> holders_;
   std::vector<double> ttfts_;
   std::vector<double> waits_;

@@ -120,10 +120,11 @@ Tier SimStore::read_tier(const BlockKey& key, uint64_t at_ms) const {
   return block->tier;
 }
 
-Tier SimStore::insert(const BlockKey& key, uint64_t now_ms) {
+Tier SimStore::insert(const BlockKey& key, uint64_t now_ms, Tier lowest) {
   const uint64_t id = id_of(key);
   if (id >= blocks_.size() || blocks_[id].tier != Tier::kNone) return Tier::kNone;
   for (Tier tier : {Tier::kHbm, Tier::kRam, Tier::kNvme}) {
+    if (tier > lowest) break;
     if (!make_room(tier)) continue;
     used_[index(tier)] += block_bytes_;
     if (tier == Tier::kNvme) nvme_written_bytes_ += block_bytes_;
@@ -192,25 +193,65 @@ bool SimStore::begin_move(const BlockKey& key, Tier to, uint64_t now_ms) {
   free_at = end;
   block->moving_to = to;
   block->lands_at_ms = static_cast<uint64_t>(std::ceil(end));
+  block->landing = sequence_;
   landings_.push(Landing{block->lands_at_ms, sequence_++, id_of(key)});
   return true;
 }
 
+bool SimStore::move_now(const BlockKey& key, Tier to, uint64_t now_ms) {
+  Block* block = find(key);
+  if (block == nullptr || to == Tier::kNone) return false;
+  if (block->moving_to != Tier::kNone || block->pinned || block->tier == to) return false;
+  if (to == Tier::kNvme && block->nvme_copy) return begin_move(key, to, now_ms);  // at once
+  if (!make_room(to)) return false;
+  used_[index(to)] += block_bytes_;
+  if (to == Tier::kNvme) nvme_written_bytes_ += block_bytes_;
+  const Tier from = block->tier;
+  const size_t link = link_of(from, to);
+  double& free_at = link_free_at_ms_[link][to > from ? 1 : 0];
+  free_at = std::max(static_cast<double>(now_ms), free_at) +
+            static_cast<double>(block_bytes_) / read_bytes_per_s_[link] * 1000.0;
+  land(id_of(key), to);
+  return true;
+}
+
+bool SimStore::land_first_move_from(Tier from) {
+  const Block* first = nullptr;
+  for (uint32_t id : residents_[index(from)]) {
+    const Block& block = blocks_[id];
+    if (block.moving_to != Tier::kNone &&
+        (first == nullptr || block.lands_at_ms < first->lands_at_ms))
+      first = &block;
+  }
+  if (first == nullptr) return false;
+  const uint64_t id = static_cast<uint64_t>(first - blocks_.data());
+  land(id, first->moving_to);  // its landing entry goes stale (Block::landing)
+  return true;
+}
+
+void SimStore::land(uint64_t id, Tier to) {
+  Block& block = blocks_[id];
+  if (block.tier == Tier::kNvme && inclusive_nvme_) {
+    add_copy(id);  // its NVMe room stays, as the copy's
+  } else {
+    used_[index(block.tier)] -= block_bytes_;
+  }
+  unplace(id);
+  place(id, to);
+  block.moving_to = Tier::kNone;
+}
+
 void SimStore::finish_moves(uint64_t now_ms) {
   while (!landings_.empty() && landings_.top().at_ms <= now_ms) {
-    const uint64_t id = landings_.top().id;
+    const Landing landing = landings_.top();
     landings_.pop();
-    Block& block = blocks_[id];
-    if (block.tier == Tier::kNone || block.moving_to == Tier::kNone) continue;
-    const Tier to = block.moving_to;
-    if (block.tier == Tier::kNvme && inclusive_nvme_) {
-      add_copy(id);  // its NVMe room stays, as the copy's
-    } else {
-      used_[index(block.tier)] -= block_bytes_;
+    const Block& block = blocks_[landing.id];
+    // Landed early (land_first_move_from), or moving again since: not this landing's.
+    if (block.tier == Tier::kNone || block.moving_to == Tier::kNone ||
+        block.landing != landing.sequence) {
+      continue;
     }
-    unplace(id);
-    place(id, to);
-    block.moving_to = Tier::kNone;
+    land(landing.id, block.moving_to);
   }
 }
 

@@ -60,9 +60,10 @@ class SimStore final : public policy::PlacementView {
   // The tier a load starting at `at_ms` reads from: the destination of a move that
   // has landed by then, else where the block is; kNone when absent.
   Tier read_tier(const BlockKey& key, uint64_t at_ms) const;
-  // Stores a new block in the fastest configured tier with room; returns that tier,
-  // or kNone when every tier is full.
-  Tier insert(const BlockKey& key, uint64_t now_ms);
+  // Stores a new block in the fastest configured tier with room, down to `lowest`;
+  // returns that tier, or kNone when every such tier is full. (kvtierd's Saves land in
+  // HBM or RAM: lowest = kRam.)
+  Tier insert(const BlockKey& key, uint64_t now_ms, Tier lowest = Tier::kNvme);
   void touch(const BlockKey& key, uint64_t now_ms);
   // A pinned block is neither movable nor evictable: a Save's new blocks while the Save
   // is in progress, as kvtierd's reserved slots are invisible to its planner until the
@@ -74,6 +75,15 @@ class SimStore final : public policy::PlacementView {
   // Starts a promotion/demotion at `now_ms`; false (nothing changes) when the block
   // is absent, busy, already there, or the destination has no room.
   bool begin_move(const BlockKey& key, Tier to, uint64_t now_ms);
+  // A move that something waits for (room for a Save, a Load reading a block up): the
+  // block is in `to` at once, and the link is busy for the copy's time as for
+  // begin_move, so later moves queue behind it. False as for begin_move. (In kvtierd
+  // the Save or Load waits for the copy; the simulator does not charge that wait.)
+  bool move_now(const BlockKey& key, Tier to, uint64_t now_ms);
+  // Lands now the move out of `from` that would land first: what a Save or a read
+  // that kvtierd parks until room comes would wait for (its link time stays charged).
+  // False when no block is moving out of `from`.
+  bool land_first_move_from(Tier from);
   // Lands every move whose copy has finished by `now_ms`.
   void finish_moves(uint64_t now_ms);
   // When the link a move from `from` to `to` would use is free again (ms; at most
@@ -109,6 +119,7 @@ class SimStore final : public policy::PlacementView {
     uint32_t session_refs = 0;
     bool nvme_copy = false;                 // holds a copy in NVMe (lives above it)
     bool pinned = false;                    // a Save in progress is writing it
+    uint64_t landing = 0;                   // the sequence of its move's Landing
     std::list<uint32_t>::iterator copy_at;  // in copy_order_, when nvme_copy
   };
   struct Landing {
@@ -127,6 +138,7 @@ class SimStore final : public policy::PlacementView {
   size_t link_of(Tier a, Tier b) const;
   void place(uint64_t id, Tier tier);
   void unplace(uint64_t id);
+  void land(uint64_t id, Tier to);  // a move ends: the block is in `to`
   // Whether `tier` has room for one more block, reclaiming NVMe copies if need be.
   bool make_room(Tier tier);
   void add_copy(uint64_t id);

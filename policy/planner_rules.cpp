@@ -219,6 +219,22 @@ std::vector<Move> room_for(PlanContext& ctx, Tier tier, uint64_t bytes, Room roo
   if (bytes > capacity) return {};  // could never fit, even in an empty tier
 
   const bool demote = room == Room::kDemote && plan.below(tier) != Tier::kNone;
+  if (demote) {
+    // The tier below takes what leaves this one; when it is the slowest and full, its
+    // own order of sacrifice (for leaving the daemon) makes that room first, as the
+    // watermarks would: a block cold enough to leave goes rather than a warmer one
+    // above it.
+    const Tier below = plan.below(tier);
+    const uint64_t needed = bytes - free_bytes;
+    const uint64_t below_capacity = plan.capacity(below);
+    uint64_t below_free = below_capacity > plan.used(below) ? below_capacity - plan.used(below) : 0;
+    if (below_free < needed && plan.below(below) == Tier::kNone) {
+      for (const Candidate& c : sacrifice_order(ctx, plan, below, Sacrifice::kEvict)) {
+        if (below_free >= needed) break;
+        if (plan.evict(c.key, c.placement, MoveReason::kMakeRoom)) below_free += c.placement.bytes;
+      }
+    }
+  }
   for (const Candidate& c :
        sacrifice_order(ctx, plan, tier, demote ? Sacrifice::kDemote : Sacrifice::kEvict)) {
     if (free_bytes >= bytes) break;

@@ -302,6 +302,55 @@ TEST(SimSave, ASaveLargerThanTheTiersKeepsItsPrefixNotItsTail) {
   }
 }
 
+TEST(SimSave, ASaveIntoFullRamLandsThereAndRamsColdestGoDownToNvme) {
+  // RAM holds 8 blocks, NVMe 8. A saves 6; B saves 6 a second later: as in kvtierd, B's
+  // blocks land in RAM and A's go down to NVMe to make room for them (nothing is lost),
+  // and the RAM watermark after the Save (0.9 high, 0.75 low) takes A's last two down
+  // too. B's next turn reads all six from RAM, A's (much later) all six from NVMe.
+  // (Storing B's blocks straight into NVMe, the old rule, gave B two RAM hits and four
+  // NVMe hits.)
+  const Trace trace = write_and_load({{0, {1, 2, 3, 4, 5, 6}},
+                                      {1'000, {11, 12, 13, 14, 15, 16}},
+                                      {2'000, {11, 12, 13, 14, 15, 16, 17}},
+                                      {600'000, {1, 2, 3, 4, 5, 6, 7}}});
+  for (SimPolicy p : {SimPolicy::kLruTiering, SimPolicy::kSessionAware}) {
+    const SimResult result = simulate(trace, config(), blocks(0, 8, 8), p);
+    EXPECT_EQ(result.blocks_evicted, 0u) << sim_policy_label(p);
+    EXPECT_EQ(result.hit_blocks[static_cast<size_t>(Tier::kRam)], 6u) << sim_policy_label(p);
+    EXPECT_EQ(result.hit_blocks[static_cast<size_t>(Tier::kNvme)], 6u) << sim_policy_label(p);
+  }
+}
+
+TEST(SimStoreMoves, AMoveSomethingWaitsForIsThereAtOnceAndHoldsItsLink) {
+  const double kNvmeBytesPerS = 1e9;  // a 4 MiB block takes 4.19 ms
+  SimStore store({0, 2 * kBlockBytes, 4 * kBlockBytes}, {1e12, 1e11, kNvmeBytesPerS}, kBlockBytes,
+                 4);
+  const BlockKey a = SimStore::key_of(0), b = SimStore::key_of(1);
+  ASSERT_EQ(store.insert(a, 0, Tier::kRam), Tier::kRam);
+  ASSERT_EQ(store.insert(b, 0, Tier::kRam), Tier::kRam);
+  EXPECT_EQ(store.insert(SimStore::key_of(2), 0, Tier::kRam), Tier::kNone) << "RAM is full";
+  ASSERT_TRUE(store.move_now(a, Tier::kNvme, 100));
+  EXPECT_EQ(store.placement(a).tier, Tier::kNvme);
+  EXPECT_TRUE(store.placement(a).movable);
+  EXPECT_EQ(store.space(Tier::kRam).used_bytes, kBlockBytes);
+  EXPECT_EQ(store.nvme_written_bytes(), kBlockBytes);
+  const double transfer_ms = static_cast<double>(kBlockBytes) / kNvmeBytesPerS * 1000.0;
+  EXPECT_DOUBLE_EQ(store.link_free_at_ms(Tier::kRam, Tier::kNvme), 100 + transfer_ms);
+  // A move started now queues behind it on the link.
+  ASSERT_TRUE(store.begin_move(b, Tier::kNvme, 100));
+  store.finish_moves(100 + static_cast<uint64_t>(transfer_ms * 1.5));
+  EXPECT_EQ(store.placement(b).tier, Tier::kRam) << "landed before the link was free";
+  store.finish_moves(100 + static_cast<uint64_t>(transfer_ms * 2) + 1);
+  EXPECT_EQ(store.placement(b).tier, Tier::kNvme);
+  // Read back up at once: NVMe keeps its copy.
+  ASSERT_TRUE(store.move_now(a, Tier::kRam, 200));
+  EXPECT_EQ(store.placement(a).tier, Tier::kRam);
+  EXPECT_TRUE(store.has_nvme_copy(a));
+  // Busy or pinned blocks do not move.
+  store.set_pinned(a, true);
+  EXPECT_FALSE(store.move_now(a, Tier::kNvme, 300));
+}
+
 TEST(SimPriorities, BadPrioritiesAreRefused) {
   TraceBuilder builder(kTokensPerBlock);
   const std::vector<uint64_t> hashes = {1, 2};
