@@ -134,6 +134,7 @@ void add_results(BenchReport& report, const std::string& prefix, const SimResult
   report.result(prefix + "bytes_prefetched", static_cast<double>(r.bytes_prefetched));
   report.result(prefix + "blocks_evicted", static_cast<double>(r.blocks_evicted));
   report.result(prefix + "blocks_dropped", static_cast<double>(r.blocks_dropped));
+  report.result(prefix + "saves_refused", static_cast<double>(r.saves_refused));
   report.result(prefix + "nvme_written_bytes_per_turn", r.nvme_written_bytes_per_turn());
   report.result(prefix + "bytes_demoted_onto_copy", static_cast<double>(r.bytes_demoted_onto_copy));
 }

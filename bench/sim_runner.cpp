@@ -75,18 +75,20 @@ class Simulation {
                                                         slots.empty() ? uint64_t{0} : slots.top());
       // The optimum also replans as soon as a move lands (the room it frees is used
       // at once, not at the next tick).
-      const uint64_t landing =
-          clairvoyant_ && clairvoyant_->waiting() ? store_.next_landing_ms() : UINT64_MAX;
+      // So do parked Saves: kvtierd retries them as moves land.
+      const uint64_t landing = (clairvoyant_ && clairvoyant_->waiting()) || !parked_.empty()
+                                   ? store_.next_landing_ms()
+                                   : UINT64_MAX;
       // Equal times: ends of turns, arrivals, starts, then the tick; a landing replans
       // only when it comes strictly first.
       const uint64_t first = std::min({end, arrival, start, next_tick});
       if (landing < first) {
         advance(landing);
-        clairvoyant_->rebalance(landing, config_.plan_interval_ms);
+        if (clairvoyant_) clairvoyant_->rebalance(landing, config_.plan_interval_ms);
       } else if (end == first) {
         const size_t request = turn_ends.top().request;
         turn_ends.pop();
-        end_turn(end, trace_.requests[request]);
+        end_turn(end, request);
       } else if (arrival == first) {
         arrive(arrival, next_arrival);
         waiting.push_back(next_arrival++);
@@ -144,6 +146,7 @@ class Simulation {
     clock_.set_ms(now_ms);
     store_.set_now(now_ms);
     store_.finish_moves(now_ms);
+    resume_parked_saves(now_ms);
   }
 
   // Arrival: the request is queued for the engine, and a follow-up turn sends
@@ -206,9 +209,12 @@ class Simulation {
     return service_ms;
   }
 
-  // End of turn: the engine saves the request's full blocks, then the planner runs.
-  void end_turn(uint64_t now_ms, const TraceRequest& request) {
+  // End of turn: the engine saves the request's full blocks, then the planner runs. A
+  // Save that must wait for room parks behind the Saves already waiting (kvtierd's
+  // order), and is retried whenever moves land, until save-room-wait-ms has passed.
+  void end_turn(uint64_t now_ms, size_t index) {
     advance(now_ms);
+    const TraceRequest& request = trace_.requests[index];
     if (clairvoyant_) {
       for (uint32_t k = 0; k < request.full_blocks; ++k) {
         const uint64_t id = request.hash_ids[k];
@@ -224,6 +230,27 @@ class Simulation {
       clairvoyant_->rebalance(now_ms, config_.plan_interval_ms);
       return;
     }
+    if (parked_.empty() && try_save(index, now_ms)) return;
+    parked_.push_back({index, now_ms + kSaveRoomWaitMs});
+  }
+
+  // kvtierd retries parked Saves when copies and moves settle; here, whenever time
+  // moves on (moves land then). A Save whose wait ran out is refused: nothing of it is
+  // stored or recorded.
+  void resume_parked_saves(uint64_t now_ms) {
+    while (!parked_.empty()) {
+      const ParkedSave parked = parked_.front();
+      if (now_ms < parked.deadline_ms && !try_save(parked.request, now_ms)) return;
+      if (now_ms >= parked.deadline_ms) ++result_.saves_refused;
+      parked_.pop_front();
+    }
+  }
+
+  // The Save of request `index`: false when it parks (what it stored so far is given
+  // back, as kvtierd releases a parked Save's reserved slots), else true, the session
+  // recorded with what was stored.
+  bool try_save(size_t index, uint64_t now_ms) {
+    const TraceRequest& request = trace_.requests[index];
     // The Save's new blocks stay pinned until it is recorded: room made for a later
     // block never evicts an earlier one of the same Save (in kvtierd they are reserved
     // slots the planner does not see until the Save's copy commits them).
@@ -233,18 +260,28 @@ class Simulation {
       const BlockKey key = key_of(request.hash_ids[k]);
       if (store_.holds(key)) {
         store_.touch(key, now_ms);
-      } else if (store_new_block(key, now_ms, uint64_t{request.full_blocks - k} * block_bytes_)) {
-        store_.set_pinned(key, true);
-        written.push_back(key);
-      } else {
-        break;  // a prefix with a hole is useless past the hole
+        saved.push_back(key.hash);
+        continue;
       }
+      const Stored stored =
+          store_new_block(key, now_ms, uint64_t{request.full_blocks - k} * block_bytes_);
+      if (stored == Stored::kPark) {
+        for (const BlockKey& w : written) {
+          store_.set_pinned(w, false);
+          store_.evict(w);
+        }
+        return false;
+      }
+      if (stored == Stored::kNo) break;  // a prefix with a hole is useless past the hole
+      store_.set_pinned(key, true);
+      written.push_back(key);
       saved.push_back(key.hash);
     }
+    result_.bytes_saved += written.size() * block_bytes_;
     for (const BlockKey& key : written) store_.set_pinned(key, false);
     auto created =
         sessions_.get_or_create(kLayout.namespace_id, session_id(request.session), kLayout);
-    if (!created.is_ok()) return;
+    if (!created.is_ok()) return true;
     policy::Session& session = **created;
     for (const BlockHash& hash : sessions_.record_save(session, saved, /*end_of_turn=*/true)) {
       const BlockKey key{kLayout, hash};
@@ -264,65 +301,68 @@ class Simulation {
     }
     // As kvtierd does after a Save (prefetch stays with the periodic plans).
     apply(planner_.plan_demotions(sessions_, store_, policy::Planner::PlanKind::kAfterSave));
+    return true;
   }
 
-  // As kvtierd's Save (Service::reserve_block): a new block lands in HBM or RAM; when
+  // As kvtierd's Save (Service::reserve_block): a new block lands in HBM or RAM. When
   // both are full, RAM's coldest blocks go down to NVMe for the rest of the request
-  // (`room_bytes`), and while blocks are on their way out of RAM the Save waits for
-  // them (kvtierd parks it; here they land at once, their link time charged). Only
-  // when NVMe cannot take blocks and none are leaving are blocks evicted, from RAM,
-  // then HBM. Without RAM (the bounds' single-tier stores) the block goes where there
-  // is room, and room is made from the slowest tier first.
-  bool store_new_block(const BlockKey& key, uint64_t now_ms, uint64_t room_bytes) {
-    result_.bytes_saved += block_bytes_;
-    if (store_.insert(key, now_ms, save_lowest_) != Tier::kNone) return true;
+  // (`room_bytes`) and the Save parks until they land; it parks too while blocks are
+  // moving out of RAM (room on its way) or into it (then movable). Only when nothing
+  // can go down and nothing is moving are blocks evicted, from RAM, then HBM. Without
+  // RAM (the bounds' single-tier stores) the block goes where there is room, and room
+  // is made from the slowest tier first.
+  enum class Stored { kYes, kPark, kNo };
+  Stored store_new_block(const BlockKey& key, uint64_t now_ms, uint64_t room_bytes) {
+    if (store_.insert(key, now_ms, save_lowest_) != Tier::kNone) return Stored::kYes;
     if (save_lowest_ == Tier::kRam && store_.space(Tier::kNvme).capacity_bytes > 0) {
-      do {
-        if (room_by_demotion(std::max(room_bytes, block_bytes_), now_ms) &&
-            store_.insert(key, now_ms, save_lowest_) != Tier::kNone) {
-          return true;
-        }
-      } while (store_.land_first_move_from(Tier::kRam) &&
-               store_.insert(key, now_ms, save_lowest_) == Tier::kNone);
-      if (store_.holds(key)) return true;
+      if (store_.moving_out_of(Tier::kRam) > 0) return Stored::kPark;
+      if (room_by_demotion(std::max(room_bytes, block_bytes_), std::nullopt,
+                           policy::Planner::Room::kDemoteEvictingBelow)) {
+        // Demotions onto NVMe copies free their slots at once; writes take a while.
+        return store_.insert(key, now_ms, save_lowest_) != Tier::kNone ? Stored::kYes
+                                                                       : Stored::kPark;
+      }
+      if (store_.moving_into(Tier::kRam) > 0) return Stored::kPark;
     }
     for (Tier tier : {Tier::kNvme, Tier::kRam, Tier::kHbm}) {
       if (tier > save_lowest_ || store_.space(tier).capacity_bytes == 0) continue;
       auto moves = planner_.make_room(tier, block_bytes_, sessions_, store_);
       if (moves.empty()) continue;
       apply(moves);
-      if (store_.insert(key, now_ms, save_lowest_) != Tier::kNone) return true;
+      if (store_.insert(key, now_ms, save_lowest_) != Tier::kNone) return Stored::kYes;
     }
-    result_.bytes_saved -= block_bytes_;
-    return false;
+    return Stored::kNo;
   }
 
   // RAM's coldest blocks down to NVMe, the planner's demoting make_room as kvtierd
-  // asks it; false when there is no NVMe below RAM or it cannot take them.
-  bool room_by_demotion(uint64_t bytes, uint64_t now_ms) {
+  // asks it (the moves land as `apply` says); false when there is no NVMe below RAM
+  // or it cannot take them.
+  bool room_by_demotion(uint64_t bytes, std::optional<uint64_t> at_once_ms,
+                        policy::Planner::Room rule) {
     if (save_lowest_ != Tier::kRam || store_.space(Tier::kNvme).capacity_bytes == 0) return false;
-    auto moves = planner_.make_room(Tier::kRam, bytes, sessions_, store_, /*demote=*/true);
+    auto moves = planner_.make_room(Tier::kRam, bytes, sessions_, store_, rule);
     if (moves.empty() && bytes > block_bytes_) {
-      moves = planner_.make_room(Tier::kRam, block_bytes_, sessions_, store_, /*demote=*/true);
+      moves = planner_.make_room(Tier::kRam, block_bytes_, sessions_, store_, rule);
     }
     if (moves.empty()) return false;
-    apply(moves, now_ms);
+    apply(moves, at_once_ms);
     return true;
   }
 
   // A Load of an NVMe block reads it into RAM (kvtierd's executor: the block then lives
-  // in RAM, its NVMe slot kept as a copy), making room there as a Save does.
+  // in RAM, its NVMe slot kept as a copy), making room there as a Save does. The Load
+  // does not wait here: the demotions land at once (their link time charged), and
+  // where RAM has no room even so the block is read where it is. (kvtierd's read waits
+  // for that room: this is kinder by the demotion's write time, and only then.)
   bool read_into_ram(const BlockKey& key, uint64_t now_ms) {
     if (store_.space(Tier::kRam).capacity_bytes == 0) return false;
+    // Already on its way up (a BeginTurn promotion): kvtierd's read waits for that
+    // copy rather than make room for another.
+    if (!store_.placement(key).movable) return false;
     if (store_.move_now(key, Tier::kRam, now_ms)) return true;
-    if (room_by_demotion(block_bytes_, now_ms) && store_.move_now(key, Tier::kRam, now_ms)) {
-      return true;
-    }
-    // kvtierd's read waits for room (a room waiter): blocks on their way out land.
-    while (store_.land_first_move_from(Tier::kRam)) {
-      if (store_.move_now(key, Tier::kRam, now_ms)) return true;
-    }
-    return false;
+    // A full NVMe evicts nothing for a read (as in kvtierd: it could be a block read).
+    return room_by_demotion(block_bytes_, now_ms, policy::Planner::Room::kDemote) &&
+           store_.move_now(key, Tier::kRam, now_ms);
   }
 
   // `now_ms`: moves something waits for, made at once (SimStore::move_now); else
@@ -422,6 +462,12 @@ class Simulation {
   SimStore store_;
   std::optional<Clairvoyant> clairvoyant_;
   Tier save_lowest_ = Tier::kRam;  // the slowest tier a Save's new block may land in
+  struct ParkedSave {
+    size_t request;
+    uint64_t deadline_ms;
+  };
+  std::deque<ParkedSave> parked_;                     // Saves waiting for room, in arrival order
+  static constexpr uint64_t kSaveRoomWaitMs = 5'000;  // kvtierd's save-room-wait-ms default
   std::unordered_map<BlockKey, std::vector<uint32_t>, BlockKeyHasher> holders_;
   std::vector<double> ttfts_;
   std::vector<double> waits_;

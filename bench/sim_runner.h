@@ -82,6 +82,7 @@ struct SimResult {
   uint64_t nvme_written_bytes = 0;                 // demotions and new blocks written to NVMe
   uint64_t bytes_prefetched = 0;  // promotions for predicted returns (part of promoted)
   uint64_t blocks_evicted = 0, blocks_dropped = 0;
+  uint64_t saves_refused = 0;  // Saves that waited for room longer than save-room-wait-ms
   double wall_seconds = 0;
 
   double hit_rate() const;

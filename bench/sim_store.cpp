@@ -194,6 +194,8 @@ bool SimStore::begin_move(const BlockKey& key, Tier to, uint64_t now_ms) {
   block->moving_to = to;
   block->lands_at_ms = static_cast<uint64_t>(std::ceil(end));
   block->landing = sequence_;
+  ++moving_out_[index(block->tier)];
+  ++moving_in_[index(to)];
   landings_.push(Landing{block->lands_at_ms, sequence_++, id_of(key)});
   return true;
 }
@@ -215,22 +217,12 @@ bool SimStore::move_now(const BlockKey& key, Tier to, uint64_t now_ms) {
   return true;
 }
 
-bool SimStore::land_first_move_from(Tier from) {
-  const Block* first = nullptr;
-  for (uint32_t id : residents_[index(from)]) {
-    const Block& block = blocks_[id];
-    if (block.moving_to != Tier::kNone &&
-        (first == nullptr || block.lands_at_ms < first->lands_at_ms))
-      first = &block;
-  }
-  if (first == nullptr) return false;
-  const uint64_t id = static_cast<uint64_t>(first - blocks_.data());
-  land(id, first->moving_to);  // its landing entry goes stale (Block::landing)
-  return true;
-}
-
 void SimStore::land(uint64_t id, Tier to) {
   Block& block = blocks_[id];
+  if (block.moving_to != Tier::kNone) {
+    --moving_out_[index(block.tier)];
+    --moving_in_[index(block.moving_to)];
+  }
   if (block.tier == Tier::kNvme && inclusive_nvme_) {
     add_copy(id);  // its NVMe room stays, as the copy's
   } else {
@@ -246,7 +238,7 @@ void SimStore::finish_moves(uint64_t now_ms) {
     const Landing landing = landings_.top();
     landings_.pop();
     const Block& block = blocks_[landing.id];
-    // Landed early (land_first_move_from), or moving again since: not this landing's.
+    // Moving again since: not this landing's.
     if (block.tier == Tier::kNone || block.moving_to == Tier::kNone ||
         block.landing != landing.sequence) {
       continue;

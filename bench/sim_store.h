@@ -80,10 +80,9 @@ class SimStore final : public policy::PlacementView {
   // begin_move, so later moves queue behind it. False as for begin_move. (In kvtierd
   // the Save or Load waits for the copy; the simulator does not charge that wait.)
   bool move_now(const BlockKey& key, Tier to, uint64_t now_ms);
-  // Lands now the move out of `from` that would land first: what a Save or a read
-  // that kvtierd parks until room comes would wait for (its link time stays charged).
-  // False when no block is moving out of `from`.
-  bool land_first_move_from(Tier from);
+  // Blocks moving out of / into `tier` now (started, not landed).
+  uint64_t moving_out_of(Tier tier) const { return moving_out_[index(tier)]; }
+  uint64_t moving_into(Tier tier) const { return moving_in_[index(tier)]; }
   // Lands every move whose copy has finished by `now_ms`.
   void finish_moves(uint64_t now_ms);
   // When the link a move from `from` to `to` would use is free again (ms; at most
@@ -155,6 +154,8 @@ class SimStore final : public policy::PlacementView {
   std::vector<Block> blocks_;                                // indexed by trace hash id
   std::array<std::vector<uint32_t>, kTierCount> residents_;  // ids held in each tier
   std::priority_queue<Landing, std::vector<Landing>, std::greater<>> landings_;
+  std::array<uint64_t, kTierCount> moving_out_{};
+  std::array<uint64_t, kTierCount> moving_in_{};
   bool inclusive_nvme_;
   std::list<uint32_t> copy_order_;  // ids with an NVMe copy, oldest made first
   uint64_t nvme_written_bytes_ = 0;

@@ -149,15 +149,20 @@ Result<std::optional<PendingWrite>> Service::reserve_block(const BlockKey& key,
   // daemon for room NVMe has. The Save waits for those writes (it parks: ResourceExhausted
   // here), as it does while room already on its way (blocks moving out) comes.
   DemotionRoom room =
-      plan_room_by_demotion(Tier::kRam, std::max(room_bytes, block_bytes), block_bytes);
-  if (room.coming || !room.moves.empty()) {
-    if (!room.moves.empty()) {
-      mover_->apply(room.moves);
-      // Demotions onto NVMe copies (and drops) free their slots at once.
-      reserved = store_->reserve(key, kSaveTiers, now_ms(), gpu_part);
-      if (reserved.is_ok() || reserved.status().code() != StatusCode::kResourceExhausted)
-        return reserved;
-    }
+      plan_room_by_demotion(Tier::kRam, std::max(room_bytes, block_bytes), block_bytes,
+                            policy::Planner::Room::kDemoteEvictingBelow);
+  if (!room.moves.empty()) {
+    mover_->apply(room.moves);
+    // Demotions onto NVMe copies (and drops) free their slots at once.
+    reserved = store_->reserve(key, kSaveTiers, now_ms(), gpu_part);
+    if (reserved.is_ok() || reserved.status().code() != StatusCode::kResourceExhausted)
+      return reserved;
+    // Writes started, or NVMe slots on their way back for them: the room comes. (A
+    // move refused at once, its tier failing, leaves neither: then evict, below.)
+    room.coming = store_->moving_out_bytes(Tier::kRam) > 0 ||
+                  store_->unconfirmed_release_bytes(Tier::kNvme) > 0;
+  }
+  if (room.coming) {
     return resource_exhausted(
         "no room for a {}-byte block yet: RAM blocks are on their way down to NVMe to make it; "
         "retry",
@@ -183,9 +188,12 @@ Result<std::optional<PendingWrite>> Service::reserve_block(const BlockKey& key,
 }
 
 Service::DemotionRoom Service::plan_room_by_demotion(Tier tier, uint64_t wanted_bytes,
-                                                     uint64_t least_bytes) {
+                                                     uint64_t least_bytes,
+                                                     policy::Planner::Room rule) {
   DemotionRoom room;
   if (tier != Tier::kRam || !store_->configured(Tier::kNvme)) return room;
+  // Writes paused after a failure would refuse the demotions: the caller evicts.
+  if (mover_->writes_paused()) return room;
   // Blocks already moving out of RAM free their slots when they land: wait for that
   // room instead of making more (every retry would otherwise demote again).
   const uint64_t coming = store_->moving_out_bytes(Tier::kRam);
@@ -194,10 +202,13 @@ Service::DemotionRoom Service::plan_room_by_demotion(Tier tier, uint64_t wanted_
     return room;
   }
   room.moves = planner_.make_room(tier, wanted_bytes - std::min(wanted_bytes, coming), sessions_,
-                                  *view_, /*demote=*/true);
+                                  *view_, rule);
   if (room.moves.empty() && wanted_bytes > least_bytes) {
-    room.moves = planner_.make_room(tier, least_bytes - coming, sessions_, *view_, /*demote=*/true);
+    room.moves = planner_.make_room(tier, least_bytes - coming, sessions_, *view_, rule);
   }
+  // Nothing can go down now, but blocks are arriving in RAM (reads, promotions): they
+  // can once they land. Wait for them rather than evict.
+  if (room.moves.empty() && store_->moving_in_bytes(Tier::kRam) > 0) room.coming = true;
   return room;
 }
 
@@ -481,8 +492,9 @@ void Service::make_mover() {
   hooks.make_room = [this](Tier tier, uint64_t bytes) {
     sessions_.expire_priorities(sessions_.now_ms());
     // A read out of NVMe into RAM: RAM's coldest blocks go down, as for a Save; the read
-    // waits for the room (the executor retries its room waiters as moves settle).
-    DemotionRoom room = plan_room_by_demotion(tier, bytes, bytes);
+    // waits for the room (the executor retries its room waiters as moves settle). A
+    // full NVMe evicts nothing for it: that could be a block being read.
+    DemotionRoom room = plan_room_by_demotion(tier, bytes, bytes, policy::Planner::Room::kDemote);
     if (room.coming) return std::vector<policy::Move>{};
     if (!room.moves.empty()) return std::move(room.moves);
     return planner_.make_room(tier, bytes, sessions_, *view_);

@@ -226,14 +226,17 @@ class Service final : public ipc::RequestHandler {
   Result<std::optional<PendingWrite>> reserve_block(const BlockKey& key, uint64_t block_bytes,
                                                     int gpu_part, uint64_t room_bytes);
   // Room in RAM for `wanted_bytes` (at least `least_bytes`) by moving its coldest blocks
-  // down to NVMe instead of evicting them: `moves` to apply, or `coming` when blocks
-  // already on their way out make enough. Neither when there is no NVMe tier, `tier` is
-  // not RAM, or NVMe cannot take them (the caller then evicts).
+  // down to NVMe instead of evicting them (`rule`: whether a full NVMe evicts its own
+  // coldest to take them): `moves` to apply, or `coming` when blocks already on their
+  // way out make enough, or none can go now but blocks are arriving in RAM. Neither when
+  // there is no NVMe tier, `tier` is not RAM, NVMe writes are paused after a failure, or
+  // NVMe cannot take them (the caller then evicts).
   struct DemotionRoom {
     bool coming = false;
     std::vector<policy::Move> moves;
   };
-  DemotionRoom plan_room_by_demotion(Tier tier, uint64_t wanted_bytes, uint64_t least_bytes);
+  DemotionRoom plan_room_by_demotion(Tier tier, uint64_t wanted_bytes, uint64_t least_bytes,
+                                     policy::Planner::Room rule);
   void add_plane_segments(CopyBatch& batch, const EngineContext& engine, uint64_t engine_block_id,
                           const BlockLocation& slot, bool to_engine);
   // Submits `batch`; `done` runs later on the control thread.

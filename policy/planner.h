@@ -173,12 +173,15 @@ class Planner {
   void revisit(const SessionTable& sessions, const BlockKey& key) const;
 
   // Blocks to evict from `tier` so that `bytes` more fit; empty when nothing may go
-  // (all pinned) — the caller then reports ResourceExhausted. With `demote`, the blocks
-  // go down to the tier below instead (where it has room, in the order of sacrifice for
+  // (all pinned) — the caller then reports ResourceExhausted. kDemote: the blocks go
+  // down to the tier below instead (where it has room, in the order of sacrifice for
   // leaving the tier), so that nothing leaves the daemon for room a lower tier has:
   // the room comes when those copies land; empty when the tier below cannot take them.
+  // kDemoteEvictingBelow: and when that tier is the slowest and full, its coldest
+  // blocks are evicted to take them (not for a read: it could evict what is read).
+  enum class Room : uint8_t { kEvict, kDemote, kDemoteEvictingBelow };
   std::vector<Move> make_room(Tier tier, uint64_t bytes, const SessionTable& sessions,
-                              const PlacementView& view, bool demote = false) const;
+                              const PlacementView& view, Room room = Room::kEvict) const;
 
   // BeginTurn: the session's blocks below HBM move up in prefix order; in the session
   // modes idle sessions' blocks are demoted to make room when HBM is over its high

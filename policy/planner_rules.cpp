@@ -218,8 +218,8 @@ std::vector<Move> room_for(PlanContext& ctx, Tier tier, uint64_t bytes, Room roo
   if (free_bytes >= bytes) return {};
   if (bytes > capacity) return {};  // could never fit, even in an empty tier
 
-  const bool demote = room == Room::kDemote && plan.below(tier) != Tier::kNone;
-  if (demote) {
+  const bool demote = room != Room::kEvict && plan.below(tier) != Tier::kNone;
+  if (demote && room == Room::kDemoteEvictingBelow) {
     // The tier below takes what leaves this one; when it is the slowest and full, its
     // own order of sacrifice (for leaving the daemon) makes that room first, as the
     // watermarks would: a block cold enough to leave goes rather than a warmer one

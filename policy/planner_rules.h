@@ -67,7 +67,9 @@ void prefetch_predicted_returns(PlanContext& ctx, PlanState& plan);
 // go down to the tier below where it has room (in the order of sacrifice for leaving
 // the tier; a block the cost model would drop is dropped); `bytes` then counts the
 // room the demotions will make once they land.
-enum class Room : uint8_t { kEvict, kDemote };
+// kDemoteEvictingBelow: as kDemote, and when the tier below is the slowest and full,
+// its own coldest blocks are evicted first to take the demotions.
+enum class Room : uint8_t { kEvict, kDemote, kDemoteEvictingBelow };
 std::vector<Move> room_for(PlanContext& ctx, Tier tier, uint64_t bytes, Room room = Room::kEvict);
 
 // BeginTurn: `session`'s blocks come up to the top tier, displacing other idle

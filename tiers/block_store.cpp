@@ -47,6 +47,7 @@ BlockStore::BlockStore(std::vector<TierMemory> tiers)
                                tier.confirm_release,
                                0,
                                0,
+                               0,
                                {},
                                tier.keep_copies && tier.confirm_release,
                                {},
@@ -230,6 +231,7 @@ Result<std::pair<BlockLocation, BlockLocation>> BlockStore::begin_move(const Blo
 
   const BlockLocation target{to, *offset};
   tier_state(entry->tier)->moving_out_bytes += bytes;
+  destination->moving_in_bytes += bytes;
   entry->state = BlockState::kMoving;
   change_pins(*entry, +1);  // the mover's pin keeps the source slot alive
   move_targets_[key] = target;
@@ -247,6 +249,7 @@ void BlockStore::finish_move(const BlockKey& key, bool ok) {
   move_targets_.erase(target_it);
   const uint64_t bytes = block_bytes(key.layout);
   tier_state(entry->tier)->moving_out_bytes -= bytes;
+  tier_state(target.tier)->moving_in_bytes -= bytes;
   change_pins(*entry, -1);
   entry->state = BlockState::kReady;
   if (!ok) {
@@ -380,6 +383,11 @@ void BlockStore::confirm_release(const BlockLocation& location, uint64_t bytes) 
   TierState* tier = tier_state(location.tier);
   tier->unconfirmed_bytes -= bytes;
   tier->slabs.free(location.offset, bytes);
+}
+
+uint64_t BlockStore::moving_in_bytes(Tier tier) const {
+  const TierState* state = tier_state(tier);
+  return state == nullptr ? 0 : state->moving_in_bytes;
 }
 
 uint64_t BlockStore::moving_out_bytes(Tier tier) const {

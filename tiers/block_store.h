@@ -316,6 +316,8 @@ class BlockStore {
   // Bytes of the blocks moving out of `tier` (begin_move until finish_move): room that
   // comes back when their copies land (unless a reader still pins the old slot).
   uint64_t moving_out_bytes(Tier tier) const;
+  // Bytes of the blocks moving into `tier`: movable there once they land.
+  uint64_t moving_in_bytes(Tier tier) const;
 
   // ---- session references ----
   void add_session_ref(const BlockKey& key);
@@ -382,6 +384,7 @@ class BlockStore {
     bool confirm_release = false;
     uint64_t unconfirmed_bytes = 0;
     uint64_t moving_out_bytes = 0;
+    uint64_t moving_in_bytes = 0;
     // The blocks (any state) whose location is in this tier, in no order: enumeration
     // by tier costs what the tier holds, not what the store holds. The index moves
     // entries; it reports each move (relocated) and the pointer is updated.

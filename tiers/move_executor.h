@@ -68,7 +68,8 @@ class MoveExecutor {
     // Returns a function that runs its argument on the control thread, keeping the
     // event loop alive until it has (call it when the work starts, not when it ends).
     std::function<std::function<void(std::function<void()>)>()> control_thread;
-    // Blocks to evict from `tier` so that `bytes` fit (the planner's make_room).
+    // Moves out of `tier` so that `bytes` fit (the planner's make_room): evictions, or
+    // demotions whose room comes when they land (RAM with NVMe below).
     std::function<std::vector<policy::Move>(Tier, uint64_t)> make_room;
     // A planned move of the block did not happen (the planner revisits its holders).
     std::function<void(const BlockKey&)> not_moved;
@@ -114,6 +115,9 @@ class MoveExecutor {
 
   // Whether `key` is being read into memory from a tier that is not memory.
   bool reading(const BlockKey& key) const { return reads_.contains(key); }
+  // Whether writes are paused after a failure (never while draining): moves into a
+  // tier that is not memory are refused until then.
+  bool writes_paused() const { return !draining_ && hooks_.now_ms() < write_paused_until_ms_; }
   // Starts reading `keys`, held in a tier the Device cannot copy from, into RAM (or
   // host HBM); returns those whose read started or was already running.
   std::vector<BlockKey> read_into_memory(const std::vector<BlockKey>& keys);

@@ -23,6 +23,7 @@ sys.path.insert(0, str(REPO / "examples" / "torch_engine"))
 
 from engine import Conversation, Engine  # noqa: E402
 from model import LlamaModel, config_named  # noqa: E402
+from test_torch_engine import wait_until_on_nvme  # noqa: E402
 
 
 def _gpu_required() -> bool:
@@ -52,18 +53,6 @@ CUDA_NVME_FLAGS = ["--device", "cuda", "--hbm-bytes", "64MiB", "--ram-bytes", "6
 @pytest.fixture(scope="module")
 def model():
     return LlamaModel(config_named("small"), "cuda")
-
-
-def wait_until_on_nvme(engine: Engine, timeout_s: float = 20.0) -> None:
-    import time
-    deadline = time.monotonic() + timeout_s
-    while True:
-        stats = engine.client.stats()
-        above = stats.tiers["hbm"].blocks + stats.tiers["ram"].blocks
-        if above == 0 and stats.tiers["nvme"].blocks > 0 and stats.copies_in_flight == 0:
-            return
-        assert time.monotonic() < deadline, f"still {above} blocks above NVMe: {stats}"
-        time.sleep(0.02)
 
 
 def test_gpu_conversation_restored_through_every_tier_answers_bit_for_bit(model):
