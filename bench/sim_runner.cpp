@@ -160,7 +160,7 @@ class Simulation {
       sessions_.record_activity(*session);
       session->turn_begun = true;
       session->turn_begun_ms = now_ms;
-      apply(planner_.plan_turn_start(*session, sessions_, store_));
+      if (!getenv("NO_BT")) apply(planner_.plan_turn_start(*session, sessions_, store_));
     }
   }
 
@@ -182,7 +182,7 @@ class Simulation {
                  config_.read_bytes_per_s[static_cast<size_t>(tier)] * 1000.0;
       store_.touch(key, now_ms);
       // (The optimum places blocks itself: it reads them where they are.)
-      if (tier == Tier::kNvme && !clairvoyant_ && read_into_ram(key, now_ms)) {
+      if (tier == Tier::kNvme && !clairvoyant_ && !getenv("NO_READUP") && read_into_ram(key, now_ms)) {
         store_.set_pinned(key, true);
         read_up.push_back(key);
       }

@@ -188,7 +188,9 @@ class Planner {
   // watermark, but only for blocks whose copies can land within the turn lead (what
   // arrives later is read from where it is anyway, and displacing others for it only
   // churns the tiers); blocks that still do not fit come up from NVMe to RAM when RAM
-  // has room. Empty in kLru (request-scoped: nothing happens between requests).
+  // has room. A block on NVMe whose copy cannot land within the turn lead stays there:
+  // the Load reads it up into RAM itself. Empty in kLru (request-scoped: nothing
+  // happens between requests).
   std::vector<Move> plan_turn_start(const Session& session, const SessionTable& sessions,
                                     const PlacementView& view) const;
   // The time from a session's BeginTurn to its Load, as engines show it: the average of

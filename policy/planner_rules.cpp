@@ -268,6 +268,15 @@ std::vector<Move> turn_start(PlanContext& ctx, const Session& session,
     BlockKey key{session.layout, hash};
     const Placement placement = ctx.view.placement(key);
     if (placement.tier == Tier::kNone || placement.tier == top || !placement.movable) continue;
+    // A block on NVMe whose copy cannot land before the Load (the turn lead engines
+    // show) stays there: the Load reads it up into RAM itself, and a copy still on its
+    // way when the Load comes only takes the link from blocks that can land.
+    if (placement.tier == Tier::kNvme && lead_ms &&
+        queued_ms[static_cast<size_t>(Tier::kNvme)] +
+                ctx.cost.reload_ms(Tier::kNvme, placement.bytes) >
+            *lead_ms) {
+      continue;
+    }
     if (!top_full) {
       double& queued = queued_ms[static_cast<size_t>(placement.tier)];
       const double lands_ms = queued + ctx.cost.reload_ms(placement.tier, placement.bytes);
@@ -292,8 +301,10 @@ std::vector<Move> turn_start(PlanContext& ctx, const Session& session,
       // before it does not lengthen the prefix the engine can load from the top tier.
       top_full = true;
     }
-    if (top == Tier::kHbm && placement.tier == Tier::kNvme) {
-      (void)plan.move(key, placement, Tier::kRam, MoveReason::kTurnStart, ram_limit);
+    if (top == Tier::kHbm && placement.tier == Tier::kNvme &&
+        plan.move(key, placement, Tier::kRam, MoveReason::kTurnStart, ram_limit)) {
+      queued_ms[static_cast<size_t>(Tier::kNvme)] +=
+          ctx.cost.reload_ms(Tier::kNvme, placement.bytes);
     }
   }
   return plan.take_moves();
