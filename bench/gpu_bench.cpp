@@ -158,7 +158,6 @@ Result<BenchReport> run_gpu_bench(const GpuBenchOptions& options) {
   if (!loaded.is_ok()) return loaded.status();
   const DriverApi& driver = **loaded;
   CudaDeviceOptions device_options;
-  if (options.copy_streams > 0) device_options.copy_streams = options.copy_streams;
   if (!options.gpu_uuid.empty()) device_options.gpu_uuids = {options.gpu_uuid};
   auto made = make_cuda_device(device_options);
   if (!made.is_ok()) return made.status();
@@ -182,7 +181,6 @@ Result<BenchReport> run_gpu_bench(const GpuBenchOptions& options) {
                 driver.memcpy_batch_v13000 != nullptr || driver.memcpy_batch_v12080 != nullptr);
   report.config("bytes_per_measurement", static_cast<int64_t>(bytes));
   report.config("rounds", int64_t{options.rounds});
-  report.config("copy_streams", int64_t{device_options.copy_streams});
 
   // Pinned pool set-up first, on its own.
   {
@@ -326,9 +324,6 @@ CLI::App* add_gpu_subcommand(CLI::App& app, GpuBenchOptions& options) {
   gpu->add_option("--session-tokens", options.session_tokens,
                   "tokens of the session part (0: skip)");
   gpu->add_option("--bytes-per-token", options.bytes_per_token, "KV bytes per token");
-  gpu->add_option("--copy-streams", options.copy_streams,
-                  "CUDA streams per copy direction (default: the backend's)")
-      ->check(CLI::Range(1, 16));
   gpu->add_option("--pool-bytes", options.pool_bytes, "pinned pool measured for s/GiB")
       ->check(CLI::Range(uint64_t{2} << 20, uint64_t{1} << 40));
   return gpu;

@@ -36,7 +36,6 @@ struct GpuBenchOptions {
   uint64_t session_tokens = 32768;  // the session part (0: skip)
   uint64_t bytes_per_token = 128 << 10;
   uint64_t pool_bytes = 4ull << 30;  // pinned pool measured for s/GiB
-  int copy_streams = 0;              // streams per direction (0: the backend's default)
 };
 
 Result<BenchReport> run_gpu_bench(const GpuBenchOptions& options);

@@ -160,7 +160,7 @@ class Simulation {
       sessions_.record_activity(*session);
       session->turn_begun = true;
       session->turn_begun_ms = now_ms;
-      if (!getenv("NO_BT")) apply(planner_.plan_turn_start(*session, sessions_, store_));
+      apply(planner_.plan_turn_start(*session, sessions_, store_));
     }
   }
 
@@ -182,7 +182,7 @@ class Simulation {
                  config_.read_bytes_per_s[static_cast<size_t>(tier)] * 1000.0;
       store_.touch(key, now_ms);
       // (The optimum places blocks itself: it reads them where they are.)
-      if (tier == Tier::kNvme && !clairvoyant_ && !getenv("NO_READUP") && read_into_ram(key, now_ms)) {
+      if (tier == Tier::kNvme && !clairvoyant_ && read_into_ram(key, now_ms)) {
         store_.set_pinned(key, true);
         read_up.push_back(key);
       }
@@ -317,7 +317,7 @@ class Simulation {
     if (save_lowest_ == Tier::kRam && store_.space(Tier::kNvme).capacity_bytes > 0) {
       if (store_.moving_out_of(Tier::kRam) > 0) return Stored::kPark;
       if (room_by_demotion(std::max(room_bytes, block_bytes_), std::nullopt,
-                           policy::Planner::Room::kDemoteEvictingBelow)) {
+                           policy::Room::kDemoteEvictingBelow)) {
         // Demotions onto NVMe copies free their slots at once; writes take a while.
         return store_.insert(key, now_ms, save_lowest_) != Tier::kNone ? Stored::kYes
                                                                        : Stored::kPark;
@@ -337,8 +337,7 @@ class Simulation {
   // RAM's coldest blocks down to NVMe, the planner's demoting make_room as kvtierd
   // asks it (the moves land as `apply` says); false when there is no NVMe below RAM
   // or it cannot take them.
-  bool room_by_demotion(uint64_t bytes, std::optional<uint64_t> at_once_ms,
-                        policy::Planner::Room rule) {
+  bool room_by_demotion(uint64_t bytes, std::optional<uint64_t> at_once_ms, policy::Room rule) {
     if (save_lowest_ != Tier::kRam || store_.space(Tier::kNvme).capacity_bytes == 0) return false;
     auto moves = planner_.make_room(Tier::kRam, bytes, sessions_, store_, rule);
     if (moves.empty() && bytes > block_bytes_) {
@@ -361,7 +360,7 @@ class Simulation {
     if (!store_.placement(key).movable) return false;
     if (store_.move_now(key, Tier::kRam, now_ms)) return true;
     // A full NVMe evicts nothing for a read (as in kvtierd: it could be a block read).
-    return room_by_demotion(block_bytes_, now_ms, policy::Planner::Room::kDemote) &&
+    return room_by_demotion(block_bytes_, now_ms, policy::Room::kDemote) &&
            store_.move_now(key, Tier::kRam, now_ms);
   }
 

@@ -193,7 +193,6 @@ bool SimStore::begin_move(const BlockKey& key, Tier to, uint64_t now_ms) {
   free_at = end;
   block->moving_to = to;
   block->lands_at_ms = static_cast<uint64_t>(std::ceil(end));
-  block->landing = sequence_;
   ++moving_out_[index(block->tier)];
   ++moving_in_[index(to)];
   landings_.push(Landing{block->lands_at_ms, sequence_++, id_of(key)});
@@ -235,15 +234,11 @@ void SimStore::land(uint64_t id, Tier to) {
 
 void SimStore::finish_moves(uint64_t now_ms) {
   while (!landings_.empty() && landings_.top().at_ms <= now_ms) {
-    const Landing landing = landings_.top();
+    const uint64_t id = landings_.top().id;
     landings_.pop();
-    const Block& block = blocks_[landing.id];
-    // Moving again since: not this landing's.
-    if (block.tier == Tier::kNone || block.moving_to == Tier::kNone ||
-        block.landing != landing.sequence) {
-      continue;
-    }
-    land(landing.id, block.moving_to);
+    const Block& block = blocks_[id];
+    if (block.tier == Tier::kNone || block.moving_to == Tier::kNone) continue;
+    land(id, block.moving_to);
   }
 }
 

@@ -118,7 +118,6 @@ class SimStore final : public policy::PlacementView {
     uint32_t session_refs = 0;
     bool nvme_copy = false;                 // holds a copy in NVMe (lives above it)
     bool pinned = false;                    // a Save in progress is writing it
-    uint64_t landing = 0;                   // the sequence of its move's Landing
     std::list<uint32_t>::iterator copy_at;  // in copy_order_, when nvme_copy
   };
   struct Landing {

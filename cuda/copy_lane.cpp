@@ -60,42 +60,6 @@ void LaneRun::fold_strided(uint32_t min_rows, uint64_t max_pitch) {
   memories.resize(out);
 }
 
-LaneRun LaneRun::slice(size_t begin, size_t end) const {
-  LaneRun out;
-  auto take = [&](auto& to, const auto& from) {
-    to.assign(from.begin() + begin, from.begin() + end);
-  };
-  take(out.dsts, dsts);
-  take(out.srcs, srcs);
-  take(out.sizes, sizes);
-  take(out.peer_sources, peer_sources);
-  take(out.rows, rows);
-  take(out.dst_pitches, dst_pitches);
-  take(out.src_pitches, src_pitches);
-  take(out.memories, memories);
-  return out;
-}
-
-std::vector<LaneRun> LaneRun::split(size_t parts) const {
-  uint64_t total = 0;
-  for (size_t i = 0; i < count(); ++i) total += bytes(i);
-  std::vector<LaneRun> out;
-  size_t begin = 0;
-  uint64_t done = 0;
-  for (size_t part = 1; part <= parts && begin < count(); ++part) {
-    // This part ends once the bytes so far reach part/parts of the total.
-    const uint64_t goal = part == parts ? total : total / parts * part;
-    size_t end = begin;
-    do {
-      done += bytes(end++);
-    } while (end < count() && done < goal);
-    if (part == parts) end = count();
-    out.push_back(slice(begin, end));
-    begin = end;
-  }
-  return out;
-}
-
 CopyLane::CopyLane(LaneOwner& owner, GpuSetPtr gpus, int gpu, LaneOptions options, std::string name)
     : owner_(owner),
       gpus_(std::move(gpus)),

@@ -80,10 +80,6 @@ struct LaneRun {
   // sources each advance by a constant step of at least that size (rows never overlap)
   // and at most `max_pitch`, into one strided copy. Copies keep their order.
   void fold_strided(uint32_t min_rows, uint64_t max_pitch);
-  // Copies [begin, end) as a run of their own.
-  LaneRun slice(size_t begin, size_t end) const;
-  // At most `parts` runs of consecutive copies with about equal bytes, none empty.
-  std::vector<LaneRun> split(size_t parts) const;
 };
 
 // How a lane issues copies.

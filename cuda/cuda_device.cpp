@@ -53,14 +53,12 @@ class CudaDevice final : public Device, public LaneOwner {
               direction == kHostToDevice ? CU_MEMORYTYPE_HOST : CU_MEMORYTYPE_DEVICE;
           lane_options.dst_type =
               direction == kDeviceToHost ? CU_MEMORYTYPE_HOST : CU_MEMORYTYPE_DEVICE;
-          for (int stream = 0; stream < streams_per_lane(); ++stream) {
-            auto lane = std::make_unique<CopyLane>(
-                *this, gpus_, gpu.index, lane_options,
-                fmt::format("{}/{}{}#{}", gpu.index, kDirectionNames[direction],
-                            background ? "/bg" : "", stream));
-            KVTIER_RETURN_IF_ERROR(lane->start(background ? least : greatest));
-            lanes_.push_back(std::move(lane));
-          }
+          auto lane = std::make_unique<CopyLane>(
+              *this, gpus_, gpu.index, lane_options,
+              fmt::format("{}/{}{}", gpu.index, kDirectionNames[direction],
+                          background ? "/bg" : ""));
+          KVTIER_RETURN_IF_ERROR(lane->start(background ? least : greatest));
+          lanes_.push_back(std::move(lane));
         }
       }
     }
@@ -124,7 +122,7 @@ class CudaDevice final : public Device, public LaneOwner {
         return invalid_argument("batch names memory the CUDA backend did not open");
       memories.push_back(cuda_memory);
     }
-    std::vector<LaneRun> runs(lanes_.size() / streams_per_lane());
+    std::vector<LaneRun> runs(lanes_.size());
     for (size_t i = 0; i < batch.segments.size(); ++i) {
       const CopySegment& s = batch.segments[i];
       if (s.src_memory >= memories.size() || s.dst_memory >= memories.size()) {
@@ -171,20 +169,8 @@ class CudaDevice final : public Device, public LaneOwner {
       }
     }
 
-    // Each lane's run across its streams: [lane][stream] in lanes_.
-    std::vector<std::pair<size_t, LaneRun>> parts_to_enqueue;
-    for (size_t lane = 0; lane < runs.size(); ++lane) {
-      if (runs[lane].empty()) continue;
-      const auto streams = static_cast<size_t>(streams_per_lane());
-      if (streams == 1) {
-        parts_to_enqueue.emplace_back(lane, std::move(runs[lane]));
-        continue;
-      }
-      std::vector<LaneRun> shards = runs[lane].split(streams);
-      for (size_t k = 0; k < shards.size(); ++k)
-        parts_to_enqueue.emplace_back(lane * streams + k, std::move(shards[k]));
-    }
-    const auto parts = static_cast<int>(parts_to_enqueue.size());
+    const auto parts = static_cast<int>(
+        std::count_if(runs.begin(), runs.end(), [](const LaneRun& run) { return !run.empty(); }));
     auto state =
         std::make_shared<BatchState>(std::move(batch), std::move(done), std::max(parts, 1));
     {
@@ -195,7 +181,9 @@ class CudaDevice final : public Device, public LaneOwner {
       lanes_.front()->enqueue(state, LaneRun());
       return Status::ok();
     }
-    for (auto& [lane, run] : parts_to_enqueue) lanes_[lane]->enqueue(state, std::move(run));
+    for (size_t lane = 0; lane < lanes_.size(); ++lane) {
+      if (!runs[lane].empty()) lanes_[lane]->enqueue(state, std::move(runs[lane]));
+    }
     return Status::ok();
   }
 
@@ -255,9 +243,7 @@ class CudaDevice final : public Device, public LaneOwner {
   const GpuSetPtr gpus_;
   const std::string name_;
   const CudaDeviceOptions options_;
-  int streams_per_lane() const { return std::max(options_.copy_streams, 1); }
-
-  std::vector<std::unique_ptr<CopyLane>> lanes_;  // [gpu][priority][direction][stream]
+  std::vector<std::unique_ptr<CopyLane>> lanes_;  // [gpu][priority][direction]
   std::atomic<bool> lost_{false};
 
   std::mutex mu_;  // protects the fields below

@@ -50,9 +50,6 @@ struct CudaDeviceOptions {
   // cuMemcpy2DAsync each instead of one batch entry per plane (copy_lane.h). Off only
   // to measure what it gains (kvtier-bench gpu).
   bool strided_copies = true;
-  // Streams per (GPU, direction, priority): a batch's copies in one direction are
-  // split across them by bytes, so that several copy engines can work on them.
-  int copy_streams = 1;
 };
 
 // Unavailable ("no CUDA driver: …" / "no CUDA device") when there is no driver or no

@@ -148,9 +148,8 @@ Result<std::optional<PendingWrite>> Service::reserve_block(const BlockKey& key,
   // be had. With NVMe below RAM, RAM's coldest blocks go down to it: nothing leaves the
   // daemon for room NVMe has. The Save waits for those writes (it parks: ResourceExhausted
   // here), as it does while room already on its way (blocks moving out) comes.
-  DemotionRoom room =
-      plan_room_by_demotion(Tier::kRam, std::max(room_bytes, block_bytes), block_bytes,
-                            policy::Planner::Room::kDemoteEvictingBelow);
+  DemotionRoom room = plan_room_by_demotion(Tier::kRam, std::max(room_bytes, block_bytes),
+                                            block_bytes, policy::Room::kDemoteEvictingBelow);
   if (!room.moves.empty()) {
     mover_->apply(room.moves);
     // Demotions onto NVMe copies (and drops) free their slots at once.
@@ -188,8 +187,7 @@ Result<std::optional<PendingWrite>> Service::reserve_block(const BlockKey& key,
 }
 
 Service::DemotionRoom Service::plan_room_by_demotion(Tier tier, uint64_t wanted_bytes,
-                                                     uint64_t least_bytes,
-                                                     policy::Planner::Room rule) {
+                                                     uint64_t least_bytes, policy::Room rule) {
   DemotionRoom room;
   if (tier != Tier::kRam || !store_->configured(Tier::kNvme)) return room;
   // Writes paused after a failure would refuse the demotions: the caller evicts.
@@ -494,7 +492,7 @@ void Service::make_mover() {
     // A read out of NVMe into RAM: RAM's coldest blocks go down, as for a Save; the read
     // waits for the room (the executor retries its room waiters as moves settle). A
     // full NVMe evicts nothing for it: that could be a block being read.
-    DemotionRoom room = plan_room_by_demotion(tier, bytes, bytes, policy::Planner::Room::kDemote);
+    DemotionRoom room = plan_room_by_demotion(tier, bytes, bytes, policy::Room::kDemote);
     if (room.coming) return std::vector<policy::Move>{};
     if (!room.moves.empty()) return std::move(room.moves);
     return planner_.make_room(tier, bytes, sessions_, *view_);

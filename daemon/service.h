@@ -236,7 +236,7 @@ class Service final : public ipc::RequestHandler {
     std::vector<policy::Move> moves;
   };
   DemotionRoom plan_room_by_demotion(Tier tier, uint64_t wanted_bytes, uint64_t least_bytes,
-                                     policy::Planner::Room rule);
+                                     policy::Room rule);
   void add_plane_segments(CopyBatch& batch, const EngineContext& engine, uint64_t engine_block_id,
                           const BlockLocation& slot, bool to_engine);
   // Submits `batch`; `done` runs later on the control thread.

@@ -81,10 +81,7 @@ void Planner::revisit(const SessionTable& sessions, const BlockKey& key) const {
 std::vector<Move> Planner::make_room(Tier tier, uint64_t bytes, const SessionTable& sessions,
                                      const PlacementView& view, Room room) const {
   detail::PlanContext ctx(config_, cost_, sessions, view, clock_.now_ms());
-  const detail::Room rule = room == Room::kEvict    ? detail::Room::kEvict
-                            : room == Room::kDemote ? detail::Room::kDemote
-                                                    : detail::Room::kDemoteEvictingBelow;
-  return record(detail::room_for(ctx, tier, bytes, rule));
+  return record(detail::room_for(ctx, tier, bytes, room));
 }
 
 void Planner::observe_turn_lead(uint64_t lead_ms) {

@@ -83,6 +83,15 @@ struct PlannerConfig {
   double prefetch_bandwidth_share = 0.5;  // of each link, per plan interval, for prefetch
 };
 
+// How make_room makes room. kEvict: blocks leave the daemon, in the order of sacrifice
+// for that. kDemote: they go down to the tier below instead (where it has room, in the
+// order of sacrifice for leaving the tier), so that nothing leaves the daemon for room a
+// lower tier has: the room comes when those copies land; nothing when the tier below
+// cannot take them. kDemoteEvictingBelow: and when that tier is the slowest and full,
+// its coldest blocks are evicted to take them (not for a read: that could evict the
+// block being read).
+enum class Room : uint8_t { kEvict, kDemote, kDemoteEvictingBelow };
+
 // Numbering matches the wire enum `MoveKind` in schema/kvtier.capnp.
 enum class MoveKind : uint8_t { kDemote = 0, kPromote = 1, kEvict = 2 };
 
@@ -172,14 +181,8 @@ class Planner {
   // take it then): idle demotion looks at the idle sessions holding it again next plan.
   void revisit(const SessionTable& sessions, const BlockKey& key) const;
 
-  // Blocks to evict from `tier` so that `bytes` more fit; empty when nothing may go
-  // (all pinned) — the caller then reports ResourceExhausted. kDemote: the blocks go
-  // down to the tier below instead (where it has room, in the order of sacrifice for
-  // leaving the tier), so that nothing leaves the daemon for room a lower tier has:
-  // the room comes when those copies land; empty when the tier below cannot take them.
-  // kDemoteEvictingBelow: and when that tier is the slowest and full, its coldest
-  // blocks are evicted to take them (not for a read: it could evict what is read).
-  enum class Room : uint8_t { kEvict, kDemote, kDemoteEvictingBelow };
+  // Blocks to leave `tier` so that `bytes` more fit (Room says how); empty when nothing
+  // may go (all pinned) — the caller then reports ResourceExhausted.
   std::vector<Move> make_room(Tier tier, uint64_t bytes, const SessionTable& sessions,
                               const PlacementView& view, Room room = Room::kEvict) const;
 

@@ -62,14 +62,9 @@ void relieve_pressure(PlanContext& ctx, PlanState& plan);
 inline constexpr size_t kProspectWindow = 1024;
 void prefetch_predicted_returns(PlanContext& ctx, PlanState& plan);
 
-// Moves out of `tier` so that `bytes` more fit; empty when impossible. kEvict: its
-// blocks are evicted in the order of sacrifice for leaving the daemon. kDemote: they
-// go down to the tier below where it has room (in the order of sacrifice for leaving
-// the tier; a block the cost model would drop is dropped); `bytes` then counts the
-// room the demotions will make once they land.
-// kDemoteEvictingBelow: as kDemote, and when the tier below is the slowest and full,
-// its own coldest blocks are evicted first to take the demotions.
-enum class Room : uint8_t { kEvict, kDemote, kDemoteEvictingBelow };
+// Moves out of `tier` so that `bytes` more fit, as `room` says (planner.h); empty when
+// impossible. Demoting, a block the cost model would drop is dropped, and `bytes`
+// counts the room the demotions will make once they land.
 std::vector<Move> room_for(PlanContext& ctx, Tier tier, uint64_t bytes, Room room = Room::kEvict);
 
 // BeginTurn: `session`'s blocks come up to the top tier, displacing other idle

@@ -229,7 +229,7 @@ void MoveExecutor::evict(const std::vector<BlockKey>& keys, bool lost) {
 
 void MoveExecutor::write_into(StorageTier& to, const std::vector<BlockKey>& keys) {
   if (keys.empty()) return;
-  if (!draining_ && hooks_.now_ms() < write_paused_until_ms_) {
+  if (writes_paused()) {
     for (const BlockKey& key : keys) hooks_.not_moved(key);  // after the pause
     return;
   }

@@ -23,7 +23,7 @@ sys.path.insert(0, str(REPO / "examples" / "torch_engine"))
 
 from engine import Conversation, Engine  # noqa: E402
 from model import LlamaModel, config_named  # noqa: E402
-from test_torch_engine import wait_until_on_nvme  # noqa: E402
+from test_torch_engine import MESSAGES, NEW_TOKENS, wait_until_on_nvme  # noqa: E402
 
 
 def _gpu_required() -> bool:
@@ -36,13 +36,6 @@ if not torch.cuda.is_available():
                     "sees none", pytrace=False)
     pytest.skip("torch has no CUDA device", allow_module_level=True)
 
-MESSAGES = [
-    "Hello! Which tiers does kvtier keep KV blocks in?",
-    "And what happens when a session goes idle for ten minutes?",
-    "Why would reloading beat recomputing the prefill?",
-    "Thanks. Summarise that in one sentence.",
-]
-NEW_TOKENS = 20
 SYSTEM = "You are the assistant of a KV-cache offload daemon. Answer briefly and precisely."
 # HBM is the daemon's arena on the GPU; every idle session goes all the way to NVMe.
 CUDA_NVME_FLAGS = ["--device", "cuda", "--hbm-bytes", "64MiB", "--ram-bytes", "64MiB",
