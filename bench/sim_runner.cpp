@@ -283,6 +283,7 @@ class Simulation {
         sessions_.get_or_create(kLayout.namespace_id, session_id(request.session), kLayout);
     if (!created.is_ok()) return true;
     policy::Session& session = **created;
+    sessions_.record_uses(kLayout, saved);
     for (const BlockHash& hash : sessions_.record_save(session, saved, /*end_of_turn=*/true)) {
       const BlockKey key{kLayout, hash};
       store_.add_ref(key);

@@ -80,11 +80,24 @@ bool PlanContext::wanted(const BlockKey& key, const BlockHolders& holders, Tier 
   return (judged & (1u << (4 + t))) != 0;
 }
 
-double PlanContext::value(const BlockHolders& holders, Tier horizon) {
+double PlanContext::value(const BlockKey& key, const BlockHolders* holders, Tier horizon,
+                          bool with_dependents) {
   double sum = 0;
-  holders.for_first(kValueSample, [&](const Session& s) { sum += probability(s, horizon); });
-  const uint32_t count = holders.count();
-  return count > kValueSample ? sum * count / kValueSample : sum;
+  if (holders != nullptr) {
+    holders->for_first(kValueSample, [&](const Session& s) {
+      // Its blocks after this one cannot be loaded without it (depth: its index in
+      // its holders' prefixes, the same in each but for sessions cut short).
+      const size_t after =
+          s.blocks.size() > holders->depth + 1 ? s.blocks.size() - holders->depth - 1 : 0;
+      sum += probability(s, horizon) * (with_dependents ? 1.0 + static_cast<double>(after) : 1.0);
+    });
+    const uint32_t count = holders->count();
+    if (count > kValueSample) sum = sum * count / kValueSample;
+  }
+  if (horizon == Tier::kNvme) {
+    if (auto again = sessions.reuse().probability_used_again(key)) sum = std::max(sum, *again);
+  }
+  return sum;
 }
 
 double PlanContext::next_turn_ms(Tier tier, const BlockKey& key, uint64_t bytes) const {
@@ -152,7 +165,7 @@ std::vector<Candidate> sacrifice_order(PlanContext& ctx, const PlanState& plan, 
     const Tier horizon = to == Tier::kNone ? Tier::kNvme : tier;
     const double worse_by = ctx.next_turn_ms(to, c.key, c.placement.bytes) -
                             ctx.next_turn_ms(tier, c.key, c.placement.bytes);
-    const double value = c.holders == nullptr ? 0.0 : ctx.value(*c.holders, horizon);
+    const double value = ctx.value(c.key, c.holders, horizon, kind == Sacrifice::kEvict);
     const double loss = value * std::max(0.0, worse_by) /
                         static_cast<double>(std::max<uint64_t>(c.placement.bytes, 1));
     ranked.push_back(

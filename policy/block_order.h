@@ -51,8 +51,13 @@ class PlanContext {
   // kPredictive: Σ over the block's holders of P(return within `horizon`'s threshold)
   // (HBM, RAM) or P(return at all) (NVMe), so shared prefixes are worth more. Blocks
   // held by more than kValueSample sessions are valued from a sample of them, scaled.
+  // For leaving the daemon (horizon kNvme) a block is worth at least its own chance of
+  // being used again (block_reuse.h): a new conversation may open with it.
   static constexpr uint32_t kValueSample = 64;
-  double value(const BlockHolders& holders, Tier horizon);
+  // `with_dependents`: for leaving the daemon, each holder's term counts the blocks
+  // after this one in its prefix too — they cannot be loaded without it.
+  double value(const BlockKey& key, const BlockHolders* holders, Tier horizon,
+               bool with_dependents = false);
 
   // Cost at the next turn of a block in `tier`: its reload time, or its recompute
   // time when `tier` is kNone (or reloading would be slower).

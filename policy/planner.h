@@ -18,7 +18,8 @@
 //      most recently active holder.
 //    - BeginTurn (plan_turn_start): the session's blocks come up to HBM at once, in
 //      prefix order, displacing idle sessions' blocks if HBM is full — for as many
-//      blocks as can land within the turn lead engines show (observe_turn_lead).
+//      blocks as can land within the turn lead engines show (observe_turn_lead), and
+//      only when all of the session can be there.
 //  * kPredictive — session-aware plus:
 //    - Return prediction (return_predictor.h): P(return within a horizon) per session,
 //      learned online. A block's value for a tier is Σ over the sessions holding it of
@@ -27,6 +28,11 @@
 //      common documents) are worth more. Durable sessions (retention priority above
 //      the default) count as certain to return.
 //  Every mode gives blocks up lowest retention priority first (session_table.h).
+//    - Block reuse (block_reuse.h): leaving the daemon, a block is worth at least its
+//      own chance of being used again, learned online from how often blocks are used:
+//      a new conversation may open with it, which no session's return predicts.
+//    - Prefixes: leaving the daemon, each holder's term of a block's value counts the
+//      blocks after it in that holder's prefix too (they cannot be loaded without it).
 //    - Cost model (cost_model.h): under pressure the block that loses least leaves
 //      first — value × (reload time from the lower tier − reload time from this one).
 //      A block whose reload from the lower tier would be slower than recomputing it
@@ -191,9 +197,11 @@ class Planner {
   // watermark, but only for blocks whose copies can land within the turn lead (what
   // arrives later is read from where it is anyway, and displacing others for it only
   // churns the tiers); blocks that still do not fit come up from NVMe to RAM when RAM
-  // has room. A block on NVMe whose copy cannot land within the turn lead stays there:
-  // the Load reads it up into RAM itself. Empty in kLru (request-scoped: nothing
-  // happens between requests).
+  // has room. A session larger than the room HBM can give it (under the high
+  // watermark, with the idle blocks it may displace) gets none of it: only its NVMe
+  // blocks come up to RAM. A block on NVMe whose copy cannot land within the turn
+  // lead stays there: the Load reads it up into RAM itself. Empty in kLru
+  // (request-scoped: nothing happens between requests).
   std::vector<Move> plan_turn_start(const Session& session, const SessionTable& sessions,
                                     const PlacementView& view) const;
   // The time from a session's BeginTurn to its Load, as engines show it: the average of

@@ -258,10 +258,36 @@ std::vector<Move> turn_start(PlanContext& ctx, const Session& session,
   const uint64_t top_limit = fraction_of(watermarks_of(ctx.config, top).high, plan.capacity(top));
   const uint64_t ram_limit =
       fraction_of(watermarks_of(ctx.config, Tier::kRam).high, plan.capacity(Tier::kRam));
+  // What the top tier may give up for the session: idle blocks, in the order of
+  // sacrifice (blocks of sessions in a turn, this one included, and durable ones stay).
   std::vector<Candidate> victims;
   bool victims_ready = false;
+  auto find_victims = [&] {
+    victims_ready = true;
+    for (const Candidate& c : sacrifice_order(ctx, plan, top, Sacrifice::kDemote)) {
+      if (c.holders != nullptr && (c.holders->active > 0 || c.holders->durable())) continue;
+      victims.push_back(c);
+    }
+  };
   size_t next_victim = 0;
-  bool top_full = false;
+  // The session comes up to the top tier only when all of it can be there (its room
+  // under the high watermark, with the idle blocks it may displace).
+  uint64_t wanted = 0;
+  for (const BlockHash& hash : session.blocks) {
+    const Placement placement = ctx.view.placement({session.layout, hash});
+    if (placement.tier != Tier::kNone && placement.tier != top && placement.movable) {
+      wanted += placement.bytes;
+    }
+  }
+  uint64_t room = top_limit > plan.used(top) ? top_limit - plan.used(top) : 0;
+  if (wanted > room) {
+    find_victims();
+    for (const Candidate& c : victims) {
+      if (room >= wanted) break;
+      room += c.placement.bytes;
+    }
+  }
+  bool top_full = wanted > room;
   // Per source tier, when the copies planned so far would land (ms from now, FIFO).
   std::array<double, kTierCount> queued_ms{};
   for (const BlockHash& hash : session.blocks) {
@@ -282,12 +308,7 @@ std::vector<Move> turn_start(PlanContext& ctx, const Session& session,
       const double lands_ms = queued + ctx.cost.reload_ms(placement.tier, placement.bytes);
       const bool may_displace = !lead_ms || lands_ms <= *lead_ms;
       if (may_displace && !fits(plan.used(top), placement.bytes, top_limit) && !victims_ready) {
-        victims_ready = true;
-        // Blocks of sessions in a turn (this one included) or durable ones stay.
-        for (const Candidate& c : sacrifice_order(ctx, plan, top, Sacrifice::kDemote)) {
-          if (c.holders != nullptr && (c.holders->active > 0 || c.holders->durable())) continue;
-          victims.push_back(c);
-        }
+        find_victims();
       }
       while (may_displace && !fits(plan.used(top), placement.bytes, top_limit) &&
              next_victim < victims.size()) {

@@ -58,6 +58,10 @@ std::vector<BlockHash> SessionTable::record_save(Session& session,
   return appended;
 }
 
+void SessionTable::record_uses(const LayoutKey& layout, const std::vector<BlockHash>& hashes) {
+  for (const BlockHash& hash : hashes) reuse_.record_use({layout, hash});
+}
+
 std::vector<BlockHash> SessionTable::append_blocks(Session& session,
                                                    const std::vector<BlockHash>& hashes) {
   // A per-call set keeps a save of n hashes into a session of m blocks O(n + m)

@@ -29,6 +29,7 @@
 
 #include "common/block_key.h"
 #include "common/status.h"
+#include "policy/block_reuse.h"
 #include "policy/clock.h"
 #include "policy/gap_model.h"
 
@@ -263,6 +264,11 @@ class SessionTable {
   // longer holds (the caller drops their references).
   std::vector<BlockHash> truncate(Session& session, size_t length);
 
+  // One use of each of `hashes` (a Save naming them: its turn's prompt held them),
+  // counted by the block reuse signal whether or not a session holds the block.
+  void record_uses(const LayoutKey& layout, const std::vector<BlockHash>& hashes);
+  const BlockReuse& reuse() const { return reuse_; }
+
   // Who holds `key`; nullptr when no session does. O(1).
   const BlockHolders* holders(const BlockKey& key) const;
 
@@ -335,6 +341,7 @@ class SessionTable {
 
   const Clock& clock_;
   GapModel gap_model_;
+  BlockReuse reuse_;
   std::unordered_map<SessionKey, Session, SessionKeyHasher> sessions_;
   // Sessions per state, in total and per namespace: Stats reads them instead of
   // walking every session.

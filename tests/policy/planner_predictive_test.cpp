@@ -1,6 +1,7 @@
 // kPredictive: value order under pressure, shared prefixes, drop instead of demote,
 // idle thresholds that spare imminent returns, and predictive prefetch — with a
 // population taught to the GapModel on a ManualClock first.
+#include <array>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -172,6 +173,43 @@ TEST_F(PlannerPredictiveTest, MakeRoomEvictsWhatIsLeastLikelyToBeReadAgain) {
   EXPECT_EQ(describe(planner_.make_room(Tier::kRam, 500, table_, view_)),
             (Strings{"E 4 ram->none", "E 3 ram->none", "E 2 ram->none", "E 1 ram->none",
                      "E 5 ram->none"}));
+}
+
+// Leaving the daemon, a block in the middle of a prefix takes the blocks after it with
+// it (they cannot be loaded without it): of two sessions alike, the one whose head is
+// here keeps it, and the other's tail goes, though its session is the more recent.
+TEST_F(PlannerPredictiveTest, EvictionSparesABlockTheRestOfItsPrefixNeeds) {
+  view_.set_capacity(Tier::kHbm, 200);
+  idle("long", {1, 2, 3, 4, 5, 6}, 0, 0);
+  idle("short", {7}, 0, 0);
+  put(Tier::kHbm, {1, 7});
+  put(Tier::kRam, {2, 3, 4, 5, 6});
+  at(1'000);
+  EXPECT_EQ(describe(planner_.make_room(Tier::kHbm, 100, table_, view_)),
+            (Strings{"E 7 hbm->none"}));
+}
+
+// Blocks no session holds (a prefix cache) are worth what their own history says:
+// with shared blocks used twice going on to a third use nine times in ten, and blocks
+// used once coming back a third of the time, the block used once leaves first, though
+// it was read the more recently.
+TEST_F(PlannerPredictiveTest, ABlockUsedMoreOftenIsKeptOverAMoreRecentOne) {
+  std::vector<BlockHash> once, twice, thrice;
+  for (uint32_t n = 0; n < 600; ++n) {
+    const std::array<uint8_t, 3> bytes{0x44, static_cast<uint8_t>(n >> 8),
+                                       static_cast<uint8_t>(n & 0xff)};
+    once.emplace_back(bytes);
+    if (n % 3 == 0) twice.emplace_back(bytes);
+    if (n % 3 == 0 && n % 30 != 0) thrice.emplace_back(bytes);
+  }
+  for (const auto* uses : {&once, &twice, &thrice}) table_.record_uses(kLayout, *uses);
+  table_.record_uses(kLayout, hashes_of({1, 2, 2}));  // 1 once, 2 twice
+  view_.set_capacity(Tier::kNvme, 200);
+  view_.put(1, Tier::kNvme, {.session_refs = 0, .last_access_ms = start_ + 500});
+  view_.put(2, Tier::kNvme, {.session_refs = 0, .last_access_ms = start_ + 100});
+  at(1'000);
+  EXPECT_EQ(describe(planner_.make_room(Tier::kNvme, 100, table_, view_)),
+            (Strings{"E 1 nvme->none"}));
 }
 
 }  // namespace

@@ -266,6 +266,23 @@ TEST_F(PlannerTiersTest, TurnStartDisplacesOnlyForWhatLandsWithinTheTurnLead) {
   EXPECT_EQ(turn_start(s), (Strings{"P 11 ram->hbm"}));
 }
 
+// Session "s" wants 300 bytes in HBM, which has 100 under its high watermark and
+// nothing idle to give up (an active session fills the rest): none of it comes up to
+// HBM — part of a prefix there gains little and ties the tier up while the request
+// waits — and its NVMe blocks come up to RAM. (With room to displace, as in
+// TurnStartPromotesThePrefixDisplacingIdleSessions, it does come up.)
+TEST_F(PlannerTiersTest, TurnStartLeavesASessionTooLargeForTheTopTierBelowIt) {
+  use(PolicyMode::kSessionAware);
+  save("busy", {1, 2, 3, 4, 5, 6, 7, 8}, false, 100);
+  Session& s = save("s", {11, 12, 13}, true, 200);
+  put(Tier::kHbm, {1, 2, 3, 4, 5, 6, 7, 8});
+  put(Tier::kRam, {11});
+  put(Tier::kNvme, {12, 13});
+  clock_.set_ms(300);
+  table_.record_activity(s);
+  EXPECT_EQ(turn_start(s), (Strings{"P 12 nvme->ram", "P 13 nvme->ram"}));
+}
+
 TEST_F(PlannerTiersTest, TurnStartBringsNvmeBlocksToRamWhenHbmIsFull) {
   use(PolicyMode::kSessionAware);
   save("busy", {1, 2, 3, 4, 5, 6, 7, 8, 9}, false, 100);
