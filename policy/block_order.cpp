@@ -94,7 +94,7 @@ double PlanContext::value(const BlockKey& key, const BlockHolders* holders, Tier
     const uint32_t count = holders->count();
     if (count > kValueSample) sum = sum * count / kValueSample;
   }
-  if (horizon == Tier::kNvme) {
+  if (horizon == Tier::kNvme && holders != nullptr) {
     if (auto again = sessions.reuse().probability_used_again(key)) sum = std::max(sum, *again);
   }
   return sum;

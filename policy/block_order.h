@@ -51,8 +51,9 @@ class PlanContext {
   // kPredictive: Σ over the block's holders of P(return within `horizon`'s threshold)
   // (HBM, RAM) or P(return at all) (NVMe), so shared prefixes are worth more. Blocks
   // held by more than kValueSample sessions are valued from a sample of them, scaled.
-  // For leaving the daemon (horizon kNvme) a block is worth at least its own chance of
-  // being used again (block_reuse.h): a new conversation may open with it.
+  // For leaving the daemon (horizon kNvme) a block some session holds is worth at
+  // least its own chance of being used again (block_reuse.h): a new conversation may
+  // open with it. (One no session holds may be the tail of a prefix that is gone.)
   static constexpr uint32_t kValueSample = 64;
   // `with_dependents`: for leaving the daemon, each holder's term counts the blocks
   // after this one in its prefix too — they cannot be loaded without it.

@@ -28,9 +28,10 @@
 //      common documents) are worth more. Durable sessions (retention priority above
 //      the default) count as certain to return.
 //  Every mode gives blocks up lowest retention priority first (session_table.h).
-//    - Block reuse (block_reuse.h): leaving the daemon, a block is worth at least its
-//      own chance of being used again, learned online from how often blocks are used:
-//      a new conversation may open with it, which no session's return predicts.
+//    - Block reuse (block_reuse.h): leaving the daemon, a block some session holds is
+//      worth at least its own chance of being used again, learned online from how
+//      often blocks are used: a new conversation may open with it, which no session's
+//      return predicts.
 //    - Prefixes: leaving the daemon, each holder's term of a block's value counts the
 //      blocks after it in that holder's prefix too (they cannot be loaded without it).
 //    - Cost model (cost_model.h): under pressure the block that loses least leaves

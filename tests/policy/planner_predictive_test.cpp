@@ -189,10 +189,11 @@ TEST_F(PlannerPredictiveTest, EvictionSparesABlockTheRestOfItsPrefixNeeds) {
             (Strings{"E 7 hbm->none"}));
 }
 
-// Blocks no session holds (a prefix cache) are worth what their own history says:
-// with shared blocks used twice going on to a third use nine times in ten, and blocks
-// used once coming back a third of the time, the block used once leaves first, though
-// it was read the more recently.
+// Leaving the daemon, a block is worth at least what its own history says: with blocks
+// used twice going on to a third use nine times in ten, and blocks used once coming
+// back a third of the time, of two blocks whose sessions are long gone (worth nothing
+// by their returns) the one used once leaves first, though its session and its read
+// are the more recent.
 TEST_F(PlannerPredictiveTest, ABlockUsedMoreOftenIsKeptOverAMoreRecentOne) {
   std::vector<BlockHash> once, twice, thrice;
   for (uint32_t n = 0; n < 600; ++n) {
@@ -203,13 +204,22 @@ TEST_F(PlannerPredictiveTest, ABlockUsedMoreOftenIsKeptOverAMoreRecentOne) {
     if (n % 3 == 0 && n % 30 != 0) thrice.emplace_back(bytes);
   }
   for (const auto* uses : {&once, &twice, &thrice}) table_.record_uses(kLayout, *uses);
-  table_.record_uses(kLayout, hashes_of({1, 2, 2}));  // 1 once, 2 twice
+  idle("used-twice", {2}, 0, 0);  // the less recently active: first on equal worth
+  idle("used-once", {1}, 0, 0);
+  table_.record_uses(kLayout, hashes_of({1, 2, 2}));
   view_.set_capacity(Tier::kNvme, 200);
-  view_.put(1, Tier::kNvme, {.session_refs = 0, .last_access_ms = start_ + 500});
-  view_.put(2, Tier::kNvme, {.session_refs = 0, .last_access_ms = start_ + 100});
-  at(1'000);
+  view_.put(1, Tier::kNvme, {.last_access_ms = start_ + 500});
+  view_.put(2, Tier::kNvme, {.last_access_ms = start_ + 100});
+  at(3 * 86'400'000ull);
   EXPECT_EQ(describe(planner_.make_room(Tier::kNvme, 100, table_, view_)),
             (Strings{"E 1 nvme->none"}));
+  // A block no session holds is worth nothing, whatever its count: its prefix may be
+  // gone (the tail of a session cut short).
+  view_.set_capacity(Tier::kNvme, 300);
+  view_.put(3, Tier::kNvme, {.session_refs = 0, .last_access_ms = start_ + 900});
+  table_.record_uses(kLayout, hashes_of({3, 3}));
+  EXPECT_EQ(describe(planner_.make_room(Tier::kNvme, 100, table_, view_)),
+            (Strings{"E 3 nvme->none"}));
 }
 
 }  // namespace
