@@ -59,7 +59,7 @@ class PlannerTiersTest : public ::testing::Test {
   Strings turn_start(const Session& s) {
     return describe(planner_.plan_turn_start(s, table_, view_));
   }
-  Session& hbm_nearly_full_and_s_below();
+  Session& hbm_nearly_full_and_s_below(bool neighbour_idle = true);
 
   ManualClock clock_{0};
   SessionTable table_{clock_};
@@ -226,10 +226,11 @@ TEST(PlannerRetentionTest, ABlocksOwnPriorityRespectsItsOtherHolders) {
   EXPECT_EQ(table.holders(fake::key_of(3))->priority(), kDefaultPriority);
 }
 
-// An idle session and a busy one fill HBM to 800 of the 900 allowed; session "s" has
-// block 11 in RAM and 12, 13 in NVMe, and begins its turn at 300 ms.
-Session& PlannerTiersTest::hbm_nearly_full_and_s_below() {
-  save("idle-old", {1, 2, 3, 4}, true, 100);
+// An idle session (busy too, unless `neighbour_idle`) and a busy one fill HBM to 800 of
+// the 900 allowed; session "s" has block 11 in RAM and 12, 13 in NVMe, and begins its
+// turn at 300 ms.
+Session& PlannerTiersTest::hbm_nearly_full_and_s_below(bool neighbour_idle) {
+  save("idle-old", {1, 2, 3, 4}, neighbour_idle, 100);
   save("busy", {5, 6, 7, 8}, false, 150);
   Session& s = save("s", {11, 12, 13}, true, 200);
   put(Tier::kHbm, {1, 2, 3, 4, 5, 6, 7, 8});
@@ -269,17 +270,11 @@ TEST_F(PlannerTiersTest, TurnStartDisplacesOnlyForWhatLandsWithinTheTurnLead) {
 // Session "s" wants 300 bytes in HBM, which has 100 under its high watermark and
 // nothing idle to give up (an active session fills the rest): none of it comes up to
 // HBM — part of a prefix there gains little and ties the tier up while the request
-// waits — and its NVMe blocks come up to RAM. (With room to displace, as in
-// TurnStartPromotesThePrefixDisplacingIdleSessions, it does come up.)
+// waits — and its NVMe blocks come up to RAM. (The old rule brought 11 up.) (With room to displace,
+// as in TurnStartPromotesThePrefixDisplacingIdleSessions, it does come up.)
 TEST_F(PlannerTiersTest, TurnStartLeavesASessionTooLargeForTheTopTierBelowIt) {
   use(PolicyMode::kSessionAware);
-  save("busy", {1, 2, 3, 4, 5, 6, 7, 8}, false, 100);
-  Session& s = save("s", {11, 12, 13}, true, 200);
-  put(Tier::kHbm, {1, 2, 3, 4, 5, 6, 7, 8});
-  put(Tier::kRam, {11});
-  put(Tier::kNvme, {12, 13});
-  clock_.set_ms(300);
-  table_.record_activity(s);
+  Session& s = hbm_nearly_full_and_s_below(/*neighbour_idle=*/false);
   EXPECT_EQ(turn_start(s), (Strings{"P 12 nvme->ram", "P 13 nvme->ram"}));
 }
 
