@@ -12,7 +12,14 @@ evicts, when the cache passes its size, down to 95 % of it, in one of these orde
              best an order by the past's counts and recency did among those tried;
   whether    blocks never used again first, then least recently used: knows *whether*
              a block comes back, not when (an oracle);
-  belady     used again farthest in the future first (an oracle: the bound).
+  belady     used again farthest in the future first (an oracle; Belady's rule, here
+             with eviction in batches after each request and hits only on a prefix,
+             a reference point rather than a proven bound).
+
+It also says how the trace's block reuse splits: a request that extends the whole
+prefix of an earlier request (the longest such) continues that conversation, and its
+reuse of that request's blocks is along a chain; every other reuse of a block is
+across conversations.
 
 Usage: reuse_bound.py [--trace FILE] [--tokens-per-block 512] [--block-mib 64]
                       [--budget-gib 1098 282 73]
@@ -48,6 +55,28 @@ def next_uses(requests):
         after[i] = seen.get(flat[i], NEVER)
         seen[flat[i]] = i
     return after
+
+
+def reuse_split(requests):
+    """(block reuses along a chain of turns, block reuses across conversations)."""
+    seen_prefixes = {}
+    used = set()
+    chain = across = 0
+    for index, blocks in enumerate(requests):
+        parent_length = 0
+        for length in range(len(blocks), 0, -1):
+            if tuple(blocks[:length]) in seen_prefixes:
+                parent_length = length
+                break
+        for position, block in enumerate(blocks):
+            if block in used:
+                if position < parent_length:
+                    chain += 1
+                else:
+                    across += 1
+            used.add(block)
+        seen_prefixes[tuple(blocks)] = index
+    return chain, across
 
 
 def replay(requests, after, capacity, order):
@@ -95,6 +124,10 @@ def main():
 
     requests = load(args.trace, args.tokens_per_block)
     after = next_uses(requests)
+    chain, across = reuse_split(requests)
+    total = max(chain + across, 1)
+    print(f"block reuses: {chain + across}; across conversations {100 * across / total:.1f} %, "
+          f"along a chain of turns {100 * chain / total:.1f} %\n")
     print("| cache (GiB) | blocks | " + " | ".join(f"{o} hit %" for o in ORDERS) +
           " | frequency: share of the LRU→Belady gap | whether: share |")
     print("|---" * (len(ORDERS) + 4) + "|")

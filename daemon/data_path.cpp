@@ -361,8 +361,8 @@ void Service::finish_save(const ConnectionPtr& c, uint64_t id, const EngineConte
   counters_.bytes_saved += stored * engine.layout.block_bytes;
   auto session =
       sessions_.get_or_create(engine.namespace_id, request.session_id, engine.layout_key);
-  sessions_.record_uses(engine.layout_key, request.hashes);
   if (session.is_ok()) {
+    sessions_.record_uses(engine.layout_key, request.hashes);
     for (const BlockHash& hash :
          sessions_.record_save(**session, request.hashes, request.end_of_turn)) {
       store_->add_session_ref({engine.layout_key, hash});

@@ -85,8 +85,9 @@ double PlanContext::value(const BlockKey& key, const BlockHolders* holders, Tier
   double sum = 0;
   if (holders != nullptr) {
     holders->for_first(kValueSample, [&](const Session& s) {
-      // Its blocks after this one cannot be loaded without it (depth: its index in
-      // its holders' prefixes, the same in each but for sessions cut short).
+      // Its blocks after this one cannot be loaded without it. depth is the block's
+      // deepest index among its holders: exact for one holder and for a prefix shared
+      // at one position; a holder that has it shallower is undercounted.
       const size_t after =
           s.blocks.size() > holders->depth + 1 ? s.blocks.size() - holders->depth - 1 : 0;
       sum += probability(s, horizon) * (with_dependents ? 1.0 + static_cast<double>(after) : 1.0);
@@ -165,7 +166,7 @@ std::vector<Candidate> sacrifice_order(PlanContext& ctx, const PlanState& plan, 
     const Tier horizon = to == Tier::kNone ? Tier::kNvme : tier;
     const double worse_by = ctx.next_turn_ms(to, c.key, c.placement.bytes) -
                             ctx.next_turn_ms(tier, c.key, c.placement.bytes);
-    const double value = ctx.value(c.key, c.holders, horizon, kind == Sacrifice::kEvict);
+    const double value = ctx.value(c.key, c.holders, horizon, to == Tier::kNone);
     const double loss = value * std::max(0.0, worse_by) /
                         static_cast<double>(std::max<uint64_t>(c.placement.bytes, 1));
     ranked.push_back(

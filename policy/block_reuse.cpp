@@ -58,18 +58,30 @@ void BlockReuse::record_use(const BlockKey& key) {
 }
 
 void BlockReuse::age() {
-  // Halving keeps the ratios between counts (the reuse curve) while old uses fade; the
-  // curve's tallies are halved with them so that both describe the same window.
   for (uint8_t& c : counters_) c = static_cast<uint8_t>(c >> 1);
-  for (double& r : reached_) r /= 2;
+  // A block at count c is at c/2 now and climbs from there: the tallies are taken anew
+  // from the counts themselves (before any aging, reached[k] is the number of blocks at
+  // k or more). One row stands for the blocks; its collisions overcount a little.
+  reached_.fill(0);
+  for (size_t slot = 0; slot <= mask_; ++slot) {
+    for (uint8_t k = 1; k <= counters_[slot]; ++k) reached_[k] += 1;
+  }
   increments_ /= 2;
 }
 
 std::optional<double> BlockReuse::probability_used_again(uint8_t uses) const {
   if (reached_total_ < kMinBlocks) return std::nullopt;
+  // Non-decreasing in the count: the count many blocks have just reached (all of a hot
+  // set's after an aging, say) reads low only because their next use is still to come,
+  // and a block used more often is taken to be at least as likely to be used again.
   const size_t c = std::clamp<size_t>(uses, 1, kMaxCount - 1);
-  if (reached_[c] <= 0) return std::nullopt;
-  return std::min(1.0, reached_[c + 1] / reached_[c]);
+  std::optional<double> best;
+  for (size_t k = 1; k <= c; ++k) {
+    if (reached_[k] <= 0) continue;
+    const double p = std::min(1.0, reached_[k + 1] / reached_[k]);
+    best = best ? std::max(*best, p) : p;
+  }
+  return best;
 }
 
 }  // namespace kvtier::policy

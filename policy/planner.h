@@ -199,10 +199,10 @@ class Planner {
   // arrives later is read from where it is anyway, and displacing others for it only
   // churns the tiers); blocks that still do not fit come up from NVMe to RAM when RAM
   // has room. A session larger than the room HBM can give it (under the high
-  // watermark, with the idle blocks it may displace) gets none of it: only its NVMe
-  // blocks come up to RAM. A block on NVMe whose copy cannot land within the turn
-  // lead stays there: the Load reads it up into RAM itself. Empty in kLru
-  // (request-scoped: nothing happens between requests).
+  // watermark, with the idle blocks it may displace for blocks that land within the
+  // lead) gets none of it there; its NVMe blocks may still come up to RAM. A block on
+  // NVMe whose copy cannot land within the turn lead stays there: the Load reads it up
+  // into RAM itself. Empty in kLru (request-scoped: nothing happens between requests).
   std::vector<Move> plan_turn_start(const Session& session, const SessionTable& sessions,
                                     const PlacementView& view) const;
   // The time from a session's BeginTurn to its Load, as engines show it: the average of

@@ -19,6 +19,37 @@ bool leave_tier(PlanContext& ctx, PlanState& plan, Tier tier, const Candidate& c
   return plan.evict(c.key, c.placement, drop ? MoveReason::kRecomputeCheaper : reason);
 }
 
+// Whether all of `session`'s blocks that turn_start would bring up to `top` can be
+// there: those whose copies land within the lead may displace idle blocks, the others
+// need free room. A dry run of turn_start's loop; the idle blocks are counted, not
+// ordered (one pass over the top tier).
+bool session_fits_top(PlanContext& ctx, const PlanState& plan, const Session& session, Tier top,
+                      uint64_t top_limit, std::optional<double> lead_ms) {
+  std::array<double, kTierCount> queued_ms{};
+  uint64_t wanted = 0;
+  uint64_t displacing = 0;
+  for (const BlockHash& hash : session.blocks) {
+    const Placement placement = ctx.view.placement({session.layout, hash});
+    if (placement.tier == Tier::kNone || placement.tier == top || !placement.movable) continue;
+    double& queued = queued_ms[static_cast<size_t>(placement.tier)];
+    const double lands_ms = queued + ctx.cost.reload_ms(placement.tier, placement.bytes);
+    if (placement.tier == Tier::kNvme && lead_ms && lands_ms > *lead_ms) continue;  // stays
+    queued = lands_ms;
+    wanted += placement.bytes;
+    if (!lead_ms || lands_ms <= *lead_ms) displacing += placement.bytes;
+  }
+  const uint64_t free_bytes = top_limit > plan.used(top) ? top_limit - plan.used(top) : 0;
+  if (wanted <= free_bytes) return true;
+  uint64_t idle_bytes = 0;  // what turn_start's victims would be
+  ctx.view.for_each_in_tier(top, [&](const BlockKey& key, const Placement& placement) {
+    if (!placement.movable || placement.tier != top || plan.planned(key)) return;
+    const BlockHolders* holders = placement.session_refs == 0 ? nullptr : ctx.sessions.holders(key);
+    if (holders != nullptr && (holders->active > 0 || holders->durable())) return;
+    idle_bytes += placement.bytes;
+  });
+  return wanted <= free_bytes + std::min(idle_bytes, displacing);
+}
+
 }  // namespace
 
 namespace {
@@ -270,24 +301,7 @@ std::vector<Move> turn_start(PlanContext& ctx, const Session& session,
     }
   };
   size_t next_victim = 0;
-  // The session comes up to the top tier only when all of it can be there (its room
-  // under the high watermark, with the idle blocks it may displace).
-  uint64_t wanted = 0;
-  for (const BlockHash& hash : session.blocks) {
-    const Placement placement = ctx.view.placement({session.layout, hash});
-    if (placement.tier != Tier::kNone && placement.tier != top && placement.movable) {
-      wanted += placement.bytes;
-    }
-  }
-  uint64_t room = top_limit > plan.used(top) ? top_limit - plan.used(top) : 0;
-  if (wanted > room) {
-    find_victims();
-    for (const Candidate& c : victims) {
-      if (room >= wanted) break;
-      room += c.placement.bytes;
-    }
-  }
-  bool top_full = wanted > room;
+  bool top_full = !session_fits_top(ctx, plan, session, top, top_limit, lead_ms);
   // Per source tier, when the copies planned so far would land (ms from now, FIFO).
   std::array<double, kTierCount> queued_ms{};
   for (const BlockHash& hash : session.blocks) {

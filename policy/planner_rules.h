@@ -68,9 +68,10 @@ void prefetch_predicted_returns(PlanContext& ctx, PlanState& plan);
 std::vector<Move> room_for(PlanContext& ctx, Tier tier, uint64_t bytes, Room room = Room::kEvict);
 
 // BeginTurn: `session`'s blocks come up to the top tier, displacing other idle
-// blocks when it is full, when all of them can be there; NVMe blocks that still do
-// not fit come up to RAM; NVMe blocks that cannot land within `lead_ms` (when known)
-// stay.
+// blocks when it is full — when all of them can be there (blocks that land within
+// `lead_ms` may displace, the others need free room); NVMe blocks that do not come up
+// to the top tier come up to RAM (when the top tier is HBM); NVMe blocks that cannot
+// land within `lead_ms` (when known) stay.
 std::vector<Move> turn_start(PlanContext& ctx, const Session& session,
                              std::optional<double> lead_ms);
 

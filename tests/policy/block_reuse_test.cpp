@@ -57,7 +57,27 @@ TEST(BlockReuseTest, LearnsHowLikelyABlockIsToBeUsedAgainFromItsCount) {
   // Per block, by its own count.
   EXPECT_NEAR(*reuse.probability_used_again(block(1)), 1.0 / 3, 0.01);  // used once
   EXPECT_NEAR(*reuse.probability_used_again(block(30)), 0.9, 0.01);     // twice
-  EXPECT_NEAR(*reuse.probability_used_again(block(3)), 0.0, 1e-9);      // 3 times: none went on
+  // None used 3 times went on, but a block used more is never ranked below one used less.
+  EXPECT_NEAR(*reuse.probability_used_again(block(3)), 0.9, 0.01);
+}
+
+// Across agings the curve still tells blocks that keep coming back from those that
+// came once: 200 blocks asked for every round beside 500 new ones each round, aged
+// after 5,000 uses and then every 2,500 (rounds of 700).
+TEST(BlockReuseTest, TheCurveOutlivesAging) {
+  BlockReuse reuse(/*width=*/1 << 14, /*sample_size=*/5000);
+  uint32_t fresh = 1000;
+  for (int round = 0; round < 12; ++round) {
+    for (uint32_t n = 0; n < 200; ++n) reuse.record_use(block(n));
+    for (int i = 0; i < 500; ++i) reuse.record_use(block(fresh++));
+  }
+  const uint8_t hot = reuse.uses(block(7));
+  EXPECT_GE(hot, 2);
+  EXPECT_LT(hot, 12);  // aged
+  ASSERT_TRUE(reuse.probability_used_again(hot).has_value());
+  EXPECT_GT(*reuse.probability_used_again(hot), 0.9);
+  EXPECT_EQ(reuse.uses(block(fresh - 1)), 1);
+  EXPECT_LT(*reuse.probability_used_again(1), 0.5);
 }
 
 TEST(BlockReuseTest, SaysNothingUntilEnoughBlocksWereCounted) {

@@ -226,11 +226,11 @@ TEST(PlannerRetentionTest, ABlocksOwnPriorityRespectsItsOtherHolders) {
   EXPECT_EQ(table.holders(fake::key_of(3))->priority(), kDefaultPriority);
 }
 
-// An idle session (busy too, unless `neighbour_idle`) and a busy one fill HBM to 800 of
-// the 900 allowed; session "s" has block 11 in RAM and 12, 13 in NVMe, and begins its
+// A neighbour session (idle, or busy when not `neighbour_idle`) and a busy one fill HBM
+// to 800 of the 900 allowed; session "s" has block 11 in RAM and 12, 13 in NVMe, and begins its
 // turn at 300 ms.
 Session& PlannerTiersTest::hbm_nearly_full_and_s_below(bool neighbour_idle) {
-  save("idle-old", {1, 2, 3, 4}, neighbour_idle, 100);
+  save("neighbour", {1, 2, 3, 4}, neighbour_idle, 100);
   save("busy", {5, 6, 7, 8}, false, 150);
   Session& s = save("s", {11, 12, 13}, true, 200);
   put(Tier::kHbm, {1, 2, 3, 4, 5, 6, 7, 8});
@@ -276,6 +276,12 @@ TEST_F(PlannerTiersTest, TurnStartLeavesASessionTooLargeForTheTopTierBelowIt) {
   use(PolicyMode::kSessionAware);
   Session& s = hbm_nearly_full_and_s_below(/*neighbour_idle=*/false);
   EXPECT_EQ(turn_start(s), (Strings{"P 12 nvme->ram", "P 13 nvme->ram"}));
+  // Engines that load at once, on links where nothing lands first: its NVMe blocks stay
+  // there and are not counted, and what is left (11) fits the free room.
+  config_.cost.read_bytes_per_s = {1e9, 1e6, 1e5};
+  planner_.set_config(config_);
+  planner_.observe_turn_lead(0);
+  EXPECT_EQ(turn_start(s), (Strings{"P 11 ram->hbm"}));
 }
 
 TEST_F(PlannerTiersTest, TurnStartBringsNvmeBlocksToRamWhenHbmIsFull) {
