@@ -4,10 +4,13 @@
 // killed with the object. Header-only: each test binary that starts one includes it.
 #pragma once
 
+#include <fcntl.h>
 #include <fmt/format.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -29,6 +32,23 @@
 namespace kvtier::remote {
 
 using std::chrono::milliseconds;
+
+// A claim on a client port among the processes of this machine that start clusters: an
+// exclusive lock on /tmp/kvtier-redis-ports/<port>.lock, held while the returned fd is
+// open. Seeing a port free and binding it are two steps, so two tests starting clusters
+// side by side could both pick one; one node would then fail to bind, and the other
+// test's node would answer in its place (and go away with that test). nullopt when
+// another process holds the claim; an invalid fd where no lock file can be made (the
+// bind check alone, as before).
+inline std::optional<UniqueFd> claim_port(int port) {
+  static constexpr const char* kDir = "/tmp/kvtier-redis-ports";
+  (void)::mkdir(kDir, 0777);
+  const std::string path = fmt::format("{}/{}.lock", kDir, port);
+  UniqueFd fd(::open(path.c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0666));
+  if (!fd.valid()) return UniqueFd();
+  if (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) return std::nullopt;
+  return fd;
+}
 
 inline bool port_free(int port) {
   UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
@@ -58,9 +78,11 @@ class LocalRedisCluster {
     std::uniform_int_distribution<int> base_of(10000, 19999);
     for (int attempt = 0; ports_.size() < kNodes && attempt < 200; ++attempt) {
       const int port = base_of(rng);
-      if (port_free(port) && port_free(port + 10000) &&
-          std::find(ports_.begin(), ports_.end(), port) == ports_.end()) {
+      if (std::find(ports_.begin(), ports_.end(), port) != ports_.end()) continue;
+      std::optional<UniqueFd> claim = claim_port(port);
+      if (claim && port_free(port) && port_free(port + 10000)) {
         ports_.push_back(port);
+        port_claims_.push_back(std::move(*claim));
       }
     }
     if (ports_.size() < kNodes) return unavailable("no free loopback ports for Redis");
@@ -75,7 +97,10 @@ class LocalRedisCluster {
     Status started = start_once();
     if (started.is_ok()) return started;
     stop_all();
-    if (own_ports) ports_.clear();
+    if (own_ports) {
+      ports_.clear();
+      port_claims_.clear();
+    }
     Status again = start_once();
     if (again.is_ok()) return again;
     return unavailable("{}; tried again: {}", started.to_string(), again.to_string());
@@ -233,6 +258,7 @@ class LocalRedisCluster {
 
   std::string dir_;
   std::vector<int> ports_;
+  std::vector<UniqueFd> port_claims_;  // claim_port's, one per port, for the object's life
   std::vector<pid_t> pids_;
 };
 

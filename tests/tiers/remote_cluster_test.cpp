@@ -75,6 +75,25 @@ Reply array(std::vector<Reply> elements) {
   return r;
 }
 
+// Test clusters started side by side never pick one port: a claim is exclusive while
+// its holder lives (a second open of the lock file conflicts, in this process too).
+TEST(LocalRedisClusterPorts, AClaimIsExclusiveUntilReleased) {
+  constexpr int kPort = 19999;
+  std::optional<UniqueFd> first = claim_port(kPort);
+  ASSERT_TRUE(first.has_value());
+  if (!first->valid()) GTEST_SKIP() << "no lock file can be made in /tmp/kvtier-redis-ports";
+  EXPECT_FALSE(claim_port(kPort).has_value());
+  LocalRedisCluster a, b;
+  ASSERT_TRUE(a.choose_ports().is_ok());
+  ASSERT_TRUE(b.choose_ports().is_ok());
+  for (int port : a.ports()) {
+    EXPECT_NE(port, kPort);
+    EXPECT_EQ(std::count(b.ports().begin(), b.ports().end(), port), 0) << port;
+  }
+  first.reset();
+  EXPECT_TRUE(claim_port(kPort).has_value());
+}
+
 TEST(SlotMap, ReadsClusterSlotsAndRefusesMalformedReplies) {
   SlotMap map;
   Reply slots = array({
