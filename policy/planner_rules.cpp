@@ -19,6 +19,12 @@ bool leave_tier(PlanContext& ctx, PlanState& plan, Tier tier, const Candidate& c
   return plan.evict(c.key, c.placement, drop ? MoveReason::kRecomputeCheaper : reason);
 }
 
+// Whether BeginTurn may displace a block with these holders (nullptr: none): blocks of
+// sessions in a turn (the starting one included) and durable ones stay.
+bool displaceable(const BlockHolders* holders) {
+  return holders == nullptr || (holders->active == 0 && !holders->durable());
+}
+
 // Whether all of `session`'s blocks that turn_start would bring up to `top` can be
 // there: those whose copies land within the lead may displace idle blocks, the others
 // need free room. A dry run of turn_start's loop; the idle blocks are counted, not
@@ -43,9 +49,9 @@ bool session_fits_top(PlanContext& ctx, const PlanState& plan, const Session& se
   uint64_t idle_bytes = 0;  // what turn_start's victims would be
   ctx.view.for_each_in_tier(top, [&](const BlockKey& key, const Placement& placement) {
     if (!placement.movable || placement.tier != top || plan.planned(key)) return;
-    const BlockHolders* holders = placement.session_refs == 0 ? nullptr : ctx.sessions.holders(key);
-    if (holders != nullptr && (holders->active > 0 || holders->durable())) return;
-    idle_bytes += placement.bytes;
+    if (displaceable(placement.session_refs == 0 ? nullptr : ctx.sessions.holders(key))) {
+      idle_bytes += placement.bytes;
+    }
   });
   return wanted <= free_bytes + std::min(idle_bytes, displacing);
 }
@@ -289,17 +295,8 @@ std::vector<Move> turn_start(PlanContext& ctx, const Session& session,
   const uint64_t top_limit = fraction_of(watermarks_of(ctx.config, top).high, plan.capacity(top));
   const uint64_t ram_limit =
       fraction_of(watermarks_of(ctx.config, Tier::kRam).high, plan.capacity(Tier::kRam));
-  // What the top tier may give up for the session: idle blocks, in the order of
-  // sacrifice (blocks of sessions in a turn, this one included, and durable ones stay).
   std::vector<Candidate> victims;
   bool victims_ready = false;
-  auto find_victims = [&] {
-    victims_ready = true;
-    for (const Candidate& c : sacrifice_order(ctx, plan, top, Sacrifice::kDemote)) {
-      if (c.holders != nullptr && (c.holders->active > 0 || c.holders->durable())) continue;
-      victims.push_back(c);
-    }
-  };
   size_t next_victim = 0;
   bool top_full = !session_fits_top(ctx, plan, session, top, top_limit, lead_ms);
   // Per source tier, when the copies planned so far would land (ms from now, FIFO).
@@ -322,7 +319,10 @@ std::vector<Move> turn_start(PlanContext& ctx, const Session& session,
       const double lands_ms = queued + ctx.cost.reload_ms(placement.tier, placement.bytes);
       const bool may_displace = !lead_ms || lands_ms <= *lead_ms;
       if (may_displace && !fits(plan.used(top), placement.bytes, top_limit) && !victims_ready) {
-        find_victims();
+        victims_ready = true;
+        for (const Candidate& c : sacrifice_order(ctx, plan, top, Sacrifice::kDemote)) {
+          if (displaceable(c.holders)) victims.push_back(c);
+        }
       }
       while (may_displace && !fits(plan.used(top), placement.bytes, top_limit) &&
              next_victim < victims.size()) {
