@@ -50,8 +50,9 @@ def main() -> None:
         turn = json.loads(line)
         extra_args = {}
         if turn.get("session"):
-            extra_args["kv_transfer_params"] = {"kvtier_session": turn["session"],
-                                                "kvtier_priority": turn.get("priority", 50)}
+            extra_args["kv_transfer_params"] = {"kvtier_session": turn["session"]}
+            if turn.get("priority") is not None:
+                extra_args["kv_transfer_params"]["kvtier_priority"] = turn["priority"]
         params = SamplingParams(max_tokens=turn.get("max_tokens", 8), temperature=0.0, detokenize=False,
                                 ignore_eos=True, extra_args=extra_args or None)
         started = time.perf_counter()
@@ -68,6 +69,9 @@ def main() -> None:
         else:
             out = llm.generate([TokensPrompt(prompt_token_ids=turn["prompt"])], params, use_tqdm=False)
             tokens = list(out[0].outputs[0].token_ids)
+        if args.kvtier:
+            from kvtier.vllm import finish_saves
+            finish_saves(llm)
         print(json.dumps({"tokens": tokens, "ttft_s": first, "wall_s": time.perf_counter() - started,
                           "counters": counters()}), flush=True)
 

@@ -52,7 +52,7 @@ else:
     VLLM_VERSION = getattr(_vllm, "__version__", "unknown")
 
 from .config import ConnectorConfig  # noqa: E402
-from .connector import KvtierConnector, KvtierConnectorMetadata, counters  # noqa: E402
+from .connector import KvtierConnector, KvtierConnectorMetadata, counters, finish_saves  # noqa: E402
 
 __all__ = ["ConnectorConfig", "KvtierConnector", "KvtierConnectorMetadata", "SUPPORTED_VLLM",
-           "VLLM_VERSION", "counters"]
+           "VLLM_VERSION", "counters", "finish_saves"]

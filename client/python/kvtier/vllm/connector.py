@@ -29,6 +29,29 @@ def counters() -> dict[str, int]:
     return COUNTERS.snapshot()
 
 
+def finish_saves(llm, timeout_s: float = 30.0) -> bool:
+    """Offline ``vllm.LLM`` only: steps the engine until the Saves of the requests that
+    finished are acknowledged (or timeout_s passed); True when none is left.
+
+    A Save is issued by the engine step after its request finished; ``LLM.generate``
+    returns before that step, and a server's engine loop runs it by itself. Call this
+    before the process exits, or before another process should find the blocks.
+    """
+    import time
+
+    engine = llm.llm_engine
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        core = getattr(getattr(engine, "engine_core", None), "engine_core", None)
+        scheduler = getattr(core, "scheduler", None)
+        if scheduler is not None and not scheduler.has_requests():
+            return True
+        engine.step()
+        if scheduler is None:  # engine in another process: one step is all we can do
+            return True
+    return False
+
+
 class KvtierStats(KVConnectorStats):
     """Per-interval counters a worker reports to vLLM's stats logger (summed)."""
 

@@ -286,6 +286,16 @@ class WorkerSide:
         backlog, self._save_backlog = self._save_backlog, []
         for job in backlog:
             self._start_save(job)
+        if self._host:
+            # The copies into the daemon's RAM take about a memcpy: waiting for them here
+            # (bounded by save_timeout_ms) lets get_finished report them in this very
+            # step, so the scheduler's next Lookup sees the blocks.
+            for save in self._saves:
+                try:
+                    _wait(save.pending, max(0.0, save.sent_s + self._config.save_timeout_ms / 1000.0
+                                            - time.monotonic()))
+                except (TimeoutError, KvtierError):
+                    pass  # reaped (and counted) in get_finished
 
     def _start_save(self, job: SaveJob) -> None:
         client = self._link.get() if self._link else None
