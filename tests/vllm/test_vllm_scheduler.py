@@ -1,0 +1,119 @@
+"""The connector under vLLM's own Scheduler (tests/vllm/mini_engine.py), against a
+real kvtierd: hits, the blocks loaded and saved, sessions, sharing across processes."""
+
+from __future__ import annotations
+
+import random
+
+import kvtier
+import pytest
+from kvtier import hashing
+from kvtier.vllm.blocks import request_extra_keys
+
+from mini_engine import BLOCK, MiniEngine
+
+
+def tokens(seed: int, count: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(1, 500) for _ in range(count)]
+
+
+def check_loaded_bytes(engine: MiniEngine, prompt: list[int], job) -> None:
+    first = [i for i, h in enumerate(hashing.block_hashes(prompt, BLOCK, extra_keys=_extra(engine)))
+             if h == job.hashes[0]]
+    assert first, "the Load names hashes of this prompt"
+    for i, block_id in enumerate(job.block_ids):
+        expected = engine.expected_block(prompt, first[0] + i)
+        assert engine.block_bytes(block_id).equal(expected), f"block {first[0] + i} differs"
+
+
+def _extra(engine: MiniEngine) -> str:
+    class _Req:
+        lora_request = None
+        cache_salt = None
+    return request_extra_keys(engine.connector._shape.model_id, _Req())
+
+
+@pytest.fixture
+def engine(tiny_llama, kvtierd):
+    e = MiniEngine(tiny_llama, kvtierd.socket_path)
+    yield e
+    e.close()
+
+
+def test_a_three_turn_conversation_hits_on_turns_two_and_three(engine):
+    history = tokens(1, 5 * BLOCK + 3)
+    hits = []
+    for turn in range(3):
+        request = engine.add(history, session="conv-42")
+        loads_before = len(engine.loads)
+        output = engine.run(request)
+        new_loads = engine.loads[loads_before:]
+        hits.append(sum(len(j.hashes) for j in new_loads))
+        for job in new_loads:
+            assert job.session_id == "conv-42"
+            check_loaded_bytes(engine, history, job)
+        # The Save named every full block whose KV was computed, under the session.
+        save = engine.saves[-1]
+        assert save.session_id == "conv-42" and not save.anonymous
+        computed = len(history) + len(output) - 1
+        assert save.hashes == hashing.block_hashes(history + output, BLOCK, extra_keys=_extra(engine))[
+            :computed // BLOCK]
+        history = history + output + tokens(10 + turn, 2 * BLOCK)
+    assert hits[0] == 0
+    # Turn 2 finds turn 1's full blocks; turn 3 finds turn 2's.
+    assert hits[1] >= 5 and hits[2] > hits[1], hits
+    counters = kvtier.vllm.counters()
+    assert counters["begin_turns"] >= 3 and counters["load_failed_blocks"] == 0
+
+
+def test_a_request_without_a_session_is_saved_as_an_anonymous_prefix(engine, kvtierd):
+    prompt = tokens(2, 4 * BLOCK + 1)
+    engine.run(engine.add(prompt))
+    save = engine.saves[-1]
+    assert save.anonymous and save.session_id.startswith("vllm-request:")
+    # Its blocks stay findable after its per-request session was closed.
+    again = engine.add(prompt + tokens(3, BLOCK))
+    loads_before = len(engine.loads)
+    engine.run(again)
+    assert sum(len(j.hashes) for j in engine.loads[loads_before:]) == 4
+    check_loaded_bytes(engine, prompt, engine.loads[-1])
+
+
+def test_a_second_vllm_with_the_same_model_hits_the_first_ones_system_prompt(tiny_llama, other_llama, kvtierd):
+    system = tokens(4, 6 * BLOCK)
+    first = MiniEngine(tiny_llama, kvtierd.socket_path)
+    try:
+        first.run(first.add(system + tokens(5, 20), session="a"))
+    finally:
+        first.close()
+    second = MiniEngine(tiny_llama, kvtierd.socket_path)
+    try:
+        second.run(second.add(system + tokens(6, 20), session="b"))
+        assert sum(len(j.hashes) for j in second.loads) == 6
+        check_loaded_bytes(second, system + tokens(6, 20), second.loads[0])
+    finally:
+        second.close()
+    other = MiniEngine(other_llama, kvtierd.socket_path)
+    try:
+        other.run(other.add(system + tokens(6, 20), session="c"))
+        assert other.loads == []
+    finally:
+        other.close()
+
+
+def test_lookups_never_block_the_scheduler_and_time_out_to_zero(tiny_llama, kvtierd):
+    engine = MiniEngine(tiny_llama, kvtierd.socket_path, lookup_timeout_ms=50)
+    try:
+        prompt = tokens(7, 4 * BLOCK + 2)
+        engine.run(engine.add(prompt, session="s"))
+        kvtierd.process.send_signal(__import__("signal").SIGSTOP)  # a daemon that hangs
+        try:
+            request = engine.add(prompt + tokens(8, 8), session="s")
+            output = engine.run(request)
+        finally:
+            kvtierd.process.send_signal(__import__("signal").SIGCONT)
+        assert len(output) == 4
+        assert kvtier.vllm.counters()["lookup_timeouts"] >= 1
+    finally:
+        engine.close()
