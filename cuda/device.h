@@ -211,6 +211,10 @@ class FaultInjectingDevice final : public Device {
   // one thread (the daemon's control thread).
   void hold_submits() { holding_ = true; }
   void release_submits();
+  // Opens the gate for the `count` oldest held batches only (fewer if fewer are held)
+  // and keeps holding the rest and later submits: a test lets one copy of several in
+  // flight complete (one layer of a layer-wise load) while the others stay held.
+  void release_oldest_submits(size_t count);
   size_t held_submits() const { return held_.size(); }
 
   std::string_view name() const override { return inner_->name(); }

@@ -37,7 +37,11 @@ Status FaultInjectingDevice::submit(CopyBatch batch, CopyDone done) {
 
 void FaultInjectingDevice::release_submits() {
   holding_ = false;
-  while (!held_.empty()) {
+  release_oldest_submits(held_.size());
+}
+
+void FaultInjectingDevice::release_oldest_submits(size_t count) {
+  while (count-- > 0 && !held_.empty()) {
     auto [batch, done] = std::move(held_.front());
     held_.pop_front();
     // Accepted at submit() already: a rejection now must still reach the waiter.

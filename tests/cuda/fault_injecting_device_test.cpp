@@ -93,6 +93,33 @@ TEST_F(FaultInjection, FailedBatchLetsGoOfItsMemoriesBeforeDone) {
   EXPECT_TRUE(weak_source.expired());
 }
 
+// The gate: held batches copy nothing until released; releasing the oldest ones lets
+// exactly those through, in submission order, and keeps holding the rest.
+TEST_F(FaultInjection, ReleasingTheOldestHeldSubmitsKeepsHoldingTheRest) {
+  device_.hold_submits();
+  std::vector<std::future<Status>> results;
+  for (uint64_t slice = 0; slice < 3; ++slice) {
+    results.push_back(submit_async(device_, copy_to_slice(slice)));
+  }
+  EXPECT_EQ(device_.held_submits(), 3u);
+  device_.release_oldest_submits(1);
+  EXPECT_TRUE(results[0].get().is_ok());
+  EXPECT_TRUE(slice_copied(0));
+  EXPECT_EQ(device_.held_submits(), 2u);
+  EXPECT_FALSE(slice_copied(1)) << "a batch still held was copied";
+  EXPECT_FALSE(slice_copied(2));
+  // Still holding: a later submit waits behind the gate too.
+  results.push_back(submit_async(device_, copy_to_slice(3)));
+  EXPECT_EQ(device_.held_submits(), 3u);
+  device_.release_oldest_submits(10);  // more than are held: all of them
+  for (uint64_t slice = 1; slice < 4; ++slice) {
+    EXPECT_TRUE(results[slice].get().is_ok()) << "slice " << slice;
+    EXPECT_TRUE(slice_copied(slice)) << "slice " << slice;
+  }
+  EXPECT_EQ(device_.held_submits(), 0u);
+  device_.release_submits();
+}
+
 TEST_F(FaultInjection, OpenRegionFailsUntilCleared) {
   UniqueFd memfd = make_memfd(4096);
   device_.fail_open_region(resource_exhausted("injected"));

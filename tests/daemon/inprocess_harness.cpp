@@ -146,6 +146,10 @@ void InProcessDaemon::release_copies() {
   run_on_control_thread([&] { device_->release_submits(); });
 }
 
+void InProcessDaemon::release_oldest_copies(size_t count) {
+  run_on_control_thread([&] { device_->release_oldest_submits(count); });
+}
+
 size_t InProcessDaemon::held_copies() {
   size_t held = 0;
   run_on_control_thread([&] { held = device_->held_submits(); });

@@ -84,6 +84,9 @@ class InProcessDaemon {
   // The destructor releases them too.
   void hold_copies();
   void release_copies();
+  // FaultInjectingDevice::release_oldest_submits: the `count` oldest held copies go
+  // ahead; the rest, and copies submitted later, stay held.
+  void release_oldest_copies(size_t count);
   size_t held_copies();
   // Polls held_copies() until it reaches `count`; false when `timeout` passes first.
   bool wait_for_held_copies(size_t count, std::chrono::milliseconds timeout);
