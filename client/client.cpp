@@ -122,7 +122,8 @@ Result<HelloInfo> Client::hello(const LayoutSpec& layout, const std::string& eng
                          device_kind,
                          info->layout_digest,
                          info->namespace_name,
-                         info->retention_priorities};
+                         info->retention_priorities,
+                         info->load_plane_ranges};
   }
   return info;
 }
@@ -299,22 +300,35 @@ Pending<LookupResult> Client::lookup_async(std::span<const BlockHash> hashes) {
 }
 
 Pending<LoadResult> Client::load_async(const std::string& session_id,
-                                       std::span<const BlockRef> blocks) {
+                                       std::span<const BlockRef> blocks, PlaneRange planes) {
+  auto decode = [](wire::Response::Reader response) -> Result<LoadResult> {
+    if (!response.isLoad()) return unexpected_reply(response, "Load");
+    auto reply = response.getLoad();
+    Status stop;
+    if (reply.hasStopReason() && reply.getStopReason().getCode() != wire::ErrorCode::OK) {
+      stop = status_from_wire(reply.getStopReason());
+    }
+    return LoadResult{reply.getLoadedCount(), stop};
+  };
+  if (planes.begin != 0 || planes.count != 0) {
+    std::lock_guard lock(send_mutex_);
+    if (hello_ && !hello_->load_plane_ranges) {
+      // An older daemon would drop the fields it does not know and copy every plane.
+      return Pending<LoadResult>(
+          this,
+          not_supported("this kvtierd predates plane ranges in Load; load whole blocks")
+              .with_retryable(false),
+          decode);
+    }
+  }
   auto id = send([&](wire::Request::Builder request) {
     auto load = request.initLoad();
     load.setSessionId(session_id);
     fill_blocks(load.initBlocks(static_cast<unsigned>(blocks.size())), blocks);
+    load.setPlaneBegin(planes.begin);
+    load.setPlaneCount(planes.count);
   });
-  return Pending<LoadResult>(
-      this, std::move(id), [](wire::Response::Reader response) -> Result<LoadResult> {
-        if (!response.isLoad()) return unexpected_reply(response, "Load");
-        auto reply = response.getLoad();
-        Status stop;
-        if (reply.hasStopReason() && reply.getStopReason().getCode() != wire::ErrorCode::OK) {
-          stop = status_from_wire(reply.getStopReason());
-        }
-        return LoadResult{reply.getLoadedCount(), stop};
-      });
+  return Pending<LoadResult>(this, std::move(id), decode);
 }
 
 Pending<BeginTurnResult> Client::begin_turn_async(const std::string& session_id) {

@@ -6,6 +6,7 @@
 //   client->register_memfd_region(0, fd, size);      // per KV region
 //   client->save("conv-42", blocks, /*end_of_turn=*/true);
 //   client->lookup(hashes); client->load("conv-42", blocks);
+//   client->load_async("conv-42", blocks, {2 * layer, 2});  // one layer's K and V planes
 //   client->unregister_region(0);                    // before freeing the region
 //
 // Every call has a blocking form and an async form (`*_async`) returning a Pending<T>
@@ -94,6 +95,7 @@ struct HelloInfo {
   std::vector<std::string> gpu_uuids;          // cuda: the GPUs it serves ("GPU-…")
   std::string device_name;                     // "host" or the GPU models, for logs
   bool retention_priorities = false;           // Save's SaveOptions are honoured
+  bool load_plane_ranges = false;              // Load's PlaneRange is honoured
 };
 
 // One chunk of a CUDA VMM region: the POSIX fd of one cuMemCreate handle (the caller
@@ -136,6 +138,15 @@ struct SaveResult {
 struct LookupResult {
   uint32_t hit_count;
   std::vector<Tier> tiers;  // of the first hit_count blocks
+};
+
+// Which of the layout's planes a Load copies into each engine block: planes
+// [begin, begin + count) of LayoutSpec::planes. count 0 (the default) is every plane
+// (begin must then be 0). A layer-wise load pipelines one range per layer for the same
+// blocks and waits for each reply on its own (schema: Load).
+struct PlaneRange {
+  uint32_t begin = 0;
+  uint32_t count = 0;
 };
 
 struct LoadResult {
@@ -324,8 +335,13 @@ class Client {
   Result<LookupResult> lookup(std::span<const BlockHash> hashes) {
     return lookup_async(hashes).wait();
   }
-  Result<LoadResult> load(const std::string& session_id, std::span<const BlockRef> blocks) {
-    return load_async(session_id, blocks).wait();
+  // Restores the leading held blocks into the engine blocks named: the planes of
+  // `planes` (default: all of them). InvalidArgument (from the daemon) for a range
+  // outside the layout's planes; NotSupported for a range when the daemon joined
+  // predates plane ranges (it would copy every plane).
+  Result<LoadResult> load(const std::string& session_id, std::span<const BlockRef> blocks,
+                          PlaneRange planes = {}) {
+    return load_async(session_id, blocks, planes).wait();
   }
   Result<BeginTurnResult> begin_turn(const std::string& session_id) {
     return begin_turn_async(session_id).wait();
@@ -352,7 +368,8 @@ class Client {
   Pending<SaveResult> save_async(const std::string& session_id, std::span<const BlockRef> blocks,
                                  bool end_of_turn, const SaveOptions& options = {});
   Pending<LookupResult> lookup_async(std::span<const BlockHash> hashes);
-  Pending<LoadResult> load_async(const std::string& session_id, std::span<const BlockRef> blocks);
+  Pending<LoadResult> load_async(const std::string& session_id, std::span<const BlockRef> blocks,
+                                 PlaneRange planes = {});
   Pending<BeginTurnResult> begin_turn_async(const std::string& session_id);
   Pending<uint32_t> close_session_async(const std::string& session_id);
   // The reply's value is the region id.
@@ -373,6 +390,7 @@ class Client {
     uint64_t layout_digest = 0;
     std::string namespace_name;         // a daemon that moved the engine is not joined
     bool retention_priorities = false;  // of the daemon last joined
+    bool load_plane_ranges = false;     // likewise
   };
   struct RegionRecord {
     std::function<void(wire::RegisterRegion::Builder)> fill;  // owns what it writes

@@ -180,6 +180,7 @@ Status Client::reconnect_locked() {
                                              info->namespace_name, hello_->namespace_name));
     }
     hello_->retention_priorities = info->retention_priorities;  // the daemon may be another
+    hello_->load_plane_ranges = info->load_plane_ranges;
   }
   for (const auto& entry : regions_) {
     const uint32_t region_id = entry.first;

@@ -53,6 +53,7 @@ Result<HelloInfo> decode_hello(wire::Response::Reader response) {
   for (auto uuid : reply.getGpuUuids()) info.gpu_uuids.emplace_back(uuid.cStr());
   info.device_name = reply.getDeviceName().cStr();
   info.retention_priorities = reply.getRetentionPriorities();
+  info.load_plane_ranges = reply.getLoadPlaneRanges();
   return info;
 }
 

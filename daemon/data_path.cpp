@@ -100,9 +100,9 @@ std::unique_ptr<policy::PlacementView> Service::make_placement_view(
 
 void Service::add_plane_segments(CopyBatch& batch, const EngineContext& engine,
                                  uint64_t engine_block_id, const BlockLocation& slot,
-                                 bool to_engine) {
+                                 bool to_engine, BlockPlanes planes) {
   const uint32_t tier_index = batch.memory_index(store_->memory(slot.tier));
-  for (const PlaneLayout& plane : engine.layout.planes) {
+  for (const PlaneLayout& plane : planes.of(engine.layout)) {
     const uint32_t region_index = batch.memory_index(engine.regions.at(plane.region_id));
     const uint64_t engine_offset = engine.layout.plane_offset(plane, engine_block_id);
     const uint64_t slot_offset = slot.offset + plane.offset_in_block;

@@ -8,6 +8,12 @@
 // blocks not held here are read from the cluster into RAM slots (fetch_remote,
 // remote_read_path.cpp) for at most remote-timeout; the first that is not there ends the
 // prefix the same way.
+//
+// A Load may name a range of planes (schema: Load.planeBegin/planeCount): everything
+// above runs as for a whole block, and only the range's planes are scattered. An engine
+// loading layer by layer sends one such Load per layer for the same blocks, so only the
+// one whose range starts at plane 0 counts the blocks as lookup hits and misses;
+// bytes_loaded counts what each copied.
 #include <boost/asio/steady_timer.hpp>
 
 #include <cstddef>
@@ -95,7 +101,8 @@ Status Service::handle_load(const ConnectionPtr& c, EngineContext& engine, uint6
   // PendingLoad into `loaded`, which the copy's completion owns: every way out of here
   // (a region gone, the copy refused) drops them, and so does the completion.
   auto finish = std::make_shared<std::function<void()>>();
-  *finish = [this, c, id, load, engine_ref, total = request.hashes.size()]() {
+  *finish = [this, c, id, load, engine_ref, total = request.hashes.size(),
+             planes = request.planes]() {
     load->finished = true;
     if (load->deadline) load->deadline->cancel();
     auto loaded = std::make_shared<std::vector<PendingLoad::Entry>>(std::move(load->entries));
@@ -118,10 +125,16 @@ Status Service::handle_load(const ConnectionPtr& c, EngineContext& engine, uint6
     batch.priority = CopyPriority::kForeground;  // an engine waits for it
     for (const PendingLoad::Entry& entry : *loaded) {
       add_plane_segments(batch, *engine_ref, entry.engine_block_id, entry.pinned.location(),
-                         /*to_engine=*/true);
+                         /*to_engine=*/true, planes);
     }
-    auto done = [this, c, id, loaded, stop_reason, total,
-                 block_bytes = engine_ref->layout.block_bytes](Status status) {
+    uint64_t range_bytes = 0;  // of one block: what the engine gets per block loaded
+    for (const PlaneLayout& plane : planes.of(engine_ref->layout))
+      range_bytes += plane.bytes_per_block;
+    // A layer-wise load sends one Load per range for the same blocks: only the one
+    // starting at plane 0 counts them as hits or misses, so a block counts once.
+    const bool counts_lookups = planes.begin == 0;
+    auto done = [this, c, id, loaded, stop_reason, total, range_bytes,
+                 counts_lookups](Status status) {
       const size_t count = loaded->size();
       // Unpinned now, on the control thread: the device drops its own copy of this
       // completion on one of its threads, which must not be where the pins go.
@@ -131,9 +144,11 @@ Status Service::handle_load(const ConnectionPtr& c, EngineContext& engine, uint6
         return;
       }
       // Counted once the bytes reached the engine: a failed copy served nothing.
-      counters_.lookup_hits += count;
-      counters_.lookup_misses += total - count;
-      counters_.bytes_loaded += count * block_bytes;
+      if (counts_lookups) {
+        counters_.lookup_hits += count;
+        counters_.lookup_misses += total - count;
+      }
+      counters_.bytes_loaded += count * range_bytes;
       reply(c, id, [&](wire::Response::Builder response) {
         auto out = response.initLoad();
         out.setLoadedCount(static_cast<uint32_t>(count));

@@ -109,6 +109,35 @@ Status decode_save_retention(wire::Save::Reader save, BlockListRequest& request)
   return Status::ok();
 }
 
+Status decode_load_planes(const EngineLayout& layout, wire::Load::Reader load,
+                          BlockListRequest& request) {
+  const uint64_t planes = layout.planes.size();
+  const uint64_t begin = load.getPlaneBegin();
+  const uint64_t count = load.getPlaneCount();
+  if (count == 0) {
+    if (begin != 0) {
+      return invalid_argument(
+          "planeBegin is {} with planeCount 0, which means every plane: planeBegin must then "
+          "be 0 (the layout has {} planes)",
+          begin, planes);
+    }
+    request.planes = {0, static_cast<uint32_t>(planes)};
+    return Status::ok();
+  }
+  if (begin >= planes) {
+    return invalid_argument("planeBegin {} is past the layout's {} planes", begin, planes);
+  }
+  // In 64 bits: two UInt32 fields cannot overflow their sum.
+  if (begin + count > planes) {
+    return invalid_argument(
+        "planeBegin {} + planeCount {} = {} passes the layout's {} planes (at most {} from "
+        "planeBegin)",
+        begin, count, begin + count, planes, planes - begin);
+  }
+  request.planes = {static_cast<uint32_t>(begin), static_cast<uint32_t>(count)};
+  return Status::ok();
+}
+
 Result<std::vector<BlockHash>> decode_lookup(uint32_t max_blocks,
                                              capnp::List<capnp::Data>::Reader hashes) {
   if (hashes.size() > max_blocks) {

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -31,12 +32,28 @@ struct BlockRangeRetention {
   RetentionRequest retention;
 };
 
+// Which of a layout's planes a Load copies: planes [begin, begin + count) of
+// EngineLayout::planes. count 0 means every plane.
+struct BlockPlanes {
+  uint32_t begin = 0;
+  uint32_t count = 0;
+  // The planes of `layout` in the range. REQUIRES: the range lies inside the layout
+  // (decode_load_planes checked it).
+  std::span<const PlaneLayout> of(const EngineLayout& layout) const {
+    std::span<const PlaneLayout> all(layout.planes);
+    return count == 0 ? all : all.subspan(begin, count);
+  }
+};
+
 // A validated Save or Load, copied out of the wire message before any work starts.
 struct BlockListRequest {
   std::string session_id;
   std::vector<BlockHash> hashes;
   std::vector<uint64_t> engine_block_ids;
   bool end_of_turn = false;
+  // Load only: the planes it copies, checked against the layout (count never 0 after
+  // decode_load_planes: a whole-block Load names every plane).
+  BlockPlanes planes;
   // Save only.
   RetentionRequest retention;
   std::vector<BlockRangeRetention> block_retention;  // in the order given: later ones win
@@ -53,6 +70,11 @@ Result<BlockListRequest> decode_block_list(const EngineContext& engine, uint32_t
 // 0..100, a duration only with a priority, ranges of at least one block inside the
 // Save's blocks that cover no more blocks in total than the Save has.
 Status decode_save_retention(wire::Save::Reader save, BlockListRequest& request);
+// Load's planeBegin/planeCount into `request.planes`, against the engine's layout:
+// planeCount 0 is every plane (planeBegin must then be 0); otherwise planeBegin is a
+// plane of the layout and planeBegin + planeCount does not pass its plane count.
+Status decode_load_planes(const EngineLayout& layout, wire::Load::Reader load,
+                          BlockListRequest& request);
 // Lookup: at most `max_blocks` hashes of 1..32 bytes each.
 Result<std::vector<BlockHash>> decode_lookup(uint32_t max_blocks,
                                              capnp::List<capnp::Data>::Reader hashes);

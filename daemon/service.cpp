@@ -288,6 +288,7 @@ Status Service::dispatch(const ConnectionPtr& c, EngineContext& engine,
       auto parsed = decode_block_list(engine, config_.max_blocks_per_request, load.getSessionId(),
                                       load.getBlocks(), BlockListKind::kLoad);
       if (!parsed.is_ok()) return parsed.status();
+      KVTIER_RETURN_IF_ERROR(decode_load_planes(engine.layout, load, *parsed));
       return handle_load(c, engine, id, std::move(*parsed));
     }
     case wire::Request::BEGIN_TURN:
@@ -384,6 +385,7 @@ Status Service::handle_hello(const ConnectionPtr& c, EngineContext& engine, uint
     for (unsigned i = 0; i < gpus_.size(); ++i) uuids.set(i, gpus_[i].uuid);
     out.setDeviceName(std::string(device_->name()));
     out.setRetentionPriorities(true);
+    out.setLoadPlaneRanges(true);
   });
   return Status::ok();
 }

@@ -237,8 +237,11 @@ class Service final : public ipc::RequestHandler {
   };
   DemotionRoom plan_room_by_demotion(Tier tier, uint64_t wanted_bytes, uint64_t least_bytes,
                                      policy::Room rule);
+  // Segments copying engine block `engine_block_id` to or from its stored block at
+  // `slot`: one per plane of `planes` (count 0: every plane), each at its own offset in
+  // the stored block, so a range of planes moves only those planes' bytes.
   void add_plane_segments(CopyBatch& batch, const EngineContext& engine, uint64_t engine_block_id,
-                          const BlockLocation& slot, bool to_engine);
+                          const BlockLocation& slot, bool to_engine, BlockPlanes planes = {});
   // Submits `batch`; `done` runs later on the control thread.
   Status submit_copy(CopyBatch batch, std::function<void(Status)> done);
   // Plans and applies the moves; a periodic plan also arms the next one.

@@ -3,7 +3,8 @@
 // A request is timed from its frame's arrival (record_request) to its reply
 // (record_reply, called from reply() for every answer, error or not). Lookup hits by
 // tier come from the Lookup reply itself; a Load's from the tiers its leading blocks
-// were in when it arrived, counted for the blocks the reply says were loaded.
+// were in when it arrived, counted for the blocks the reply says were loaded (a Load of
+// a plane range only when the range starts at plane 0, as the Stats counters do).
 #include <kj/exception.h>
 
 #include <algorithm>
@@ -32,6 +33,9 @@ void Service::record_request(EngineContext& engine, uint64_t id, wire::Request::
   pending.load_hit_tiers.clear();
   if (request.which() != wire::Request::LOAD || !engine.hello_done || store_ == nullptr) return;
   try {
+    // The Loads of a layer-wise load after the one starting at plane 0 name the same
+    // blocks again: their hits were counted already.
+    if (request.getLoad().getPlaneBegin() != 0) return;
     for (auto block : request.getLoad().getBlocks()) {
       auto hash = block.getHash();
       if (hash.size() == 0 || hash.size() > BlockHash::kMaxBytes) break;

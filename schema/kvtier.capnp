@@ -93,6 +93,8 @@ struct HelloReply {
   gpuUuids @6 :List(Text);     # cuda: the GPUs this daemon serves ("GPU-…"); regions name one
   deviceName @7 :Text;         # "host" or the GPU models, for logs
   retentionPriorities @8 :Bool;  # Save's retention fields are honoured (older daemons: false)
+  loadPlaneRanges @9 :Bool;    # Load's planeBegin/planeCount are honoured (older daemons:
+                               # false, and they copy every plane whatever a Load says)
 }
 
 struct RegisterRegion {
@@ -184,13 +186,27 @@ struct LookupReply {
   tiers @1 :List(Tier);        # tier of each of the first hitCount blocks
 }
 
+# A Load may copy only some of each block's planes: Layout.planes[planeBegin ..
+# planeBegin + planeCount). An engine that loads layer by layer pipelines one Load per
+# range for the same blocks and waits for each reply on its own: the reply of a range
+# means that range's bytes are in place, whatever the other Loads are doing. Each Load
+# stands alone (its own lookup, its own loadedCount); a block evicted between two of
+# them ends the later ones' prefixes earlier, so the engine uses the smallest count.
+# Daemons that honour the range say so in HelloReply.loadPlaneRanges; older ones
+# ignore the fields and copy every plane.
 struct Load {
   sessionId @0 :Text;          # session the load belongs to (empty: no session bookkeeping)
   blocks @1 :List(BlockRef);   # the prefix to restore, in order, into these engine blocks
+  planeBegin @2 :UInt32;       # first plane to copy (an index into Layout.planes); must be 0
+                               # when planeCount is 0
+  planeCount @3 :UInt32;       # planes to copy from planeBegin; 0: every plane (a whole-block
+                               # Load, as before these fields). planeBegin + planeCount must
+                               # not pass the layout's plane count (invalidArgument)
 }
 
 struct LoadReply {
-  loadedCount @0 :UInt32;      # leading blocks restored; the prefix ends at the first miss
+  loadedCount @0 :UInt32;      # leading blocks restored (their planes in the Load's range);
+                               # the prefix ends at the first miss
   stopReason @1 :Error;        # why it ended early (notFound, dataLoss, ...); ok if complete
 }
 
@@ -228,10 +244,11 @@ struct StatsReply {
   tiers @0 :List(TierStats);   # one entry per configured tier
   sessionsActive @1 :UInt64;   # sessions in a turn
   sessionsIdle @2 :UInt64;     # sessions between turns
-  lookupHits @3 :UInt64;       # blocks found by Lookup/Load
-  lookupMisses @4 :UInt64;     # blocks asked for and not found
+  lookupHits @3 :UInt64;       # blocks found by Lookup/Load (a Load of a plane range counts
+                               # only when it starts at plane 0: once per layer-wise load)
+  lookupMisses @4 :UInt64;     # blocks asked for and not found (likewise)
   bytesSaved @5 :UInt64;       # engine → daemon bytes
-  bytesLoaded @6 :UInt64;      # daemon → engine bytes
+  bytesLoaded @6 :UInt64;      # daemon → engine bytes (those copied: a plane range's)
   bytesDemoted @7 :UInt64;     # bytes moved down a tier
   bytesPromoted @8 :UInt64;    # bytes moved up a tier
   pinnedBlocks @9 :UInt64;     # blocks pinned by in-flight copies

@@ -131,6 +131,23 @@ const EngineContext& fixed_engine() {
   return *engine;
 }
 
+// A Load's plane range: refused naming planeBegin, or a nonempty range inside the
+// layout's planes.
+void check_load_planes(wire::Load::Reader load) {
+  const EngineLayout& layout = fixed_engine().layout;
+  BlockListRequest request;
+  Status decoded = decode_load_planes(layout, load, request);
+  if (!decoded.is_ok()) {
+    refused_naming(decoded, {"planeBegin"});
+    return;
+  }
+  KVTIER_FUZZ_CHECK(
+      request.planes.count >= 1 &&
+          uint64_t{request.planes.begin} + request.planes.count <= layout.planes.size(),
+      "planes %u + %u accepted for a layout of %zu", request.planes.begin, request.planes.count,
+      layout.planes.size());
+}
+
 void check_block_list(capnp::Text::Reader session, capnp::List<wire::BlockRef>::Reader blocks,
                       BlockListKind kind, uint32_t max_blocks) {
   const EngineContext& engine = fixed_engine();
@@ -285,6 +302,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       case wire::Request::LOAD:
         check_block_list(request.getLoad().getSessionId(), request.getLoad().getBlocks(),
                          BlockListKind::kLoad, max_blocks);
+        check_load_planes(request.getLoad());
         break;
       case wire::Request::LOOKUP:
         check_lookup(request.getLookup().getHashes(), max_blocks);
