@@ -175,20 +175,27 @@ KVTIER_EXPORT kvtier_status kvtier_lookup(kvtier_client* client, const kvtier_ha
   });
 }
 
-KVTIER_EXPORT kvtier_status kvtier_load(kvtier_client* client, const char* session_id,
-                                        const kvtier_block_ref* refs, uint32_t count,
-                                        kvtier_load_result* out) {
+KVTIER_EXPORT kvtier_status kvtier_load_planes(kvtier_client* client, const char* session_id,
+                                               const kvtier_block_ref* refs, uint32_t count,
+                                               uint32_t plane_begin, uint32_t plane_count,
+                                               kvtier_load_result* out) {
   return guarded([&]() -> Status {
     KVTIER_RETURN_IF_ERROR(require(client, "client"));
     KVTIER_RETURN_IF_ERROR(require(session_id, "session_id"));
     KVTIER_RETURN_IF_ERROR(require(out, "out"));
     auto blocks = to_block_refs(refs, count);
     if (!blocks.is_ok()) return blocks.status();
-    auto loaded = client->client->load(session_id, *blocks);
+    auto loaded = client->client->load(session_id, *blocks, PlaneRange{plane_begin, plane_count});
     if (!loaded.is_ok()) return loaded.status();
     write_load_result(*loaded, out);
     return Status::ok();
   });
+}
+
+KVTIER_EXPORT kvtier_status kvtier_load(kvtier_client* client, const char* session_id,
+                                        const kvtier_block_ref* refs, uint32_t count,
+                                        kvtier_load_result* out) {
+  return kvtier_load_planes(client, session_id, refs, count, 0, 0, out);
 }
 
 KVTIER_EXPORT kvtier_status kvtier_begin_turn(kvtier_client* client, const char* session_id,
@@ -255,9 +262,10 @@ KVTIER_EXPORT kvtier_status kvtier_lookup_async(kvtier_client* client, const kvt
   });
 }
 
-KVTIER_EXPORT kvtier_status kvtier_load_async(kvtier_client* client, const char* session_id,
-                                              const kvtier_block_ref* refs, uint32_t count,
-                                              kvtier_pending** out) {
+KVTIER_EXPORT kvtier_status kvtier_load_planes_async(kvtier_client* client, const char* session_id,
+                                                     const kvtier_block_ref* refs, uint32_t count,
+                                                     uint32_t plane_begin, uint32_t plane_count,
+                                                     kvtier_pending** out) {
   if (out != nullptr) *out = nullptr;
   return guarded([&]() -> Status {
     KVTIER_RETURN_IF_ERROR(require(client, "client"));
@@ -265,8 +273,17 @@ KVTIER_EXPORT kvtier_status kvtier_load_async(kvtier_client* client, const char*
     KVTIER_RETURN_IF_ERROR(require(out, "out"));
     auto blocks = to_block_refs(refs, count);
     if (!blocks.is_ok()) return blocks.status();
-    return make_pending(client, client->client->load_async(session_id, *blocks), count, out);
+    return make_pending(
+        client,
+        client->client->load_async(session_id, *blocks, PlaneRange{plane_begin, plane_count}),
+        count, out);
   });
+}
+
+KVTIER_EXPORT kvtier_status kvtier_load_async(kvtier_client* client, const char* session_id,
+                                              const kvtier_block_ref* refs, uint32_t count,
+                                              kvtier_pending** out) {
+  return kvtier_load_planes_async(client, session_id, refs, count, 0, 0, out);
 }
 
 KVTIER_EXPORT kvtier_status kvtier_begin_turn_async(kvtier_client* client, const char* session_id,

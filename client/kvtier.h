@@ -47,8 +47,9 @@
  * treat an unknown kvtier_status like KVTIER_INTERNAL) and new functions, each in a
  * later version node (KVTIER_0.2: kvtier_last_error_retryable; KVTIER_0.3:
  * kvtier_connect_with_options, kvtier_reconnects; KVTIER_0.4:
- * kvtier_save_with_retention, kvtier_save_with_retention_async). Any incompatible
- * change bumps the soname.
+ * kvtier_save_with_retention, kvtier_save_with_retention_async; KVTIER_0.5:
+ * kvtier_load_planes, kvtier_load_planes_async). Any incompatible change bumps the
+ * soname.
  */
 #ifndef KVTIER_H_
 #define KVTIER_H_
@@ -369,6 +370,21 @@ kvtier_status kvtier_lookup(kvtier_client* client, const kvtier_hash* hashes, ui
 kvtier_status kvtier_load(kvtier_client* client, const char* session_id,
                           const kvtier_block_ref* refs, uint32_t count, kvtier_load_result* out);
 
+/* kvtier_load restricted to some of each block's planes: planes [plane_begin,
+ * plane_begin + plane_count) of the layout's planes (kvtier_layout.planes order, e.g.
+ * layer 0 K, layer 0 V, layer 1 K, ...) are copied into each engine block, the other
+ * planes' bytes left as they are. plane_count 0 is every plane (plane_begin must then
+ * be 0): kvtier_load. For layer-wise loading, send one kvtier_load_planes_async per
+ * layer for the same refs and wait for each on its own: a layer's reply means its
+ * bytes are in place while later layers still copy. Each load stands alone (its own
+ * loaded_count; use the smallest). KVTIER_INVALID_ARGUMENT naming planeBegin or
+ * planeCount and the layout's plane count for a range outside the layout;
+ * KVTIER_NOT_SUPPORTED for a range when the daemon predates plane ranges. Added in
+ * version node KVTIER_0.5. */
+kvtier_status kvtier_load_planes(kvtier_client* client, const char* session_id,
+                                 const kvtier_block_ref* refs, uint32_t count, uint32_t plane_begin,
+                                 uint32_t plane_count, kvtier_load_result* out);
+
 /* A new message arrived for the session: mark it active and promote its blocks
  * toward HBM ahead of the Load. KVTIER_NOT_FOUND for an unknown session. out may be
  * NULL. */
@@ -402,6 +418,12 @@ kvtier_status kvtier_lookup_async(kvtier_client* client, const kvtier_hash* hash
                                   kvtier_pending** out);
 kvtier_status kvtier_load_async(kvtier_client* client, const char* session_id,
                                 const kvtier_block_ref* refs, uint32_t count, kvtier_pending** out);
+/* kvtier_load_planes without waiting (wait with kvtier_pending_wait_load). Added in
+ * version node KVTIER_0.5. */
+kvtier_status kvtier_load_planes_async(kvtier_client* client, const char* session_id,
+                                       const kvtier_block_ref* refs, uint32_t count,
+                                       uint32_t plane_begin, uint32_t plane_count,
+                                       kvtier_pending** out);
 kvtier_status kvtier_begin_turn_async(kvtier_client* client, const char* session_id,
                                       kvtier_pending** out);
 kvtier_status kvtier_close_session_async(kvtier_client* client, const char* session_id,

@@ -27,6 +27,12 @@ for name in kvtier_save_with_retention kvtier_save_with_retention_async; do
     exit 1
   fi
 done
+for name in kvtier_load_planes kvtier_load_planes_async; do
+  if ! printf '%s\n' "$symbols" | grep -q " $name@@KVTIER_0\.5\$"; then
+    echo "$name is not in version node KVTIER_0.5" >&2
+    exit 1
+  fi
+done
 count=$(printf '%s\n' "$symbols" | grep -c ' T kvtier_')
 if [ "$count" -lt 20 ]; then
   echo "only $count kvtier_* functions exported:" >&2
