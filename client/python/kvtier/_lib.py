@@ -161,6 +161,8 @@ _OPTIONAL_SIGNATURES = {
                                                    c_int, POINTER(Retention),
                                                    POINTER(RangeRetention), c_uint32,
                                                    POINTER(_pending_p)]),
+    "kvtier_load_planes_async": (_status, [_client_p, c_char_p, c_void_p, c_uint32, c_uint32,
+                                           c_uint32, POINTER(_pending_p)]),
 }
 
 _load_lock = threading.Lock()

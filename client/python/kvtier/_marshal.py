@@ -106,6 +106,21 @@ def check_int(name: str, value: object, low: int = 0, high: int = 2**64 - 1) -> 
         raise InvalidArgument(f"{name} must be an int in {low}..{high}, got {value!r}")
 
 
+def plane_range(planes: object) -> tuple[int, int] | None:
+    """load()'s ``planes``: None (every plane) or a (begin, count) pair of ints that fit
+    the C ABI's uint32 fields. The daemon checks the range against the layout."""
+    if planes is None:
+        return None
+    try:
+        begin, count = planes  # type: ignore[misc]
+    except (TypeError, ValueError):
+        raise InvalidArgument(
+            f"planes must be a (begin, count) pair of ints or None, got {planes!r}") from None
+    check_int("planes begin", begin, 0, 2**32 - 1)
+    check_int("planes count", count, 0, 2**32 - 1)
+    return begin, count
+
+
 def check_region_id(region_id: int) -> None:
     check_int("region_id", region_id, 0, 2**32 - 1)
 

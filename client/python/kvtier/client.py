@@ -341,12 +341,23 @@ class Client:
         del keep  # the hashes were serialized before kvtier_lookup returned
         return _marshal.lookup_result(hit_count, tiers)
 
-    def load(self, session_id: str, blocks: Sequence[Block]) -> LoadResult:
+    def load(self, session_id: str, blocks: Sequence[Block], *,
+             planes: tuple[int, int] | None = None) -> LoadResult:
         """Restores the leading held blocks into the engine blocks named. A prefix
         that ends early is not an error: loaded_count says how far it got and
         stop_reason why (NotFound, DataLoss); compute the rest. ``session_id`` ""
-        loads without marking a session active."""
-        return self.load_async(session_id, blocks).result()
+        loads without marking a session active.
+
+        ``planes=(begin, count)`` copies only planes begin..begin+count-1 of each block
+        (in ``layout.planes`` order, e.g. layer 0 K, layer 0 V, layer 1 K, ...) and
+        leaves the engine's other bytes as they are; None (or count 0 with begin 0)
+        copies every plane. For layer-wise loading send one ``load_async`` per layer
+        for the same blocks and wait for each on its own: a layer's result means its
+        bytes are in place while later layers still copy. Each load stands alone (use
+        the smallest loaded_count). InvalidArgument for a range outside the layout's
+        planes (or not a pair of non-negative ints); NotSupported when the library or
+        the daemon predates plane ranges."""
+        return self.load_async(session_id, blocks, planes=planes).result()
 
     def begin_turn(self, session_id: str) -> BeginTurnResult:
         """A new message arrived for the session: marks it active and starts moving
@@ -439,9 +450,12 @@ class Client:
         return self._pending(lambda h, out: self._lib.kvtier_lookup_async(h, refs, count, out),
                              wait, keep)
 
-    def load_async(self, session_id: str, blocks: Sequence[Block]) -> Pending[LoadResult]:
-        """load() without waiting. Do not touch the blocks named until result()."""
+    def load_async(self, session_id: str, blocks: Sequence[Block], *,
+                   planes: tuple[int, int] | None = None) -> Pending[LoadResult]:
+        """load() without waiting. Do not touch the blocks named (the planes of
+        ``planes``) until result()."""
         session = _marshal.text("session_id", session_id)
+        plane_range = _marshal.plane_range(planes)
         refs, count, keep = _marshal.block_array(blocks)
 
         def wait(pending: int) -> LoadResult:
@@ -449,8 +463,16 @@ class Client:
             _lib.check(self._lib.kvtier_pending_wait_load(pending, byref(out)))
             return _marshal.load_result(out)
 
-        return self._pending(lambda h, out: self._lib.kvtier_load_async(
-            h, session, refs, count, out), wait, keep)
+        if plane_range is None:
+            return self._pending(lambda h, out: self._lib.kvtier_load_async(
+                h, session, refs, count, out), wait, keep)
+        load_planes = getattr(self._lib, "kvtier_load_planes_async", None)
+        if load_planes is None:
+            raise NotSupported("this libkvtier.so.0 predates plane ranges in load (ABI 0.5)",
+                               retryable=False)
+        begin, plane_count = plane_range
+        return self._pending(lambda h, out: load_planes(
+            h, session, refs, count, begin, plane_count, out), wait, keep)
 
     def begin_turn_async(self, session_id: str) -> Pending[BeginTurnResult]:
         """begin_turn() without waiting: send it as soon as the message arrives."""
@@ -491,8 +513,9 @@ class Session:
                                 priority_duration_s=priority_duration_s,
                                 block_priorities=block_priorities)
 
-    def load(self, blocks: Sequence[Block]) -> LoadResult:
-        return self.client.load(self.session_id, blocks)
+    def load(self, blocks: Sequence[Block], *,
+             planes: tuple[int, int] | None = None) -> LoadResult:
+        return self.client.load(self.session_id, blocks, planes=planes)
 
     def lookup(self, hashes: Sequence[bytes]) -> LookupResult:
         return self.client.lookup(hashes)
