@@ -15,22 +15,10 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "python"))
 from kvtierd_process import Kvtierd, use_built_client  # noqa: E402
 
+sys.path.insert(0, str(HERE.parent.parent / "examples" / "vllm"))
+from tiny_llama import write_tiny_llama  # noqa: E402
+
 use_built_client()
-
-TINY_LLAMA = dict(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=4,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096)
-
-
-def write_tiny_llama(directory: Path, seed: int, **overrides) -> Path:
-    """A Llama-architecture model with seeded random weights (no hub)."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    directory.mkdir(parents=True, exist_ok=True)
-    config = LlamaConfig(**{**TINY_LLAMA, **overrides}, torch_dtype="float32")
-    torch.manual_seed(seed)
-    LlamaForCausalLM(config).save_pretrained(directory, safe_serialization=True)
-    return directory
 
 
 @pytest.fixture(scope="session")
@@ -51,10 +39,10 @@ def kvtierd(tmp_path):
 
 
 class ChatEngine:
-    """vLLM in its own process (tests/vllm/chat_engine.py), one turn at a time."""
+    """vLLM in its own process (examples/vllm/engine_process.py), one turn at a time."""
 
     def __init__(self, model: Path, socket: str | None = None, *extra: str) -> None:
-        argv = [sys.executable, str(HERE / "chat_engine.py"), str(model)]
+        argv = [sys.executable, str(HERE.parent.parent / "examples" / "vllm" / "engine_process.py"), str(model)]
         if socket:
             argv += ["--kvtier", socket]
         argv += list(extra)

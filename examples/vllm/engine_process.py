@@ -1,0 +1,80 @@
+"""vLLM (its offline LLM engine, on the CPU) in a process of its own, driven one request
+at a time over stdin/stdout: what tests/vllm and bench/vllm_ttft.py run.
+
+    python engine_process.py MODEL_DIR [--kvtier SOCKET] [--whole-request] [--prefix-caching]
+
+Input lines: {"prompt": [token ids], "max_tokens": n, "session": "conv-1" | null,
+"priority": 1..100 | null}. Output lines: {"tokens": [...], "wall_s": seconds the
+generate call took, "counters": kvtier.vllm's counters (empty without --kvtier)}.
+With --kvtier the Saves of the finished request are completed after the timed call
+(kvtier.vllm.finish_saves), as a server's engine loop would do on its own.
+The tokenizer is skipped (prompts are token ids); decoding is greedy.
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("model")
+    parser.add_argument("--kvtier", metavar="SOCKET", help="use kvtier.vllm with kvtierd at SOCKET")
+    parser.add_argument("--prefix-caching", action="store_true", help="keep vLLM's own prefix cache on")
+    parser.add_argument("--whole-request", action="store_true", help="one Load per request, not per layer")
+    parser.add_argument("--kv-cache-bytes", type=int, default=64 << 20)
+    parser.add_argument("--max-model-len", type=int, default=4096)
+    parser.add_argument("--block-size", type=int, default=32)
+    parser.add_argument("--model-id", default=None)
+    parser.add_argument("--lookup-timeout-ms", type=float, default=None)
+    args = parser.parse_args()
+
+    from vllm import LLM, SamplingParams
+    from vllm.config import KVTransferConfig
+    from vllm.inputs import TokensPrompt
+
+    transfer = None
+    if args.kvtier:
+        extra = {"socket": args.kvtier, "layerwise": not args.whole_request, "reconnect_ms": 200}
+        if args.model_id:
+            extra["model_id"] = args.model_id
+        if args.lookup_timeout_ms is not None:
+            extra["lookup_timeout_ms"] = args.lookup_timeout_ms
+        transfer = KVTransferConfig(kv_connector="KvtierConnector", kv_connector_module_path="kvtier.vllm",
+                                    kv_role="kv_both", kv_connector_extra_config=extra)
+    llm = LLM(model=args.model, skip_tokenizer_init=True, dtype="float32", max_model_len=args.max_model_len,
+              enforce_eager=True, block_size=args.block_size, kv_cache_memory_bytes=args.kv_cache_bytes,
+              enable_prefix_caching=args.prefix_caching, kv_transfer_config=transfer, seed=0,
+              max_num_batched_tokens=args.max_model_len)
+    if args.kvtier:
+        import kvtier.vllm
+        counters, finish_saves = kvtier.vllm.counters, kvtier.vllm.finish_saves
+    else:
+        counters, finish_saves = dict, lambda llm: True
+    print(json.dumps({"ready": True}), flush=True)
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        request = json.loads(line)
+        transfer_params = {}
+        if request.get("session"):
+            transfer_params["kvtier_session"] = request["session"]
+            if request.get("priority") is not None:
+                transfer_params["kvtier_priority"] = request["priority"]
+        params = SamplingParams(max_tokens=request.get("max_tokens", 8), temperature=0.0, detokenize=False,
+                                ignore_eos=True,
+                                extra_args={"kv_transfer_params": transfer_params} if transfer_params else None)
+        started = time.perf_counter()
+        out = llm.generate([TokensPrompt(prompt_token_ids=request["prompt"])], params, use_tqdm=False)
+        wall_s = time.perf_counter() - started
+        finish_saves(llm)
+        print(json.dumps({"tokens": list(out[0].outputs[0].token_ids), "wall_s": wall_s,
+                          "counters": counters()}), flush=True)
+
+
+if __name__ == "__main__":
+    main()

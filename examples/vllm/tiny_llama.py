@@ -1,0 +1,40 @@
+"""Writes a small Llama-architecture model with seeded random weights (no hub): what
+the vLLM tests and benchmark serve.
+
+    python tiny_llama.py OUT_DIR [--seed N] [--layers L] [--hidden H] ...
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+TINY = dict(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=4,
+            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096)
+
+
+def write_tiny_llama(directory: Path, seed: int = 0, **overrides) -> Path:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    config = LlamaConfig(**{**TINY, **overrides}, torch_dtype="float32")
+    torch.manual_seed(seed)
+    LlamaForCausalLM(config).save_pretrained(directory, safe_serialization=True)
+    return directory
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--layers", type=int, default=TINY["num_hidden_layers"])
+    parser.add_argument("--hidden", type=int, default=TINY["hidden_size"])
+    parser.add_argument("--heads", type=int, default=TINY["num_attention_heads"])
+    parser.add_argument("--kv-heads", type=int, default=TINY["num_key_value_heads"])
+    parser.add_argument("--max-len", type=int, default=TINY["max_position_embeddings"])
+    a = parser.parse_args()
+    write_tiny_llama(Path(a.out), a.seed, num_hidden_layers=a.layers, hidden_size=a.hidden,
+                     intermediate_size=2 * a.hidden, num_attention_heads=a.heads,
+                     num_key_value_heads=a.kv_heads, max_position_embeddings=a.max_len)
