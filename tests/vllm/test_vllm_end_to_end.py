@@ -56,6 +56,7 @@ def test_turns_load_their_history_and_answer_as_without_kvtier(tiny_llama, kvtie
         assert grew["loaded_blocks"] >= 4, f"turn {i}: {grew}"
         assert grew["load_failed_blocks"] == 0, (i, grew)
         assert grew["saved_blocks"] > 0, (i, grew)
+        assert grew["layer_loads"] == 4 * grew["loads"], (i, grew)  # one Load per layer
 
 
 def _wait_until_on_nvme(daemon, timeout_s: float = 20.0) -> None:

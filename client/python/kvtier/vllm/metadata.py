@@ -42,7 +42,7 @@ class Counters:
         "lookups", "lookup_hit_blocks", "lookup_timeouts", "lookup_errors", "lookup_waits_for_save",
         "begin_turns", "begin_turn_errors",
         "loads", "loaded_blocks", "load_failed_blocks", "load_timeouts", "load_errors",
-        "loaded_bytes", "layer_waits",
+        "loaded_bytes", "layer_loads", "layer_waits",
         "saves", "saved_blocks", "save_dropped_blocks", "save_errors", "save_timeouts",
         "saved_bytes", "staging_waits", "daemon_unavailable", "connects",
     )

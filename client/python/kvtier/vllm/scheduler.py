@@ -161,7 +161,7 @@ class SchedulerSide:
                 self._send_lookup(request, state, client)
                 if state.hits is not None:
                     return self._matched(state, local_blocks, max_blocks)
-            if not state.lookup.done():
+            if not self._lookup_answered(state):
                 if (time.monotonic() - state.lookup_sent_s) * 1000.0 < self._config.lookup_timeout_ms:
                     return None, False
                 COUNTERS.add("lookup_timeouts")
@@ -175,6 +175,17 @@ class SchedulerSide:
                 state.hits = 0
             state.lookup = None
         return self._matched(state, local_blocks, max_blocks)
+
+    def _lookup_answered(self, state: _Request) -> bool:
+        """Polls the Lookup, spinning for at most lookup_spin_us the first time: a reply
+        is usually that close, and "ask again" costs the request a whole engine step."""
+        if state.lookup.done():
+            return True
+        spin_until = state.lookup_sent_s + self._config.lookup_spin_us / 1e6
+        while time.monotonic() < spin_until:
+            if state.lookup.done():
+                return True
+        return False
 
     def _matched(self, state: _Request, local_blocks: int, max_blocks: int) -> tuple[int, bool]:
         external_blocks = min(state.hits or 0, max_blocks) - local_blocks

@@ -208,6 +208,7 @@ class WorkerSide:
             self._loads.append(load)
             return
         COUNTERS.add("loads")
+        COUNTERS.add("layer_loads", len(pendings) if len(pendings) > 1 else 0)
         self._loads.append(_Load(job, blocks, pendings, [False] * layers, len(blocks)))
 
     def _fail_load(self, block_ids: list[int]) -> None:
