@@ -41,13 +41,15 @@ def baseline(tiny_llama):
         engine.close()
 
 
-def test_turns_load_their_history_and_answer_as_without_kvtier(tiny_llama, kvtierd, baseline):
-    engine = ChatEngine(tiny_llama, kvtierd.socket_path)
+@pytest.mark.parametrize("path", ["staged", "zero-copy"])
+def test_turns_load_their_history_and_answer_as_without_kvtier(tiny_llama, kvtierd, baseline, path):
+    engine = ChatEngine(tiny_llama, kvtierd.socket_path, *(["--zero-copy"] if path == "zero-copy" else []))
     try:
         replies = run_chat(engine, conversation(7, 3), "conv-42")
     finally:
         engine.close()
     assert [r["tokens"] for r in replies] == baseline
+    assert replies[-1]["counters"]["zero_copy_caches"] == (1 if path == "zero-copy" else 0)
     before = replies[0]["counters"]
     assert before["loaded_blocks"] == 0
     for i in (1, 2):

@@ -20,6 +20,10 @@ Every key is optional:
   there when vLLM started (after that, the client library reconnects by itself).
 - ``staging_bytes`` (1 GiB): size of the host path's staging buffer (a memfd the
   daemon maps); a step's loads and saves past it wait for the next step.
+- ``host_zero_copy`` (false): vLLM on the CPU allocates its KV cache in a memfd the
+  daemon maps (through the connector's allocation context), so no staging copy is
+  made. The price: like CUDA, a Load or Save the daemon has started is always waited
+  for (a hung but connected daemon stalls the engine); with staging, timeouts apply.
 - ``layerwise`` (true): load layer by layer (false: one Load per request, waited for
   before the first layer).
 """
@@ -42,6 +46,7 @@ class ConnectorConfig:
     save_wait_ms: float = 2000.0
     reconnect_ms: float = 1000.0
     staging_bytes: int = 1 << 30
+    host_zero_copy: bool = False
     layerwise: bool = True
 
     @classmethod

@@ -7,6 +7,7 @@ class only routes vLLM's calls to the side of its role.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Any
 
@@ -27,6 +28,31 @@ logger = logging.getLogger("kvtier.vllm")
 def counters() -> dict[str, int]:
     """This process's connector counters (both roles), cumulative."""
     return COUNTERS.snapshot()
+
+
+@contextlib.contextmanager
+def memfd_kv_allocation():
+    """While active, ``torch.zeros(n, dtype=torch.int8, device="cpu")`` — the call vLLM
+    0.32 makes for the KV cache's one backing buffer — returns a memfd-backed tensor
+    (``kvtier.torch.memfd_tensor``); every other call is torch's own."""
+    from .. import torch as kvtier_torch
+
+    original = torch.zeros
+
+    def zeros(*args, **kwargs):
+        size = args[0] if len(args) == 1 else kwargs.get("size")
+        device = kwargs.get("device")
+        if (isinstance(size, int) and kwargs.get("dtype") is torch.int8 and device is not None
+                and torch.device(device).type == "cpu" and not kwargs.get("out")
+                and set(kwargs) <= {"dtype", "device"}):
+            return kvtier_torch.memfd_tensor((size,), torch.int8, name="kvtier-vllm-kv-cache")
+        return original(*args, **kwargs)
+
+    torch.zeros = zeros
+    try:
+        yield
+    finally:
+        torch.zeros = original
 
 
 def finish_saves(llm, timeout_s: float = 30.0) -> bool:
@@ -79,6 +105,7 @@ class KvtierConnector(KVConnectorBase_V1):
             raise ValueError("kvtier.vllm needs vLLM's kv_cache_config (vLLM 0.32 passes it)")
         self._shape = block_shape(vllm_config, kv_cache_config, self._config.model_id)
         device = "host" if vllm_config.device_config.device_type == "cpu" else "cuda"
+        self._device = device
         self._scheduler: SchedulerSide | None = None
         self._worker: WorkerSide | None = None
         self._reported = COUNTERS.snapshot()
@@ -95,6 +122,13 @@ class KvtierConnector(KVConnectorBase_V1):
         return False  # a cache: a Save dropped is a later miss, never wrong output
 
     # ---- worker side -------------------------------------------------------------
+
+    def get_mem_pool_context(self):
+        """With ``host_zero_copy`` on a CPU vLLM: vLLM allocates its KV cache inside this
+        context, which makes that one allocation a memfd the daemon can map."""
+        if self._worker is None or not self._config.host_zero_copy or self._device != "host":
+            return None
+        return memfd_kv_allocation()
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]):
         self._worker.register_kv_caches(kv_caches)

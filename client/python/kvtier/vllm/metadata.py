@@ -44,7 +44,7 @@ class Counters:
         "loads", "loaded_blocks", "load_failed_blocks", "load_timeouts", "load_errors",
         "loaded_bytes", "layer_loads", "layer_waits",
         "saves", "saved_blocks", "save_dropped_blocks", "save_errors", "save_timeouts",
-        "saved_bytes", "staging_waits", "daemon_unavailable", "connects",
+        "saved_bytes", "staging_waits", "zero_copy_caches", "daemon_unavailable", "connects",
     )
 
     def __init__(self) -> None:

@@ -26,6 +26,7 @@ from typing import Iterable
 
 import torch
 
+from .. import _memfd
 from .. import torch as kvtier_torch
 from ..errors import InvalidArgument, KvtierError, NotSupported
 from ..layout import Plane
@@ -97,7 +98,8 @@ class WorkerSide:
         self._shape = shape
         self._layer_index = {name: i for i, name in enumerate(shape.layer_names)}
         self._link: DaemonLink | None = None
-        self._host = True
+        self._host = True  # vLLM's cache is in host memory
+        self._staged = True  # ... and the daemon reaches it through the staging buffer
         self._staging: torch.Tensor | None = None
         self._slots: SlotPool | None = None
         self._staging_planes: list[torch.Tensor] = []  # per plane: [slots, plane bytes] view
@@ -134,7 +136,25 @@ class WorkerSide:
                 planes.append(Plane(region_id=region_id, offset_bytes=start, stride_bytes=stride,
                                     bytes_per_block=size))
         self._cache_planes = views
-        if self._host:
+        memfd = _memfd.find(layers[0].data_ptr()) if self._host else None
+        self._staged = self._host and memfd is None
+        if memfd is not None:
+            # vLLM's cache itself is in a memfd (host_zero_copy): the daemon maps it and
+            # copies straight into vLLM's blocks, as on CUDA.
+            for name, layer in zip(shape.layer_names, layers):
+                if _memfd.find(layer.data_ptr()) is not memfd:
+                    raise InvalidArgument(f"kvtier.vllm: layer {name} is outside the memfd holding layer "
+                                          f"{shape.layer_names[0]}")
+            layout = shape.layout(planes, layers[0].shape[0])
+            first_layer = layers[0]
+            COUNTERS.add("zero_copy_caches")
+            logger.info("kvtier.vllm: vLLM's KV cache is a memfd (%d bytes) kvtierd maps: no staging",
+                        memfd.size_bytes)
+
+            def setup(client):
+                client.hello(layout, engine_name="vllm", device="host")
+                client.register_tensor(0, first_layer)  # the whole memfd
+        elif self._staged:
             slots = max(1, min(shape.num_blocks, self._config.staging_bytes // shape.block_bytes))
             self._staging = kvtier_torch.memfd_tensor((slots, shape.block_bytes), torch.uint8,
                                                       name="kvtier-vllm-staging")
@@ -175,7 +195,7 @@ class WorkerSide:
             self._fail_load(job.block_ids)
             return
         targets = job.block_ids
-        if self._host:
+        if self._staged:
             slots = self._slots.take(count)
             if len(slots) < count:  # staging full: load what fits, recompute the rest
                 COUNTERS.add("staging_waits")
@@ -229,7 +249,9 @@ class WorkerSide:
         load.layers_done[layer] = True
         COUNTERS.add("layer_waits")
         pending = load.pendings[layer] if len(load.pendings) > 1 else load.pendings[0]
-        timeout = self._config.load_timeout_ms / 1000.0 if self._host else None
+        # Only a staged Load may be given up on: the daemon then writes staging slots
+        # nobody reads. Straight into vLLM's blocks, it must be waited out.
+        timeout = self._config.load_timeout_ms / 1000.0 if self._staged else None
         filled = 0
         if pending is not None:
             try:
@@ -243,7 +265,7 @@ class WorkerSide:
         if filled < load.loaded:
             self._fail_load(load.job.block_ids[filled:load.loaded])
             load.loaded = filled
-        if self._host and filled and not load.failed:
+        if self._staged and filled and not load.failed:
             shape = self._shape
             slots = torch.tensor([slot for _, slot in load.blocks[:filled]], dtype=torch.long)
             ids = torch.tensor(load.job.block_ids[:filled], dtype=torch.long)
@@ -261,7 +283,7 @@ class WorkerSide:
             for layer in range(len(load.layers_done)):
                 self._finish_layer(load, layer)
             COUNTERS.add("loaded_blocks", load.loaded)
-            if not self._host:
+            if not self._staged:
                 continue
             if all(p is None or p.done() for p in load.pendings):
                 self._slots.give(slot for _, slot in load.blocks)
@@ -290,7 +312,8 @@ class WorkerSide:
         if self._host:
             # The copies into the daemon's RAM take about a memcpy: waiting for them here
             # (bounded by save_timeout_ms) lets get_finished report them in this very
-            # step, so the scheduler's next Lookup sees the blocks.
+            # step, so the scheduler's next Lookup sees the blocks. (Only a staged Save is
+            # reported before its reply: see _reap.)
             for save in self._saves:
                 try:
                     _wait(save.pending, max(0.0, save.sent_s + self._config.save_timeout_ms / 1000.0
@@ -307,7 +330,7 @@ class WorkerSide:
         count = len(job.hashes)
         slots: list[int] = []
         targets = job.block_ids
-        if self._host:
+        if self._staged:
             if self._slots.free < count:
                 if count > len(self._staging):  # never fits: save the prefix that does
                     COUNTERS.add("save_dropped_blocks", count - len(self._staging))
@@ -339,7 +362,7 @@ class WorkerSide:
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         self._reap()
-        if self._save_backlog and self._host:
+        if self._save_backlog and self._staged:
             backlog, self._save_backlog = self._save_backlog, []
             for job in backlog:
                 self._start_save(job)
@@ -367,7 +390,7 @@ class WorkerSide:
                 continue
             # Host path: vLLM's blocks were copied out; past the timeout they go back to
             # vLLM while the slots wait for the reply.
-            if (self._host and not save.reported
+            if (self._staged and not save.reported
                     and (now - save.sent_s) * 1000.0 >= self._config.save_timeout_ms):
                 COUNTERS.add("save_timeouts")
                 save.reported = True
