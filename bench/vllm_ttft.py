@@ -2,7 +2,7 @@
 
     build/vllm-venv/bin/python bench/vllm_ttft.py [--history 8192] [--reps 7] [--json OUT]
 
-One kvtierd and four vLLM engine processes (examples/vllm/engine_process.py), all idle
+One kvtierd and five vLLM engine processes (examples/vllm/engine_process.py), all idle
 while another works; requests go to them in turn, so drift on the machine hits every
 configuration alike. vLLM's prefix cache is off in all of them: each request either
 loads its history from kvtierd or computes it.
@@ -11,6 +11,8 @@ loads its history from kvtierd or computes it.
 - **kvtier, layer-wise**: the connector; the history was saved by an earlier request,
   turn N loads it (one Load per layer) and computes only the new message.
 - **kvtier, whole-request**: the same with one Load for all layers.
+- **zero-copy** (``host_zero_copy``): both again with vLLM's cache in a memfd the
+  daemon maps, instead of the staging buffer.
 - **miss overhead**: fresh prompts nothing has seen, with the connector (Lookup, then
   the Save after the timed request) and without.
 
@@ -115,16 +117,20 @@ def main() -> None:
         engines["recompute"] = Engine("recompute", model, common, work, library)
         engines["layerwise"] = Engine("layerwise", model, [*common, "--kvtier", sock], work, library)
         engines["whole"] = Engine("whole", model, [*common, "--kvtier", sock, "--whole-request"], work, library)
+        engines["zc_layerwise"] = Engine("zc_layerwise", model, [*common, "--kvtier", sock, "--zero-copy"],
+                                         work, library)
+        engines["zc_whole"] = Engine("zc_whole", model, [*common, "--kvtier", sock, "--zero-copy",
+                                                         "--whole-request"], work, library)
         rng = random.Random(1)
         history = [rng.randrange(1, 500) for _ in range(args.history)]
         # The conversation's earlier turn, saved once (by the layer-wise engine).
         engines["layerwise"].ttft(history + [1] * args.message, session="bench")
-        samples: dict[str, list[float]] = {"recompute": [], "layerwise": [], "whole": [],
-                                           "miss_with": [], "miss_without": []}
-        loaded: dict[str, list[int]] = {"layerwise": [], "whole": []}
+        loading = ("layerwise", "whole", "zc_layerwise", "zc_whole")
+        samples: dict[str, list[float]] = {name: [] for name in ("recompute", *loading, "miss_with", "miss_without")}
+        loaded: dict[str, list[int]] = {name: [] for name in loading}
         for rep in range(args.reps):
             message = [rng.randrange(1, 500) for _ in range(args.message)]
-            for name in ("recompute", "layerwise", "whole"):
+            for name in ("recompute", *loading):
                 reply = engines[name].ttft(history + message, session="bench" if name != "recompute" else None)
                 samples[name].append(reply["wall_s"])
                 if name in loaded:
@@ -140,6 +146,9 @@ def main() -> None:
             "kvtier_over_recompute": median["layerwise"] / median["recompute"],
             "whole_request_over_recompute": median["whole"] / median["recompute"],
             "layerwise_over_whole_request": median["layerwise"] / median["whole"],
+            "zero_copy_over_recompute": median["zc_layerwise"] / median["recompute"],
+            "zero_copy_layerwise_over_whole_request": median["zc_layerwise"] / median["zc_whole"],
+            "zero_copy_over_staged": median["zc_layerwise"] / median["layerwise"],
             "miss_overhead": median["miss_with"] / median["miss_without"] - 1.0,
             "loaded_blocks_total": {k: v[-1] for k, v in loaded.items()},
             "samples_s": samples,
