@@ -27,6 +27,7 @@ def main() -> None:
     parser.add_argument("--prefix-caching", action="store_true", help="keep vLLM's own prefix cache on")
     parser.add_argument("--whole-request", action="store_true", help="one Load per request, not per layer")
     parser.add_argument("--zero-copy", action="store_true", help="vLLM's cache in a memfd the daemon maps")
+    parser.add_argument("--async-load", action="store_true", help="vLLM holds a request while its Load runs")
     parser.add_argument("--kv-cache-bytes", type=int, default=64 << 20)
     parser.add_argument("--max-model-len", type=int, default=4096)
     parser.add_argument("--block-size", type=int, default=32)
@@ -41,7 +42,7 @@ def main() -> None:
     transfer = None
     if args.kvtier:
         extra = {"socket": args.kvtier, "layerwise": not args.whole_request, "reconnect_ms": 200,
-                 "host_zero_copy": args.zero_copy}
+                 "host_zero_copy": args.zero_copy, "async_load": args.async_load}
         if args.model_id:
             extra["model_id"] = args.model_id
         if args.lookup_timeout_ms is not None:

@@ -108,6 +108,11 @@ class MiniEngine:
             request = self.requests[request_id]
             start = request.num_computed_tokens - count  # schedule() already advanced it
             blocks = self.scheduler.kv_cache_manager.get_blocks(request_id).get_block_ids()[0]
+            # What the model is about to read: every full block before the tokens it
+            # computes now must hold that prefix's KV, whether computed or loaded.
+            for index in range(start // BLOCK):
+                assert self.cache[:, blocks[index]].equal(self.expected_block(request.all_token_ids, index)), \
+                    f"{request_id}: block {index} (engine block {blocks[index]}) is not its prefix's KV"
             for position in range(start, start + count):
                 token = request.all_token_ids[position]
                 block, offset = blocks[position // BLOCK], position % BLOCK

@@ -34,9 +34,9 @@ def _extra(engine: MiniEngine) -> str:
     return request_extra_keys(engine.connector._shape.model_id, _Req())
 
 
-@pytest.fixture
-def engine(tiny_llama, kvtierd):
-    e = MiniEngine(tiny_llama, kvtierd.socket_path)
+@pytest.fixture(params=["layerwise", "async"])
+def engine(request, tiny_llama, kvtierd):
+    e = MiniEngine(tiny_llama, kvtierd.socket_path, async_load=request.param == "async")
     yield e
     e.close()
 
@@ -52,6 +52,7 @@ def test_a_three_turn_conversation_hits_on_turns_two_and_three(engine):
         hits.append(sum(len(j.hashes) for j in new_loads))
         for job in new_loads:
             assert job.session_id == "conv-42"
+            assert job.asynchronous == engine.connector._config.async_load
             check_loaded_bytes(engine, history, job)
         # The Save named every full block whose KV was computed, under the session.
         save = engine.saves[-1]

@@ -24,6 +24,10 @@ Every key is optional:
   daemon maps (through the connector's allocation context), so no staging copy is
   made. The price: like CUDA, a Load or Save the daemon has started is always waited
   for (a hung but connected daemon stalls the engine); with staging, timeouts apply.
+- ``async_load`` (false): report hits as loaded asynchronously: vLLM holds the
+  request (other requests keep running) while one Load per request fills its blocks,
+  and schedules it once the worker reports the Load done. Off: Loads run inside the
+  request's forward pass, layer by layer.
 - ``layerwise`` (true): load layer by layer (false: one Load per request, waited for
   before the first layer).
 """
@@ -47,6 +51,7 @@ class ConnectorConfig:
     reconnect_ms: float = 1000.0
     staging_bytes: int = 1 << 30
     host_zero_copy: bool = False
+    async_load: bool = False
     layerwise: bool = True
 
     @classmethod

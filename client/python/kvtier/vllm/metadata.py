@@ -15,6 +15,7 @@ class LoadJob:
     session_id: str  # "" for a request without a session
     hashes: list[bytes]
     block_ids: list[int]
+    asynchronous: bool = False  # vLLM holds the request until get_finished reports it
 
 
 @dataclasses.dataclass

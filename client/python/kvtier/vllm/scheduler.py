@@ -45,6 +45,7 @@ class _Request:
     waiting_for_save_since_s: float | None = None
     local_tokens: int = 0  # block-aligned local prefix hit the last match was for
     begin_turn: Pending | None = None
+    load_sent: bool = False  # an asynchronous Load went out (vLLM may call again after it)
 
 
 def _session_of(request) -> tuple[str, int | None]:
@@ -192,14 +193,14 @@ class SchedulerSide:
         if external_blocks <= 0:
             return 0, False
         state.local_tokens = local_blocks * self._block
-        return external_blocks * self._block, False
+        return external_blocks * self._block, self._config.async_load
 
     def update_state_after_alloc(self, request, blocks, num_external_tokens: int) -> None:
         if num_external_tokens <= 0:
             return
         state = self._requests.get(request.request_id)
-        if state is None:
-            return
+        if state is None or state.load_sent:
+            return  # an asynchronous Load's second call (blocks for the rest): nothing to load
         first = state.local_tokens // self._block
         count = num_external_tokens // self._block
         block_ids = list(blocks.get_block_ids()[0][first:first + count])
@@ -208,7 +209,9 @@ class SchedulerSide:
             logger.warning("kvtier.vllm: request %s: %d blocks allocated for %d external; not loading",
                            request.request_id, len(block_ids), count)
             return
-        self._loads.append(LoadJob(request.request_id, state.session_id, hashes, block_ids))
+        self._loads.append(LoadJob(request.request_id, state.session_id, hashes, block_ids,
+                                   asynchronous=self._config.async_load))
+        state.load_sent = self._config.async_load
 
     def build_connector_meta(self, scheduler_output) -> KvtierConnectorMetadata:
         meta = KvtierConnectorMetadata(loads=self._loads, saves=self._saves)

@@ -81,6 +81,7 @@ class _Load:
     layers_done: list[bool]
     loaded: int  # blocks every layer done so far filled
     failed: bool = False
+    started_s: float = 0.0
 
 
 @dataclasses.dataclass
@@ -104,7 +105,9 @@ class WorkerSide:
         self._slots: SlotPool | None = None
         self._staging_planes: list[torch.Tensor] = []  # per plane: [slots, plane bytes] view
         self._cache_planes: list[torch.Tensor] = []  # per plane: [vLLM blocks, plane bytes]
-        self._loads: list[_Load] = []
+        self._loads: list[_Load] = []  # this step's, waited for layer by layer
+        self._async_loads: list[_Load] = []  # vLLM waits for their requests between steps
+        self._failed_async: set[str] = set()  # asynchronous Loads that could not even start
         self._load_errors: set[int] = set()
         self._saves: list[_Save] = []  # sent, not yet reported finished
         self._save_backlog: list[SaveJob] = []  # waiting for staging room
@@ -193,6 +196,8 @@ class WorkerSide:
         client = self._link.get() if self._link else None
         if client is None:
             self._fail_load(job.block_ids)
+            if job.asynchronous:
+                self._failed_async.add(job.request_id)
             return
         targets = job.block_ids
         if self._staged:
@@ -203,12 +208,14 @@ class WorkerSide:
             targets = slots
         blocks = list(zip(job.hashes[:len(targets)], targets))
         if not blocks:
+            if job.asynchronous:
+                self._failed_async.add(job.request_id)
             return
         shape = self._shape
         layers = len(shape.layer_names)
         pendings: list[Pending | None] = []
         try:
-            if self._config.layerwise and self._supports_planes and layers > 1:
+            if self._config.layerwise and self._supports_planes and layers > 1 and not job.asynchronous:
                 try:
                     for layer in range(layers):
                         pendings.append(client.load_async(
@@ -225,11 +232,12 @@ class WorkerSide:
             # Layers already sent may still write into their targets: wait them out.
             load = _Load(job, blocks, pendings + [None] * (layers - len(pendings)), [False] * layers, 0,
                          failed=True)
-            self._loads.append(load)
+            (self._async_loads if job.asynchronous else self._loads).append(load)
             return
         COUNTERS.add("loads")
         COUNTERS.add("layer_loads", len(pendings) if len(pendings) > 1 else 0)
-        self._loads.append(_Load(job, blocks, pendings, [False] * layers, len(blocks)))
+        load = _Load(job, blocks, pendings, [False] * layers, len(blocks), started_s=time.monotonic())
+        (self._async_loads if job.asynchronous else self._loads).append(load)
 
     def _fail_load(self, block_ids: list[int]) -> None:
         if block_ids:
@@ -280,17 +288,36 @@ class WorkerSide:
         """After the forward pass: layers never waited for are waited for now (so no
         reply can write slots that go back to the pool), then the slots are freed."""
         for load in self._loads:
-            for layer in range(len(load.layers_done)):
-                self._finish_layer(load, layer)
-            COUNTERS.add("loaded_blocks", load.loaded)
-            if not self._staged:
-                continue
-            if all(p is None or p.done() for p in load.pendings):
-                self._slots.give(slot for _, slot in load.blocks)
-            else:  # timed out: the daemon may still write these slots until it replies
-                self._quarantined.append(([p for p in load.pendings if p is not None],
-                                          [slot for _, slot in load.blocks]))
+            self._end_load(load)
         self._loads = []
+
+    def _end_load(self, load: _Load) -> None:
+        for layer in range(len(load.layers_done)):
+            self._finish_layer(load, layer)
+        COUNTERS.add("loaded_blocks", load.loaded)
+        if not self._staged:
+            return
+        if all(p is None or p.done() for p in load.pendings):
+            self._slots.give(slot for _, slot in load.blocks)
+        else:  # timed out: the daemon may still write these slots until it replies
+            self._quarantined.append(([p for p in load.pendings if p is not None],
+                                      [slot for _, slot in load.blocks]))
+
+    def _poll_async_loads(self) -> set[str]:
+        """Asynchronous Loads (vLLM holds their requests until reported): those whose
+        reply came, or that timed out on the staged path, are finished and reported."""
+        done: set[str] = set()
+        waiting: list[_Load] = []
+        now = time.monotonic()
+        for load in self._async_loads:
+            expired = self._staged and (now - load.started_s) * 1000.0 >= self._config.load_timeout_ms
+            if all(p is None or p.done() for p in load.pendings) or expired:
+                self._end_load(load)
+                done.add(load.job.request_id)
+            else:
+                waiting.append(load)
+        self._async_loads = waiting
+        return done
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         errors, self._load_errors = self._load_errors, set()
@@ -366,8 +393,12 @@ class WorkerSide:
             backlog, self._save_backlog = self._save_backlog, []
             for job in backlog:
                 self._start_save(job)
+        received = self._poll_async_loads()
+        for request_id in self._failed_async:
+            received.add(request_id)
+        self._failed_async = set()
         done, self._finished_sending = self._finished_sending, set()
-        return (done or None), None
+        return (done or None), (received or None)
 
     def _reap(self) -> None:
         still: list[_Save] = []
