@@ -187,6 +187,9 @@ const std::vector<Setting>& settings() {
                        "TESTS ONLY: open each engine region this much later"),
       duration_setting("fault-start-delay-ms", &C::fault_start_delay_ms, kRestart,
                        "TESTS ONLY: listen on the socket this much later"),
+      duration_setting("fault-copy-delay-ms", &C::fault_copy_delay_ms, kRestart,
+                       "TESTS ONLY: complete each Save/Load copy this much later, one at a "
+                       "time in submission order (the copy itself runs as usual)"),
       size_setting("slab-bytes", &C::slab_bytes, kRestart,
                    "slot carving unit; the largest block a layout may have"),
       duration_setting("hbm-idle-ms", &C::hbm_idle_ms, kLive,

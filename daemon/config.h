@@ -66,6 +66,9 @@ struct DaemonConfig {
   uint64_t fault_region_open_delay_ms = 0;
   // TESTS ONLY: kvtierd waits this long before it listens (signals sent while it starts).
   uint64_t fault_start_delay_ms = 0;
+  // TESTS ONLY: an engine's copies (Save, Load) complete this much later, one at a time
+  // in submission order (daemon/copy_delay.h). 0: off.
+  uint64_t fault_copy_delay_ms = 0;
   uint64_t slab_bytes = 64ull << 20;  // slot carving unit; also the largest block size
   uint64_t hbm_idle_ms = 30'000;      // idle sessions leave HBM after this long
   uint64_t ram_idle_ms = 600'000;     // idle sessions leave RAM (applies once the NVMe tier exists)

@@ -15,6 +15,7 @@
 #include <unordered_set>
 
 #include "common/log.h"
+#include "daemon/copy_delay.h"
 #include "daemon/persistence.h"
 #include "daemon/service.h"
 
@@ -120,18 +121,32 @@ Status Service::submit_copy(CopyBatch batch, std::function<void(Status)> done) {
   ++counters_.copies_in_flight;
   // The work guard keeps io_context::run() alive until this completion has run.
   auto guard = asio::make_work_guard(io_);
-  Status submitted =
-      device_->submit(std::move(batch), [this, guard, done = std::move(done)](Status status) {
-        asio::post(io_, [this, guard, done, status]() {
-          --counters_.copies_in_flight;
-          done(status);
-          // The device let go of the batch's memories before it called us: a region
-          // being unregistered may have lost its last copy.
-          reply_to_finished_unregisters();
-          resume_parked_saves();  // its pins are gone: their blocks may move or go
+  auto finish = [this, guard, done = std::move(done)](Status status) {
+    --counters_.copies_in_flight;
+    done(status);
+    // The device let go of the batch's memories before it called us: a region
+    // being unregistered may have lost its last copy.
+    reply_to_finished_unregisters();
+    resume_parked_saves();  // its pins are gone: their blocks may move or go
+  };
+  // fault-copy-delay-ms (tests only): an engine's copies complete later, in order.
+  CopyCompletionDelay* delay =
+      batch.priority == CopyPriority::kForeground ? copy_delay_.get() : nullptr;
+  auto place = delay != nullptr ? delay->enter() : nullptr;
+  Status submitted = device_->submit(
+      std::move(batch), [this, guard, place, finish = std::move(finish)](Status status) {
+        asio::post(io_, [this, guard, place, finish, status]() {
+          if (place != nullptr) {
+            copy_delay_->copied(place, [finish, status] { finish(status); });
+          } else {
+            finish(status);
+          }
         });
       });
-  if (!submitted.is_ok()) --counters_.copies_in_flight;
+  if (!submitted.is_ok()) {
+    --counters_.copies_in_flight;
+    if (delay != nullptr) delay->leave(place);
+  }
   return submitted;
 }
 

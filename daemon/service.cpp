@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "common/log.h"
+#include "daemon/copy_delay.h"
 #include "daemon/persistence.h"
 #include "daemon/region_worker.h"
 #include "daemon/remote_path.h"
@@ -92,7 +93,14 @@ Service::Service(asio::io_context& io, DaemonConfig config, std::unique_ptr<Devi
       sessions_(clock_),
       planner_(planner_config(config_), clock_),
       plan_timer_(io),
-      startup_(std::make_unique<StartupState>(io)) {}
+      startup_(std::make_unique<StartupState>(io)) {
+  if (config_.fault_copy_delay_ms > 0) {  // fault-copy-delay-ms (tests only)
+    KVTIER_LOG_INFO("every Save and Load copy completes {} ms late, one at a time (tests only)",
+                    config_.fault_copy_delay_ms);
+    copy_delay_ = std::make_unique<CopyCompletionDelay>(
+        io_, std::chrono::milliseconds(config_.fault_copy_delay_ms));
+  }
+}
 
 Service::~Service() {
   remote_.reset();  // its thread may be reading pinned tier memory: stopped first

@@ -53,9 +53,10 @@ policy::PlannerConfig planner_config(const DaemonConfig& config);
 // their numbers), message and retryable flag. Every error the daemon sends goes through it.
 void set_wire_error(wire::Error::Builder out, const Status& status);
 
-struct NvmeState;     // persistence.h
-struct StartupState;  // startup.h
-class RegionWorker;   // region_worker.h
+struct NvmeState;           // persistence.h
+struct StartupState;        // startup.h
+class RegionWorker;         // region_worker.h
+class CopyCompletionDelay;  // copy_delay.h
 
 // The server's per-connection and connection-count limits from the configuration.
 ipc::ConnectionLimits connection_limits(const DaemonConfig& config);
@@ -384,6 +385,9 @@ class Service final : public ipc::RequestHandler {
   bool resuming_saves_ = false;  // resume_parked_saves() is running (no re-entry)
   Counters counters_;
   RequestMetrics request_metrics_;
+  // fault-copy-delay-ms (tests only; nullptr when 0): holds the completions of Save and
+  // Load copies. After store_: the completions it holds carry pins and pending writes.
+  std::unique_ptr<CopyCompletionDelay> copy_delay_;
   // Admin-pinned sessions → one pin on each of their blocks. After store_: released
   // before it is destroyed.
   std::map<std::pair<uint32_t, std::string>, std::vector<PinnedBlock>> admin_pins_;

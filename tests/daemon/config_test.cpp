@@ -211,6 +211,23 @@ TEST_F(ConfigTest, ReloadTakesOnlyReloadableSettings) {
   EXPECT_FALSE(find_setting("socket")->reloadable);
 }
 
+// A test-only setting: off by default, a duration, needs a restart, and (TESTS ONLY)
+// not one the shipped example must list.
+TEST_F(ConfigTest, FaultCopyDelayIsATestOnlyDuration) {
+  auto defaults = parse({});
+  ASSERT_TRUE(defaults.is_ok()) << defaults.status().to_string();
+  EXPECT_EQ(defaults->config.fault_copy_delay_ms, 0u);
+  auto parsed = parse({"--fault-copy-delay-ms", "300ms"});
+  ASSERT_TRUE(parsed.is_ok()) << parsed.status().to_string();
+  EXPECT_EQ(parsed->config.fault_copy_delay_ms, 300u);
+  const Setting* setting = find_setting("fault-copy-delay-ms");
+  ASSERT_NE(setting, nullptr);
+  EXPECT_EQ(setting->kind, Setting::Kind::kDuration);
+  EXPECT_FALSE(setting->reloadable);
+  EXPECT_EQ(setting->help.rfind("TESTS ONLY", 0), 0u);
+  EXPECT_TRUE(FailsNaming(parse({"--fault-copy-delay-ms", "soon"}), {"--fault-copy-delay-ms"}));
+}
+
 // The shipped example must load, and document every setting an operator may set.
 TEST_F(ConfigTest, ExampleConfigIsValidAndListsEveryKey) {
   const std::string path = std::string(KVTIER_SOURCE_DIR) + "/systemd/kvtierd.toml";
