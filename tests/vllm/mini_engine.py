@@ -73,6 +73,8 @@ class MiniEngine:
         self.requests: dict[str, Request] = {}
         self.loads = []  # every LoadJob the scheduler sent, in order
         self.saves = []  # every SaveJob
+        self.failed_blocks: set[int] = set()  # every block a Load reported it could not fill
+        self.on_layer_loaded = None  # called (layer index, metadata) after each wait_for_layer_load
         self.layer_order: list[str] = []
 
     @property
@@ -100,9 +102,15 @@ class MiniEngine:
         self.saves += meta.saves
         self.worker.bind_connector_metadata(output.kv_connector_metadata)
         self.worker.start_load_kv(None)
-        for name in self.layer_names:
+        for layer, name in enumerate(self.layer_names):
             self.worker.wait_for_layer_load(name)
             self.layer_order.append(name)
+            if self.on_layer_loaded is not None:
+                self.on_layer_loaded(layer, meta)
+        # Blocks a Load could not fill: vLLM runs this step anyway and then recomputes
+        # them, discarding what the step produced for their requests.
+        failed = set(self.worker.get_block_ids_with_load_errors())
+        self.failed_blocks |= failed
         sampled = {}
         for request_id, count in output.num_scheduled_tokens.items():
             request = self.requests[request_id]
@@ -111,6 +119,8 @@ class MiniEngine:
             # What the model is about to read: every full block before the tokens it
             # computes now must hold that prefix's KV, whether computed or loaded.
             for index in range(start // BLOCK):
+                if blocks[index] in failed:
+                    continue
                 assert self.cache[:, blocks[index]].equal(self.expected_block(request.all_token_ids, index)), \
                     f"{request_id}: block {index} (engine block {blocks[index]}) is not its prefix's KV"
             for position in range(start, start + count):
@@ -122,7 +132,8 @@ class MiniEngine:
                 sampled[request_id] = [(sum(request.all_token_ids) + 17) % 400 + 1]
         self.worker.wait_for_save()
         sending, receiving = self.worker.get_finished(output.finished_req_ids)
-        errors = self.worker.get_block_ids_with_load_errors()
+        errors = failed | self.worker.get_block_ids_with_load_errors()  # asynchronous Loads' too
+        self.failed_blocks |= errors
         self.worker.clear_connector_metadata()
         ids = list(output.num_scheduled_tokens)
         runner_output = ModelRunnerOutput(

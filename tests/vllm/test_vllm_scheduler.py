@@ -4,13 +4,17 @@ real kvtierd: hits, the blocks loaded and saved, sessions, sharing across proces
 from __future__ import annotations
 
 import random
+import time
 
 import kvtier
+import torch
 import pytest
 from kvtier import hashing
 from kvtier.vllm.blocks import request_extra_keys
 
+from conftest import Kvtierd
 from mini_engine import BLOCK, MiniEngine
+from test_vllm_end_to_end import _wait_until_serving as wait_until_serving
 
 
 def tokens(seed: int, count: int) -> list[int]:
@@ -118,3 +122,63 @@ def test_lookups_never_block_the_scheduler_and_time_out_to_zero(tiny_llama, kvti
         assert kvtier.vllm.counters()["lookup_timeouts"] >= 1
     finally:
         engine.close()
+
+
+@pytest.mark.parametrize("mode", ["layerwise", "async"])
+def test_blocks_a_load_cannot_fill_are_reported_and_recomputed(tiny_llama, mode):
+    daemon = Kvtierd(["--nvme-bytes", "0"])  # memory only: a crash loses every block
+    engine = MiniEngine(tiny_llama, daemon.socket_path, async_load=mode == "async")
+    try:
+        prompt = tokens(9, 5 * BLOCK + 4)
+        engine.run(engine.add(prompt, session="lost"))
+        request = engine.add(prompt + tokens(10, 8), session="lost")
+        state = engine.connector._scheduler._requests[request.request_id]
+        while not state.lookup.done():  # the Lookup saw the blocks...
+            time.sleep(0.001)
+        daemon.kill()  # ... which die with the daemon
+        daemon.restart()
+        wait_until_serving(daemon)
+        loads_before = len(engine.loads)
+        output = engine.run(request)  # MiniEngine.step checks every block read after the failure
+        assert len(output) == 4
+        promised = [j for j in engine.loads[loads_before:] if j.request_id == request.request_id]
+        assert sum(len(j.hashes) for j in promised) == 5  # what the Lookup promised
+        assert engine.failed_blocks >= set(promised[0].block_ids)  # every one reported
+    finally:
+        engine.close()
+        daemon.stop()
+
+
+def test_layer_zero_is_in_place_while_later_layers_still_load(tiny_llama):
+    # Every Save/Load copy completes 300 ms late, one after another: the three per-layer
+    # Loads of a request are answered about 300 ms apart.
+    daemon = Kvtierd(["--copy-threads", "1", "--fault-copy-delay-ms", "300ms"])
+    engine = MiniEngine(tiny_llama, daemon.socket_path)
+    try:
+        prompt = tokens(11, 4 * BLOCK + 5)
+        engine.run(engine.add(prompt, session="layers"))
+        seen = []
+
+        def on_layer_loaded(layer, meta):
+            for job in meta.loads:
+                cache = engine.cache[:, job.block_ids]
+                expected = torch.stack([engine.expected_block(prompt, i) for i in range(len(job.block_ids))], 1)
+                loads = engine.worker._worker._loads
+                last_pending = loads[0].pendings[-1]
+                seen.append({"layer": layer, "at": time.monotonic(),
+                             "this_layer_exact": cache[layer].equal(expected[layer]),
+                             "last_layer_poisoned": bool((cache[-1] == -1.0).all()),
+                             "last_reply_pending": not last_pending.done()})
+
+        engine.on_layer_loaded = on_layer_loaded
+        started = time.monotonic()
+        engine.run(engine.add(prompt + tokens(12, 8), session="layers"))
+    finally:
+        engine.close()
+        daemon.stop()
+    assert [s["layer"] for s in seen] == [0, 1, 2]
+    first, last = seen[0], seen[-1]
+    assert first["this_layer_exact"] and first["last_layer_poisoned"] and first["last_reply_pending"], first
+    assert last["this_layer_exact"], last
+    # wait_for_layer_load(0) returned a copy delay before the whole Load was done.
+    assert last["at"] - first["at"] >= 0.5, (first["at"] - started, last["at"] - started)

@@ -110,6 +110,11 @@ class KvtierConnector(KVConnectorBase_V1):
         self._worker: WorkerSide | None = None
         self._reported = COUNTERS.snapshot()
         if role == KVConnectorRole.SCHEDULER:
+            if self._kv_transfer_config.kv_load_failure_policy != "recompute":
+                # A block kvtierd could not deliver is a cache miss, never a failed request.
+                logger.info("kvtier.vllm: kv_load_failure_policy %r -> 'recompute' (blocks a Load could "
+                            "not fill are recomputed)", self._kv_transfer_config.kv_load_failure_policy)
+                self._kv_transfer_config.kv_load_failure_policy = "recompute"
             self._scheduler = SchedulerSide(self._config, self._shape, device)
         else:
             self._worker = WorkerSide(self._config, self._shape)

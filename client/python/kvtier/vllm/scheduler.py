@@ -212,6 +212,9 @@ class SchedulerSide:
         self._loads.append(LoadJob(request.request_id, state.session_id, hashes, block_ids,
                                    asynchronous=self._config.async_load))
         state.load_sent = self._config.async_load
+        # Asked again (the Load failed and vLLM recomputes, or a preemption): ask kvtierd
+        # again too, rather than promise the same blocks.
+        state.hits, state.lookup = None, None
 
     def build_connector_meta(self, scheduler_output) -> KvtierConnectorMetadata:
         meta = KvtierConnectorMetadata(loads=self._loads, saves=self._saves)
