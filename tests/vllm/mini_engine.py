@@ -43,7 +43,7 @@ class MiniEngine:
 
     def __init__(self, model_dir: Path, socket: str, num_blocks: int = 64, prefix_caching: bool = False,
                  model_id: str | None = None, max_num_batched_tokens: int = 1024, **extra) -> None:
-        extra = {"socket": socket, "reconnect_ms": 100, **extra}
+        extra = {"socket": socket, "reconnect_ms": 100, "layerwise": True, **extra}
         if model_id:
             extra["model_id"] = model_id
         self.config = VllmConfig(

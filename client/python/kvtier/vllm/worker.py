@@ -115,6 +115,7 @@ class WorkerSide:
         self._closers: list[Pending] = []
         self._quarantined: list[tuple[list[Pending], list[int]]] = []  # (replies awaited, slots)
         self._supports_planes = True
+        self._layerwise = False  # decided in register_kv_caches, by where vLLM's cache is
 
     # ---- registration ------------------------------------------------------------
 
@@ -139,6 +140,7 @@ class WorkerSide:
                 planes.append(Plane(region_id=region_id, offset_bytes=start, stride_bytes=stride,
                                     bytes_per_block=size))
         self._cache_planes = views
+        self._layerwise = self._config.layerwise_for("host" if self._host else "cuda")
         memfd = _memfd.find(layers[0].data_ptr()) if self._host else None
         self._staged = self._host and memfd is None
         if memfd is not None:
@@ -215,7 +217,7 @@ class WorkerSide:
         layers = len(shape.layer_names)
         pendings: list[Pending | None] = []
         try:
-            if self._config.layerwise and self._supports_planes and layers > 1 and not job.asynchronous:
+            if self._layerwise and self._supports_planes and layers > 1 and not job.asynchronous:
                 try:
                     for layer in range(layers):
                         pendings.append(client.load_async(
