@@ -1,5 +1,5 @@
-"""Writes a small Llama-architecture model with seeded random weights (no hub): what
-the vLLM tests and benchmark serve.
+"""Writes a small Llama-architecture model with seeded random weights and a word-level
+tokenizer ("t0" .. "t511"), no hub: what the vLLM tests and benchmark serve.
 
     python tiny_llama.py OUT_DIR [--seed N] [--layers L] [--hidden H] ...
 """
@@ -22,7 +22,22 @@ def write_tiny_llama(directory: Path, seed: int = 0, **overrides) -> Path:
     config = LlamaConfig(**{**TINY, **overrides}, torch_dtype="float32")
     torch.manual_seed(seed)
     LlamaForCausalLM(config).save_pretrained(directory, safe_serialization=True)
+    write_tokenizer(directory, config.vocab_size)
     return directory
+
+
+def write_tokenizer(directory: Path, vocab_size: int) -> None:
+    """A word-level tokenizer whose words are "t0" .. "t{vocab_size-1}" (token i is "ti"),
+    with a plain chat template: enough for vLLM's OpenAI server to take text."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = Tokenizer(models.WordLevel(vocab={f"t{i}": i for i in range(vocab_size)}, unk_token="t0"))
+    words.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=words, unk_token="t0", bos_token="t1",
+                                        eos_token="t2", pad_token="t0")
+    tokenizer.chat_template = "{% for m in messages %}t3 {{ m['content'] }} {% endfor %}t4"
+    tokenizer.save_pretrained(directory)
 
 
 if __name__ == "__main__":
