@@ -182,3 +182,65 @@ def test_layer_zero_is_in_place_while_later_layers_still_load(tiny_llama):
     assert last["this_layer_exact"], last
     # wait_for_layer_load(0) returned a copy delay before the whole Load was done.
     assert last["at"] - first["at"] >= 0.5, (first["at"] - started, last["at"] - started)
+
+
+def test_a_request_aborted_while_its_asynchronous_load_runs_is_cleaned_up_and_not_saved(tiny_llama):
+    from vllm.v1.request import RequestStatus
+
+    daemon = Kvtierd(["--copy-threads", "1", "--fault-copy-delay-ms", "200ms"])
+    engine = MiniEngine(tiny_llama, daemon.socket_path, async_load=True)
+    try:
+        prompt = tokens(13, 4 * BLOCK + 3)
+        engine.run(engine.add(prompt, session="abort"))
+        request = engine.add(prompt + tokens(14, 8), session="abort")
+        while not any(j.request_id == request.request_id for j in engine.loads):
+            engine.step()
+        assert request.status == RequestStatus.WAITING_FOR_REMOTE_KVS
+        engine.scheduler.finish_requests(request.request_id, RequestStatus.FINISHED_ABORTED)
+        deadline = time.monotonic() + 30
+        while engine.scheduler.has_requests():  # the Load's report frees the blocks
+            assert time.monotonic() < deadline
+            engine.step()
+        assert not any(j.request_id == request.request_id for j in engine.saves)
+        assert request.request_id not in engine.scheduler.requests
+        # The engine goes on serving.
+        assert len(engine.run(engine.add(prompt + tokens(15, 8), session="abort"))) == 4
+    finally:
+        engine.close()
+        daemon.stop()
+
+
+def test_saves_and_lookups_respect_the_daemons_request_size_limit(tiny_llama):
+    daemon = Kvtierd(["--max-blocks-per-request", "4"])
+    engine = MiniEngine(tiny_llama, daemon.socket_path)
+    try:
+        prompt = tokens(16, 10 * BLOCK + 1)
+        before = kvtier.vllm.counters()
+        engine.run(engine.add(prompt, session="big"))
+        after = kvtier.vllm.counters()
+        assert after["saved_blocks"] - before["saved_blocks"] == 10  # in chunks of 4
+        assert after["save_errors"] == before["save_errors"]
+        loads_before = len(engine.loads)
+        engine.run(engine.add(prompt + tokens(17, 8), session="big"))
+        assert sum(len(j.hashes) for j in engine.loads[loads_before:]) == 4  # at most one request's worth
+        assert kvtier.vllm.counters()["lookup_errors"] == before["lookup_errors"]
+    finally:
+        engine.close()
+        daemon.stop()
+
+
+def test_session_ids_and_priorities_from_requests_are_made_safe():
+    from kvtier.vllm.scheduler import _session_of, session_id_of
+
+    class Request:
+        def __init__(self, params):
+            self.kv_transfer_params = params
+
+    assert session_id_of("conv-42") == "conv-42"
+    long_id = session_id_of("x" * 300)
+    assert long_id.startswith("vllm-session-sha256:") and long_id == session_id_of("x" * 300)
+    assert session_id_of("a\0b") != session_id_of("a")
+    assert session_id_of("\ud800").startswith("vllm-session-sha256:")
+    assert _session_of(Request({"kvtier_session": 42, "kvtier_priority": float("inf")})) == ("42", None)
+    assert _session_of(Request({"kvtier_priority": "250"})) == ("", 100)
+    assert _session_of(Request("not a dict")) == ("", None)

@@ -86,6 +86,10 @@ def block_shape(vllm_config, kv_cache_config, model_id: str | None) -> BlockShap
     from vllm.v1.kv_cache_interface import FullAttentionSpec
     from vllm.v1.kv_cache_layout import KVCacheLayout
 
+    if int(getattr(vllm_config.parallel_config, "pipeline_parallel_size", 1)) > 1:
+        # Stages with as many layers would share a layout digest and load each other's KV.
+        raise UnsupportedModel("kvtier.vllm does not support pipeline parallelism "
+                               "(pipeline_parallel_size > 1) yet")
     groups = list(kv_cache_config.kv_cache_groups)
     if len(groups) != 1:
         raise UnsupportedModel(

@@ -122,6 +122,14 @@ class KvtierConnector(KVConnectorBase_V1):
                     role.name.lower(), len(self._shape.layer_names), self._shape.tokens_per_block,
                     self._shape.block_bytes, self._config.socket or "(default)")
 
+    @classmethod
+    def requires_piecewise_for_cudagraph(cls, extra_config: dict[str, Any]) -> bool:
+        # wait_for_layer_load runs between layers only where vLLM runs Python there.
+        try:
+            return ConnectorConfig.from_extra_config(extra_config).layerwise_for("cuda")
+        except ValueError:
+            return False
+
     @property
     def requires_kv_delivery(self) -> bool:
         return False  # a cache: a Save dropped is a later miss, never wrong output
@@ -160,6 +168,8 @@ class KvtierConnector(KVConnectorBase_V1):
         return self._worker.get_block_ids_with_load_errors()
 
     def get_kv_connector_stats(self) -> KVConnectorStats | None:
+        if self._worker is None:
+            return None  # the worker's report covers the process (counters are per process)
         now = COUNTERS.snapshot()
         delta = {name: now[name] - self._reported.get(name, 0) for name in now}
         self._reported = now

@@ -6,21 +6,27 @@ Runs on vLLM's scheduler thread, which must never wait on kvtierd:
   Lookup as soon as it arrives, both without waiting;
 - ``get_num_new_matched_tokens`` only polls that Lookup: None ("ask again next step")
   while it is in flight, 0 once it is older than ``lookup_timeout_ms`` or failed;
-- a request whose prefix is still being saved (the previous turn, just finished) waits
-  for that Save, up to ``save_wait_ms``, then looks up again;
+- a request whose Lookup stops short of a block that a finished request is still
+  saving (the previous turn, usually) waits for that Save, up to ``save_wait_ms``, and
+  then looks up again;
 - ``request_finished`` queues a Save of every full block whose KV was computed and
   keeps the blocks (delay free) until the worker reports the Save done.
+
+Requests whose KV depends on more than their token ids (multimodal inputs, prompt
+embeddings) are neither looked up nor saved.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
+import hashlib
 import logging
+import math
 import time
 from typing import Any
 
-from ..errors import KvtierError, NotFound
+from ..errors import KvtierError
 from ..pending import Pending
 from .blocks import BlockShape, request_hashes
 from .config import ConnectorConfig
@@ -31,6 +37,7 @@ logger = logging.getLogger("kvtier.vllm")
 
 SESSION_FIELD = "kvtier_session"
 PRIORITY_FIELD = "kvtier_priority"
+MAX_SESSION_BYTES = 256  # kvtierd's limit on a session id
 
 
 @dataclasses.dataclass
@@ -45,21 +52,48 @@ class _Request:
     waiting_for_save_since_s: float | None = None
     local_tokens: int = 0  # block-aligned local prefix hit the last match was for
     begin_turn: Pending | None = None
-    load_sent: bool = False  # an asynchronous Load went out (vLLM may call again after it)
+    async_loading: bool = False  # an asynchronous Load went out and was not reported yet
+    last_hits: int = 0  # the last Lookup's answer, kept while waiting for a Save
+
+
+def session_id_of(value: object) -> str:
+    """A session id kvtierd accepts, from whatever the request carried: the text itself
+    when it is 1..256 bytes of UTF-8 without NUL, else a digest of it (the same value
+    always maps to the same id)."""
+    if value is None or value == "":
+        return ""
+    text = value if isinstance(value, str) else str(value)
+    try:
+        encoded = text.encode("utf-8")
+    except UnicodeEncodeError:
+        encoded = text.encode("utf-8", "surrogatepass")
+    else:
+        if len(encoded) <= MAX_SESSION_BYTES and "\0" not in text:
+            return text
+    return "vllm-session-sha256:" + hashlib.sha256(encoded).hexdigest()
 
 
 def _session_of(request) -> tuple[str, int | None]:
     params = getattr(request, "kv_transfer_params", None) or {}
-    session = params.get(SESSION_FIELD) or ""
-    if not isinstance(session, str):
-        session = str(session)
+    if not isinstance(params, dict):
+        return "", None
+    session = session_id_of(params.get(SESSION_FIELD))
     priority = params.get(PRIORITY_FIELD)
-    try:
-        priority = None if priority is None else max(1, min(100, int(priority)))
-    except (TypeError, ValueError):
-        logger.warning("kvtier.vllm: ignoring %s=%r (an int 1..100 expected)", PRIORITY_FIELD, priority)
-        priority = None
+    if priority is not None:
+        try:
+            number = float(priority)
+            if not math.isfinite(number):
+                raise ValueError(priority)
+            priority = max(1, min(100, int(number)))
+        except (TypeError, ValueError, OverflowError):
+            logger.warning("kvtier.vllm: ignoring %s=%r (an int 1..100 expected)", PRIORITY_FIELD, priority)
+            priority = None
     return session, priority
+
+
+def _cacheable(request) -> bool:
+    """False when the request's KV depends on more than its token ids."""
+    return not getattr(request, "mm_features", None) and getattr(request, "prompt_embeds", None) is None
 
 
 class SchedulerSide:
@@ -77,14 +111,21 @@ class SchedulerSide:
         # Hashes whose Save was queued and not yet reported done, counted per request.
         self._saving: collections.Counter[bytes] = collections.Counter()
         self._saving_by_request: dict[str, list[bytes]] = {}
-        self._closers: list[Pending] = []
+
+    def _max_blocks(self, request) -> int:
+        """Blocks a hit may cover: whole blocks, at least one prompt token left to compute,
+        and no more than the daemon takes in one request."""
+        blocks = max(0, (request.num_tokens - 1) // self._block)
+        client = self._link.get()
+        limit = getattr(getattr(client, "hello_info", None), "max_blocks_per_request", 0) or blocks
+        return min(blocks, limit)
 
     # ---- arrival ----------------------------------------------------------------
 
     def on_new_request(self, request) -> None:
+        if not _cacheable(request):
+            return
         session, priority = _session_of(request)
-        if getattr(request, "mm_features", None):
-            return  # multimodal prompts: their KV depends on more than the token ids
         state = _Request(hashes=[], session_id=session, priority=priority)
         self._requests[request.request_id] = state
         client = self._link.get()
@@ -99,7 +140,7 @@ class SchedulerSide:
         self._send_lookup(request, state, client)
 
     def _send_lookup(self, request, state: _Request, client) -> None:
-        max_blocks = max(0, (request.num_tokens - 1) // self._block)
+        max_blocks = self._max_blocks(request)
         state.hashes = request_hashes(self._shape.model_id, request,
                                       request.all_token_ids[:max_blocks * self._block],
                                       self._block, state.hashes)
@@ -120,48 +161,24 @@ class SchedulerSide:
 
     def get_num_new_matched_tokens(self, request, num_computed_tokens: int) -> tuple[int | None, bool]:
         state = self._requests.get(request.request_id)
-        if state is None:  # multimodal, or a request vLLM showed us only now
-            if getattr(request, "mm_features", None):
+        if state is None:  # not cacheable, or a request vLLM showed us only now
+            if not _cacheable(request):
                 return 0, False
             self.on_new_request(request)
             state = self._requests.get(request.request_id)
             if state is None:
                 return 0, False
-        self._reap_closers()
-        max_blocks = max(0, (request.num_tokens - 1) // self._block)
         local_blocks = num_computed_tokens // self._block
-        if max_blocks <= local_blocks:
+        if self._max_blocks(request) <= local_blocks:
             return 0, False
-        if max_blocks != state.lookup_blocks and state.lookup is None and state.hits is not None:
-            # The request grew (resumed after preemption): ask about its new length.
-            client = self._link.get()
-            if client is None:
-                return 0, False
-            self._send_lookup(request, state, client)
-        # Its own prefix still being saved (the turn before, just finished): wait for it,
-        # then ask again, so the Lookup sees it.
-        if any(self._saving[h] for h in state.hashes[local_blocks:max_blocks]):
-            now = time.monotonic()
-            if state.waiting_for_save_since_s is None:
-                state.waiting_for_save_since_s = now
-                COUNTERS.add("lookup_waits_for_save")
-            if (now - state.waiting_for_save_since_s) * 1000.0 < self._config.save_wait_ms:
-                state.lookup, state.hits = None, None
+        if state.hits is None and state.lookup is None:
+            if state.waiting_for_save_since_s is not None and self._still_waiting_for_save(state):
                 return None, False
-        elif state.waiting_for_save_since_s is not None and state.lookup is None and state.hits is None:
             client = self._link.get()
-            state.waiting_for_save_since_s = None
             if client is None:
                 return 0, False
-            self._send_lookup(request, state, client)
+            self._send_lookup(request, state, client)  # asked again: a preemption, a failed Load
         if state.hits is None:
-            if state.lookup is None:
-                client = self._link.get()
-                if client is None:
-                    return 0, False
-                self._send_lookup(request, state, client)
-                if state.hits is not None:
-                    return self._matched(state, local_blocks, max_blocks)
             if not self._lookup_answered(state):
                 if (time.monotonic() - state.lookup_sent_s) * 1000.0 < self._config.lookup_timeout_ms:
                     return None, False
@@ -175,11 +192,29 @@ class SchedulerSide:
                 COUNTERS.add("lookup_errors")
                 state.hits = 0
             state.lookup = None
-        return self._matched(state, local_blocks, max_blocks)
+        # The hits stop at a block a finished request is still saving (the turn before,
+        # just finished): wait for that Save and ask again, so the Lookup sees it.
+        state.last_hits = state.hits
+        if any(self._saving[h] for h in state.hashes[state.hits:state.lookup_blocks]):
+            if state.waiting_for_save_since_s is None:
+                state.waiting_for_save_since_s = time.monotonic()
+                COUNTERS.add("lookup_waits_for_save")
+            if self._still_waiting_for_save(state):
+                state.hits = None  # looked up again once the Save is reported
+                return None, False
+        state.waiting_for_save_since_s = None
+        return self._matched(state, local_blocks, state.lookup_blocks)
+
+    def _still_waiting_for_save(self, state: _Request) -> bool:
+        """A block past the last Lookup's hits is still being saved, and the request has
+        waited less than save_wait_ms for it."""
+        waited_ms = (time.monotonic() - state.waiting_for_save_since_s) * 1000.0
+        return waited_ms < self._config.save_wait_ms and \
+            any(self._saving[h] for h in state.hashes[state.last_hits:state.lookup_blocks])
 
     def _lookup_answered(self, state: _Request) -> bool:
-        """Polls the Lookup, spinning for at most lookup_spin_us the first time: a reply
-        is usually that close, and "ask again" costs the request a whole engine step."""
+        """Polls the Lookup, spinning for at most lookup_spin_us after it was sent: a
+        reply is usually that close, and "ask again" costs the request an engine step."""
         if state.lookup.done():
             return True
         spin_until = state.lookup_sent_s + self._config.lookup_spin_us / 1e6
@@ -196,11 +231,12 @@ class SchedulerSide:
         return external_blocks * self._block, self._config.async_load
 
     def update_state_after_alloc(self, request, blocks, num_external_tokens: int) -> None:
+        # vLLM calls this a second time after an asynchronous Load, with 0 external tokens.
         if num_external_tokens <= 0:
             return
         state = self._requests.get(request.request_id)
-        if state is None or state.load_sent:
-            return  # an asynchronous Load's second call (blocks for the rest): nothing to load
+        if state is None:
+            return
         first = state.local_tokens // self._block
         count = num_external_tokens // self._block
         block_ids = list(blocks.get_block_ids()[0][first:first + count])
@@ -211,7 +247,7 @@ class SchedulerSide:
             return
         self._loads.append(LoadJob(request.request_id, state.session_id, hashes, block_ids,
                                    asynchronous=self._config.async_load))
-        state.load_sent = self._config.async_load
+        state.async_loading = self._config.async_load
         # Asked again (the Load failed and vLLM recomputes, or a preemption): ask kvtierd
         # again too, rather than promise the same blocks.
         state.hits, state.lookup = None, None
@@ -225,9 +261,13 @@ class SchedulerSide:
 
     def request_finished(self, request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         state = self._requests.pop(request.request_id, None)
-        if state is None or self._link.get() is None:
-            if state is not None and state.lookup is not None:
-                state.lookup = None
+        if state is None or not _cacheable(request):
+            return False, None
+        if state.async_loading:
+            # Aborted while its Load runs: vLLM holds the blocks until the Load is
+            # reported, and some are not filled yet. Nothing of it is saved.
+            return False, None
+        if self._link.get() is None:
             return False, None
         computed = min(int(request.num_computed_tokens), len(request.all_token_ids))
         count = min(computed // self._block, len(block_ids))
@@ -244,23 +284,17 @@ class SchedulerSide:
         return True, None
 
     def update_connector_output(self, connector_output) -> None:
+        for request_id in connector_output.finished_recving or ():
+            state = self._requests.get(request_id)
+            if state is not None:
+                state.async_loading = False
         for request_id in connector_output.finished_sending or ():
-            hashes = self._saving_by_request.pop(request_id, None)
-            if hashes:
-                self._saving.subtract(hashes)
-                self._saving = +self._saving  # drop zero counts
-
-    def _reap_closers(self) -> None:
-        self._closers = [p for p in self._closers if not p.done()]
-
-    def close_session_later(self, session_id: str) -> None:
-        client = self._link.get()
-        if client is None:
-            return
-        try:
-            self._closers.append(client.close_session_async(session_id))
-        except (KvtierError, NotFound):
-            pass
+            for digest in self._saving_by_request.pop(request_id, ()):
+                left = self._saving[digest] - 1
+                if left > 0:
+                    self._saving[digest] = left
+                else:
+                    del self._saving[digest]
 
     def shutdown(self) -> None:
         self._link.close()

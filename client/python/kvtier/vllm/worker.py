@@ -39,6 +39,9 @@ from .metadata import COUNTERS, KvtierConnectorMetadata, LoadJob, SaveJob
 logger = logging.getLogger("kvtier.vllm")
 
 STAGING_REGION = 0
+# How long one step's wait_for_save may wait for its Saves' replies, so that they are
+# reported in the same step; the rest are reported by a later step's get_finished.
+SAVE_WAIT_PER_STEP_MS = 20.0
 
 
 def _wait(pending: Pending, timeout_s: float | None):
@@ -88,7 +91,7 @@ class _Load:
 class _Save:
     job: SaveJob
     slots: list[int]
-    pending: Pending | None
+    pendings: list[Pending]  # one per chunk of at most max_blocks_per_request blocks
     sent_s: float
     reported: bool = False
 
@@ -111,6 +114,7 @@ class WorkerSide:
         self._load_errors: set[int] = set()
         self._saves: list[_Save] = []  # sent, not yet reported finished
         self._save_backlog: list[SaveJob] = []  # waiting for staging room
+        self._backlogged_since: dict[str, float] = {}  # request id -> when it first found no room
         self._finished_sending: set[str] = set()
         self._closers: list[Pending] = []
         self._quarantined: list[tuple[list[Pending], list[int]]] = []  # (replies awaited, slots)
@@ -192,6 +196,12 @@ class WorkerSide:
     def start_load_kv(self, meta: KvtierConnectorMetadata) -> None:
         for job in meta.loads:
             self._start_load(job)
+        if not self._layerwise:
+            # One Load per request: done before the forward pass starts, which matters
+            # where no Python runs between layers (a CUDA graph replayed whole).
+            for load in self._loads:
+                for layer in range(len(load.layers_done)):
+                    self._finish_layer(load, layer)
 
     def _start_load(self, job: LoadJob) -> None:
         count = len(job.hashes)
@@ -258,6 +268,10 @@ class WorkerSide:
             return
         load.layers_done[layer] = True
         COUNTERS.add("layer_waits")
+        if load.failed:  # timed out or refused already: its blocks were reported
+            self._fail_load(load.job.block_ids[:load.loaded])
+            load.loaded = 0
+            return
         pending = load.pendings[layer] if len(load.pendings) > 1 else load.pendings[0]
         # Only a staged Load may be given up on: the daemon then writes staging slots
         # nobody reads. Straight into vLLM's blocks, it must be waited out.
@@ -343,12 +357,13 @@ class WorkerSide:
             # (bounded by save_timeout_ms) lets get_finished report them in this very
             # step, so the scheduler's next Lookup sees the blocks. (Only a staged Save is
             # reported before its reply: see _reap.)
+            budget_end = time.monotonic() + min(self._config.save_timeout_ms, SAVE_WAIT_PER_STEP_MS) / 1000.0
             for save in self._saves:
                 try:
-                    _wait(save.pending, max(0.0, save.sent_s + self._config.save_timeout_ms / 1000.0
-                                            - time.monotonic()))
+                    for pending in save.pendings:
+                        _wait(pending, max(0.0, budget_end - time.monotonic()))
                 except (TimeoutError, KvtierError):
-                    pass  # reaped (and counted) in get_finished
+                    pass  # reaped (and counted) in get_finished, a later step
 
     def _start_save(self, job: SaveJob) -> None:
         client = self._link.get() if self._link else None
@@ -368,32 +383,51 @@ class WorkerSide:
                     count = len(job.hashes)
                 if self._slots.free < count:
                     COUNTERS.add("staging_waits")
+                    self._backlogged_since.setdefault(job.request_id, time.monotonic())
                     self._save_backlog.append(job)  # next step, when slots came back
                     return
+            self._backlogged_since.pop(job.request_id, None)
             slots = self._slots.take(count)
             slot_index = torch.tensor(slots, dtype=torch.long)
             ids = torch.tensor(job.block_ids, dtype=torch.long)
             for plane, staging in enumerate(self._staging_planes):
                 staging.index_copy_(0, slot_index, self._cache_planes[plane].index_select(0, ids))
             targets = slots
+        # No more than the daemon takes in one request: longer Saves go in chunks, the
+        # session's turn ending with the last.
+        chunk = getattr(client.hello_info, "max_blocks_per_request", 0) or count
+        blocks = list(zip(job.hashes, targets))
+        pendings: list[Pending] = []
         try:
-            pending = client.save_async(job.session_id, list(zip(job.hashes, targets)), True,
-                                        priority=job.priority)
+            for start in range(0, count, chunk):
+                pendings.append(client.save_async(job.session_id, blocks[start:start + chunk],
+                                                  start + chunk >= count, priority=job.priority))
         except KvtierError:
             COUNTERS.add("save_errors")
-            COUNTERS.add("save_dropped_blocks", count)
-            if slots:
-                self._slots.give(slots)
-            self._finished_sending.add(job.request_id)
-            return
+            if not pendings:
+                COUNTERS.add("save_dropped_blocks", count)
+                if slots:
+                    self._slots.give(slots)
+                self._finished_sending.add(job.request_id)
+                return
+            # The chunks sent may still read their slots: they go back with the replies.
         COUNTERS.add("saves")
-        self._saves.append(_Save(job, slots, pending, time.monotonic()))
+        self._saves.append(_Save(job, slots, pendings, time.monotonic()))
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         self._reap()
         if self._save_backlog and self._staged:
             backlog, self._save_backlog = self._save_backlog, []
+            now = time.monotonic()
             for job in backlog:
+                # No staging room for save_timeout_ms (a daemon that does not answer
+                # keeps its slots): give vLLM its blocks back, the Save is dropped.
+                if (now - self._backlogged_since.get(job.request_id, now)) * 1000.0 >= self._config.save_timeout_ms:
+                    COUNTERS.add("save_timeouts")
+                    COUNTERS.add("save_dropped_blocks", len(job.hashes))
+                    self._backlogged_since.pop(job.request_id, None)
+                    self._finished_sending.add(job.request_id)
+                    continue
                 self._start_save(job)
         received = self._poll_async_loads()
         for request_id in self._failed_async:
@@ -406,14 +440,19 @@ class WorkerSide:
         still: list[_Save] = []
         now = time.monotonic()
         for save in self._saves:
-            if save.pending.done():
-                try:
-                    result = save.pending.result()
-                    COUNTERS.add("saved_blocks", len(save.job.hashes))
-                    COUNTERS.add("saved_bytes", getattr(result, "bytes_copied", 0) or 0)
-                except KvtierError:
+            if all(pending.done() for pending in save.pendings):
+                stored, failed = 0, False
+                for pending in save.pendings:
+                    try:
+                        stored += pending.result().stored
+                    except KvtierError:
+                        failed = True
+                if failed:
                     COUNTERS.add("save_errors")
                     COUNTERS.add("save_dropped_blocks", len(save.job.hashes))
+                else:
+                    COUNTERS.add("saved_blocks", len(save.job.hashes))
+                COUNTERS.add("saved_bytes", stored * self._shape.block_bytes)
                 if save.slots:
                     self._slots.give(save.slots)
                 if not save.reported:
@@ -451,7 +490,8 @@ class WorkerSide:
     def shutdown(self) -> None:
         for save in self._saves:
             try:
-                _wait(save.pending, 1.0)
+                for pending in save.pendings:
+                    _wait(pending, 1.0)
             except (TimeoutError, KvtierError):
                 pass
         if self._link is not None:
