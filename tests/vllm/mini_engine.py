@@ -18,6 +18,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+from vllm.v1.kv_cache_layout import KVCacheLayout
 from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
 from vllm.v1.request import Request
 from vllm.v1.structured_output import StructuredOutputManager
@@ -42,7 +43,8 @@ class MiniEngine:
     over a CPU cache of num_blocks blocks, and the stand-in model."""
 
     def __init__(self, model_dir: Path, socket: str, num_blocks: int = 64, prefix_caching: bool = False,
-                 model_id: str | None = None, max_num_batched_tokens: int = 1024, **extra) -> None:
+                 model_id: str | None = None, max_num_batched_tokens: int = 1024, kv_cache_layout: str = "LBHNC",
+                 **extra) -> None:
         extra = {"socket": socket, "reconnect_ms": 100, "layerwise": True, **extra}
         if model_id:
             extra["model_id"] = model_id
@@ -61,14 +63,18 @@ class MiniEngine:
             num_blocks=num_blocks, kv_cache_tensors=[],
             kv_cache_groups=[KVCacheGroupSpec(self.layer_names, FullAttentionSpec(
                 block_size=BLOCK, num_kv_heads=HEADS, head_size=HEAD_DIM, dtype=torch.float32))],
-            kv_cache_layout="LBHNC")
+            kv_cache_layout=kv_cache_layout)
         self.config.cache_config.num_gpu_blocks = num_blocks
         self.scheduler = Scheduler(vllm_config=self.config, kv_cache_config=self.kv_cache_config,
                                    log_stats=True, structured_output_manager=StructuredOutputManager(self.config),
                                    block_size=BLOCK)
         self.worker = KvtierConnector(self.config, KVConnectorRole.WORKER, self.kv_cache_config)
-        # [layers, blocks, heads, tokens, K|V], the LBHNC layout vLLM's CPU backend uses.
-        self.cache = torch.zeros(LAYERS, num_blocks, HEADS, BLOCK, 2 * HEAD_DIM)
+        # self.cache is always indexed [layer, block, head, token, K|V]; its memory is laid
+        # out in the physical order kv_cache_layout names (LBHNC: vLLM's CPU default).
+        order = KVCacheLayout[kv_cache_layout].stride_order
+        logical = (LAYERS, num_blocks, HEADS, BLOCK, 2 * HEAD_DIM)
+        physical = torch.zeros([logical[axis] for axis in order])
+        self.cache = physical.permute([order.index(axis) for axis in range(5)])
         self.worker.register_kv_caches({name: self.cache[i] for i, name in enumerate(self.layer_names)})
         self.requests: dict[str, Request] = {}
         self.loads = []  # every LoadJob the scheduler sent, in order

@@ -244,3 +244,30 @@ def test_session_ids_and_priorities_from_requests_are_made_safe():
     assert _session_of(Request({"kvtier_session": 42, "kvtier_priority": float("inf")})) == ("42", None)
     assert _session_of(Request({"kvtier_priority": "250"})) == ("", 100)
     assert _session_of(Request("not a dict")) == ("", None)
+
+
+@pytest.mark.parametrize("layout", ["LBHNC", "LBNHC", "LHBNC", "BLHNC", "BLNHC", "BHLNC"])
+def test_every_kv_cache_layout_round_trips_and_stays_apart_from_the_others(tiny_llama, kvtierd, layout):
+    prompt = tokens(18, 4 * BLOCK + 7)
+    first = MiniEngine(tiny_llama, kvtierd.socket_path, kv_cache_layout=layout)
+    try:
+        first.run(first.add(prompt, session=f"l-{layout}"))
+    finally:
+        first.close()
+    # A second process with the same layout loads the blocks (MiniEngine.step checks
+    # every block the model reads holds its prefix's KV).
+    second = MiniEngine(tiny_llama, kvtierd.socket_path, kv_cache_layout=layout)
+    try:
+        second.run(second.add(prompt + tokens(19, 8), session=f"l-{layout}"))
+        assert sum(len(j.hashes) for j in second.loads) == 4
+        check_loaded_bytes(second, prompt, second.loads[0])
+    finally:
+        second.close()
+    # One with another byte order gets nothing from it.
+    other_layout = "LBNHC" if layout == "LBHNC" else "LBHNC"
+    other = MiniEngine(tiny_llama, kvtierd.socket_path, kv_cache_layout=other_layout)
+    try:
+        other.run(other.add(prompt + tokens(20, 8), session=f"o-{layout}"))
+        assert other.loads == []
+    finally:
+        other.close()

@@ -5,12 +5,15 @@ so the scheduler's Lookups and the worker's Loads and Saves name the same blocks
 
 - one kvtier block = one vLLM block (``block_size`` tokens) of every attention layer;
 - vLLM 0.32 views each layer's cache as ``[num_blocks, H, N, C]`` (heads, tokens,
-  K and V concatenated) in the physical order its ``kv_cache_layout`` names. When a
-  block's ``[H, N, C]`` bytes are one contiguous run (``is_block_compact``) a layer is
-  one plane; otherwise each head is a plane of its own;
-- the physical order inside a block and the layout's name go into ``extra_key``, so
-  engines whose bytes differ never share blocks (the daemon's layout digest keeps
-  them apart).
+  K and V concatenated) in the physical order its ``kv_cache_layout`` names:
+  - block-major layouts (``BLHNC``, ``BLNHC``, ``BHLNC``: vLLM's cross-layer blocks)
+    keep a block's bytes for every layer in one contiguous run: the block is one plane,
+    copied whole (such a block is never loaded layer by layer);
+  - layer-major layouts whose pages are contiguous (``LBHNC``, ``LBNHC``) have one plane
+    per layer; ``LHBNC`` one per layer and head;
+- the byte order inside a block goes into ``extra_key``, and the daemon's layout
+  digest covers it and the planes' sizes: engines whose block bytes could differ never
+  share blocks.
 
 Keys are ``kvtier.hashing`` chained SHA-256 over the token ids, with the model id,
 LoRA adapter and cache salt in ``extra_keys``.
@@ -44,13 +47,14 @@ class BlockShape:
     layer_bytes: int  # one block of one layer: H * N * C elements
     planes_per_layer: int  # 1 when a block's layer bytes are contiguous, else H
     layout_name: str
+    cross_layer: bool  # a block's bytes for every layer are one run: one plane a block
     tp_rank: int
     tp_size: int
     num_blocks: int
 
     @property
     def plane_bytes(self) -> int:
-        return self.layer_bytes // self.planes_per_layer
+        return self.block_bytes if self.cross_layer else self.layer_bytes // self.planes_per_layer
 
     @property
     def block_bytes(self) -> int:
@@ -58,11 +62,21 @@ class BlockShape:
 
     @property
     def num_planes(self) -> int:
-        return self.planes_per_layer * len(self.layer_names)
+        return 1 if self.cross_layer else self.planes_per_layer * len(self.layer_names)
+
+    def layer_planes(self, layer: int) -> range:
+        """The plane indexes holding a layer's bytes (a cross-layer block's one plane
+        holds every layer: it counts as layer 0's)."""
+        if self.cross_layer:
+            return range(0, 1 if layer == 0 else 0)
+        return range(layer * self.planes_per_layer, (layer + 1) * self.planes_per_layer)
 
     @property
     def extra_key(self) -> str:
-        return f"vllm:{self.layout_name}"
+        if self.cross_layer:
+            return f"vllm:block={self.layout_name}"
+        page = {"LBHNC": "HNC", "LBNHC": "NHC"}.get(self.layout_name, self.layout_name)
+        return f"vllm:page={page}"
 
     def staging_layout(self, num_slots: int, region_id: int = 0) -> Layout:
         """The Layout of a staging buffer of num_slots blocks, each block's planes in
@@ -107,13 +121,16 @@ def block_shape(vllm_config, kv_cache_config, model_id: str | None) -> BlockShap
     heads = int(spec.num_kv_heads)
     layer_bytes = int(spec.real_page_size_bytes)
     planes_per_layer = 1 if physical.is_block_compact else heads
+    # Blocks outermost, and no padding between a block's pages: one run a block.
+    padded = getattr(spec, "page_size_padded", None)
+    cross_layer = physical.stride_order[0] == 1 and padded in (None, layer_bytes)
     dtype = _DTYPE_NAMES.get(str(spec.dtype).replace("torch.", ""), str(spec.dtype).replace("torch.", ""))
     parallel = vllm_config.parallel_config
     return BlockShape(
         model_id=model_id or str(vllm_config.model_config.model),
         layer_names=tuple(groups[0].layer_names), tokens_per_block=int(spec.block_size),
         num_kv_heads=heads, head_dim=int(spec.head_size), dtype=dtype, layer_bytes=layer_bytes,
-        planes_per_layer=planes_per_layer, layout_name=layout_name,
+        planes_per_layer=planes_per_layer, layout_name=layout_name, cross_layer=cross_layer,
         tp_rank=int(getattr(parallel, "rank", 0)) % max(1, int(parallel.tensor_parallel_size)),
         tp_size=int(parallel.tensor_parallel_size), num_blocks=int(kv_cache_config.num_blocks))
 

@@ -134,17 +134,21 @@ class WorkerSide:
         storages: dict[int, torch.Tensor] = {}
         planes: list[Plane] = []
         views: list[torch.Tensor] = []
-        for name, layer in zip(shape.layer_names, layers):
+        per_layer = [(name, layer, _layer_planes(name, layer, shape)) for name, layer in zip(shape.layer_names, layers)]
+        if shape.cross_layer:
+            per_layer = [(shape.layer_names[0], layers[0], _cross_layer_plane(layers, shape))]
+        for name, layer, layer_planes in per_layer:
             storage = layer.untyped_storage()
             region_id = storages.setdefault(storage.data_ptr(), len(storages)) if not self._host else 0
             base = torch.empty(0, dtype=torch.uint8, device=layer.device).set_(storage)
-            for offset, stride, size in _layer_planes(name, layer, shape):
+            for offset, stride, size in layer_planes:
                 start = layer.data_ptr() - storage.data_ptr() + offset
                 views.append(base.as_strided((layer.shape[0], size), (stride, 1), start))
                 planes.append(Plane(region_id=region_id, offset_bytes=start, stride_bytes=stride,
                                     bytes_per_block=size))
         self._cache_planes = views
-        self._layerwise = self._config.layerwise_for("host" if self._host else "cuda")
+        # A cross-layer block is one plane: it cannot be loaded a layer at a time.
+        self._layerwise = self._config.layerwise_for("host" if self._host else "cuda") and not shape.cross_layer
         memfd = _memfd.find(layers[0].data_ptr()) if self._host else None
         self._staged = self._host and memfd is None
         if memfd is not None:
@@ -232,7 +236,7 @@ class WorkerSide:
                     for layer in range(layers):
                         pendings.append(client.load_async(
                             job.session_id, blocks,
-                            planes=(layer * shape.planes_per_layer, shape.planes_per_layer)))
+                            planes=(shape.layer_planes(layer).start, len(shape.layer_planes(layer)))))
                 except (NotSupported, TypeError):  # a library before plane-range Loads
                     self._supports_planes = False
                     pendings = []
@@ -293,8 +297,7 @@ class WorkerSide:
             shape = self._shape
             slots = torch.tensor([slot for _, slot in load.blocks[:filled]], dtype=torch.long)
             ids = torch.tensor(load.job.block_ids[:filled], dtype=torch.long)
-            first = layer * shape.planes_per_layer
-            for plane in range(first, first + shape.planes_per_layer):
+            for plane in shape.layer_planes(layer):
                 self._cache_planes[plane].index_copy_(0, ids, self._staging_planes[plane].index_select(0, slots))
             COUNTERS.add("loaded_bytes", filled * shape.layer_bytes)
         elif filled and not load.failed:
@@ -496,6 +499,22 @@ class WorkerSide:
                 pass
         if self._link is not None:
             self._link.close()
+
+
+def _cross_layer_plane(layers: list[torch.Tensor], shape: BlockShape) -> list[tuple[int, int, int]]:
+    """The one plane of a cross-layer cache (blocks outermost): every layer's bytes of a
+    block in one run that starts at layer 0's data_ptr."""
+    element = layers[0].element_size()
+    stride = layers[0].stride(0) * element
+    first = layers[0].data_ptr()
+    for i, layer in enumerate(layers):
+        if layer.stride(0) * element != stride or not first <= layer.data_ptr() < first + shape.block_bytes:
+            raise InvalidArgument(f"kvtier.vllm: layer {shape.layer_names[i]} is not inside layer 0's blocks "
+                                  f"although the layout {shape.layout_name} puts every layer of a block together")
+    if stride != shape.block_bytes:
+        raise InvalidArgument(f"kvtier.vllm: cross-layer blocks are {stride} bytes apart, not the {shape.block_bytes} "
+                              f"bytes of their {len(layers)} layers' pages: padding kvtier.vllm does not expect")
+    return [(0, stride, shape.block_bytes)]
 
 
 def _layer_planes(name: str, layer: torch.Tensor, shape: BlockShape) -> list[tuple[int, int, int]]:
