@@ -139,7 +139,9 @@ def request_extra_keys(model_id: str, request) -> str:
     """What besides the tokens makes a request's KV differ: the model, the LoRA adapter
     and the cache salt. Never Python's hash(): the keys must survive processes."""
     lora = getattr(request, "lora_request", None)
-    lora_name = "" if lora is None else f"{getattr(lora, 'lora_name', '')}#{getattr(lora, 'lora_int_id', '')}"
+    # The adapter's name and where its weights come from; not lora_int_id, which each
+    # vLLM process numbers on its own.
+    lora_name = "" if lora is None else f"{getattr(lora, 'lora_name', '')}@{getattr(lora, 'lora_path', '')}"
     salt = getattr(request, "cache_salt", None) or ""
     return f"model={model_id}\x00lora={lora_name}\x00salt={salt}"
 
