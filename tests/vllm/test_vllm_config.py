@@ -43,3 +43,31 @@ def test_another_vllm_release_is_refused_with_the_supported_ones(monkeypatch):
         kvtier.vllm._check_vllm_version()
     monkeypatch.setattr(vllm, "__version__", "0.32.5")
     assert kvtier.vllm._check_vllm_version() == "0.32.5"
+
+
+def test_block_keys_mix_in_the_model_the_adapter_and_the_salt():
+    import hashlib
+    import struct
+    from types import SimpleNamespace
+
+    from kvtier.vllm.blocks import request_hashes
+
+    tokens = list(range(1, 40))
+    plain = SimpleNamespace(lora_request=None, cache_salt=None)
+    keys = request_hashes("m", plain, tokens, 16)
+    assert len(keys) == 2  # full blocks only
+    # Chained SHA-256 over int64 token ids and the extra keys: the same in any process.
+    extra = b"model=m\x00lora=\x00salt="
+    first = hashlib.sha256(bytes(32) + struct.pack("<16q", *tokens[:16]) + extra).digest()
+    assert keys[0] == first
+    assert keys[1] == hashlib.sha256(first + struct.pack("<16q", *tokens[16:32]) + extra).digest()
+    assert request_hashes("m", plain, tokens, 16, keys[:1]) == keys  # extends a known prefix
+    adapter = SimpleNamespace(lora_request=SimpleNamespace(lora_name="a", lora_int_id=3, lora_path="/w/a"),
+                              cache_salt=None)
+    renumbered = SimpleNamespace(lora_request=SimpleNamespace(lora_name="a", lora_int_id=9, lora_path="/w/a"),
+                                 cache_salt=None)
+    salted = SimpleNamespace(lora_request=None, cache_salt="s")
+    variants = [request_hashes("m", r, tokens, 16)[0] for r in (plain, adapter, salted)]
+    variants.append(request_hashes("other", plain, tokens, 16)[0])
+    assert len(set(variants)) == 4
+    assert request_hashes("m", renumbered, tokens, 16) == request_hashes("m", adapter, tokens, 16)
