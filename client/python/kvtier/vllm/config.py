@@ -32,7 +32,7 @@ Every key is optional:
   by that layer's attention); false sends one Load per request, waited for before the
   first layer. "auto" is true for a CUDA vLLM, where the copies run on the copy engines
   beside the attention kernels, and false for a CPU vLLM, where the copies and the
-  attention share the same cores and memory bandwidth and layer-wise measured 1.02 to
+  attention share the same cores and memory bandwidth and layer-wise measured 0.95 to
   1.14 x the TTFT of whole-request Loads (README, "Use with vLLM").
 """
 
