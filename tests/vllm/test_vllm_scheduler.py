@@ -288,3 +288,24 @@ def test_a_full_daemon_drops_saves_and_vllm_goes_on(tiny_llama):
     finally:
         engine.close()
         daemon.stop()
+
+
+def test_a_daemon_that_accepts_but_never_answers_never_stalls_vllm(tiny_llama, tmp_path):
+    import socket as sockets
+
+    silent = sockets.socket(sockets.AF_UNIX, sockets.SOCK_STREAM)
+    path = str(tmp_path / "silent.sock")
+    silent.bind(path)
+    silent.listen(16)  # connections are accepted by the kernel; nothing is ever read or answered
+    try:
+        started = time.monotonic()
+        engine = MiniEngine(tiny_llama, path)
+        try:
+            output = engine.run(engine.add(tokens(40, 3 * BLOCK + 2), session="silent"), timeout_s=30)
+            assert len(output) == 4
+            assert engine.loads == [] and engine.saves == []
+        finally:
+            engine.close()
+        assert time.monotonic() - started < 30
+    finally:
+        silent.close()

@@ -1,17 +1,19 @@
-"""DaemonLink: the connector's connection to kvtierd, made lazily and again when needed.
+"""DaemonLink: the connector's connection to kvtierd, made in the background.
 
-vLLM must start and serve whether or not kvtierd is there. The link connects on first
-use; when no daemon answers it returns None and tries again after ``reconnect_ms``.
+vLLM must start and serve whether or not kvtierd is there, and its scheduler and
+worker threads must never wait for it. The link connects (and says hello, registers
+regions) on a thread of its own, again every ``reconnect_ms`` until it succeeds;
+``get()`` never blocks: it returns the client once connected, else None (a miss).
 Once connected, the client library reconnects by itself after a daemon restart
-(repeating hello and the region registrations), and calls made while it is away raise
-Unavailable at once, which the connector counts and treats as a miss.
+(repeating hello and the region registrations, bounded by its own deadline), and calls
+made while the daemon is away raise Unavailable at once, which the connector counts and
+treats as a miss.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-import time
 from typing import Callable
 
 from ..client import Client
@@ -23,7 +25,7 @@ logger = logging.getLogger("kvtier.vllm")
 
 class DaemonLink:
     """Thread-safe. ``setup(client)`` says hello and registers regions on a new client;
-    if it raises, the client is closed and the link tries again later."""
+    if it raises, the client is closed and the link tries again ``reconnect_ms`` later."""
 
     def __init__(self, socket_path: str | None, reconnect_ms: float,
                  setup: Callable[[Client], None], role: str) -> None:
@@ -33,17 +35,26 @@ class DaemonLink:
         self._role = role
         self._lock = threading.Lock()
         self._client: Client | None = None
-        self._next_attempt = 0.0
-        self._warned = False
+        self._closed = threading.Event()
+        self._first_attempt = threading.Event()
+        self._thread = threading.Thread(target=self._connect_until_done, name=f"kvtier-{role}-connect",
+                                        daemon=True)
+        self._thread.start()
 
     def get(self) -> Client | None:
+        """The connected client, or None while there is none (never waits)."""
         with self._lock:
-            if self._client is not None:
-                return self._client
-            now = time.monotonic()
-            if now < self._next_attempt:
-                return None
-            self._next_attempt = now + self._reconnect_s
+            return self._client
+
+    def wait_first_attempt(self, timeout_s: float) -> Client | None:
+        """Waits up to timeout_s for the first attempt to connect to end, however it
+        ended (for start-up, where a short wait is fine); the client or None."""
+        self._first_attempt.wait(timeout_s)
+        return self.get()
+
+    def _connect_until_done(self) -> None:
+        warned = False
+        while not self._closed.is_set():
             client = None
             try:
                 client = Client(self._socket_path, reconnect=True)
@@ -52,21 +63,27 @@ class DaemonLink:
                 if client is not None:
                     client.close()
                 COUNTERS.add("daemon_unavailable")
-                if not self._warned:
+                self._first_attempt.set()
+                if not warned:
                     logger.warning("kvtier.vllm (%s): kvtierd not reachable at %s (%s); serving "
                                    "without it and retrying every %.1f s", self._role,
-                                   self._socket_path or "the default socket", error,
-                                   self._reconnect_s)
-                    self._warned = True
-                return None
+                                   self._socket_path or "the default socket", error, self._reconnect_s)
+                    warned = True
+                self._closed.wait(self._reconnect_s)
+                continue
+            with self._lock:
+                if self._closed.is_set():
+                    client.close()
+                    return
+                self._client = client
+            self._first_attempt.set()
             COUNTERS.add("connects")
-            if self._warned:
+            if warned:
                 logger.warning("kvtier.vllm (%s): connected to kvtierd", self._role)
-            self._warned = False
-            self._client = client
-            return client
+            return
 
     def close(self) -> None:
+        self._closed.set()
         with self._lock:
             client, self._client = self._client, None
         if client is not None:

@@ -105,6 +105,7 @@ class SchedulerSide:
         self._link = DaemonLink(config.socket, config.reconnect_ms,
                                 lambda c: c.hello(layout, engine_name="vllm-scheduler", device=device),
                                 "scheduler")
+        self._link.wait_first_attempt(2.0)  # start-up: so the first requests can hit
         self._requests: dict[str, _Request] = {}
         self._loads: list[LoadJob] = []
         self._saves: list[SaveJob] = []

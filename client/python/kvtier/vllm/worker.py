@@ -42,6 +42,8 @@ STAGING_REGION = 0
 # How long one step's wait_for_save may wait for its Saves' replies, so that they are
 # reported in the same step; the rest are reported by a later step's get_finished.
 SAVE_WAIT_PER_STEP_MS = 20.0
+# How long start-up waits for the first attempt to reach kvtierd (it goes on either way).
+START_WAIT_S = 2.0
 
 
 def _wait(pending: Pending, timeout_s: float | None):
@@ -193,7 +195,7 @@ class WorkerSide:
                 for region_id, (pointer, size) in regions.items():
                     client.register_cuda_pointer(region_id, pointer, size)
         self._link = DaemonLink(self._config.socket, self._config.reconnect_ms, setup, "worker")
-        self._link.get()
+        self._link.wait_first_attempt(START_WAIT_S)
 
     # ---- loads -----------------------------------------------------------------
 
