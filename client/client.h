@@ -27,7 +27,9 @@
 // descriptors for this), and then goes out on the new connection. A request whose
 // send found the connection broken (the usual first call after a restart) is sent
 // again once, at once, when kvtierd is already back. Calls made meanwhile
-// on other threads wait for that one attempt, which is the only one at a time. When
+// on other threads wait for that one attempt, which is the only one at a time; it
+// gives up after 2 s when the daemon accepts the connection but does not answer the
+// replay (stopped, deadlocked), which counts as still away (Unavailable). When
 // kvtierd is back but refuses the replay (another layout digest, the engine now in
 // another namespace, a refused region), calls get its error, not Unavailable, until a
 // later attempt succeeds. unregister_region() needs no connection: while kvtierd is

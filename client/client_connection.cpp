@@ -6,6 +6,7 @@
 #include <capnp/message.h>
 
 #include <algorithm>
+#include <chrono>
 #include <functional>
 
 #include "client/client.h"
@@ -105,15 +106,41 @@ Status Client::ensure_connected_locked() {
 
 namespace {
 
-// One request and its reply on a connection nobody else uses yet (the replay).
+// How long the replay (Hello and regions) may take on a new connection. The caller is
+// any thread that made a call, often an engine's scheduler, and the library promises
+// that no call waits for a daemon that is away: one that accepts the connection but
+// does not answer (stopped with SIGSTOP, deadlocked) counts as away. A healthy daemon
+// answers the replay in milliseconds; 2 s leaves room for one under load, and the
+// caller gets Unavailable after it, the backoff scheduling the next attempt.
+constexpr std::chrono::milliseconds kReplayDeadline{2000};
+
+// Bounds the next send or receive on `transport` by what is left until `deadline`.
+Status bound_by(ipc::ClientTransport& transport, std::chrono::steady_clock::time_point deadline) {
+  const auto left =
+      std::chrono::ceil<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+  if (left.count() <= 0) {
+    return unavailable("kvtierd did not answer within {} ms", kReplayDeadline.count());
+  }
+  // Never zero here: zero would mean no bound.
+  if (Status set = transport.set_timeout(left); !set.is_ok()) {
+    return unavailable("cannot bound the replay on the new connection: {}", set.message());
+  }
+  return Status::ok();
+}
+
+// One request and its reply on a connection nobody else uses yet (the replay), both
+// finished by `deadline`.
 Result<ipc::Frame> exchange(ipc::ClientTransport& transport, uint64_t id,
                             const std::function<void(wire::Request::Builder)>& fill,
-                            std::span<const int> fds) {
+                            std::span<const int> fds,
+                            std::chrono::steady_clock::time_point deadline) {
   capnp::MallocMessageBuilder message;
   auto request = message.initRoot<wire::Request>();
   request.setId(id);
   fill(request);
+  KVTIER_RETURN_IF_ERROR(bound_by(transport, deadline));
   KVTIER_RETURN_IF_ERROR(transport.send(message, fds));
+  KVTIER_RETURN_IF_ERROR(bound_by(transport, deadline));
   auto frame = transport.receive();
   if (!frame.is_ok()) return frame.status();
   Status checked = ipc::catch_malformed("reply", [&] {
@@ -143,7 +170,9 @@ Status Client::reconnect_locked() {
     return unavailable("kvtierd is away: cannot reach it at {}: {}", socket_path_,
                        transport.status().message());
   }
-  // The replay goes out before any other request on the new connection.
+  // The replay goes out before any other request on the new connection. On any failure
+  // below the new transport is dropped on return, as when connect() failed.
+  const auto deadline = std::chrono::steady_clock::now() + kReplayDeadline;
   auto replay_failed = [](std::string_view what, const Status& status) {
     // The daemon refusing for now (starting, too many connections) or going away again
     // is Unavailable to the caller; any other refusal is the daemon's answer.
@@ -154,12 +183,13 @@ Status Client::reconnect_locked() {
                   fmt::format("kvtierd is back but refused {}: {}", what, status.message()), false);
   };
   if (hello_) {
-    auto reply = exchange(*transport, next_id_++,
-                          [&](wire::Request::Builder request) {
-                            fill_hello(request, hello_->layout, hello_->engine_name,
-                                       hello_->prefill_tokens_per_second, hello_->device_kind);
-                          },
-                          {});
+    auto reply = exchange(
+        *transport, next_id_++,
+        [&](wire::Request::Builder request) {
+          fill_hello(request, hello_->layout, hello_->engine_name,
+                     hello_->prefill_tokens_per_second, hello_->device_kind);
+        },
+        {}, deadline);
     if (!reply.is_ok()) return replay_failed("the engine's Hello", reply.status());
     Result<HelloInfo> info = internal_error("Hello reply not decoded");
     Status decoded = ipc::catch_malformed("Hello reply", [&] {
@@ -195,10 +225,17 @@ Status Client::reconnect_locked() {
           out.setFdCount(static_cast<uint32_t>(fds.size()));
           region.fill(out);
         },
-        fds);
+        fds, deadline);
     if (!reply.is_ok()) {
       return replay_failed(fmt::format("registering region {} again", region_id), reply.status());
     }
+  }
+  // The live connection blocks as before: replies to later calls may take as long as
+  // their work does (a Load waiting for NVMe).
+  Status unbounded = transport->set_timeout(std::chrono::milliseconds{0});
+  if (!unbounded.is_ok()) {
+    return unavailable("kvtierd is back but the new connection cannot block again: {}",
+                       unbounded.message());
   }
   std::lock_guard lock(receive_mutex_);
   lost_ = unavailable("the connection to kvtierd was lost before this reply came: {}",

@@ -28,6 +28,21 @@ Status ClientTransport::send_raw(std::span<const std::byte> bytes, std::span<con
   return send_all(fd_.get(), bytes, fds);
 }
 
+Status ClientTransport::set_timeout(std::chrono::milliseconds timeout) {
+  const auto seconds = std::chrono::duration_cast<std::chrono::seconds>(timeout);
+  timeval value{};
+  value.tv_sec = static_cast<time_t>(seconds.count());
+  value.tv_usec = static_cast<suseconds_t>(
+      std::chrono::duration_cast<std::chrono::microseconds>(timeout - seconds).count());
+  for (int option : {SO_RCVTIMEO, SO_SNDTIMEO}) {
+    if (::setsockopt(fd_.get(), SOL_SOCKET, option, &value, sizeof(value)) != 0) {
+      return errno_status(
+          errno, option == SO_RCVTIMEO ? "setsockopt(SO_RCVTIMEO)" : "setsockopt(SO_SNDTIMEO)");
+    }
+  }
+  return Status::ok();
+}
+
 Result<Frame> ClientTransport::receive() {
   std::vector<UniqueFd> unexpected_fds;  // the daemon never sends any; closed on return
   while (true) {
@@ -37,6 +52,8 @@ Result<Frame> ClientTransport::receive() {
     auto space = parser_.write_space();
     auto received = receive_some(fd_.get(), space, unexpected_fds, /*wait=*/true);
     if (!received.is_ok()) return received.status();
+    // A blocking recvmsg only reports would_block when SO_RCVTIMEO ran out.
+    if (received->would_block) return unavailable("kvtierd did not answer in time");
     if (received->bytes == 0) return unavailable("kvtierd closed the connection");
     parser_.commit(received->bytes);
   }

@@ -54,6 +54,11 @@ Status send_all(int socket_fd, std::span<const std::byte> bytes, std::span<const
     ssize_t n = ::sendmsg(socket_fd, &msg, MSG_NOSIGNAL);
     if (n < 0) {
       if (errno == EINTR) continue;
+      // On a blocking socket EAGAIN means SO_SNDTIMEO ran out: the peer stopped reading,
+      // which is a peer that went away, not a resource to wait for.
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        return unavailable("sendmsg: the peer did not take the bytes in time");
+      }
       return errno_status(errno, "sendmsg");
     }
     fds_sent += fd_count;

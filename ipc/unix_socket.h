@@ -37,7 +37,8 @@ Result<PeerCredentials> peer_credentials(int socket_fd);
 // Sends all of `bytes` with `fds` (at most kMaxFdsPerRequest) attached: up to
 // kMaxFdsPerSendmsg with each of the first bytes, one sendmsg per group, the last
 // group with the rest of the bytes. InvalidArgument when there are more descriptors
-// than that or fewer bytes than groups. Blocking sockets only (the client side).
+// than that or fewer bytes than groups. Blocking sockets only (the client side);
+// Unavailable when SO_SNDTIMEO is set and runs out (part of the bytes may have gone).
 Status send_all(int socket_fd, std::span<const std::byte> bytes, std::span<const int> fds = {});
 
 struct Received {
@@ -48,7 +49,8 @@ struct Received {
   bool fds_truncated = false;
 };
 // One recvmsg: bytes into `into`, received descriptors appended to `fds`. Descriptors
-// are received close-on-exec. With `wait` false it never blocks (would_block instead).
+// are received close-on-exec. With `wait` false it never blocks (would_block instead);
+// with `wait` true it reports would_block only when SO_RCVTIMEO is set and runs out.
 Result<Received> receive_some(int socket_fd, std::span<std::byte> into, std::vector<UniqueFd>& fds,
                               bool wait = false);
 
