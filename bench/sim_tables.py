@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Prints the README's simulator tables from `kvtier-bench sim --workload all --json`.
+"""Prints docs/policy.md's simulator tables from `kvtier-bench sim --workload all --json`.
 
 usage: python3 bench/sim_tables.py bench/results/sim.json
 """

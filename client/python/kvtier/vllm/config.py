@@ -33,7 +33,7 @@ Every key is optional:
   first layer. "auto" is true for a CUDA vLLM, where the copies run on the copy engines
   beside the attention kernels, and false for a CPU vLLM, where the copies and the
   attention share the same cores and memory bandwidth and layer-wise measured 0.95 to
-  1.14 x the TTFT of whole-request Loads (README, "Use with vLLM").
+  1.14 x the TTFT of whole-request Loads (docs/vllm.md).
 """
 
 from __future__ import annotations
