@@ -16,7 +16,7 @@
 // is immediate here (the daemon waits for the index delete: a write that found no room
 // goes at the next plan).
 // Loads into the engine are charged by the caller from read_tier() and do not occupy
-// links (a simplification the README states).
+// links (a simplification docs/policy.md states).
 //
 // Keys are the simulator's own: an 8-byte block hash holding a dense trace hash id
 // (key_of()), so the store is an array indexed by that id, not a hash map — the

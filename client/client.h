@@ -181,7 +181,7 @@ struct StatsInfo {
   std::string device_name;
   uint64_t uptime_ms;
   // The daemon is still filling its memory pools (fill_bytes of them): data requests
-  // wait for that (README: Protocol in brief).
+  // wait for that (docs/protocol.md).
   bool starting = false;
   uint64_t fill_bytes = 0;
   uint64_t admin_pinned_blocks = 0;  // held in place by kvtierctl pin (not in pinned_blocks)

@@ -203,7 +203,7 @@ const std::vector<Setting>& settings() {
       duration_setting("plan-interval-ms", &C::plan_interval_ms, kLive,
                        "how often the planner runs (e.g. 100ms)"),
       text_setting("policy", &C::policy, kLive,
-                   "placement policy: lru, session or predictive (README: Policy and simulator)",
+                   "placement policy: lru, session or predictive (docs/policy.md)",
                    check_policy),
       fraction_setting("ram-high-watermark", &C::ram_high_watermark, 0.05, 1.0, kLive,
                        "RAM fill fraction that starts demotion to NVMe (or eviction)"),

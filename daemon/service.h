@@ -70,7 +70,7 @@ class Service final : public ipc::RequestHandler {
           const policy::Clock* clock = nullptr);
   ~Service() override;
 
-  // kvtierd's exit code after a fatal device error (README: Operations).
+  // kvtierd's exit code after a fatal device error (docs/operations.md).
   static constexpr int kExitDeviceLost = 3;
   static constexpr int kExitCannotStart = 1;
 

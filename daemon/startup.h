@@ -2,7 +2,7 @@
 // requests can arrive while the pages of the HBM arena and the RAM pool are still
 // being faulted in (cuda/page_fill.h) on background threads.
 //
-// What a request sees meanwhile (README: Protocol in brief, Operations):
+// What a request sees meanwhile (docs/protocol.md, docs/operations.md):
 //   - Hello, RegisterRegion, UnregisterRegion, Lookup, CloseSession, Stats (which says
 //     `starting`), ListSessions, GetSession, Evict, Pin, GetConfig are served at once:
 //     they need the block index, never the bytes.

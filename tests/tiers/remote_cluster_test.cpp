@@ -237,7 +237,7 @@ TEST_F(RemoteClusterTest, ADeadSeedIsSkippedAndNoLiveSeedIsUnavailable) {
 }
 
 // ACL: a user with a password on every node (ACL SETUSER is per node), its keys only,
-// with the commands the README's operations section grants and no others.
+// with the commands docs/remote.md and docs/operations.md grant and no others.
 TEST_F(RemoteClusterTest, AnAclUserIsAuthenticatedAndAWrongPasswordIsPermissionDenied) {
   for (int port : redis_.ports()) {
     ASSERT_EQ(redis_.cli(port, {"acl", "setuser", "kvtier", "on", ">s3cret", "~kvtier:*", "+get",
