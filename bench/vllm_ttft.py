@@ -27,67 +27,21 @@ import json
 import os
 import random
 import shutil
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "examples" / "vllm"))
 
 
-class Engine:
-    def __init__(self, name: str, model: Path, args: list[str], log_dir: Path, library: Path) -> None:
-        self.name = name
-        env = {**os.environ, "KVTIER_LIBRARY": os.environ.get("KVTIER_LIBRARY", str(library)), "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_LOGGING_LEVEL": "WARNING",
-               "PYTHONPATH": f"{REPO / 'client' / 'python'}:{os.environ.get('PYTHONPATH', '')}"}
-        self.log = open(log_dir / f"{name}.log", "w")
-        self.process = subprocess.Popen(
-            [sys.executable, str(REPO / "examples" / "vllm" / "engine_process.py"), str(model), *args],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True, env=env)
-        assert self._read().get("ready"), name
+def start_kvtierd(build: Path):
+    sys.path.insert(0, str(REPO / "tests" / "python"))
+    os.environ["KVTIER_BUILD_DIR"] = str(build)
+    from kvtierd_process import Kvtierd
 
-    def _read(self) -> dict:
-        while True:
-            line = self.process.stdout.readline()
-            if not line:
-                raise RuntimeError(f"engine {self.name} exited; see {self.log.name}")
-            if line.startswith("{"):
-                return json.loads(line)
-
-    def ttft(self, prompt: list[int], session: str | None = None) -> dict:
-        self.process.stdin.write(json.dumps({"prompt": prompt, "max_tokens": 1, "session": session}) + "\n")
-        self.process.stdin.flush()
-        return self._read()
-
-    def close(self) -> None:
-        self.process.stdin.close()
-        self.process.wait(timeout=120)
-        self.log.close()
-
-
-def start_kvtierd(build: Path, work: Path) -> tuple[subprocess.Popen, str]:
-    sock = str(work / "kvtierd.sock")
-    process = subprocess.Popen([str(build / "kvtierd"), "--socket", sock, "--data-dir", str(work / "data"),
-                                "--device", "host", "--hbm-bytes", "2GiB", "--ram-bytes", "2GiB",
-                                "--nvme-bytes", "0", "--metrics-addr", "off"],
-                               stdout=open(work / "kvtierd.log", "w"), stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 60
-    while True:
-        probe = socket.socket(socket.AF_UNIX)
-        try:
-            probe.connect(sock)
-            break
-        except OSError:
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"kvtierd did not start; see {work / 'kvtierd.log'}")
-            time.sleep(0.05)
-        finally:
-            probe.close()
-    return process, sock
+    return Kvtierd(["--hbm-bytes", "2GiB", "--ram-bytes", "2GiB", "--nvme-bytes", "0"], timeout_s=60)
 
 
 def main() -> None:
@@ -102,6 +56,7 @@ def main() -> None:
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
 
+    from engine_client import EngineProcess as Engine
     from tiny_llama import write_tiny_llama
 
     work = Path(tempfile.mkdtemp(prefix="kvtier-vllm-bench-"))
@@ -109,35 +64,37 @@ def main() -> None:
     model = write_tiny_llama(work / "model", 0, num_hidden_layers=args.layers, hidden_size=args.hidden,
                              intermediate_size=2 * args.hidden, num_attention_heads=args.hidden // 64,
                              num_key_value_heads=max(1, args.hidden // 128), max_position_embeddings=max_len)
-    daemon, sock = start_kvtierd(Path(args.build), work)
-    library = Path(args.build) / "libkvtier.so.0"
+    daemon = start_kvtierd(Path(args.build))
+    sock = daemon.socket_path
+    env = {"KVTIER_LIBRARY": os.environ.get("KVTIER_LIBRARY", str(Path(args.build) / "libkvtier.so.0"))}
     common = ["--max-model-len", str(max_len), "--kv-cache-bytes", str(1 << 30)]
     engines = {}
     try:
-        engines["recompute"] = Engine("recompute", model, common, work, library)
-        engines["layerwise"] = Engine("layerwise", model, [*common, "--kvtier", sock], work, library)
-        engines["whole"] = Engine("whole", model, [*common, "--kvtier", sock, "--whole-request"], work, library)
-        engines["zc_layerwise"] = Engine("zc_layerwise", model, [*common, "--kvtier", sock, "--zero-copy"],
-                                         work, library)
-        engines["zc_whole"] = Engine("zc_whole", model, [*common, "--kvtier", sock, "--zero-copy",
-                                                         "--whole-request"], work, library)
+        engines["recompute"] = Engine(model, None, *common, log_path=work / "recompute.log", env=env)
+        engines["layerwise"] = Engine(model, sock, *common, log_path=work / "layerwise.log", env=env)
+        engines["whole"] = Engine(model, sock, *common, "--whole-request", log_path=work / "whole.log", env=env)
+        engines["zc_layerwise"] = Engine(model, sock, *common, "--zero-copy", log_path=work / "zc_layerwise.log",
+                                         env=env)
+        engines["zc_whole"] = Engine(model, sock, *common, "--zero-copy", "--whole-request",
+                                     log_path=work / "zc_whole.log", env=env)
         rng = random.Random(1)
         history = [rng.randrange(1, 500) for _ in range(args.history)]
         # The conversation's earlier turn, saved once (by the layer-wise engine).
-        engines["layerwise"].ttft(history + [1] * args.message, session="bench")
+        engines["layerwise"].turn(history + [1] * args.message, session="bench", max_tokens=1)
         loading = ("layerwise", "whole", "zc_layerwise", "zc_whole")
         samples: dict[str, list[float]] = {name: [] for name in ("recompute", *loading, "miss_with", "miss_without")}
         loaded: dict[str, list[int]] = {name: [] for name in loading}
         for rep in range(args.reps):
             message = [rng.randrange(1, 500) for _ in range(args.message)]
             for name in ("recompute", *loading):
-                reply = engines[name].ttft(history + message, session="bench" if name != "recompute" else None)
+                session = "bench" if name != "recompute" else None
+                reply = engines[name].turn(history + message, max_tokens=1, session=session)
                 samples[name].append(reply["wall_s"])
                 if name in loaded:
                     loaded[name].append(reply["counters"].get("loaded_blocks", 0))
             miss = [rng.randrange(1, 500) for _ in range(args.miss_prompt)]
-            samples["miss_with"].append(engines["layerwise"].ttft(miss)["wall_s"])
-            samples["miss_without"].append(engines["recompute"].ttft(miss)["wall_s"])
+            samples["miss_with"].append(engines["layerwise"].turn(miss, max_tokens=1)["wall_s"])
+            samples["miss_without"].append(engines["recompute"].turn(miss, max_tokens=1)["wall_s"])
         median = {name: statistics.median(values) for name, values in samples.items()}
         result = {
             "history_tokens": args.history, "message_tokens": args.message, "reps": args.reps,
@@ -159,8 +116,7 @@ def main() -> None:
     finally:
         for engine in engines.values():
             engine.close()
-        daemon.terminate()
-        daemon.wait(timeout=30)
+        daemon.stop()
         shutil.rmtree(work, ignore_errors=True)
 
 

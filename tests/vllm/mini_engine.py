@@ -81,7 +81,6 @@ class MiniEngine:
         self.saves = []  # every SaveJob
         self.failed_blocks: set[int] = set()  # every block a Load reported it could not fill
         self.on_layer_loaded = None  # called (layer index, metadata) after each wait_for_layer_load
-        self.layer_order: list[str] = []
 
     @property
     def connector(self) -> KvtierConnector:
@@ -110,7 +109,6 @@ class MiniEngine:
         self.worker.start_load_kv(None)
         for layer, name in enumerate(self.layer_names):
             self.worker.wait_for_layer_load(name)
-            self.layer_order.append(name)
             if self.on_layer_loaded is not None:
                 self.on_layer_loaded(layer, meta)
         # Blocks a Load could not fill: vLLM runs this step anyway and then recomputes

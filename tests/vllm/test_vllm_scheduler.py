@@ -46,6 +46,7 @@ def engine(request, tiny_llama, kvtierd):
 
 
 def test_a_three_turn_conversation_hits_on_turns_two_and_three(engine):
+    before = kvtier.vllm.counters()
     history = tokens(1, 5 * BLOCK + 3)
     hits = []
     for turn in range(3):
@@ -68,8 +69,9 @@ def test_a_three_turn_conversation_hits_on_turns_two_and_three(engine):
     assert hits[0] == 0
     # Turn 2 finds turn 1's full blocks; turn 3 finds turn 2's.
     assert hits[1] >= 5 and hits[2] > hits[1], hits
-    counters = kvtier.vllm.counters()
-    assert counters["begin_turns"] >= 3 and counters["load_failed_blocks"] == 0
+    after = kvtier.vllm.counters()
+    assert after["begin_turns"] - before["begin_turns"] == 3
+    assert after["load_failed_blocks"] == before["load_failed_blocks"]
 
 
 def test_a_request_without_a_session_is_saved_as_an_anonymous_prefix(engine, kvtierd):
@@ -112,6 +114,7 @@ def test_lookups_never_block_the_scheduler_and_time_out_to_zero(tiny_llama, kvti
     try:
         prompt = tokens(7, 4 * BLOCK + 2)
         engine.run(engine.add(prompt, session="s"))
+        before = kvtier.vllm.counters()
         kvtierd.process.send_signal(__import__("signal").SIGSTOP)  # a daemon that hangs
         try:
             request = engine.add(prompt + tokens(8, 8), session="s")
@@ -119,7 +122,7 @@ def test_lookups_never_block_the_scheduler_and_time_out_to_zero(tiny_llama, kvti
         finally:
             kvtierd.process.send_signal(__import__("signal").SIGCONT)
         assert len(output) == 4
-        assert kvtier.vllm.counters()["lookup_timeouts"] >= 1
+        assert kvtier.vllm.counters()["lookup_timeouts"] > before["lookup_timeouts"]
     finally:
         engine.close()
 
@@ -133,8 +136,7 @@ def test_blocks_a_load_cannot_fill_are_reported_and_recomputed(tiny_llama, mode)
         engine.run(engine.add(prompt, session="lost"))
         request = engine.add(prompt + tokens(10, 8), session="lost")
         state = engine.connector._scheduler._requests[request.request_id]
-        while not state.lookup.done():  # the Lookup saw the blocks...
-            time.sleep(0.001)
+        state.lookup.result()  # the Lookup saw the blocks (the scheduler reads the same reply)...
         daemon.kill()  # ... which die with the daemon
         daemon.restart()
         wait_until_serving(daemon)
@@ -150,9 +152,9 @@ def test_blocks_a_load_cannot_fill_are_reported_and_recomputed(tiny_llama, mode)
 
 
 def test_layer_zero_is_in_place_while_later_layers_still_load(tiny_llama):
-    # Every Save/Load copy completes 300 ms late, one after another: the three per-layer
-    # Loads of a request are answered about 300 ms apart.
-    daemon = Kvtierd(["--copy-threads", "1", "--fault-copy-delay-ms", "300ms"])
+    # Every Save/Load copy completes 500 ms late, one after another: the three per-layer
+    # Loads of a request are answered at least 500 ms apart.
+    daemon = Kvtierd(["--copy-threads", "1", "--fault-copy-delay-ms", "500ms"])
     engine = MiniEngine(tiny_llama, daemon.socket_path)
     try:
         prompt = tokens(11, 4 * BLOCK + 5)
@@ -163,12 +165,9 @@ def test_layer_zero_is_in_place_while_later_layers_still_load(tiny_llama):
             for job in meta.loads:
                 cache = engine.cache[:, job.block_ids]
                 expected = torch.stack([engine.expected_block(prompt, i) for i in range(len(job.block_ids))], 1)
-                loads = engine.worker._worker._loads
-                last_pending = loads[0].pendings[-1]
                 seen.append({"layer": layer, "at": time.monotonic(),
                              "this_layer_exact": cache[layer].equal(expected[layer]),
-                             "last_layer_poisoned": bool((cache[-1] == -1.0).all()),
-                             "last_reply_pending": not last_pending.done()})
+                             "last_layer_poisoned": bool((cache[-1] == -1.0).all())})
 
         engine.on_layer_loaded = on_layer_loaded
         started = time.monotonic()
@@ -178,9 +177,11 @@ def test_layer_zero_is_in_place_while_later_layers_still_load(tiny_llama):
         daemon.stop()
     assert [s["layer"] for s in seen] == [0, 1, 2]
     first, last = seen[0], seen[-1]
-    assert first["this_layer_exact"] and first["last_layer_poisoned"] and first["last_reply_pending"], first
+    assert first["this_layer_exact"] and first["last_layer_poisoned"], first
     assert last["this_layer_exact"], last
-    # wait_for_layer_load(0) returned a copy delay before the whole Load was done.
+    # The daemon answers the last layer's Load two delays after layer 0's, so
+    # wait_for_layer_load(layer 0) returned while the last layer was still loading (with
+    # one Load for the whole request, both waits end at the same reply).
     assert last["at"] - first["at"] >= 0.5, (first["at"] - started, last["at"] - started)
 
 
@@ -298,7 +299,6 @@ def test_a_daemon_that_accepts_but_never_answers_never_stalls_vllm(tiny_llama, t
     silent.bind(path)
     silent.listen(16)  # connections are accepted by the kernel; nothing is ever read or answered
     try:
-        started = time.monotonic()
         engine = MiniEngine(tiny_llama, path)
         try:
             output = engine.run(engine.add(tokens(40, 3 * BLOCK + 2), session="silent"), timeout_s=30)
@@ -306,6 +306,5 @@ def test_a_daemon_that_accepts_but_never_answers_never_stalls_vllm(tiny_llama, t
             assert engine.loads == [] and engine.saves == []
         finally:
             engine.close()
-        assert time.monotonic() - started < 30
     finally:
         silent.close()

@@ -27,8 +27,6 @@ from typing import Sequence
 from .. import hashing
 from ..layout import Layout, Plane
 
-_DTYPE_NAMES = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32", "int8": "int8",
-                "uint8": "uint8", "float8_e4m3fn": "fp8_e4m3", "float8_e5m2": "fp8_e5m2"}
 
 
 class UnsupportedModel(ValueError):
@@ -124,7 +122,9 @@ def block_shape(vllm_config, kv_cache_config, model_id: str | None) -> BlockShap
     # Blocks outermost, and no padding between a block's pages: one run a block.
     padded = getattr(spec, "page_size_padded", None)
     cross_layer = physical.stride_order[0] == 1 and padded in (None, layer_bytes)
-    dtype = _DTYPE_NAMES.get(str(spec.dtype).replace("torch.", ""), str(spec.dtype).replace("torch.", ""))
+    from ..torch import dtype_name
+
+    dtype = dtype_name(spec.dtype)  # InvalidArgument for a dtype kvtier does not know
     parallel = vllm_config.parallel_config
     return BlockShape(
         model_id=model_id or str(vllm_config.model_config.model),

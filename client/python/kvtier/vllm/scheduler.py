@@ -51,7 +51,6 @@ class _Request:
     hits: int | None = None  # its answer, once known
     waiting_for_save_since_s: float | None = None
     local_tokens: int = 0  # block-aligned local prefix hit the last match was for
-    begin_turn: Pending | None = None
     async_loading: bool = False  # an asynchronous Load went out and was not reported yet
     last_hits: int = 0  # the last Lookup's answer, kept while waiting for a Save
 
@@ -134,7 +133,7 @@ class SchedulerSide:
             return
         if session:
             try:
-                state.begin_turn = client.begin_turn_async(session)
+                client.begin_turn_async(session)  # its reply is not needed: dropped
                 COUNTERS.add("begin_turns")
             except KvtierError:
                 COUNTERS.add("begin_turn_errors")

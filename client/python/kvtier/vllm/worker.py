@@ -87,6 +87,7 @@ class _Load:
     loaded: int  # blocks every layer done so far filled
     failed: bool = False
     started_s: float = 0.0
+    index: tuple[torch.Tensor, torch.Tensor] | None = None  # (staging slots, vLLM block ids)
 
 
 @dataclasses.dataclass
@@ -118,7 +119,6 @@ class WorkerSide:
         self._save_backlog: list[SaveJob] = []  # waiting for staging room
         self._backlogged_since: dict[str, float] = {}  # request id -> when it first found no room
         self._finished_sending: set[str] = set()
-        self._closers: list[Pending] = []
         self._quarantined: list[tuple[list[Pending], list[int]]] = []  # (replies awaited, slots)
         self._supports_planes = True
         self._layerwise = False  # decided in register_kv_caches, by where vLLM's cache is
@@ -239,7 +239,7 @@ class WorkerSide:
                         pendings.append(client.load_async(
                             job.session_id, blocks,
                             planes=(shape.layer_planes(layer).start, len(shape.layer_planes(layer)))))
-                except (NotSupported, TypeError):  # a library before plane-range Loads
+                except NotSupported:  # a library or daemon before plane-range Loads
                     self._supports_planes = False
                     pendings = []
             if not pendings:
@@ -297,8 +297,10 @@ class WorkerSide:
             load.loaded = filled
         if self._staged and filled and not load.failed:
             shape = self._shape
-            slots = torch.tensor([slot for _, slot in load.blocks[:filled]], dtype=torch.long)
-            ids = torch.tensor(load.job.block_ids[:filled], dtype=torch.long)
+            if load.index is None:  # built once a Load, sliced for each layer
+                load.index = (torch.tensor([slot for _, slot in load.blocks], dtype=torch.long),
+                              torch.tensor(load.job.block_ids[:len(load.blocks)], dtype=torch.long))
+            slots, ids = load.index[0][:filled], load.index[1][:filled]
             for plane in shape.layer_planes(layer):
                 self._cache_planes[plane].index_copy_(0, ids, self._staging_planes[plane].index_select(0, slots))
             COUNTERS.add("loaded_bytes", filled * shape.layer_bytes)
@@ -474,7 +476,6 @@ class WorkerSide:
                 self._finished_sending.add(save.job.request_id)
             still.append(save)
         self._saves = still
-        self._closers = [p for p in self._closers if not p.done()]
         waiting = []
         for pendings, slots in self._quarantined:
             if all(p.done() for p in pendings):
@@ -488,7 +489,7 @@ class WorkerSide:
         if client is None:
             return
         try:
-            self._closers.append(client.close_session_async(session_id))
+            client.close_session_async(session_id)  # its reply is not needed: dropped
         except KvtierError:
             pass
 
