@@ -85,15 +85,6 @@ class CopyDelayTest : public HandlerTest {
     config.fault_copy_delay_ms = kCopyDelay.count();
     return config;
   }
-  // Saves `count` chained blocks of `session` from engine blocks 0.. and wipes the cache.
-  std::vector<BlockHash> save_and_wipe(const std::string& session, size_t count) {
-    auto hashes = PagedCache::chain_hashes(session, count);
-    auto saved = save_hashes(*engine_, session, hashes, 0);
-    EXPECT_TRUE(saved.is_ok()) << saved.status().to_string();
-    EXPECT_TRUE(wait_until_settled().is_ok());
-    engine_->cache.wipe();
-    return hashes;
-  }
 };
 
 TEST_F(CopyDelayTest, ASavesAndALoadsReplyComeNoEarlierThanTheDelay) {

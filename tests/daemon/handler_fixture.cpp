@@ -12,6 +12,33 @@ DaemonConfig admin_group_config() {
   return config;
 }
 
+DaemonConfig nvme_below_ram_config() {
+  DaemonConfig config = inprocess_config();
+  config.hbm_bytes = 0;
+  config.ram_bytes = 2ull << 20;
+  config.ram_high_watermark = 1.0;
+  config.ram_low_watermark = 1.0;
+  config.nvme_bytes = 1ull << 20;
+  config.ram_idle_ms = 5'000;  // on the manual clock
+  return config;
+}
+
+double HandlerTest::metric(const std::string& series) const {
+  const std::string text = daemon_->metrics_text();
+  const size_t at = text.find("\n" + series + " ");
+  if (at == std::string::npos) return -1;
+  return std::stod(text.substr(at + series.size() + 2));
+}
+
+std::vector<BlockHash> HandlerTest::save_and_wipe(const std::string& session, size_t count) {
+  auto hashes = PagedCache::chain_hashes(session, count);
+  auto saved = save_hashes(*engine_, session, hashes, 0);
+  EXPECT_TRUE(saved.is_ok()) << saved.status().to_string();
+  EXPECT_TRUE(wait_until_settled().is_ok());
+  engine_->cache.wipe();
+  return hashes;
+}
+
 void HandlerTest::SetUp() {
   DaemonConfig config = daemon_config();
   // The tests' own connections act as the operator. Run as root they are; otherwise the

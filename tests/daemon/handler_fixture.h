@@ -52,6 +52,9 @@ inline SaveOptions range_retention(std::vector<RangeRetention> ranges) {
 
 // inprocess_config() with an admin group whose gid is kAdminGid.
 DaemonConfig admin_group_config();
+// inprocess_config() with no HBM, 2 MiB of RAM kept full (watermarks 1.0) and 1 MiB of
+// NVMe below it; sessions idle 5 s (on the manual clock) leave RAM for NVMe.
+DaemonConfig nvme_below_ram_config();
 
 class HandlerTest : public ::testing::Test {
  protected:
@@ -94,6 +97,11 @@ class HandlerTest : public ::testing::Test {
                                          uint32_t blocks) const;
 
   uint64_t block_bytes() const { return engine_->hello.block_bytes; }
+  // A metric sample's value from the daemon's /metrics text (-1 when absent).
+  double metric(const std::string& series) const;
+  // Saves `count` chained blocks of `session` from engine blocks 0.., waits until the
+  // daemon is settled, and wipes engine_'s cache.
+  std::vector<BlockHash> save_and_wipe(const std::string& session, size_t count);
 
   // Declared after the daemon: engines' connections close before the daemon stops.
   std::unique_ptr<InProcessDaemon> daemon_;

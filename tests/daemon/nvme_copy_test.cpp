@@ -17,25 +17,9 @@ constexpr uint32_t kNvmeSlots = 32;
 
 class NvmeCopyTest : public HandlerTest {
  protected:
-  DaemonConfig daemon_config() const override {
-    DaemonConfig config = inprocess_config();
-    config.hbm_bytes = 0;
-    config.ram_bytes = 2ull << 20;
-    config.ram_high_watermark = 1.0;
-    config.ram_low_watermark = 1.0;
-    config.nvme_bytes = 1ull << 20;
-    config.ram_idle_ms = 5'000;  // on the manual clock
-    return config;
-  }
+  DaemonConfig daemon_config() const override { return nvme_below_ram_config(); }
   PagedCacheShape shape() const override { return integration::small_shape(/*num_blocks=*/128); }
 
-  // A metric sample's value from the /metrics text (-1 when absent).
-  double metric(const std::string& series) {
-    const std::string text = daemon_->metrics_text();
-    const size_t at = text.find("\n" + series + " ");
-    if (at == std::string::npos) return -1;
-    return std::stod(text.substr(at + series.size() + 2));
-  }
   Result<StatsInfo> settled_stats() { return wait_until_settled(); }
   // Saves `hashes` as `session` from engine block 0 on, drains it to NVMe and loads it
   // back into engine blocks `load_at`.. (bit-exact): RAM holds it, NVMe its copies.

@@ -53,26 +53,9 @@ std::vector<std::byte> expected_region(const PagedCache& cache, const std::vecto
   return ::testing::AssertionSuccess();
 }
 
-// A metric sample's value from the /metrics text (-1 when absent).
-double metric(InProcessDaemon& daemon, const std::string& series) {
-  const std::string text = daemon.metrics_text();
-  const size_t at = text.find("\n" + series + " ");
-  if (at == std::string::npos) return -1;
-  return std::stod(text.substr(at + series.size() + 2));
-}
-
 class PlaneRangeLoadTest : public HandlerTest {
  protected:
   uint64_t plane_bytes() const { return engine_->cache.shape().plane_bytes(); }
-  // Saves `count` chained blocks of `session` from engine blocks 0.. and wipes the cache.
-  std::vector<BlockHash> save_and_wipe(const std::string& session, size_t count) {
-    auto hashes = PagedCache::chain_hashes(session, count);
-    auto saved = save_hashes(*engine_, session, hashes, 0);
-    EXPECT_TRUE(saved.is_ok()) << saved.status().to_string();
-    EXPECT_TRUE(wait_until_settled().is_ok());
-    engine_->cache.wipe();
-    return hashes;
-  }
   StatsInfo stats() {
     auto s = wait_until_settled();
     EXPECT_TRUE(s.is_ok()) << s.status().to_string();
@@ -124,7 +107,7 @@ TEST_F(PlaneRangeLoadTest, PipelinedRangesOverEveryPlaneRebuildWholeBlocksCounte
   const auto asked = PagedCache::chain_hashes("layers", 6);  // two past the held prefix
   const auto refs = Engine::refs(asked, 8);
   const StatsInfo before = stats();
-  const double hits_before = metric(*daemon_, "kvtier_lookup_hits_by_tier_total{tier=\"hbm\"}");
+  const double hits_before = metric("kvtier_lookup_hits_by_tier_total{tier=\"hbm\"}");
 
   const std::vector<PlaneRange> ranges = {{0, 3}, {3, 1}, {4, 2}, {6, 2}};  // uneven on purpose
   std::vector<Pending<LoadResult>> pending;
@@ -144,7 +127,7 @@ TEST_F(PlaneRangeLoadTest, PipelinedRangesOverEveryPlaneRebuildWholeBlocksCounte
   EXPECT_EQ(layered.lookup_hits - before.lookup_hits, 4u);
   EXPECT_EQ(layered.lookup_misses - before.lookup_misses, 2u);
   EXPECT_EQ(layered.bytes_loaded - before.bytes_loaded, 4 * block_bytes());
-  EXPECT_EQ(metric(*daemon_, "kvtier_lookup_hits_by_tier_total{tier=\"hbm\"}") - hits_before, 4);
+  EXPECT_EQ(metric("kvtier_lookup_hits_by_tier_total{tier=\"hbm\"}") - hits_before, 4);
 
   // One whole-block Load of the same prefix counts the same.
   engine_->cache.wipe();
@@ -253,16 +236,7 @@ TEST_F(PlaneRangeLoadTest, ALayersReplyComesWhileLaterLayersAreStillCopying) {
 // sent together while the blocks are on NVMe join one read and rebuild the blocks.
 class PlaneRangeNvmeLoadTest : public PlaneRangeLoadTest {
  protected:
-  DaemonConfig daemon_config() const override {
-    DaemonConfig config = inprocess_config();
-    config.hbm_bytes = 0;
-    config.ram_bytes = 2ull << 20;
-    config.ram_high_watermark = 1.0;
-    config.ram_low_watermark = 1.0;
-    config.nvme_bytes = 1ull << 20;
-    config.ram_idle_ms = 5'000;  // on the manual clock
-    return config;
-  }
+  DaemonConfig daemon_config() const override { return nvme_below_ram_config(); }
   // Saves `count` blocks of `session`, drains them to NVMe and wipes the cache.
   std::vector<BlockHash> save_to_nvme(const std::string& session, size_t count) {
     auto hashes = save_and_wipe(session, count);
