@@ -8,9 +8,8 @@
 #include <algorithm>
 
 #include "common/units.h"
-#include "daemon/persistence.h"
-#include "daemon/service.h"
-#include "daemon/startup.h"
+#include "daemon/admin_service.h"
+#include "daemon/session_journal.h"
 
 namespace kvtier::daemon {
 namespace {
@@ -39,41 +38,41 @@ Status require_admin(const EngineContext& engine, const ipc::PeerCredentials& pe
 
 }  // namespace
 
-Result<policy::Session*> Service::find_session_for_admin(const std::string& session_id,
-                                                         const std::string& namespace_name) {
+Result<policy::Session*> AdminService::find_session_for_admin(const std::string& session_id,
+                                                              const std::string& namespace_name) {
   KVTIER_RETURN_IF_ERROR(check_session_id(session_id));
   if (!namespace_name.empty()) {
-    auto ns = engines_.namespaces().find(namespace_name);
-    policy::Session* session = !ns ? nullptr : sessions_.find(*ns, session_id);
+    auto ns = ctx_.engines.namespaces().find(namespace_name);
+    policy::Session* session = !ns ? nullptr : ctx_.sessions.find(*ns, session_id);
     if (session == nullptr)
       return not_found("no session '{}' in namespace '{}'", session_id, namespace_name);
     return session;
   }
   std::vector<policy::Session*> matches;
-  for (uint32_t ns = 0; ns < engines_.namespaces().size(); ++ns) {
-    if (policy::Session* session = sessions_.find(ns, session_id)) matches.push_back(session);
+  for (uint32_t ns = 0; ns < ctx_.engines.namespaces().size(); ++ns) {
+    if (policy::Session* session = ctx_.sessions.find(ns, session_id)) matches.push_back(session);
   }
   if (matches.empty()) return not_found("no session '{}' in any namespace", session_id);
   if (matches.size() > 1) {
     std::string names;
     for (const policy::Session* session : matches)
-      names +=
-          (names.empty() ? "'" : ", '") + engines_.namespaces().name(session->namespace_id) + "'";
+      names += (names.empty() ? "'" : ", '") +
+               ctx_.engines.namespaces().name(session->namespace_id) + "'";
     return invalid_argument("session '{}' exists in namespaces {}: name one (--namespace)",
                             session_id, names);
   }
   return matches.front();
 }
 
-Status Service::handle_get_session(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
-                                   const SessionTarget& request) {
+Status AdminService::handle_get_session(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
+                                        const SessionTarget& request) {
   const std::string& session_id = request.session_id;
   std::string namespace_name = request.namespace_name;
   KVTIER_RETURN_IF_ERROR(check_session_id(session_id));
   if (namespace_name.empty()) namespace_name = engine.namespace_name;
   if (namespace_name != engine.namespace_name) {
     KVTIER_RETURN_IF_ERROR(
-        require_admin(engine, c->peer(), config_, "reading another namespace's session"));
+        require_admin(engine, c->peer(), ctx_.config, "reading another namespace's session"));
   }
   auto session = find_session_for_admin(session_id, namespace_name);
   if (!session.is_ok()) return session.status();
@@ -83,9 +82,9 @@ Status Service::handle_get_session(const ConnectionPtr& c, EngineContext& engine
   return Status::ok();
 }
 
-Status Service::handle_evict(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
-                             const EvictRequest& request) {
-  KVTIER_RETURN_IF_ERROR(require_admin(engine, c->peer(), config_, "evict"));
+Status AdminService::handle_evict(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
+                                  const EvictRequest& request) {
+  KVTIER_RETURN_IF_ERROR(require_admin(engine, c->peer(), ctx_.config, "evict"));
   const std::string& session_id = request.target.session_id;
   const std::string& namespace_name = request.target.namespace_name;
   std::vector<std::pair<uint32_t, std::string>> targets;
@@ -97,9 +96,9 @@ Status Service::handle_evict(const ConnectionPtr& c, EngineContext& engine, uint
     const uint64_t idle_over_ms = request.idle_over_ms;
     if (idle_over_ms == 0) return invalid_argument("give a sessionId or an idleOverMs above 0");
     const uint64_t now = now_ms();
-    sessions_.for_each([&](const policy::Session& session) {
+    ctx_.sessions.for_each([&](const policy::Session& session) {
       if (!namespace_name.empty() &&
-          engines_.namespaces().name(session.namespace_id) != namespace_name)
+          ctx_.engines.namespaces().name(session.namespace_id) != namespace_name)
         return;
       if (session.state == policy::SessionState::kIdle &&
           now - session.last_active_ms > idle_over_ms) {
@@ -113,18 +112,18 @@ Status Service::handle_evict(const ConnectionPtr& c, EngineContext& engine, uint
   std::vector<BlockKey> unshared;
   uint64_t evicted = 0, kept = 0, bytes_freed = 0;
   for (const auto& [namespace_id, target_id] : targets) {
-    const LayoutKey layout = sessions_.find(namespace_id, target_id)->layout;
+    const LayoutKey layout = ctx_.sessions.find(namespace_id, target_id)->layout;
     admin_pins_.erase({namespace_id, target_id});  // unpins its blocks
-    auto closed = sessions_.close(namespace_id, target_id);
+    auto closed = ctx_.sessions.close(namespace_id, target_id);
     if (!closed.is_ok()) return closed.status();
-    note_session_closed(namespace_id, target_id);
+    ctx_.parts.journal->note_session_closed(namespace_id, target_id);
     for (const BlockHash& hash : *closed) {
-      store_->drop_session_ref({layout, hash});
+      ctx_.store->drop_session_ref({layout, hash});
       released.insert({layout, hash});
     }
   }
   for (const BlockKey& key : released) {
-    auto info = store_->lookup(key);
+    auto info = ctx_.store->lookup(key);
     if (!info) continue;
     if (info->session_refs == 0) {
       unshared.push_back(key);
@@ -133,15 +132,15 @@ Status Service::handle_evict(const ConnectionPtr& c, EngineContext& engine, uint
     }
   }
   std::vector<bool> had_copy;  // an NVMe copy goes with its block: its slot is freed too
-  for (const BlockKey& key : unshared) had_copy.push_back(store_->copy_of(key).has_value());
-  mover_->evict(unshared);
+  for (const BlockKey& key : unshared) had_copy.push_back(ctx_.store->copy_of(key).has_value());
+  ctx_.mover->evict(unshared);
   for (size_t i = 0; i < unshared.size(); ++i) {
     const BlockKey& key = unshared[i];
-    if (store_->lookup(key)) {
+    if (ctx_.store->lookup(key)) {
       ++kept;  // a copy is reading it; it stays as prefix cache until the planner needs room
     } else {
       ++evicted;
-      bytes_freed += store_->block_bytes(key.layout) * (had_copy[i] ? 2 : 1);
+      bytes_freed += ctx_.store->block_bytes(key.layout) * (had_copy[i] ? 2 : 1);
     }
   }
   KVTIER_LOG_INFO("evict (uid {}): {} sessions, {} blocks freed ({}), {} blocks kept",
@@ -156,10 +155,10 @@ Status Service::handle_evict(const ConnectionPtr& c, EngineContext& engine, uint
   return Status::ok();
 }
 
-Status Service::handle_pin(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
-                           const PinRequest& request) {
+Status AdminService::handle_pin(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
+                                const PinRequest& request) {
   const bool pin = request.pinned;
-  KVTIER_RETURN_IF_ERROR(require_admin(engine, c->peer(), config_, pin ? "pin" : "unpin"));
+  KVTIER_RETURN_IF_ERROR(require_admin(engine, c->peer(), ctx_.config, pin ? "pin" : "unpin"));
   auto session = find_session_for_admin(request.target.session_id, request.target.namespace_name);
   if (!session.is_ok()) return session.status();
   const std::pair<uint32_t, std::string> key{(*session)->namespace_id, (*session)->id};
@@ -172,7 +171,7 @@ Status Service::handle_pin(const ConnectionPtr& c, EngineContext& engine, uint64
     admin_pins_.erase(key);  // unpins its blocks
   }
   KVTIER_LOG_INFO("{} (uid {}): session '{}' in {} ({} blocks held)", pin ? "pin" : "unpin",
-                  c->peer().uid, key.second, engines_.namespaces().name(key.first), held);
+                  c->peer().uid, key.second, ctx_.engines.namespaces().name(key.first), held);
   reply(c, id, [&](wire::Response::Builder response) { response.initPin().setPinnedBlocks(held); });
   return Status::ok();
 }
@@ -180,9 +179,9 @@ Status Service::handle_pin(const ConnectionPtr& c, EngineContext& engine, uint64
 // Starts moving every unpinned block in RAM and HBM to NVMe, through the same executor
 // the planner and the SIGTERM drain use (blocks in GPU memory go through RAM: the NVMe
 // tier writes from host memory).
-Status Service::handle_drain(const ConnectionPtr& c, EngineContext& engine, uint64_t id) {
-  KVTIER_RETURN_IF_ERROR(require_admin(engine, c->peer(), config_, "drain"));
-  if (nvme_ == nullptr) {
+Status AdminService::handle_drain(const ConnectionPtr& c, EngineContext& engine, uint64_t id) {
+  KVTIER_RETURN_IF_ERROR(require_admin(engine, c->peer(), ctx_.config, "drain"));
+  if (!ctx_.parts.journal->enabled()) {
     return invalid_argument(
         "drain moves every RAM/HBM block to the NVMe tier, and no NVMe tier is configured "
         "(nvme-bytes is 0); nothing was moved");
@@ -194,19 +193,19 @@ Status Service::handle_drain(const ConnectionPtr& c, EngineContext& engine, uint
   // Every ready block in memory goes to NVMe (from GPU memory through RAM).
   std::vector<policy::Move> to_nvme;
   for (Tier tier : {Tier::kHbm, Tier::kRam}) {
-    store_->for_each_in_tier(tier, [&](const BlockKey& key, const BlockInfo& info) {
+    ctx_.store->for_each_in_tier(tier, [&](const BlockKey& key, const BlockInfo& info) {
       if (info.state != BlockState::kReady || admin_pinned.count(key) != 0) return;
       to_nvme.push_back({policy::MoveKind::kDemote, key, tier, Tier::kNvme});
     });
   }
-  mover_->apply(to_nvme);
+  ctx_.mover->apply(to_nvme);
   uint64_t blocks = 0, bytes = 0;
   auto count_moving = [&](const BlockKey& key) {
-    auto info = store_->lookup(key);
+    auto info = ctx_.store->lookup(key);
     // A block that had an NVMe copy is there already: it moved onto the copy.
     if (info && (info->state == BlockState::kMoving || info->location.tier == Tier::kNvme)) {
       ++blocks;
-      bytes += store_->block_bytes(key.layout);
+      bytes += ctx_.store->block_bytes(key.layout);
     }
   };
   for (const policy::Move& move : to_nvme) count_moving(move.block);
@@ -220,9 +219,9 @@ Status Service::handle_drain(const ConnectionPtr& c, EngineContext& engine, uint
   return Status::ok();
 }
 
-Status Service::handle_get_config(const ConnectionPtr& c, EngineContext& engine, uint64_t id) {
-  KVTIER_RETURN_IF_ERROR(require_admin(engine, c->peer(), config_, "config"));
-  const auto entries = describe(config_);
+Status AdminService::handle_get_config(const ConnectionPtr& c, EngineContext& engine, uint64_t id) {
+  KVTIER_RETURN_IF_ERROR(require_admin(engine, c->peer(), ctx_.config, "config"));
+  const auto entries = describe(ctx_.config);
   reply(c, id, [&](wire::Response::Builder response) {
     auto list = response.initGetConfig().initEntries(static_cast<unsigned>(entries.size()));
     for (size_t i = 0; i < entries.size(); ++i) {
@@ -234,9 +233,9 @@ Status Service::handle_get_config(const ConnectionPtr& c, EngineContext& engine,
   return Status::ok();
 }
 
-void Service::refresh_admin_pins() {
+void AdminService::refresh_admin_pins() {
   for (auto it = admin_pins_.begin(); it != admin_pins_.end();) {
-    const policy::Session* session = sessions_.find(it->first.first, it->first.second);
+    const policy::Session* session = ctx_.sessions.find(it->first.first, it->first.second);
     if (session == nullptr) {
       it = admin_pins_.erase(it);  // closed: its pins go
       continue;
@@ -248,13 +247,13 @@ void Service::refresh_admin_pins() {
     std::erase_if(held, [&](const PinnedBlock& pin) { return wanted.erase(pin.key()) == 0; });
     for (const BlockKey& block : wanted) {
       // A block still being written is not visible yet; the next refresh pins it.
-      if (PinnedBlock pin = store_->pin(block, now_ms())) held.push_back(std::move(pin));
+      if (PinnedBlock pin = ctx_.store->pin(block, now_ms())) held.push_back(std::move(pin));
     }
     ++it;
   }
 }
 
-uint64_t Service::admin_pinned_blocks() const {
+uint64_t AdminService::admin_pinned_blocks() const {
   std::unordered_set<BlockKey, BlockKeyHasher> distinct;
   for (const auto& [session, pins] : admin_pins_) {
     for (const PinnedBlock& pin : pins) distinct.insert(pin.key());
@@ -262,42 +261,18 @@ uint64_t Service::admin_pinned_blocks() const {
   return distinct.size();
 }
 
-uint64_t Service::copy_pinned_blocks() const {
-  if (store_ == nullptr) return 0;
+uint64_t AdminService::copy_pinned_blocks() const {
+  if (ctx_.store == nullptr) return 0;
   std::unordered_map<BlockKey, uint32_t, BlockKeyHasher> admin_pins;
   for (const auto& [session, pins] : admin_pins_) {
     for (const PinnedBlock& pin : pins) ++admin_pins[pin.key()];
   }
   uint64_t only_admin = 0;
   for (const auto& [block, count] : admin_pins) {
-    auto info = store_->lookup(block);
+    auto info = ctx_.store->lookup(block);
     if (info && info->pins <= count) ++only_admin;
   }
-  return store_->pinned_blocks() - std::min(only_admin, store_->pinned_blocks());
-}
-
-void Service::apply_reloaded_config(const DaemonConfig& fresh) {
-  config_ = with_reloadable_settings(config_, fresh);
-  planner_.set_config(planner_config(config_));
-}
-
-std::string Service::status_line() const {
-  if (store_ == nullptr) return "starting";
-  if (!ready_) {
-    return fmt::format("starting: filling {} of memory pools; data requests wait",
-                       format_bytes(startup_->fill_bytes));
-  }
-  std::string line;
-  for (const TierUsage& tier : store_->usage()) {
-    const double percent = tier.capacity_bytes
-                               ? 100.0 * static_cast<double>(tier.used_bytes) / tier.capacity_bytes
-                               : 0.0;
-    line += fmt::format("{} {:.0f}% of {}, ", tier_name(tier.tier), percent,
-                        format_bytes(tier.capacity_bytes));
-  }
-  return line + fmt::format("{} sessions ({} active), {} connections, {} pinned", sessions_.size(),
-                            sessions_.count(policy::SessionState::kActive),
-                            server_ ? server_->connection_count() : 0, admin_pins_.size());
+  return ctx_.store->pinned_blocks() - std::min(only_admin, ctx_.store->pinned_blocks());
 }
 
 }  // namespace kvtier::daemon

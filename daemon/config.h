@@ -58,7 +58,7 @@ struct DaemonConfig {
   // TESTS ONLY: slab-file I/O faults to inject (tiers/nvme_io.h, "KIND:N[+][:ERRNO]").
   std::vector<std::string> fault_nvme;
   // A data request arriving while the tier memory is still being filled waits this
-  // long for it, then gets Unavailable (daemon/startup.h).
+  // long for it, then gets Unavailable (daemon/startup_gate.h).
   uint64_t startup_wait_ms = 10'000;
   // TESTS ONLY: the fill reports done this much later (the start-up window, made wide).
   uint64_t fault_fill_delay_ms = 0;

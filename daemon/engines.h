@@ -42,14 +42,14 @@ struct EngineContext {
   // The served GPU (index in Device::gpus()) its last GPU region is on: its blocks go
   // to that GPU's part of the arena when there is room. kAnyPart for host engines.
   int gpu_part = SlabAllocator::kAnyPart;
-  // Requests not yet answered, for the latency metrics (service_metrics.cpp).
+  // Requests not yet answered, for the latency metrics (replies.h).
   struct PendingRequest {
     size_t kind;
     std::chrono::steady_clock::time_point started;
     std::vector<Tier> load_hit_tiers;  // Load: tiers of the leading held blocks
   };
   std::map<uint64_t, PendingRequest> pending_requests;  // request id →
-  // Requests that arrived while an earlier one must finish first (startup.cpp): a
+  // Requests that arrived while an earlier one must finish first (startup_gate.h): a
   // region still opening, or tier memory still filling. Served in arrival order.
   struct DeferredRequest {
     ipc::Frame frame;

@@ -1,19 +1,6 @@
-// Load: scatter the leading held blocks of a prefix into the engine's blocks.
-//
-// Blocks on NVMe are never scattered from the disk: a Load first has them read into
-// RAM (or host HBM) by the move executor (tiers/move_executor.h), waits for those reads —
-// joining a read already running rather than reading twice — for at most
-// nvme-load-wait-ms, and then scatters what is readable, in prefix order. A block
-// whose bytes failed their checksum ends the prefix with DataLoss. With a remote tier,
-// blocks not held here are read from the cluster into RAM slots (fetch_remote,
-// remote_read_path.cpp) for at most remote-timeout; the first that is not there ends the
-// prefix the same way.
-//
-// A Load may name a range of planes (schema: Load.planeBegin/planeCount): everything
-// above runs as for a whole block, and only the range's planes are scattered. An engine
-// loading layer by layer sends one such Load per layer for the same blocks, so only the
-// one whose range starts at plane 0 counts the blocks as lookup hits and misses;
-// bytes_loaded counts what each copied.
+// LoadPath: Lookup and Load (load_path.h).
+#include "daemon/load_path.h"
+
 #include <boost/asio/steady_timer.hpp>
 
 #include <cstddef>
@@ -21,8 +8,9 @@
 #include <vector>
 
 #include "common/log.h"
-#include "daemon/persistence.h"
-#include "daemon/service.h"
+#include "daemon/copies.h"
+#include "daemon/remote_path.h"
+#include "daemon/replies.h"
 
 namespace kvtier::daemon {
 namespace {
@@ -48,14 +36,14 @@ struct PendingLoad {
 
 }  // namespace
 
-Status Service::handle_load(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
-                            BlockListRequest request) {
+Status LoadPath::handle_load(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
+                             BlockListRequest request) {
   if (!request.session_id.empty()) {
-    if (policy::Session* session = sessions_.find(engine.namespace_id, request.session_id)) {
-      sessions_.record_activity(*session);
+    if (policy::Session* session = ctx_.sessions.find(engine.namespace_id, request.session_id)) {
+      ctx_.sessions.record_activity(*session);
       // The first Load after BeginTurn: how long its promotions had to land.
       if (session->turn_begun) {
-        planner_.observe_turn_lead(now_ms() - std::min(now_ms(), session->turn_begun_ms));
+        ctx_.planner.observe_turn_lead(now_ms() - std::min(now_ms(), session->turn_begun_ms));
         session->turn_begun = false;
       }
     }
@@ -65,11 +53,11 @@ Status Service::handle_load(const ConnectionPtr& c, EngineContext& engine, uint6
   // With a remote tier, blocks not held here are read from it (their entries' indexes).
   std::vector<BlockKey> from_remote;
   std::vector<size_t> remote_entries;
-  store_->prefetch(engine.layout_key, request.hashes);
+  ctx_.store->prefetch(engine.layout_key, request.hashes);
   for (size_t i = 0; i < request.hashes.size(); ++i) {
     BlockKey key{engine.layout_key, request.hashes[i]};
-    auto info = store_->lookup(key);
-    if (!info && remote_) {
+    auto info = ctx_.store->lookup(key);
+    if (!info && ctx_.parts.remote->enabled()) {
       remote_entries.push_back(load->entries.size());
       from_remote.push_back(key);
       ++load->waiting;
@@ -83,15 +71,15 @@ Status Service::handle_load(const ConnectionPtr& c, EngineContext& engine, uint6
       break;
     }
     PendingLoad::Entry entry{key, request.engine_block_ids[i], PinnedBlock(), Status::ok()};
-    if (store_->memory(info->location.tier) != nullptr) {  // the Device copies from it
-      entry.pinned = store_->pin(key, now_ms());
+    if (ctx_.store->memory(info->location.tier) != nullptr) {  // the Device copies from it
+      entry.pinned = ctx_.store->pin(key, now_ms());
       if (!entry.pinned) {
         load->scan_stop = resource_exhausted("blocks[{}] has too many readers; retry", i);
         break;
       }
     } else {
       ++load->waiting;
-      if (!mover_->reading(key)) to_read.push_back(key);
+      if (!ctx_.mover->reading(key)) to_read.push_back(key);
     }
     load->entries.push_back(std::move(entry));
   }
@@ -124,8 +112,9 @@ Status Service::handle_load(const ConnectionPtr& c, EngineContext& engine, uint6
     CopyBatch batch;
     batch.priority = CopyPriority::kForeground;  // an engine waits for it
     for (const PendingLoad::Entry& entry : *loaded) {
-      add_plane_segments(batch, *engine_ref, entry.engine_block_id, entry.pinned.location(),
-                         /*to_engine=*/true, planes);
+      ctx_.parts.copies->add_plane_segments(batch, *engine_ref, entry.engine_block_id,
+                                            entry.pinned.location(),
+                                            /*to_engine=*/true, planes);
     }
     uint64_t range_bytes = 0;  // of one block: what the engine gets per block loaded
     for (const PlaneLayout& plane : planes.of(engine_ref->layout))
@@ -145,10 +134,10 @@ Status Service::handle_load(const ConnectionPtr& c, EngineContext& engine, uint6
       }
       // Counted once the bytes reached the engine: a failed copy served nothing.
       if (counts_lookups) {
-        counters_.lookup_hits += count;
-        counters_.lookup_misses += total - count;
+        ctx_.counters.lookup_hits += count;
+        ctx_.counters.lookup_misses += total - count;
       }
-      counters_.bytes_loaded += count * range_bytes;
+      ctx_.counters.bytes_loaded += count * range_bytes;
       reply(c, id, [&](wire::Response::Builder response) {
         auto out = response.initLoad();
         out.setLoadedCount(static_cast<uint32_t>(count));
@@ -159,7 +148,7 @@ Status Service::handle_load(const ConnectionPtr& c, EngineContext& engine, uint6
       done(Status::ok());
       return;
     }
-    Status submitted = submit_copy(std::move(batch), done);
+    Status submitted = ctx_.parts.copies->submit_copy(std::move(batch), done);
     // Refused: the pins go as `loaded` and `done` do, when this returns.
     if (!submitted.is_ok()) reply_error(c, id, submitted);
   };
@@ -170,11 +159,12 @@ Status Service::handle_load(const ConnectionPtr& c, EngineContext& engine, uint6
 
   // Blocks on NVMe: read them (one batch), or join the reads already running. Blocks
   // from the remote tier wait up to remote-timeout, those on NVMe nvme-load-wait-ms.
-  (void)mover_->read_into_memory(to_read);
+  (void)ctx_.mover->read_into_memory(to_read);
   const bool nvme_waits = load->waiting > from_remote.size();
-  const uint64_t wait_ms = std::max<uint64_t>(nvme_waits ? config_.nvme_load_wait_ms : 0,
-                                              from_remote.empty() ? 0 : config_.remote_timeout_ms);
-  load->deadline = std::make_unique<asio::steady_timer>(io_);
+  const uint64_t wait_ms =
+      std::max<uint64_t>(nvme_waits ? ctx_.config.nvme_load_wait_ms : 0,
+                         from_remote.empty() ? 0 : ctx_.config.remote_timeout_ms);
+  load->deadline = std::make_unique<asio::steady_timer>(ctx_.io);
   load->deadline->expires_after(std::chrono::milliseconds(wait_ms));
   load->deadline->async_wait([load, finish, wait_ms](const boost::system::error_code& ec) {
     if (ec || load->finished) return;
@@ -188,11 +178,11 @@ Status Service::handle_load(const ConnectionPtr& c, EngineContext& engine, uint6
   });
   for (size_t i = 0; i < load->entries.size(); ++i) {
     if (load->entries[i].pinned || load->entries[i].remote) continue;
-    mover_->await_readable(load->entries[i].key, [this, load, finish, i](const Status& status) {
+    ctx_.mover->await_readable(load->entries[i].key, [this, load, finish, i](const Status& status) {
       if (load->finished) return;
       PendingLoad::Entry& entry = load->entries[i];
       if (status.is_ok()) {
-        entry.pinned = store_->pin(entry.key, now_ms());
+        entry.pinned = ctx_.store->pin(entry.key, now_ms());
         if (!entry.pinned) entry.failure = not_found("it was evicted before it could be loaded");
       } else {
         entry.failure = status;
@@ -201,21 +191,52 @@ Status Service::handle_load(const ConnectionPtr& c, EngineContext& engine, uint6
     });
   }
   if (!from_remote.empty()) {
-    fetch_remote(engine.namespace_name, from_remote,
-                 [this, load, finish, remote_entries](size_t j, const Status& status) {
-                   if (load->finished) return;
-                   PendingLoad::Entry& entry = load->entries[remote_entries[j]];
-                   if (status.is_ok()) {
-                     entry.pinned = store_->pin(entry.key, now_ms());
-                     if (!entry.pinned)
-                       entry.failure = not_found("it was evicted before it could be loaded");
-                   } else {
-                     entry.failure = status;
-                   }
-                   if (--load->waiting == 0) (*finish)();
-                 });
+    ctx_.parts.remote->fetch_remote(
+        engine.namespace_name, from_remote,
+        [this, load, finish, remote_entries](size_t j, const Status& status) {
+          if (load->finished) return;
+          PendingLoad::Entry& entry = load->entries[remote_entries[j]];
+          if (status.is_ok()) {
+            entry.pinned = ctx_.store->pin(entry.key, now_ms());
+            if (!entry.pinned)
+              entry.failure = not_found("it was evicted before it could be loaded");
+          } else {
+            entry.failure = status;
+          }
+          if (--load->waiting == 0) (*finish)();
+        });
   }
   return Status::ok();
+}
+
+Status LoadPath::handle_lookup(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
+                               const std::vector<BlockHash>& hashes) {
+  ctx_.store->prefetch(engine.layout_key, hashes);
+  std::vector<Tier> tiers;
+  for (const BlockHash& hash : hashes) {
+    auto info = ctx_.store->lookup({engine.layout_key, hash});
+    if (!info) break;
+    tiers.push_back(info->location.tier);
+  }
+  if (ctx_.parts.remote->enabled() && tiers.size() < hashes.size()) {
+    ctx_.parts.remote->lookup_remote(c, engine, id, hashes,
+                                     std::move(tiers));  // answers when the cluster did
+    return Status::ok();
+  }
+  reply_lookup(c, id, hashes.size(), tiers);
+  return Status::ok();
+}
+
+void LoadPath::reply_lookup(const ConnectionPtr& c, uint64_t id, size_t asked,
+                            const std::vector<Tier>& tiers) {
+  ctx_.counters.lookup_hits += tiers.size();
+  ctx_.counters.lookup_misses += asked - tiers.size();
+  reply(c, id, [&](wire::Response::Builder response) {
+    auto out = response.initLookup();
+    out.setHitCount(static_cast<uint32_t>(tiers.size()));
+    auto list = out.initTiers(static_cast<unsigned>(tiers.size()));
+    for (unsigned i = 0; i < tiers.size(); ++i) list.set(i, static_cast<wire::Tier>(tiers[i]));
+  });
 }
 
 }  // namespace kvtier::daemon

@@ -1,5 +1,5 @@
 // The remote tier in the daemon: opening the worker, and what kvtierctl status and the
-// metrics say of it (daemon/service.h, remote_path.h). Writing behind the turn is in
+// metrics say of it (remote_path.h). Writing behind the turn is in
 // remote_write_behind.cpp, NVMe evictions on their way to the cluster in
 // remote_spill.cpp, and reading (Lookup, Load, BeginTurn) in remote_read_path.cpp.
 #include "daemon/remote_path.h"
@@ -18,35 +18,40 @@ std::shared_ptr<std::byte> allocate_nvme_buffer(uint64_t bytes) {
   return {static_cast<std::byte*>(std::aligned_alloc(kNvmeBufferAlignment, bytes)), std::free};
 }
 
-Status Service::open_remote() {
-  if (config_.remote_nodes.empty()) return Status::ok();
-  auto seeds = parse_remote_nodes(config_.remote_nodes);
+RemotePath::RemotePath(DaemonContext& ctx) : Part(ctx) {}
+
+RemotePath::~RemotePath() = default;
+
+Status RemotePath::open_remote() {
+  if (ctx_.config.remote_nodes.empty()) return Status::ok();
+  auto seeds = parse_remote_nodes(ctx_.config.remote_nodes);
   if (!seeds.is_ok()) return seeds.status().with_context("remote-nodes");
   remote::RemoteWorkerOptions options;
   options.store.cluster.seeds = std::move(*seeds);
-  options.store.cluster.user = config_.remote_user;
-  if (!config_.remote_password_file.empty()) {
-    std::ifstream file(config_.remote_password_file);
+  options.store.cluster.user = ctx_.config.remote_user;
+  if (!ctx_.config.remote_password_file.empty()) {
+    std::ifstream file(ctx_.config.remote_password_file);
     if (!file || !std::getline(file, options.store.cluster.password)) {
       return invalid_argument("remote-password-file {}: cannot read its first line",
-                              config_.remote_password_file);
+                              ctx_.config.remote_password_file);
     }
   }
-  const auto timeout = std::chrono::milliseconds(std::max<uint64_t>(config_.remote_timeout_ms, 1));
+  const auto timeout =
+      std::chrono::milliseconds(std::max<uint64_t>(ctx_.config.remote_timeout_ms, 1));
   options.store.cluster.connect_timeout = timeout;
   options.store.cluster.command_timeout = timeout;
-  options.store.ttl = std::chrono::milliseconds(config_.remote_ttl_ms);
-  options.store.budget_bytes = std::max<uint64_t>(config_.remote_bytes, 1);
-  options.max_in_flight_bytes = config_.remote_max_in_flight_bytes;
+  options.store.ttl = std::chrono::milliseconds(ctx_.config.remote_ttl_ms);
+  options.store.budget_bytes = std::max<uint64_t>(ctx_.config.remote_bytes, 1);
+  options.max_in_flight_bytes = ctx_.config.remote_max_in_flight_bytes;
   remote_ = std::make_unique<RemoteState>();
-  const std::shared_ptr<Memory>& hbm = store_->memory(Tier::kHbm);
+  const std::shared_ptr<Memory>& hbm = ctx_.store->memory(Tier::kHbm);
   if (hbm != nullptr && hbm->host_data() == nullptr) {
     // Blocks saved into GPU memory are written behind through pinned host memory.
-    const uint64_t staging_bytes = 2 * config_.slab_bytes;
-    auto staging = device_->allocate_pinned_pool(staging_bytes);
+    const uint64_t staging_bytes = 2 * ctx_.config.slab_bytes;
+    auto staging = ctx_.device->allocate_pinned_pool(staging_bytes);
     if (staging.is_ok()) {
       remote_->staging = std::move(*staging);
-      remote_->staging_slots.emplace(staging_bytes, config_.slab_bytes);
+      remote_->staging_slots.emplace(staging_bytes, ctx_.config.slab_bytes);
     } else {
       // Not a reason to refuse to start: those blocks are written once demoted to RAM.
       KVTIER_LOG_WARN(
@@ -58,13 +63,13 @@ Status Service::open_remote() {
   // Completions come back to the control thread; after the loop stops they are
   // dropped unrun, and their pins release nothing (tiers/block_store.h).
   remote_->worker = remote::RemoteWorker::start(
-      std::move(options), [this](std::function<void()> fn) { asio::post(io_, std::move(fn)); });
+      std::move(options), [this](std::function<void()> fn) { asio::post(ctx_.io, std::move(fn)); });
   KVTIER_LOG_INFO("remote tier: Redis Cluster at {} (connecting in the background)",
-                  config_.remote_nodes);
+                  ctx_.config.remote_nodes);
   return Status::ok();
 }
 
-void Service::fill_remote_stats(wire::RemoteStats::Builder out) const {
+void RemotePath::fill_remote_stats(wire::RemoteStats::Builder out) const {
   out.setConfigured(remote_ != nullptr);
   if (!remote_) return;
   const remote::RemoteWorker::Snapshot s = remote_->worker->snapshot();
@@ -72,7 +77,7 @@ void Service::fill_remote_stats(wire::RemoteStats::Builder out) const {
   out.setDegraded(s.degraded);
   out.setMasters(static_cast<uint32_t>(s.masters));
   out.setStoredBytes(s.store.stored_bytes);
-  out.setBudgetBytes(config_.remote_bytes);
+  out.setBudgetBytes(ctx_.config.remote_bytes);
   out.setInFlightBytes(s.in_flight_bytes);
   out.setWriteLagMs(static_cast<uint64_t>(s.write_lag.count()));
   out.setWrittenBlocks(remote_->written_blocks);
@@ -86,7 +91,7 @@ void Service::fill_remote_stats(wire::RemoteStats::Builder out) const {
   out.setSpillUnwritten(remote_->spill_unwritten);
 }
 
-void Service::render_remote_metrics(PrometheusText& out) const {
+void RemotePath::render_remote_metrics(PrometheusText& out) const {
   if (!remote_) return;
   const remote::RemoteWorker::Snapshot s = remote_->worker->snapshot();
   auto gauge = [&](std::string_view name, std::string_view help, auto value) {

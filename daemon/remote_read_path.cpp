@@ -1,6 +1,6 @@
 // Reading the remote tier: Lookup asks the cluster about the rest of a prefix, Load
 // reads it into RAM slots, BeginTurn of an unknown session resumes it from its record
-// (daemon/service.h, remote_path.h).
+// (remote_path.h).
 #include "daemon/remote_path.h"
 
 #include <boost/asio/executor_work_guard.hpp>
@@ -11,28 +11,32 @@
 #include <optional>
 
 #include "common/log.h"
-#include "daemon/persistence.h"
+#include "daemon/copies.h"
+#include "daemon/load_path.h"
+#include "daemon/save_path.h"
+#include "daemon/session_journal.h"
+#include "daemon/turn_path.h"
 
 namespace kvtier::daemon {
 
-Result<std::optional<PendingWrite>> Service::reserve_staging(const BlockKey& key,
-                                                             uint64_t block_bytes) {
+Result<std::optional<PendingWrite>> RemotePath::reserve_staging(const BlockKey& key,
+                                                                uint64_t block_bytes) {
   std::vector<Tier> tiers;  // host-addressable ones: the worker writes the bytes there
   for (Tier tier : {Tier::kRam, Tier::kHbm}) {
-    const std::shared_ptr<Memory>& memory = store_->memory(tier);
+    const std::shared_ptr<Memory>& memory = ctx_.store->memory(tier);
     if (memory != nullptr && memory->host_data() != nullptr) tiers.push_back(tier);
   }
   if (tiers.empty()) return not_supported("no host memory tier to read remote blocks into");
-  auto reserved = store_->reserve(key, tiers, now_ms());
+  auto reserved = ctx_.store->reserve(key, tiers, now_ms());
   if (reserved.is_ok() || reserved.status().code() != StatusCode::kResourceExhausted) {
     return reserved;
   }
-  sessions_.expire_priorities(sessions_.now_ms());
+  ctx_.sessions.expire_priorities(ctx_.sessions.now_ms());
   for (Tier tier : tiers) {
-    auto moves = planner_.make_room(tier, block_bytes, sessions_, *view_);
+    auto moves = ctx_.planner.make_room(tier, block_bytes, ctx_.sessions, *ctx_.view);
     if (moves.empty()) continue;
-    mover_->apply(moves);
-    return store_->reserve(key, tiers, now_ms());
+    ctx_.mover->apply(moves);
+    return ctx_.store->reserve(key, tiers, now_ms());
   }
   return reserved;
 }
@@ -40,7 +44,7 @@ Result<std::optional<PendingWrite>> Service::reserve_staging(const BlockKey& key
 // One fetch_remote call's reads: the keys it started, read in chunks of at most
 // kFetchChunkBytes with at most `window` chunks at the worker at once, so a prefix of
 // any length is read (in turn) and slots are reserved only as their chunk starts.
-struct Service::RemoteFetch {
+struct RemotePath::RemoteFetch {
   std::string namespace_name;
   std::deque<BlockKey> to_read;
   size_t chunks_in_flight = 0;
@@ -50,14 +54,14 @@ namespace {
 constexpr uint64_t kFetchChunkBytes = 32ull << 20;
 }  // namespace
 
-void Service::fetch_remote(const std::string& namespace_name, const std::vector<BlockKey>& keys,
-                           std::function<void(size_t, const Status&)> done) {
+void RemotePath::fetch_remote(const std::string& namespace_name, const std::vector<BlockKey>& keys,
+                              std::function<void(size_t, const Status&)> done) {
   auto answer = std::make_shared<std::function<void(size_t, const Status&)>>(std::move(done));
   std::vector<std::pair<size_t, Status>> at_once;
   if (!remote_->worker->connected()) {
     for (size_t i = 0; i < keys.size(); ++i) {
-      (*answer)(i, store_->lookup(keys[i]) ? Status::ok()
-                                           : unavailable("the remote tier is not connected"));
+      (*answer)(i, ctx_.store->lookup(keys[i]) ? Status::ok()
+                                               : unavailable("the remote tier is not connected"));
     }
     return;
   }
@@ -70,7 +74,7 @@ void Service::fetch_remote(const std::string& namespace_name, const std::vector<
       it->second.push_back(std::move(waiter));  // joins the read already under way
       continue;
     }
-    if (store_->lookup(key)) {
+    if (ctx_.store->lookup(key)) {
       at_once.emplace_back(i, Status::ok());
       continue;
     }
@@ -81,7 +85,7 @@ void Service::fetch_remote(const std::string& namespace_name, const std::vector<
   for (const auto& [i, status] : at_once) (*answer)(i, status);
 }
 
-void Service::settle_fetch(const BlockKey& key, PendingWrite* slot, const Status& status) {
+void RemotePath::settle_fetch(const BlockKey& key, PendingWrite* slot, const Status& status) {
   if (slot != nullptr) {
     if (status.is_ok()) {
       slot->commit();
@@ -89,7 +93,7 @@ void Service::settle_fetch(const BlockKey& key, PendingWrite* slot, const Status
       slot->abort();
     }
     // A Save that found the block being written (our reservation) waits for it.
-    wake_write_waiters(key, status.is_ok());
+    ctx_.parts.saves->wake_write_waiters(key, status.is_ok());
   }
   if (status.is_ok()) {
     ++remote_->fetched_blocks;
@@ -103,10 +107,10 @@ void Service::settle_fetch(const BlockKey& key, PendingWrite* slot, const Status
   for (auto& waiter : waiters) waiter(status);
 }
 
-void Service::pump_fetch(const std::shared_ptr<RemoteFetch>& fetch) {
+void RemotePath::pump_fetch(const std::shared_ptr<RemoteFetch>& fetch) {
   if (!remote_) return;
-  const uint64_t chunk_limit = std::min(kFetchChunkBytes, config_.remote_max_in_flight_bytes);
-  const size_t window = std::max<uint64_t>(1, config_.remote_max_in_flight_bytes / chunk_limit);
+  const uint64_t chunk_limit = std::min(kFetchChunkBytes, ctx_.config.remote_max_in_flight_bytes);
+  const size_t window = std::max<uint64_t>(1, ctx_.config.remote_max_in_flight_bytes / chunk_limit);
   while (fetch->chunks_in_flight < window && !fetch->to_read.empty()) {
     std::vector<remote::RemoteWorker::ReadInto> reads;
     auto slots = std::make_shared<std::vector<PendingWrite>>();
@@ -114,7 +118,7 @@ void Service::pump_fetch(const std::shared_ptr<RemoteFetch>& fetch) {
     uint64_t bytes = 0;
     while (!fetch->to_read.empty()) {
       const BlockKey key = fetch->to_read.front();
-      const uint64_t block_bytes = store_->block_bytes(key.layout);
+      const uint64_t block_bytes = ctx_.store->block_bytes(key.layout);
       if (!started->empty() && bytes + block_bytes > chunk_limit) break;
       fetch->to_read.pop_front();
       auto reserved = reserve_staging(key, block_bytes);
@@ -126,7 +130,8 @@ void Service::pump_fetch(const std::shared_ptr<RemoteFetch>& fetch) {
         continue;
       }
       PendingWrite& slot = **reserved;
-      std::byte* into = store_->memory(slot.location().tier)->host_data() + slot.location().offset;
+      std::byte* into =
+          ctx_.store->memory(slot.location().tier)->host_data() + slot.location().offset;
       reads.push_back(
           {{fetch->namespace_name, key.layout.layout_digest, key.hash}, {into, block_bytes}});
       slots->push_back(std::move(slot));
@@ -179,10 +184,10 @@ struct RemoteWait {
 
 }  // namespace
 
-void Service::lookup_remote(const ConnectionPtr& c, const EngineContext& engine, uint64_t id,
-                            std::vector<BlockHash> hashes, std::vector<Tier> tiers) {
+void RemotePath::lookup_remote(const ConnectionPtr& c, const EngineContext& engine, uint64_t id,
+                               std::vector<BlockHash> hashes, std::vector<Tier> tiers) {
   auto answer = [this, c, id, total = hashes.size()](const std::vector<Tier>& found) {
-    reply_lookup(c, id, total, found);
+    ctx_.parts.loads->reply_lookup(c, id, total, found);
   };
   // Blocks being read from the cluster already (a BeginTurn's prefetch) need no question.
   while (tiers.size() < hashes.size() &&
@@ -199,8 +204,8 @@ void Service::lookup_remote(const ConnectionPtr& c, const EngineContext& engine,
     ids.push_back({engine.namespace_name, engine.layout_key.layout_digest, hashes[i]});
   }
   auto wait = std::make_shared<RemoteWait>();
-  wait->deadline = std::make_unique<asio::steady_timer>(io_);
-  wait->deadline->expires_after(std::chrono::milliseconds(config_.remote_timeout_ms));
+  wait->deadline = std::make_unique<asio::steady_timer>(ctx_.io);
+  wait->deadline->expires_after(std::chrono::milliseconds(ctx_.config.remote_timeout_ms));
   wait->deadline->async_wait([wait, answer, tiers](const boost::system::error_code& ec) {
     if (!ec && wait->take()) answer(tiers);  // what is held here
   });
@@ -216,8 +221,8 @@ void Service::lookup_remote(const ConnectionPtr& c, const EngineContext& engine,
       });
 }
 
-void Service::resume_from_remote(const ConnectionPtr& c, const EngineContext& engine, uint64_t id,
-                                 const std::string& session_id) {
+void RemotePath::resume_from_remote(const ConnectionPtr& c, const EngineContext& engine,
+                                    uint64_t id, const std::string& session_id) {
   if (!remote_->worker->connected()) {
     reply_error(c, id,
                 not_found("unknown session '{}' (the remote tier is not connected)", session_id));
@@ -225,13 +230,13 @@ void Service::resume_from_remote(const ConnectionPtr& c, const EngineContext& en
   }
   auto engine_ref = std::static_pointer_cast<EngineContext>(c->user_state);
   auto wait = std::make_shared<RemoteWait>();
-  wait->deadline = std::make_unique<asio::steady_timer>(io_);
-  wait->deadline->expires_after(std::chrono::milliseconds(config_.remote_timeout_ms));
+  wait->deadline = std::make_unique<asio::steady_timer>(ctx_.io);
+  wait->deadline->expires_after(std::chrono::milliseconds(ctx_.config.remote_timeout_ms));
   wait->deadline->async_wait([this, wait, c, id, session_id](const boost::system::error_code& ec) {
     if (ec || !wait->take()) return;
     reply_error(c, id,
                 not_found("unknown session '{}' (the remote tier did not answer within {} ms)",
-                          session_id, config_.remote_timeout_ms));
+                          session_id, ctx_.config.remote_timeout_ms));
   });
   remote_->worker->get_session(
       engine.namespace_name, session_id,
@@ -239,8 +244,8 @@ void Service::resume_from_remote(const ConnectionPtr& c, const EngineContext& en
         if (!wait->take()) return;
         EngineContext& engine = *engine_ref;
         // A Save may have created the session meanwhile: then it is simply known.
-        if (policy::Session* known = sessions_.find(engine.namespace_id, session_id)) {
-          begin_turn(c, engine, id, *known, 0);
+        if (policy::Session* known = ctx_.sessions.find(engine.namespace_id, session_id)) {
+          ctx_.parts.turns->begin_turn(c, engine, id, *known, 0);
           return;
         }
         if (!value.is_ok()) {
@@ -262,7 +267,8 @@ void Service::resume_from_remote(const ConnectionPtr& c, const EngineContext& en
                                 session_id));
           return;
         }
-        auto created = sessions_.get_or_create(engine.namespace_id, session_id, engine.layout_key);
+        auto created =
+            ctx_.sessions.get_or_create(engine.namespace_id, session_id, engine.layout_key);
         if (!created.is_ok()) {
           reply_error(c, id, created.status());
           return;
@@ -273,15 +279,15 @@ void Service::resume_from_remote(const ConnectionPtr& c, const EngineContext& en
         // grows by each block once it and all before it are here, and stops at the first
         // that is not.
         size_t held = 0;
-        while (held < record->blocks.size() && store_->lookup({layout, record->blocks[held]})) {
+        while (held < record->blocks.size() && ctx_.store->lookup({layout, record->blocks[held]})) {
           ++held;
         }
         std::vector<BlockHash> present(record->blocks.begin(),
                                        record->blocks.begin() + static_cast<std::ptrdiff_t>(held));
-        for (const BlockHash& hash : sessions_.record_save(session, present, false)) {
-          store_->add_session_ref({layout, hash});
+        for (const BlockHash& hash : ctx_.sessions.record_save(session, present, false)) {
+          ctx_.store->add_session_ref({layout, hash});
         }
-        restore_from_record(session, *record, now_ms(), wall_now_ms());
+        ctx_.parts.journal->restore_from_record(session, *record, now_ms(), wall_now_ms());
         ++remote_->resumed_sessions;
         std::vector<BlockKey> rest;
         for (size_t i = held; i < record->blocks.size(); ++i) {
@@ -289,7 +295,7 @@ void Service::resume_from_remote(const ConnectionPtr& c, const EngineContext& en
         }
         const auto fetching = static_cast<uint32_t>(rest.size());
         if (held == 0) remote_->synced[{engine.namespace_id, session_id}] = 0;
-        note_session_changed(session);  // its NVMe record, when there is a tier
+        ctx_.parts.journal->note_session_changed(session);  // its NVMe record, when there is a tier
         // The blocks as they land: the session grows by each once it and all before it
         // are here, up to the first that is not, and only while it is still the
         // session this record made (its last block the record's block before).
@@ -303,7 +309,7 @@ void Service::resume_from_remote(const ConnectionPtr& c, const EngineContext& en
         growth->limit = rest.size();
         const policy::SessionKey key{engine.namespace_id, session_id};
         // Before the turn is answered, so that the waits below see a live session.
-        begin_turn(c, engine, id, session, fetching);
+        ctx_.parts.turns->begin_turn(c, engine, id, session, fetching);
         auto grow = [this, growth, rest, key, held,
                      before = held == 0 ? std::optional<BlockHash>()
                                         : std::optional<BlockHash>(record->blocks[held - 1])](
@@ -313,7 +319,7 @@ void Service::resume_from_remote(const ConnectionPtr& c, const EngineContext& en
           } else {
             growth->limit = std::min(growth->limit, i);
           }
-          policy::Session* session = sessions_.find(key.namespace_id, key.id);
+          policy::Session* session = ctx_.sessions.find(key.namespace_id, key.id);
           if (session == nullptr) return;
           bool grew = false;
           while (growth->next < growth->limit && growth->landed[growth->next]) {
@@ -325,14 +331,14 @@ void Service::resume_from_remote(const ConnectionPtr& c, const EngineContext& en
             if (session->blocks.size() != held + growth->next ||
                 (last.has_value() &&
                  (session->blocks.empty() || session->blocks.back() != *last)) ||
-                !store_->lookup(block)) {
+                !ctx_.store->lookup(block)) {
               growth->limit = growth->next;
               break;
             }
             // Appended without touching the session's state: a block landing after the
             // turn's end must not make it active again.
-            for (const BlockHash& hash : sessions_.append_blocks(*session, {block.hash})) {
-              store_->add_session_ref({block.layout, hash});
+            for (const BlockHash& hash : ctx_.sessions.append_blocks(*session, {block.hash})) {
+              ctx_.store->add_session_ref({block.layout, hash});
             }
             // Read from the cluster: there already, nothing to write behind.
             auto synced = remote_->synced.find(key);
@@ -342,7 +348,7 @@ void Service::resume_from_remote(const ConnectionPtr& c, const EngineContext& en
             ++growth->next;
             grew = true;
           }
-          if (grew) note_session_changed(*session);
+          if (grew) ctx_.parts.journal->note_session_changed(*session);
         };
         fetch_remote(engine.namespace_name, rest, std::move(grow));
       });

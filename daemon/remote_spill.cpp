@@ -1,17 +1,21 @@
 // NVMe evictions on their way to the cluster: the blocks it lacks are read out of NVMe
-// and written there before they are evicted (daemon/service.h, remote_path.h).
+// and written there before they are evicted (remote_path.h).
 #include "daemon/remote_path.h"
 
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/post.hpp>
 
 #include "common/log.h"
+#include "daemon/copies.h"
+#include "daemon/load_path.h"
+#include "daemon/save_path.h"
+#include "daemon/turn_path.h"
 
 namespace kvtier::daemon {
 
 // NVMe evictions being written to the cluster first: each block pinned (its slot stays,
 // and the planner leaves it alone) until it is written there or given up.
-struct Service::Spill {
+struct RemotePath::Spill {
   struct Block {
     BlockKey key;
     PinnedBlock pin;  // empty once finished
@@ -25,12 +29,12 @@ struct Service::Spill {
   size_t open = 0;  // blocks not finished yet
 };
 
-uint64_t Service::leaving_bytes(Tier tier) const {
+uint64_t RemotePath::leaving_bytes(Tier tier) const {
   return remote_ && tier == Tier::kNvme ? remote_->spilling_bytes : 0;
 }
 
-std::vector<BlockKey> Service::spill_evictions(std::vector<BlockKey> keys) {
-  if (!remote_ || stopping_ || !remote_->worker->connected()) {
+std::vector<BlockKey> RemotePath::spill_evictions(std::vector<BlockKey> keys) {
+  if (!remote_ || ctx_.stopping || !remote_->worker->connected()) {
     if (remote_) remote_->spill_unwritten += keys.size();
     return keys;
   }
@@ -38,27 +42,27 @@ std::vector<BlockKey> Service::spill_evictions(std::vector<BlockKey> keys) {
   std::vector<BlockKey> rest;
   std::vector<remote::RemoteBlockId> ids;
   for (BlockKey& key : keys) {
-    const auto info = store_->lookup(key);
+    const auto info = ctx_.store->lookup(key);
     // What evict() refuses (pinned, moving) it refuses either way.
     if (!info || info->state != BlockState::kReady || info->pins > 0 ||
         info->location.tier != Tier::kNvme) {
       rest.push_back(std::move(key));
       continue;
     }
-    const uint64_t bytes = store_->block_bytes(key.layout);
-    if (remote_->spilling_bytes + bytes > config_.remote_max_in_flight_bytes) {
+    const uint64_t bytes = ctx_.store->block_bytes(key.layout);
+    if (remote_->spilling_bytes + bytes > ctx_.config.remote_max_in_flight_bytes) {
       ++remote_->spill_unwritten;  // the cluster is not keeping up: local room first
       rest.push_back(std::move(key));
       continue;
     }
-    PinnedBlock pin = store_->pin_in_background(key);
+    PinnedBlock pin = ctx_.store->pin_in_background(key);
     if (!pin) {
       rest.push_back(std::move(key));
       continue;
     }
     remote_->spilling_bytes += bytes;
-    ids.push_back(
-        {engines_.namespaces().name(key.layout.namespace_id), key.layout.layout_digest, key.hash});
+    ids.push_back({ctx_.engines.namespaces().name(key.layout.namespace_id),
+                   key.layout.layout_digest, key.hash});
     spill->blocks.push_back(
         {std::move(key), std::move(pin), bytes, info->last_access_ms, info->session_refs});
   }
@@ -89,10 +93,10 @@ std::vector<BlockKey> Service::spill_evictions(std::vector<BlockKey> keys) {
   return rest;
 }
 
-void Service::spill_missing(const std::shared_ptr<Spill>& spill, std::vector<size_t> missing) {
+void RemotePath::spill_missing(const std::shared_ptr<Spill>& spill, std::vector<size_t> missing) {
   std::erase_if(missing, [&](size_t i) { return !spill->blocks[i].pin; });  // given up
   if (missing.empty()) return;
-  StorageTier* nvme = mover_->tier(Tier::kNvme);
+  StorageTier* nvme = ctx_.mover->tier(Tier::kNvme);
   uint64_t total = 0;
   for (size_t i : missing) total += spill->blocks[i].bytes;
   std::shared_ptr<std::byte> buffer = allocate_nvme_buffer(nvme_buffer_bytes(total));
@@ -108,11 +112,11 @@ void Service::spill_missing(const std::shared_ptr<Spill>& spill, std::vector<siz
     items.push_back({{block.key, block.pin.location().offset, block.bytes}, buffer.get() + offset});
     offset += block.bytes;
   }
-  auto guard = asio::make_work_guard(io_);
+  auto guard = asio::make_work_guard(ctx_.io);
   nvme->read(std::move(items), [this, spill, missing = std::move(missing), buffer,
                                 guard](std::vector<StorageTier::ReadOutcome> outcomes) mutable {
-    asio::post(io_, [this, spill, missing = std::move(missing), buffer = std::move(buffer),
-                     outcomes = std::move(outcomes), guard = std::move(guard)] {
+    asio::post(ctx_.io, [this, spill, missing = std::move(missing), buffer = std::move(buffer),
+                         outcomes = std::move(outcomes), guard = std::move(guard)] {
       std::vector<remote::RemoteStore::BlockWrite> writes;
       std::vector<size_t> writing;
       std::vector<size_t> unread;
@@ -126,7 +130,7 @@ void Service::spill_missing(const std::shared_ptr<Spill>& spill, std::vector<siz
           continue;
         }
         if (outcomes[j].status.is_ok()) {
-          writes.push_back({{engines_.namespaces().name(block.key.layout.namespace_id),
+          writes.push_back({{ctx_.engines.namespaces().name(block.key.layout.namespace_id),
                              block.key.layout.layout_digest, block.key.hash},
                             {buffer.get() + offset, block.bytes}});
           writing.push_back(missing[j]);
@@ -157,8 +161,8 @@ void Service::spill_missing(const std::shared_ptr<Spill>& spill, std::vector<siz
   });
 }
 
-void Service::finish_spill(const std::shared_ptr<Spill>& spill,
-                           const std::vector<size_t>& indices) {
+void RemotePath::finish_spill(const std::shared_ptr<Spill>& spill,
+                              const std::vector<size_t>& indices) {
   std::vector<BlockKey> evictions;
   for (size_t i : indices) {
     Spill::Block& block = spill->blocks[i];
@@ -169,18 +173,19 @@ void Service::finish_spill(const std::shared_ptr<Spill>& spill,
     --spill->open;
     // A block read up meanwhile (a Load, a BeginTurn) stays where it went; one used or
     // taken by a session meanwhile stays too (the planner decides about it again).
-    const auto info = store_->lookup(block.key);
+    const auto info = ctx_.store->lookup(block.key);
     if (info && info->location.tier == where.tier && info->location.offset == where.offset &&
         info->last_access_ms == block.last_access_ms && info->session_refs <= block.session_refs) {
       evictions.push_back(block.key);
     }
   }
   if (spill->open == 0) remote_->spills.erase(spill);
-  if (!evictions.empty()) mover_->evict(evictions);
-  resume_parked_saves();  // the pins are gone and the slots free: what waits for room goes on
+  if (!evictions.empty()) ctx_.mover->evict(evictions);
+  ctx_.parts.saves
+      ->resume_parked_saves();  // the pins are gone and the slots free: what waits for room goes on
 }
 
-void Service::abandon_spills() {
+void RemotePath::abandon_spills() {
   if (!remote_) return;
   // A stop does not wait for the cluster: the blocks are evicted now (what was written
   // there stays; the rest is lost to the fleet, as when the bound is full).

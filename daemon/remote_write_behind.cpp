@@ -1,24 +1,27 @@
 // The remote tier's write-behind: at the end of each turn a session's new blocks, then
 // its record, are written to the cluster behind the turn, read in place from host
-// memory, staged out of GPU memory or read out of NVMe (daemon/service.h,
-// remote_path.h).
+// memory, staged out of GPU memory or read out of NVMe (remote_path.h).
 #include "daemon/remote_path.h"
 
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/post.hpp>
 
 #include "common/log.h"
-#include "daemon/persistence.h"
+#include "daemon/copies.h"
+#include "daemon/load_path.h"
+#include "daemon/save_path.h"
+#include "daemon/session_journal.h"
+#include "daemon/turn_path.h"
 
 namespace kvtier::daemon {
 
-void Service::write_behind(const policy::Session& session, bool sweeping) {
+void RemotePath::write_behind(const policy::Session& session, bool sweeping) {
   if (!remote_) return;
   const policy::SessionKey key{session.namespace_id, session.id};
   uint32_t& synced = remote_->synced[key];
   if (synced > session.blocks.size()) synced = 0;  // defensive: cuts lower it (note_remote_cut)
-  const std::string& ns = engines_.namespaces().name(session.namespace_id);
-  const uint64_t block_bytes = store_->block_bytes(session.layout);
+  const std::string& ns = ctx_.engines.namespaces().name(session.namespace_id);
+  const uint64_t block_bytes = ctx_.store->block_bytes(session.layout);
   auto batch = std::make_shared<WriteBehind>();
   batch->key = key;
   batch->namespace_name = ns;
@@ -27,11 +30,11 @@ void Service::write_behind(const policy::Session& session, bool sweeping) {
   CopyBatch staging_copy;  // blocks in GPU memory → staging slots
   staging_copy.priority = CopyPriority::kBackground;
   std::vector<StorageTier::ReadItem> nvme_reads;  // destinations filled in below
-  StorageTier* nvme = mover_->tier(Tier::kNvme);
+  StorageTier* nvme = ctx_.mover->tier(Tier::kNvme);
   // Blocks copied out first (GPU memory, NVMe) only while the cluster can take them:
   // otherwise the copy would be made for nothing (the sweep comes back).
   const bool connected = remote_->worker->connected();
-  const uint64_t bound = config_.remote_max_in_flight_bytes;
+  const uint64_t bound = ctx_.config.remote_max_in_flight_bytes;
   size_t next = synced;
   for (; next < session.blocks.size(); ++next) {
     // One batch stays within half the worker's in-flight bound (a larger one would be
@@ -40,9 +43,9 @@ void Service::write_behind(const policy::Session& session, bool sweeping) {
     const uint64_t batch_bytes = (batch->writes.size() + 1) * block_bytes;
     if (batch_bytes > bound || (!batch->writes.empty() && batch_bytes > bound / 2)) break;
     const BlockKey block{session.layout, session.blocks[next]};
-    auto info = store_->lookup(block);
+    auto info = ctx_.store->lookup(block);
     if (!info) break;
-    const std::shared_ptr<Memory>& memory = store_->memory(info->location.tier);
+    const std::shared_ptr<Memory>& memory = ctx_.store->memory(info->location.tier);
     const bool in_place = memory != nullptr && memory->host_data() != nullptr;
     if (!in_place && !connected) break;
     if (memory == nullptr) {
@@ -55,7 +58,7 @@ void Service::write_behind(const policy::Session& session, bool sweeping) {
       // GPU memory: copied into a staging slot first (none free: the sweep comes back).
       if (!remote_->staging_slots) break;
     }
-    PinnedBlock pinned = store_->pin_in_background(block);
+    PinnedBlock pinned = ctx_.store->pin_in_background(block);
     if (!pinned) break;
     const size_t at = batch->writes.size();
     uint64_t slot = WriteBehind::kNoSlot;
@@ -83,7 +86,7 @@ void Service::write_behind(const policy::Session& session, bool sweeping) {
   // What stays behind though it is held here: a gauge, per session, not a sum of turns.
   uint32_t deferred = 0;
   for (size_t i = next; i < session.blocks.size(); ++i) {
-    if (store_->lookup({session.layout, session.blocks[i]})) ++deferred;
+    if (ctx_.store->lookup({session.layout, session.blocks[i]})) ++deferred;
   }
   uint32_t& was = remote_->deferred[key];
   remote_->deferred_blocks = remote_->deferred_blocks - was + deferred;
@@ -112,17 +115,18 @@ void Service::write_behind(const policy::Session& session, bool sweeping) {
     ++batch->waiting;
     // Segments are not merged: adjacent GPU offsets may lie in different parts of the
     // pool, and the Device merges what it can.
-    Status submitted = submit_copy(std::move(staging_copy), [this, batch](Status copied) {
-      if (copied.is_ok()) {
-        remote_->staged_blocks += batch->staged.size();
-      } else {
-        KVTIER_LOG_WARN("staging {} blocks out of GPU memory for the remote tier failed: {}",
-                        batch->staged.size(), copied.to_string());
-        batch->readable = std::min(batch->readable, batch->staged.front());
-      }
-      for (size_t i : batch->staged) batch->pins[i].reset();  // the bytes are staged (or lost)
-      write_behind_staged(batch);
-    });
+    Status submitted =
+        ctx_.parts.copies->submit_copy(std::move(staging_copy), [this, batch](Status copied) {
+          if (copied.is_ok()) {
+            remote_->staged_blocks += batch->staged.size();
+          } else {
+            KVTIER_LOG_WARN("staging {} blocks out of GPU memory for the remote tier failed: {}",
+                            batch->staged.size(), copied.to_string());
+            batch->readable = std::min(batch->readable, batch->staged.front());
+          }
+          for (size_t i : batch->staged) batch->pins[i].reset();  // the bytes are staged (or lost)
+          write_behind_staged(batch);
+        });
     if (!submitted.is_ok()) {
       KVTIER_LOG_WARN("staging {} blocks out of GPU memory for the remote tier failed: {}",
                       batch->staged.size(), submitted.to_string());
@@ -134,8 +138,8 @@ void Service::write_behind(const policy::Session& session, bool sweeping) {
   write_behind_staged(batch);
 }
 
-void Service::read_write_behind(const std::shared_ptr<WriteBehind>& batch,
-                                std::vector<StorageTier::ReadItem> reads) {
+void RemotePath::read_write_behind(const std::shared_ptr<WriteBehind>& batch,
+                                   std::vector<StorageTier::ReadItem> reads) {
   const uint64_t block_bytes = batch->block_bytes;
   const uint64_t rounded = nvme_buffer_bytes(reads.size() * block_bytes);
   batch->nvme_buffer = allocate_nvme_buffer(rounded);
@@ -152,24 +156,24 @@ void Service::read_write_behind(const std::shared_ptr<WriteBehind>& batch,
   }
   // In jobs of the executor's size, so one session's backlog does not hold the NVMe
   // queue for long.
-  StorageTier* nvme = mover_->tier(Tier::kNvme);
+  StorageTier* nvme = ctx_.mover->tier(Tier::kNvme);
   for (size_t begin = 0; begin < reads.size(); begin += kNvmeBlocksPerRead) {
     const size_t end = std::min(reads.size(), begin + kNvmeBlocksPerRead);
     std::vector<StorageTier::ReadItem> job(reads.begin() + begin, reads.begin() + end);
     ++batch->waiting;
-    auto guard = asio::make_work_guard(io_);
+    auto guard = asio::make_work_guard(ctx_.io);
     nvme->read(std::move(job),
                [this, batch, begin, guard](std::vector<StorageTier::ReadOutcome> outcomes) mutable {
-                 asio::post(io_, [this, batch, begin, guard = std::move(guard),
-                                  outcomes = std::move(outcomes)] {
+                 asio::post(ctx_.io, [this, batch, begin, guard = std::move(guard),
+                                      outcomes = std::move(outcomes)] {
                    write_behind_read(batch, begin, outcomes);
                  });
                });
   }
 }
 
-void Service::write_behind_read(const std::shared_ptr<WriteBehind>& batch, size_t begin,
-                                const std::vector<StorageTier::ReadOutcome>& outcomes) {
+void RemotePath::write_behind_read(const std::shared_ptr<WriteBehind>& batch, size_t begin,
+                                   const std::vector<StorageTier::ReadOutcome>& outcomes) {
   std::vector<BlockKey> lost;  // bytes that did not verify
   for (size_t j = 0; j < outcomes.size(); ++j) {
     const size_t at = batch->from_nvme[begin + j];
@@ -183,12 +187,12 @@ void Service::write_behind_read(const std::shared_ptr<WriteBehind>& batch, size_
   }
   // Bad bytes on NVMe: the block goes now (no pin of the batch holds it), as when any
   // read finds it so; nothing from it on is written.
-  if (!lost.empty()) mover_->evict(lost, /*lost=*/true);
+  if (!lost.empty()) ctx_.mover->evict(lost, /*lost=*/true);
   write_behind_staged(batch);
-  resume_parked_saves();  // the pins are gone: their blocks may move or go
+  ctx_.parts.saves->resume_parked_saves();  // the pins are gone: their blocks may move or go
 }
 
-void Service::write_behind_staged(const std::shared_ptr<WriteBehind>& batch) {
+void RemotePath::write_behind_staged(const std::shared_ptr<WriteBehind>& batch) {
   if (--batch->waiting > 0) return;
   if (batch->readable < batch->writes.size()) {
     // Only the blocks before the first unreadable one are sent (the session's mark stops
@@ -209,7 +213,7 @@ void Service::write_behind_staged(const std::shared_ptr<WriteBehind>& batch) {
   }
 }
 
-void Service::send_write_behind(const std::shared_ptr<WriteBehind>& batch) {
+void RemotePath::send_write_behind(const std::shared_ptr<WriteBehind>& batch) {
   auto writes = std::move(batch->writes);
   const bool queued =
       remote_->worker->put_borrowed(std::move(writes), [this, batch](std::vector<Status> statuses) {
@@ -222,11 +226,12 @@ void Service::send_write_behind(const std::shared_ptr<WriteBehind>& batch) {
         } else {
           release_write_behind(*batch);
         }
-        resume_parked_saves();  // the batch's pins are gone: their blocks may move or go
+        ctx_.parts.saves
+            ->resume_parked_saves();  // the batch's pins are gone: their blocks may move or go
         // The record after its blocks: a node that finds it finds them (or misses). As
         // the session is now, so that an older turn's record never lands after a newer
         // one; none once the session was closed.
-        const policy::Session* live = sessions_.find(batch->key.namespace_id, batch->key.id);
+        const policy::Session* live = ctx_.sessions.find(batch->key.namespace_id, batch->key.id);
         if (live == nullptr) return;
         remote_->worker->put_session(
             batch->namespace_name, batch->key.id,
@@ -234,7 +239,7 @@ void Service::send_write_behind(const std::shared_ptr<WriteBehind>& batch) {
             [](Status) {});
         // All written and more to go (the batch stopped at its bound): the next batch
         // now rather than at the next sweep.
-        if (ok == batch->blocks && !stopping_ && remote_->unsynced.contains(batch->key) &&
+        if (ok == batch->blocks && !ctx_.stopping && remote_->unsynced.contains(batch->key) &&
             live->state == policy::SessionState::kIdle) {
           write_behind(*live, /*sweeping=*/true);
         }
@@ -242,7 +247,7 @@ void Service::send_write_behind(const std::shared_ptr<WriteBehind>& batch) {
   if (!queued) fail_write_behind(*batch, 0, /*declined=*/true);
 }
 
-void Service::fail_write_behind(WriteBehind& batch, size_t written, bool declined) {
+void RemotePath::fail_write_behind(WriteBehind& batch, size_t written, bool declined) {
   if (declined) ++remote_->declined_writes;
   auto it = remote_->synced.find(batch.key);
   if (it != remote_->synced.end()) {
@@ -253,7 +258,7 @@ void Service::fail_write_behind(WriteBehind& batch, size_t written, bool decline
   release_write_behind(batch);
 }
 
-void Service::release_write_behind(WriteBehind& batch) {
+void RemotePath::release_write_behind(WriteBehind& batch) {
   // The worker, the Device and the NVMe tier are done with the slots and the buffer.
   batch.pins.clear();
   for (uint64_t& slot : batch.slots) {
@@ -265,7 +270,7 @@ void Service::release_write_behind(WriteBehind& batch) {
   remote_->buffered_bytes -= std::exchange(batch.buffered_bytes, 0);
 }
 
-void Service::sweep_write_behind() {
+void RemotePath::sweep_write_behind() {
   if (!remote_ || remote_->unsynced.empty()) return;
   const uint64_t now = now_ms();
   if (now - std::min(now, remote_->last_sweep_ms) < 1000) return;
@@ -279,7 +284,7 @@ void Service::sweep_write_behind() {
     keys.push_back(std::move(key));
   }
   for (const policy::SessionKey& key : keys) {
-    const policy::Session* session = sessions_.find(key.namespace_id, key.id);
+    const policy::Session* session = ctx_.sessions.find(key.namespace_id, key.id);
     if (session == nullptr) continue;
     // Mid-turn sessions are written at the end of their turn.
     if (session->state == policy::SessionState::kIdle) {
@@ -290,7 +295,7 @@ void Service::sweep_write_behind() {
   }
 }
 
-void Service::note_remote_cut(const policy::Session& session) {
+void RemotePath::note_remote_cut(const policy::Session& session) {
   if (!remote_) return;
   auto it = remote_->synced.find({session.namespace_id, session.id});
   // Blocks from the cut on may come back as other blocks: written again from there.
@@ -299,11 +304,11 @@ void Service::note_remote_cut(const policy::Session& session) {
   }
 }
 
-void Service::note_remote_closed(uint32_t namespace_id, const std::string& session_id) {
+void RemotePath::note_remote_closed(uint32_t namespace_id, const std::string& session_id) {
   if (!remote_) return;
   // Closed for good: no node resumes it (a write-behind still queued for it writes its
   // blocks, and its completion finds the session gone and writes no record).
-  remote_->worker->delete_session(engines_.namespaces().name(namespace_id), session_id,
+  remote_->worker->delete_session(ctx_.engines.namespaces().name(namespace_id), session_id,
                                   [](Status) {});
   const policy::SessionKey key{namespace_id, session_id};
   remote_->synced.erase(key);

@@ -1,6 +1,6 @@
 // Start-up: filling the tier memory off the control thread, and requests that must wait
-// for earlier work (startup.h says what waits for what, and why).
-#include "daemon/startup.h"
+// for earlier work (startup_gate.h says what waits for what, and why).
+#include "daemon/startup_gate.h"
 
 #include <kj/exception.h>
 #include <boost/asio/executor_work_guard.hpp>
@@ -13,8 +13,7 @@
 #include "common/log.h"
 #include "common/units.h"
 #include "cuda/page_fill.h"
-#include "daemon/persistence.h"
-#include "daemon/service.h"
+#include "daemon/session_journal.h"
 
 namespace kvtier::daemon {
 namespace {
@@ -36,17 +35,39 @@ constexpr auto kExpiryCheck = std::chrono::milliseconds(50);
 
 }  // namespace
 
-void Service::start_fill(std::vector<UnfilledMemory> fills) {
+StartupGate::StartupGate(DaemonContext& ctx, Dispatch dispatch,
+                         std::function<void(const Status&)> failed, std::function<void()> filled)
+    : Part(ctx),
+      dispatch_(std::move(dispatch)),
+      failed_(std::move(failed)),
+      filled_(std::move(filled)),
+      expiry_timer_(ctx.io) {}
+
+StartupGate::~StartupGate() {
+  join();
+}
+
+void StartupGate::join() {
+  cancel_fill();
+  if (filler_.joinable()) filler_.join();
+}
+
+void StartupGate::forget(EngineContext& engine) {
+  deferred_requests_ -= engine.deferred.size();
+  engine.deferred.clear();
+}
+
+void StartupGate::start_fill(std::vector<UnfilledMemory> fills) {
   uint64_t bytes = 0;
   for (const UnfilledMemory& fill : fills) {
     if (fill.fill) bytes += fill.memory->size_bytes();
   }
-  startup_->fill_bytes = bytes;
+  fill_bytes_ = bytes;
   // The NVMe tier reads into and writes from the pools with registered buffers;
   // registering pins the pages, so it comes after the fill (on the same thread, before
-  // any I/O can be asked for: nothing reaches the NVMe slab file before ready_).
+  // any I/O can be asked for: nothing reaches the NVMe slab file before ctx_.ready).
   std::vector<std::span<std::byte>> io_buffers;
-  NvmeTier* nvme_tier = nvme_ ? nvme_->tier.get() : nullptr;
+  NvmeTier* nvme_tier = ctx_.parts.journal->tier();
   if (nvme_tier != nullptr) {
     for (const UnfilledMemory& fill : fills) {
       if (fill.memory->host_data() != nullptr) {
@@ -55,15 +76,15 @@ void Service::start_fill(std::vector<UnfilledMemory> fills) {
     }
   }
   const int threads = default_fill_threads();
-  const uint64_t delay_ms = config_.fault_fill_delay_ms;
+  const uint64_t delay_ms = ctx_.config.fault_fill_delay_ms;
   if (bytes > 0) {
     KVTIER_LOG_INFO("filling {} of tier memory on {} threads; data requests wait until it is done",
                     format_bytes(bytes), threads);
   }
   // The guard keeps io_context::run() going until the outcome has been handled.
-  auto guard = asio::make_work_guard(io_);
-  startup_->filler = std::jthread([this, fills = std::move(fills), io_buffers, nvme_tier, threads,
-                                   delay_ms, guard](std::stop_token stop) mutable {
+  auto guard = asio::make_work_guard(ctx_.io);
+  filler_ = std::jthread([this, fills = std::move(fills), io_buffers, nvme_tier, threads, delay_ms,
+                          guard](std::stop_token stop) mutable {
     const auto started = std::chrono::steady_clock::now();
     Status status;
     for (UnfilledMemory& fill : fills) {
@@ -87,55 +108,51 @@ void Service::start_fill(std::vector<UnfilledMemory> fills) {
       never.wait_for(lock, stop, std::chrono::milliseconds(delay_ms), [] { return false; });
     }
     fills.clear();  // the store holds the memory; this thread lets go before reporting
-    asio::post(io_, [this, status, seconds, guard = std::move(guard)]() mutable {
+    asio::post(ctx_.io, [this, status, seconds, guard = std::move(guard)]() mutable {
       on_fill_done(status, seconds);
       guard.reset();
     });
   });
 }
 
-void Service::on_fill_done(const Status& status, double seconds) {
-  if (startup_->filler.joinable()) startup_->filler.join();  // it posted this as its last act
-  if (stopping_) return;  // stopped while filling: there is nothing to serve
+void StartupGate::on_fill_done(const Status& status, double seconds) {
+  if (filler_.joinable()) filler_.join();  // it posted this as its last act
+  if (ctx_.stopping) return;               // stopped while filling: there is nothing to serve
   if (!status.is_ok()) {
     KVTIER_LOG_ERROR("cannot fill the tier memory: {}", status.to_string());
-    exit_code_ = kExitCannotStart;
-    stopping_ = true;
-    if (fatal_exit_) fatal_exit_(exit_code_);
-    io_.stop();
+    failed_(status);
     return;
   }
-  const uint64_t bytes = startup_->fill_bytes;
+  const uint64_t bytes = fill_bytes_;
   if (bytes > 0) {
     const double gib = static_cast<double>(bytes) / (1ull << 30);
     KVTIER_LOG_INFO("tier memory filled: {} in {:.2f} s ({:.3f} s/GiB); serving data requests",
                     format_bytes(bytes), seconds, seconds / gib);
   }
-  ready_ = true;
-  startup_->expiry_timer.cancel();
-  run_planner(policy::Planner::PlanKind::kPeriodic);  // and every plan-interval-ms after
-  if (ready_callback_) ready_callback_();
+  ctx_.ready = true;
+  expiry_timer_.cancel();
+  filled_();  // the planner starts
   resume_all_deferred();
 }
 
-void Service::cancel_fill() {
-  if (startup_->filler.joinable()) startup_->filler.request_stop();
-  startup_->expiry_timer.cancel();
+void StartupGate::cancel_fill() {
+  if (filler_.joinable()) filler_.request_stop();
+  expiry_timer_.cancel();
 }
 
-bool Service::must_defer(const EngineContext& engine, wire::Request::Which which) const {
+bool StartupGate::must_defer(const EngineContext& engine, wire::Request::Which which) const {
   return !engine.deferred.empty() || engine.regions_opening > 0 ||
-         (!ready_ && needs_tier_memory(which));
+         (!ctx_.ready && needs_tier_memory(which));
 }
 
-Status Service::defer_request(const ConnectionPtr& c, EngineContext& engine, ipc::Frame frame,
-                              std::vector<UniqueFd> fds) {
-  if (startup_->deferred_requests >= kMaxDeferredRequests) {
+Status StartupGate::defer_request(const ConnectionPtr& c, EngineContext& engine, ipc::Frame frame,
+                                  std::vector<UniqueFd> fds) {
+  if (deferred_requests_ >= kMaxDeferredRequests) {
     return unavailable("kvtierd has {} requests waiting (it is starting or opening regions); retry",
-                       startup_->deferred_requests);
+                       deferred_requests_);
   }
   if (engine.deferred.empty()) {
-    auto& list = startup_->deferred_connections;
+    auto& list = deferred_connections_;
     if (list.size() >= 64) {
       std::erase_if(list, [](const std::weak_ptr<ipc::Connection>& weak) {
         auto connection = weak.lock();
@@ -147,12 +164,12 @@ Status Service::defer_request(const ConnectionPtr& c, EngineContext& engine, ipc
     list.push_back(c);
   }
   engine.deferred.push_back({std::move(frame), std::move(fds), now_ms()});
-  ++startup_->deferred_requests;
+  ++deferred_requests_;
   arm_deferred_expiry();
   return Status::ok();
 }
 
-void Service::resume_deferred(const ConnectionPtr& c) {
+void StartupGate::resume_deferred(const ConnectionPtr& c) {
   auto engine = std::static_pointer_cast<EngineContext>(c->user_state);
   if (!engine) return;
   while (!engine->deferred.empty() && engine->regions_opening == 0) {
@@ -162,24 +179,24 @@ void Service::resume_deferred(const ConnectionPtr& c) {
     try {
       auto request = next.frame.reader().getRoot<wire::Request>();
       id = request.getId();
-      if (!ready_ && needs_tier_memory(request.which())) {
+      if (!ctx_.ready && needs_tier_memory(request.which())) {
         const uint64_t waited_ms = now_ms() - next.arrived_ms;
-        if (waited_ms < config_.startup_wait_ms && !stopping_) break;  // still waits
+        if (waited_ms < ctx_.config.startup_wait_ms && !ctx_.stopping) break;  // still waits
         status = unavailable(
             "kvtierd is starting: its tier memory ({}) is still being filled after {} ms "
             "(startup-wait-ms); retry",
-            format_bytes(startup_->fill_bytes), waited_ms);
+            format_bytes(fill_bytes_), waited_ms);
       }
     } catch (const kj::Exception& e) {
       status = invalid_argument("malformed request: {}", e.getDescription().cStr());
     }
     EngineContext::DeferredRequest taken = std::move(engine->deferred.front());
     engine->deferred.pop_front();
-    --startup_->deferred_requests;
+    --deferred_requests_;
     if (status.is_ok()) {
       try {
-        status = dispatch(c, *engine, taken.frame.reader().getRoot<wire::Request>(),
-                          std::move(taken.fds));
+        status = dispatch_(c, *engine, taken.frame.reader().getRoot<wire::Request>(),
+                           std::move(taken.fds));
       } catch (const kj::Exception& e) {
         status = invalid_argument("malformed request: {}", e.getDescription().cStr());
       }
@@ -188,28 +205,28 @@ void Service::resume_deferred(const ConnectionPtr& c) {
   }
 }
 
-void Service::resume_all_deferred() {
+void StartupGate::resume_all_deferred() {
   std::vector<std::weak_ptr<ipc::Connection>> connections;
-  connections.swap(startup_->deferred_connections);
+  connections.swap(deferred_connections_);
   for (const auto& weak : connections) {
     auto connection = weak.lock();
     if (!connection) continue;
     resume_deferred(connection);
     auto engine = std::static_pointer_cast<EngineContext>(connection->user_state);
-    if (engine && !engine->deferred.empty()) startup_->deferred_connections.push_back(connection);
+    if (engine && !engine->deferred.empty()) deferred_connections_.push_back(connection);
   }
-  if (startup_->deferred_requests > 0) arm_deferred_expiry();
+  if (deferred_requests_ > 0) arm_deferred_expiry();
 }
 
-void Service::arm_deferred_expiry() {
+void StartupGate::arm_deferred_expiry() {
   // Requests waiting for the fill are looked at again soon, to answer those whose
   // startup-wait-ms is over.
-  if (ready_ || stopping_ || startup_->expiry_armed) return;
-  startup_->expiry_armed = true;
-  startup_->expiry_timer.expires_after(kExpiryCheck);
-  startup_->expiry_timer.async_wait([this](const boost::system::error_code& ec) {
-    startup_->expiry_armed = false;
-    if (ec || ready_) return;
+  if (ctx_.ready || ctx_.stopping || expiry_armed_) return;
+  expiry_armed_ = true;
+  expiry_timer_.expires_after(kExpiryCheck);
+  expiry_timer_.async_wait([this](const boost::system::error_code& ec) {
+    expiry_armed_ = false;
+    if (ec || ctx_.ready) return;
     resume_all_deferred();
   });
 }

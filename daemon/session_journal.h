@@ -1,9 +1,13 @@
-// The daemon's side of the NVMe tier: what the Service keeps about it between
-// requests. The Service methods that use it live in persistence.cpp (start-up
-// recovery, session records, the SIGTERM drain). Moving blocks in and out of it, and
-// releasing its slots, is the move executor's (tiers/move_executor.h).
+// SessionJournal: the daemon's side of the NVMe tier — opening it, recovering the block
+// index and the session table at start-up, keeping each session's stored record
+// current (appended to while it only grows, rewritten after a cut), and the SIGTERM
+// drain of RAM/HBM blocks to NVMe. Moving blocks in and out of the tier, and releasing
+// its slots, is the move executor's (tiers/move_executor.h); what a record holds is
+// tiers/nvme_format.h's.
 //
-// Thread-safety: none; the control thread owns it, like everything in the Service.
+// Without an NVMe tier (nvme-bytes 0) every method is a no-op and enabled() is false.
+//
+// Thread-safety: none; the control thread owns it, like every part (daemon_context.h).
 // NvmeTier's workers only ever post results back.
 #pragma once
 
@@ -21,15 +25,16 @@
 
 #include <utility>
 #include <vector>
-#include "common/log.h"
-
 #include "common/block_key.h"
+#include "common/log.h"
+#include "daemon/daemon_context.h"
 #include "policy/session_table.h"
 #include "tiers/block_store.h"
 #include "tiers/nvme_tier.h"
 
 namespace kvtier::daemon {
 
+// What the journal keeps between requests (null without an NVMe tier).
 struct NvmeState {
   std::unique_ptr<NvmeTier> tier;
 
@@ -55,13 +60,55 @@ struct NvmeState {
   uint64_t drained_bytes_before = 0;        // bytes_demoted when the drain began
   uint64_t drained_onto_copies_before = 0;  // bytes_demoted_onto_copy then
 
-  // What NvmeTier::open found; consumed by Service::recover_nvme.
+  // What NvmeTier::open found; consumed by SessionJournal::recover_nvme.
   std::unique_ptr<NvmeRecovery> recovery;
 
   bool draining() const {
     return drain_phase == DrainPhase::kMoving || drain_phase == DrainPhase::kFlushing;
   }
   bool jobs_in_flight() const { return release_jobs + session_jobs > 0; }
+};
+
+class SessionJournal final : public Part {
+ public:
+  explicit SessionJournal(DaemonContext& ctx) : Part(ctx) {}
+
+  bool enabled() const { return nvme_ != nullptr; }
+  // The tier; nullptr without one.
+  NvmeTier* tier() const { return nvme_ ? nvme_->tier.get() : nullptr; }
+  // Opens the tier (nvme-bytes > 0) and adds it to `tiers`, below RAM.
+  Status open_nvme(std::vector<BlockStore::TierMemory>& tiers);
+  // Puts what the tier held at start-up into the store and the session table.
+  Status recover_nvme();
+  // The key of `key`'s block on NVMe (namespaces are stored by name).
+  NvmeBlockKey nvme_key(const BlockKey& key) const;
+  // The session's record is rewritten (or appended to) at the next flush.
+  void note_session_changed(const policy::Session& session);
+  // The session lost blocks (cut at an evicted or lost one): its record is rewritten
+  // whole at the next flush instead of appended to. The remote tier is told too.
+  void note_session_cut(const policy::Session& session);
+  void note_session_closed(uint32_t namespace_id, const std::string& session_id);
+  // A session's statistics and state as a stored record has them (NVMe recovery and
+  // remote resume).
+  void restore_from_record(policy::Session& session, const NvmeSessionRecord& record,
+                           uint64_t steady_now, uint64_t wall_now);
+  // Writes the changed session records (`sync`: durably before the callback).
+  void flush_sessions(bool sync);
+  // SIGTERM: moves the live sessions' RAM/HBM blocks to NVMe and writes the session
+  // table, for at most drain-timeout; `stopped` runs once, when that is over. A second
+  // stop gives up (give_up_drain).
+  void start_drain(std::function<void()> stopped);
+  bool draining() const { return nvme_ && nvme_->draining(); }
+  bool drained() const { return !nvme_ || nvme_->drain_phase == NvmeState::DrainPhase::kDone; }
+  void give_up_drain();
+  // Runs after every move and journal write settles: the drain's next step.
+  void check_drain();
+  // The device was lost: the drain ends, and the session table is written durably with
+  // what NVMe holds (blocks elsewhere cannot be trusted).
+  void write_before_exit();
+
+ private:
+  std::unique_ptr<NvmeState> nvme_;
 };
 
 // Wraps `fn` into the callback a worker calls: it posts `fn(result)` to the control

@@ -1,7 +1,5 @@
-// The NVMe tier's place in the daemon: opening it, recovering the index and the
-// session table at start-up, keeping session records current, releasing slots, and
-// draining RAM/HBM to NVMe on SIGTERM.
-#include "daemon/persistence.h"
+// SessionJournal: the NVMe tier's index, session records and the drain (session_journal.h).
+#include "daemon/session_journal.h"
 
 #include <malloc.h>
 
@@ -12,7 +10,7 @@
 
 #include "common/log.h"
 #include "common/units.h"
-#include "daemon/service.h"
+#include "daemon/remote_path.h"
 
 namespace kvtier::daemon {
 
@@ -53,27 +51,27 @@ NvmeSessionRecord to_record(const policy::Session& session, const std::string& n
   return record;
 }
 
-NvmeBlockKey Service::nvme_key(const BlockKey& key) const {
-  return NvmeBlockKey{engines_.namespaces().name(key.layout.namespace_id), key.layout.layout_digest,
-                      key.hash};
+NvmeBlockKey SessionJournal::nvme_key(const BlockKey& key) const {
+  return NvmeBlockKey{ctx_.engines.namespaces().name(key.layout.namespace_id),
+                      key.layout.layout_digest, key.hash};
 }
 
-Status Service::open_nvme(std::vector<BlockStore::TierMemory>& tiers) {
-  if (config_.nvme_bytes == 0) return Status::ok();
-  for (const auto& [uid, name] : config_.shared_namespaces) {
+Status SessionJournal::open_nvme(std::vector<BlockStore::TierMemory>& tiers) {
+  if (ctx_.config.nvme_bytes == 0) return Status::ok();
+  for (const auto& [uid, name] : ctx_.config.shared_namespaces) {
     if (name.empty() || name.size() > 255) {
       return invalid_argument("shared-namespace '{}': an NVMe tier stores names of 1..255 bytes",
                               name);
     }
   }
   NvmeTierOptions options;
-  options.dir = config_.data_dir + "/nvme";
-  options.capacity_bytes = config_.nvme_bytes;
-  options.slab_bytes = config_.slab_bytes;
-  options.queue_depth = config_.nvme_queue_depth;
+  options.dir = ctx_.config.data_dir + "/nvme";
+  options.capacity_bytes = ctx_.config.nvme_bytes;
+  options.slab_bytes = ctx_.config.slab_bytes;
+  options.queue_depth = ctx_.config.nvme_queue_depth;
   // The pools are registered with io_uring (so the drive reads and writes them
-  // directly) once they are filled: start_fill (startup.cpp).
-  for (const std::string& spec : config_.fault_nvme) {
+  // directly) once they are filled: StartupGate::start_fill.
+  for (const std::string& spec : ctx_.config.fault_nvme) {
     auto fault = parse_slab_io_fault(spec);
     if (!fault.is_ok()) return invalid_argument("fault-nvme: {}", fault.status().message());
     options.faults.push_back(*fault);
@@ -86,13 +84,13 @@ Status Service::open_nvme(std::vector<BlockStore::TierMemory>& tiers) {
   }
   state->tier = std::move(*tier);
   // Inclusive below RAM: a block read up keeps its NVMe copy (block_store.h).
-  tiers.push_back({Tier::kNvme, nullptr, state->tier->slab_bytes(), config_.nvme_bytes,
+  tiers.push_back({Tier::kNvme, nullptr, state->tier->slab_bytes(), ctx_.config.nvme_bytes,
                    /*confirm_release=*/true, /*parts=*/1, /*keep_copies=*/true});
   nvme_ = std::move(state);
   return Status::ok();
 }
 
-Status Service::recover_nvme() {
+Status SessionJournal::recover_nvme() {
   if (!nvme_ || !nvme_->recovery) return Status::ok();
   const auto started = std::chrono::steady_clock::now();
   NvmeRecovery recovery = std::move(*nvme_->recovery);
@@ -101,8 +99,9 @@ Status Service::recover_nvme() {
   const uint64_t wall_now = wall_now_ms();
 
   for (const NvmeLayoutRecord& layout : recovery.layouts) {
-    const LayoutKey key{engines_.namespaces().intern(layout.namespace_name), layout.layout_digest};
-    Status registered = store_->register_layout(key, layout.block_bytes);
+    const LayoutKey key{ctx_.engines.namespaces().intern(layout.namespace_name),
+                        layout.layout_digest};
+    Status registered = ctx_.store->register_layout(key, layout.block_bytes);
     if (!registered.is_ok()) KVTIER_LOG_WARN("NVMe layout record: {}", registered.message());
   }
   // Ascending offsets make rebuilding the slot allocator linear (sorting small
@@ -128,19 +127,19 @@ Status Service::recover_nvme() {
     if (block.key.namespace_name != layout_namespace ||
         block.key.layout_digest != layout.layout_digest) {
       layout_namespace = block.key.namespace_name;
-      layout = {engines_.namespaces().intern(layout_namespace), block.key.layout_digest};
-      if (store_->block_bytes(layout) == 0) {
-        (void)store_->register_layout(layout, block.record.bytes);
+      layout = {ctx_.engines.namespaces().intern(layout_namespace), block.key.layout_digest};
+      if (ctx_.store->block_bytes(layout) == 0) {
+        (void)ctx_.store->register_layout(layout, block.record.bytes);
       }
       if (reserved.insert({layout.namespace_id, layout.layout_digest}).second) {
-        store_->reserve_blocks(layout, per_layout[{layout_namespace, layout.layout_digest}]);
+        ctx_.store->reserve_blocks(layout, per_layout[{layout_namespace, layout.layout_digest}]);
       }
     }
     Status inserted =
-        store_->block_bytes(layout) != block.record.bytes
+        ctx_.store->block_bytes(layout) != block.record.bytes
             ? invalid_argument("{} bytes, but its layout has {}-byte blocks", block.record.bytes,
-                               store_->block_bytes(layout))
-            : store_->insert_recovered(
+                               ctx_.store->block_bytes(layout))
+            : ctx_.store->insert_recovered(
                   {layout, block.key.hash}, {Tier::kNvme, block.record.offset},
                   wall_to_steady_ms(block.record.last_access_wall_ms, steady_now, wall_now));
     if (inserted.is_ok()) {
@@ -160,7 +159,7 @@ Status Service::recover_nvme() {
         unusable.size(), first_problem);
     ++nvme_->release_jobs;
     nvme_->tier->release_blocks(std::move(unusable),
-                                on_control_thread<Status>(io_, [this](Status status) {
+                                on_control_thread<Status>(ctx_.io, [this](Status status) {
                                   --nvme_->release_jobs;
                                   if (!status.is_ok()) {
                                     KVTIER_LOG_WARN("NVMe tier: {}", status.to_string());
@@ -170,20 +169,20 @@ Status Service::recover_nvme() {
 
   size_t cut_sessions = 0;
   for (const NvmeSessionRecord& record : recovery.sessions) {
-    const uint32_t namespace_id = engines_.namespaces().intern(record.namespace_name);
+    const uint32_t namespace_id = ctx_.engines.namespaces().intern(record.namespace_name);
     const LayoutKey layout{namespace_id, record.layout_digest};
-    auto session = sessions_.get_or_create(namespace_id, record.session_id, layout);
+    auto session = ctx_.sessions.get_or_create(namespace_id, record.session_id, layout);
     if (!session.is_ok()) continue;
     // A session is a prefix: it ends at its first block that did not survive (blocks
     // only in RAM or HBM at a crash are gone; the engine recomputes from there).
     std::vector<BlockHash> present;
     for (const BlockHash& hash : record.blocks) {
-      if (!store_->lookup({layout, hash})) break;
+      if (!ctx_.store->lookup({layout, hash})) break;
       present.push_back(hash);
     }
     policy::Session& restored = **session;
-    for (const BlockHash& hash : sessions_.record_save(restored, present, false)) {
-      store_->add_session_ref({layout, hash});
+    for (const BlockHash& hash : ctx_.sessions.record_save(restored, present, false)) {
+      ctx_.store->add_session_ref({layout, hash});
     }
     restore_from_record(restored, record, steady_now, wall_now);
     if (present.size() < record.blocks.size()) {
@@ -203,56 +202,56 @@ Status Service::recover_nvme() {
   KVTIER_LOG_INFO(
       "NVMe tier {}/nvme ({}, {}): recovered {} blocks ({}) and {} sessions ({} cut short) in "
       "{} ms",
-      config_.data_dir, format_bytes(config_.nvme_bytes), nvme_->tier->describe(),
-      store_->usage(Tier::kNvme).blocks, format_bytes(recovered_bytes), session_count, cut_sessions,
-      std::chrono::duration_cast<std::chrono::milliseconds>(elapsed).count());
+      ctx_.config.data_dir, format_bytes(ctx_.config.nvme_bytes), nvme_->tier->describe(),
+      ctx_.store->usage(Tier::kNvme).blocks, format_bytes(recovered_bytes), session_count,
+      cut_sessions, std::chrono::duration_cast<std::chrono::milliseconds>(elapsed).count());
   return Status::ok();
 }
 
-void Service::restore_from_record(policy::Session& session, const NvmeSessionRecord& record,
-                                  uint64_t steady_now, uint64_t wall_now) {
+void SessionJournal::restore_from_record(policy::Session& session, const NvmeSessionRecord& record,
+                                         uint64_t steady_now, uint64_t wall_now) {
   session.created_ms = wall_to_steady_ms(record.created_wall_ms, steady_now, wall_now);
   session.turns = record.turns;
   session.returns = record.returns;
   session.sum_log_gap = record.sum_log_gap;
-  sessions_.set_priority(session, record.priority == 0
-                                      ? policy::kDefaultPriority
-                                      : std::min<uint8_t>(record.priority, policy::kMaxPriority));
-  sessions_.restore(session,
-                    record.state == 0 ? policy::SessionState::kActive : policy::SessionState::kIdle,
-                    wall_to_steady_ms(record.last_active_wall_ms, steady_now, wall_now));
+  ctx_.sessions.set_priority(
+      session, record.priority == 0 ? policy::kDefaultPriority
+                                    : std::min<uint8_t>(record.priority, policy::kMaxPriority));
+  ctx_.sessions.restore(
+      session, record.state == 0 ? policy::SessionState::kActive : policy::SessionState::kIdle,
+      wall_to_steady_ms(record.last_active_wall_ms, steady_now, wall_now));
 }
 
-void Service::note_session_changed(const policy::Session& session) {
+void SessionJournal::note_session_changed(const policy::Session& session) {
   if (nvme_) nvme_->dirty_sessions.insert({session.namespace_id, session.id});
 }
 
-void Service::note_session_cut(const policy::Session& session) {
-  note_remote_cut(session);
+void SessionJournal::note_session_cut(const policy::Session& session) {
+  ctx_.parts.remote->note_remote_cut(session);
   if (!nvme_) return;
   nvme_->dirty_sessions.insert({session.namespace_id, session.id});
   nvme_->stored_blocks.erase({session.namespace_id, session.id});  // written whole next
 }
 
-void Service::note_session_closed(uint32_t namespace_id, const std::string& session_id) {
-  note_remote_closed(namespace_id, session_id);
+void SessionJournal::note_session_closed(uint32_t namespace_id, const std::string& session_id) {
+  ctx_.parts.remote->note_remote_closed(namespace_id, session_id);
   if (!nvme_) return;
   nvme_->dirty_sessions.erase({namespace_id, session_id});
   nvme_->stored_blocks.erase({namespace_id, session_id});
-  nvme_->closed_sessions.emplace_back(engines_.namespaces().name(namespace_id), session_id);
+  nvme_->closed_sessions.emplace_back(ctx_.engines.namespaces().name(namespace_id), session_id);
 }
 
-void Service::flush_sessions(bool sync) {
+void SessionJournal::flush_sessions(bool sync) {
   if (!nvme_ || (nvme_->dirty_sessions.empty() && nvme_->closed_sessions.empty())) return;
   const uint64_t steady_now = now_ms();
   const uint64_t wall_now = wall_now_ms();
   std::vector<NvmeSessionRecord> puts;
   std::vector<policy::SessionKey> written;
   for (const policy::SessionKey& key : nvme_->dirty_sessions) {
-    const policy::Session* session = sessions_.find(key.namespace_id, key.id);
+    const policy::Session* session = ctx_.sessions.find(key.namespace_id, key.id);
     if (session == nullptr) continue;
     NvmeSessionRecord record =
-        to_record(*session, engines_.namespaces().name(key.namespace_id), steady_now, wall_now);
+        to_record(*session, ctx_.engines.namespaces().name(key.namespace_id), steady_now, wall_now);
     // A session that only grew since its last write appends; others are rewritten.
     auto stored = nvme_->stored_blocks.find(key);
     if (stored != nvme_->stored_blocks.end() && stored->second <= session->blocks.size()) {
@@ -266,7 +265,7 @@ void Service::flush_sessions(bool sync) {
   ++nvme_->session_jobs;
   nvme_->tier->write_sessions(
       std::move(puts), std::exchange(nvme_->closed_sessions, {}), sync,
-      on_control_thread<Status>(io_, [this, written](Status status) {
+      on_control_thread<Status>(ctx_.io, [this, written](Status status) {
         --nvme_->session_jobs;
         uint64_t held_back = 0;
         if (!status.is_ok() && nvme_->session_write_warnings.allow(&held_back)) {
@@ -285,84 +284,61 @@ void Service::flush_sessions(bool sync) {
       }));
 }
 
-void Service::stop(std::function<void()> stopped) {
-  if (nvme_ && nvme_->draining()) {
-    // A second stop: the operator does not want to wait. Whatever was not written
-    // is lost like after a crash, which the on-disk order makes harmless.
-    KVTIER_LOG_WARN("stop requested again: exiting without finishing the drain to NVMe");
-    nvme_->drain_phase = NvmeState::DrainPhase::kDone;
-    if (nvme_->drain_deadline) nvme_->drain_deadline->cancel();
-    io_.stop();
-    if (stopped) stopped();
-    return;
-  }
-  stopping_ = true;
-  plan_timer_.cancel();
-  abandon_spills();       // NVMe room they held is the drain's
-  resume_parked_saves();  // answers them: nothing new starts now
-  cancel_fill();          // a stop while the tier memory is filling: nothing was served yet
-  if (!nvme_ || nvme_->drain_phase == NvmeState::DrainPhase::kDone) {
-    if (stopped) stopped();
-    return;
-  }
-  start_drain(std::move(stopped));
-}
-
-void Service::start_drain(std::function<void()> stopped) {
+void SessionJournal::start_drain(std::function<void()> stopped) {
   nvme_->drain_phase = NvmeState::DrainPhase::kMoving;
   nvme_->drained = std::move(stopped);
   nvme_->drain_started_ms = now_ms();
-  nvme_->drained_bytes_before = mover_->counters().bytes_demoted;
-  nvme_->drained_onto_copies_before = mover_->counters().bytes_demoted_onto_copy;
-  mover_->set_draining(true);
-  nvme_->drain_deadline = std::make_unique<asio::steady_timer>(io_);
-  nvme_->drain_deadline->expires_after(std::chrono::milliseconds(config_.drain_timeout_ms));
+  nvme_->drained_bytes_before = ctx_.mover->counters().bytes_demoted;
+  nvme_->drained_onto_copies_before = ctx_.mover->counters().bytes_demoted_onto_copy;
+  ctx_.mover->set_draining(true);
+  nvme_->drain_deadline = std::make_unique<asio::steady_timer>(ctx_.io);
+  nvme_->drain_deadline->expires_after(std::chrono::milliseconds(ctx_.config.drain_timeout_ms));
   nvme_->drain_deadline->async_wait([this](const boost::system::error_code& ec) {
     if (ec || !nvme_->draining()) return;
     KVTIER_LOG_WARN("drain to NVMe did not finish within {}; exiting with the rest unwritten",
-                    format_duration_ms(config_.drain_timeout_ms));
+                    format_duration_ms(ctx_.config.drain_timeout_ms));
     nvme_->drain_phase = NvmeState::DrainPhase::kDone;
-    io_.stop();
+    ctx_.io.stop();
     if (auto drained = std::exchange(nvme_->drained, nullptr)) drained();
   });
   KVTIER_LOG_INFO("draining the RAM/HBM blocks of {} sessions to NVMe (at most {})",
-                  sessions_.size(), format_duration_ms(config_.drain_timeout_ms));
+                  ctx_.sessions.size(), format_duration_ms(ctx_.config.drain_timeout_ms));
   check_drain();
 }
 
-void Service::check_drain() {
+void SessionJournal::check_drain() {
   if (!nvme_ || !nvme_->draining()) return;
-  if (nvme_->jobs_in_flight() || mover_->busy() || counters_.copies_in_flight > 0) return;
+  if (nvme_->jobs_in_flight() || ctx_.mover->busy() || ctx_.counters.copies_in_flight > 0) return;
   if (nvme_->drain_phase == NvmeState::DrainPhase::kMoving) {
     // Everything a live session holds and NVMe does not have yet (blocks in GPU memory
     // go through RAM: the executor takes them on when they land). A block with an NVMe
     // copy moves onto it and writes nothing.
     std::vector<policy::Move> to_nvme;
     std::unordered_set<BlockKey, BlockKeyHasher> seen;
-    sessions_.for_each([&](const policy::Session& session) {
+    ctx_.sessions.for_each([&](const policy::Session& session) {
       for (const BlockHash& hash : session.blocks) {
         const BlockKey key{session.layout, hash};
-        auto info = store_->lookup(key);
+        auto info = ctx_.store->lookup(key);
         if (!info || info->location.tier == Tier::kNvme || info->state != BlockState::kReady ||
-            mover_->failed_in_drain(key) || !seen.insert(key).second) {
+            ctx_.mover->failed_in_drain(key) || !seen.insert(key).second) {
           continue;
         }
         to_nvme.push_back({policy::MoveKind::kDemote, key, info->location.tier, Tier::kNvme});
       }
     });
-    mover_->apply(to_nvme);
-    if (nvme_->jobs_in_flight() || mover_->busy() || counters_.copies_in_flight > 0) return;
+    ctx_.mover->apply(to_nvme);
+    if (nvme_->jobs_in_flight() || ctx_.mover->busy() || ctx_.counters.copies_in_flight > 0) return;
     // Nothing more can move: write the session table, synced, and finish.
     nvme_->drain_phase = NvmeState::DrainPhase::kFlushing;
-    for (const policy::Session* session : sessions_.by_last_active())
+    for (const policy::Session* session : ctx_.sessions.by_last_active())
       note_session_changed(*session);
     flush_sessions(/*sync=*/true);
     if (nvme_->jobs_in_flight()) return;
   }
   size_t left = 0;
-  sessions_.for_each([&](const policy::Session& session) {
+  ctx_.sessions.for_each([&](const policy::Session& session) {
     for (const BlockHash& hash : session.blocks) {
-      auto info = store_->lookup({session.layout, hash});
+      auto info = ctx_.store->lookup({session.layout, hash});
       if (info && info->location.tier != Tier::kNvme) ++left;
     }
   });
@@ -370,12 +346,32 @@ void Service::check_drain() {
       "drain to NVMe done in {}: {} written, {} moved onto their NVMe copies; {} session "
       "blocks could not be",
       format_duration_ms(now_ms() - nvme_->drain_started_ms),
-      format_bytes(mover_->counters().bytes_demoted - nvme_->drained_bytes_before),
-      format_bytes(mover_->counters().bytes_demoted_onto_copy - nvme_->drained_onto_copies_before),
+      format_bytes(ctx_.mover->counters().bytes_demoted - nvme_->drained_bytes_before),
+      format_bytes(ctx_.mover->counters().bytes_demoted_onto_copy -
+                   nvme_->drained_onto_copies_before),
       left);
   nvme_->drain_phase = NvmeState::DrainPhase::kDone;
   if (nvme_->drain_deadline) nvme_->drain_deadline->cancel();
   if (auto drained = std::exchange(nvme_->drained, nullptr)) drained();
+}
+
+void SessionJournal::give_up_drain() {
+  if (!nvme_) return;
+  nvme_->drain_phase = NvmeState::DrainPhase::kDone;
+  if (nvme_->drain_deadline) nvme_->drain_deadline->cancel();
+}
+
+void SessionJournal::write_before_exit() {
+  if (!nvme_) return;
+  // A drain in progress ends here: what it would copy from RAM or HBM can no longer
+  // be trusted. What is on NVMe is, and the session table says which sessions use
+  // it (a session ends at its first block that is not there after the restart).
+  give_up_drain();
+  for (const policy::Session* session : ctx_.sessions.by_last_active()) {
+    note_session_changed(*session);
+  }
+  flush_sessions(/*sync=*/true);
+  nvme_->tier->flush();  // blocks until the table (and writes before it) are durable
 }
 
 }  // namespace kvtier::daemon

@@ -1,0 +1,66 @@
+// AdminService: kvtierctl's requests — Stats, ListSessions and GetSession (read-only
+// views for operators and engines), and the admin ones that refuse non-admins: Evict,
+// Pin, Drain, GetConfig.
+//
+// Admin requests act through the same mechanisms as the data path: an evicted session
+// is closed like CloseSession and its unshared blocks leave the BlockStore like the
+// planner's evictions; a pin is a BlockStore pin per block (PinnedBlock), which the
+// planner already treats as "not movable", so a pinned session is never demoted or
+// evicted.
+//
+// Thread-safety: control thread only (daemon_context.h).
+#pragma once
+
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "daemon/daemon_context.h"
+#include "daemon/requests.h"
+
+namespace kvtier::daemon {
+
+class AdminService final : public Part {
+ public:
+  explicit AdminService(DaemonContext& ctx) : Part(ctx) {}
+
+  // introspection.cpp
+  Status handle_stats(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
+                      bool all_namespaces);
+  Status handle_list_sessions(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
+                              bool all_namespaces);
+  // admin.cpp
+  Status handle_get_session(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
+                            const SessionTarget& request);
+  Status handle_evict(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
+                      const EvictRequest& request);
+  Status handle_pin(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
+                    const PinRequest& request);
+  Status handle_drain(const ConnectionPtr& c, EngineContext& engine, uint64_t id);
+  Status handle_get_config(const ConnectionPtr& c, EngineContext& engine, uint64_t id);
+
+  // Makes the admin pins match the pinned sessions' current blocks (new blocks get
+  // pinned, blocks a session no longer has and closed sessions get unpinned).
+  void refresh_admin_pins();
+  uint64_t pinned_sessions() const { return admin_pins_.size(); }
+  uint64_t admin_pinned_blocks() const;
+  // Blocks pinned by copies in flight only (admin pins left out).
+  uint64_t copy_pinned_blocks() const;
+
+ private:
+  // The session an admin request names: in `namespace_name`, or wherever the id is
+  // when that is empty (NotFound / InvalidArgument when absent or ambiguous).
+  Result<policy::Session*> find_session_for_admin(const std::string& session_id,
+                                                  const std::string& namespace_name);
+  void fill_session_info(const policy::Session& session, wire::SessionInfo::Builder out) const;
+  // The same with a return-predictor snapshot taken once for a whole listing.
+  void fill_session_info(const policy::Session& session, wire::SessionInfo::Builder out,
+                         const policy::ReturnPredictor& predictor) const;
+
+  // Admin-pinned sessions → one pin on each of their blocks. Released before the store
+  // is destroyed (the Service's order).
+  std::map<std::pair<uint32_t, std::string>, std::vector<PinnedBlock>> admin_pins_;
+};
+
+}  // namespace kvtier::daemon

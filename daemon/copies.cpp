@@ -1,0 +1,76 @@
+// Copies: batches to the Device, their completions back on the control thread (copies.h).
+#include "daemon/copies.h"
+
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/post.hpp>
+
+#include "common/log.h"
+#include "daemon/copy_delay.h"
+#include "daemon/engine_setup.h"
+#include "daemon/save_path.h"
+
+namespace kvtier::daemon {
+
+Copies::Copies(DaemonContext& ctx) : Part(ctx) {
+  if (ctx_.config.fault_copy_delay_ms > 0) {  // fault-copy-delay-ms (tests only)
+    KVTIER_LOG_INFO("every Save and Load copy completes {} ms late, one at a time (tests only)",
+                    ctx_.config.fault_copy_delay_ms);
+    copy_delay_ = std::make_unique<CopyCompletionDelay>(
+        ctx_.io, std::chrono::milliseconds(ctx_.config.fault_copy_delay_ms));
+  }
+}
+
+Copies::~Copies() = default;
+
+void Copies::add_plane_segments(CopyBatch& batch, const EngineContext& engine,
+                                uint64_t engine_block_id, const BlockLocation& slot, bool to_engine,
+                                BlockPlanes planes) const {
+  const uint32_t tier_index = batch.memory_index(ctx_.store->memory(slot.tier));
+  for (const PlaneLayout& plane : planes.of(engine.layout)) {
+    const uint32_t region_index = batch.memory_index(engine.regions.at(plane.region_id));
+    const uint64_t engine_offset = engine.layout.plane_offset(plane, engine_block_id);
+    const uint64_t slot_offset = slot.offset + plane.offset_in_block;
+    if (to_engine) {
+      batch.segments.push_back(
+          {tier_index, region_index, slot_offset, engine_offset, plane.bytes_per_block});
+    } else {
+      batch.segments.push_back(
+          {region_index, tier_index, engine_offset, slot_offset, plane.bytes_per_block});
+    }
+  }
+}
+
+Status Copies::submit_copy(CopyBatch batch, std::function<void(Status)> done) {
+  ++ctx_.counters.copies_in_flight;
+  // The work guard keeps io_context::run() alive until this completion has run.
+  auto guard = asio::make_work_guard(ctx_.io);
+  auto finish = [this, guard, done = std::move(done)](Status status) {
+    --ctx_.counters.copies_in_flight;
+    done(status);
+    // The device let go of the batch's memories before it called us: a region
+    // being unregistered may have lost its last copy.
+    ctx_.parts.setup->reply_to_finished_unregisters();
+    ctx_.parts.saves->resume_parked_saves();  // its pins are gone: their blocks may move or go
+  };
+  // fault-copy-delay-ms (tests only): an engine's copies complete later, in order.
+  CopyCompletionDelay* delay =
+      batch.priority == CopyPriority::kForeground ? copy_delay_.get() : nullptr;
+  auto place = delay != nullptr ? delay->enter() : nullptr;
+  Status submitted = ctx_.device->submit(
+      std::move(batch), [this, guard, place, finish = std::move(finish)](Status status) {
+        asio::post(ctx_.io, [this, guard, place, finish, status]() {
+          if (place != nullptr) {
+            copy_delay_->copied(place, [finish, status] { finish(status); });
+          } else {
+            finish(status);
+          }
+        });
+      });
+  if (!submitted.is_ok()) {
+    --ctx_.counters.copies_in_flight;
+    if (delay != nullptr) delay->leave(place);
+  }
+  return submitted;
+}
+
+}  // namespace kvtier::daemon

@@ -1,0 +1,43 @@
+// Copies: the one way a batch of block copies reaches the Device (cuda/device.h), for
+// Saves, Loads and the executor's moves alike.
+//
+// A copy's completion runs on the control thread, after which the daemon looks again at
+// what copies may have held up: Unregisters waiting for their region (EngineSetup) and
+// Saves waiting for room (SavePath). An executor work guard rides with every copy, so
+// io_context::run() returns only after the last copy finished. With
+// fault-copy-delay-ms (tests only) foreground copies complete late, in order.
+//
+// Thread-safety: control thread only (daemon_context.h).
+#pragma once
+
+#include <functional>
+#include <memory>
+
+#include "daemon/daemon_context.h"
+#include "daemon/requests.h"
+
+namespace kvtier::daemon {
+
+class CopyCompletionDelay;  // copy_delay.h
+
+class Copies final : public Part {
+ public:
+  explicit Copies(DaemonContext& ctx);
+  ~Copies();
+
+  // Submits `batch`; `done` runs later on the control thread. A refused batch returns
+  // the reason and `done` never runs.
+  Status submit_copy(CopyBatch batch, std::function<void(Status)> done);
+  // Segments copying engine block `engine_block_id` to or from its stored block at
+  // `slot`: one per plane of `planes` (count 0: every plane), each at its own offset in
+  // the stored block, so a range of planes moves only those planes' bytes.
+  void add_plane_segments(CopyBatch& batch, const EngineContext& engine, uint64_t engine_block_id,
+                          const BlockLocation& slot, bool to_engine, BlockPlanes planes = {}) const;
+
+ private:
+  // fault-copy-delay-ms (tests only; nullptr when 0). The completions it holds carry
+  // pins and pending writes: destroyed before the store (the Service's order).
+  std::unique_ptr<CopyCompletionDelay> copy_delay_;
+};
+
+}  // namespace kvtier::daemon

@@ -1,0 +1,145 @@
+// What kvtierd's parts share: the block index, the tiers' executor, the session table,
+// the planner, the clock and the connected engines, plus a table of the parts
+// themselves so that one can ask another for what it owns.
+//
+// The daemon is a Service (dispatch and wiring, service.h) and these parts, each with
+// its own header and its own fields (docs/architecture.md draws who calls whom):
+//   Replies         replies.h         answers, and what each request cost (metrics)
+//   Copies          copies.h          Device copy batches between engines and tiers
+//   Placement       placement.h       room for new blocks, the planner's runs
+//   SavePath        save_path.h       Save: reserve, copy in, publish, park when full
+//   LoadPath        load_path.h       Lookup and Load: pin, read up from NVMe, scatter
+//   TurnPath        turn_path.h       BeginTurn and CloseSession
+//   EngineSetup     engine_setup.h    Hello and engine regions in and out
+//   AdminService    admin_service.h   kvtierctl: Stats, listings, Evict, Pin, Drain
+//   StartupGate     startup_gate.h    filling tier memory; requests that must wait
+//   SessionJournal  session_journal.h the NVMe tier's index, session records, the drain
+//   RemotePath      remote_path.h     the Redis Cluster tier: write-behind, fetch, spill
+// A part reads and changes the shared state below and its own fields; another part's
+// state it reaches only through that part's methods (ctx.parts).
+//
+// Thread-safety: none. Every field, and every part, belongs to the control thread (the
+// io_context's one thread); Device and tier workers post their results back to it.
+#pragma once
+
+#include <boost/asio/io_context.hpp>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "cuda/device.h"
+#include "daemon/config.h"
+#include "daemon/engines.h"
+#include "ipc/server.h"
+#include "policy/clock.h"
+#include "policy/planner.h"
+#include "policy/session_table.h"
+#include "schema/kvtier.capnp.h"
+#include "tiers/block_store.h"
+#include "tiers/move_executor.h"
+#include "tiers/tier.h"
+
+namespace kvtier::daemon {
+
+namespace asio = boost::asio;
+
+class Replies;
+class Copies;
+class Placement;
+class SavePath;
+class LoadPath;
+class TurnPath;
+class EngineSetup;
+class AdminService;
+class StartupGate;
+class SessionJournal;
+class RemotePath;
+
+// The Service's parts, borrowed (the Service owns them). Set once, before start().
+struct Parts {
+  Replies* replies = nullptr;
+  Copies* copies = nullptr;
+  Placement* placement = nullptr;
+  SavePath* saves = nullptr;
+  LoadPath* loads = nullptr;
+  TurnPath* turns = nullptr;
+  EngineSetup* setup = nullptr;
+  AdminService* admin = nullptr;
+  StartupGate* startup = nullptr;
+  SessionJournal* journal = nullptr;
+  RemotePath* remote = nullptr;
+};
+
+struct Counters {
+  uint64_t lookup_hits = 0;
+  uint64_t lookup_misses = 0;
+  uint64_t bytes_saved = 0;
+  uint64_t bytes_loaded = 0;
+  uint64_t copies_in_flight = 0;  // moves' copies too (MoveExecutor counts its own work)
+};
+
+// The planner's settings from the daemon's (at start and on every SIGHUP reload).
+policy::PlannerConfig planner_config(const DaemonConfig& config);
+
+struct DaemonContext {
+  // `clock` is the policy's time; nullptr: an owned SteadyClock.
+  DaemonContext(asio::io_context& io, DaemonConfig config, std::unique_ptr<Device> device,
+                const policy::Clock* clock);
+  DaemonContext(const DaemonContext&) = delete;
+  DaemonContext& operator=(const DaemonContext&) = delete;
+
+  uint64_t now_ms() const { return clock.now_ms(); }
+
+  // Constant after construction (config's reloadable settings change on SIGHUP).
+  asio::io_context& io;
+  DaemonConfig config;
+  std::unique_ptr<Device> device;
+  policy::SteadyClock steady_clock;
+  const policy::Clock& clock;  // steady_clock unless the constructor was given one
+
+  // Set by Service::start(): the backend engines must match (Hello), the GPUs regions
+  // may name, the tiers, the planner's window on them, and the executor of moves.
+  wire::DeviceKind backend_kind = wire::DeviceKind::HOST;
+  std::vector<GpuInfo> gpus;
+  std::unique_ptr<BlockStore> store;
+  std::unique_ptr<policy::PlacementView> view;
+  std::vector<std::unique_ptr<StorageTier>> storage_tiers;  // as the executor sees them
+  std::unique_ptr<MoveExecutor> mover;
+  uint64_t started_ms = 0;
+
+  policy::SessionTable sessions;
+  policy::Planner planner;
+  EngineRegistry engines{config};  // connections' contexts and the namespaces
+  Counters counters;
+  // The server whose connections Stats, status and /metrics count (Service::attach_server).
+  const ipc::Server* server = nullptr;
+  bool ready = false;     // the tier memory is filled: data requests are served
+  bool stopping = false;  // stop() was called, or the device was lost
+
+  Parts parts;
+};
+
+// What every part is built on: the context, and the replies its handlers send.
+class Part {
+ public:
+  Part(const Part&) = delete;
+  Part& operator=(const Part&) = delete;
+
+ protected:
+  using ConnectionPtr = std::shared_ptr<ipc::Connection>;
+  using Fill = std::function<void(wire::Response::Builder)>;
+
+  explicit Part(DaemonContext& ctx) : ctx_(ctx) {}
+  ~Part() = default;
+
+  // Replies::reply and Replies::reply_error (replies.h).
+  void reply(const ConnectionPtr& connection, uint64_t id, const Fill& fill) const;
+  void reply_error(const ConnectionPtr& connection, uint64_t id, const Status& status) const;
+  uint64_t now_ms() const { return ctx_.now_ms(); }
+
+  DaemonContext& ctx_;
+};
+
+}  // namespace kvtier::daemon

@@ -1,0 +1,217 @@
+// Placement: room for new blocks and the planner's runs (placement.h).
+#include "daemon/placement.h"
+
+#include <boost/asio/post.hpp>
+
+#include <algorithm>
+#include <unordered_set>
+
+#include "common/log.h"
+#include "daemon/remote_path.h"
+#include "daemon/save_path.h"
+#include "daemon/session_journal.h"
+
+namespace kvtier::daemon {
+
+namespace {
+
+class StorePlacementView final : public policy::PlacementView {
+ public:
+  StorePlacementView(const BlockStore& store, std::function<uint64_t(Tier)> leaving_bytes)
+      : store_(store), leaving_bytes_(std::move(leaving_bytes)) {}
+
+  BlockPlacement placement(const BlockKey& key) const override {
+    auto info = store_.lookup(key);
+    if (!info) return {Tier::kNone, false, 0, 0, 0};
+    return to_placement(key, *info);
+  }
+  TierSpace space(Tier tier) const override {
+    if (!store_.configured(tier)) return {};
+    auto usage = store_.usage(tier);
+    // NVMe slots waiting for their index delete are free in a moment; counting them as
+    // used would make the planner evict again for room already being made. Copies are
+    // free too: a write that needs their room drops them first (move_executor.h), so a
+    // block never goes for room a copy holds. Blocks being written to the remote tier
+    // on their way out are gone in a moment too.
+    const uint64_t going =
+        store_.unconfirmed_release_bytes(tier) + usage.copy_bytes + leaving_bytes_(tier);
+    return {usage.capacity_bytes, usage.used_bytes - std::min(usage.used_bytes, going)};
+  }
+  void for_each_in_tier(
+      Tier tier,
+      const std::function<void(const BlockKey&, const BlockPlacement&)>& fn) const override {
+    store_.for_each_in_tier(tier, [&](const BlockKey& key, const BlockInfo& info) {
+      fn(key, to_placement(key, info));
+    });
+  }
+
+ private:
+  BlockPlacement to_placement(const BlockKey& key, const BlockInfo& info) const {
+    return {info.location.tier, info.state == BlockState::kReady && info.pins == 0,
+            store_.block_bytes(key.layout), info.session_refs, info.last_access_ms};
+  }
+  const BlockStore& store_;
+  std::function<uint64_t(Tier)> leaving_bytes_;
+};
+
+using KeySet = std::unordered_set<BlockKey, BlockKeyHasher>;
+
+// A session is a prefix: once one of its blocks is gone, the blocks after it can never
+// be loaded as part of that prefix, so the session is cut there and drops its
+// references to the rest. Only the sessions holding a removed block are visited (the
+// table's reverse index). `cut` is told about every session it shortened.
+void cut_sessions_at(const KeySet& removed, policy::SessionTable& sessions, BlockStore& store,
+                     const std::function<void(const policy::Session&)>& cut) {
+  std::vector<policy::Session*> holders;
+  for (const BlockKey& key : removed) {
+    const policy::BlockHolders* h = sessions.holders(key);
+    if (h == nullptr) continue;
+    h->for_each(
+        [&](const policy::Session& s) { holders.push_back(sessions.find(s.namespace_id, s.id)); });
+  }
+  std::sort(holders.begin(), holders.end());
+  holders.erase(std::unique(holders.begin(), holders.end()), holders.end());
+  for (policy::Session* session : holders) {
+    const auto& blocks = session->blocks;
+    for (size_t i = 0; i < blocks.size(); ++i) {
+      if (removed.count({session->layout, blocks[i]}) == 0) continue;
+      for (const BlockHash& hash : sessions.truncate(*session, i)) {
+        BlockKey key{session->layout, hash};
+        if (removed.count(key) == 0) store.drop_session_ref(key);
+      }
+      cut(*session);
+      break;
+    }
+  }
+}
+
+}  // namespace
+
+std::unique_ptr<policy::PlacementView> make_placement_view(
+    const BlockStore& store, std::function<uint64_t(Tier)> leaving_bytes) {
+  return std::make_unique<StorePlacementView>(store, std::move(leaving_bytes));
+}
+
+Result<std::optional<PendingWrite>> Placement::reserve_block(const BlockKey& key,
+                                                             uint64_t block_bytes, int gpu_part,
+                                                             uint64_t room_bytes) {
+  static constexpr Tier kSaveTiers[] = {Tier::kHbm, Tier::kRam};
+  auto reserved = ctx_.store->reserve(key, kSaveTiers, now_ms(), gpu_part);
+  if (reserved.is_ok() || reserved.status().code() != StatusCode::kResourceExhausted)
+    return reserved;
+  ctx_.sessions.expire_priorities(
+      ctx_.sessions.now_ms());  // a priority whose time is up keeps nothing
+  // HBM and RAM are full. Room for the rest of the request at once (`room_bytes`), so
+  // that a request plans once, not once per block; for one block when that much cannot
+  // be had. With NVMe below RAM, RAM's coldest blocks go down to it: nothing leaves the
+  // daemon for room NVMe has. The Save waits for those writes (it parks: ResourceExhausted
+  // here), as it does while room already on its way (blocks moving out) comes.
+  DemotionRoom room = plan_room_by_demotion(Tier::kRam, std::max(room_bytes, block_bytes),
+                                            block_bytes, policy::Room::kDemoteEvictingBelow);
+  if (!room.moves.empty()) {
+    ctx_.mover->apply(room.moves);
+    // Demotions onto NVMe copies (and drops) free their slots at once.
+    reserved = ctx_.store->reserve(key, kSaveTiers, now_ms(), gpu_part);
+    if (reserved.is_ok() || reserved.status().code() != StatusCode::kResourceExhausted)
+      return reserved;
+    // Writes started, or NVMe slots on their way back for them: the room comes. (A
+    // move refused at once, its tier failing, leaves neither: then evict, below.)
+    room.coming = ctx_.store->moving_out_bytes(Tier::kRam) > 0 ||
+                  ctx_.store->unconfirmed_release_bytes(Tier::kNvme) > 0;
+  }
+  if (room.coming) {
+    return resource_exhausted(
+        "no room for a {}-byte block yet: RAM blocks are on their way down to NVMe to make it; "
+        "retry",
+        block_bytes);
+  }
+  // No tier below can take them: drop the coldest blocks, from the slowest tier that
+  // has any to give (RAM may hold only blocks in flight while HBM holds cold ones).
+  for (Tier victim_tier : {Tier::kRam, Tier::kHbm}) {
+    if (ctx_.store->memory(victim_tier) == nullptr) continue;
+    auto moves = ctx_.planner.make_room(victim_tier, std::max(room_bytes, block_bytes),
+                                        ctx_.sessions, *ctx_.view);
+    if (moves.empty() && room_bytes > block_bytes) {
+      moves = ctx_.planner.make_room(victim_tier, block_bytes, ctx_.sessions, *ctx_.view);
+    }
+    if (moves.empty()) continue;
+    ctx_.mover->apply(moves);
+    return ctx_.store->reserve(key, kSaveTiers, now_ms(), gpu_part);
+  }
+  return resource_exhausted(
+      "no room for a {}-byte block: every tier is full of blocks that are being copied or read; "
+      "retry",
+      block_bytes);
+}
+
+Placement::DemotionRoom Placement::plan_room_by_demotion(Tier tier, uint64_t wanted_bytes,
+                                                         uint64_t least_bytes, policy::Room rule) {
+  DemotionRoom room;
+  if (tier != Tier::kRam || !ctx_.store->configured(Tier::kNvme)) return room;
+  // Writes paused after a failure would refuse the demotions: the caller evicts.
+  if (ctx_.mover->writes_paused()) return room;
+  // Blocks already moving out of RAM free their slots when they land: wait for that
+  // room instead of making more (every retry would otherwise demote again).
+  const uint64_t coming = ctx_.store->moving_out_bytes(Tier::kRam);
+  if (coming >= least_bytes) {
+    room.coming = true;
+    return room;
+  }
+  room.moves = ctx_.planner.make_room(tier, wanted_bytes - std::min(wanted_bytes, coming),
+                                      ctx_.sessions, *ctx_.view, rule);
+  if (room.moves.empty() && wanted_bytes > least_bytes) {
+    room.moves =
+        ctx_.planner.make_room(tier, least_bytes - coming, ctx_.sessions, *ctx_.view, rule);
+  }
+  // Nothing can go down now, but blocks are arriving in RAM (reads, promotions): they
+  // can once they land. Wait for them rather than evict.
+  if (room.moves.empty() && ctx_.store->moving_in_bytes(Tier::kRam) > 0) room.coming = true;
+  return room;
+}
+
+void Placement::plan_soon() {
+  // Saves finishing together share one plan, run after their replies are sent.
+  if (plan_posted_ || ctx_.stopping) return;
+  plan_posted_ = true;
+  asio::post(ctx_.io, [this] {
+    plan_posted_ = false;
+    run_planner(policy::Planner::PlanKind::kAfterSave);
+  });
+}
+
+std::vector<policy::Move> Placement::room_for_read(Tier tier, uint64_t bytes) {
+  ctx_.sessions.expire_priorities(ctx_.sessions.now_ms());
+  // A read out of NVMe into RAM: RAM's coldest blocks go down, as for a Save; the read
+  // waits for the room (the executor retries its room waiters as moves settle). A
+  // full NVMe evicts nothing for it: that could be a block being read.
+  DemotionRoom room = plan_room_by_demotion(tier, bytes, bytes, policy::Room::kDemote);
+  if (room.coming) return {};
+  if (!room.moves.empty()) return std::move(room.moves);
+  return ctx_.planner.make_room(tier, bytes, ctx_.sessions, *ctx_.view);
+}
+
+void Placement::run_planner(policy::Planner::PlanKind kind) {
+  if (ctx_.stopping || ctx_.store == nullptr) return;
+  ctx_.sessions.expire_priorities(ctx_.sessions.now_ms());
+  ctx_.mover->apply(ctx_.planner.plan_demotions(ctx_.sessions, *ctx_.view, kind));
+  ctx_.parts.journal->flush_sessions(/*sync=*/false);
+  ctx_.mover->release_slots();
+  ctx_.parts.remote->sweep_write_behind();  // remote_write_behind.cpp
+  ctx_.parts.saves->resume_parked_saves();  // also answers those whose wait is over
+  // The period is kept whatever Saves do: a stream of them does not postpone it.
+  if (kind != policy::Planner::PlanKind::kPeriodic) return;
+  plan_timer_.expires_after(std::chrono::milliseconds(ctx_.config.plan_interval_ms));
+  plan_timer_.async_wait([this](const boost::system::error_code& ec) {
+    if (!ec) run_planner(policy::Planner::PlanKind::kPeriodic);
+  });
+}
+
+void Placement::on_blocks_removed(const std::vector<BlockKey>& keys, bool lost) {
+  KeySet removed(keys.begin(), keys.end());
+  if (lost) KVTIER_LOG_WARN("{} blocks dropped: their bytes were lost", keys.size());
+  cut_sessions_at(removed, ctx_.sessions, *ctx_.store, [this](const policy::Session& session) {
+    ctx_.parts.journal->note_session_cut(session);
+  });
+}
+
+}  // namespace kvtier::daemon

@@ -1,0 +1,61 @@
+// Placement: where blocks go when the daemon decides — room for a new block (a Save's,
+// or a block read up from NVMe or the remote tier), and the planner's runs (periodic,
+// and after Saves). The plans are policy/planner.h's; this part applies them through the
+// executor (tiers/move_executor.h), which also frees the slots blocks leave.
+//
+// Thread-safety: control thread only (daemon_context.h).
+#pragma once
+
+#include <boost/asio/steady_timer.hpp>
+
+#include <functional>
+#include <optional>
+#include <vector>
+
+#include "daemon/daemon_context.h"
+
+namespace kvtier::daemon {
+
+// The planner's window on `store`: blocks' tiers and movability, and each tier's room
+// counting `leaving_bytes(tier)` (bytes on their way out) as free.
+std::unique_ptr<policy::PlacementView> make_placement_view(
+    const BlockStore& store, std::function<uint64_t(Tier)> leaving_bytes);
+
+class Placement final : public Part {
+ public:
+  explicit Placement(DaemonContext& ctx) : Part(ctx), plan_timer_(ctx.io) {}
+
+  // Reserves a slot for a new block, evicting cold blocks if every tier is full: room
+  // for `room_bytes` (the rest of the request) at once when it can be had.
+  Result<std::optional<PendingWrite>> reserve_block(const BlockKey& key, uint64_t block_bytes,
+                                                    int gpu_part, uint64_t room_bytes);
+  // Room in RAM for `wanted_bytes` (at least `least_bytes`) by moving its coldest blocks
+  // down to NVMe instead of evicting them (`rule`: whether a full NVMe evicts its own
+  // coldest to take them): `moves` to apply, or `coming` when blocks already on their
+  // way out make enough, or none can go now but blocks are arriving in RAM. Neither when
+  // there is no NVMe tier, `tier` is not RAM, NVMe writes are paused after a failure, or
+  // NVMe cannot take them (the caller then evicts).
+  struct DemotionRoom {
+    bool coming = false;
+    std::vector<policy::Move> moves;
+  };
+  DemotionRoom plan_room_by_demotion(Tier tier, uint64_t wanted_bytes, uint64_t least_bytes,
+                                     policy::Room rule);
+  // The executor's make_room: room in `tier` for a block being read into it.
+  std::vector<policy::Move> room_for_read(Tier tier, uint64_t bytes);
+  // Plans and applies the moves; a periodic plan also arms the next one.
+  void run_planner(policy::Planner::PlanKind kind);
+  // Runs the planner once the current handlers are done (coalesces post-Save plans).
+  void plan_soon();
+  // No more plans (stop, a lost device).
+  void stop() { plan_timer_.cancel(); }
+  // The executor reports blocks that left the store (evicted, or lost: their bytes
+  // were bad): the sessions holding them are cut there.
+  void on_blocks_removed(const std::vector<BlockKey>& keys, bool lost);
+
+ private:
+  asio::steady_timer plan_timer_;
+  bool plan_posted_ = false;  // plan_soon() has a run queued
+};
+
+}  // namespace kvtier::daemon

@@ -1,0 +1,217 @@
+// SavePath: a Save from the request to its reply (save_path.h).
+#include "daemon/save_path.h"
+
+#include <algorithm>
+
+#include "common/log.h"
+#include "daemon/copies.h"
+#include "daemon/placement.h"
+#include "daemon/remote_path.h"
+#include "daemon/session_journal.h"
+
+namespace kvtier::daemon {
+
+// A Save in progress: its own copy, and the blocks it found being written by another
+// Save (it may answer only once those landed: never "saved" for bytes not there yet).
+struct SavePath::SaveInProgress {
+  BlockListRequest request;
+  std::vector<PendingWrite> writes;  // the blocks this Save writes
+  uint32_t deduplicated = 0;
+  size_t waiting = 0;  // its copy (if any) + blocks another Save is writing
+  Status copy_status;
+  std::optional<size_t> lost_duplicate;  // index of a block whose other writer failed
+};
+
+Status SavePath::handle_save(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
+                             BlockListRequest request) {
+  // Behind the Saves already waiting for room, so that none is overtaken for ever.
+  if (parked_saves_.empty()) {
+    auto started = start_save(c, engine, id, request);
+    if (!started.is_ok() || *started) return started.status();
+  }
+  if (ctx_.config.save_room_wait_ms == 0) {
+    return resource_exhausted(
+        "no room for the Save's {} blocks: every tier is full of blocks that are being copied "
+        "or read; retry",
+        request.hashes.size());
+  }
+  parked_saves_.push_back({c, id, std::move(request),
+                           std::chrono::steady_clock::now() +
+                               std::chrono::milliseconds(ctx_.config.save_room_wait_ms)});
+  return Status::ok();
+}
+
+void SavePath::resume_parked_saves() {
+  // Loads waiting for a slot to read an NVMe block into go first: they were there first
+  // (a Save parks only once the Loads' reads hold what room there was).
+  ctx_.mover->retry_room_waiters();
+  if (resuming_saves_ || parked_saves_.empty()) return;
+  resuming_saves_ = true;
+  const auto now = std::chrono::steady_clock::now();
+  while (!parked_saves_.empty()) {
+    ParkedSave& parked = parked_saves_.front();
+    auto engine = std::static_pointer_cast<EngineContext>(parked.connection->user_state);
+    Status status;
+    if (engine == nullptr) {
+      // The engine left: nobody to answer.
+    } else if (ctx_.stopping) {
+      status = unavailable("kvtierd is stopping; the Save was not started").with_retryable(true);
+    } else if (now >= parked.deadline) {
+      status = resource_exhausted(
+          "no room for the Save's {} blocks within save-room-wait-ms ({} ms): every tier stayed "
+          "full of blocks being copied or read; retry",
+          parked.request.hashes.size(), ctx_.config.save_room_wait_ms);
+    } else if (status = check_regions_registered(*engine); status.is_ok()) {
+      auto started = start_save(parked.connection, *engine, parked.request_id, parked.request);
+      if (started.is_ok() && !*started) break;  // still no room: it stays first in line
+      status = started.status();
+    }
+    if (engine != nullptr && !status.is_ok()) {
+      reply_error(parked.connection, parked.request_id, status);
+    }
+    parked_saves_.pop_front();
+  }
+  resuming_saves_ = false;
+}
+
+Result<bool> SavePath::start_save(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
+                                  BlockListRequest& request) {
+  if (const policy::Session* session = ctx_.sessions.find(engine.namespace_id, request.session_id);
+      session != nullptr && !(session->layout == engine.layout_key)) {
+    return invalid_argument("session '{}' belongs to another layout", request.session_id);
+  }
+  CopyBatch batch;
+  batch.priority = CopyPriority::kForeground;  // an engine waits for it
+  // The blocks this Save writes; any still held when `save` goes are aborted (a slot
+  // that could not be reserved, a copy refused), so every exit below cleans up.
+  auto save = std::make_shared<SaveInProgress>();
+  std::vector<size_t> being_written;  // duplicates another Save has not finished
+  for (size_t i = 0; i < request.hashes.size(); ++i) {
+    BlockKey key{engine.layout_key, request.hashes[i]};
+    const uint64_t rest = (request.hashes.size() - i) * engine.layout.block_bytes;
+    auto slot =
+        ctx_.parts.placement->reserve_block(key, engine.layout.block_bytes, engine.gpu_part, rest);
+    if (!slot.is_ok()) {
+      // No room even after evicting: the slots reserved so far go back with `save`.
+      if (slot.status().code() == StatusCode::kResourceExhausted) return false;
+      return slot.status();
+    }
+    if (!slot->has_value()) {
+      ++save->deduplicated;
+      if (!ctx_.store->lookup(key)) being_written.push_back(i);  // held, not yet visible
+      continue;
+    }
+    ctx_.parts.copies->add_plane_segments(batch, engine, request.engine_block_ids[i],
+                                          (*slot)->location(),
+                                          /*to_engine=*/false);
+    save->writes.push_back(std::move(**slot));
+  }
+  save->request = std::move(request);
+  save->waiting = being_written.size() + (save->writes.empty() ? 0 : 1);
+  auto engine_ref = std::static_pointer_cast<EngineContext>(c->user_state);
+  if (!save->writes.empty()) {
+    KVTIER_RETURN_IF_ERROR(ctx_.parts.copies->submit_copy(
+        std::move(batch), [this, c, id, engine_ref, save](Status status) {
+          // Published (or dropped) at once, so that Saves waiting for these blocks go on.
+          const bool ok = status.is_ok();
+          for (PendingWrite& write : save->writes) {
+            const BlockKey key = write.key();
+            ok ? write.commit() : write.abort();
+            wake_write_waiters(key, ok);
+          }
+          save->writes.clear();
+          save->copy_status = status;
+          if (--save->waiting == 0) finish_save(c, id, *engine_ref, *save);
+        }));
+  }
+  for (size_t i : being_written) {
+    write_waiters_[{engine_ref->layout_key, save->request.hashes[i]}].push_back(
+        [this, c, id, engine_ref, save, i](bool landed) {
+          if (!landed && (!save->lost_duplicate || i < *save->lost_duplicate)) {
+            save->lost_duplicate = i;
+          }
+          if (--save->waiting == 0) finish_save(c, id, *engine_ref, *save);
+        });
+  }
+  if (save->waiting == 0) finish_save(c, id, *engine_ref, *save);
+  return true;
+}
+
+void SavePath::wake_write_waiters(const BlockKey& key, bool landed) {
+  auto waiting = write_waiters_.extract(key);
+  if (waiting.empty()) return;
+  for (const auto& waiter : waiting.mapped()) waiter(landed);
+}
+
+void SavePath::finish_save(const ConnectionPtr& c, uint64_t id, const EngineContext& engine,
+                           SaveInProgress& save) {
+  if (!save.copy_status.is_ok()) {
+    reply_error(c, id, save.copy_status.with_context("copying the blocks in failed"));
+    return;
+  }
+  const BlockListRequest& request = save.request;
+  if (save.lost_duplicate) {
+    // Its bytes were another Save's, and that copy failed: nothing of this session is
+    // recorded (its own blocks stay as prefix cache); sent again, it writes them.
+    const size_t i = *save.lost_duplicate;
+    reply_error(c, id,
+                unavailable("blocks[{}] (hash {}) was being written by another Save whose copy "
+                            "failed; send the Save again",
+                            i, request.hashes[i].to_hex()));
+    return;
+  }
+  const size_t stored = request.hashes.size() - save.deduplicated;
+  ctx_.counters.bytes_saved += stored * engine.layout.block_bytes;
+  auto session =
+      ctx_.sessions.get_or_create(engine.namespace_id, request.session_id, engine.layout_key);
+  if (session.is_ok()) {
+    ctx_.sessions.record_uses(engine.layout_key, request.hashes);
+    for (const BlockHash& hash :
+         ctx_.sessions.record_save(**session, request.hashes, request.end_of_turn)) {
+      ctx_.store->add_session_ref({engine.layout_key, hash});
+    }
+    apply_retention(**session, request);
+    ctx_.parts.journal->note_session_changed(**session);
+    if (request.end_of_turn) ctx_.parts.remote->write_behind(**session);  // remote_write_behind.cpp
+  }
+  reply(c, id, [&](wire::Response::Builder response) {
+    auto out = response.initSave();
+    out.setStored(static_cast<uint32_t>(stored));
+    out.setDeduplicated(save.deduplicated);
+  });
+  if (!session.is_ok()) KVTIER_LOG_WARN("save: {}", session.status().to_string());
+  ctx_.parts.placement->plan_soon();
+}
+
+namespace {
+
+// When a priority given for `duration_ms` ends (0: never), on the policy's clock.
+uint64_t retention_until(uint64_t now_ms, uint64_t duration_ms) {
+  if (duration_ms == 0) return 0;
+  return duration_ms > UINT64_MAX - now_ms ? UINT64_MAX : now_ms + duration_ms;
+}
+
+}  // namespace
+
+void SavePath::apply_retention(policy::Session& session, const BlockListRequest& request) {
+  const uint64_t now = ctx_.sessions.now_ms();
+  if (request.retention.priority != 0) {
+    ctx_.sessions.set_priority(session, request.retention.priority,
+                               retention_until(now, request.retention.duration_ms));
+  }
+  for (const BlockRangeRetention& range : request.block_retention) {
+    const uint64_t until = retention_until(now, range.retention.duration_ms);
+    for (uint32_t i = range.first; i < range.first + range.count; ++i) {
+      // Every block of the Save is the session's now (record_save): this holds.
+      (void)ctx_.sessions.set_block_priority({session.layout, request.hashes[i]},
+                                             range.retention.priority, until);
+    }
+  }
+}
+
+void SavePath::forget(const ConnectionPtr& connection) {
+  std::erase_if(parked_saves_,
+                [&](const ParkedSave& parked) { return parked.connection == connection; });
+}
+
+}  // namespace kvtier::daemon

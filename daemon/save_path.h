@@ -1,0 +1,71 @@
+// SavePath: a Save, from the request to its reply.
+//
+// Every block gets a slot on the control thread (Placement::reserve_block: a
+// PendingWrite handle), the engine's planes are copied in as one batch (Copies), and
+// each block is published by PendingWrite::commit once its bytes landed, so no reader
+// ever sees a half-written block. A block another Save is writing is not written twice:
+// this Save waits for that copy and answers only once it landed. A Save that finds
+// every tier full of blocks being copied or read parks (save-room-wait-ms) and starts,
+// in arrival order, when a copy or move makes room. When the Save is answered its blocks
+// are the session's (the session table, the NVMe session record, and at the end of a turn
+// the remote tier's write-behind).
+//
+// Thread-safety: control thread only (daemon_context.h).
+#pragma once
+
+#include <chrono>
+#include <deque>
+#include <functional>
+#include <unordered_map>
+#include <vector>
+
+#include "daemon/daemon_context.h"
+#include "daemon/requests.h"
+
+namespace kvtier::daemon {
+
+class SavePath final : public Part {
+ public:
+  explicit SavePath(DaemonContext& ctx) : Part(ctx) {}
+
+  // Starts the Save, or parks it (behind the Saves already parked) while every tier is
+  // full of blocks being copied or read: a copy finishing makes room.
+  Status handle_save(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
+                     BlockListRequest request);
+  // Starts the parked Saves that fit now, in arrival order; answers those whose wait
+  // (save-room-wait-ms) is over, and all of them once the daemon is stopping.
+  void resume_parked_saves();
+  // A Save's copy, or a read from the remote tier, of `key` ended: Saves that found it
+  // being written go on.
+  void wake_write_waiters(const BlockKey& key, bool landed);
+  // The connection closed: its parked Saves are dropped unanswered.
+  void forget(const ConnectionPtr& connection);
+
+ private:
+  struct SaveInProgress;  // save_path.cpp
+  // Reserves the Save's slots and starts its copy; false when no room could be made
+  // (nothing reserved then; `request` is left as it was).
+  Result<bool> start_save(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
+                          BlockListRequest& request);
+  // Replies once the Save's copy and the blocks it waited for (written by another
+  // Save) are done; records the session's blocks when every one landed.
+  void finish_save(const ConnectionPtr& c, uint64_t id, const EngineContext& engine,
+                   SaveInProgress& save);
+  // A Save's retention priorities, for its session and ranges of its blocks.
+  void apply_retention(policy::Session& session, const BlockListRequest& request);
+
+  // Blocks a Save is writing that other Saves also named: those wait for the bytes.
+  std::unordered_map<BlockKey, std::vector<std::function<void(bool landed)>>, BlockKeyHasher>
+      write_waiters_;
+  // Saves waiting for room, oldest first (handle_save).
+  struct ParkedSave {
+    ConnectionPtr connection;
+    uint64_t request_id;
+    BlockListRequest request;
+    std::chrono::steady_clock::time_point deadline;
+  };
+  std::deque<ParkedSave> parked_saves_;
+  bool resuming_saves_ = false;  // resume_parked_saves() is running (no re-entry)
+};
+
+}  // namespace kvtier::daemon

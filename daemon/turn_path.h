@@ -1,0 +1,29 @@
+// TurnPath: a session's turns. BeginTurn marks the session active and has the planner
+// promote its blocks toward the engine's GPU ahead of the Load (a session this node does
+// not know is first looked for in the remote tier); CloseSession ends a session and
+// drops its references to its blocks, which stay as prefix cache.
+//
+// Thread-safety: control thread only (daemon_context.h).
+#pragma once
+
+#include <string>
+
+#include "daemon/daemon_context.h"
+
+namespace kvtier::daemon {
+
+class TurnPath final : public Part {
+ public:
+  explicit TurnPath(DaemonContext& ctx) : Part(ctx) {}
+
+  Status handle_begin_turn(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
+                           const std::string& session_id);
+  // BeginTurn of a known session: active, promotions planned, answered. `fetching`:
+  // blocks being read from the remote tier for it (reported as known and promoted).
+  void begin_turn(const ConnectionPtr& c, const EngineContext& engine, uint64_t id,
+                  policy::Session& session, uint32_t fetching);
+  Status handle_close_session(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
+                              const std::string& session_id);
+};
+
+}  // namespace kvtier::daemon
