@@ -117,10 +117,7 @@ Status AdminService::handle_evict(const ConnectionPtr& c, EngineContext& engine,
     auto closed = ctx_.sessions.close(namespace_id, target_id);
     if (!closed.is_ok()) return closed.status();
     ctx_.parts.journal->note_session_closed(namespace_id, target_id);
-    for (const BlockHash& hash : *closed) {
-      ctx_.store->drop_session_ref({layout, hash});
-      released.insert({layout, hash});
-    }
+    for (const BlockHash& hash : *closed) released.insert({layout, hash});
   }
   for (const BlockKey& key : released) {
     auto info = ctx_.store->lookup(key);

@@ -83,6 +83,22 @@ struct Counters {
 // The planner's settings from the daemon's (at start and on every SIGHUP reload).
 policy::PlannerConfig planner_config(const DaemonConfig& config);
 
+// The store's count of session references per block, kept by the session table
+// (policy::SessionTable::set_references): no part adds or drops one by hand.
+class StoreReferences final : public policy::BlockReferences {
+ public:
+  explicit StoreReferences(const std::unique_ptr<BlockStore>& store) : store_(store) {}
+  void add_reference(const BlockKey& key) override {
+    if (store_) store_->add_session_ref(key);
+  }
+  void drop_reference(const BlockKey& key) override {
+    if (store_) store_->drop_session_ref(key);
+  }
+
+ private:
+  const std::unique_ptr<BlockStore>& store_;
+};
+
 struct DaemonContext {
   // `clock` is the policy's time; nullptr: an owned SteadyClock.
   DaemonContext(asio::io_context& io, DaemonConfig config, std::unique_ptr<Device> device,
@@ -109,7 +125,8 @@ struct DaemonContext {
   std::unique_ptr<MoveExecutor> mover;
   uint64_t started_ms = 0;
 
-  policy::SessionTable sessions;
+  StoreReferences store_references{store};
+  policy::SessionTable sessions;  // tells store_references of every reference it changes
   policy::Planner planner;
   EngineRegistry engines{config};  // connections' contexts and the namespaces
   Counters counters;

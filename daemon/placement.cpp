@@ -60,7 +60,7 @@ using KeySet = std::unordered_set<BlockKey, BlockKeyHasher>;
 // be loaded as part of that prefix, so the session is cut there and drops its
 // references to the rest. Only the sessions holding a removed block are visited (the
 // table's reverse index). `cut` is told about every session it shortened.
-void cut_sessions_at(const KeySet& removed, policy::SessionTable& sessions, BlockStore& store,
+void cut_sessions_at(const KeySet& removed, policy::SessionTable& sessions,
                      const std::function<void(const policy::Session&)>& cut) {
   std::vector<policy::Session*> holders;
   for (const BlockKey& key : removed) {
@@ -75,10 +75,7 @@ void cut_sessions_at(const KeySet& removed, policy::SessionTable& sessions, Bloc
     const auto& blocks = session->blocks;
     for (size_t i = 0; i < blocks.size(); ++i) {
       if (removed.count({session->layout, blocks[i]}) == 0) continue;
-      for (const BlockHash& hash : sessions.truncate(*session, i)) {
-        BlockKey key{session->layout, hash};
-        if (removed.count(key) == 0) store.drop_session_ref(key);
-      }
+      sessions.truncate(*session, i);  // drops its references to the blocks after
       cut(*session);
       break;
     }
@@ -195,7 +192,6 @@ void Placement::run_planner(policy::Planner::PlanKind kind) {
   ctx_.sessions.expire_priorities(ctx_.sessions.now_ms());
   ctx_.mover->apply(ctx_.planner.plan_demotions(ctx_.sessions, *ctx_.view, kind));
   ctx_.parts.journal->flush_sessions(/*sync=*/false);
-  ctx_.mover->release_slots();
   ctx_.parts.remote->sweep_write_behind();  // remote_write_behind.cpp
   ctx_.parts.saves->resume_parked_saves();  // also answers those whose wait is over
   // The period is kept whatever Saves do: a stream of them does not postpone it.
@@ -209,7 +205,7 @@ void Placement::run_planner(policy::Planner::PlanKind kind) {
 void Placement::on_blocks_removed(const std::vector<BlockKey>& keys, bool lost) {
   KeySet removed(keys.begin(), keys.end());
   if (lost) KVTIER_LOG_WARN("{} blocks dropped: their bytes were lost", keys.size());
-  cut_sessions_at(removed, ctx_.sessions, *ctx_.store, [this](const policy::Session& session) {
+  cut_sessions_at(removed, ctx_.sessions, [this](const policy::Session& session) {
     ctx_.parts.journal->note_session_cut(session);
   });
 }

@@ -284,9 +284,7 @@ void RemotePath::resume_from_remote(const ConnectionPtr& c, const EngineContext&
         }
         std::vector<BlockHash> present(record->blocks.begin(),
                                        record->blocks.begin() + static_cast<std::ptrdiff_t>(held));
-        for (const BlockHash& hash : ctx_.sessions.record_save(session, present, false)) {
-          ctx_.store->add_session_ref({layout, hash});
-        }
+        ctx_.sessions.record_save(session, present, false);
         ctx_.parts.journal->restore_from_record(session, *record, now_ms(), wall_now_ms());
         ++remote_->resumed_sessions;
         std::vector<BlockKey> rest;
@@ -337,9 +335,7 @@ void RemotePath::resume_from_remote(const ConnectionPtr& c, const EngineContext&
             }
             // Appended without touching the session's state: a block landing after the
             // turn's end must not make it active again.
-            for (const BlockHash& hash : ctx_.sessions.append_blocks(*session, {block.hash})) {
-              ctx_.store->add_session_ref({block.layout, hash});
-            }
+            ctx_.sessions.append_blocks(*session, {block.hash});
             // Read from the cluster: there already, nothing to write behind.
             auto synced = remote_->synced.find(key);
             if (synced != remote_->synced.end() && held == 0 && synced->second == growth->next) {

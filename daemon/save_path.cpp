@@ -166,10 +166,7 @@ void SavePath::finish_save(const ConnectionPtr& c, uint64_t id, const EngineCont
       ctx_.sessions.get_or_create(engine.namespace_id, request.session_id, engine.layout_key);
   if (session.is_ok()) {
     ctx_.sessions.record_uses(engine.layout_key, request.hashes);
-    for (const BlockHash& hash :
-         ctx_.sessions.record_save(**session, request.hashes, request.end_of_turn)) {
-      ctx_.store->add_session_ref({engine.layout_key, hash});
-    }
+    ctx_.sessions.record_save(**session, request.hashes, request.end_of_turn);
     apply_retention(**session, request);
     ctx_.parts.journal->note_session_changed(**session);
     if (request.end_of_turn) ctx_.parts.remote->write_behind(**session);  // remote_write_behind.cpp

@@ -80,7 +80,9 @@ DaemonContext::DaemonContext(asio::io_context& io_context, DaemonConfig daemon_c
       device(std::move(device_backend)),
       clock(clock_in != nullptr ? *clock_in : steady_clock),
       sessions(clock),
-      planner(planner_config(config), clock) {}
+      planner(planner_config(config), clock) {
+  sessions.set_references(&store_references);
+}
 
 Service::Service(asio::io_context& io, DaemonConfig config, std::unique_ptr<Device> device,
                  const policy::Clock* clock)

@@ -181,9 +181,7 @@ Status SessionJournal::recover_nvme() {
       present.push_back(hash);
     }
     policy::Session& restored = **session;
-    for (const BlockHash& hash : ctx_.sessions.record_save(restored, present, false)) {
-      ctx_.store->add_session_ref({layout, hash});
-    }
+    ctx_.sessions.record_save(restored, present, false);
     restore_from_record(restored, record, steady_now, wall_now);
     if (present.size() < record.blocks.size()) {
       ++cut_sessions;

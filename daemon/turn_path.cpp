@@ -45,10 +45,8 @@ Status TurnPath::handle_close_session(const ConnectionPtr& c, EngineContext& eng
                                       const std::string& session_id) {
   const policy::Session* session = ctx_.sessions.find(engine.namespace_id, session_id);
   if (session == nullptr) return not_found("unknown session '{}'", session_id);
-  const LayoutKey layout = session->layout;
-  auto closed = ctx_.sessions.close(engine.namespace_id, session_id);
+  auto closed = ctx_.sessions.close(engine.namespace_id, session_id);  // drops its references
   if (!closed.is_ok()) return closed.status();
-  for (const BlockHash& hash : *closed) ctx_.store->drop_session_ref({layout, hash});
   ctx_.parts.journal->note_session_closed(engine.namespace_id, session_id);
   reply(c, id, [&](wire::Response::Builder response) {
     response.initCloseSession().setReleasedBlocks(static_cast<uint32_t>(closed->size()));

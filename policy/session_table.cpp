@@ -180,6 +180,7 @@ void SessionTable::expire_priorities(uint64_t now_ms) {
 
 BlockList::Entry* SessionTable::add_holder(const Session& session, const BlockHash& hash,
                                            uint32_t depth) {
+  if (references_ != nullptr) references_->add_reference({session.layout, hash});
   BlockList::Entry& entry = *holders_.try_emplace(BlockKey{session.layout, hash}).first;
   BlockHolders& h = entry.second;
   if (h.first == nullptr) {
@@ -202,6 +203,7 @@ BlockList::Entry* SessionTable::add_holder(const Session& session, const BlockHa
 }
 
 void SessionTable::drop_holder(const Session& session, const BlockHash& hash) {
+  if (references_ != nullptr) references_->drop_reference({session.layout, hash});
   auto it = holders_.find(BlockKey{session.layout, hash});
   if (it == holders_.end()) return;
   BlockHolders& h = it->second;

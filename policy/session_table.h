@@ -213,9 +213,22 @@ struct SessionKeyHasher {
   }
 };
 
+// Told of every block a session takes up and of every block it lets go of (a Save, a
+// cut, a close), so that whoever counts session references per block (the daemon's
+// BlockStore) is never told by hand. Called synchronously, from the table's methods.
+class BlockReferences {
+ public:
+  virtual ~BlockReferences() = default;
+  virtual void add_reference(const BlockKey& key) = 0;
+  virtual void drop_reference(const BlockKey& key) = 0;
+};
+
 class SessionTable {
  public:
   explicit SessionTable(const Clock& clock) : clock_(clock) {}
+  // From now on `references` (borrowed; nullptr: none) is told of every block a session
+  // takes up or lets go of. Set it before the first session exists.
+  void set_references(BlockReferences* references) { references_ = references; }
   // Its indexes point into itself.
   SessionTable(const SessionTable&) = delete;
   SessionTable& operator=(const SessionTable&) = delete;
@@ -227,8 +240,8 @@ class SessionTable {
   Session* find(uint32_t namespace_id, const std::string& id);
   const Session* find(uint32_t namespace_id, const std::string& id) const;
 
-  // Appends the hashes not yet in the session, in order; returns those appended (the
-  // caller adds block references for exactly these). Marks the session active, or
+  // Appends the hashes not yet in the session, in order; returns those appended (each
+  // a new reference: set_references). Marks the session active, or
   // idle with turns+1 when `end_of_turn` (which also forgets a BeginTurn no Load
   // followed: see Session::turn_begun).
   std::vector<BlockHash> record_save(Session& session, const std::vector<BlockHash>& hashes,
@@ -261,7 +274,7 @@ class SessionTable {
   // Drops a block from a session (it was evicted or lost); returns whether it was there.
   bool forget_block(Session& session, const BlockHash& hash);
   // Cuts a session's prefix to its first `length` blocks; returns the blocks it no
-  // longer holds (the caller drops their references).
+  // longer holds (each a reference dropped: set_references).
   std::vector<BlockHash> truncate(Session& session, size_t length);
 
   // One use of each of `hashes` (a Save naming them: its turn's prompt held them),
@@ -299,7 +312,7 @@ class SessionTable {
   const Census& idle_census(uint64_t now_ms) const;
   uint64_t census_ms() const { return census_ms_; }
 
-  // Removes the session; returns its blocks so the caller can drop references.
+  // Removes the session; returns its blocks (each a reference dropped: set_references).
   // Closing an idle session tells the GapModel it stayed away at least that long.
   // NotFound when absent.
   Result<std::vector<BlockHash>> close(uint32_t namespace_id, const std::string& id);
@@ -340,6 +353,7 @@ class SessionTable {
   int census_bin(uint64_t last_active_ms) const;
 
   const Clock& clock_;
+  BlockReferences* references_ = nullptr;
   GapModel gap_model_;
   BlockReuse reuse_;
   std::unordered_map<SessionKey, Session, SessionKeyHasher> sessions_;

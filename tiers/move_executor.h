@@ -15,8 +15,9 @@
 //     destination and leaves the block where it was (the planner is told: revisit).
 //  4. The old slot: BlockStore frees it as soon as no reader pins it. In a tier whose
 //     releases are durable (NVMe: its index may still name the slot), BlockStore
-//     holds it as a pending release; release_slots() hands those to the tier's
-//     release() and frees them when that is done (a failed release is retried).
+//     holds it as a pending release; the executor hands those to the tier's release()
+//     at the end of every apply() and evict() and after its own writes and reads, and
+//     frees them when that is done (a failed release is retried). Nobody else does.
 // Evictions remove the block from BlockStore (step 4 for its slot) and are reported
 // back to the daemon, which cuts the sessions that held it. Planned evictions out of a
 // tier that is not memory go by way of Hooks::take_evictions (the remote tier).
@@ -134,9 +135,6 @@ class MoveExecutor {
   void retry_room_waiters();
   size_t room_waiters() const { return room_waiters_.size(); }
 
-  // Hands the slots the store gave up in durable-release tiers to those tiers.
-  void release_slots();
-
   // While draining, writes ignore the backoff and a block whose write failed is not
   // tried again (failed_in_drain).
   void set_draining(bool draining);
@@ -149,6 +147,8 @@ class MoveExecutor {
   StorageTier* tier(Tier id) const;
 
  private:
+  // Hands the slots the store gave up in durable-release tiers to those tiers.
+  void release_slots();
   // Moves `key` onto its copy when its copy is in `to`: true when it did (or tried and
   // reported the block not moved), false when the block has no copy there.
   bool move_onto_copy(const BlockKey& key, Tier to);
