@@ -10,6 +10,10 @@
 // Thread-safety: control thread only (daemon_context.h).
 #pragma once
 
+#include <capnp/message.h>
+
+#include <array>
+
 #include "daemon/daemon_context.h"
 #include "daemon/metrics.h"
 
@@ -35,9 +39,14 @@ class Replies final : public Part {
   const RequestMetrics& metrics() const { return metrics_; }
 
  private:
+  void send_reply(capnp::MessageBuilder& message, const ConnectionPtr& connection, uint64_t id,
+                  const Fill& fill);
   void record_reply(const ConnectionPtr& c, uint64_t id, wire::Response::Reader response);
 
   RequestMetrics metrics_;
+  // The first segment of every reply's message (zero between replies), 4 KiB.
+  std::array<capnp::word, 512> first_segment_{};
+  bool building_ = false;  // a reply is being built in first_segment_
 };
 
 }  // namespace kvtier::daemon

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <array>
 #include <filesystem>
+#include <utility>
 
 #include "common/log.h"
 #include "schema/kvtier.capnp.h"
@@ -185,6 +186,17 @@ void Connection::fail_framing(const Status& status) {
 
 void Connection::send(kj::Array<capnp::word> frame) {
   if (!open_) return;
+  if (!writing_ && outgoing_.empty()) {
+    // Nothing ahead of it: the reply goes out now, without an asynchronous write and the
+    // completion it would post (most replies are small and the socket has room). What
+    // the socket does not take, and any error, is left to the asynchronous write below:
+    // the connection is never closed from inside the handler that replies.
+    const auto bytes = frame.asBytes();
+    const ssize_t sent =
+        ::send(socket_.native_handle(), bytes.begin(), bytes.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (sent == static_cast<ssize_t>(bytes.size())) return;
+    if (sent > 0) front_sent_bytes_ = static_cast<size_t>(sent);
+  }
   enqueue(kj::mv(frame));
   write_next();
 }
@@ -196,6 +208,7 @@ void Connection::enqueue(kj::Array<capnp::word> frame) {
 
 void Connection::drop_queued_replies() {
   outgoing_.clear();
+  front_sent_bytes_ = 0;
   queued_reply_bytes_ = 0;
 }
 
@@ -217,7 +230,8 @@ void Connection::write_next() {
   }
   writing_ = true;
   auto bytes = outgoing_.front().asBytes();
-  asio::async_write(socket_, asio::buffer(bytes.begin(), bytes.size()),
+  const size_t sent = std::exchange(front_sent_bytes_, 0);
+  asio::async_write(socket_, asio::buffer(bytes.begin() + sent, bytes.size() - sent),
                     [self = shared_from_this()](const boost::system::error_code& ec, size_t) {
                       self->writing_ = false;
                       const bool was_paused = !self->can_take_more();

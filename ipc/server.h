@@ -81,7 +81,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
   const PeerCredentials& peer() const { return peer_; }
   bool is_open() const { return open_; }
 
-  // Queues a serialized reply. Dropped when the connection is closed.
+  // Sends a serialized reply: at once when nothing is queued ahead of it and the socket
+  // takes it whole, else queued for an asynchronous write (which also reports errors:
+  // never closes the connection from inside the caller). Dropped when it is closed.
   void send(kj::Array<capnp::word> frame);
   // Takes the oldest received descriptor not yet claimed; NotFound when none.
   Result<UniqueFd> take_fd();
@@ -125,6 +127,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   FrameParser parser_;
   std::deque<UniqueFd> fds_;  // received, unclaimed, oldest first
   std::deque<kj::Array<capnp::word>> outgoing_;
+  size_t front_sent_bytes_ = 0;  // of outgoing_.front(), sent by send() before it was queued
   uint32_t in_flight_ = 0;
   uint64_t held_request_bytes_ = 0;
   uint64_t queued_reply_bytes_ = 0;

@@ -11,6 +11,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <map>
@@ -81,7 +82,17 @@ class ServerLimits : public ::testing::Test, public RequestHandler {
   }
   void on_frame(const std::shared_ptr<Connection>& connection, Frame frame) override {
     ++frames_[connection->id()];
-    if (quiet_.count(connection->id()) != 0) {
+    if (patterned_.count(connection->id()) != 0) {
+      // Every word names its reply and its place: a byte sent twice, lost or out of
+      // order shows.
+      auto reply = kj::heapArray<capnp::word>(kWordsPerBigReply);
+      const uint64_t n = frames_[connection->id()] - 1;  // counted above
+      for (size_t i = 0; i < reply.size(); ++i) {
+        const uint64_t value = n << 32 | i;
+        std::memcpy(static_cast<void*>(&reply[i]), &value, sizeof(value));
+      }
+      connection->send(kj::mv(reply));
+    } else if (quiet_.count(connection->id()) != 0) {
       connection->send(kj::heapArray<capnp::word>(kWordsPerBigReply));
     } else if (keeping_.count(connection->id()) != 0) {
       kept_frames_.push_back(std::move(frame));
@@ -130,6 +141,7 @@ class ServerLimits : public ::testing::Test, public RequestHandler {
   std::vector<std::shared_ptr<Connection>> accepted_;
   std::map<uint64_t, int> frames_;  // frames handled, by connection id
   std::set<uint64_t> quiet_;
+  std::set<uint64_t> patterned_;
   std::set<uint64_t> keeping_;
   std::vector<Frame> kept_frames_;
   int disconnects_ = 0;
@@ -174,6 +186,48 @@ TEST_F(ServerLimits, APeerThatDoesNotReadItsRepliesIsNoLongerReadAndOthersAreSer
   EXPECT_TRUE(drained);
   EXPECT_TRUE(all_read);
   EXPECT_FALSE(quiet->reading_paused());
+  EXPECT_EQ(disconnects_, 0);
+}
+
+// A reply goes out at once when nothing is queued ahead of it; one the socket takes only
+// part of is finished by the asynchronous write, and replies behind it follow in order.
+TEST_F(ServerLimits, RepliesLargerThanTheSocketBufferArriveWholeAndInOrder) {
+  start(ConnectionLimits{});
+  std::optional<ClientTransport> client;
+  auto connection = connect_accepted(client);
+  ASSERT_NE(connection, nullptr);
+  patterned_.insert(connection->id());
+  constexpr uint64_t kReplies = 8;  // 8 MiB: far more than a socket buffer
+  for (uint64_t i = 0; i < kReplies; ++i) ASSERT_TRUE(send_stats(*client).is_ok());
+  std::vector<uint64_t> words(kReplies * kWordsPerBigReply);
+  std::atomic<bool> all_read{false};
+  std::thread reader([&] {
+    auto* out = reinterpret_cast<char*>(words.data());
+    const size_t total = words.size() * sizeof(uint64_t);
+    size_t got = 0;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (got < total && std::chrono::steady_clock::now() < deadline) {
+      pollfd p{client->fd(), POLLIN, 0};
+      if (::poll(&p, 1, 100) <= 0) continue;
+      const ssize_t n = ::recv(client->fd(), out + got, total - got, 0);
+      if (n <= 0) break;
+      got += static_cast<size_t>(n);
+    }
+    all_read = got == total;
+  });
+  const bool handled = run_until([&] { return frames_[connection->id()] == kReplies; });
+  const bool drained = run_until([&] { return connection->queued_reply_bytes() == 0; });
+  reader.join();
+  ASSERT_TRUE(handled);
+  ASSERT_TRUE(drained);
+  ASSERT_TRUE(all_read);
+  size_t wrong = 0;
+  for (uint64_t n = 0; n < kReplies; ++n) {
+    for (uint64_t i = 0; i < kWordsPerBigReply; ++i) {
+      if (words[n * kWordsPerBigReply + i] != (n << 32 | i)) ++wrong;
+    }
+  }
+  EXPECT_EQ(wrong, 0u);
   EXPECT_EQ(disconnects_, 0);
 }
 
