@@ -195,8 +195,7 @@ void BlockStore::unpin(const BlockKey& key) {
   deferred_frees_.erase(deferred);
 }
 
-Result<std::pair<BlockLocation, BlockLocation>> BlockStore::begin_move(const BlockKey& key, Tier to,
-                                                                       int preferred_part) {
+Result<PendingMove> BlockStore::begin_move(const BlockKey& key, Tier to, int preferred_part) {
   Entry* entry = find(key);
   if (entry == nullptr) return invalid_argument("block {} is not stored", key.hash.to_hex());
   if (entry->state != BlockState::kReady) {
@@ -235,7 +234,7 @@ Result<std::pair<BlockLocation, BlockLocation>> BlockStore::begin_move(const Blo
   entry->state = BlockState::kMoving;
   change_pins(*entry, +1);  // the mover's pin keeps the source slot alive
   move_targets_[key] = target;
-  return std::pair(entry->location(), target);
+  return PendingMove(*anchor_, key, target, entry->location());
 }
 
 void BlockStore::finish_move(const BlockKey& key, bool ok) {

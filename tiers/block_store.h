@@ -5,18 +5,17 @@
 // Life of a block:
 //   reserve (state kWriting, invisible to lookups, pinned; the caller holds a
 //   PendingWrite) → PendingWrite::commit (kReady, visible) … PinnedBlock handles from
-//   pin() around reads … begin_move (kMoving: still readable at its old place) →
-//   finish_move (now at the new place; the old slot is freed once no reader pins it)
-//   … evict (gone, slot freed).
+//   pin() around reads … begin_move (kMoving: still readable at its old place; the
+//   caller holds a PendingMove) → PendingMove::commit (now at the new place; the old
+//   slot is freed once no reader pins it) … evict (gone, slot freed).
 // Two-phase publish: a block is visible to lookup() only after its PendingWrite
 // committed.
 //
-// Callers' pins are handles (PinnedBlock, PendingWrite, as LevelDB's Cache::Handle):
-// each gives its pin up exactly once — reset/commit/abort, destruction, or being
-// assigned over — so no path can forget one. Handles belong to the control thread,
-// like the store, and should be released before the store is destroyed; see
-// PinnedBlock. A move's pin is the store's own: begin_move takes it, finish_move
-// gives it back.
+// Callers' pins are handles (PinnedBlock, PendingWrite, PendingMove, as LevelDB's
+// Cache::Handle): each gives its pin up exactly once — reset/commit/abort, destruction,
+// or being assigned over — so no path can forget one. Handles belong to the control
+// thread, like the store, and should be released before the store is destroyed; see
+// PinnedBlock.
 //
 // Every block also counts session references (sessions hold blocks; blocks with no
 // references stay as a prefix cache until evicted).
@@ -184,6 +183,34 @@ class PendingWrite : public detail::BlockHandle {
       : BlockHandle(anchor, key, location) {}
 };
 
+// A move begin_move() started: the block is kMoving, still readable (and pinned by the
+// move) at from(), its destination slot reserved at location(). commit() makes the
+// destination its place once the bytes landed there; abort() frees the destination and
+// leaves the block where it was. A PendingMove given up neither way — destroyed or
+// assigned over — aborts, so a block is never left moving. Move-only, with
+// PinnedBlock's lifetime and thread rules.
+class PendingMove : public detail::BlockHandle {
+ public:
+  PendingMove() = default;
+  PendingMove(PendingMove&& other) noexcept : BlockHandle(std::move(other)), from_(other.from_) {}
+  PendingMove& operator=(PendingMove&& other) noexcept;
+  ~PendingMove() { abort(); }
+
+  // Where the block is until the move commits.
+  const BlockLocation& from() const { return from_; }
+  // The bytes landed at location(): the block lives there now. No-op on an empty handle.
+  void commit();
+  // The copy failed or never ran: the destination is freed. No-op on an empty handle.
+  void abort();
+
+ private:
+  friend class BlockStore;
+  PendingMove(detail::StoreAnchor& anchor, const BlockKey& key, const BlockLocation& to,
+              const BlockLocation& from)
+      : BlockHandle(anchor, key, to), from_(from) {}
+  BlockLocation from_;
+};
+
 // A read-only view of one block for callers outside the store.
 struct BlockInfo {
   BlockState state;
@@ -263,17 +290,18 @@ class BlockStore {
   // ---- moves between tiers ----
 
   // Starts moving a kReady block to `to`: reserves the destination slot, marks the
-  // block kMoving and pins it. Returns (from, to) locations. InvalidArgument when the
-  // block is absent, not kReady, already in `to`, has its copy in `to` (use
-  // demote_onto_copy), or its previous move's old slot is still pinned by readers;
-  // ResourceExhausted when `to` has no room.
-  Result<std::pair<BlockLocation, BlockLocation>> begin_move(
-      const BlockKey& key, Tier to, int preferred_part = SlabAllocator::kAnyPart);
-  // The copy landed: the block now lives at the destination; the old slot is freed
-  // as soon as no reader pins it, or, when the block moved up out of a keep_copies
-  // tier and no reader pins it, kept as the block's copy. With `ok` false the
-  // destination slot is freed and the block stays where it was.
-  void finish_move(const BlockKey& key, bool ok);
+  // block kMoving and pins it; the PendingMove says where it is and where it goes, and
+  // finishes the move (commit, or abort). InvalidArgument when the block is absent, not
+  // kReady, already in `to`, has its copy in `to` (use demote_onto_copy), or its
+  // previous move's old slot is still pinned by readers; ResourceExhausted when `to`
+  // has no room.
+  //
+  // When the move commits the block lives at the destination, and the old slot is
+  // freed as soon as no reader pins it, or, when the block moved up out of a
+  // keep_copies tier and no reader pins it, kept as the block's copy. When it aborts
+  // the destination slot is freed and the block stays where it was.
+  Result<PendingMove> begin_move(const BlockKey& key, Tier to,
+                                 int preferred_part = SlabAllocator::kAnyPart);
 
   // ---- copies in durable tiers (see the top of this file) ----
 
@@ -344,6 +372,7 @@ class BlockStore {
  private:
   friend class PinnedBlock;
   friend class PendingWrite;
+  friend class PendingMove;
 
   // pin() and pin_in_background(): refreshes the access time when `now_ms` is given.
   PinnedBlock pin_entry(const BlockKey& key, std::optional<uint64_t> now_ms);
@@ -352,6 +381,7 @@ class BlockStore {
   void unpin(const BlockKey& key);
   void commit_write(const BlockKey& key);
   void abort_write(const BlockKey& key);
+  void finish_move(const BlockKey& key, bool ok);
 
   // One block of the index. 64 bytes, so a slot of the BlockTable is one cache line.
   struct Entry {

@@ -16,8 +16,8 @@ constexpr uint64_t kFirstBackoffMs = 500;
 constexpr uint64_t kMaxBackoffMs = 30'000;
 
 // Splits parallel vectors into jobs of at most kMaxBlocksPerJob / kMaxBytesPerJob.
-template <typename Item, typename Fn>
-void for_each_job(std::vector<Item>& items, std::vector<BlockKey>& keys, Fn&& submit) {
+template <typename Item, typename Parallel, typename Fn>
+void for_each_job(std::vector<Item>& items, std::vector<Parallel>& parallel, Fn&& submit) {
   size_t begin = 0;
   while (begin < items.size()) {
     size_t end = begin;
@@ -29,7 +29,8 @@ void for_each_job(std::vector<Item>& items, std::vector<BlockKey>& keys, Fn&& su
     }
     submit(std::vector<Item>(std::make_move_iterator(items.begin() + begin),
                              std::make_move_iterator(items.begin() + end)),
-           std::vector<BlockKey>(keys.begin() + begin, keys.begin() + end));
+           std::vector<Parallel>(std::make_move_iterator(parallel.begin() + begin),
+                                 std::make_move_iterator(parallel.begin() + end)));
     begin = end;
   }
 }
@@ -66,13 +67,14 @@ void MoveExecutor::apply(const std::vector<policy::Move>& moves, int hbm_part) {
   // The policy's moves never hold up an engine's Save or Load.
   batch.priority = CopyPriority::kBackground;
   struct Started {
-    BlockKey key;
+    PendingMove move;
     policy::MoveKind kind;
     uint64_t bytes;
     Tier to;
     Tier onward;  // kNone, or where the block goes next (second hop)
   };
-  std::vector<Started> started;
+  // Shared: the copy's completion is a std::function, which must be copyable.
+  auto started = std::make_shared<std::vector<Started>>();
   std::vector<BlockKey> evictions;
   bool demoted_onto_copy = false;  // freed slots above: reads waiting for room may go
   std::array<std::vector<BlockKey>, kTierCount> writes{};                         // by destination
@@ -115,20 +117,19 @@ void MoveExecutor::apply(const std::vector<policy::Move>& moves, int hbm_part) {
       reads[static_cast<size_t>(from)][static_cast<size_t>(to)].push_back(move.block);
       continue;
     }
-    auto locations =
+    auto pending =
         store_.begin_move(move.block, to, to == Tier::kHbm ? hbm_part : SlabAllocator::kAnyPart);
-    if (!locations.is_ok()) {
+    if (!pending.is_ok()) {
       KVTIER_LOG_DEBUG("move of {} skipped: {}", move.block.hash.to_hex(),
-                       locations.status().to_string());
+                       pending.status().to_string());
       hooks_.not_moved(move.block);
       continue;
     }
     const uint64_t bytes = store_.block_bytes(move.block.layout);
-    const auto& [from_slot, to_slot] = *locations;
     batch.segments.push_back({batch.memory_index(tier(from)->memory()),
-                              batch.memory_index(tier(to)->memory()), from_slot.offset,
-                              to_slot.offset, bytes});
-    started.push_back({move.block, move.kind, bytes, to, onward});
+                              batch.memory_index(tier(to)->memory()), pending->from().offset,
+                              pending->location().offset, bytes});
+    started->push_back({std::move(*pending), move.kind, bytes, to, onward});
   }
   if (!evictions.empty() && hooks_.take_evictions) {
     // Blocks leaving the node's last local tier: the daemon may write them out first.
@@ -156,24 +157,26 @@ void MoveExecutor::apply(const std::vector<policy::Move>& moves, int hbm_part) {
   }
   release_slots();
   if (demoted_onto_copy) retry_room_waiters();
-  if (started.empty()) return;
+  if (started->empty()) return;
   ++copies_;
   Status submitted = hooks_.copy(std::move(batch), [this, started](Status status) {
     --copies_;
     std::vector<BlockKey> onward[kTierCount];
-    for (const Started& move : started) {
-      store_.finish_move(move.key, status.is_ok());
+    for (Started& move : *started) {
+      const BlockKey key = move.move.key();
       if (!status.is_ok()) {
-        hooks_.not_moved(move.key);
+        move.move.abort();
+        hooks_.not_moved(key);
         continue;
       }
+      move.move.commit();
       counters_.bytes_written[static_cast<size_t>(move.to)] += move.bytes;
       (move.kind == policy::MoveKind::kDemote ? counters_.bytes_demoted
                                               : counters_.bytes_promoted) += move.bytes;
-      if (move.onward != Tier::kNone) onward[static_cast<size_t>(move.onward)].push_back(move.key);
+      if (move.onward != Tier::kNone) onward[static_cast<size_t>(move.onward)].push_back(key);
     }
     if (!status.is_ok())
-      KVTIER_LOG_WARN("{} block moves failed: {}", started.size(), status.to_string());
+      KVTIER_LOG_WARN("{} block moves failed: {}", started->size(), status.to_string());
     for (size_t to = 0; to < kTierCount; ++to) {
       if (!onward[to].empty()) write_into(*tiers_[to], onward[to]);
     }
@@ -181,9 +184,10 @@ void MoveExecutor::apply(const std::vector<policy::Move>& moves, int hbm_part) {
   });
   if (!submitted.is_ok()) {
     --copies_;
-    for (const Started& move : started) {
-      store_.finish_move(move.key, false);
-      hooks_.not_moved(move.key);
+    for (Started& move : *started) {
+      const BlockKey key = move.move.key();
+      move.move.abort();
+      hooks_.not_moved(key);
     }
     KVTIER_LOG_ERROR("block moves rejected: {}", submitted.to_string());
   }
@@ -235,8 +239,8 @@ void MoveExecutor::write_into(StorageTier& to, const std::vector<BlockKey>& keys
   }
   if (to.release_is_durable()) hooks_.before_persistent_write();
   std::vector<StorageTier::WriteItem> items;
-  std::vector<BlockKey> started;  // written or moved onto a copy
-  std::vector<BlockKey> writing;  // parallel to items
+  std::vector<BlockKey> started;     // written or moved onto a copy
+  std::vector<PendingMove> writing;  // parallel to items
   uint64_t needed_bytes = 0;
   for (const BlockKey& key : keys) {
     auto info = store_.lookup(key);
@@ -252,12 +256,13 @@ void MoveExecutor::write_into(StorageTier& to, const std::vector<BlockKey>& keys
       needed_bytes += bytes;
       continue;
     }
-    auto locations = store_.begin_move(key, to.id());
-    if (!locations.is_ok()) continue;
-    items.push_back(
-        {{key, locations->second.offset, bytes}, source, hooks_.wall_ms_of(info->last_access_ms)});
+    auto pending = store_.begin_move(key, to.id());
+    if (!pending.is_ok()) continue;
+    items.push_back({{key, pending->location().offset, bytes},
+                     source,
+                     hooks_.wall_ms_of(info->last_access_ms)});
     started.push_back(key);
-    writing.push_back(key);
+    writing.push_back(std::move(*pending));
   }
   if (started.size() < keys.size()) {
     // Blocks that could not start now (no room yet, busy): planned again later.
@@ -289,17 +294,22 @@ void MoveExecutor::write_into(StorageTier& to, const std::vector<BlockKey>& keys
   if (writing.size() < started.size()) retry_room_waiters();  // moves onto copies freed slots
   const Tier to_id = to.id();
   for_each_job(
-      items, writing, [&](std::vector<StorageTier::WriteItem> job, std::vector<BlockKey> job_keys) {
+      items, writing, [&](std::vector<StorageTier::WriteItem> job, std::vector<PendingMove> moves) {
         ++jobs_;
         auto post = hooks_.control_thread();
-        to.write(std::move(job), [this, post, job_keys, to_id](std::vector<Status> results) {
-          post([this, job_keys, to_id, results = std::move(results)] {
+        // Shared: the completions are std::function, which must be copyable.
+        auto job_moves = std::make_shared<std::vector<PendingMove>>(std::move(moves));
+        to.write(std::move(job), [this, post, job_moves, to_id](std::vector<Status> results) {
+          post([this, job_moves, to_id, results = std::move(results)] {
             --jobs_;
             size_t failed = 0;
             const Status* first_error = nullptr;
-            for (size_t i = 0; i < job_keys.size(); ++i) {
+            std::vector<BlockKey> job_keys;
+            for (size_t i = 0; i < job_moves->size(); ++i) {
+              PendingMove& move = (*job_moves)[i];
+              job_keys.push_back(move.key());
               const bool ok = results[i].is_ok();
-              store_.finish_move(job_keys[i], ok);
+              ok ? move.commit() : move.abort();
               if (ok) {
                 const uint64_t bytes = store_.block_bytes(job_keys[i].layout);
                 counters_.bytes_demoted += bytes;
@@ -354,7 +364,7 @@ std::vector<BlockKey> MoveExecutor::read_into_memory(const std::vector<BlockKey>
 
 void MoveExecutor::read_from(StorageTier& from, const std::vector<BlockKey>& keys, Tier target) {
   std::vector<StorageTier::ReadItem> items;
-  std::vector<BlockKey> started;
+  std::vector<PendingMove> started;  // parallel to items
   for (const BlockKey& key : keys) {
     if (reads_.contains(key)) continue;
     auto info = store_.lookup(key);
@@ -371,30 +381,32 @@ void MoveExecutor::read_from(StorageTier& from, const std::vector<BlockKey>& key
       destination = Tier::kHbm;
     }
     if (!in_host_memory(destination) || !store_.has_room(destination, bytes)) continue;
-    auto locations = store_.begin_move(key, destination);
-    if (!locations.is_ok()) continue;
-    const auto& [from_slot, to_slot] = *locations;
-    items.push_back(
-        {{key, from_slot.offset, bytes}, tier(destination)->host_address(to_slot.offset)});
-    started.push_back(key);
+    auto pending = store_.begin_move(key, destination);
+    if (!pending.is_ok()) continue;
+    items.push_back({{key, pending->from().offset, bytes},
+                     tier(destination)->host_address(pending->location().offset)});
+    started.push_back(std::move(*pending));
     reads_[key];  // readers waiting for it attach here
     if (destination != target && !in_host_memory(target)) continue_to_hbm_.insert(key);
   }
   for_each_job(
-      items, started, [&](std::vector<StorageTier::ReadItem> job, std::vector<BlockKey> job_keys) {
+      items, started, [&](std::vector<StorageTier::ReadItem> job, std::vector<PendingMove> moves) {
         ++jobs_;
         auto post = hooks_.control_thread();
+        // Shared: the completions are std::function, which must be copyable.
+        auto job_moves = std::make_shared<std::vector<PendingMove>>(std::move(moves));
         from.read(std::move(job),
-                  [this, post, job_keys, target](std::vector<StorageTier::ReadOutcome> outcomes) {
-                    post([this, job_keys, target, outcomes = std::move(outcomes)] {
+                  [this, post, job_moves, target](std::vector<StorageTier::ReadOutcome> outcomes) {
+                    post([this, job_moves, target, outcomes = std::move(outcomes)] {
                       --jobs_;
                       std::vector<BlockKey> lost;
                       std::vector<policy::Move> onward;
-                      for (size_t i = 0; i < job_keys.size(); ++i) {
-                        const BlockKey& key = job_keys[i];
+                      for (size_t i = 0; i < job_moves->size(); ++i) {
+                        PendingMove& move = (*job_moves)[i];
+                        const BlockKey key = move.key();
                         const StorageTier::ReadOutcome& outcome = outcomes[i];
                         const bool ok = outcome.status.is_ok();
-                        store_.finish_move(key, ok);
+                        ok ? move.commit() : move.abort();
                         const bool continues = continue_to_hbm_.erase(key) > 0;
                         if (ok) {
                           count_read_up(key);

@@ -2,8 +2,9 @@
 // hands it moves; it never names a tier itself.
 //
 // Where a block goes when it moves, and who frees its old slot:
-//  1. BlockStore::begin_move reserves the destination slot; the block stays readable
-//     where it is (pinned) while its bytes are copied.
+//  1. BlockStore::begin_move reserves the destination slot (a PendingMove, which rides
+//     with the copy); the block stays readable where it is (pinned) while its bytes are
+//     copied.
 //  2. The bytes go by the first way that fits the pair of tiers (tier.h):
 //     both are memory   → one Device copy (CopyBatch, background priority);
 //     source in host memory (RAM, host HBM) → the destination tier's write();
@@ -11,8 +12,9 @@
 //       bytes are bad is dropped and reported lost);
 //     otherwise (GPU HBM ↔ NVMe) → two hops through RAM: the first now, the second
 //       when it lands (HBM → NVMe is planned as HBM → RAM → NVMe by the planner).
-//  3. BlockStore::finish_move publishes the new place, or on failure frees the
-//     destination and leaves the block where it was (the planner is told: revisit).
+//  3. PendingMove::commit publishes the new place, or abort (a failure, or a copy that
+//     never ran) frees the destination and leaves the block where it was (the planner
+//     is told: revisit).
 //  4. The old slot: BlockStore frees it as soon as no reader pins it. In a tier whose
 //     releases are durable (NVMe: its index may still name the slot), BlockStore
 //     holds it as a pending release; the executor hands those to the tier's release()

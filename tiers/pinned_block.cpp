@@ -67,4 +67,21 @@ void PendingWrite::abort() {
   if (BlockStore* store = detach()) store->abort_write(key());
 }
 
+PendingMove& PendingMove::operator=(PendingMove&& other) noexcept {
+  if (this != &other) {
+    abort();
+    BlockHandle::operator=(std::move(other));
+    from_ = other.from_;
+  }
+  return *this;
+}
+
+void PendingMove::commit() {
+  if (BlockStore* store = detach()) store->finish_move(key(), true);
+}
+
+void PendingMove::abort() {
+  if (BlockStore* store = detach()) store->finish_move(key(), false);
+}
+
 }  // namespace kvtier

@@ -42,7 +42,7 @@ class BlockStoreCopyTest : public ::testing::Test {
   void move(uint32_t n, Tier to) {
     auto started = store_.begin_move(key(n), to);
     ASSERT_TRUE(started.is_ok()) << started.status().to_string();
-    store_.finish_move(key(n), true);
+    started->commit();
   }
   // Confirms every pending release, as the executor does once the index deletes are
   // durable; returns them.
@@ -200,8 +200,9 @@ TEST_F(BlockStoreCopyTest, CopiesAreDroppedOldestFirstWhenTheTierNeedsRoom) {
 
   // A block without a copy is written to a new slot again (begin_move is allowed).
   confirm_all();
-  ASSERT_TRUE(store_.begin_move(key(1), Tier::kNvme).is_ok());
-  store_.finish_move(key(1), true);
+  auto move_1 = store_.begin_move(key(1), Tier::kNvme);
+  ASSERT_TRUE(move_1.is_ok());
+  move_1->commit();
   EXPECT_EQ(store_.lookup(key(1))->location.tier, Tier::kNvme);
 }
 
@@ -226,8 +227,9 @@ TEST_F(BlockStoreCopyTest, APromotionUnderAReaderOfTheOldSlotKeepsNoCopy) {
 
 TEST_F(BlockStoreCopyTest, AFailedPromotionKeepsNoCopy) {
   put_on_nvme(1);
-  ASSERT_TRUE(store_.begin_move(key(1), Tier::kRam).is_ok());
-  store_.finish_move(key(1), false);
+  auto move_2 = store_.begin_move(key(1), Tier::kRam);
+  ASSERT_TRUE(move_2.is_ok());
+  move_2->abort();
   auto info = store_.lookup(key(1));
   EXPECT_EQ(info->location.tier, Tier::kNvme);
   EXPECT_FALSE(info->has_copy);
@@ -243,10 +245,12 @@ TEST(BlockStoreCopyConfigTest, WithoutKeepCopiesAPromotionGivesTheSlotUp) {
   auto reserved = store.reserve(key_of(layout, 1), std::vector<Tier>{Tier::kRam}, 1);
   ASSERT_TRUE(reserved.is_ok() && reserved->has_value());
   (*reserved)->commit();
-  ASSERT_TRUE(store.begin_move(key_of(layout, 1), Tier::kNvme).is_ok());
-  store.finish_move(key_of(layout, 1), true);
-  ASSERT_TRUE(store.begin_move(key_of(layout, 1), Tier::kRam).is_ok());
-  store.finish_move(key_of(layout, 1), true);
+  auto move_3 = store.begin_move(key_of(layout, 1), Tier::kNvme);
+  ASSERT_TRUE(move_3.is_ok());
+  move_3->commit();
+  auto move_4 = store.begin_move(key_of(layout, 1), Tier::kRam);
+  ASSERT_TRUE(move_4.is_ok());
+  move_4->commit();
   EXPECT_FALSE(store.copy_of(key_of(layout, 1)).has_value());
   EXPECT_EQ(store.take_pending_releases().size(), 1u);
 }
@@ -281,7 +285,9 @@ TEST(BlockStoreCopyRandomTest, CopiesNeverShareASlotAndUsageAddsUp) {
           auto info = store.lookup(key);
           if (!info) break;
           const Tier to = info->location.tier == Tier::kRam ? Tier::kNvme : Tier::kRam;
-          if (store.begin_move(key, to).is_ok()) store.finish_move(key, rng() % 5 != 0);
+          if (auto move = store.begin_move(key, to); move.is_ok()) {
+            rng() % 5 != 0 ? move->commit() : move->abort();
+          }
           break;
         }
         case 3:

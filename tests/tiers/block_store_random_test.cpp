@@ -8,6 +8,7 @@
 #include <map>
 #include <optional>
 #include <random>
+#include <unordered_map>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -163,18 +164,22 @@ class RandomWalk {
           return;
         }
         ASSERT_TRUE(move.is_ok()) << move.status().to_string();
-        ASSERT_EQ(move->first.tier, block->location.tier);
-        ASSERT_EQ(move->first.offset, block->location.offset);
-        ASSERT_EQ(move->second.tier, to);
+        ASSERT_EQ(move->from().tier, block->location.tier);
+        ASSERT_EQ(move->from().offset, block->location.offset);
+        ASSERT_EQ(move->location().tier, to);
         block->state = BlockState::kMoving;
-        block->target = move->second;
+        block->target = move->location();
+        moves_[key] = std::move(*move);
         ++block->pins;
         break;
       }
       case kFinishMove: {
         if (block == nullptr || block->state != BlockState::kMoving) return;
         const bool ok = rng_() % 4 != 0;
-        store_.finish_move(key, ok);
+        auto pending = moves_.find(key);
+        ASSERT_NE(pending, moves_.end());
+        ok ? pending->second.commit() : pending->second.abort();
+        moves_.erase(pending);
         block->state = BlockState::kReady;
         --block->pins;
         if (ok) {
@@ -297,6 +302,7 @@ class RandomWalk {
   // The handles, after the store: released before it goes.
   std::map<uint32_t, PendingWrite> writes_;
   std::map<uint32_t, std::vector<PinnedBlock>> readers_;
+  std::unordered_map<BlockKey, PendingMove, BlockKeyHasher> moves_;  // the kMoving blocks
   std::map<uint32_t, ModelBlock> model_;
   uint64_t now_ms_ = 0;
   Seen seen_;

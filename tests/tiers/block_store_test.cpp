@@ -257,9 +257,10 @@ TEST_F(BlockStoreTest, EvictRefusesPinnedWritingAndMovingBlocks) {
     ASSERT_TRUE(pin);
     EXPECT_FALSE(store_.evict(key(1)));  // pinned
   }
-  ASSERT_TRUE(store_.begin_move(key(1), Tier::kRam).is_ok());
+  auto move_1 = store_.begin_move(key(1), Tier::kRam);
+  ASSERT_TRUE(move_1.is_ok());
   EXPECT_FALSE(store_.evict(key(1)));  // moving
-  store_.finish_move(key(1), true);
+  move_1->commit();
   EXPECT_FALSE(store_.evict(key(9)));  // absent
   EXPECT_EQ(store_.block_count(), 1u);
 
@@ -276,9 +277,10 @@ TEST_F(BlockStoreTest, MoveThatSucceedsSwitchesTierAndFreesSource) {
   ASSERT_EQ(from.tier, Tier::kHbm);
   auto move = store_.begin_move(key(1), Tier::kRam);
   ASSERT_TRUE(move.is_ok()) << move.status().to_string();
-  EXPECT_EQ(move->first.tier, Tier::kHbm);
-  EXPECT_EQ(move->first.offset, from.offset);
-  EXPECT_EQ(move->second.tier, Tier::kRam);
+  EXPECT_EQ(move->from().tier, Tier::kHbm);
+  EXPECT_EQ(move->from().offset, from.offset);
+  EXPECT_EQ(move->location().tier, Tier::kRam);
+  const BlockLocation to = move->location();
 
   auto info = store_.lookup(key(1));  // still readable at its old place
   ASSERT_TRUE(info.has_value());
@@ -293,12 +295,12 @@ TEST_F(BlockStoreTest, MoveThatSucceedsSwitchesTierAndFreesSource) {
   EXPECT_EQ(visible_in(Tier::kHbm).size(), 1u);
   EXPECT_TRUE(visible_in(Tier::kRam).empty());
 
-  store_.finish_move(key(1), true);
+  move->commit();
   info = store_.lookup(key(1));
   ASSERT_TRUE(info.has_value());
   EXPECT_EQ(info->state, BlockState::kReady);
   EXPECT_EQ(info->location.tier, Tier::kRam);
-  EXPECT_EQ(info->location.offset, move->second.offset);
+  EXPECT_EQ(info->location.offset, to.offset);
   EXPECT_EQ(info->pins, 0u);
   EXPECT_EQ(store_.pinned_blocks(), 0u);
   expect_usage(Tier::kHbm, 0, 0);
@@ -310,8 +312,9 @@ TEST_F(BlockStoreTest, MoveThatSucceedsSwitchesTierAndFreesSource) {
 
 TEST_F(BlockStoreTest, MoveThatFailsKeepsBlockWhereItWas) {
   const BlockLocation from = put(1);
-  ASSERT_TRUE(store_.begin_move(key(1), Tier::kRam).is_ok());
-  store_.finish_move(key(1), false);
+  auto move_2 = store_.begin_move(key(1), Tier::kRam);
+  ASSERT_TRUE(move_2.is_ok());
+  move_2->abort();
   auto info = store_.lookup(key(1));
   ASSERT_TRUE(info.has_value());
   EXPECT_EQ(info->state, BlockState::kReady);
@@ -332,9 +335,10 @@ TEST_F(BlockStoreTest, BeginMoveRejectsWhatCannotMove) {
   write.commit();
   EXPECT_EQ(code(1, Tier::kHbm), StatusCode::kInvalidArgument);   // already there
   EXPECT_EQ(code(1, Tier::kNvme), StatusCode::kInvalidArgument);  // not configured
-  ASSERT_TRUE(store_.begin_move(key(1), Tier::kRam).is_ok());
+  auto move_3 = store_.begin_move(key(1), Tier::kRam);
+  ASSERT_TRUE(move_3.is_ok());
   EXPECT_EQ(code(1, Tier::kRam), StatusCode::kInvalidArgument);  // moving
-  store_.finish_move(key(1), true);
+  move_3->commit();
   expect_usage(Tier::kRam, kBlock, 1);
 
   // A full destination: the block stays ready and nothing leaks.
@@ -352,8 +356,9 @@ TEST_F(BlockStoreTest, MoveUnderAReaderDefersTheFreeUntilUnpin) {
   const BlockLocation old = put(1, {Tier::kHbm});
   PinnedBlock reader = store_.pin(key(1), 0);  // a load is reading HBM
   ASSERT_EQ(reader.location().offset, old.offset);
-  ASSERT_TRUE(store_.begin_move(key(1), Tier::kRam).is_ok());
-  store_.finish_move(key(1), true);
+  auto move_4 = store_.begin_move(key(1), Tier::kRam);
+  ASSERT_TRUE(move_4.is_ok());
+  move_4->commit();
 
   auto info = store_.lookup(key(1));
   EXPECT_EQ(info->location.tier, Tier::kRam);
@@ -385,8 +390,9 @@ TEST_F(BlockStoreTest, DeferredFreeWaitsForReadersOfTheNewPlaceToo) {
   put(1, {Tier::kHbm});
   PinnedBlock old_reader = store_.pin(key(1), 0);  // reader of the old place
   ASSERT_TRUE(old_reader);
-  ASSERT_TRUE(store_.begin_move(key(1), Tier::kRam).is_ok());
-  store_.finish_move(key(1), true);
+  auto move_5 = store_.begin_move(key(1), Tier::kRam);
+  ASSERT_TRUE(move_5.is_ok());
+  move_5->commit();
   PinnedBlock new_reader = store_.pin(key(1), 0);  // reader of the new place
   ASSERT_EQ(new_reader.location().tier, Tier::kRam);
   old_reader.reset();

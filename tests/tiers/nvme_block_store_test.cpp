@@ -78,8 +78,9 @@ TEST_F(NvmeBlockStoreTest, NvmeSlotsAreReusedOnlyAfterConfirmation) {
     ASSERT_TRUE(reserved.is_ok()) << reserved.status().to_string();
     ASSERT_TRUE(reserved->has_value());
     (*reserved)->commit();
-    ASSERT_TRUE(store_.begin_move(key_of(layout_, n), Tier::kNvme).is_ok());
-    store_.finish_move(key_of(layout_, n), true);
+    auto move_1 = store_.begin_move(key_of(layout_, n), Tier::kNvme);
+    ASSERT_TRUE(move_1.is_ok());
+    move_1->commit();
     EXPECT_TRUE(store_.take_pending_releases().empty());  // RAM slots free at once
   }
   EXPECT_FALSE(store_.has_room(Tier::kNvme, kBlock));
@@ -96,8 +97,9 @@ TEST_F(NvmeBlockStoreTest, NvmeSlotsAreReusedOnlyAfterConfirmation) {
   EXPECT_TRUE(store_.has_room(Tier::kNvme, kBlock));
 
   // A promotion back to RAM gives up the NVMe slot the same way.
-  ASSERT_TRUE(store_.begin_move(key_of(layout_, 4), Tier::kRam).is_ok());
-  store_.finish_move(key_of(layout_, 4), true);
+  auto move_2 = store_.begin_move(key_of(layout_, 4), Tier::kRam);
+  ASSERT_TRUE(move_2.is_ok());
+  move_2->commit();
   pending = store_.take_pending_releases();
   ASSERT_EQ(pending.size(), 1u);
   EXPECT_EQ(pending[0].key, key_of(layout_, 4));

@@ -127,8 +127,9 @@ TEST_F(PinnedBlockTest, AMovedBlocksOldSlotIsFreedWhenTheLastHandleGoes) {
   const BlockLocation old = put(1, Tier::kHbm);
   PinnedBlock reader = store_->pin(key(1), 0);
   PinnedBlock second_reader = store_->pin(key(1), 0);
-  ASSERT_TRUE(store_->begin_move(key(1), Tier::kRam).is_ok());
-  store_->finish_move(key(1), true);
+  auto move_1 = store_->begin_move(key(1), Tier::kRam);
+  ASSERT_TRUE(move_1.is_ok());
+  move_1->commit();
   EXPECT_EQ(store_->lookup(key(1))->location.tier, Tier::kRam);
   // The readers still name the slot they pinned, which is still allocated.
   EXPECT_EQ(reader.location().tier, Tier::kHbm);
