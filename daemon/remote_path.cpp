@@ -51,7 +51,8 @@ Status RemotePath::open_remote() {
     auto staging = ctx_.device->allocate_pinned_pool(staging_bytes);
     if (staging.is_ok()) {
       remote_->staging = std::move(*staging);
-      remote_->staging_slots.emplace(staging_bytes, ctx_.config.slab_bytes);
+      remote_->staging_slots =
+          std::make_shared<SlabAllocator>(staging_bytes, ctx_.config.slab_bytes);
     } else {
       // Not a reason to refuse to start: those blocks are written once demoted to RAM.
       KVTIER_LOG_WARN(

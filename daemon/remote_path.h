@@ -29,6 +29,7 @@
 #include <optional>
 #include <unordered_map>
 #include <unordered_set>
+#include <utility>
 #include <vector>
 
 #include "daemon/daemon_context.h"
@@ -51,6 +52,80 @@ constexpr uint64_t nvme_buffer_bytes(uint64_t bytes) {
 }
 // A buffer of `bytes` (a nvme_buffer_bytes() size); null when memory is short.
 std::shared_ptr<std::byte> allocate_nvme_buffer(uint64_t bytes);
+
+// A slot of the write-behind staging memory, given back to its allocator when the handle
+// goes (nothing is given back once the allocator is gone: a completion dropped unrun at
+// stop). Move-only; control thread only.
+class StagingSlot {
+ public:
+  StagingSlot() = default;
+  StagingSlot(const std::shared_ptr<SlabAllocator>& slots, uint64_t offset, uint64_t bytes)
+      : slots_(slots), offset_(offset), bytes_(bytes), held_(true) {}
+  StagingSlot(StagingSlot&& other) noexcept
+      : slots_(std::move(other.slots_)),
+        offset_(other.offset_),
+        bytes_(other.bytes_),
+        held_(std::exchange(other.held_, false)) {}
+  StagingSlot& operator=(StagingSlot&& other) noexcept {
+    if (this != &other) {
+      reset();
+      slots_ = std::move(other.slots_);
+      offset_ = other.offset_;
+      bytes_ = other.bytes_;
+      held_ = std::exchange(other.held_, false);
+    }
+    return *this;
+  }
+  StagingSlot(const StagingSlot&) = delete;
+  StagingSlot& operator=(const StagingSlot&) = delete;
+  ~StagingSlot() { reset(); }
+
+  explicit operator bool() const { return held_; }
+  uint64_t offset() const { return offset_; }
+  void reset() {
+    if (!std::exchange(held_, false)) return;
+    if (auto slots = slots_.lock()) slots->free(offset_, bytes_);
+  }
+
+ private:
+  std::weak_ptr<SlabAllocator> slots_;
+  uint64_t offset_ = 0;
+  uint64_t bytes_ = 0;
+  bool held_ = false;
+};
+
+// Bytes counted in a shared total (the NVMe read buffers of write-behinds, bounded by
+// remote-max-in-flight) while the handle holds them; taken off when it goes. Move-only.
+class CountedBytes {
+ public:
+  CountedBytes() = default;
+  CountedBytes(const std::shared_ptr<uint64_t>& total, uint64_t bytes)
+      : total_(total), bytes_(bytes) {
+    *total += bytes;
+  }
+  CountedBytes(CountedBytes&& other) noexcept
+      : total_(std::move(other.total_)), bytes_(std::exchange(other.bytes_, 0)) {}
+  CountedBytes& operator=(CountedBytes&& other) noexcept {
+    if (this != &other) {
+      reset();
+      total_ = std::move(other.total_);
+      bytes_ = std::exchange(other.bytes_, 0);
+    }
+    return *this;
+  }
+  CountedBytes(const CountedBytes&) = delete;
+  CountedBytes& operator=(const CountedBytes&) = delete;
+  ~CountedBytes() { reset(); }
+
+  void reset() {
+    const uint64_t bytes = std::exchange(bytes_, 0);
+    if (auto total = total_.lock(); total && bytes > 0) *total -= bytes;
+  }
+
+ private:
+  std::weak_ptr<uint64_t> total_;
+  uint64_t bytes_ = 0;
+};
 
 class RemotePath final : public Part {
  public:
@@ -110,21 +185,20 @@ class RemotePath final : public Part {
   // them into, and blocks on NVMe from `nvme_buffer` once read into it (their pins go once
   // the copy or read is done).
   struct WriteBehind {
-    static constexpr uint64_t kNoSlot = UINT64_MAX;
     policy::SessionKey key;
     std::string namespace_name;
     uint32_t from = 0;
     uint64_t block_bytes = 0;
     std::vector<remote::RemoteStore::BlockWrite> writes;
-    std::vector<PinnedBlock> pins;  // parallel to writes
-    std::vector<uint64_t> slots;    // parallel to writes: the staging slot, or kNoSlot
-    size_t blocks = 0;              // writes.size() before any were cut off
-    std::vector<size_t> staged;     // indices in writes, copied out of GPU memory
-    std::vector<size_t> from_nvme;  // indices in writes, read out of NVMe
+    std::vector<PinnedBlock> pins;   // parallel to writes
+    std::vector<StagingSlot> slots;  // parallel to writes: the staging slot, or empty
+    size_t blocks = 0;               // writes.size() before any were cut off
+    std::vector<size_t> staged;      // indices in writes, copied out of GPU memory
+    std::vector<size_t> from_nvme;   // indices in writes, read out of NVMe
     std::shared_ptr<std::byte> nvme_buffer;
-    uint64_t buffered_bytes = 0;  // nvme_buffer's size (in RemoteState::buffered_bytes)
-    size_t waiting = 0;           // stages still running (the staging copy, the NVMe reads)
-    size_t readable = SIZE_MAX;   // writes before the first whose bytes could not be had
+    CountedBytes buffered;       // nvme_buffer's size, in RemoteState::buffered_bytes
+    size_t waiting = 0;          // stages still running (the staging copy, the NVMe reads)
+    size_t readable = SIZE_MAX;  // writes before the first whose bytes could not be had
   };
 
   struct RemoteState {
@@ -151,11 +225,11 @@ class RemotePath final : public Part {
     // Blocks in GPU memory are written behind from here: pinned host memory the Device
     // copies them into first (two slabs; only when HBM is GPU memory).
     std::shared_ptr<Memory> staging;
-    std::optional<SlabAllocator> staging_slots;
+    std::shared_ptr<SlabAllocator> staging_slots;
     uint64_t staged_blocks = 0;  // copied out of GPU memory to be written behind
     // Bytes of the buffers NVMe blocks are read into to be written behind (at most
     // remote-max-in-flight).
-    uint64_t buffered_bytes = 0;
+    std::shared_ptr<uint64_t> buffered_bytes = std::make_shared<uint64_t>(0);
     // Blocks being read into RAM slots from the cluster, and who waits for each.
     std::unordered_map<BlockKey, std::vector<std::function<void(const Status&)>>, BlockKeyHasher>
         fetching;

@@ -53,7 +53,7 @@ void RemotePath::write_behind(const policy::Session& session, bool sweeping) {
       // buffer; all batches' buffers together stay within the in-flight bound.
       if (info->location.tier != Tier::kNvme || nvme == nullptr) break;
       const uint64_t buffer = (nvme_reads.size() + 1) * block_bytes;
-      if (remote_->buffered_bytes + nvme_buffer_bytes(buffer) > bound) break;
+      if (*remote_->buffered_bytes + nvme_buffer_bytes(buffer) > bound) break;
     } else if (!in_place) {
       // GPU memory: copied into a staging slot first (none free: the sweep comes back).
       if (!remote_->staging_slots) break;
@@ -61,7 +61,7 @@ void RemotePath::write_behind(const policy::Session& session, bool sweeping) {
     PinnedBlock pinned = ctx_.store->pin_in_background(block);
     if (!pinned) break;
     const size_t at = batch->writes.size();
-    uint64_t slot = WriteBehind::kNoSlot;
+    StagingSlot slot;
     std::span<const std::byte> bytes;  // NVMe: set once the buffer exists
     if (memory == nullptr) {
       batch->from_nvme.push_back(at);
@@ -71,16 +71,16 @@ void RemotePath::write_behind(const policy::Session& session, bool sweeping) {
     } else {
       auto allocated = remote_->staging_slots->allocate(block_bytes);
       if (!allocated.is_ok()) break;
-      slot = *allocated;
+      slot = StagingSlot(remote_->staging_slots, *allocated, block_bytes);
       staging_copy.segments.push_back({staging_copy.memory_index(memory),
                                        staging_copy.memory_index(remote_->staging),
-                                       pinned.location().offset, slot, block_bytes});
+                                       pinned.location().offset, slot.offset(), block_bytes});
       batch->staged.push_back(at);
-      bytes = {remote_->staging->host_data() + slot, block_bytes};
+      bytes = {remote_->staging->host_data() + slot.offset(), block_bytes};
     }
     batch->writes.push_back({{ns, session.layout.layout_digest, block.hash}, bytes});
     batch->pins.push_back(std::move(pinned));
-    batch->slots.push_back(slot);
+    batch->slots.push_back(std::move(slot));
   }
   batch->blocks = batch->writes.size();
   // What stays behind though it is held here: a gauge, per session, not a sum of turns.
@@ -147,8 +147,7 @@ void RemotePath::read_write_behind(const std::shared_ptr<WriteBehind>& batch,
     batch->readable = std::min(batch->readable, batch->from_nvme.front());
     return;
   }
-  batch->buffered_bytes = rounded;
-  remote_->buffered_bytes += rounded;
+  batch->buffered = CountedBytes(remote_->buffered_bytes, rounded);
   for (size_t j = 0; j < reads.size(); ++j) {
     std::byte* into = batch->nvme_buffer.get() + j * block_bytes;
     reads[j].destination = into;
@@ -199,10 +198,7 @@ void RemotePath::write_behind_staged(const std::shared_ptr<WriteBehind>& batch) 
     // there): the others are let go now.
     for (size_t i = batch->readable; i < batch->writes.size(); ++i) {
       batch->pins[i].reset();
-      if (batch->slots[i] != WriteBehind::kNoSlot) {
-        remote_->staging_slots->free(std::exchange(batch->slots[i], WriteBehind::kNoSlot),
-                                     batch->block_bytes);
-      }
+      batch->slots[i].reset();
     }
     batch->writes.resize(batch->readable);
   }
@@ -261,13 +257,9 @@ void RemotePath::fail_write_behind(WriteBehind& batch, size_t written, bool decl
 void RemotePath::release_write_behind(WriteBehind& batch) {
   // The worker, the Device and the NVMe tier are done with the slots and the buffer.
   batch.pins.clear();
-  for (uint64_t& slot : batch.slots) {
-    if (slot != WriteBehind::kNoSlot) {
-      remote_->staging_slots->free(std::exchange(slot, WriteBehind::kNoSlot), batch.block_bytes);
-    }
-  }
+  batch.slots.clear();
   batch.nvme_buffer.reset();
-  remote_->buffered_bytes -= std::exchange(batch.buffered_bytes, 0);
+  batch.buffered.reset();
 }
 
 void RemotePath::sweep_write_behind() {
