@@ -65,6 +65,13 @@ Status RemotePath::open_remote() {
   // dropped unrun, and their pins release nothing (tiers/block_store.h).
   remote_->worker = remote::RemoteWorker::start(
       std::move(options), [this](std::function<void()> fn) { asio::post(ctx_.io, std::move(fn)); });
+  remote_->tier = std::make_unique<RemoteStorageTier>(
+      *remote_->worker,
+      [this](const BlockKey& key) {
+        return remote::RemoteBlockId{ctx_.engines.namespaces().name(key.layout.namespace_id),
+                                     key.layout.layout_digest, key.hash};
+      },
+      ctx_.config.remote_bytes);
   KVTIER_LOG_INFO("remote tier: Redis Cluster at {} (connecting in the background)",
                   ctx_.config.remote_nodes);
   return Status::ok();

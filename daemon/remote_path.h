@@ -37,6 +37,7 @@
 #include "daemon/requests.h"
 #include "policy/session_table.h"
 #include "tiers/nvme_format.h"
+#include "tiers/remote_tier.h"
 #include "tiers/remote_worker.h"
 #include "tiers/slab_allocator.h"
 
@@ -189,7 +190,7 @@ class RemotePath final : public Part {
     std::string namespace_name;
     uint32_t from = 0;
     uint64_t block_bytes = 0;
-    std::vector<remote::RemoteStore::BlockWrite> writes;
+    std::vector<StorageTier::WriteItem> writes;
     std::vector<PinnedBlock> pins;   // parallel to writes
     std::vector<StagingSlot> slots;  // parallel to writes: the staging slot, or empty
     size_t blocks = 0;               // writes.size() before any were cut off
@@ -203,8 +204,14 @@ class RemotePath final : public Part {
 
   struct RemoteState {
     // The worker goes first: its thread may still be reading the staging memory.
-    ~RemoteState() { worker.reset(); }
+    ~RemoteState() {
+      tier.reset();
+      worker.reset();
+    }
     std::unique_ptr<remote::RemoteWorker> worker;
+    // The cluster as a StorageTier: every block goes in and out through it (sessions'
+    // records through the worker).
+    std::unique_ptr<RemoteStorageTier> tier;
     // Per session: its first `synced` blocks were handed to the worker (lowered again to
     // the first that failed when a write-behind reports failures, and to a cut).
     std::unordered_map<policy::SessionKey, uint32_t, policy::SessionKeyHasher> synced;

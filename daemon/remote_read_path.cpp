@@ -112,7 +112,7 @@ void RemotePath::pump_fetch(const std::shared_ptr<RemoteFetch>& fetch) {
   const uint64_t chunk_limit = std::min(kFetchChunkBytes, ctx_.config.remote_max_in_flight_bytes);
   const size_t window = std::max<uint64_t>(1, ctx_.config.remote_max_in_flight_bytes / chunk_limit);
   while (fetch->chunks_in_flight < window && !fetch->to_read.empty()) {
-    std::vector<remote::RemoteWorker::ReadInto> reads;
+    std::vector<StorageTier::ReadItem> reads;
     auto slots = std::make_shared<std::vector<PendingWrite>>();
     auto started = std::make_shared<std::vector<BlockKey>>();
     uint64_t bytes = 0;
@@ -132,8 +132,7 @@ void RemotePath::pump_fetch(const std::shared_ptr<RemoteFetch>& fetch) {
       PendingWrite& slot = **reserved;
       std::byte* into =
           ctx_.store->memory(slot.location().tier)->host_data() + slot.location().offset;
-      reads.push_back(
-          {{fetch->namespace_name, key.layout.layout_digest, key.hash}, {into, block_bytes}});
+      reads.push_back({{key, 0, block_bytes}, into});
       slots->push_back(std::move(slot));
       started->push_back(key);
       bytes += block_bytes;
@@ -141,15 +140,17 @@ void RemotePath::pump_fetch(const std::shared_ptr<RemoteFetch>& fetch) {
     if (reads.empty()) continue;
     ++fetch->chunks_in_flight;
     // Every started read ends once: its slot committed or given back, its waiters told.
-    auto settle = [this, slots, started, fetch](const std::vector<Status>& statuses) {
+    auto settle = [this, slots, started,
+                   fetch](const std::vector<StorageTier::ReadOutcome>& outcomes) {
       for (size_t j = 0; j < started->size(); ++j) {
-        settle_fetch((*started)[j], &(*slots)[j], statuses[j]);
+        settle_fetch((*started)[j], &(*slots)[j], outcomes[j].status);
       }
       --fetch->chunks_in_flight;
       pump_fetch(fetch);
     };
-    if (!remote_->worker->get_into(std::move(reads),
-                                   [settle](std::vector<Status> statuses) { settle(statuses); })) {
+    if (!remote_->tier->try_read(
+            std::move(reads),
+            [settle](std::vector<StorageTier::ReadOutcome> outcomes) { settle(outcomes); })) {
       // Other reads hold the worker's bound: this chunk and the rest are not read now.
       --fetch->chunks_in_flight;
       const Status busy =
@@ -199,9 +200,9 @@ void RemotePath::lookup_remote(const ConnectionPtr& c, const EngineContext& engi
     answer(tiers);
     return;
   }
-  std::vector<remote::RemoteBlockId> ids;
+  std::vector<StorageTier::Slot> asked;
   for (size_t i = tiers.size(); i < hashes.size(); ++i) {
-    ids.push_back({engine.namespace_name, engine.layout_key.layout_digest, hashes[i]});
+    asked.push_back({{engine.layout_key, hashes[i]}, 0, 0});
   }
   auto wait = std::make_shared<RemoteWait>();
   wait->deadline = std::make_unique<asio::steady_timer>(ctx_.io);
@@ -209,16 +210,16 @@ void RemotePath::lookup_remote(const ConnectionPtr& c, const EngineContext& engi
   wait->deadline->async_wait([wait, answer, tiers](const boost::system::error_code& ec) {
     if (!ec && wait->take()) answer(tiers);  // what is held here
   });
-  remote_->worker->exists_blocks(
-      std::move(ids), [this, wait, answer, tiers](std::vector<Result<bool>> found) mutable {
-        if (!wait->take()) return;
-        for (Result<bool>& exists : found) {
-          if (!exists.is_ok() || !*exists) break;
-          tiers.push_back(Tier::kRemote);
-          ++remote_->lookup_hits;
-        }
-        answer(tiers);
-      });
+  remote_->tier->probe(std::move(asked),
+                       [this, wait, answer, tiers](std::vector<Result<bool>> found) mutable {
+                         if (!wait->take()) return;
+                         for (Result<bool>& exists : found) {
+                           if (!exists.is_ok() || !*exists) break;
+                           tiers.push_back(Tier::kRemote);
+                           ++remote_->lookup_hits;
+                         }
+                         answer(tiers);
+                       });
 }
 
 void RemotePath::resume_from_remote(const ConnectionPtr& c, const EngineContext& engine,

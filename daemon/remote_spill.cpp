@@ -40,7 +40,7 @@ std::vector<BlockKey> RemotePath::spill_evictions(std::vector<BlockKey> keys) {
   }
   auto spill = std::make_shared<Spill>();
   std::vector<BlockKey> rest;
-  std::vector<remote::RemoteBlockId> ids;
+  std::vector<StorageTier::Slot> asked;
   for (BlockKey& key : keys) {
     const auto info = ctx_.store->lookup(key);
     // What evict() refuses (pinned, moving) it refuses either way.
@@ -61,8 +61,7 @@ std::vector<BlockKey> RemotePath::spill_evictions(std::vector<BlockKey> keys) {
       continue;
     }
     remote_->spilling_bytes += bytes;
-    ids.push_back({ctx_.engines.namespaces().name(key.layout.namespace_id),
-                   key.layout.layout_digest, key.hash});
+    asked.push_back({key, 0, bytes});
     spill->blocks.push_back(
         {std::move(key), std::move(pin), bytes, info->last_access_ms, info->session_refs});
   }
@@ -71,7 +70,7 @@ std::vector<BlockKey> RemotePath::spill_evictions(std::vector<BlockKey> keys) {
   remote_->spills.insert(spill);
   // Most blocks were written behind at the end of their turn: only the others are read.
   // Not bounded (no payload): never declined.
-  remote_->worker->exists_blocks(std::move(ids), [this, spill](std::vector<Result<bool>> found) {
+  remote_->tier->probe(std::move(asked), [this, spill](std::vector<Result<bool>> found) {
     std::vector<size_t> missing;
     std::vector<size_t> done;
     for (size_t i = 0; i < found.size(); ++i) {
@@ -117,7 +116,7 @@ void RemotePath::spill_missing(const std::shared_ptr<Spill>& spill, std::vector<
                                 guard](std::vector<StorageTier::ReadOutcome> outcomes) mutable {
     asio::post(ctx_.io, [this, spill, missing = std::move(missing), buffer = std::move(buffer),
                          outcomes = std::move(outcomes), guard = std::move(guard)] {
-      std::vector<remote::RemoteStore::BlockWrite> writes;
+      std::vector<StorageTier::WriteItem> writes;
       std::vector<size_t> writing;
       std::vector<size_t> unread;
       uint64_t offset = 0;
@@ -130,9 +129,7 @@ void RemotePath::spill_missing(const std::shared_ptr<Spill>& spill, std::vector<
           continue;
         }
         if (outcomes[j].status.is_ok()) {
-          writes.push_back({{ctx_.engines.namespaces().name(block.key.layout.namespace_id),
-                             block.key.layout.layout_digest, block.key.hash},
-                            {buffer.get() + offset, block.bytes}});
+          writes.push_back({{block.key, 0, block.bytes}, buffer.get() + offset, 0});
           writing.push_back(missing[j]);
         } else {
           // Bad bytes are not written anywhere; the eviction goes ahead.
@@ -153,7 +150,7 @@ void RemotePath::spill_missing(const std::shared_ptr<Spill>& spill, std::vector<
         }
         finish_spill(spill, writing);
       };
-      if (!remote_->worker->put_borrowed(std::move(writes), std::move(on_written))) {
+      if (!remote_->tier->try_write(std::move(writes), std::move(on_written))) {
         remote_->spill_unwritten += writing.size();  // all still pinned: nothing ran between
         finish_spill(spill, writing);
       }

@@ -62,12 +62,12 @@ void RemotePath::write_behind(const policy::Session& session, bool sweeping) {
     if (!pinned) break;
     const size_t at = batch->writes.size();
     StagingSlot slot;
-    std::span<const std::byte> bytes;  // NVMe: set once the buffer exists
+    const std::byte* bytes = nullptr;  // NVMe: set once the buffer exists
     if (memory == nullptr) {
       batch->from_nvme.push_back(at);
       nvme_reads.push_back({{block, pinned.location().offset, block_bytes}, nullptr});
     } else if (in_place) {
-      bytes = {memory->host_data() + pinned.location().offset, block_bytes};
+      bytes = memory->host_data() + pinned.location().offset;
     } else {
       auto allocated = remote_->staging_slots->allocate(block_bytes);
       if (!allocated.is_ok()) break;
@@ -76,9 +76,9 @@ void RemotePath::write_behind(const policy::Session& session, bool sweeping) {
                                        staging_copy.memory_index(remote_->staging),
                                        pinned.location().offset, slot.offset(), block_bytes});
       batch->staged.push_back(at);
-      bytes = {remote_->staging->host_data() + slot.offset(), block_bytes};
+      bytes = remote_->staging->host_data() + slot.offset();
     }
-    batch->writes.push_back({{ns, session.layout.layout_digest, block.hash}, bytes});
+    batch->writes.push_back({{block, 0, block_bytes}, bytes, 0});
     batch->pins.push_back(std::move(pinned));
     batch->slots.push_back(std::move(slot));
   }
@@ -151,7 +151,7 @@ void RemotePath::read_write_behind(const std::shared_ptr<WriteBehind>& batch,
   for (size_t j = 0; j < reads.size(); ++j) {
     std::byte* into = batch->nvme_buffer.get() + j * block_bytes;
     reads[j].destination = into;
-    batch->writes[batch->from_nvme[j]].payload = {into, block_bytes};
+    batch->writes[batch->from_nvme[j]].source = into;
   }
   // In jobs of the executor's size, so one session's backlog does not hold the NVMe
   // queue for long.
@@ -212,7 +212,7 @@ void RemotePath::write_behind_staged(const std::shared_ptr<WriteBehind>& batch) 
 void RemotePath::send_write_behind(const std::shared_ptr<WriteBehind>& batch) {
   auto writes = std::move(batch->writes);
   const bool queued =
-      remote_->worker->put_borrowed(std::move(writes), [this, batch](std::vector<Status> statuses) {
+      remote_->tier->try_write(std::move(writes), [this, batch](std::vector<Status> statuses) {
         size_t ok = 0;
         while (ok < statuses.size() && statuses[ok].is_ok()) ++ok;
         remote_->written_blocks += ok;

@@ -32,6 +32,23 @@ void StorageTier::read(std::vector<ReadItem> items,
                                 ReadOutcome{declined("read into host memory", id()), false}));
 }
 
+bool StorageTier::try_write(std::vector<WriteItem> items,
+                            std::function<void(std::vector<Status>)> done) {
+  write(std::move(items), std::move(done));
+  return true;
+}
+
+bool StorageTier::try_read(std::vector<ReadItem> items,
+                           std::function<void(std::vector<ReadOutcome>)> done) {
+  read(std::move(items), std::move(done));
+  return true;
+}
+
+void StorageTier::probe(std::vector<Slot> slots,
+                        std::function<void(std::vector<Result<bool>>)> done) {
+  done(std::vector<Result<bool>>(slots.size(), declined("probed for blocks", id())));
+}
+
 void StorageTier::release(std::vector<Slot> /*slots*/, std::function<void(Status)> done) {
   done(Status::ok());
 }

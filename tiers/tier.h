@@ -5,9 +5,12 @@
 // whether the bytes are good, a capacity, and optional operations that default to
 // NotSupported.
 //
-// Slots are not the tier's: BlockStore allocates them in every tier, and the executor
-// names the slot each write or read uses. What a tier decides is how bytes get in and
-// out, and when a slot it gave up may be handed out again (release_is_durable).
+// Slots are not the tier's in the local tiers: BlockStore allocates them in HBM, RAM and
+// NVMe, and the executor names the slot each write or read uses. What a tier decides is
+// how bytes get in and out, and when a slot it gave up may be handed out again
+// (release_is_durable). A key-addressed tier (the remote tier, tiers/remote_tier.h)
+// has no slots: it stores each block under its key, Slot::offset means nothing there,
+// and the block store does not index it.
 //
 // Thread-safety: methods are called on the control thread; `done` callbacks may run
 // on any thread (a worker) and must only hand the result back.
@@ -60,14 +63,29 @@ class StorageTier {
   // nullptr (GPU memory, files).
   std::byte* host_address(uint64_t offset) const;
 
+  // Addressed by key rather than by a slot the block store allocated.
+  virtual bool key_addressed() const { return false; }
+
   // Writes blocks from host memory into their slots; `done` gets one status per item.
-  // An OK item is readable (in a persistent tier: it survives a crash). Default: every
-  // item NotSupported (memory tiers are written by Device copies).
+  // An OK item is readable (in a persistent tier: it survives a crash). The sources
+  // must stay valid and unchanged until `done`. Default: every item NotSupported
+  // (memory tiers are written by Device copies).
   virtual void write(std::vector<WriteItem> items, std::function<void(std::vector<Status>)> done);
   // Reads blocks into host memory; a block whose bytes do not verify is DataLoss with
-  // `corrupt` set, and its destination must not be used. Default: NotSupported.
+  // `corrupt` set, and its destination must not be used; one that is not there is
+  // NotFound. Default: NotSupported.
   virtual void read(std::vector<ReadItem> items,
                     std::function<void(std::vector<ReadOutcome>)> done);
+  // The same, for a tier that may decline (a bound on the bytes in flight): false when
+  // it did, and then nothing was queued and `done` never runs. Default: write()/read(),
+  // never declined.
+  virtual bool try_write(std::vector<WriteItem> items,
+                         std::function<void(std::vector<Status>)> done);
+  virtual bool try_read(std::vector<ReadItem> items,
+                        std::function<void(std::vector<ReadOutcome>)> done);
+  // Whether each block is stored (true), is not (false), or why that is not known.
+  // Never declined. Default: every item NotSupported.
+  virtual void probe(std::vector<Slot> slots, std::function<void(std::vector<Result<bool>>)> done);
 
   // Whether a slot this tier gave up may be reused only after release() (a persistent
   // index may still name it until then). False: reusable at once.
