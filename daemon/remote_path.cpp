@@ -1,7 +1,6 @@
 // The remote tier in the daemon: opening the worker, and what kvtierctl status and the
 // metrics say of it (remote_path.h). Writing behind the turn is in
-// remote_write_behind.cpp, NVMe evictions on their way to the cluster in
-// remote_spill.cpp, and reading (Lookup, Load, BeginTurn) in remote_read_path.cpp.
+// remote_write_behind.cpp, and reading (Lookup, Load, BeginTurn) in remote_read_path.cpp.
 #include "daemon/remote_path.h"
 
 #include <boost/asio/post.hpp>
@@ -13,10 +12,6 @@
 #include "daemon/setting_kinds.h"
 
 namespace kvtier::daemon {
-
-std::shared_ptr<std::byte> allocate_nvme_buffer(uint64_t bytes) {
-  return {static_cast<std::byte*>(std::aligned_alloc(kNvmeBufferAlignment, bytes)), std::free};
-}
 
 RemotePath::RemotePath(DaemonContext& ctx) : Part(ctx) {}
 
@@ -72,6 +67,8 @@ Status RemotePath::open_remote() {
                                      key.layout.layout_digest, key.hash};
       },
       ctx_.config.remote_bytes);
+  // NVMe evictions go to the cluster first, at most remote-max-in-flight at once.
+  ctx_.mover->attach_spill_tier(*remote_->tier, ctx_.config.remote_max_in_flight_bytes);
   KVTIER_LOG_INFO("remote tier: Redis Cluster at {} (connecting in the background)",
                   ctx_.config.remote_nodes);
   return Status::ok();
@@ -95,8 +92,8 @@ void RemotePath::fill_remote_stats(wire::RemoteStats::Builder out) const {
   out.setErrors(s.store.errors);
   out.setResumedSessions(remote_->resumed_sessions);
   out.setDeferredBlocks(remote_->deferred_blocks);
-  out.setSpilledBlocks(remote_->spilled_blocks);
-  out.setSpillUnwritten(remote_->spill_unwritten);
+  out.setSpilledBlocks(ctx_.mover->counters().spilled_blocks);
+  out.setSpillUnwritten(ctx_.mover->counters().spill_unwritten_blocks);
 }
 
 void RemotePath::render_remote_metrics(PrometheusText& out) const {
@@ -154,14 +151,14 @@ void RemotePath::render_remote_metrics(PrometheusText& out) const {
           remote_->resumed_sessions);
   counter("kvtier_remote_spilled_blocks_total",
           "Blocks evicted from NVMe that were written to the cluster on their way out.",
-          remote_->spilled_blocks);
+          ctx_.mover->counters().spilled_blocks);
   counter("kvtier_remote_spill_present_blocks_total",
           "Blocks evicted from NVMe that the cluster held already (nothing written).",
-          remote_->spill_present);
+          ctx_.mover->counters().spill_present_blocks);
   counter("kvtier_remote_spill_unwritten_blocks_total",
           "Blocks evicted from NVMe without being written to the cluster (the spill bound was "
           "full, the cluster unreachable, or a read or write failed).",
-          remote_->spill_unwritten);
+          ctx_.mover->counters().spill_unwritten_blocks);
   counter("kvtier_remote_declined_writes_total", "Write-behinds the in-flight bound declined.",
           remote_->declined_writes);
 }

@@ -14,8 +14,9 @@
 // session this node does not know fetches its record, creates the session from the
 // blocks it has, and prefetches the others. Every wait is bounded by remote-timeout.
 //
-// Spilling: blocks the executor evicts out of NVMe that the cluster lacks are read from
-// NVMe and written there first, so a block leaving this node stays in the fleet.
+// Spilling: the tier is the executor's spill tier (tiers/move_executor.h): blocks it
+// evicts out of NVMe that the cluster lacks are read from NVMe and written there first,
+// so a block leaving this node stays in the fleet.
 //
 // Without remote-nodes every method is a no-op and enabled() is false.
 //
@@ -42,17 +43,6 @@
 #include "tiers/slab_allocator.h"
 
 namespace kvtier::daemon {
-
-// Blocks read out of NVMe for the remote tier (write-behind, spills) go into
-// O_DIRECT-friendly buffers, in reads of the executor's job size.
-constexpr uint64_t kNvmeBufferAlignment = 4096;
-constexpr size_t kNvmeBlocksPerRead = 32;
-// The size of such a buffer for `bytes` of blocks (rounded up to the alignment).
-constexpr uint64_t nvme_buffer_bytes(uint64_t bytes) {
-  return (bytes + kNvmeBufferAlignment - 1) / kNvmeBufferAlignment * kNvmeBufferAlignment;
-}
-// A buffer of `bytes` (a nvme_buffer_bytes() size); null when memory is short.
-std::shared_ptr<std::byte> allocate_nvme_buffer(uint64_t bytes);
 
 // A slot of the write-behind staging memory, given back to its allocator when the handle
 // goes (nothing is given back once the allocator is gone: a completion dropped unrun at
@@ -160,26 +150,12 @@ class RemotePath final : public Part {
   void resume_from_remote(const ConnectionPtr& c, const EngineContext& engine, uint64_t id,
                           const std::string& session_id);
 
-  // remote_spill.cpp
-  // Planned evictions out of NVMe (the executor's take_evictions): the blocks the
-  // cluster lacks are read from NVMe and written there before they are evicted. Returns
-  // the keys not taken (evicted at once: no remote tier, not connected, the spill bound
-  // full). Taken blocks are pinned until written, and their bytes count as leaving in
-  // the planner's view.
-  std::vector<BlockKey> spill_evictions(std::vector<BlockKey> keys);
-  // At stop: every spill under way is finished now, its blocks unpinned and evicted.
-  void abandon_spills();
-  // Bytes of `tier` on their way out (spilled to the remote tier); the planner's view
-  // counts them as free.
-  uint64_t leaving_bytes(Tier tier) const;
-
   // remote_path.cpp: what Stats and /metrics say of it.
   void render_remote_metrics(PrometheusText& out) const;
   void fill_remote_stats(wire::RemoteStats::Builder out) const;
 
  private:
   struct RemoteFetch;  // remote_read_path.cpp
-  struct Spill;        // remote_spill.cpp
 
   // One write-behind: a session's blocks from `from` on. Blocks in host memory are read in
   // place, under their pins; blocks in GPU memory from the staging slots the Device copies
@@ -247,16 +223,6 @@ class RemotePath final : public Part {
     uint64_t fetch_misses = 0;      // asked for and not there (or not verified, or unreachable)
     uint64_t lookup_hits = 0;       // blocks a Lookup found only in the remote tier
     uint64_t resumed_sessions = 0;  // sessions a BeginTurn created from a remote record
-    // NVMe evictions (spill_evictions): bytes pinned on their way to the cluster (at
-    // most remote-max-in-flight), blocks written there on their way out, blocks found
-    // there already, and blocks evicted unwritten (bound full, not connected, a read or
-    // write that failed).
-    uint64_t spilling_bytes = 0;
-    // The spills under way (each until its last block is finished): a stop gives them up.
-    std::unordered_set<std::shared_ptr<Spill>> spills;
-    uint64_t spilled_blocks = 0;
-    uint64_t spill_present = 0;
-    uint64_t spill_unwritten = 0;
   };
   // A stage of the batch ended (the staging copy, the NVMe read); after the last one
   // the blocks it could read are sent.
@@ -282,10 +248,6 @@ class RemotePath final : public Part {
   // A RAM (or host HBM) slot for a block read from the remote tier, making room the way
   // a Save does. nullopt when the block is present already.
   Result<std::optional<PendingWrite>> reserve_staging(const BlockKey& key, uint64_t block_bytes);
-  void spill_missing(const std::shared_ptr<Spill>& spill, std::vector<size_t> missing);
-  // The spill's blocks at `indices` are done with: unpinned, and evicted when they are
-  // still where they were.
-  void finish_spill(const std::shared_ptr<Spill>& spill, const std::vector<size_t>& indices);
 
   std::unique_ptr<RemoteState> remote_;  // null without remote-nodes
 };

@@ -53,7 +53,7 @@ void RemotePath::write_behind(const policy::Session& session, bool sweeping) {
       // buffer; all batches' buffers together stay within the in-flight bound.
       if (info->location.tier != Tier::kNvme || nvme == nullptr) break;
       const uint64_t buffer = (nvme_reads.size() + 1) * block_bytes;
-      if (*remote_->buffered_bytes + nvme_buffer_bytes(buffer) > bound) break;
+      if (*remote_->buffered_bytes + io_buffer_bytes(buffer) > bound) break;
     } else if (!in_place) {
       // GPU memory: copied into a staging slot first (none free: the sweep comes back).
       if (!remote_->staging_slots) break;
@@ -141,8 +141,8 @@ void RemotePath::write_behind(const policy::Session& session, bool sweeping) {
 void RemotePath::read_write_behind(const std::shared_ptr<WriteBehind>& batch,
                                    std::vector<StorageTier::ReadItem> reads) {
   const uint64_t block_bytes = batch->block_bytes;
-  const uint64_t rounded = nvme_buffer_bytes(reads.size() * block_bytes);
-  batch->nvme_buffer = allocate_nvme_buffer(rounded);
+  const uint64_t rounded = io_buffer_bytes(reads.size() * block_bytes);
+  batch->nvme_buffer = allocate_io_buffer(rounded);
   if (batch->nvme_buffer == nullptr) {
     batch->readable = std::min(batch->readable, batch->from_nvme.front());
     return;
@@ -156,8 +156,8 @@ void RemotePath::read_write_behind(const std::shared_ptr<WriteBehind>& batch,
   // In jobs of the executor's size, so one session's backlog does not hold the NVMe
   // queue for long.
   StorageTier* nvme = ctx_.mover->tier(Tier::kNvme);
-  for (size_t begin = 0; begin < reads.size(); begin += kNvmeBlocksPerRead) {
-    const size_t end = std::min(reads.size(), begin + kNvmeBlocksPerRead);
+  for (size_t begin = 0; begin < reads.size(); begin += kBlocksPerBufferedRead) {
+    const size_t end = std::min(reads.size(), begin + kBlocksPerBufferedRead);
     std::vector<StorageTier::ReadItem> job(reads.begin() + begin, reads.begin() + end);
     ++batch->waiting;
     auto guard = asio::make_work_guard(ctx_.io);

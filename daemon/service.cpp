@@ -149,8 +149,8 @@ Status Service::start() {
   }
   KVTIER_RETURN_IF_ERROR(journal_->open_nvme(tiers));
   ctx_.store = std::make_unique<BlockStore>(std::move(tiers));
-  ctx_.view =
-      make_placement_view(*ctx_.store, [this](Tier tier) { return remote_->leaving_bytes(tier); });
+  ctx_.view = make_placement_view(
+      *ctx_.store, [this](Tier tier) { return ctx_.mover ? ctx_.mover->leaving_bytes(tier) : 0; });
   make_mover();
   KVTIER_RETURN_IF_ERROR(journal_->recover_nvme());
   KVTIER_RETURN_IF_ERROR(remote_->open_remote());
@@ -328,9 +328,9 @@ void Service::stop(std::function<void()> stopped) {
   }
   ctx_.stopping = true;
   placement_->stop();
-  remote_->abandon_spills();      // NVMe room they held is the drain's
-  saves_->resume_parked_saves();  // answers them: nothing new starts now
-  startup_->cancel_fill();        // a stop while the tier memory is filling: nothing was served yet
+  if (ctx_.mover) ctx_.mover->stop_spills();  // NVMe room they held is the drain's
+  saves_->resume_parked_saves();              // answers them: nothing new starts now
+  startup_->cancel_fill();  // a stop while the tier memory is filling: nothing was served yet
   if (journal_->drained()) {
     if (stopped) stopped();
     return;
@@ -387,9 +387,6 @@ void Service::make_mover() {
     return placement_->room_for_read(tier, bytes);
   };
   hooks.not_moved = [this](const BlockKey& key) { ctx_.planner.revisit(ctx_.sessions, key); };
-  hooks.take_evictions = [this](std::vector<BlockKey> keys) {
-    return remote_->spill_evictions(std::move(keys));
-  };
   hooks.removed = [this](const std::vector<BlockKey>& keys, bool lost) {
     placement_->on_blocks_removed(keys, lost);
   };

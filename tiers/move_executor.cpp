@@ -131,8 +131,8 @@ void MoveExecutor::apply(const std::vector<policy::Move>& moves, int hbm_part) {
                               pending->location().offset, bytes});
     started->push_back({std::move(*pending), move.kind, bytes, to, onward});
   }
-  if (!evictions.empty() && hooks_.take_evictions) {
-    // Blocks leaving the node's last local tier: the daemon may write them out first.
+  if (!evictions.empty() && spill_tier_ != nullptr) {
+    // Blocks leaving the node's last local tier: written to the spill tier first.
     std::vector<BlockKey> leaving;
     std::erase_if(evictions, [&](const BlockKey& key) {
       const auto info = store_.lookup(key);
@@ -141,7 +141,7 @@ void MoveExecutor::apply(const std::vector<policy::Move>& moves, int hbm_part) {
       return true;
     });
     if (!leaving.empty()) {
-      std::vector<BlockKey> rest = hooks_.take_evictions(std::move(leaving));
+      std::vector<BlockKey> rest = spill(std::move(leaving));
       evictions.insert(evictions.end(), rest.begin(), rest.end());
     }
   }

@@ -21,8 +21,15 @@
 //     at the end of every apply() and evict() and after its own writes and reads, and
 //     frees them when that is done (a failed release is retried). Nobody else does.
 // Evictions remove the block from BlockStore (step 4 for its slot) and are reported
-// back to the daemon, which cuts the sessions that held it. Planned evictions out of a
-// tier that is not memory go by way of Hooks::take_evictions (the remote tier).
+// back to the daemon, which cuts the sessions that held it.
+//
+// Spills: with a key-addressed tier below the local ones (the remote tier,
+// attach_spill_tier), a planned eviction out of a tier that is not memory (NVMe: the
+// block is leaving the node) is a move into it. The blocks the tier lacks (probe) are
+// pinned, read out of NVMe into a buffer and written there; then each is evicted, unless
+// it was read up or used meanwhile (the planner decides about it again). Their bytes
+// count as leaving (leaving_bytes) until then. Blocks the tier holds already are evicted
+// without a write; with the tier unreachable, its bound full, or spills stopped, at once.
 //
 // Copies in a durable tier (NVMe is inclusive below RAM; block_store.h):
 //  - A block read up out of NVMe keeps its NVMe slot as a copy (step 4 does not give
@@ -79,11 +86,6 @@ class MoveExecutor {
     // Blocks that left the store: evicted (lost = false) or dropped because their bytes
     // were bad (lost = true). The daemon cuts the sessions that held them.
     std::function<void(const std::vector<BlockKey>&, bool lost)> removed;
-    // Evictions planned out of a tier that is not memory (NVMe: blocks leaving the
-    // node) are offered here first. The daemon takes those it writes to the remote tier
-    // before it evicts them itself (evict()), and returns the others, evicted at once.
-    // Optional.
-    std::function<std::vector<BlockKey>(std::vector<BlockKey>)> take_evictions;
     // Before blocks are written into a persistent tier (the daemon writes the session
     // records first, so an index entry never comes without the record naming it).
     std::function<void()> before_persistent_write;
@@ -104,6 +106,11 @@ class MoveExecutor {
     uint64_t blocks_lost = 0;   // dropped: their bytes were bad
     uint64_t write_errors = 0;  // blocks whose write into a tier failed
     uint64_t read_errors = 0;   // blocks whose read failed for a reason that may pass
+    // Spills: blocks written to the spill tier on their way out, blocks it held already,
+    // and blocks evicted unwritten (bound full, unreachable, a read or write failed).
+    uint64_t spilled_blocks = 0;
+    uint64_t spill_present_blocks = 0;
+    uint64_t spill_unwritten_blocks = 0;
   };
 
   // `tiers`: the configured tiers (at most one per Tier). The store and the tiers must
@@ -115,6 +122,16 @@ class MoveExecutor {
   void apply(const std::vector<policy::Move>& moves, int hbm_part = SlabAllocator::kAnyPart);
   // Removes ready, unpinned blocks (counted as evictions, or as lost); reports them.
   void evict(const std::vector<BlockKey>& keys, bool lost = false);
+
+  // The key-addressed tier evictions out of NVMe spill into (see the top of this file),
+  // with at most `max_spilling_bytes` on their way at once. `tier` must outlive the
+  // executor. Optional; once.
+  void attach_spill_tier(StorageTier& tier, uint64_t max_spilling_bytes);
+  // A stop: the spills under way end now (their blocks evicted, written there or not)
+  // and evictions from now on are not spilled.
+  void stop_spills();
+  // Bytes of `tier` on their way out (spilling); the planner's view counts them as free.
+  uint64_t leaving_bytes(Tier tier) const;
 
   // Whether `key` is being read into memory from a tier that is not memory.
   bool reading(const BlockKey& key) const { return reads_.contains(key); }
@@ -149,6 +166,13 @@ class MoveExecutor {
   StorageTier* tier(Tier id) const;
 
  private:
+  struct Spill;  // move_executor_spill.cpp
+  // Spills what of `keys` it can; returns the keys to evict at once.
+  std::vector<BlockKey> spill(std::vector<BlockKey> keys);
+  void spill_missing(const std::shared_ptr<Spill>& spill, std::vector<size_t> missing);
+  // The spill's blocks at `indices` are done with: unpinned, and evicted when they are
+  // still where they were and unused since.
+  void finish_spill(const std::shared_ptr<Spill>& spill, const std::vector<size_t>& indices);
   // Hands the slots the store gave up in durable-release tiers to those tiers.
   void release_slots();
   // Moves `key` onto its copy when its copy is in `to`: true when it did (or tried and
@@ -185,6 +209,12 @@ class MoveExecutor {
   uint64_t write_backoff_ms_ = 0;
   bool draining_ = false;
   std::unordered_set<BlockKey, BlockKeyHasher> drain_failed_;
+  // Spills (attach_spill_tier).
+  StorageTier* spill_tier_ = nullptr;
+  uint64_t max_spilling_bytes_ = 0;
+  uint64_t spilling_bytes_ = 0;  // pinned in NVMe on their way out
+  bool spills_stopped_ = false;
+  std::unordered_set<std::shared_ptr<Spill>> spills_;  // each until its last block is done
 };
 
 }  // namespace kvtier

@@ -32,6 +32,7 @@ class RemoteStorageTier final : public StorageTier {
   Tier id() const override { return Tier::kRemote; }
   uint64_t capacity_bytes() const override { return capacity_bytes_; }
   bool key_addressed() const override { return true; }
+  bool reachable() const override { return worker_.connected(); }
   void write(std::vector<WriteItem> items, std::function<void(std::vector<Status>)> done) override;
   void read(std::vector<ReadItem> items,
             std::function<void(std::vector<ReadOutcome>)> done) override;

@@ -1,5 +1,7 @@
 #include "tiers/tier.h"
 
+#include <cstdlib>
+
 namespace kvtier {
 namespace {
 
@@ -9,6 +11,10 @@ Status declined(std::string_view what, Tier tier) {
 }
 
 }  // namespace
+
+std::shared_ptr<std::byte> allocate_io_buffer(uint64_t bytes) {
+  return {static_cast<std::byte*>(std::aligned_alloc(kIoBufferAlignment, bytes)), std::free};
+}
 
 const std::shared_ptr<Memory>& StorageTier::memory() const {
   static const std::shared_ptr<Memory> kNone;

@@ -28,6 +28,18 @@
 
 namespace kvtier {
 
+// Blocks read out of a tier that is not memory into host buffers of their own (to be
+// written to another tier) go into O_DIRECT-friendly buffers, in reads of at most
+// kBlocksPerBufferedRead blocks.
+constexpr uint64_t kIoBufferAlignment = 4096;
+constexpr size_t kBlocksPerBufferedRead = 32;
+// The size of such a buffer for `bytes` of blocks (rounded up to the alignment).
+constexpr uint64_t io_buffer_bytes(uint64_t bytes) {
+  return (bytes + kIoBufferAlignment - 1) / kIoBufferAlignment * kIoBufferAlignment;
+}
+// A buffer of `bytes` (an io_buffer_bytes() size); null when memory is short.
+std::shared_ptr<std::byte> allocate_io_buffer(uint64_t bytes);
+
 class StorageTier {
  public:
   struct Slot {
@@ -65,6 +77,9 @@ class StorageTier {
 
   // Addressed by key rather than by a slot the block store allocated.
   virtual bool key_addressed() const { return false; }
+  // Whether the tier can be reached now (a remote tier's connection); work for one
+  // that cannot is not started.
+  virtual bool reachable() const { return true; }
 
   // Writes blocks from host memory into their slots; `done` gets one status per item.
   // An OK item is readable (in a persistent tier: it survives a crash). The sources
