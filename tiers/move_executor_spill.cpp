@@ -33,7 +33,13 @@ uint64_t MoveExecutor::leaving_bytes(Tier tier) const {
 
 std::vector<BlockKey> MoveExecutor::spill(std::vector<BlockKey> keys) {
   if (spills_stopped_ || !spill_tier_->reachable()) {
-    counters_.spill_unwritten_blocks += keys.size();
+    // Counted as evicted unwritten: those evict() will take (ready, unpinned).
+    for (const BlockKey& key : keys) {
+      const auto info = store_.lookup(key);
+      if (info && info->state == BlockState::kReady && info->pins == 0) {
+        ++counters_.spill_unwritten_blocks;
+      }
+    }
     return keys;
   }
   auto spill = std::make_shared<Spill>();

@@ -433,5 +433,19 @@ TEST_F(MoveExecutorSpillTest, PastTheInFlightBoundBlocksAreEvictedAtOnce) {
   expect_nothing_left_behind();
 }
 
+// A block a reader holds is not evicted, so it is not counted as evicted unwritten either,
+// whether or not the spill tier can be reached.
+TEST_F(MoveExecutorSpillTest, APinnedBlockIsNeitherEvictedNorCountedWhenTheTierIsUnreachable) {
+  const BlockKey block = on_nvme(1);
+  executor_.attach_spill_tier(spill_, 8 * kBlockBytes);
+  spill_.reachable_now = false;
+  PinnedBlock reader = store_.pin(block, 150);
+  plan_evictions({block});
+  run_until_settled();
+  EXPECT_TRUE(in_store(block));
+  EXPECT_EQ(counters().blocks_evicted, 0u);
+  EXPECT_EQ(counters().spill_unwritten_blocks, 0u);
+}
+
 }  // namespace
 }  // namespace kvtier
