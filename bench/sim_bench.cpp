@@ -10,10 +10,10 @@
 #include <map>
 #include <thread>
 
-#include "bench/sim_runner.h"
-#include "bench/sim_trace.h"
-#include "bench/sim_workloads.h"
 #include "common/units.h"
+#include "sim/sim_runner.h"
+#include "sim/sim_trace.h"
+#include "sim/sim_workloads.h"
 
 namespace kvtier::bench {
 namespace {

@@ -251,7 +251,7 @@ void CopyLane::finish(Job& job, const Status& status) {
       std::lock_guard lock(state.mu);
       error = state.error;
     }
-    state.batch = CopyBatch();  // let go of the memories before `done` (device.h)
+    state.batch = CopyBatch();  // let go of the memories before `done` (device/device.h)
     job.batch.reset();
     done(error);
     owner_.batch_finished();

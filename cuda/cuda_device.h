@@ -36,7 +36,7 @@
 #include <string>
 #include <vector>
 
-#include "cuda/device.h"
+#include "device/device.h"
 
 namespace kvtier {
 

@@ -16,8 +16,8 @@
 #include <vector>
 
 #include "common/status.h"
-#include "cuda/device.h"
 #include "cuda/driver_api.h"
+#include "device/device.h"
 
 namespace kvtier::cuda {
 

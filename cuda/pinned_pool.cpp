@@ -1,5 +1,5 @@
 // The CUDA backend's RAM pool: host memory near the GPUs, faulted in up front on several
-// threads (page_fill.h), then pinned.
+// threads (device/page_fill.h), then pinned.
 #include <linux/mempolicy.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
@@ -16,7 +16,7 @@
 #include "common/log.h"
 #include "common/units.h"
 #include "cuda/cuda_memory.h"
-#include "cuda/page_fill.h"
+#include "device/page_fill.h"
 
 namespace kvtier::cuda {
 namespace {

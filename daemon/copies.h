@@ -1,4 +1,4 @@
-// Copies: the one way a batch of block copies reaches the Device (cuda/device.h), for
+// Copies: the one way a batch of block copies reaches the Device (device/device.h), for
 // Saves, Loads and the executor's moves alike.
 //
 // A copy's completion runs on the control thread, after which the daemon looks again at

@@ -29,9 +29,9 @@
 #include <memory>
 #include <vector>
 
-#include "cuda/device.h"
 #include "daemon/config.h"
 #include "daemon/engines.h"
+#include "device/device.h"
 #include "ipc/server.h"
 #include "policy/clock.h"
 #include "policy/planner.h"

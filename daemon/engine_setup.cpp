@@ -168,7 +168,7 @@ Status EngineSetup::handle_register_region(const ConnectionPtr& c, EngineContext
   }
   KVTIER_RETURN_IF_ERROR(engine.layout.check_region(region_id, handle->size_bytes));
   ++engine.regions_opening;
-  // Device methods may be called from any thread (device.h); the CUDA backend makes the
+  // Device methods may be called from any thread (device/device.h); the CUDA backend makes the
   // region's GPU context current on the worker before it opens or closes anything.
   // Shared: the worker's jobs are std::function, which must be copyable.
   auto opening = std::make_shared<RegionHandle>(std::move(*handle));

@@ -13,7 +13,7 @@
 // A mapping closes when the region's last shared_ptr goes. The connection's
 // EngineContext holds one, and every CopyBatch that touches the region holds one until
 // the device is done with it; devices drop those before they call `done`
-// (cuda/device.h). So an Unregister takes the region out of its connection at once (no
+// (device/device.h). So an Unregister takes the region out of its connection at once (no
 // later request can name it) and, while copies still hold it, parks the daemon's own
 // reference; every copy completion on the control thread looks again, and the reply
 // goes out when the parked reference is the last one, right after it was dropped on

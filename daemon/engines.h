@@ -21,9 +21,9 @@
 
 #include "common/block_key.h"
 #include "common/unique_fd.h"
-#include "cuda/device.h"
 #include "daemon/config.h"
 #include "daemon/layout.h"
+#include "device/device.h"
 #include "ipc/server.h"
 #include "tiers/slab_allocator.h"
 

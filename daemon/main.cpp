@@ -19,7 +19,6 @@
 
 #include "common/log.h"
 #include "common/units.h"
-#include "cuda/device.h"
 #ifdef KVTIER_HAVE_CUDA
 #include "cuda/cuda_device.h"
 #endif
@@ -27,6 +26,7 @@
 #include "daemon/metrics_server.h"
 #include "daemon/service.h"
 #include "daemon/systemd.h"
+#include "device/device.h"
 #include "ipc/server.h"
 
 namespace {

@@ -12,9 +12,9 @@
 #include "common/block_key.h"
 #include "common/status.h"
 #include "common/unique_fd.h"
-#include "cuda/device.h"
 #include "daemon/engines.h"
 #include "daemon/layout.h"
+#include "device/device.h"
 #include "schema/kvtier.capnp.h"
 
 namespace kvtier::daemon {

@@ -83,7 +83,7 @@ class Service final : public ipc::RequestHandler {
                            std::vector<UniqueFd>& fds);
   Status dispatch(const ConnectionPtr& connection, EngineContext& engine,
                   wire::Request::Reader request, std::vector<UniqueFd> fds);
-  // The device hit an error that leaves it unusable (device.h): log, write the session
+  // The device hit an error that leaves it unusable (device/device.h): log, write the session
   // table, and stop with kExitDeviceLost. RAM and HBM are not drained: after a lost
   // context their bytes cannot be trusted.
   void on_device_lost(const Status& status);

@@ -12,8 +12,8 @@
 
 #include "common/log.h"
 #include "common/units.h"
-#include "cuda/page_fill.h"
 #include "daemon/session_journal.h"
+#include "device/page_fill.h"
 
 namespace kvtier::daemon {
 namespace {

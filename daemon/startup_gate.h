@@ -1,6 +1,6 @@
 // StartupGate: kvtierd listens before its tier memory is filled, so requests can
 // arrive while the pages of the HBM arena and the RAM pool are still being faulted in
-// (cuda/page_fill.h) on background threads. This part runs the fill and holds back the
+// (device/page_fill.h) on background threads. This part runs the fill and holds back the
 // requests that must wait.
 //
 // What a request sees meanwhile (docs/protocol.md, docs/operations.md):

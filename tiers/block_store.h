@@ -65,7 +65,7 @@
 
 #include "common/block_key.h"
 #include "common/status.h"
-#include "cuda/device.h"
+#include "device/device.h"
 #include "tiers/block_table.h"
 #include "tiers/slab_allocator.h"
 

@@ -63,7 +63,7 @@
 #include "common/block_key.h"
 #include "common/log.h"
 #include "common/status.h"
-#include "cuda/device.h"
+#include "device/device.h"
 #include "policy/planner.h"
 #include "tiers/block_store.h"
 #include "tiers/tier.h"

@@ -24,7 +24,7 @@
 
 #include "common/block_key.h"
 #include "common/status.h"
-#include "cuda/device.h"
+#include "device/device.h"
 
 namespace kvtier {
 

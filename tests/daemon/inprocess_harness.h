@@ -30,9 +30,9 @@
 #include <sys/types.h>
 
 #include "client/client.h"
-#include "cuda/device.h"
 #include "daemon/config.h"
 #include "daemon/service.h"
+#include "device/device.h"
 #include "ipc/server.h"
 #include "policy/clock.h"
 
@@ -74,13 +74,14 @@ class InProcessDaemon {
   // The Prometheus text /metrics would serve now.
   std::string metrics_text();
   uint64_t now_ms();
-  // FaultInjectingDevice's switches (cuda/device.h), set on the control thread: the
+  // FaultInjectingDevice's switches (device/device.h), set on the control thread: the
   // Nth device submit from now fails with `error`; every open_region fails with `error`
   // until an OK status clears it.
   void fail_nth_submit(int nth, Status error);
   void fail_open_region(Status error);
-  // FaultInjectingDevice::hold_submits (cuda/device.h): while held, copies the daemon submits wait
-  // (they count as in flight) until release_copies(), which submits them in order.
+  // FaultInjectingDevice::hold_submits (device/device.h): while held, copies the daemon
+  // submits wait (they count as in flight) until release_copies(), which submits them in
+  // order.
   // The destructor releases them too.
   void hold_copies();
   void release_copies();

@@ -23,7 +23,7 @@
 #include <thread>
 #include <vector>
 
-#include "client/gpu_paged_cache.h"
+#include "examples/engine/gpu_paged_cache.h"
 #include "tests/integration/gpu_harness.h"
 #include "tests/integration/nvme_harness.h"
 

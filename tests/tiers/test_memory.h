@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "common/block_key.h"
-#include "cuda/device.h"
+#include "device/device.h"
 
 namespace kvtier::tiers_test {
 

@@ -1,4 +1,4 @@
-#include "bench/sim_runner.h"
+#include "sim/sim_runner.h"
 
 #include <algorithm>
 #include <chrono>
@@ -10,10 +10,10 @@
 #include <unordered_map>
 
 #include "bench/report.h"
-#include "bench/sim_optimum.h"
-#include "bench/sim_store.h"
 #include "policy/clock.h"
 #include "policy/session_table.h"
+#include "sim/sim_optimum.h"
+#include "sim/sim_store.h"
 
 namespace kvtier::bench {
 namespace {

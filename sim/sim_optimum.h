@@ -28,8 +28,8 @@
 #include <utility>
 #include <vector>
 
-#include "bench/sim_store.h"
-#include "bench/sim_trace.h"
+#include "sim/sim_store.h"
+#include "sim/sim_trace.h"
 
 namespace kvtier::bench {
 

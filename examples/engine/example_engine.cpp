@@ -23,10 +23,10 @@
 
 #include "client/client.h"
 #include "client/paged_cache.h"
-#ifdef KVTIER_HAVE_CUDA
-#include "client/gpu_paged_cache.h"
-#endif
 #include "common/units.h"
+#ifdef KVTIER_HAVE_CUDA
+#include "examples/engine/gpu_paged_cache.h"
+#endif
 
 namespace {
 

@@ -18,7 +18,7 @@
 
 #include "common/status.h"
 #include "common/unique_fd.h"
-#include "cuda/device.h"
+#include "device/device.h"
 
 namespace kvtier::testing {
 

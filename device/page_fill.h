@@ -3,7 +3,8 @@
 // ever pays for a page fault and an allocation the machine cannot back fails at once
 // with ENOMEM instead of meeting the OOM killer in the middle of a copy.
 //
-// Used by both backends (HostDevice, the CUDA pinned pool); internal to cuda/.
+// Used by both backends (HostDevice, the CUDA pinned pool) and by the daemon's start-up
+// (daemon/startup_gate.h).
 //
 // Thread-safety: free functions; fill_pages runs its own threads and returns after
 // they are joined.

@@ -24,8 +24,8 @@
 #include <string>
 #include <vector>
 
-#include "bench/sim_trace.h"
 #include "common/status.h"
+#include "sim/sim_trace.h"
 
 namespace kvtier::bench {
 

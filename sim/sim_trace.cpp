@@ -1,4 +1,4 @@
-#include "bench/sim_trace.h"
+#include "sim/sim_trace.h"
 
 #include <algorithm>
 #include <cstdlib>

@@ -11,10 +11,10 @@
 #include <string>
 #include <vector>
 
-#include "bench/sim_runner.h"
-#include "bench/sim_store.h"
-#include "bench/sim_trace.h"
-#include "bench/sim_workloads.h"
+#include "sim/sim_runner.h"
+#include "sim/sim_store.h"
+#include "sim/sim_trace.h"
+#include "sim/sim_workloads.h"
 
 namespace kvtier::bench {
 namespace {

@@ -6,8 +6,8 @@
 
 #include <gtest/gtest.h>
 
-#include "cuda/device.h"
-#include "tests/cuda/device_test_util.h"
+#include "device/device.h"
+#include "tests/device/device_test_util.h"
 
 namespace kvtier {
 namespace {
@@ -75,7 +75,7 @@ TEST_F(FaultInjection, DisarmingCancelsAnArmedFailure) {
   EXPECT_TRUE(slice_copied(0));
 }
 
-// As every Device: the batch's memories are let go before `done` runs (device.h), so
+// As every Device: the batch's memories are let go before `done` runs (device/device.h), so
 // the daemon's reference is the last one when it handles the completion.
 TEST_F(FaultInjection, FailedBatchLetsGoOfItsMemoriesBeforeDone) {
   device_.fail_nth_submit(1, unavailable("injected"));

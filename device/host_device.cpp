@@ -1,4 +1,4 @@
-#include "cuda/host_device.h"
+#include "device/host_device.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -14,7 +14,7 @@
 #include <utility>
 
 #include "common/units.h"
-#include "cuda/page_fill.h"
+#include "device/page_fill.h"
 
 namespace kvtier {
 namespace {

@@ -1,4 +1,4 @@
-#include "cuda/page_fill.h"
+#include "device/page_fill.h"
 
 #include <sys/mman.h>
 #include <unistd.h>

@@ -1,4 +1,4 @@
-#include "bench/sim_workloads.h"
+#include "sim/sim_workloads.h"
 
 #include <algorithm>
 #include <cmath>

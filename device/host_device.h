@@ -29,7 +29,7 @@
 #include <thread>
 #include <vector>
 
-#include "cuda/device.h"
+#include "device/device.h"
 
 namespace kvtier {
 

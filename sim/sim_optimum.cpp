@@ -1,4 +1,4 @@
-#include "bench/sim_optimum.h"
+#include "sim/sim_optimum.h"
 
 #include <array>
 

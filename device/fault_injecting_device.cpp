@@ -1,4 +1,4 @@
-#include "cuda/device.h"
+#include "device/device.h"
 
 #include <utility>
 

@@ -1,4 +1,4 @@
-#include "bench/sim_store.h"
+#include "sim/sim_store.h"
 
 #include <algorithm>
 #include <cmath>

@@ -13,8 +13,8 @@
 #include <gtest/gtest.h>
 
 #include "common/units.h"
-#include "cuda/host_device.h"
-#include "tests/cuda/device_test_util.h"
+#include "device/host_device.h"
+#include "tests/device/device_test_util.h"
 
 namespace kvtier {
 namespace {

@@ -10,8 +10,8 @@
 
 #include <gtest/gtest.h>
 
-#include "cuda/host_device.h"
-#include "tests/cuda/device_test_util.h"
+#include "device/host_device.h"
+#include "tests/device/device_test_util.h"
 
 namespace kvtier {
 namespace {

@@ -5,7 +5,7 @@
 #include <map>
 #include <random>
 
-#include "cuda/device.h"
+#include "device/device.h"
 
 namespace kvtier {
 namespace {

@@ -1,4 +1,4 @@
-#include "client/gpu_paged_cache.h"
+#include "examples/engine/gpu_paged_cache.h"
 
 #include <cstring>
 #include <span>
