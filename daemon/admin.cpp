@@ -1,10 +1,5 @@
-// Operator-facing parts of the Service: kvtierctl's requests (GetSession, Evict, Pin,
-// Drain, GetConfig), configuration reload, and the status line systemd shows.
-//
-// Admin requests act through the same mechanisms as the data path: an evicted session
-// is closed like CloseSession and its unshared blocks leave the BlockStore like the
-// planner's evictions; a pin is a BlockStore pin per block, which the planner already
-// treats as "not movable", so a pinned session is never demoted or evicted.
+// AdminService: kvtierctl's GetSession, Evict, Pin, Drain and GetConfig (admin_service.h);
+// Stats and ListSessions are in introspection.cpp.
 #include <algorithm>
 
 #include "common/units.h"

@@ -1,5 +1,5 @@
-// Stats, ListSessions and the SessionInfo they and GetSession share: read-only views for
-// kvtierctl and engines.
+// AdminService: Stats, ListSessions and the SessionInfo they and GetSession share —
+// read-only views for kvtierctl and engines (admin_service.h).
 #include <algorithm>
 #include <cmath>
 
