@@ -5,6 +5,24 @@
 #include "tiers/move_executor.h"
 
 namespace kvtier {
+namespace {
+
+// A tier's answer with one entry per item asked, whatever it sent: the entries missing
+// become `missing` and extra ones are dropped, so a tier that miscounts can neither leave
+// blocks pinned for good nor be read past its end.
+template <typename T>
+void fit_answer(std::vector<T>& answer, size_t asked, const T& missing) {
+  if (answer.size() == asked) return;
+  KVTIER_LOG_ERROR("the spill path got {} answers for {} blocks; the rest count as failed",
+                   answer.size(), asked);
+  answer.resize(asked, missing);
+}
+
+Status no_answer() {
+  return internal_error("the tier gave no answer for this block");
+}
+
+}  // namespace
 
 // NVMe evictions being written to the spill tier first: each block pinned (its slot
 // stays, and the planner leaves it alone) until it is written there or given up.
@@ -76,6 +94,7 @@ std::vector<BlockKey> MoveExecutor::spill(std::vector<BlockKey> keys) {
   auto post = hooks_.control_thread();
   spill_tier_->probe(std::move(asked), [this, post, spill](std::vector<Result<bool>> found) {
     post([this, spill, found = std::move(found)]() mutable {
+      fit_answer(found, spill->blocks.size(), Result<bool>(no_answer()));
       std::vector<size_t> missing;
       std::vector<size_t> done;
       for (size_t i = 0; i < found.size(); ++i) {
@@ -121,7 +140,8 @@ void MoveExecutor::spill_missing(const std::shared_ptr<Spill>& spill, std::vecto
   nvme->read(std::move(items), [this, post, spill, missing = std::move(missing),
                                 buffer](std::vector<StorageTier::ReadOutcome> outcomes) mutable {
     post([this, spill, missing = std::move(missing), buffer = std::move(buffer),
-          outcomes = std::move(outcomes)] {
+          outcomes = std::move(outcomes)]() mutable {
+      fit_answer(outcomes, missing.size(), StorageTier::ReadOutcome{no_answer(), false});
       std::vector<StorageTier::WriteItem> writes;
       std::vector<size_t> writing;
       std::vector<size_t> unread;
@@ -152,7 +172,8 @@ void MoveExecutor::spill_missing(const std::shared_ptr<Spill>& spill, std::vecto
       if (writing.empty()) return;
       auto post = hooks_.control_thread();
       auto on_written = [this, post, spill, writing, buffer](std::vector<Status> statuses) {
-        post([this, spill, writing, statuses = std::move(statuses)] {
+        post([this, spill, writing, statuses = std::move(statuses)]() mutable {
+          fit_answer(statuses, writing.size(), no_answer());
           for (size_t j = 0; j < statuses.size(); ++j) {
             // A spill given up (a stop) counted its blocks already.
             if (!spill->blocks[writing[j]].pin) continue;

@@ -95,6 +95,7 @@ class FakeSpillTier final : public StorageTier {
       probed.push_back(slot.key);
       found.emplace_back(stored.contains(slot.key));
     }
+    if (miscount && !found.empty()) found.pop_back();  // a tier that answers short
     done(std::move(found));
   }
   bool try_write(std::vector<WriteItem> items,
@@ -119,12 +120,14 @@ class FakeSpillTier final : public StorageTier {
         stored_wall_ms[item.slot.key] = item.last_access_wall_ms;
         statuses.push_back(Status::ok());
       }
+      if (miscount) statuses.push_back(Status::ok());  // and long
       done(std::move(statuses));
     }
   }
 
   bool reachable_now = true;
   bool decline_writes = false;
+  bool miscount = false;  // probe answers one short, writes one long
   std::unordered_set<BlockKey, BlockKeyHasher> failing_writes;
   std::unordered_map<BlockKey, Bytes, BlockKeyHasher> stored;
   std::unordered_map<BlockKey, uint64_t, BlockKeyHasher> stored_wall_ms;
@@ -445,6 +448,22 @@ TEST_F(MoveExecutorSpillTest, APinnedBlockIsNeitherEvictedNorCountedWhenTheTierI
   EXPECT_TRUE(in_store(block));
   EXPECT_EQ(counters().blocks_evicted, 0u);
   EXPECT_EQ(counters().spill_unwritten_blocks, 0u);
+}
+
+// A spill tier that answers with the wrong number of entries leaves no block pinned and
+// is not read past its end: the blocks it did not answer for count as failed.
+TEST_F(MoveExecutorSpillTest, ATierThatMiscountsItsAnswersLeavesNothingPinned) {
+  const BlockKey first = on_nvme(1);
+  const BlockKey second = on_nvme(2);
+  executor_.attach_spill_tier(spill_, 8 * kBlockBytes);
+  spill_.miscount = true;
+  plan_evictions({first, second});
+  run_until_settled();
+  EXPECT_EQ(store_.pinned_blocks(), 0u);
+  EXPECT_EQ(executor_.leaving_bytes(Tier::kNvme), 0u);
+  EXPECT_FALSE(in_store(first));
+  EXPECT_FALSE(in_store(second));
+  EXPECT_EQ(counters().spilled_blocks + counters().spill_unwritten_blocks, 2u);
 }
 
 }  // namespace
