@@ -8,12 +8,10 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
-#include <condition_variable>
-#include <deque>
 #include <functional>
-#include <mutex>
 #include <vector>
 
+#include "tests/support/inbox.h"
 #include "tests/support/redis_cluster.h"
 
 namespace kvtier {
@@ -21,34 +19,7 @@ namespace {
 
 using std::chrono::milliseconds;
 
-// What the daemon's control thread is to the worker: completions queue here and the
-// test runs them.
-class Inbox {
- public:
-  remote::RemoteWorker::Post post() {
-    return [this](std::function<void()> fn) {
-      std::lock_guard lock(mu_);
-      queue_.push_back(std::move(fn));
-      cv_.notify_all();
-    };
-  }
-  bool run_one(milliseconds timeout = milliseconds(10'000)) {
-    std::function<void()> fn;
-    {
-      std::unique_lock lock(mu_);
-      if (!cv_.wait_for(lock, timeout, [this] { return !queue_.empty(); })) return false;
-      fn = std::move(queue_.front());
-      queue_.pop_front();
-    }
-    fn();
-    return true;
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> queue_;
-};
+using ::kvtier::testing::Inbox;
 
 constexpr LayoutKey kLayout{3, 77};
 constexpr uint64_t kBlockBytes = 4096;

@@ -13,44 +13,13 @@
 #include <mutex>
 #include <thread>
 
+#include "tests/support/inbox.h"
 #include "tests/support/redis_cluster.h"
 
 namespace kvtier::remote {
 namespace {
 
-// What the daemon's control thread is to the worker: completions queue here and the
-// test runs them.
-class Inbox {
- public:
-  RemoteWorker::Post post() {
-    return [this](std::function<void()> fn) {
-      std::lock_guard lock(mu_);
-      queue_.push_back(std::move(fn));
-      cv_.notify_all();
-    };
-  }
-  // Runs one completion; false when none came within `timeout`.
-  bool run_one(milliseconds timeout = milliseconds(10'000)) {
-    std::function<void()> fn;
-    {
-      std::unique_lock lock(mu_);
-      if (!cv_.wait_for(lock, timeout, [this] { return !queue_.empty(); })) return false;
-      fn = std::move(queue_.front());
-      queue_.pop_front();
-    }
-    fn();
-    return true;
-  }
-  size_t pending() {
-    std::lock_guard lock(mu_);
-    return queue_.size();
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> queue_;
-};
+using ::kvtier::testing::Inbox;
 
 BlockHash hash_of(uint32_t n) {
   std::array<uint8_t, 4> bytes{};
