@@ -11,7 +11,6 @@
 #include <optional>
 
 #include "common/log.h"
-#include "daemon/copies.h"
 #include "daemon/load_path.h"
 #include "daemon/save_path.h"
 #include "daemon/session_journal.h"

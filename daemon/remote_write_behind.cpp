@@ -8,10 +8,8 @@
 
 #include "common/log.h"
 #include "daemon/copies.h"
-#include "daemon/load_path.h"
 #include "daemon/save_path.h"
 #include "daemon/session_journal.h"
-#include "daemon/turn_path.h"
 
 namespace kvtier::daemon {
 

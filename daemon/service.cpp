@@ -5,9 +5,6 @@
 #include <boost/asio/post.hpp>
 
 #include <algorithm>
-#include <cmath>
-#include <fstream>
-#include <sstream>
 
 #include "common/log.h"
 #include "common/units.h"

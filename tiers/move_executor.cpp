@@ -73,8 +73,7 @@ void MoveExecutor::apply(const std::vector<policy::Move>& moves, int hbm_part) {
     Tier to;
     Tier onward;  // kNone, or where the block goes next (second hop)
   };
-  // Shared: the copy's completion is a std::function, which must be copyable.
-  auto started = std::make_shared<std::vector<Started>>();
+  std::vector<Started> copying;
   std::vector<BlockKey> evictions;
   bool demoted_onto_copy = false;  // freed slots above: reads waiting for room may go
   std::array<std::vector<BlockKey>, kTierCount> writes{};                         // by destination
@@ -129,7 +128,7 @@ void MoveExecutor::apply(const std::vector<policy::Move>& moves, int hbm_part) {
     batch.segments.push_back({batch.memory_index(tier(from)->memory()),
                               batch.memory_index(tier(to)->memory()), pending->from().offset,
                               pending->location().offset, bytes});
-    started->push_back({std::move(*pending), move.kind, bytes, to, onward});
+    copying.push_back({std::move(*pending), move.kind, bytes, to, onward});
   }
   if (!evictions.empty() && spill_tier_ != nullptr) {
     // Blocks leaving the node's last local tier: written to the spill tier first.
@@ -157,7 +156,9 @@ void MoveExecutor::apply(const std::vector<policy::Move>& moves, int hbm_part) {
   }
   release_slots();
   if (demoted_onto_copy) retry_room_waiters();
-  if (started->empty()) return;
+  if (copying.empty()) return;
+  // Shared: the copy's completion is a std::function, which must be copyable.
+  auto started = std::make_shared<std::vector<Started>>(std::move(copying));
   ++copies_;
   Status submitted = hooks_.copy(std::move(batch), [this, started](Status status) {
     --copies_;
