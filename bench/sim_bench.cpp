@@ -36,9 +36,9 @@ Result<SimBudget> parse_budget(const std::string& text, size_t index) {
   SimBudget budget;
   budget.name = fmt::format("b{}", index + 1);
   size_t start = 0;
-  for (int tier = 0; tier < kTierCount; ++tier) {
+  for (int tier = 0; tier < kLocalTierCount; ++tier) {
     const size_t slash = text.find('/', start);
-    if ((slash == std::string::npos) != (tier == kTierCount - 1)) {
+    if ((slash == std::string::npos) != (tier == kLocalTierCount - 1)) {
       return invalid_argument("--budget '{}': expected HBM/RAM/NVME, e.g. 10GiB/64GiB/1TiB", text);
     }
     auto bytes =

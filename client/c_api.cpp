@@ -163,7 +163,7 @@ void write_hello_info(const HelloInfo& info, kvtier_hello_info* out) {
 void write_stats(const StatsInfo& info, kvtier_stats_info* out) {
   std::memset(out, 0, sizeof(*out));
   for (const TierStatsInfo& tier : info.tiers) {
-    const auto index = static_cast<size_t>(tier.tier);
+    const auto index = static_cast<size_t>(c_tier(tier.tier));
     if (index >= KVTIER_TIER_COUNT) continue;
     out->tiers[index] = {tier.capacity_bytes, tier.used_bytes, tier.blocks};
   }

@@ -29,9 +29,8 @@ void write_lookup_result(const LookupResult& result, uint32_t count, uint32_t* h
   if (hit_count != nullptr) *hit_count = std::min(result.hit_count, count);
   if (tiers_out == nullptr) return;
   for (uint32_t i = 0; i < count; ++i) {
-    tiers_out[i] = i < result.hit_count && i < result.tiers.size()
-                       ? static_cast<kvtier_tier>(result.tiers[i])
-                       : KVTIER_TIER_NONE;
+    tiers_out[i] = i < result.hit_count && i < result.tiers.size() ? c_tier(result.tiers[i])
+                                                                   : KVTIER_TIER_NONE;
   }
 }
 

@@ -35,6 +35,23 @@ struct kvtier_pending {
 
 namespace kvtier::c_api {
 
+// kvtier::Tier in the C ABI's numbering (KVTIER_TIER_NONE = 3, KVTIER_TIER_REMOTE = 4).
+inline kvtier_tier c_tier(Tier tier) {
+  switch (tier) {
+    case Tier::kHbm:
+      return KVTIER_TIER_HBM;
+    case Tier::kRam:
+      return KVTIER_TIER_RAM;
+    case Tier::kNvme:
+      return KVTIER_TIER_NVME;
+    case Tier::kRemote:
+      return KVTIER_TIER_REMOTE;
+    case Tier::kNone:
+      break;
+  }
+  return KVTIER_TIER_NONE;
+}
+
 // Records `status` as the calling thread's last error and returns its code.
 kvtier_status finish(const Status& status) noexcept;
 kvtier_status finish_exception(std::exception_ptr exception) noexcept;

@@ -11,6 +11,7 @@
 
 #include "client/client_wire.h"
 #include "ipc/unix_socket.h"
+#include "schema/wire_tier.h"
 
 namespace kvtier {
 namespace {
@@ -294,7 +295,7 @@ Pending<LookupResult> Client::lookup_async(std::span<const BlockHash> hashes) {
                                  auto reply = response.getLookup();
                                  LookupResult result{reply.getHitCount(), {}};
                                  for (auto tier : reply.getTiers())
-                                   result.tiers.push_back(static_cast<Tier>(tier));
+                                   result.tiers.push_back(from_wire(tier));
                                  return result;
                                });
 }
@@ -361,7 +362,7 @@ Result<StatsInfo> Client::stats(bool all_namespaces) {
         auto r = response.getStats();
         StatsInfo info{};
         for (auto tier : r.getTiers()) {
-          info.tiers.push_back({static_cast<Tier>(tier.getTier()), tier.getCapacityBytes(),
+          info.tiers.push_back({from_wire(tier.getTier()), tier.getCapacityBytes(),
                                 tier.getUsedBytes(), tier.getBlocks(), tier.getCopyBytes(),
                                 tier.getWrittenBytes()});
         }
@@ -388,9 +389,8 @@ Result<StatsInfo> Client::stats(bool all_namespaces) {
           static constexpr const char* kKinds[] = {"demote", "promote", "evict"};
           const auto kind = static_cast<size_t>(move.getKind());
           info.recent_moves.push_back({move.getAgoMs(), kind < 3 ? kKinds[kind] : "unknown",
-                                       static_cast<Tier>(move.getFromTier()),
-                                       static_cast<Tier>(move.getToTier()), move.getReason().cStr(),
-                                       move.getBlocks(), move.getBytes()});
+                                       from_wire(move.getFromTier()), from_wire(move.getToTier()),
+                                       move.getReason().cStr(), move.getBlocks(), move.getBytes()});
         }
         info.policy = r.getPolicy().cStr();
         for (auto gpu : r.getGpus()) {

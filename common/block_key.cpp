@@ -12,10 +12,10 @@ std::string_view tier_name(Tier tier) {
       return "ram";
     case Tier::kNvme:
       return "nvme";
-    case Tier::kNone:
-      return "none";
     case Tier::kRemote:
       return "remote";
+    case Tier::kNone:
+      return "none";
   }
   return "?";
 }

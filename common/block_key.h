@@ -12,10 +12,14 @@
 
 namespace kvtier {
 
-// Numbering matches the wire enum `Tier` in schema/kvtier.capnp.
-enum class Tier : uint8_t { kHbm = 0, kRam = 1, kNvme = 2, kNone = 3, kRemote = 4 };
-inline constexpr int kTierCount = 3;    // tiers that hold bytes (kNone excluded)
-std::string_view tier_name(Tier tier);  // "hbm", "ram", "nvme", "none"
+// The tiers that hold bytes, top (closest to the engine) to bottom, then kNone for "not
+// held". What each tier can do, and which of them a daemon runs, is TierTopology's
+// (common/tier_topology.h). The wire and C numbering differ (none = 3, remote = 4, kept
+// for compatibility): schema/wire_tier.h and the C ABI convert.
+enum class Tier : uint8_t { kHbm = 0, kRam = 1, kNvme = 2, kRemote = 3, kNone = 4 };
+inline constexpr int kTierCount = 4;       // tiers that hold bytes (kNone excluded)
+inline constexpr int kLocalTierCount = 3;  // HBM, RAM, NVMe: this node's, in BlockStore's slots
+std::string_view tier_name(Tier tier);     // "hbm", "ram", "nvme", "remote", "none"
 
 // An engine-computed block hash: 1..32 opaque bytes.
 class BlockHash {

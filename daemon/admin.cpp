@@ -182,12 +182,14 @@ Status AdminService::handle_drain(const ConnectionPtr& c, EngineContext& engine,
   for (const auto& [session, pins] : admin_pins_) {
     for (const PinnedBlock& pin : pins) admin_pinned.insert(pin.key());
   }
-  // Every ready block in memory goes to NVMe (from GPU memory through RAM).
+  // Every ready block in memory (the engine-facing tiers) goes to NVMe (from GPU memory
+  // through RAM).
+  const Tier durable = ctx_.topology.durable();
   std::vector<policy::Move> to_nvme;
-  for (Tier tier : {Tier::kHbm, Tier::kRam}) {
+  for (Tier tier : ctx_.topology.engine_facing()) {
     ctx_.store->for_each_in_tier(tier, [&](const BlockKey& key, const BlockInfo& info) {
       if (info.state != BlockState::kReady || admin_pinned.count(key) != 0) return;
-      to_nvme.push_back({policy::MoveKind::kDemote, key, tier, Tier::kNvme});
+      to_nvme.push_back({policy::MoveKind::kDemote, key, tier, durable});
     });
   }
   ctx_.mover->apply(to_nvme);
@@ -195,7 +197,7 @@ Status AdminService::handle_drain(const ConnectionPtr& c, EngineContext& engine,
   auto count_moving = [&](const BlockKey& key) {
     auto info = ctx_.store->lookup(key);
     // A block that had an NVMe copy is there already: it moved onto the copy.
-    if (info && (info->state == BlockState::kMoving || info->location.tier == Tier::kNvme)) {
+    if (info && (info->state == BlockState::kMoving || info->location.tier == durable)) {
       ++blocks;
       bytes += ctx_.store->block_bytes(key.layout);
     }

@@ -29,6 +29,7 @@
 #include <memory>
 #include <vector>
 
+#include "common/tier_topology.h"
 #include "daemon/config.h"
 #include "daemon/engines.h"
 #include "device/device.h"
@@ -120,6 +121,7 @@ struct DaemonContext {
   wire::DeviceKind backend_kind = wire::DeviceKind::HOST;
   std::vector<GpuInfo> gpus;
   std::unique_ptr<BlockStore> store;
+  TierTopology topology;  // the tiers that run (remote from open_remote), what each can do
   std::unique_ptr<policy::PlacementView> view;
   std::vector<std::unique_ptr<StorageTier>> storage_tiers;  // as the executor sees them
   std::unique_ptr<MoveExecutor> mover;

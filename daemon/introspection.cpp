@@ -1,11 +1,13 @@
 // AdminService: Stats, ListSessions and the SessionInfo they and GetSession share —
 // read-only views for kvtierctl and engines (admin_service.h).
 #include <algorithm>
+#include <array>
 #include <cmath>
 
 #include "daemon/admin_service.h"
 #include "daemon/remote_path.h"
 #include "daemon/startup_gate.h"
+#include "schema/wire_tier.h"
 
 namespace kvtier::daemon {
 
@@ -27,7 +29,7 @@ Status AdminService::handle_stats(const ConnectionPtr& c, EngineContext& engine,
     auto out = response.initStats();
     auto list = out.initTiers(static_cast<unsigned>(tiers.size()));
     for (size_t i = 0; i < tiers.size(); ++i) {
-      list[i].setTier(static_cast<wire::Tier>(tiers[i].tier));
+      list[i].setTier(to_wire(tiers[i].tier));
       list[i].setCapacityBytes(tiers[i].capacity_bytes);
       list[i].setUsedBytes(tiers[i].used_bytes);
       list[i].setBlocks(tiers[i].blocks);
@@ -74,8 +76,8 @@ Status AdminService::handle_stats(const ConnectionPtr& c, EngineContext& engine,
       auto move = moves[static_cast<unsigned>(i)];
       move.setAgoMs(now > r.at_ms ? now - r.at_ms : 0);
       move.setKind(static_cast<wire::MoveKind>(static_cast<uint16_t>(r.kind)));
-      move.setFromTier(static_cast<wire::Tier>(r.from));
-      move.setToTier(static_cast<wire::Tier>(r.to));
+      move.setFromTier(to_wire(r.from));
+      move.setToTier(to_wire(r.to));
       move.setReason(std::string(policy::move_reason_name(r.reason)));
       move.setBlocks(r.blocks);
       move.setBytes(r.bytes);
@@ -121,14 +123,16 @@ void AdminService::fill_session_info(const policy::Session& session, wire::Sessi
   out.setTurns(session.turns);
   out.setBlocks(static_cast<uint32_t>(session.blocks.size()));
   out.setLayoutDigest(session.layout.layout_digest);
-  uint32_t per_tier[4] = {0, 0, 0, 0};
+  // Indexed by the wire's numbering: hbm, ram, nvme, none.
+  const auto none = static_cast<size_t>(wire::Tier::NONE);
+  std::array<uint32_t, none + 1> per_tier{};
   for (const BlockHash& hash : session.blocks) {
     auto info = ctx_.store->lookup({session.layout, hash});
-    per_tier[info ? static_cast<int>(info->location.tier) : 3] += 1;
+    per_tier[info ? static_cast<size_t>(to_wire(info->location.tier)) : none] += 1;
   }
-  auto tiers = out.initBlocksPerTier(4);
-  for (unsigned t = 0; t < 4; ++t) tiers.set(t, per_tier[t]);
-  const uint64_t held = session.blocks.size() - per_tier[3];
+  auto tiers = out.initBlocksPerTier(static_cast<unsigned>(per_tier.size()));
+  for (unsigned t = 0; t < per_tier.size(); ++t) tiers.set(t, per_tier[t]);
+  const uint64_t held = session.blocks.size() - per_tier[none];
   out.setBytes(held * ctx_.store->block_bytes(session.layout));
   out.setPinned(admin_pins_.count({session.namespace_id, session.id}) != 0);
   out.setReturnProbability(predictor.probability_ever(session));

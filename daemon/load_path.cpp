@@ -11,6 +11,7 @@
 #include "daemon/copies.h"
 #include "daemon/remote_path.h"
 #include "daemon/replies.h"
+#include "schema/wire_tier.h"
 
 namespace kvtier::daemon {
 namespace {
@@ -235,7 +236,7 @@ void LoadPath::reply_lookup(const ConnectionPtr& c, uint64_t id, size_t asked,
     auto out = response.initLookup();
     out.setHitCount(static_cast<uint32_t>(tiers.size()));
     auto list = out.initTiers(static_cast<unsigned>(tiers.size()));
-    for (unsigned i = 0; i < tiers.size(); ++i) list.set(i, static_cast<wire::Tier>(tiers[i]));
+    for (unsigned i = 0; i < tiers.size(); ++i) list.set(i, to_wire(tiers[i]));
   });
 }
 

@@ -92,29 +92,31 @@ std::unique_ptr<policy::PlacementView> make_placement_view(
 Result<std::optional<PendingWrite>> Placement::reserve_block(const BlockKey& key,
                                                              uint64_t block_bytes, int gpu_part,
                                                              uint64_t room_bytes) {
-  static constexpr Tier kSaveTiers[] = {Tier::kHbm, Tier::kRam};
-  auto reserved = ctx_.store->reserve(key, kSaveTiers, now_ms(), gpu_part);
+  const std::span<const Tier> save_tiers = ctx_.topology.engine_facing();
+  auto reserved = ctx_.store->reserve(key, save_tiers, now_ms(), gpu_part);
   if (reserved.is_ok() || reserved.status().code() != StatusCode::kResourceExhausted)
     return reserved;
   ctx_.sessions.expire_priorities(
       ctx_.sessions.now_ms());  // a priority whose time is up keeps nothing
   // HBM and RAM are full. Room for the rest of the request at once (`room_bytes`), so
   // that a request plans once, not once per block; for one block when that much cannot
-  // be had. With NVMe below RAM, RAM's coldest blocks go down to it: nothing leaves the
-  // daemon for room NVMe has. The Save waits for those writes (it parks: ResourceExhausted
-  // here), as it does while room already on its way (blocks moving out) comes.
-  DemotionRoom room = plan_room_by_demotion(Tier::kRam, std::max(room_bytes, block_bytes),
-                                            block_bytes, policy::Room::kDemoteEvictingBelow);
+  // be had. With NVMe below RAM (the landing tier), RAM's coldest blocks go down to it:
+  // nothing leaves the daemon for room NVMe has. The Save waits for those writes (it
+  // parks: ResourceExhausted here), as it does while room already on its way (blocks
+  // moving out) comes.
+  const Tier landing = ctx_.topology.landing();
+  DemotionRoom room = plan_room_by_demotion(landing, std::max(room_bytes, block_bytes), block_bytes,
+                                            policy::Room::kDemoteEvictingBelow);
   if (!room.moves.empty()) {
     ctx_.mover->apply(room.moves);
     // Demotions onto NVMe copies (and drops) free their slots at once.
-    reserved = ctx_.store->reserve(key, kSaveTiers, now_ms(), gpu_part);
+    reserved = ctx_.store->reserve(key, save_tiers, now_ms(), gpu_part);
     if (reserved.is_ok() || reserved.status().code() != StatusCode::kResourceExhausted)
       return reserved;
     // Writes started, or NVMe slots on their way back for them: the room comes. (A
     // move refused at once, its tier failing, leaves neither: then evict, below.)
-    room.coming = ctx_.store->moving_out_bytes(Tier::kRam) > 0 ||
-                  ctx_.store->unconfirmed_release_bytes(Tier::kNvme) > 0;
+    room.coming = ctx_.store->moving_out_bytes(landing) > 0 ||
+                  ctx_.store->unconfirmed_release_bytes(ctx_.topology.below(landing)) > 0;
   }
   if (room.coming) {
     return resource_exhausted(
@@ -124,8 +126,8 @@ Result<std::optional<PendingWrite>> Placement::reserve_block(const BlockKey& key
   }
   // No tier below can take them: drop the coldest blocks, from the slowest tier that
   // has any to give (RAM may hold only blocks in flight while HBM holds cold ones).
-  for (Tier victim_tier : {Tier::kRam, Tier::kHbm}) {
-    if (ctx_.store->memory(victim_tier) == nullptr) continue;
+  for (auto it = save_tiers.rbegin(); it != save_tiers.rend(); ++it) {
+    const Tier victim_tier = *it;
     auto moves = ctx_.planner.make_room(victim_tier, std::max(room_bytes, block_bytes),
                                         ctx_.sessions, *ctx_.view);
     if (moves.empty() && room_bytes > block_bytes) {
@@ -133,7 +135,7 @@ Result<std::optional<PendingWrite>> Placement::reserve_block(const BlockKey& key
     }
     if (moves.empty()) continue;
     ctx_.mover->apply(moves);
-    return ctx_.store->reserve(key, kSaveTiers, now_ms(), gpu_part);
+    return ctx_.store->reserve(key, save_tiers, now_ms(), gpu_part);
   }
   return resource_exhausted(
       "no room for a {}-byte block: every tier is full of blocks that are being copied or read; "
@@ -144,12 +146,18 @@ Result<std::optional<PendingWrite>> Placement::reserve_block(const BlockKey& key
 Placement::DemotionRoom Placement::plan_room_by_demotion(Tier tier, uint64_t wanted_bytes,
                                                          uint64_t least_bytes, policy::Room rule) {
   DemotionRoom room;
-  if (tier != Tier::kRam || !ctx_.store->configured(Tier::kNvme)) return room;
+  // Demotion that makes room at once is the landing tier's, onto a durable tier below
+  // (RAM → NVMe); elsewhere the caller evicts.
+  const Tier below = ctx_.topology.below(tier);
+  if (tier != ctx_.topology.landing() || below == Tier::kNone ||
+      !TierTopology::traits(below).durable) {
+    return room;
+  }
   // Writes paused after a failure would refuse the demotions: the caller evicts.
   if (ctx_.mover->writes_paused()) return room;
-  // Blocks already moving out of RAM free their slots when they land: wait for that
+  // Blocks already moving out of the tier free their slots when they land: wait for that
   // room instead of making more (every retry would otherwise demote again).
-  const uint64_t coming = ctx_.store->moving_out_bytes(Tier::kRam);
+  const uint64_t coming = ctx_.store->moving_out_bytes(tier);
   if (coming >= least_bytes) {
     room.coming = true;
     return room;
@@ -162,7 +170,7 @@ Placement::DemotionRoom Placement::plan_room_by_demotion(Tier tier, uint64_t wan
   }
   // Nothing can go down now, but blocks are arriving in RAM (reads, promotions): they
   // can once they land. Wait for them rather than evict.
-  if (room.moves.empty() && ctx_.store->moving_in_bytes(Tier::kRam) > 0) room.coming = true;
+  if (room.moves.empty() && ctx_.store->moving_in_bytes(tier) > 0) room.coming = true;
   return room;
 }
 

@@ -67,7 +67,11 @@ Status RemotePath::open_remote() {
                                      key.layout.layout_digest, key.hash};
       },
       ctx_.config.remote_bytes);
-  // NVMe evictions go to the cluster first, at most remote-max-in-flight at once.
+  // The bottom of the topology; NVMe evictions go to it first, at most
+  // remote-max-in-flight at once.
+  const TierTopology local = ctx_.topology;
+  ctx_.topology = TierTopology::of(
+      [&](Tier tier) { return local.configured(tier) || tier == remote_->tier->id(); });
   ctx_.mover->attach_spill_tier(*remote_->tier, ctx_.config.remote_max_in_flight_bytes);
   KVTIER_LOG_INFO("remote tier: Redis Cluster at {} (connecting in the background)",
                   ctx_.config.remote_nodes);

@@ -20,10 +20,11 @@ namespace kvtier::daemon {
 
 Result<std::optional<PendingWrite>> RemotePath::reserve_staging(const BlockKey& key,
                                                                 uint64_t block_bytes) {
-  std::vector<Tier> tiers;  // host-addressable ones: the worker writes the bytes there
-  for (Tier tier : {Tier::kRam, Tier::kHbm}) {
-    const std::shared_ptr<Memory>& memory = ctx_.store->memory(tier);
-    if (memory != nullptr && memory->host_data() != nullptr) tiers.push_back(tier);
+  // Host-addressable engine-facing tiers, lowest first: the worker writes the bytes there.
+  std::vector<Tier> tiers;
+  const std::span<const Tier> facing = ctx_.topology.engine_facing();
+  for (auto it = facing.rbegin(); it != facing.rend(); ++it) {
+    if (ctx_.store->memory(*it)->host_data() != nullptr) tiers.push_back(*it);
   }
   if (tiers.empty()) return not_supported("no host memory tier to read remote blocks into");
   auto reserved = ctx_.store->reserve(key, tiers, now_ms());

@@ -10,6 +10,7 @@
 
 #include "common/log.h"
 #include "daemon/admin_service.h"
+#include "schema/wire_tier.h"
 
 namespace kvtier::daemon {
 
@@ -103,7 +104,7 @@ void Replies::record_reply(const ConnectionPtr& c, uint64_t id, wire::Response::
   metrics_.observe(pending->second.kind, std::chrono::steady_clock::now() - pending->second.started,
                    code);
   if (response.isLookup()) {
-    for (auto tier : response.getLookup().getTiers()) metrics_.count_hit(static_cast<Tier>(tier));
+    for (auto tier : response.getLookup().getTiers()) metrics_.count_hit(from_wire(tier));
   } else if (response.isLoad()) {
     const auto& tiers = pending->second.load_hit_tiers;
     const size_t loaded = std::min<size_t>(response.getLoad().getLoadedCount(), tiers.size());

@@ -146,6 +146,10 @@ Status Service::start() {
   }
   KVTIER_RETURN_IF_ERROR(journal_->open_nvme(tiers));
   ctx_.store = std::make_unique<BlockStore>(std::move(tiers));
+  ctx_.topology = TierTopology::of([this](Tier tier) {
+    // The remote tier joins when open_remote() connects it.
+    return !TierTopology::traits(tier).key_addressed && ctx_.store->configured(tier);
+  });
   ctx_.view = make_placement_view(
       *ctx_.store, [this](Tier tier) { return ctx_.mover ? ctx_.mover->leaving_bytes(tier) : 0; });
   make_mover();
@@ -361,10 +365,8 @@ std::string Service::status_line() const {
 }
 
 void Service::make_mover() {
-  for (Tier tier : {Tier::kHbm, Tier::kRam}) {
-    if (ctx_.store->memory(tier) != nullptr) {
-      ctx_.storage_tiers.push_back(std::make_unique<MemoryTier>(tier, ctx_.store->memory(tier)));
-    }
+  for (Tier tier : ctx_.topology.engine_facing()) {  // the tiers that are memory
+    ctx_.storage_tiers.push_back(std::make_unique<MemoryTier>(tier, ctx_.store->memory(tier)));
   }
   if (journal_->enabled()) {
     ctx_.storage_tiers.push_back(std::make_unique<NvmeStorageTier>(

@@ -47,14 +47,10 @@ bool PlanContext::idle_for_threshold(const Session& session, Tier tier) const {
 
 double PlanContext::probability(const Session& session, Tier horizon) {
   if (session.priority > kDefaultPriority) return 1.0;
-  switch (horizon) {
-    case Tier::kHbm:
-      return predictor().probability_within(session, config.hbm_idle_ms);
-    case Tier::kRam:
-      return predictor().probability_within(session, config.ram_idle_ms);
-    default:
-      return predictor().probability_ever(session);
-  }
+  // Sessions leave an engine-facing tier after its idle threshold; leaving the daemon
+  // (kNone) loses the block for every later turn.
+  if (!TierTopology::traits(horizon).engine_facing) return predictor().probability_ever(session);
+  return predictor().probability_within(session, idle_threshold_of(config, horizon));
 }
 
 bool PlanContext::past_threshold(const Session& session, Tier tier) {
@@ -95,7 +91,7 @@ double PlanContext::value(const BlockKey& key, const BlockHolders* holders, Tier
     const uint32_t count = holders->count();
     if (count > kValueSample) sum = sum * count / kValueSample;
   }
-  if (horizon == Tier::kNvme && holders != nullptr) {
+  if (horizon == Tier::kNone && holders != nullptr) {
     if (auto again = sessions.reuse().probability_used_again(key)) sum = std::max(sum, *again);
   }
   return sum;
@@ -163,7 +159,7 @@ std::vector<Candidate> sacrifice_order(PlanContext& ctx, const PlanState& plan, 
                         ? Tier::kNone
                         : ctx.destination_below(plan, tier, c.key, c.placement.bytes);
     // Leaving the daemon loses the block for every later turn: weigh it by P(ever back).
-    const Tier horizon = to == Tier::kNone ? Tier::kNvme : tier;
+    const Tier horizon = to == Tier::kNone ? Tier::kNone : tier;
     const double worse_by = ctx.next_turn_ms(to, c.key, c.placement.bytes) -
                             ctx.next_turn_ms(tier, c.key, c.placement.bytes);
     const double value = ctx.value(c.key, c.holders, horizon, to == Tier::kNone);

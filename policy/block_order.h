@@ -49,9 +49,10 @@ class PlanContext {
   // Judged once per block per call.
   bool wanted(const BlockKey& key, const BlockHolders& holders, Tier tier);
   // kPredictive: Σ over the block's holders of P(return within `horizon`'s threshold)
-  // (HBM, RAM) or P(return at all) (NVMe), so shared prefixes are worth more. Blocks
-  // held by more than kValueSample sessions are valued from a sample of them, scaled.
-  // For leaving the daemon (horizon kNvme) a block some session holds is worth at
+  // (an engine-facing tier) or P(return at all) (kNone: leaving the daemon), so shared
+  // prefixes are worth more. Blocks held by more than kValueSample sessions are valued
+  // from a sample of them, scaled.
+  // For leaving the daemon (horizon kNone) a block some session holds is worth at
   // least its own chance of being used again (block_reuse.h): a new conversation may
   // open with it. (One no session holds may be the tail of a prefix that is gone.)
   static constexpr uint32_t kValueSample = 64;

@@ -30,8 +30,8 @@ Watermarks watermarks_of(const PlannerConfig& config, Tier tier) {
       return {config.ram_high_watermark, config.ram_low_watermark};
     case Tier::kNvme:
       return {config.nvme_high_watermark, config.nvme_low_watermark};
-    case Tier::kNone:
     case Tier::kRemote:
+    case Tier::kNone:
       break;
   }
   return {};
@@ -44,25 +44,13 @@ uint64_t idle_threshold_of(const PlannerConfig& config, Tier tier) {
 }
 
 PlanState::PlanState(const PlacementView& view) {
-  for (Tier tier : {Tier::kHbm, Tier::kRam, Tier::kNvme}) {
+  for (Tier tier : TierTopology::kOrder) {
+    if (TierTopology::traits(tier).key_addressed) continue;  // not placed by the planner
     const PlacementView::TierSpace space = view.space(tier);
     capacity_[index(tier)] = space.capacity_bytes;
     used_[index(tier)] = space.used_bytes;
   }
-}
-
-Tier PlanState::below(Tier tier) const {
-  for (int t = static_cast<int>(tier) + 1; t < kTierCount; ++t) {
-    if (configured(static_cast<Tier>(t))) return static_cast<Tier>(t);
-  }
-  return Tier::kNone;
-}
-
-Tier PlanState::above(Tier tier) const {
-  for (int t = static_cast<int>(tier) - 1; t >= 0; --t) {
-    if (configured(static_cast<Tier>(t))) return static_cast<Tier>(t);
-  }
-  return Tier::kNone;
+  topology_ = TierTopology::of([&](Tier tier) { return capacity_[index(tier)] > 0; });
 }
 
 bool PlanState::move(const BlockKey& key, const Placement& placement, Tier to, MoveReason reason) {
@@ -75,7 +63,7 @@ bool PlanState::move(const BlockKey& key, const Placement& placement, Tier to, M
   if (!placement.movable || !configured(to)) return false;
   if (!fits(used(to), placement.bytes, std::min(limit_bytes, capacity(to)))) return false;
   if (!planned_.insert(key).second) return false;
-  const MoveKind kind = static_cast<int>(to) > static_cast<int>(placement.tier)
+  const MoveKind kind = to > placement.tier  // below: Tier is numbered top to bottom
                             ? MoveKind::kDemote
                             : MoveKind::kPromote;
   moves_.push_back(Move{kind, key, placement.tier, to, reason, placement.bytes});

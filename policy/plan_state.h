@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "common/block_key.h"
+#include "common/tier_topology.h"
 #include "policy/planner.h"
 
 namespace kvtier::policy::detail {
@@ -39,12 +40,14 @@ class PlanState {
  public:
   explicit PlanState(const PlacementView& view);
 
-  bool configured(Tier tier) const { return capacity(tier) > 0; }
+  // The node-local tiers the view gives room in (a tier with no capacity is not there).
+  const TierTopology& topology() const { return topology_; }
+  bool configured(Tier tier) const { return topology_.configured(tier); }
   uint64_t capacity(Tier tier) const { return capacity_[index(tier)]; }
   uint64_t used(Tier tier) const { return used_[index(tier)]; }
   // The next configured tier below / above `tier`; kNone when there is none.
-  Tier below(Tier tier) const;
-  Tier above(Tier tier) const;
+  Tier below(Tier tier) const { return topology_.below(tier); }
+  Tier above(Tier tier) const { return topology_.above(tier); }
   bool planned(const BlockKey& key) const { return planned_.count(key) != 0; }
 
   // Plans moving `key` (now at placement.tier) to `to`, when it is movable, not yet
@@ -62,6 +65,7 @@ class PlanState {
  private:
   static size_t index(Tier tier) { return static_cast<size_t>(tier); }
 
+  TierTopology topology_;
   std::array<uint64_t, kTierCount> capacity_{};
   std::array<uint64_t, kTierCount> used_{};
   KeySet planned_;

@@ -7,8 +7,6 @@
 namespace kvtier::policy::detail {
 namespace {
 
-constexpr std::array<Tier, 3> kTiers = {Tier::kHbm, Tier::kRam, Tier::kNvme};
-
 // Plans `key` out of `tier`: demoted to the next tier, or evicted when there is none
 // or (kPredictive) recomputing it would be faster than reloading it from there.
 bool leave_tier(PlanContext& ctx, PlanState& plan, Tier tier, const Candidate& c,
@@ -39,7 +37,10 @@ bool session_fits_top(PlanContext& ctx, const PlanState& plan, const Session& se
     if (placement.tier == Tier::kNone || placement.tier == top || !placement.movable) continue;
     double& queued = queued_ms[static_cast<size_t>(placement.tier)];
     const double lands_ms = queued + ctx.cost.reload_ms(placement.tier, placement.bytes);
-    if (placement.tier == Tier::kNvme && lead_ms && lands_ms > *lead_ms) continue;  // stays
+    // A block that must be read up first (not engine-facing) and cannot land in time stays.
+    if (!TierTopology::traits(placement.tier).engine_facing && lead_ms && lands_ms > *lead_ms) {
+      continue;
+    }
     queued = lands_ms;
     wanted += placement.bytes;
     if (!lead_ms || lands_ms <= *lead_ms) displacing += placement.bytes;
@@ -104,9 +105,9 @@ void demote_idle_sessions(PlanContext& ctx, PlanState& plan, IdleScan& scan) {
   auto key_of = [](const IdleScan::Position& p) {
     return SessionTable::IdleKey{p.last_active_ms, p.touch_seq, nullptr};
   };
-  for (Tier tier : {Tier::kHbm, Tier::kRam}) {
-    // An idle session leaves a tier only for a tier below it: the slowest tier keeps
-    // what it holds until pressure evicts it.
+  for (Tier tier : plan.topology().engine_facing()) {
+    // Idle thresholds are the engine-facing tiers'. An idle session leaves a tier only
+    // for a tier below it: the slowest tier keeps what it holds until pressure evicts it.
     if (!plan.configured(tier) || plan.below(tier) == Tier::kNone) continue;
     IdleScan::PerTier& state = scan.tiers[static_cast<size_t>(tier)];
     const uint64_t threshold = idle_threshold_of(ctx.config, tier);
@@ -166,8 +167,8 @@ void relieve_pressure(PlanContext& ctx, PlanState& plan) {
   std::array<uint64_t, kTierCount> shed{};
   bool any = false;
   uint64_t inflow = 0;  // what the tier above will shed into this one
-  for (Tier tier : kTiers) {
-    if (!plan.configured(tier)) continue;
+  const std::span<const Tier> tiers = plan.topology().local();
+  for (Tier tier : tiers) {
     const Watermarks marks = watermarks_of(ctx.config, tier);
     const uint64_t projected = plan.used(tier) + inflow;
     const uint64_t high = fraction_of(marks.high, plan.capacity(tier));
@@ -178,7 +179,7 @@ void relieve_pressure(PlanContext& ctx, PlanState& plan) {
     inflow = amount;
   }
   if (!any) return;
-  for (auto it = kTiers.rbegin(); it != kTiers.rend(); ++it) {
+  for (auto it = tiers.rbegin(); it != tiers.rend(); ++it) {
     const Tier tier = *it;
     const uint64_t amount = shed[static_cast<size_t>(tier)];
     if (amount == 0) continue;
@@ -195,10 +196,13 @@ void prefetch_predicted_returns(PlanContext& ctx, PlanState& plan) {
   // Moving blocks on the prior alone would be a guess: wait for observed returns.
   if (!ctx.predictor().informed()) return;
   const std::set<SessionTable::IdleKey>& idle = ctx.sessions.idle_sessions();
-  // NVMe → RAM first, then RAM → HBM: a block moves at most one tier per plan.
-  for (Tier upper : {Tier::kRam, Tier::kHbm}) {
+  // Into each engine-facing tier from the one below, bottom first (NVMe → RAM, then
+  // RAM → HBM): a block moves at most one tier per plan.
+  const std::span<const Tier> facing = plan.topology().engine_facing();
+  for (auto upper_it = facing.rbegin(); upper_it != facing.rend(); ++upper_it) {
+    const Tier upper = *upper_it;
     const Tier lower = plan.below(upper);
-    if (!plan.configured(upper) || lower == Tier::kNone) continue;
+    if (lower == Tier::kNone) continue;
     if (plan.used(lower) == 0) continue;  // nothing there to bring up
     const uint64_t limit = fraction_of(watermarks_of(ctx.config, upper).low, plan.capacity(upper));
     if (plan.used(upper) >= limit) continue;
@@ -213,9 +217,8 @@ void prefetch_predicted_returns(PlanContext& ctx, PlanState& plan) {
       const Session& s = *it->session;
       if (s.blocks.empty()) continue;
       const double p = s.priority > kDefaultPriority ? 1.0
-                       : upper == Tier::kHbm
-                           ? ctx.predictor().probability_within(s, ctx.config.hbm_idle_ms)
-                           : ctx.predictor().probability_within(s, ctx.config.ram_idle_ms);
+                                                     : ctx.predictor().probability_within(
+                                                           s, idle_threshold_of(ctx.config, upper));
       if (p >= ctx.config.imminent_probability) prospects.push_back({p, recency, &s});
     }
     // Most likely first; among equals the most recently active.
@@ -288,13 +291,13 @@ std::vector<Move> room_for(PlanContext& ctx, Tier tier, uint64_t bytes, Room roo
 std::vector<Move> turn_start(PlanContext& ctx, const Session& session,
                              std::optional<double> lead_ms) {
   PlanState plan(ctx.view);
-  const Tier top = plan.configured(Tier::kHbm)   ? Tier::kHbm
-                   : plan.configured(Tier::kRam) ? Tier::kRam
-                                                 : Tier::kNone;
+  const Tier top = plan.topology().top();
   if (top == Tier::kNone) return {};
   const uint64_t top_limit = fraction_of(watermarks_of(ctx.config, top).high, plan.capacity(top));
-  const uint64_t ram_limit =
-      fraction_of(watermarks_of(ctx.config, Tier::kRam).high, plan.capacity(Tier::kRam));
+  // Below top, the tier blocks read up out of NVMe land in (RAM), when it is not top.
+  const Tier landing = plan.topology().landing();
+  const uint64_t landing_limit =
+      fraction_of(watermarks_of(ctx.config, landing).high, plan.capacity(landing));
   std::vector<Candidate> victims;
   bool victims_ready = false;
   size_t next_victim = 0;
@@ -305,17 +308,17 @@ std::vector<Move> turn_start(PlanContext& ctx, const Session& session,
     BlockKey key{session.layout, hash};
     const Placement placement = ctx.view.placement(key);
     if (placement.tier == Tier::kNone || placement.tier == top || !placement.movable) continue;
-    // A block on NVMe whose copy cannot land before the Load (the turn lead engines
-    // show) stays there: the Load reads it up into RAM itself, and a copy still on its
-    // way when the Load comes only takes the link from blocks that can land.
-    if (placement.tier == Tier::kNvme && lead_ms &&
-        queued_ms[static_cast<size_t>(Tier::kNvme)] +
-                ctx.cost.reload_ms(Tier::kNvme, placement.bytes) >
-            *lead_ms) {
+    // A block on NVMe (not engine-facing) whose copy cannot land before the Load (the
+    // turn lead engines show) stays there: the Load reads it up into RAM itself, and a
+    // copy still on its way when the Load comes only takes the link from blocks that
+    // can land.
+    const bool read_up = !TierTopology::traits(placement.tier).engine_facing;
+    double& queued = queued_ms[static_cast<size_t>(placement.tier)];
+    if (read_up && lead_ms &&
+        queued + ctx.cost.reload_ms(placement.tier, placement.bytes) > *lead_ms) {
       continue;
     }
     if (!top_full) {
-      double& queued = queued_ms[static_cast<size_t>(placement.tier)];
       const double lands_ms = queued + ctx.cost.reload_ms(placement.tier, placement.bytes);
       const bool may_displace = !lead_ms || lands_ms <= *lead_ms;
       if (may_displace && !fits(plan.used(top), placement.bytes, top_limit) && !victims_ready) {
@@ -336,10 +339,9 @@ std::vector<Move> turn_start(PlanContext& ctx, const Session& session,
       // before it does not lengthen the prefix the engine can load from the top tier.
       top_full = true;
     }
-    if (top == Tier::kHbm && placement.tier == Tier::kNvme &&
-        plan.move(key, placement, Tier::kRam, MoveReason::kTurnStart, ram_limit)) {
-      queued_ms[static_cast<size_t>(Tier::kNvme)] +=
-          ctx.cost.reload_ms(Tier::kNvme, placement.bytes);
+    if (landing != top && read_up &&
+        plan.move(key, placement, landing, MoveReason::kTurnStart, landing_limit)) {
+      queued += ctx.cost.reload_ms(placement.tier, placement.bytes);
     }
   }
   return plan.take_moves();

@@ -5,7 +5,7 @@
 namespace kvtier::bench {
 namespace {
 
-constexpr std::array<Tier, kTierCount> kTiers = {Tier::kHbm, Tier::kRam, Tier::kNvme};
+constexpr std::array<Tier, kLocalTierCount> kTiers = {Tier::kHbm, Tier::kRam, Tier::kNvme};
 
 }  // namespace
 
@@ -73,7 +73,7 @@ bool Clairvoyant::store(uint64_t id, uint64_t now_ms) {
 
 void Clairvoyant::rebalance(uint64_t now_ms, uint64_t horizon_ms) {
   // The tier each held block earns: HBM for the soonest needed, then RAM, then NVMe.
-  std::array<uint64_t, kTierCount> room{};
+  std::array<uint64_t, kLocalTierCount> room{};
   for (Tier tier : kTiers) {
     room[static_cast<size_t>(tier)] = store_.space(tier).capacity_bytes / store_.block_bytes();
   }
@@ -100,8 +100,9 @@ void Clairvoyant::rebalance(uint64_t now_ms, uint64_t horizon_ms) {
   // waits until a move needs its room: done at once, it would free room that
   // promotions refill over the NVMe read link, and blocks at a tier's edge would go
   // down and come back up each rebalance (what a slow write used to hold back).
-  std::array<std::vector<const Out*>, kTierCount> free_demotions{};  // by from, needed-last first
-  std::array<size_t, kTierCount> next_free{};
+  std::array<std::vector<const Out*>, kLocalTierCount>
+      free_demotions{};  // by from, needed-last first
+  std::array<size_t, kLocalTierCount> next_free{};
   auto demote_free = [&](const Out& o) {
     if (!store_.begin_move(SimStore::key_of(o.id), o.to, now_ms)) return;
     stats_.bytes_demoted += store_.block_bytes();

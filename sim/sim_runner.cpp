@@ -124,14 +124,17 @@ class Simulation {
     out.mode = policy == SimPolicy::kPredictive     ? policy::PolicyMode::kPredictive
                : policy == SimPolicy::kSessionAware ? policy::PolicyMode::kSessionAware
                                                     : policy::PolicyMode::kLru;
-    out.cost.read_bytes_per_s = config.read_bytes_per_s;
+    for (size_t t = 0; t < config.read_bytes_per_s.size(); ++t) {
+      out.cost.read_bytes_per_s[t] = config.read_bytes_per_s[t];
+    }
     out.cost.prefill_tokens_per_s = config.prefill_tokens_per_s;
     out.cost.tokens_per_block = tokens_per_block;
     out.plan_interval_ms = config.plan_interval_ms;
     return out;
   }
 
-  static std::array<uint64_t, kTierCount> capacities(const SimBudget& budget, SimPolicy policy) {
+  static std::array<uint64_t, kLocalTierCount> capacities(const SimBudget& budget,
+                                                          SimPolicy policy) {
     constexpr uint64_t kEndless = uint64_t{1} << 62;
     if (policy == SimPolicy::kInfiniteCache) return {kEndless, 0, 0};
     if (policy == SimPolicy::kInfiniteRam) return {0, kEndless, 0};

@@ -43,13 +43,13 @@ enum class SimPolicy : uint8_t {
 std::string sim_policy_label(SimPolicy policy);  // "1 hbm-only lru", ...
 
 struct SimBudget {
-  std::string name;                          // "b1"
-  std::array<uint64_t, kTierCount> bytes{};  // HBM, RAM, NVMe
+  std::string name;                               // "b1"
+  std::array<uint64_t, kLocalTierCount> bytes{};  // HBM, RAM, NVMe
 };
 
 struct SimConfig {
   uint64_t kv_bytes_per_token = 128 << 10;
-  std::array<double, kTierCount> read_bytes_per_s = {1000e9, 25e9, 5e9};
+  std::array<double, kLocalTierCount> read_bytes_per_s = {1000e9, 25e9, 5e9};
   double prefill_tokens_per_s = 8000;
   double decode_ms_per_token = 20;
   // Prefill slots of the engines serving the trace: a request waits for one (FIFO)
@@ -75,11 +75,11 @@ struct SimResult {
   double follow_up_ttft_mean_ms = 0;
   double wait_mean_ms = 0;        // arrival → an engine takes it (part of the TTFT)
   uint64_t blocks_requested = 0;  // Σ hash_ids over the trace
-  std::array<uint64_t, kTierCount> hit_blocks{};   // loaded, by the tier read from
-  uint64_t bytes_saved = 0;                        // engine → daemon at ends of turns
-  uint64_t bytes_promoted = 0, bytes_demoted = 0;  // copied (a demotion onto a copy is not)
-  uint64_t bytes_demoted_onto_copy = 0;            // demotions onto an NVMe copy: no write
-  uint64_t nvme_written_bytes = 0;                 // demotions and new blocks written to NVMe
+  std::array<uint64_t, kLocalTierCount> hit_blocks{};  // loaded, by the tier read from
+  uint64_t bytes_saved = 0;                            // engine → daemon at ends of turns
+  uint64_t bytes_promoted = 0, bytes_demoted = 0;      // copied (a demotion onto a copy is not)
+  uint64_t bytes_demoted_onto_copy = 0;                // demotions onto an NVMe copy: no write
+  uint64_t nvme_written_bytes = 0;                     // demotions and new blocks written to NVMe
   uint64_t bytes_prefetched = 0;  // promotions for predicted returns (part of promoted)
   uint64_t blocks_evicted = 0, blocks_dropped = 0;
   uint64_t saves_refused = 0;  // Saves that waited for room longer than save-room-wait-ms

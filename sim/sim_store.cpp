@@ -25,8 +25,8 @@ uint64_t SimStore::id_of(const BlockKey& key) {
   return id;
 }
 
-SimStore::SimStore(std::array<uint64_t, kTierCount> capacity,
-                   std::array<double, kTierCount> read_bytes_per_s, uint64_t block_bytes,
+SimStore::SimStore(std::array<uint64_t, kLocalTierCount> capacity,
+                   std::array<double, kLocalTierCount> read_bytes_per_s, uint64_t block_bytes,
                    uint64_t distinct_ids, bool inclusive_nvme)
     : capacity_(capacity),
       read_bytes_per_s_(read_bytes_per_s),

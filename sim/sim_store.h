@@ -42,8 +42,8 @@ class SimStore final : public policy::PlacementView {
   // `capacity[t]`: bytes of tier t (0: not configured); `read_bytes_per_s[t]`: its
   // bandwidth; every block is `block_bytes`; hash ids run 0 .. distinct_ids - 1.
   // `inclusive_nvme` false: a promotion out of NVMe gives its slot up (the old design).
-  SimStore(std::array<uint64_t, kTierCount> capacity,
-           std::array<double, kTierCount> read_bytes_per_s, uint64_t block_bytes,
+  SimStore(std::array<uint64_t, kLocalTierCount> capacity,
+           std::array<double, kLocalTierCount> read_bytes_per_s, uint64_t block_bytes,
            uint64_t distinct_ids, bool inclusive_nvme = true);
 
   static BlockKey key_of(uint64_t hash_id);
@@ -142,19 +142,19 @@ class SimStore final : public policy::PlacementView {
   void add_copy(uint64_t id);
   void drop_copy(uint64_t id);  // frees its NVMe room
 
-  std::array<uint64_t, kTierCount> capacity_;
-  std::array<uint64_t, kTierCount> used_{};
-  std::array<double, kTierCount> read_bytes_per_s_;
+  std::array<uint64_t, kLocalTierCount> capacity_;
+  std::array<uint64_t, kLocalTierCount> used_{};
+  std::array<double, kLocalTierCount> read_bytes_per_s_;
   // [tier][0: toward faster tiers, 1: toward slower]: when that queue drains.
-  std::array<std::array<double, 2>, kTierCount> link_free_at_ms_{};
+  std::array<std::array<double, 2>, kLocalTierCount> link_free_at_ms_{};
   uint64_t block_bytes_;
   uint64_t now_ms_ = 0;
   uint64_t sequence_ = 0;
-  std::vector<Block> blocks_;                                // indexed by trace hash id
-  std::array<std::vector<uint32_t>, kTierCount> residents_;  // ids held in each tier
+  std::vector<Block> blocks_;                                     // indexed by trace hash id
+  std::array<std::vector<uint32_t>, kLocalTierCount> residents_;  // ids held in each tier
   std::priority_queue<Landing, std::vector<Landing>, std::greater<>> landings_;
-  std::array<uint64_t, kTierCount> moving_out_{};
-  std::array<uint64_t, kTierCount> moving_in_{};
+  std::array<uint64_t, kLocalTierCount> moving_out_{};
+  std::array<uint64_t, kLocalTierCount> moving_in_{};
   bool inclusive_nvme_;
   std::list<uint32_t> copy_order_;  // ids with an NVMe copy, oldest made first
   uint64_t nvme_written_bytes_ = 0;
