@@ -4,6 +4,7 @@
 
 #include <string>
 
+#include "common/tier_topology.h"
 #include "schema/kvtier.capnp.h"
 
 namespace kvtier::daemon {
@@ -72,7 +73,7 @@ void RequestMetrics::render(PrometheusText& out) const {
   }
   out.family("kvtier_lookup_hits_by_tier_total", "counter",
              "Blocks found by Lookup and Load, by the tier that held them.");
-  for (Tier tier : {Tier::kHbm, Tier::kRam, Tier::kNvme}) {  // remote: its own commit
+  for (Tier tier : TierTopology::kOrder) {
     out.sample("kvtier_lookup_hits_by_tier_total", fmt::format("tier=\"{}\"", tier_name(tier)),
                hits_by_tier_[static_cast<size_t>(tier)]);
   }

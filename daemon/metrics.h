@@ -62,7 +62,9 @@ class RequestMetrics {
 
   // `kind` is the Request union discriminant (kUnknownKind when unparsable).
   void observe(size_t kind, std::chrono::nanoseconds latency, StatusCode code);
-  void count_hit(Tier tier) { ++hits_by_tier_[static_cast<size_t>(tier) % hits_by_tier_.size()]; }
+  void count_hit(Tier tier) {
+    if (tier != Tier::kNone) ++hits_by_tier_[static_cast<size_t>(tier)];
+  }
   void count_reload(bool ok) { ++(ok ? reloads_ : reload_failures_); }
 
   // Appends every family this class owns to `out` (Prometheus text format 0.0.4).
@@ -71,7 +73,7 @@ class RequestMetrics {
  private:
   std::array<LatencyHistogram, kMaxKinds> latency_;
   std::array<std::array<uint64_t, kCodes>, kMaxKinds> errors_{};
-  std::array<uint64_t, 4> hits_by_tier_{};
+  std::array<uint64_t, kTierCount> hits_by_tier_{};  // by Tier
   uint64_t reloads_ = 0;
   uint64_t reload_failures_ = 0;
 };

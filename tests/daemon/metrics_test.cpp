@@ -66,6 +66,21 @@ TEST(RequestMetrics, NamesComeFromTheSchemaAndErrorsAreByCode) {
   EXPECT_EQ(text.find("op=\"hello\""), std::string::npos) << "kinds never seen are left out";
 }
 
+// A Lookup's blocks found in the remote tier count as remote hits, not as another tier's.
+TEST(RequestMetrics, RemoteHitsHaveTheirOwnLabel) {
+  RequestMetrics metrics;
+  metrics.count_hit(Tier::kRemote);
+  metrics.count_hit(Tier::kRemote);
+  metrics.count_hit(Tier::kNvme);
+  PrometheusText out;
+  metrics.render(out);
+  const std::string& text = out.text();
+  EXPECT_NE(text.find("kvtier_lookup_hits_by_tier_total{tier=\"remote\"} 2\n"), std::string::npos)
+      << text;
+  EXPECT_NE(text.find("kvtier_lookup_hits_by_tier_total{tier=\"nvme\"} 1\n"), std::string::npos);
+  EXPECT_NE(text.find("kvtier_lookup_hits_by_tier_total{tier=\"hbm\"} 0\n"), std::string::npos);
+}
+
 // A MetricsServer on its own io_context thread, and a plain HTTP client.
 class MetricsServerTest : public ::testing::Test {
  protected:
