@@ -39,21 +39,23 @@ Status RemotePath::open_remote() {
   options.store.budget_bytes = std::max<uint64_t>(ctx_.config.remote_bytes, 1);
   options.max_in_flight_bytes = ctx_.config.remote_max_in_flight_bytes;
   remote_ = std::make_unique<RemoteState>();
-  const std::shared_ptr<Memory>& hbm = ctx_.store->memory(Tier::kHbm);
-  if (hbm != nullptr && hbm->host_data() == nullptr) {
-    // Blocks saved into GPU memory are written behind through pinned host memory.
-    const uint64_t staging_bytes = 2 * ctx_.config.slab_bytes;
-    auto staging = ctx_.device->allocate_pinned_pool(staging_bytes);
-    if (staging.is_ok()) {
-      remote_->staging = std::move(*staging);
-      remote_->staging_slots =
-          std::make_shared<SlabAllocator>(staging_bytes, ctx_.config.slab_bytes);
+  // Blocks saved into GPU memory (an engine-facing tier the daemon cannot address) are
+  // written behind through pinned host memory: two slabs, the executor's to use.
+  std::shared_ptr<Memory> staging;
+  bool gpu_memory = false;
+  for (Tier tier : ctx_.topology.engine_facing()) {
+    gpu_memory |= ctx_.store->memory(tier)->host_data() == nullptr;
+  }
+  if (gpu_memory) {
+    auto allocated = ctx_.device->allocate_pinned_pool(2 * ctx_.config.slab_bytes);
+    if (allocated.is_ok()) {
+      staging = std::move(*allocated);
     } else {
       // Not a reason to refuse to start: those blocks are written once demoted to RAM.
       KVTIER_LOG_WARN(
           "remote tier: no pinned host memory to stage writes from GPU memory ({}); blocks "
           "saved there are written behind once demoted to RAM",
-          staging.status().to_string());
+          allocated.status().to_string());
     }
   }
   // Completions come back to the control thread; after the loop stops they are
@@ -67,12 +69,13 @@ Status RemotePath::open_remote() {
                                      key.layout.layout_digest, key.hash};
       },
       ctx_.config.remote_bytes);
-  // The bottom of the topology; NVMe evictions go to it first, at most
-  // remote-max-in-flight at once.
+  // The bottom of the topology; NVMe evictions go to it first and write-behinds copy
+  // blocks out to it, at most remote-max-in-flight of either at once.
   const TierTopology local = ctx_.topology;
   ctx_.topology = TierTopology::of(
       [&](Tier tier) { return local.configured(tier) || tier == remote_->tier->id(); });
-  ctx_.mover->attach_spill_tier(*remote_->tier, ctx_.config.remote_max_in_flight_bytes);
+  ctx_.mover->attach_spill_tier(*remote_->tier, ctx_.config.remote_max_in_flight_bytes,
+                                std::move(staging), ctx_.config.slab_bytes);
   KVTIER_LOG_INFO("remote tier: Redis Cluster at {} (connecting in the background)",
                   ctx_.config.remote_nodes);
   return Status::ok();

@@ -3,10 +3,10 @@
 // written there (remote_*.cpp).
 //
 // At the end of a turn the session's blocks not yet written there are written behind
-// the turn, and then its record: blocks in host memory (RAM; HBM on the host backend)
-// read in place under pins the completion drops on this thread, blocks in GPU memory
-// copied into pinned staging slots first (a background Device copy), blocks on NVMe read
-// into a buffer first.
+// the turn, and then its record. The executor copies the blocks out
+// (MoveExecutor::copy_out: in place from host memory, staged out of GPU memory into
+// pinned slots this part reserves, read out of NVMe into a buffer); here is how far each
+// session was written.
 //
 // Reading: a Lookup that misses here asks the cluster which of the rest exist there
 // (they are reported as Tier::kRemote); a Load that misses here reads the rest of its
@@ -37,86 +37,10 @@
 #include "daemon/metrics.h"
 #include "daemon/requests.h"
 #include "policy/session_table.h"
-#include "tiers/nvme_format.h"
 #include "tiers/remote_tier.h"
 #include "tiers/remote_worker.h"
-#include "tiers/slab_allocator.h"
 
 namespace kvtier::daemon {
-
-// A slot of the write-behind staging memory, given back to its allocator when the handle
-// goes (nothing is given back once the allocator is gone: a completion dropped unrun at
-// stop). Move-only; control thread only.
-class StagingSlot {
- public:
-  StagingSlot() = default;
-  StagingSlot(const std::shared_ptr<SlabAllocator>& slots, uint64_t offset, uint64_t bytes)
-      : slots_(slots), offset_(offset), bytes_(bytes), held_(true) {}
-  StagingSlot(StagingSlot&& other) noexcept
-      : slots_(std::move(other.slots_)),
-        offset_(other.offset_),
-        bytes_(other.bytes_),
-        held_(std::exchange(other.held_, false)) {}
-  StagingSlot& operator=(StagingSlot&& other) noexcept {
-    if (this != &other) {
-      reset();
-      slots_ = std::move(other.slots_);
-      offset_ = other.offset_;
-      bytes_ = other.bytes_;
-      held_ = std::exchange(other.held_, false);
-    }
-    return *this;
-  }
-  StagingSlot(const StagingSlot&) = delete;
-  StagingSlot& operator=(const StagingSlot&) = delete;
-  ~StagingSlot() { reset(); }
-
-  explicit operator bool() const { return held_; }
-  uint64_t offset() const { return offset_; }
-  void reset() {
-    if (!std::exchange(held_, false)) return;
-    if (auto slots = slots_.lock()) slots->free(offset_, bytes_);
-  }
-
- private:
-  std::weak_ptr<SlabAllocator> slots_;
-  uint64_t offset_ = 0;
-  uint64_t bytes_ = 0;
-  bool held_ = false;
-};
-
-// Bytes counted in a shared total (the NVMe read buffers of write-behinds, bounded by
-// remote-max-in-flight) while the handle holds them; taken off when it goes. Move-only.
-class CountedBytes {
- public:
-  CountedBytes() = default;
-  CountedBytes(const std::shared_ptr<uint64_t>& total, uint64_t bytes)
-      : total_(total), bytes_(bytes) {
-    *total += bytes;
-  }
-  CountedBytes(CountedBytes&& other) noexcept
-      : total_(std::move(other.total_)), bytes_(std::exchange(other.bytes_, 0)) {}
-  CountedBytes& operator=(CountedBytes&& other) noexcept {
-    if (this != &other) {
-      reset();
-      total_ = std::move(other.total_);
-      bytes_ = std::exchange(other.bytes_, 0);
-    }
-    return *this;
-  }
-  CountedBytes(const CountedBytes&) = delete;
-  CountedBytes& operator=(const CountedBytes&) = delete;
-  ~CountedBytes() { reset(); }
-
-  void reset() {
-    const uint64_t bytes = std::exchange(bytes_, 0);
-    if (auto total = total_.lock(); total && bytes > 0) *total -= bytes;
-  }
-
- private:
-  std::weak_ptr<uint64_t> total_;
-  uint64_t bytes_ = 0;
-};
 
 class RemotePath final : public Part {
  public:
@@ -157,29 +81,8 @@ class RemotePath final : public Part {
  private:
   struct RemoteFetch;  // remote_read_path.cpp
 
-  // One write-behind: a session's blocks from `from` on. Blocks in host memory are read in
-  // place, under their pins; blocks in GPU memory from the staging slots the Device copies
-  // them into, and blocks on NVMe from `nvme_buffer` once read into it (their pins go once
-  // the copy or read is done).
-  struct WriteBehind {
-    policy::SessionKey key;
-    std::string namespace_name;
-    uint32_t from = 0;
-    uint64_t block_bytes = 0;
-    std::vector<StorageTier::WriteItem> writes;
-    std::vector<PinnedBlock> pins;   // parallel to writes
-    std::vector<StagingSlot> slots;  // parallel to writes: the staging slot, or empty
-    size_t blocks = 0;               // writes.size() before any were cut off
-    std::vector<size_t> staged;      // indices in writes, copied out of GPU memory
-    std::vector<size_t> from_nvme;   // indices in writes, read out of NVMe
-    std::shared_ptr<std::byte> nvme_buffer;
-    CountedBytes buffered;       // nvme_buffer's size, in RemoteState::buffered_bytes
-    size_t waiting = 0;          // stages still running (the staging copy, the NVMe reads)
-    size_t readable = SIZE_MAX;  // writes before the first whose bytes could not be had
-  };
-
   struct RemoteState {
-    // The worker goes first: its thread may still be reading the staging memory.
+    // The worker goes first: its thread may still be reading blocks' bytes.
     ~RemoteState() {
       tier.reset();
       worker.reset();
@@ -205,14 +108,6 @@ class RemotePath final : public Part {
       if (unsynced.insert(key).second) unsynced_order.push_back(key);
     }
     uint64_t last_sweep_ms = 0;
-    // Blocks in GPU memory are written behind from here: pinned host memory the Device
-    // copies them into first (two slabs; only when HBM is GPU memory).
-    std::shared_ptr<Memory> staging;
-    std::shared_ptr<SlabAllocator> staging_slots;
-    uint64_t staged_blocks = 0;  // copied out of GPU memory to be written behind
-    // Bytes of the buffers NVMe blocks are read into to be written behind (at most
-    // remote-max-in-flight).
-    std::shared_ptr<uint64_t> buffered_bytes = std::make_shared<uint64_t>(0);
     // Blocks being read into RAM slots from the cluster, and who waits for each.
     std::unordered_map<BlockKey, std::vector<std::function<void(const Status&)>>, BlockKeyHasher>
         fetching;
@@ -224,22 +119,11 @@ class RemotePath final : public Part {
     uint64_t lookup_hits = 0;       // blocks a Lookup found only in the remote tier
     uint64_t resumed_sessions = 0;  // sessions a BeginTurn created from a remote record
   };
-  // A stage of the batch ended (the staging copy, the NVMe read); after the last one
-  // the blocks it could read are sent.
-  void write_behind_staged(const std::shared_ptr<WriteBehind>& batch);
-  // Reads the batch's NVMe blocks (`reads`, parallel to its from_nvme) into a buffer.
-  void read_write_behind(const std::shared_ptr<WriteBehind>& batch,
-                         std::vector<StorageTier::ReadItem> reads);
-  // One of those reads ended: the blocks from `begin` on in from_nvme.
-  void write_behind_read(const std::shared_ptr<WriteBehind>& batch, size_t begin,
-                         const std::vector<StorageTier::ReadOutcome>& outcomes);
-  void send_write_behind(const std::shared_ptr<WriteBehind>& batch);
-  // Only the batch's first `written` blocks were written (a declined batch: none was
-  // and `declined` is set): the session's mark goes back to the first that was not,
-  // and the sweep tries again. Then the batch is released.
-  void fail_write_behind(WriteBehind& batch, size_t written, bool declined);
-  // Drops the batch's pins and gives its staging slots and buffer back.
-  void release_write_behind(WriteBehind& batch);
+  // A write-behind of the session's blocks from `from` on (`taken` of them) ended:
+  // counted, the session's mark lowered to the first not written (the sweep tries
+  // again), its record written after its blocks, and the next batch started.
+  void on_written_behind(const policy::SessionKey& key, const std::string& ns, uint32_t from,
+                         size_t taken, MoveExecutor::CopyOutResult result);
   // Starts the next chunks of `fetch` while it has fewer than its window at the worker.
   void pump_fetch(const std::shared_ptr<RemoteFetch>& fetch);
   // A fetched block's end: its slot (nullptr: none was reserved) committed when

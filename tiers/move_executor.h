@@ -31,6 +31,14 @@
 // count as leaving (leaving_bytes) until then. Blocks the tier holds already are evicted
 // without a write; with the tier unreachable, its bound full, or spills stopped, at once.
 //
+// Copies out (copy_out; the remote tier's write-behind): copies of blocks that stay where
+// they are, written into the key-addressed tier. A block's bytes are read where they lie
+// when that is host memory (under a pin), copied by the Device into a staging slot first
+// when it is GPU memory (attach_spill_tier's staging memory), or read into a buffer
+// first when it is a tier that is not memory (NVMe; buffers within the in-flight bound).
+// The pins go as soon as the bytes are staged or read; the slots and buffer when the
+// tier is done with them.
+//
 // Copies in a durable tier (NVMe is inclusive below RAM; block_store.h):
 //  - A block read up out of NVMe keeps its NVMe slot as a copy (step 4 does not give
 //    it up); its index entry stays, so a crash does not lose the block.
@@ -56,6 +64,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <span>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
@@ -66,6 +75,7 @@
 #include "device/device.h"
 #include "policy/planner.h"
 #include "tiers/block_store.h"
+#include "tiers/staging.h"
 #include "tiers/tier.h"
 
 namespace kvtier {
@@ -111,6 +121,17 @@ class MoveExecutor {
     uint64_t spilled_blocks = 0;
     uint64_t spill_present_blocks = 0;
     uint64_t spill_unwritten_blocks = 0;
+    // Copies out: blocks copied out of GPU memory into staging slots to be written.
+    uint64_t staged_blocks = 0;
+  };
+  // How a copy_out ended: `sent` of the blocks it took were handed to the tier (those
+  // before the first whose bytes could not be had), and the first `written` of them were
+  // written (in a row); `declined` when the tier's bound declined the whole batch (then
+  // none was sent).
+  struct CopyOutResult {
+    size_t sent = 0;
+    size_t written = 0;
+    bool declined = false;
   };
 
   // `tiers`: the configured tiers (at most one per Tier). The store and the tiers must
@@ -123,10 +144,21 @@ class MoveExecutor {
   // Removes ready, unpinned blocks (counted as evictions, or as lost); reports them.
   void evict(const std::vector<BlockKey>& keys, bool lost = false);
 
-  // The key-addressed tier evictions out of NVMe spill into (see the top of this file),
-  // with at most `max_spilling_bytes` on their way at once. `tier` must outlive the
-  // executor. Optional; once.
-  void attach_spill_tier(StorageTier& tier, uint64_t max_spilling_bytes);
+  // The key-addressed tier evictions out of NVMe spill into and copies out go to (see the
+  // top of this file), with at most `max_in_flight_bytes` of spills, and of copies out's
+  // read buffers, on their way at once. `staging` (optional): pinned host memory, in
+  // slots of `staging_slot_bytes`, that blocks in GPU memory are copied into to be
+  // written. The tier and the memory must outlive the executor. Optional; once.
+  void attach_spill_tier(StorageTier& tier, uint64_t max_in_flight_bytes,
+                         std::shared_ptr<Memory> staging = nullptr,
+                         uint64_t staging_slot_bytes = 0);
+  // Copies of `keys`, in order, written into the spill tier; the blocks stay where they
+  // are. Takes keys from the first until one cannot start now: not held; the batch would
+  // pass half the in-flight bound (a first block alone may take all of it); or its bytes
+  // must be staged or read first while the tier is unreachable, no staging slot is free,
+  // or read buffers would pass the bound. Returns how many it took; then `done` runs
+  // once, later, on the control thread (never when 0 were taken).
+  size_t copy_out(std::span<const BlockKey> keys, std::function<void(CopyOutResult)> done);
   // A stop: the spills under way end now (their blocks evicted, written there or not)
   // and evictions from now on are not spilled.
   void stop_spills();
@@ -166,7 +198,16 @@ class MoveExecutor {
   StorageTier* tier(Tier id) const;
 
  private:
-  struct Spill;  // move_executor_spill.cpp
+  struct Spill;    // move_executor_spill.cpp
+  struct CopyOut;  // move_executor_copy_out.cpp
+  // A stage of the copy out ended (the staging copy, a read); after the last one the
+  // blocks it could read are written.
+  void copy_out_staged(const std::shared_ptr<CopyOut>& batch);
+  // Reads the batch's blocks in `from` (`reads`, parallel to its buffered) into a buffer.
+  void read_for_copy_out(const std::shared_ptr<CopyOut>& batch, StorageTier& from,
+                         std::vector<StorageTier::ReadItem> reads);
+  // Lets go of the batch's pins, slots and buffer, then tells its caller `result`.
+  void finish_copy_out(const std::shared_ptr<CopyOut>& batch, CopyOutResult result);
   // Spills what of `keys` it can; returns the keys to evict at once.
   std::vector<BlockKey> spill(std::vector<BlockKey> keys);
   void spill_missing(const std::shared_ptr<Spill>& spill, std::vector<size_t> missing);
@@ -211,10 +252,15 @@ class MoveExecutor {
   std::unordered_set<BlockKey, BlockKeyHasher> drain_failed_;
   // Spills (attach_spill_tier).
   StorageTier* spill_tier_ = nullptr;
-  uint64_t max_spilling_bytes_ = 0;
+  uint64_t max_in_flight_bytes_ = 0;
   uint64_t spilling_bytes_ = 0;  // pinned in NVMe on their way out
   bool spills_stopped_ = false;
   std::unordered_set<std::shared_ptr<Spill>> spills_;  // each until its last block is done
+  // Copies out (copy_out): staging memory for blocks in GPU memory, and the bytes of the
+  // read buffers of blocks in tiers that are not memory.
+  std::shared_ptr<Memory> staging_;
+  std::shared_ptr<SlabAllocator> staging_slots_;
+  std::shared_ptr<uint64_t> buffered_bytes_ = std::make_shared<uint64_t>(0);
 };
 
 }  // namespace kvtier

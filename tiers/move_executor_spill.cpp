@@ -7,17 +7,6 @@
 namespace kvtier {
 namespace {
 
-// A tier's answer with one entry per item asked, whatever it sent: the entries missing
-// become `missing` and extra ones are dropped, so a tier that miscounts can neither leave
-// blocks pinned for good nor be read past its end.
-template <typename T>
-void fit_answer(std::vector<T>& answer, size_t asked, const T& missing) {
-  if (answer.size() == asked) return;
-  KVTIER_LOG_ERROR("the spill path got {} answers for {} blocks; the rest count as failed",
-                   answer.size(), asked);
-  answer.resize(asked, missing);
-}
-
 Status no_answer() {
   return internal_error("the tier gave no answer for this block");
 }
@@ -40,9 +29,14 @@ struct MoveExecutor::Spill {
   size_t open = 0;  // blocks not finished yet
 };
 
-void MoveExecutor::attach_spill_tier(StorageTier& tier, uint64_t max_spilling_bytes) {
+void MoveExecutor::attach_spill_tier(StorageTier& tier, uint64_t max_in_flight_bytes,
+                                     std::shared_ptr<Memory> staging, uint64_t staging_slot_bytes) {
   spill_tier_ = &tier;
-  max_spilling_bytes_ = max_spilling_bytes;
+  max_in_flight_bytes_ = max_in_flight_bytes;
+  if (staging != nullptr && staging_slot_bytes > 0) {
+    staging_slots_ = std::make_shared<SlabAllocator>(staging->size_bytes(), staging_slot_bytes);
+    staging_ = std::move(staging);
+  }
 }
 
 uint64_t MoveExecutor::leaving_bytes(Tier tier) const {
@@ -72,7 +66,7 @@ std::vector<BlockKey> MoveExecutor::spill(std::vector<BlockKey> keys) {
       continue;
     }
     const uint64_t bytes = store_.block_bytes(key.layout);
-    if (spilling_bytes_ + bytes > max_spilling_bytes_) {
+    if (spilling_bytes_ + bytes > max_in_flight_bytes_) {
       ++counters_.spill_unwritten_blocks;  // the tier is not keeping up: local room first
       rest.push_back(std::move(key));
       continue;

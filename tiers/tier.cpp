@@ -2,6 +2,8 @@
 
 #include <cstdlib>
 
+#include "common/log.h"
+
 namespace kvtier {
 namespace {
 
@@ -14,6 +16,11 @@ Status declined(std::string_view what, Tier tier) {
 
 std::shared_ptr<std::byte> allocate_io_buffer(uint64_t bytes) {
   return {static_cast<std::byte*>(std::aligned_alloc(kIoBufferAlignment, bytes)), std::free};
+}
+
+void log_tier_miscount(size_t answered, size_t asked) {
+  KVTIER_LOG_ERROR("a tier answered {} entries for {} blocks; the rest count as failed", answered,
+                   asked);
 }
 
 const std::shared_ptr<Memory>& StorageTier::memory() const {

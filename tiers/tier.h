@@ -40,6 +40,17 @@ constexpr uint64_t io_buffer_bytes(uint64_t bytes) {
 // A buffer of `bytes` (an io_buffer_bytes() size); null when memory is short.
 std::shared_ptr<std::byte> allocate_io_buffer(uint64_t bytes);
 
+// A tier's answer made one entry per item asked, whatever the tier sent: entries missing
+// become `missing` and extra ones are dropped (and the mismatch is logged), so a tier
+// that miscounts can neither leave blocks waiting for good nor be read past its end.
+void log_tier_miscount(size_t answered, size_t asked);
+template <typename T>
+void fit_answer(std::vector<T>& answer, size_t asked, const T& missing) {
+  if (answer.size() == asked) return;
+  log_tier_miscount(answer.size(), asked);
+  answer.resize(asked, missing);
+}
+
 class StorageTier {
  public:
   struct Slot {

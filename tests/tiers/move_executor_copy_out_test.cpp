@@ -1,0 +1,329 @@
+// MoveExecutor::copy_out (move_executor.h, move_executor_copy_out.cpp): copies of blocks
+// written into the key-addressed tier while the blocks stay where they are, against a
+// GPU-like memory (not host-addressable; the test's Device copies it), a RAM pool, a fake
+// NVMe tier and a fake spill tier, with a control thread the test drives by hand.
+//  - a block in host memory is written from where it lies, under its pin until the tier
+//    is done; one in GPU memory through a staging slot (its pin goes once staged); one on
+//    NVMe through a read buffer (its pin goes once read); all bit-exact, all still held
+//    where they were afterwards, nothing left pinned;
+//  - the batch takes keys in order and stops at the first it cannot start: not held,
+//    half the in-flight bound, or bytes to stage while the tier is unreachable;
+//  - a declined batch, a failed write, a failed staging copy and a block that does not
+//    read cut what was written at the first failure, and the caller is told only later,
+//    on the control thread.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <optional>
+#include <vector>
+
+#include "tests/tiers/spill_fakes.h"
+#include "tests/tiers/test_memory.h"
+#include "tiers/block_store.h"
+#include "tiers/move_executor.h"
+#include "tiers/tier.h"
+
+namespace kvtier {
+namespace {
+
+using tiers_test::key_of;
+using namespace tiers_test::spill_fakes;
+
+constexpr uint64_t kTierBytes = 8 * kBlockBytes;
+constexpr uint64_t kStagingSlots = 2;  // blocks GPU memory can stage at once
+
+// GPU memory: the daemon cannot touch it (no host_data); the test's Device can.
+class GpuMemory final : public Memory {
+ public:
+  explicit GpuMemory(uint64_t bytes) : bytes_(bytes) {}
+  uint64_t size_bytes() const override { return bytes_.size(); }
+  MemoryLocation location() const override { return MemoryLocation::kGpu; }
+  std::byte* host_data() override { return nullptr; }
+  std::string describe() const override { return "test gpu memory"; }
+  std::byte* device_bytes() { return bytes_.data(); }
+
+ private:
+  std::vector<std::byte> bytes_;
+};
+
+std::byte* bytes_of(Memory& memory) {
+  if (memory.host_data() != nullptr) return memory.host_data();
+  return static_cast<GpuMemory&>(memory).device_bytes();
+}
+
+class MoveExecutorCopyOutTest : public ::testing::Test {
+ protected:
+  MoveExecutorCopyOutTest()
+      : gpu_(std::make_shared<GpuMemory>(kTierBytes)),
+        ram_(tiers_test::make_memory(kTierBytes)),
+        store_({{Tier::kHbm, gpu_, 4 * kBlockBytes},
+                {Tier::kRam, ram_, 4 * kBlockBytes},
+                {Tier::kNvme, nullptr, 4 * kBlockBytes, kNvmeBytes, /*confirm_release=*/true,
+                 /*parts=*/1, /*keep_copies=*/true}}),
+        hbm_tier_(Tier::kHbm, gpu_),
+        ram_tier_(Tier::kRam, ram_),
+        executor_(store_, {&hbm_tier_, &ram_tier_, &nvme_}, hooks()) {
+    EXPECT_TRUE(store_.register_layout(kLayout, kBlockBytes).is_ok());
+  }
+  void SetUp() override {
+    executor_.attach_spill_tier(spill_, bound_bytes_,
+                                tiers_test::make_memory(kStagingSlots * kBlockBytes), kBlockBytes);
+  }
+
+  MoveExecutor::Hooks hooks() {
+    MoveExecutor::Hooks hooks;
+    // The Device: copies each segment now, answers on the control thread.
+    hooks.copy = [this](CopyBatch batch, std::function<void(Status)> done) {
+      if (fail_copies_) return unavailable("injected copy failure");
+      for (const CopySegment& s : batch.segments) {
+        std::memcpy(bytes_of(*batch.memories[s.dst_memory]) + s.dst_offset,
+                    bytes_of(*batch.memories[s.src_memory]) + s.src_offset, s.bytes);
+      }
+      ++copies_;
+      control_queue_.push_back([done] { done(Status::ok()); });
+      return Status::ok();
+    };
+    hooks.control_thread = [this] {
+      return [this](std::function<void()> fn) { control_queue_.push_back(std::move(fn)); };
+    };
+    hooks.make_room = [](Tier, uint64_t) { return std::vector<policy::Move>{}; };
+    hooks.not_moved = [](const BlockKey&) {};
+    hooks.removed = [this](const std::vector<BlockKey>& keys, bool lost) {
+      for (const BlockKey& key : keys) (lost ? lost_ : removed_).push_back(key);
+    };
+    hooks.before_persistent_write = [] {};
+    hooks.settled = [] {};
+    hooks.now_ms = [] { return uint64_t{200}; };
+    hooks.wall_ms_of = [](uint64_t steady_ms) { return steady_ms; };
+    return hooks;
+  }
+
+  // Block n saved into `tier` (HBM or RAM) with its bytes there.
+  BlockKey saved_in(Tier tier, uint32_t n) {
+    const BlockKey key = key_of(kLayout, n);
+    const Tier allowed[] = {tier};
+    auto reserved = store_.reserve(key, allowed, 100);
+    EXPECT_TRUE(reserved.is_ok() && reserved->has_value());
+    PendingWrite& slot = **reserved;
+    Memory& memory = tier == Tier::kHbm ? static_cast<Memory&>(*gpu_) : *ram_;
+    const Bytes bytes = contents_of(n);
+    std::memcpy(bytes_of(memory) + slot.location().offset, bytes.data(), bytes.size());
+    slot.commit();
+    return key;
+  }
+  // Block n, recovered into NVMe slot n with its bytes there.
+  BlockKey on_nvme(uint32_t n) {
+    const BlockKey key = key_of(kLayout, n);
+    const uint64_t offset = n * kBlockBytes;
+    EXPECT_TRUE(store_.insert_recovered(key, {Tier::kNvme, offset}, kRecoveredAccessMs).is_ok());
+    nvme_.bytes_at_offset[offset] = contents_of(n);
+    return key;
+  }
+
+  size_t copy_out(const std::vector<BlockKey>& keys) {
+    return executor_.copy_out(keys, [this](MoveExecutor::CopyOutResult result) {
+      EXPECT_FALSE(result_.has_value()) << "done ran twice";
+      result_ = result;
+    });
+  }
+  void drain_control_thread() {
+    while (!control_queue_.empty()) {
+      std::function<void()> fn = std::move(control_queue_.front());
+      control_queue_.pop_front();
+      fn();
+    }
+  }
+  void run_until_settled() {
+    drain_control_thread();
+    while (!spill_.writes_in_flight.empty()) {
+      spill_.complete_writes();
+      drain_control_thread();
+    }
+  }
+  bool stored_right(uint32_t n) const {
+    const auto it = spill_.stored.find(key_of(kLayout, n));
+    return it != spill_.stored.end() && it->second == contents_of(n);
+  }
+  std::optional<Tier> tier_of(const BlockKey& key) const {
+    const auto info = store_.lookup(key);
+    if (!info) return std::nullopt;
+    return info->location.tier;
+  }
+
+  std::shared_ptr<GpuMemory> gpu_;
+  std::shared_ptr<Memory> ram_;
+  BlockStore store_;
+  MemoryTier hbm_tier_;
+  MemoryTier ram_tier_;
+  FakeNvmeTier nvme_;
+  FakeSpillTier spill_;
+  std::deque<std::function<void()>> control_queue_;
+  std::vector<BlockKey> removed_;
+  std::vector<BlockKey> lost_;
+  uint64_t bound_bytes_ = 8 * kBlockBytes;  // the in-flight bound (derived fixtures change it)
+  bool fail_copies_ = false;
+  size_t copies_ = 0;
+  std::optional<MoveExecutor::CopyOutResult> result_;
+  MoveExecutor executor_;
+};
+
+TEST_F(MoveExecutorCopyOutTest, HostGpuAndNvmeBlocksAreWrittenBitExactAndStayWhereTheyAre) {
+  const BlockKey in_ram = saved_in(Tier::kRam, 1);
+  const BlockKey in_gpu = saved_in(Tier::kHbm, 2);
+  const BlockKey in_nvme = on_nvme(3);
+  EXPECT_EQ(copy_out({in_ram, in_gpu, in_nvme}), 3u);
+  EXPECT_EQ(store_.pinned_blocks(), 3u);
+  drain_control_thread();  // staged and read: only the block written in place stays pinned
+  EXPECT_EQ(copies_, 1u);
+  EXPECT_EQ(executor_.counters().staged_blocks, 1u);
+  EXPECT_EQ(store_.pinned_blocks(), 1u);
+  EXPECT_FALSE(result_.has_value()) << "told before the tier answered";
+  run_until_settled();
+  ASSERT_TRUE(result_.has_value());
+  EXPECT_EQ(result_->sent, 3u);
+  EXPECT_EQ(result_->written, 3u);
+  EXPECT_FALSE(result_->declined);
+  EXPECT_TRUE(stored_right(1));
+  EXPECT_TRUE(stored_right(2));
+  EXPECT_TRUE(stored_right(3));
+  EXPECT_EQ(tier_of(in_ram), Tier::kRam);
+  EXPECT_EQ(tier_of(in_gpu), Tier::kHbm);
+  EXPECT_EQ(tier_of(in_nvme), Tier::kNvme);
+  EXPECT_EQ(store_.pinned_blocks(), 0u);
+  EXPECT_TRUE(removed_.empty());
+  // The staging slots came back: as many GPU blocks as there are slots go at once again.
+  result_.reset();
+  EXPECT_EQ(copy_out({saved_in(Tier::kHbm, 4), saved_in(Tier::kHbm, 5)}), kStagingSlots);
+  run_until_settled();
+  EXPECT_TRUE(stored_right(4));
+  EXPECT_TRUE(stored_right(5));
+}
+
+TEST_F(MoveExecutorCopyOutTest, TakesKeysInOrderUntilOneCannotStart) {
+  const BlockKey first = saved_in(Tier::kRam, 1);
+  const BlockKey missing = key_of(kLayout, 9);
+  const BlockKey third = saved_in(Tier::kRam, 3);
+  EXPECT_EQ(copy_out({first, missing, third}), 1u);
+  run_until_settled();
+  EXPECT_TRUE(stored_right(1));
+  EXPECT_FALSE(spill_.stored.contains(third));
+  // Unreachable: a block read in place still goes; one that must be staged first stops it.
+  result_.reset();
+  spill_.reachable_now = false;
+  const BlockKey in_gpu = saved_in(Tier::kHbm, 4);
+  EXPECT_EQ(copy_out({third, in_gpu, saved_in(Tier::kRam, 5)}), 1u);
+  EXPECT_EQ(copy_out({in_gpu}), 0u);
+  EXPECT_EQ(copy_out({on_nvme(6)}), 0u);
+  EXPECT_EQ(copies_, 0u);
+  // More GPU blocks than staging slots: the batch stops when they are taken.
+  spill_.reachable_now = true;
+  run_until_settled();
+  result_.reset();
+  EXPECT_EQ(copy_out({saved_in(Tier::kHbm, 7), saved_in(Tier::kHbm, 8), in_gpu}), kStagingSlots);
+  run_until_settled();
+  EXPECT_EQ(store_.pinned_blocks(), 0u);
+}
+
+TEST_F(MoveExecutorCopyOutTest, ABatchStaysWithinHalfTheBound) {
+  std::vector<BlockKey> keys;
+  for (uint32_t n = 1; n <= 6; ++n) keys.push_back(saved_in(Tier::kRam, n));
+  EXPECT_EQ(copy_out(keys), 4u);  // bound 8 blocks: half of it
+  run_until_settled();
+  EXPECT_EQ(result_->written, 4u);
+  result_.reset();
+  EXPECT_EQ(copy_out({keys[4], keys[5]}), 2u);
+  run_until_settled();
+  for (uint32_t n = 1; n <= 6; ++n) EXPECT_TRUE(stored_right(n)) << n;
+}
+
+class MoveExecutorCopyOutSmallBound : public MoveExecutorCopyOutTest {
+ protected:
+  MoveExecutorCopyOutSmallBound() { bound_bytes_ = kBlockBytes + kBlockBytes / 2; }  // 1.5 blocks
+};
+
+TEST_F(MoveExecutorCopyOutSmallBound, AFirstBlockLargerThanHalfTheBoundGoesAlone) {
+  EXPECT_EQ(copy_out({saved_in(Tier::kRam, 1), saved_in(Tier::kRam, 2)}), 1u);
+  run_until_settled();
+  EXPECT_TRUE(stored_right(1));
+  EXPECT_EQ(result_->written, 1u);
+}
+
+TEST_F(MoveExecutorCopyOutTest, ADeclinedBatchIsToldLaterAndLetsGoOfEverything) {
+  spill_.decline_writes = true;
+  const BlockKey in_ram = saved_in(Tier::kRam, 1);
+  const BlockKey in_gpu = saved_in(Tier::kHbm, 2);
+  EXPECT_EQ(copy_out({in_ram, in_gpu}), 2u);
+  EXPECT_FALSE(result_.has_value());
+  drain_control_thread();
+  ASSERT_TRUE(result_.has_value());
+  EXPECT_TRUE(result_->declined);
+  EXPECT_EQ(result_->sent, 0u);
+  EXPECT_EQ(result_->written, 0u);
+  EXPECT_EQ(store_.pinned_blocks(), 0u);
+  EXPECT_TRUE(spill_.stored.empty());
+  // Its staging slot is free again.
+  spill_.decline_writes = false;
+  result_.reset();
+  EXPECT_EQ(copy_out({in_gpu, saved_in(Tier::kHbm, 3)}), kStagingSlots);
+  run_until_settled();
+  EXPECT_EQ(result_->written, kStagingSlots);
+}
+
+TEST_F(MoveExecutorCopyOutTest, AFailedWriteCountsOnlyTheBlocksBeforeIt) {
+  const BlockKey a = saved_in(Tier::kRam, 1);
+  const BlockKey b = saved_in(Tier::kRam, 2);
+  const BlockKey c = saved_in(Tier::kRam, 3);
+  spill_.failing_writes.insert(b);
+  EXPECT_EQ(copy_out({a, b, c}), 3u);
+  run_until_settled();
+  ASSERT_TRUE(result_.has_value());
+  EXPECT_EQ(result_->sent, 3u);
+  EXPECT_EQ(result_->written, 1u);
+  EXPECT_FALSE(result_->declined);
+  EXPECT_EQ(store_.pinned_blocks(), 0u);
+}
+
+TEST_F(MoveExecutorCopyOutTest, AFailedStagingCopyCutsTheBatchAtItsFirstGpuBlock) {
+  fail_copies_ = true;
+  const BlockKey in_ram = saved_in(Tier::kRam, 1);
+  const BlockKey in_gpu = saved_in(Tier::kHbm, 2);
+  EXPECT_EQ(copy_out({in_ram, in_gpu}), 2u);
+  run_until_settled();
+  ASSERT_TRUE(result_.has_value());
+  EXPECT_EQ(result_->sent, 1u);
+  EXPECT_EQ(result_->written, 1u);
+  EXPECT_TRUE(stored_right(1));
+  EXPECT_FALSE(spill_.stored.contains(in_gpu));
+  EXPECT_EQ(store_.pinned_blocks(), 0u);
+  EXPECT_EQ(tier_of(in_gpu), Tier::kHbm);
+}
+
+TEST_F(MoveExecutorCopyOutTest, ABlockThatDoesNotReadIsDroppedAndNothingFromItOnIsWritten) {
+  const BlockKey in_ram = saved_in(Tier::kRam, 1);
+  const BlockKey bad = on_nvme(2);
+  nvme_.bytes_at_offset.erase(2 * kBlockBytes);  // its bytes are gone: corrupt
+  EXPECT_EQ(copy_out({in_ram, bad}), 2u);
+  run_until_settled();
+  ASSERT_TRUE(result_.has_value());
+  EXPECT_EQ(result_->sent, 1u);
+  EXPECT_EQ(result_->written, 1u);
+  EXPECT_FALSE(spill_.stored.contains(bad));
+  EXPECT_EQ(lost_, std::vector<BlockKey>{bad});
+  EXPECT_FALSE(tier_of(bad).has_value());
+  // A read that fails for a reason that may pass keeps the block.
+  result_.reset();
+  const BlockKey flaky = on_nvme(3);
+  nvme_.unreadable.insert(flaky);
+  EXPECT_EQ(copy_out({flaky}), 1u);
+  run_until_settled();
+  EXPECT_EQ(result_->sent, 0u);
+  EXPECT_EQ(tier_of(flaky), Tier::kNvme);
+  EXPECT_EQ(store_.pinned_blocks(), 0u);
+}
+
+}  // namespace
+}  // namespace kvtier
