@@ -193,8 +193,7 @@ Status LoadPath::handle_load(const ConnectionPtr& c, EngineContext& engine, uint
   }
   if (!from_remote.empty()) {
     ctx_.parts.remote->fetch_remote(
-        engine.namespace_name, from_remote,
-        [this, load, finish, remote_entries](size_t j, const Status& status) {
+        from_remote, [this, load, finish, remote_entries](size_t j, const Status& status) {
           if (load->finished) return;
           PendingLoad::Entry& entry = load->entries[remote_entries[j]];
           if (status.is_ok()) {

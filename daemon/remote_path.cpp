@@ -93,7 +93,7 @@ void RemotePath::fill_remote_stats(wire::RemoteStats::Builder out) const {
   out.setInFlightBytes(s.in_flight_bytes);
   out.setWriteLagMs(static_cast<uint64_t>(s.write_lag.count()));
   out.setWrittenBlocks(remote_->written_blocks);
-  out.setFetchedBlocks(remote_->fetched_blocks);
+  out.setFetchedBlocks(ctx_.mover->counters().copied_in_blocks);
   out.setLookupHits(remote_->lookup_hits);
   out.setCorruptValues(s.store.corrupt);
   out.setErrors(s.store.errors);
@@ -147,10 +147,11 @@ void RemotePath::render_remote_metrics(PrometheusText& out) const {
         "memory or on NVMe).",
         remote_->deferred_blocks);
   counter("kvtier_remote_fetched_blocks_total",
-          "Blocks a Load or BeginTurn read from the cluster into RAM.", remote_->fetched_blocks);
+          "Blocks a Load or BeginTurn read from the cluster into RAM.",
+          ctx_.mover->counters().copied_in_blocks);
   counter("kvtier_remote_fetch_misses_total",
           "Blocks asked of the cluster and not read (absent, corrupt, unreachable, no room).",
-          remote_->fetch_misses);
+          ctx_.mover->counters().copy_in_misses);
   counter("kvtier_remote_lookup_hits_total", "Blocks a Lookup found only in the remote tier.",
           remote_->lookup_hits);
   counter("kvtier_remote_resumed_sessions_total",

@@ -59,12 +59,10 @@ class RemotePath final : public Part {
   void note_remote_closed(uint32_t namespace_id, const std::string& session_id);
 
   // remote_read_path.cpp
-  // Reads `keys` (all of one namespace) from the remote tier into RAM (host HBM when
-  // there is no RAM tier), joining reads already running. `done(i, status)` runs once
-  // per key on the control thread, maybe before this returns: OK once keys[i] is held
-  // here (visible to lookup and pin), or why not (NotFound, DataLoss, Unavailable,
-  // ResourceExhausted).
-  void fetch_remote(const std::string& namespace_name, const std::vector<BlockKey>& keys,
+  // Reads `keys` from the remote tier into RAM (host HBM when there is no RAM tier),
+  // joining reads already running: the executor's copy_in (tiers/move_executor.h), whose
+  // contract `done` has.
+  void fetch_remote(const std::vector<BlockKey>& keys,
                     std::function<void(size_t, const Status&)> done);
   // Lookup's tail: how many of `hashes` from `tiers.size()` on the cluster holds, in a
   // row; answers the Lookup.
@@ -79,8 +77,6 @@ class RemotePath final : public Part {
   void fill_remote_stats(wire::RemoteStats::Builder out) const;
 
  private:
-  struct RemoteFetch;  // remote_read_path.cpp
-
   struct RemoteState {
     // The worker goes first: its thread may still be reading blocks' bytes.
     ~RemoteState() {
@@ -108,14 +104,9 @@ class RemotePath final : public Part {
       if (unsynced.insert(key).second) unsynced_order.push_back(key);
     }
     uint64_t last_sweep_ms = 0;
-    // Blocks being read into RAM slots from the cluster, and who waits for each.
-    std::unordered_map<BlockKey, std::vector<std::function<void(const Status&)>>, BlockKeyHasher>
-        fetching;
     uint64_t written_blocks = 0;    // written behind, confirmed
     uint64_t failed_blocks = 0;     // written behind, refused or unreachable
     uint64_t declined_writes = 0;   // write-behinds the in-flight bound declined
-    uint64_t fetched_blocks = 0;    // read into RAM, verified
-    uint64_t fetch_misses = 0;      // asked for and not there (or not verified, or unreachable)
     uint64_t lookup_hits = 0;       // blocks a Lookup found only in the remote tier
     uint64_t resumed_sessions = 0;  // sessions a BeginTurn created from a remote record
   };
@@ -124,14 +115,6 @@ class RemotePath final : public Part {
   // again), its record written after its blocks, and the next batch started.
   void on_written_behind(const policy::SessionKey& key, const std::string& ns, uint32_t from,
                          size_t taken, MoveExecutor::CopyOutResult result);
-  // Starts the next chunks of `fetch` while it has fewer than its window at the worker.
-  void pump_fetch(const std::shared_ptr<RemoteFetch>& fetch);
-  // A fetched block's end: its slot (nullptr: none was reserved) committed when
-  // `status` is OK, else given back; Saves and fetch waiters told.
-  void settle_fetch(const BlockKey& key, PendingWrite* slot, const Status& status);
-  // A RAM (or host HBM) slot for a block read from the remote tier, making room the way
-  // a Save does. nullopt when the block is present already.
-  Result<std::optional<PendingWrite>> reserve_staging(const BlockKey& key, uint64_t block_bytes);
 
   std::unique_ptr<RemoteState> remote_;  // null without remote-nodes
 };

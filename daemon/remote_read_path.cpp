@@ -18,154 +18,10 @@
 
 namespace kvtier::daemon {
 
-Result<std::optional<PendingWrite>> RemotePath::reserve_staging(const BlockKey& key,
-                                                                uint64_t block_bytes) {
-  // Host-addressable engine-facing tiers, lowest first: the worker writes the bytes there.
-  std::vector<Tier> tiers;
-  const std::span<const Tier> facing = ctx_.topology.engine_facing();
-  for (auto it = facing.rbegin(); it != facing.rend(); ++it) {
-    if (ctx_.store->memory(*it)->host_data() != nullptr) tiers.push_back(*it);
-  }
-  if (tiers.empty()) return not_supported("no host memory tier to read remote blocks into");
-  auto reserved = ctx_.store->reserve(key, tiers, now_ms());
-  if (reserved.is_ok() || reserved.status().code() != StatusCode::kResourceExhausted) {
-    return reserved;
-  }
-  ctx_.sessions.expire_priorities(ctx_.sessions.now_ms());
-  for (Tier tier : tiers) {
-    auto moves = ctx_.planner.make_room(tier, block_bytes, ctx_.sessions, *ctx_.view);
-    if (moves.empty()) continue;
-    ctx_.mover->apply(moves);
-    return ctx_.store->reserve(key, tiers, now_ms());
-  }
-  return reserved;
-}
-
-// One fetch_remote call's reads: the keys it started, read in chunks of at most
-// kFetchChunkBytes with at most `window` chunks at the worker at once, so a prefix of
-// any length is read (in turn) and slots are reserved only as their chunk starts.
-struct RemotePath::RemoteFetch {
-  std::string namespace_name;
-  std::deque<BlockKey> to_read;
-  size_t chunks_in_flight = 0;
-};
-
-namespace {
-constexpr uint64_t kFetchChunkBytes = 32ull << 20;
-}  // namespace
-
-void RemotePath::fetch_remote(const std::string& namespace_name, const std::vector<BlockKey>& keys,
+void RemotePath::fetch_remote(const std::vector<BlockKey>& keys,
                               std::function<void(size_t, const Status&)> done) {
-  auto answer = std::make_shared<std::function<void(size_t, const Status&)>>(std::move(done));
-  std::vector<std::pair<size_t, Status>> at_once;
-  if (!remote_->worker->connected()) {
-    for (size_t i = 0; i < keys.size(); ++i) {
-      (*answer)(i, ctx_.store->lookup(keys[i]) ? Status::ok()
-                                               : unavailable("the remote tier is not connected"));
-    }
-    return;
-  }
-  auto fetch = std::make_shared<RemoteFetch>();
-  fetch->namespace_name = namespace_name;
-  for (size_t i = 0; i < keys.size(); ++i) {
-    const BlockKey& key = keys[i];
-    auto waiter = [answer, i](const Status& status) { (*answer)(i, status); };
-    if (auto it = remote_->fetching.find(key); it != remote_->fetching.end()) {
-      it->second.push_back(std::move(waiter));  // joins the read already under way
-      continue;
-    }
-    if (ctx_.store->lookup(key)) {
-      at_once.emplace_back(i, Status::ok());
-      continue;
-    }
-    remote_->fetching[key].push_back(std::move(waiter));
-    fetch->to_read.push_back(key);
-  }
-  pump_fetch(fetch);
-  for (const auto& [i, status] : at_once) (*answer)(i, status);
-}
-
-void RemotePath::settle_fetch(const BlockKey& key, PendingWrite* slot, const Status& status) {
-  if (slot != nullptr) {
-    if (status.is_ok()) {
-      slot->commit();
-    } else {
-      slot->abort();
-    }
-    // A Save that found the block being written (our reservation) waits for it.
-    ctx_.parts.saves->wake_write_waiters(key, status.is_ok());
-  }
-  if (status.is_ok()) {
-    ++remote_->fetched_blocks;
-  } else {
-    ++remote_->fetch_misses;
-  }
-  auto it = remote_->fetching.find(key);
-  if (it == remote_->fetching.end()) return;
-  auto waiters = std::move(it->second);
-  remote_->fetching.erase(it);
-  for (auto& waiter : waiters) waiter(status);
-}
-
-void RemotePath::pump_fetch(const std::shared_ptr<RemoteFetch>& fetch) {
-  if (!remote_) return;
-  const uint64_t chunk_limit = std::min(kFetchChunkBytes, ctx_.config.remote_max_in_flight_bytes);
-  const size_t window = std::max<uint64_t>(1, ctx_.config.remote_max_in_flight_bytes / chunk_limit);
-  while (fetch->chunks_in_flight < window && !fetch->to_read.empty()) {
-    std::vector<StorageTier::ReadItem> reads;
-    auto slots = std::make_shared<std::vector<PendingWrite>>();
-    auto started = std::make_shared<std::vector<BlockKey>>();
-    uint64_t bytes = 0;
-    while (!fetch->to_read.empty()) {
-      const BlockKey key = fetch->to_read.front();
-      const uint64_t block_bytes = ctx_.store->block_bytes(key.layout);
-      if (!started->empty() && bytes + block_bytes > chunk_limit) break;
-      fetch->to_read.pop_front();
-      auto reserved = reserve_staging(key, block_bytes);
-      if (!reserved.is_ok() || !*reserved) {
-        // No room, or present meanwhile but not visible (a Save is writing it).
-        settle_fetch(
-            key, nullptr,
-            reserved.is_ok() ? unavailable("it is being saved; retry") : reserved.status());
-        continue;
-      }
-      PendingWrite& slot = **reserved;
-      std::byte* into =
-          ctx_.store->memory(slot.location().tier)->host_data() + slot.location().offset;
-      reads.push_back({{key, 0, block_bytes}, into});
-      slots->push_back(std::move(slot));
-      started->push_back(key);
-      bytes += block_bytes;
-    }
-    if (reads.empty()) continue;
-    ++fetch->chunks_in_flight;
-    // Every started read ends once: its slot committed or given back, its waiters told.
-    auto settle = [this, slots, started,
-                   fetch](const std::vector<StorageTier::ReadOutcome>& outcomes) {
-      for (size_t j = 0; j < started->size(); ++j) {
-        settle_fetch((*started)[j], &(*slots)[j], outcomes[j].status);
-      }
-      --fetch->chunks_in_flight;
-      pump_fetch(fetch);
-    };
-    if (!remote_->tier->try_read(
-            std::move(reads),
-            [settle](std::vector<StorageTier::ReadOutcome> outcomes) { settle(outcomes); })) {
-      // Other reads hold the worker's bound: this chunk and the rest are not read now.
-      --fetch->chunks_in_flight;
-      const Status busy =
-          resource_exhausted("the remote tier has as many bytes in flight as it may; retry");
-      for (size_t j = 0; j < started->size(); ++j) {
-        settle_fetch((*started)[j], &(*slots)[j], busy);
-      }
-      while (!fetch->to_read.empty()) {
-        const BlockKey key = fetch->to_read.front();
-        fetch->to_read.pop_front();
-        settle_fetch(key, nullptr, busy);
-      }
-      return;
-    }
-  }
+  // The executor reads them into memory (MoveExecutor::copy_in), joining reads under way.
+  ctx_.mover->copy_in(keys, std::move(done));
 }
 
 namespace {
@@ -192,7 +48,7 @@ void RemotePath::lookup_remote(const ConnectionPtr& c, const EngineContext& engi
   };
   // Blocks being read from the cluster already (a BeginTurn's prefetch) need no question.
   while (tiers.size() < hashes.size() &&
-         remote_->fetching.contains({engine.layout_key, hashes[tiers.size()]})) {
+         ctx_.mover->copying_in({engine.layout_key, hashes[tiers.size()]})) {
     tiers.push_back(Tier::kRemote);
   }
   // Not connected (the cluster is down or not reached yet): a miss at once, no wait.
@@ -347,7 +203,7 @@ void RemotePath::resume_from_remote(const ConnectionPtr& c, const EngineContext&
           }
           if (grew) ctx_.parts.journal->note_session_changed(*session);
         };
-        fetch_remote(engine.namespace_name, rest, std::move(grow));
+        fetch_remote(rest, std::move(grow));
       });
 }
 

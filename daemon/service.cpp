@@ -394,6 +394,11 @@ void Service::make_mover() {
     journal_->check_drain();
     saves_->resume_parked_saves();
   };
+  hooks.evict_for = [this](Tier tier, uint64_t bytes) {
+    ctx_.sessions.expire_priorities(ctx_.sessions.now_ms());
+    return ctx_.planner.make_room(tier, bytes, ctx_.sessions, *ctx_.view);
+  };
+  hooks.inserted = [this](const BlockKey& key, bool ok) { saves_->wake_write_waiters(key, ok); };
   hooks.now_ms = [this] { return ctx_.now_ms(); };
   hooks.wall_ms_of = [this](uint64_t steady_ms) {
     return steady_to_wall_ms(steady_ms, ctx_.now_ms(), wall_now_ms());

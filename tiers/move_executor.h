@@ -39,6 +39,12 @@
 // The pins go as soon as the bytes are staged or read; the slots and buffer when the
 // tier is done with them.
 //
+// Copies in (copy_in; the remote tier's fetch): blocks this node lacks, read out of the
+// key-addressed tier into new slots of the host-addressable memory tiers (RAM first;
+// room made at once by evicting, as for a Save), verified by the tier, and published
+// (PendingWrite::commit) only then. Reads of the same block join; a prefix of any length
+// is read in chunks, slots reserved only as their chunk starts, within the bound.
+//
 // Copies in a durable tier (NVMe is inclusive below RAM; block_store.h):
 //  - A block read up out of NVMe keeps its NVMe slot as a copy (step 4 does not give
 //    it up); its index entry stays, so a crash does not lose the block.
@@ -64,6 +70,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <unordered_map>
 #include <unordered_set>
@@ -101,6 +108,12 @@ class MoveExecutor {
     std::function<void()> before_persistent_write;
     // After any move, read or release finished (drain and unregister bookkeeping).
     std::function<void()> settled;
+    // Moves out of `tier` that make `bytes` of room at once (the planner's make_room,
+    // evicting): for a block copy_in reads.
+    std::function<std::vector<policy::Move>(Tier, uint64_t)> evict_for;
+    // A block copy_in had reserved was published (ok) or given up: what waits for a
+    // block being written (a Save of it) goes on.
+    std::function<void(const BlockKey&, bool ok)> inserted;
     // The steady clock (ms) and the wall clock (ms), for persisted access times.
     std::function<uint64_t()> now_ms;
     std::function<uint64_t(uint64_t steady_ms)> wall_ms_of;
@@ -123,6 +136,10 @@ class MoveExecutor {
     uint64_t spill_unwritten_blocks = 0;
     // Copies out: blocks copied out of GPU memory into staging slots to be written.
     uint64_t staged_blocks = 0;
+    // Copies in: blocks read into memory (verified), and blocks asked for and not had
+    // (not there, not verified, unreachable, no room, the bound full).
+    uint64_t copied_in_blocks = 0;
+    uint64_t copy_in_misses = 0;
   };
   // How a copy_out ended: `sent` of the blocks it took were handed to the tier (those
   // before the first whose bytes could not be had), and the first `written` of them were
@@ -159,6 +176,15 @@ class MoveExecutor {
   // or read buffers would pass the bound. Returns how many it took; then `done` runs
   // once, later, on the control thread (never when 0 were taken).
   size_t copy_out(std::span<const BlockKey> keys, std::function<void(CopyOutResult)> done);
+  // Reads `keys` this node lacks out of the spill tier into memory, joining reads already
+  // running. `done(i, status)` runs once per key on the control thread, maybe before this
+  // returns: OK once keys[i] is held here (visible to lookup and pin), or why not
+  // (NotFound, DataLoss, Unavailable, ResourceExhausted).
+  void copy_in(const std::vector<BlockKey>& keys, std::function<void(size_t, const Status&)> done);
+  // Whether `key` is being read in by copy_in.
+  bool copying_in(const BlockKey& key) const { return copying_in_.contains(key); }
+  // The most bytes one copy_in chunk asks the tier for.
+  static constexpr uint64_t kCopyInChunkBytes = 32ull << 20;
   // A stop: the spills under way end now (their blocks evicted, written there or not)
   // and evictions from now on are not spilled.
   void stop_spills();
@@ -208,6 +234,15 @@ class MoveExecutor {
                          std::vector<StorageTier::ReadItem> reads);
   // Lets go of the batch's pins, slots and buffer, then tells its caller `result`.
   void finish_copy_out(const std::shared_ptr<CopyOut>& batch, CopyOutResult result);
+  struct CopyIn;  // move_executor_copy_in.cpp
+  // Starts the next chunks of `copy` while it has fewer than its window at the tier.
+  void pump_copy_in(const std::shared_ptr<CopyIn>& copy);
+  // A block's copy in ended: its slot (nullptr: none was reserved) committed when
+  // `status` is OK, else given back; its waiters told.
+  void settle_copy_in(const BlockKey& key, PendingWrite* slot, const Status& status);
+  // A slot in a host-addressable memory tier for a block copy_in reads, making room
+  // at once. nullopt when the block is present already (being written).
+  Result<std::optional<PendingWrite>> reserve_for_copy_in(const BlockKey& key, uint64_t bytes);
   // Spills what of `keys` it can; returns the keys to evict at once.
   std::vector<BlockKey> spill(std::vector<BlockKey> keys);
   void spill_missing(const std::shared_ptr<Spill>& spill, std::vector<size_t> missing);
@@ -261,6 +296,9 @@ class MoveExecutor {
   std::shared_ptr<Memory> staging_;
   std::shared_ptr<SlabAllocator> staging_slots_;
   std::shared_ptr<uint64_t> buffered_bytes_ = std::make_shared<uint64_t>(0);
+  // Copies in: blocks being read into memory, each with who waits for it.
+  std::unordered_map<BlockKey, std::vector<std::function<void(const Status&)>>, BlockKeyHasher>
+      copying_in_;
 };
 
 }  // namespace kvtier

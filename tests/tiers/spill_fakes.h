@@ -85,6 +85,32 @@ class FakeSpillTier final : public StorageTier {
     if (miscount && !found.empty()) found.pop_back();  // a tier that answers short
     done(std::move(found));
   }
+  // Reads are held in flight (their destinations must stay reserved) until
+  // complete_reads() copies the stored bytes and answers (NotFound for a key not stored).
+  bool try_read(std::vector<ReadItem> items,
+                std::function<void(std::vector<ReadOutcome>)> done) override {
+    if (decline_reads) return false;
+    for (const ReadItem& item : items) read_attempts.push_back(item.slot.key);
+    reads_in_flight.push_back({std::move(items), std::move(done)});
+    return true;
+  }
+  void complete_reads() {
+    auto batches = std::move(reads_in_flight);
+    reads_in_flight.clear();
+    for (auto& [items, done] : batches) {
+      std::vector<ReadOutcome> outcomes;
+      for (const ReadItem& item : items) {
+        const auto found = stored.find(item.slot.key);
+        if (found == stored.end() || found->second.size() != item.slot.bytes) {
+          outcomes.push_back({not_found("not in the spill tier"), false});
+          continue;
+        }
+        std::memcpy(item.destination, found->second.data(), item.slot.bytes);
+        outcomes.push_back({Status::ok(), false});
+      }
+      done(std::move(outcomes));
+    }
+  }
   bool try_write(std::vector<WriteItem> items,
                  std::function<void(std::vector<Status>)> done) override {
     if (decline_writes) return false;
@@ -114,12 +140,16 @@ class FakeSpillTier final : public StorageTier {
 
   bool reachable_now = true;
   bool decline_writes = false;
+  bool decline_reads = false;
   bool miscount = false;  // probe answers one short, writes one long
   std::unordered_set<BlockKey, BlockKeyHasher> failing_writes;
   std::unordered_map<BlockKey, Bytes, BlockKeyHasher> stored;
   std::unordered_map<BlockKey, uint64_t, BlockKeyHasher> stored_wall_ms;
   std::vector<BlockKey> probed;
   std::vector<BlockKey> write_attempts;  // every block try_write accepted
+  std::vector<BlockKey> read_attempts;   // every block try_read accepted
+  std::vector<std::pair<std::vector<ReadItem>, std::function<void(std::vector<ReadOutcome>)>>>
+      reads_in_flight;
   std::vector<std::pair<std::vector<WriteItem>, std::function<void(std::vector<Status>)>>>
       writes_in_flight;
 };

@@ -1,5 +1,6 @@
-// MoveExecutor::copy_out (move_executor.h, move_executor_copy_out.cpp): copies of blocks
-// written into the key-addressed tier while the blocks stay where they are, against a
+// MoveExecutor::copy_out and copy_in (move_executor.h, move_executor_copy_*.cpp): copies of
+// blocks written into the key-addressed tier while the blocks stay where they are, and
+// blocks this node lacks read out of it into memory, against a
 // GPU-like memory (not host-addressable; the test's Device copies it), a RAM pool, a fake
 // NVMe tier and a fake spill tier, with a control thread the test drives by hand.
 //  - a block in host memory is written from where it lies, under its pin until the tier
@@ -10,7 +11,10 @@
 //    half the in-flight bound, or bytes to stage while the tier is unreachable;
 //  - a declined batch, a failed write, a failed staging copy and a block that does not
 //    read cut what was written at the first failure, and the caller is told only later,
-//    on the control thread.
+//    on the control thread;
+//  - copy_in reads blocks bit-exact into RAM, visible only once read, joining reads under
+//    way; a block the tier lacks is a miss and gives its slot back; unreachable or
+//    declined reads read nothing; full memory makes room by evicting.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -97,6 +101,18 @@ class MoveExecutorCopyOutTest : public ::testing::Test {
     };
     hooks.before_persistent_write = [] {};
     hooks.settled = [] {};
+    // Room for a copy in: the oldest block of the tier that has one, evicted.
+    hooks.evict_for = [this](Tier tier, uint64_t bytes) {
+      std::vector<policy::Move> moves;
+      store_.for_each_in_tier(tier, [&](const BlockKey& key, const BlockInfo&) {
+        if (moves.empty()) {
+          moves.push_back({policy::MoveKind::kEvict, key, tier, Tier::kNone,
+                           policy::MoveReason::kMakeRoom, bytes});
+        }
+      });
+      return moves;
+    };
+    hooks.inserted = [this](const BlockKey& key, bool ok) { inserted_.push_back({key, ok}); };
     hooks.now_ms = [] { return uint64_t{200}; };
     hooks.wall_ms_of = [](uint64_t steady_ms) { return steady_ms; };
     return hooks;
@@ -139,10 +155,26 @@ class MoveExecutorCopyOutTest : public ::testing::Test {
   }
   void run_until_settled() {
     drain_control_thread();
-    while (!spill_.writes_in_flight.empty()) {
+    while (!spill_.writes_in_flight.empty() || !spill_.reads_in_flight.empty()) {
       spill_.complete_writes();
+      spill_.complete_reads();
       drain_control_thread();
     }
+  }
+  // copy_in of `keys`; the answers land in answers_ by index.
+  void copy_in(const std::vector<BlockKey>& keys) {
+    answers_.assign(keys.size(), std::nullopt);
+    executor_.copy_in(keys, [this](size_t i, const Status& status) {
+      ASSERT_LT(i, answers_.size());
+      EXPECT_FALSE(answers_[i].has_value()) << "answered twice: " << i;
+      answers_[i] = status;
+    });
+  }
+  Bytes ram_bytes_of(const BlockKey& key) {
+    const auto info = store_.lookup(key);
+    if (!info || info->location.tier != Tier::kRam) return {};
+    const std::byte* at = ram_->host_data() + info->location.offset;
+    return Bytes(at, at + kBlockBytes);
   }
   bool stored_right(uint32_t n) const {
     const auto it = spill_.stored.find(key_of(kLayout, n));
@@ -168,6 +200,8 @@ class MoveExecutorCopyOutTest : public ::testing::Test {
   bool fail_copies_ = false;
   size_t copies_ = 0;
   std::optional<MoveExecutor::CopyOutResult> result_;
+  std::vector<std::optional<Status>> answers_;
+  std::vector<std::pair<BlockKey, bool>> inserted_;
   MoveExecutor executor_;
 };
 
@@ -323,6 +357,88 @@ TEST_F(MoveExecutorCopyOutTest, ABlockThatDoesNotReadIsDroppedAndNothingFromItOn
   EXPECT_EQ(result_->sent, 0u);
   EXPECT_EQ(tier_of(flaky), Tier::kNvme);
   EXPECT_EQ(store_.pinned_blocks(), 0u);
+}
+
+// Copies in (MoveExecutor::copy_in): blocks this node lacks, read out of the spill tier.
+
+TEST_F(MoveExecutorCopyOutTest, CopyInReadsMissingBlocksIntoRamBitExactAndJoinsReadsUnderWay) {
+  const BlockKey a = key_of(kLayout, 1);
+  const BlockKey b = key_of(kLayout, 2);
+  spill_.stored[a] = contents_of(1);
+  spill_.stored[b] = contents_of(2);
+  copy_in({a, b});
+  EXPECT_TRUE(executor_.copying_in(a));
+  EXPECT_FALSE(store_.lookup(a).has_value()) << "visible before it was read";
+  // A second ask for a block under way joins its read.
+  std::optional<Status> joined;
+  executor_.copy_in({a}, [&](size_t, const Status& status) { joined = status; });
+  EXPECT_EQ(spill_.read_attempts.size(), 2u);
+  run_until_settled();
+  ASSERT_TRUE(answers_[0].has_value() && answers_[1].has_value());
+  EXPECT_TRUE(answers_[0]->is_ok()) << answers_[0]->to_string();
+  EXPECT_TRUE(answers_[1]->is_ok());
+  ASSERT_TRUE(joined.has_value());
+  EXPECT_TRUE(joined->is_ok());
+  EXPECT_EQ(ram_bytes_of(a), contents_of(1));
+  EXPECT_EQ(ram_bytes_of(b), contents_of(2));
+  EXPECT_FALSE(executor_.copying_in(a));
+  EXPECT_EQ(executor_.counters().copied_in_blocks, 2u);
+  EXPECT_EQ(inserted_.size(), 2u);
+  // Held now: answered at once, nothing read.
+  copy_in({a});
+  EXPECT_TRUE(answers_[0].has_value() && answers_[0]->is_ok());
+  EXPECT_EQ(spill_.read_attempts.size(), 2u);
+}
+
+TEST_F(MoveExecutorCopyOutTest, CopyInOfABlockTheTierLacksIsAMissAndItsSlotIsGivenBack) {
+  const BlockKey there = key_of(kLayout, 1);
+  const BlockKey absent = key_of(kLayout, 2);
+  spill_.stored[there] = contents_of(1);
+  copy_in({there, absent});
+  run_until_settled();
+  EXPECT_TRUE(answers_[0]->is_ok());
+  ASSERT_TRUE(answers_[1].has_value());
+  EXPECT_EQ(answers_[1]->code(), StatusCode::kNotFound);
+  EXPECT_FALSE(store_.lookup(absent).has_value());
+  EXPECT_EQ(store_.usage(Tier::kRam).used_bytes, kBlockBytes);  // only the block read
+  EXPECT_EQ(executor_.counters().copy_in_misses, 1u);
+  EXPECT_EQ(inserted_.back(), std::make_pair(absent, false));
+}
+
+TEST_F(MoveExecutorCopyOutTest, CopyInWithTheTierUnreachableOrItsBoundFullReadsNothing) {
+  const BlockKey held = saved_in(Tier::kRam, 1);
+  const BlockKey away = key_of(kLayout, 2);
+  spill_.stored[away] = contents_of(2);
+  spill_.reachable_now = false;
+  copy_in({held, away});  // answered at once
+  EXPECT_TRUE(answers_[0].has_value() && answers_[0]->is_ok());
+  ASSERT_TRUE(answers_[1].has_value());
+  EXPECT_EQ(answers_[1]->code(), StatusCode::kUnavailable);
+  spill_.reachable_now = true;
+  spill_.decline_reads = true;
+  copy_in({away, key_of(kLayout, 3)});
+  for (const auto& answer : answers_) {
+    ASSERT_TRUE(answer.has_value());
+    EXPECT_EQ(answer->code(), StatusCode::kResourceExhausted);
+  }
+  EXPECT_FALSE(executor_.copying_in(away));
+  EXPECT_EQ(store_.usage(Tier::kRam).used_bytes, kBlockBytes);  // the held block only
+  EXPECT_TRUE(spill_.read_attempts.empty());
+}
+
+TEST_F(MoveExecutorCopyOutTest, CopyInIntoFullMemoryMakesRoomByEvicting) {
+  std::vector<BlockKey> held;
+  for (uint32_t n = 1; n <= 8; ++n) held.push_back(saved_in(Tier::kRam, n));  // RAM full
+  for (uint32_t n = 11; n <= 18; ++n) saved_in(Tier::kHbm, n);  // and HBM (not host memory)
+  const BlockKey away = key_of(kLayout, 20);
+  spill_.stored[away] = contents_of(20);
+  copy_in({away});
+  run_until_settled();
+  ASSERT_TRUE(answers_[0].has_value());
+  EXPECT_TRUE(answers_[0]->is_ok()) << answers_[0]->to_string();
+  EXPECT_EQ(ram_bytes_of(away), contents_of(20));
+  EXPECT_EQ(removed_.size(), 1u);  // one RAM block made room
+  EXPECT_EQ(store_.usage(Tier::kRam).blocks, 8u);
 }
 
 }  // namespace
