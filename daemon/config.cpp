@@ -240,6 +240,17 @@ const std::vector<Setting>& settings() {
                    "pauses at this"),
       integer_setting("max-connections", &C::max_connections, 1, 1 << 20, kRestart,
                       "open connections; more are refused (resource exhausted, retryable)"),
+      integer_setting("max-connections-per-tenant", &C::max_connections_per_tenant, 1, 1 << 20,
+                      kRestart,
+                      "open connections one peer uid may hold; more from it are refused "
+                      "(root and the admin group are not held to it)"),
+      integer_setting("admin-reserved-connections", &C::admin_reserved_connections, 0, 1 << 20,
+                      kRestart,
+                      "the last this many of max-connections only root and the admin group may "
+                      "take, so kvtierctl answers however many others hold"),
+      duration_setting("hello-timeout", &C::hello_timeout_ms, kRestart,
+                       "a connection must send its first request (Hello, or an operator "
+                       "request) within this or it is closed (0: no deadline)"),
       admin_group_setting(),
       shared_namespace_setting(),
       text_setting("metrics-addr", &C::metrics_addr, kRestart,
@@ -280,6 +291,12 @@ Status validate(const DaemonConfig& config) {
     return invalid_argument("hbm-bytes and ram-bytes are both 0: there is nowhere to keep blocks");
   }
   if (config.slab_bytes < 4096) return invalid_argument("slab-bytes must be at least 4KiB");
+  if (config.admin_reserved_connections >= config.max_connections) {
+    return invalid_argument(
+        "admin-reserved-connections ({}) must be below max-connections ({}): otherwise only "
+        "root and the admin group could connect",
+        config.admin_reserved_connections, config.max_connections);
+  }
   // Below one frame's worth a connection would pause after every request.
   if (config.max_request_bytes_per_connection < (64 << 10)) {
     return invalid_argument("max-request-bytes-per-connection must be at least 64KiB");

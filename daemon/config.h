@@ -82,6 +82,12 @@ struct DaemonConfig {
   uint64_t max_request_bytes_per_connection = 64ull << 20;  // received frames being handled
   uint64_t max_reply_bytes_per_connection = 32ull << 20;    // replies the engine has not read
   uint32_t max_connections = 512;
+  // Per peer uid (a tenant); admins are not held to it.
+  uint32_t max_connections_per_tenant = 128;
+  // The last this many of max_connections are kept for root and the admin group.
+  uint32_t admin_reserved_connections = 8;
+  // A connection's first request (Hello, or an operator request) must come within this.
+  uint64_t hello_timeout_ms = 5'000;
   std::string admin_group;         // name as configured (empty: none)
   std::optional<gid_t> admin_gid;  // members may use admin requests (besides uid 0)
   // uid → shared namespace name; unlisted uids get their own namespace "uid:N".

@@ -67,6 +67,9 @@ ipc::ConnectionLimits connection_limits(const DaemonConfig& config) {
   limits.max_held_request_bytes = config.max_request_bytes_per_connection;
   limits.max_queued_reply_bytes = config.max_reply_bytes_per_connection;
   limits.max_connections = config.max_connections;
+  limits.max_connections_per_uid = config.max_connections_per_tenant;
+  limits.admin_reserved_connections = config.admin_reserved_connections;
+  limits.first_frame_timeout_ms = config.hello_timeout_ms;
   return limits;
 }
 

@@ -53,7 +53,12 @@ class Service final : public ipc::RequestHandler {
   void stop(std::function<void()> stopped = {});
   // The server whose connections Stats, status and /metrics count; it outlives the
   // Service's serving (main and the in-process harness stop it first).
-  void attach_server(const ipc::Server* server) { ctx_.server = server; }
+  // The server whose connections Stats count; it learns who is an admin from here.
+  void attach_server(ipc::Server* server) {
+    server->set_admin_check(
+        [this](const ipc::PeerCredentials& peer) { return ctx_.engines.is_admin(peer); });
+    ctx_.server = server;
+  }
   // What main does when the device is lost (stop the server, the metrics endpoint,
   // the signal handlers); called on the control thread with the exit code, after the
   // session table was written and before the event loop is stopped.

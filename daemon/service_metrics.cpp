@@ -58,9 +58,17 @@ std::string Service::render_metrics() const {
   out.sample("kvtier_connections", "",
              static_cast<uint64_t>(ctx_.server ? ctx_.server->connection_count() : 0));
   out.family("kvtier_connections_refused_total", "counter",
-             "Connections refused because max-connections were open.");
-  out.sample("kvtier_connections_refused_total", "",
-             ctx_.server ? ctx_.server->refused_connections() : 0);
+             "Connections refused, by the limit that refused them.");
+  for (ipc::Refusal why :
+       {ipc::Refusal::kMaxConnections, ipc::Refusal::kPerUid, ipc::Refusal::kAdminReserved}) {
+    out.sample("kvtier_connections_refused_total",
+               fmt::format("limit=\"{}\"", ipc::refusal_name(why)),
+               ctx_.server ? ctx_.server->refused_connections(why) : 0);
+  }
+  out.family("kvtier_connections_timed_out_total", "counter",
+             "Connections closed for sending no request within hello-timeout.");
+  out.sample("kvtier_connections_timed_out_total", "",
+             ctx_.server ? ctx_.server->first_frame_timeouts() : 0);
 
   out.family("kvtier_lookup_hits_total", "counter", "Blocks found by Lookup and Load.");
   out.sample("kvtier_lookup_hits_total", "", ctx_.counters.lookup_hits);

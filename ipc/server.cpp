@@ -49,19 +49,48 @@ struct Connection::RequestBytesLease {
   }
 };
 
+std::string_view refusal_name(Refusal refusal) {
+  switch (refusal) {
+    case Refusal::kMaxConnections:
+      return "max-connections";
+    case Refusal::kPerUid:
+      return "max-connections-per-tenant";
+    case Refusal::kAdminReserved:
+      return "admin-reserved-connections";
+  }
+  return "?";
+}
+
 Connection::Connection(asio::local::stream_protocol::socket socket, PeerCredentials peer,
-                       uint64_t id, const ConnectionLimits& limits, RequestHandler& handler)
+                       uint64_t id, const ConnectionLimits& limits, RequestHandler& handler,
+                       std::shared_ptr<ServerCounters> counters)
     : socket_(std::move(socket)),
       peer_(peer),
       id_(id),
       limits_(limits),
       handler_(handler),
+      counters_(counters ? std::move(counters) : std::make_shared<ServerCounters>()),
+      first_frame_deadline_(socket_.get_executor()),
       parser_(limits.frame) {}
 
 void Connection::start() {
   socket_.non_blocking(true);
   handler_.on_connect(shared_from_this());
+  start_first_frame_deadline();
   read_more();
+}
+
+void Connection::start_first_frame_deadline() {
+  if (limits_.first_frame_timeout_ms == 0) return;
+  first_frame_deadline_.expires_after(std::chrono::milliseconds(limits_.first_frame_timeout_ms));
+  first_frame_deadline_.async_wait([weak = weak_from_this()](const boost::system::error_code& ec) {
+    auto self = weak.lock();
+    if (ec || !self || self->got_frame_ || !self->open_) return;
+    ++self->counters_->first_frame_timeouts;
+    KVTIER_LOG_DEBUG("connection {} (pid {} uid {}): no request within {} ms; closed", self->id_,
+                     self->peer_.pid, self->peer_.uid, self->limits_.first_frame_timeout_ms);
+    self->close();
+  });
 }
 
 bool Connection::can_take_more() const {
@@ -159,6 +188,10 @@ void Connection::deliver_frames() {
       return;
     }
     if (!frame->has_value()) return;
+    if (!got_frame_) {
+      got_frame_ = true;
+      first_frame_deadline_.cancel();
+    }
     ++in_flight_;
     const uint64_t bytes = (*frame)->size_bytes();
     held_request_bytes_ += bytes;
@@ -257,6 +290,7 @@ void Connection::write_next() {
 void Connection::close() {
   if (!open_) return;
   open_ = false;
+  first_frame_deadline_.cancel();
   boost::system::error_code ignored;
   socket_.cancel(ignored);
   socket_.close(ignored);
@@ -329,11 +363,12 @@ void Server::accept_next() {
         if (ec == asio::error::operation_aborted || !acceptor_.is_open()) return;
         if (!ec) {
           auto peer = peer_credentials(socket.native_handle());
-          if (peer.is_ok() && connection_count() >= limits_.max_connections) {
-            refuse(std::move(socket), *peer);
+          const std::optional<Refusal> refusal = peer.is_ok() ? refusal_for(*peer) : std::nullopt;
+          if (refusal) {
+            refuse(std::move(socket), *peer, *refusal);
           } else if (peer.is_ok()) {
             auto connection = std::make_shared<Connection>(
-                std::move(socket), *peer, next_connection_id_++, limits_, handler_);
+                std::move(socket), *peer, next_connection_id_++, limits_, handler_, counters_);
             std::erase_if(connections_, [](const auto& weak) { return weak.expired(); });
             connections_.push_back(connection);
             connection->start();
@@ -347,15 +382,44 @@ void Server::accept_next() {
       });
 }
 
-void Server::refuse(asio::local::stream_protocol::socket socket, const PeerCredentials& peer) {
-  ++refused_connections_;
-  const std::string message =
-      fmt::format("kvtierd already serves {} connections (max-connections); retry later",
-                  limits_.max_connections);
-  // The first refusal and every 1000th are logged: a flood must not flood the log.
-  if (refused_connections_ % 1000 == 1) {
-    KVTIER_LOG_WARN("refusing a connection from pid {} uid {}: {} ({} refused so far)", peer.pid,
-                    peer.uid, message, refused_connections_);
+std::optional<Refusal> Server::refusal_for(const PeerCredentials& peer) const {
+  const size_t open = connection_count();
+  if (open >= limits_.max_connections) return Refusal::kMaxConnections;
+  if (is_admin_ && is_admin_(peer)) return std::nullopt;
+  if (connection_count(peer.uid) >= limits_.max_connections_per_uid) return Refusal::kPerUid;
+  const uint32_t reserved = std::min(limits_.admin_reserved_connections, limits_.max_connections);
+  if (open >= limits_.max_connections - reserved) return Refusal::kAdminReserved;
+  return std::nullopt;
+}
+
+void Server::refuse(asio::local::stream_protocol::socket socket, const PeerCredentials& peer,
+                    Refusal why) {
+  uint64_t& refused = counters_->refused[static_cast<size_t>(why)];
+  ++refused;
+  std::string message;
+  switch (why) {
+    case Refusal::kMaxConnections:
+      message = fmt::format("kvtierd already serves {} connections (max-connections); retry later",
+                            limits_.max_connections);
+      break;
+    case Refusal::kPerUid:
+      message = fmt::format(
+          "uid {} already holds {} connections to kvtierd (max-connections-per-tenant); close "
+          "some or retry later",
+          peer.uid, limits_.max_connections_per_uid);
+      break;
+    case Refusal::kAdminReserved:
+      message = fmt::format(
+          "kvtierd serves {} connections; the last {} of its {} (max-connections) are reserved "
+          "for administrators (admin-reserved-connections); retry later",
+          connection_count(), limits_.admin_reserved_connections, limits_.max_connections);
+      break;
+  }
+  // The first refusal of each reason and every 1000th are logged: a flood must not flood
+  // the log.
+  if (refused % 1000 == 1) {
+    KVTIER_LOG_WARN("refusing a connection from pid {} uid {}: {} ({} refused so far for {})",
+                    peer.pid, peer.uid, message, refused, refusal_name(why));
   }
   auto reply = connection_error_reply(wire::ErrorCode::RESOURCE_EXHAUSTED, message, true);
   auto bytes = reply.asBytes();
@@ -393,6 +457,21 @@ size_t Server::connection_count() const {
     if (connection && connection->is_open()) ++count;
   }
   return count;
+}
+
+size_t Server::connection_count(uid_t uid) const {
+  size_t count = 0;
+  for (const auto& weak : connections_) {
+    auto connection = weak.lock();
+    if (connection && connection->is_open() && connection->peer().uid == uid) ++count;
+  }
+  return count;
+}
+
+uint64_t Server::refused_connections() const {
+  uint64_t total = 0;
+  for (uint64_t refused : counters_->refused) total += refused;
+  return total;
 }
 
 }  // namespace kvtier::ipc

@@ -21,8 +21,15 @@
 // read add up to `max_queued_reply_bytes`, and resumes as they drain. A peer that never
 // reads its replies therefore stops being read, holding at most those bytes (plus one
 // frame and the replies of its requests in flight), and everyone else is served
-// meanwhile. Connections past `max_connections` get an Error reply with id 0
-// (resource exhausted, retryable) naming the limit and are closed.
+// meanwhile.
+//
+// What one peer can make the server refuse others is bounded too. A newcomer is refused
+// (an Error reply with id 0, resource exhausted, retryable, naming the limit; then
+// closed) when `max_connections` are open; or, unless it is an admin (the server's admin
+// check: root, the admin group), when its uid holds `max_connections_per_uid` already, or
+// when only the last `admin_reserved_connections` of max_connections are left (kept for
+// kvtierctl). A connection that has not delivered a whole frame within
+// `first_frame_timeout_ms` is closed and counted: idle sockets cannot hold slots.
 //
 // Thread-safety: everything here runs on the io_context's thread (the control
 // thread). Handlers may keep a shared_ptr<Connection> and reply later from the same
@@ -32,8 +39,13 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/local/stream_protocol.hpp>
 
+#include <boost/asio/steady_timer.hpp>
+
+#include <array>
 #include <deque>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -70,12 +82,34 @@ struct ConnectionLimits {
   uint32_t max_queued_fds = kMaxFdsPerRequest;
   // Open connections the server accepts; more are refused. Server-wide.
   uint32_t max_connections = 512;
+  // Open connections one peer uid may hold (kvtierd's tenants are peer uids); admins are
+  // not held to it.
+  uint32_t max_connections_per_uid = 64;
+  // The last this many of max_connections only admins may take.
+  uint32_t admin_reserved_connections = 4;
+  // A connection must deliver its first whole frame within this many ms, or it is
+  // closed; 0: no deadline.
+  uint64_t first_frame_timeout_ms = 5000;
+};
+
+// Why the server refused a connection (counted per reason).
+enum class Refusal : uint8_t { kMaxConnections, kPerUid, kAdminReserved };
+inline constexpr size_t kRefusalKinds = 3;
+// The limit's configuration name ("max-connections", "max-connections-per-tenant",
+// "admin-reserved-connections").
+std::string_view refusal_name(Refusal refusal);
+
+// Counts the server and its connections share (a connection may outlive the server).
+struct ServerCounters {
+  std::array<uint64_t, kRefusalKinds> refused{};
+  uint64_t first_frame_timeouts = 0;  // closed for sending no whole frame in time
 };
 
 class Connection : public std::enable_shared_from_this<Connection> {
  public:
   Connection(asio::local::stream_protocol::socket socket, PeerCredentials peer, uint64_t id,
-             const ConnectionLimits& limits, RequestHandler& handler);
+             const ConnectionLimits& limits, RequestHandler& handler,
+             std::shared_ptr<ServerCounters> counters = nullptr);
 
   uint64_t id() const { return id_; }
   const PeerCredentials& peer() const { return peer_; }
@@ -118,12 +152,17 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void drop_queued_replies();
   void write_next();
   void finish();
+  // Closes the connection when no whole frame came within first_frame_timeout_ms.
+  void start_first_frame_deadline();
 
   asio::local::stream_protocol::socket socket_;
   const PeerCredentials peer_;
   const uint64_t id_;
   const ConnectionLimits limits_;
   RequestHandler& handler_;
+  std::shared_ptr<ServerCounters> counters_;
+  asio::steady_timer first_frame_deadline_;
+  bool got_frame_ = false;
   FrameParser parser_;
   std::deque<UniqueFd> fds_;  // received, unclaimed, oldest first
   std::deque<kj::Array<capnp::word>> outgoing_;
@@ -153,14 +192,30 @@ class Server {
   // Stops accepting and closes every connection.
   void stop();
 
+  // Who is an admin (kept out of the per-uid limit, may take the reserved connections).
+  // Without one, nobody is.
+  void set_admin_check(std::function<bool(const PeerCredentials&)> is_admin) {
+    is_admin_ = std::move(is_admin);
+  }
+
   size_t connection_count() const;
-  // Connections refused because max_connections were open.
-  uint64_t refused_connections() const { return refused_connections_; }
+  // Open connections of one peer uid.
+  size_t connection_count(uid_t uid) const;
+  // Connections refused, all reasons together and by reason.
+  uint64_t refused_connections() const;
+  uint64_t refused_connections(Refusal why) const {
+    return counters_->refused[static_cast<size_t>(why)];
+  }
+  // Connections closed for sending no whole frame within first_frame_timeout_ms.
+  uint64_t first_frame_timeouts() const { return counters_->first_frame_timeouts; }
   const std::string& path() const { return path_; }
 
  private:
   void accept_next();
-  void refuse(asio::local::stream_protocol::socket socket, const PeerCredentials& peer);
+  // Why a newcomer from `peer` is refused now; nullopt: accepted.
+  std::optional<Refusal> refusal_for(const PeerCredentials& peer) const;
+  void refuse(asio::local::stream_protocol::socket socket, const PeerCredentials& peer,
+              Refusal why);
 
   asio::io_context& io_;
   RequestHandler& handler_;
@@ -169,7 +224,8 @@ class Server {
   std::string path_;
   bool owns_path_ = false;
   uint64_t next_connection_id_ = 1;
-  uint64_t refused_connections_ = 0;
+  std::shared_ptr<ServerCounters> counters_ = std::make_shared<ServerCounters>();
+  std::function<bool(const PeerCredentials&)> is_admin_;
   std::vector<std::weak_ptr<Connection>> connections_;
 };
 

@@ -20,8 +20,10 @@ class ConnectionLimits : public DaemonTest {
  protected:
   std::vector<std::string> daemon_flags() const override {
     std::vector<std::string> flags = small_tier_flags();
-    for (const char* flag : {"--max-connections", "3", "--max-reply-bytes-per-connection", "64KiB"})
+    for (const char* flag : {"--max-connections", "3", "--admin-reserved-connections", "0",
+                             "--max-reply-bytes-per-connection", "64KiB"}) {
       flags.emplace_back(flag);
+    }
     return flags;
   }
   Result<RawConnection> connect_raw() const {

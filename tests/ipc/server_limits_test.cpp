@@ -4,8 +4,10 @@
 #include <gtest/gtest.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <capnp/message.h>
+#include <fmt/format.h>
 #include <boost/asio/io_context.hpp>
 
 #include <atomic>
@@ -279,6 +281,7 @@ TEST_F(ServerLimits, FramesTheHandlerHoldsAreBoundedAndReadingResumesWhenItLetsG
 TEST_F(ServerLimits, ConnectionsPastTheCapAreRefusedNamingTheLimit) {
   ConnectionLimits limits;
   limits.max_connections = 2;
+  limits.admin_reserved_connections = 0;
   start(limits);
   std::optional<ClientTransport> a;
   std::optional<ClientTransport> b;
@@ -315,6 +318,105 @@ TEST_F(ServerLimits, ConnectionsPastTheCapAreRefusedNamingTheLimit) {
   ASSERT_TRUE(send_stats(*d).is_ok());
   ASSERT_TRUE(run_until([&] { return frames_[d_server->id()] == 1; }));
   EXPECT_EQ(server_->refused_connections(), 1u);
+}
+
+// The refusal `client` got: its message (empty when it got something else).
+std::string refusal_message(ClientTransport& client) {
+  auto reply = client.receive();
+  if (!reply.is_ok()) return {};
+  auto response = reply->reader().getRoot<wire::Response>();
+  if (response.getId() != 0 || !response.isError() ||
+      response.getError().getCode() != wire::ErrorCode::RESOURCE_EXHAUSTED ||
+      !response.getError().getRetryable()) {
+    return {};
+  }
+  return response.getError().getMessage().cStr();
+}
+
+// Every connection here comes from this process's uid: one tenant.
+TEST_F(ServerLimits, OneUidPastItsLimitIsRefusedNamingItAndAnAdminIsNot) {
+  ConnectionLimits limits;
+  limits.max_connections_per_uid = 2;
+  start(limits);
+  bool admin = false;
+  server_->set_admin_check([&](const PeerCredentials&) { return admin; });
+  std::optional<ClientTransport> a;
+  std::optional<ClientTransport> b;
+  ASSERT_NE(connect_accepted(a), nullptr);
+  ASSERT_NE(connect_accepted(b), nullptr);
+  EXPECT_EQ(server_->connection_count(::getuid()), 2u);
+
+  auto c = connect();
+  ASSERT_TRUE(c.is_ok()) << c.status().to_string();
+  ASSERT_TRUE(run_until([&] { return server_->refused_connections() == 1; }));
+  EXPECT_EQ(server_->refused_connections(Refusal::kPerUid), 1u);
+  const std::string message = refusal_message(*c);
+  EXPECT_NE(message.find("max-connections-per-tenant"), std::string::npos) << message;
+  EXPECT_NE(message.find(fmt::format("uid {}", ::getuid())), std::string::npos) << message;
+  EXPECT_EQ(accepted_.size(), 2u);
+
+  // An admin of the same uid is not held to it.
+  admin = true;
+  std::optional<ClientTransport> d;
+  ASSERT_NE(connect_accepted(d), nullptr);
+  EXPECT_EQ(server_->connection_count(), 3u);
+  // One of the uid's own leaves: its next newcomer gets in.
+  admin = false;
+  a.reset();
+  b.reset();
+  ASSERT_TRUE(run_until([&] { return server_->connection_count() == 1; }));
+  std::optional<ClientTransport> e;
+  ASSERT_NE(connect_accepted(e), nullptr);
+}
+
+TEST_F(ServerLimits, TheLastConnectionsAreReservedForAdmins) {
+  ConnectionLimits limits;
+  limits.max_connections = 3;
+  limits.admin_reserved_connections = 2;
+  start(limits);
+  bool admin = false;
+  server_->set_admin_check([&](const PeerCredentials&) { return admin; });
+  std::optional<ClientTransport> a;
+  ASSERT_NE(connect_accepted(a), nullptr);
+  auto b = connect();  // the second would take a reserved one
+  ASSERT_TRUE(b.is_ok());
+  ASSERT_TRUE(run_until([&] { return server_->refused_connections() == 1; }));
+  EXPECT_EQ(server_->refused_connections(Refusal::kAdminReserved), 1u);
+  const std::string message = refusal_message(*b);
+  EXPECT_NE(message.find("admin-reserved-connections"), std::string::npos) << message;
+
+  admin = true;  // both reserved ones go to admins; past max_connections nobody gets in
+  std::optional<ClientTransport> c;
+  std::optional<ClientTransport> d;
+  ASSERT_NE(connect_accepted(c), nullptr);
+  ASSERT_NE(connect_accepted(d), nullptr);
+  auto e = connect();
+  ASSERT_TRUE(e.is_ok());
+  ASSERT_TRUE(run_until([&] { return server_->refused_connections() == 2; }));
+  EXPECT_EQ(server_->refused_connections(Refusal::kMaxConnections), 1u);
+  EXPECT_NE(refusal_message(*e).find("max-connections"), std::string::npos);
+}
+
+TEST_F(ServerLimits, AConnectionWithNoFrameInTimeIsClosedAndOneWithAFrameStays) {
+  ConnectionLimits limits;
+  limits.first_frame_timeout_ms = 100;
+  start(limits);
+  std::optional<ClientTransport> silent;
+  std::optional<ClientTransport> talking;
+  auto silent_server = connect_accepted(silent);
+  auto talking_server = connect_accepted(talking);
+  ASSERT_NE(silent_server, nullptr);
+  ASSERT_NE(talking_server, nullptr);
+  ASSERT_TRUE(send_stats(*talking).is_ok());
+  ASSERT_TRUE(run_until([&] { return frames_[talking_server->id()] == 1; }));
+  ASSERT_TRUE(run_until([&] { return !silent_server->is_open(); }));
+  EXPECT_EQ(server_->first_frame_timeouts(), 1u);
+  EXPECT_EQ(silent->receive().status().code(), StatusCode::kUnavailable);  // closed, no reply
+  run_for(std::chrono::milliseconds(300));
+  EXPECT_TRUE(talking_server->is_open());
+  ASSERT_TRUE(send_stats(*talking).is_ok());
+  ASSERT_TRUE(run_until([&] { return frames_[talking_server->id()] == 2; }));
+  EXPECT_EQ(server_->first_frame_timeouts(), 1u);
 }
 
 }  // namespace

@@ -1,0 +1,242 @@
+// One tenant cannot lock out the node, against the real kvtierd. A flooder (a forked
+// child as an unprivileged uid) opens 3,000 connections and sends nothing:
+//  - past max-connections-per-tenant its newcomers are refused naming that limit, while an
+//    engine of another uid connects, saves and loads bit-exact and kvtierctl (root)
+//    answers;
+//  - with a per-tenant limit too large to stop it, the last admin-reserved-connections are
+//    refused to it and to every other non-admin, naming that limit, and kvtierctl still
+//    answers;
+// and a connection that sends no request within hello-timeout is closed, while one that
+// did stays. Running as other uids needs root: without it the tenant tests skip.
+#include <grp.h>
+#include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <string>
+#include <vector>
+
+#include "common/unique_fd.h"
+#include "ipc/unix_socket.h"
+#include "tests/integration/daemon_harness.h"
+#include "tests/integration/raw_connection.h"
+
+namespace kvtier::integration {
+namespace {
+
+constexpr uid_t kFlooderUid = 65534;
+constexpr uid_t kOtherUid = 65533;
+constexpr int kFloodConnections = 3000;
+
+int become(uid_t uid) {
+  if (::setgroups(0, nullptr) != 0 || ::setgid(uid) != 0 || ::setuid(uid) != 0) {
+    return child_failure(2, fmt::format("cannot become uid {}", uid));
+  }
+  return 0;
+}
+
+// The first reply on `raw` is the refusal naming `limit` (then the daemon closes it).
+::testing::AssertionResult RefusedNaming(RawConnection& raw, std::string_view limit) {
+  auto reply = raw.receive_reply();
+  if (!reply.is_ok()) return ::testing::AssertionFailure() << reply.status().to_string();
+  if (reply->id != 0) return ::testing::AssertionFailure() << "reply id " << reply->id;
+  return IsError(reply->error, StatusCode::kResourceExhausted, limit);
+}
+
+// A child as kFlooderUid holding up to kFloodConnections idle connections; it checks that
+// its last newcomer was refused naming `limit`, reports on `report` ("flooded" or what
+// went wrong), and holds its connections until `hold` reaches end of file.
+class Flooder {
+ public:
+  Flooder(const Daemon& daemon, std::string limit) {
+    int report[2], hold[2];
+    if (::pipe(report) != 0 || ::pipe(hold) != 0) return;
+    pid_ = fork_child([&, limit] {
+      ::close(report[0]);
+      ::close(hold[1]);
+      // Room for every descriptor, granted while still root.
+      const rlimit files{kFloodConnections + 256, kFloodConnections + 256};
+      if (::setrlimit(RLIMIT_NOFILE, &files) != 0) return child_failure(3, "setrlimit");
+      if (int failed = become(kFlooderUid); failed != 0) return failed;
+      // Plain sockets that never send; the daemon refuses and closes those past the limit
+      // (their descriptors stay open here, as a careless client's would).
+      std::vector<UniqueFd> held;
+      std::string outcome = "flooded\n";
+      for (int i = 0; i + 1 < kFloodConnections; ++i) {
+        auto fd = ipc::connect_unix(daemon.socket_path());
+        if (!fd.is_ok()) {
+          outcome = fmt::format("connect {}: {}\n", i, fd.status().to_string());
+          break;
+        }
+        held.push_back(std::move(*fd));
+      }
+      // The last newcomer reads its refusal.
+      auto last = RawConnection::connect(daemon.socket_path());
+      if (outcome == "flooded\n" && !last.is_ok()) {
+        outcome = fmt::format("last connect: {}\n", last.status().to_string());
+      } else if (outcome == "flooded\n") {
+        const auto refused = RefusedNaming(*last, limit);
+        if (!refused) outcome = fmt::format("last newcomer: {}\n", refused.message());
+      }
+      (void)!::write(report[1], outcome.data(), outcome.size());
+      char byte;
+      while (::read(hold[0], &byte, 1) > 0) {
+      }
+      return 0;
+    });
+    ::close(report[1]);
+    ::close(hold[0]);
+    report_fd_ = report[0];
+    hold_fd_ = hold[1];
+  }
+  ~Flooder() { release(); }
+
+  // What the child reported once it had flooded.
+  std::string report() const { return read_pipe_until(report_fd_, "\n"); }
+  // Lets the child go (its connections close) and waits for it.
+  ExitStatus release() {
+    if (pid_ <= 0) return {};
+    ::close(hold_fd_);
+    ::close(report_fd_);
+    const ExitStatus status = wait_for_exit(pid_);
+    pid_ = -1;
+    return status;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  int report_fd_ = -1;
+  int hold_fd_ = -1;
+};
+
+// An engine of kOtherUid, in a child: connects, saves and loads back bit-exact.
+::testing::AssertionResult OtherTenantServed(const Daemon& daemon) {
+  const pid_t child = fork_child([&] {
+    if (int failed = become(kOtherUid); failed != 0) return failed;
+    const auto served = ServesSaveAndLoad(daemon, "another-tenant");
+    return served ? 0 : child_failure(4, served.message());
+  });
+  const ExitStatus status = wait_for_exit(child);
+  if (status.ok()) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "the other tenant's engine " << status.describe();
+}
+
+// A connection of kOtherUid, in a child, is refused naming `limit`.
+::testing::AssertionResult OtherTenantRefused(const Daemon& daemon, std::string_view limit) {
+  const pid_t child = fork_child([&] {
+    if (int failed = become(kOtherUid); failed != 0) return failed;
+    auto raw = RawConnection::connect(daemon.socket_path());
+    if (!raw.is_ok()) return child_failure(5, "connect", raw.status());
+    const auto refused = RefusedNaming(*raw, limit);
+    return refused ? 0 : child_failure(6, refused.message());
+  });
+  const ExitStatus status = wait_for_exit(child);
+  if (status.ok()) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "the other tenant's connection " << status.describe();
+}
+
+class TenantLimits : public DaemonTest {
+ protected:
+  void SetUp() override {
+    if (::geteuid() != 0) {
+      GTEST_SKIP() << "tenants are peer uids: running a flooder and another tenant needs root; "
+                      "run the integration tests as root to cover it";
+    }
+    DaemonTest::SetUp();
+    if (daemon_) {
+      ASSERT_TRUE(daemon_->open_to_all_users().is_ok());
+      // Only the test's own connections count from here (not the start-up probe).
+      ASSERT_TRUE(
+          daemon_->wait_for_stats([](const StatsInfo& s) { return s.connections == 1; }).is_ok());
+    }
+  }
+  ::testing::AssertionResult KvtierctlAnswers() const {
+    const ProcessResult run = daemon_->run_kvtierctl({"status"});
+    if (run.status.ok()) return ::testing::AssertionSuccess();
+    return ::testing::AssertionFailure() << "kvtierctl status: " << run.describe();
+  }
+};
+
+class PerTenantLimit : public TenantLimits {
+ protected:
+  std::vector<std::string> daemon_flags() const override {
+    std::vector<std::string> flags = small_tier_flags();
+    for (const char* flag : {"--max-connections", "64", "--max-connections-per-tenant", "16",
+                             "--admin-reserved-connections", "4", "--hello-timeout", "600s"}) {
+      flags.emplace_back(flag);
+    }
+    return flags;
+  }
+};
+
+TEST_F(PerTenantLimit, AFloodingUidLocksOutNeitherOtherTenantsNorTheOperator) {
+  Flooder flooder(*daemon_, "max-connections-per-tenant");
+  ASSERT_EQ(flooder.report(), "flooded\n");
+  // It holds its 16; the rest were refused (the Stats poll is the 17th connection).
+  auto stats = daemon_->wait_for_stats([](const StatsInfo& s) { return s.connections == 17; });
+  ASSERT_TRUE(stats.is_ok()) << stats.status().to_string();
+  EXPECT_TRUE(OtherTenantServed(*daemon_));
+  EXPECT_TRUE(KvtierctlAnswers());
+  EXPECT_TRUE(flooder.release().ok());
+}
+
+class ReservedForAdmins : public TenantLimits {
+ protected:
+  std::vector<std::string> daemon_flags() const override {
+    std::vector<std::string> flags = small_tier_flags();
+    for (const char* flag : {"--max-connections", "12", "--max-connections-per-tenant", "5000",
+                             "--admin-reserved-connections", "3", "--hello-timeout", "600s"}) {
+      flags.emplace_back(flag);
+    }
+    return flags;
+  }
+};
+
+TEST_F(ReservedForAdmins, TheLastConnectionsAreKeptForTheOperator) {
+  Flooder flooder(*daemon_, "admin-reserved-connections");
+  ASSERT_EQ(flooder.report(), "flooded\n");
+  EXPECT_TRUE(OtherTenantRefused(*daemon_, "admin-reserved-connections"));
+  // Root takes a reserved connection: kvtierctl answers, and so does a root engine.
+  EXPECT_TRUE(KvtierctlAnswers());
+  EXPECT_TRUE(ServesSaveAndLoad(*daemon_, "operator"));
+  EXPECT_TRUE(flooder.release().ok());
+  // With the flooder gone, the other tenant is served again.
+  ASSERT_TRUE(
+      daemon_->wait_for_stats([](const StatsInfo& s) { return s.connections == 1; }).is_ok());
+  EXPECT_TRUE(OtherTenantServed(*daemon_));
+}
+
+class HelloTimeout : public DaemonTest {
+ protected:
+  std::vector<std::string> daemon_flags() const override {
+    std::vector<std::string> flags = small_tier_flags();
+    for (const char* flag : {"--hello-timeout", "300ms"}) flags.emplace_back(flag);
+    return flags;
+  }
+};
+
+TEST_F(HelloTimeout, AConnectionThatSendsNothingIsClosedAndOneThatDidStays) {
+  auto silent = RawConnection::connect(daemon_->socket_path());
+  ASSERT_TRUE(silent.is_ok()) << silent.status().to_string();
+  auto talking = RawConnection::connect(daemon_->socket_path());
+  ASSERT_TRUE(talking.is_ok()) << talking.status().to_string();
+  ASSERT_TRUE(talking->send(1, [](wire::Request::Builder r) { r.initStats(); }).is_ok());
+  auto first = talking->receive_reply();
+  ASSERT_TRUE(first.is_ok()) << first.status().to_string();
+  EXPECT_EQ(first->which, wire::Response::STATS);
+
+  // The silent one is closed without a reply once the deadline passed.
+  auto replies = silent->drain_until_closed();
+  ASSERT_TRUE(replies.is_ok()) << replies.status().to_string();
+  EXPECT_TRUE(replies->empty());
+  // The other is still served, well past the deadline.
+  ::usleep(400'000);
+  ASSERT_TRUE(talking->send(2, [](wire::Request::Builder r) { r.initStats(); }).is_ok());
+  auto second = talking->receive_reply();
+  ASSERT_TRUE(second.is_ok()) << second.status().to_string();
+  EXPECT_EQ(second->id, 2u);
+  EXPECT_EQ(second->which, wire::Response::STATS);
+}
+
+}  // namespace
+}  // namespace kvtier::integration
