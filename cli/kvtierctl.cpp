@@ -59,6 +59,7 @@ struct Options {
   std::string interval = "2s";
   unsigned iterations = 0;
   size_t rows = 15;
+  uint32_t limit = 0;
 };
 
 int fail(std::string_view command, const Status& status) {
@@ -89,7 +90,17 @@ int status(Client& client, const Options& o) {
 }
 
 int sessions(Client& client, const Options& o) {
-  auto list = client.list_sessions(o.all);
+  // With --limit, the first page of the daemon's order; else every session, page by page.
+  auto list = [&]() -> Result<std::vector<SessionInfo>> {
+    if (o.limit == 0) return client.list_sessions(o.all);
+    ListSessionsOptions options;
+    options.all_namespaces = o.all;
+    options.limit = o.limit;
+    options.order = o.sort == "bytes" ? SessionOrder::kBytes : SessionOrder::kIdle;
+    auto page = client.list_sessions_page(options);
+    if (!page.is_ok()) return page.status();
+    return std::move(page->sessions);
+  }();
   if (!list.is_ok()) return fail("sessions", list.status());
   cli::sort_sessions(*list, o.sort == "bytes" ? cli::SessionSort::kBytes : cli::SessionSort::kIdle);
   print(o.json ? cli::sessions_json(*list) : cli::sessions_text(*list));
@@ -219,6 +230,9 @@ int main(int argc, char** argv) {
   auto* sessions_cmd = app.add_subcommand("sessions", "sessions with idle time and placement");
   sessions_cmd->add_option("--sort", o.sort, "idle (longest first) or bytes (largest first)")
       ->check(CLI::IsMember({"idle", "bytes"}));
+  sessions_cmd->add_option("--limit", o.limit,
+                           "only the first N in that order (0: all; the daemon sorts by the "
+                           "bytes sessions reference)");
   auto* session_cmd = app.add_subcommand("session", "one session: blocks per tier, turns, idle");
   session_cmd->add_option("ID", o.session_id, "session id")->required();
   auto* top_cmd = app.add_subcommand("top", "live view: tier bars, rates, largest sessions");

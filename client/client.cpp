@@ -409,18 +409,41 @@ Result<StatsInfo> Client::stats(bool all_namespaces) {
       });
 }
 
-Result<std::vector<SessionInfo>> Client::list_sessions(bool all_namespaces) {
-  return call<std::vector<SessionInfo>>(
+Result<SessionPage> Client::list_sessions_page(const ListSessionsOptions& options) {
+  return call<SessionPage>(
       [&](wire::Request::Builder request) {
-        request.initListSessions().setAllNamespaces(all_namespaces);
+        auto list = request.initListSessions();
+        list.setAllNamespaces(options.all_namespaces);
+        list.setLimit(options.limit);
+        list.setSortBy(options.order == SessionOrder::kBytes ? wire::SessionOrder::BYTES
+                                                             : wire::SessionOrder::IDLE);
+        list.setAfter(capnp::Data::Reader(
+            reinterpret_cast<const capnp::byte*>(options.after.data()), options.after.size()));
       },
-      [](wire::Response::Reader response) -> Result<std::vector<SessionInfo>> {
+      [](wire::Response::Reader response) -> Result<SessionPage> {
         if (!response.isListSessions()) return unexpected_reply(response, "ListSessions");
-        std::vector<SessionInfo> sessions;
-        for (auto s : response.getListSessions().getSessions())
-          sessions.push_back(session_from_wire(s));
-        return sessions;
+        const auto reply = response.getListSessions();
+        SessionPage page;
+        for (auto s : reply.getSessions()) page.sessions.push_back(session_from_wire(s));
+        const auto next = reply.getNext();
+        page.next.assign(reinterpret_cast<const char*>(next.begin()), next.size());
+        page.total = reply.getTotal();
+        return page;
       });
+}
+
+Result<std::vector<SessionInfo>> Client::list_sessions(bool all_namespaces) {
+  ListSessionsOptions options;
+  options.all_namespaces = all_namespaces;
+  std::vector<SessionInfo> sessions;
+  do {
+    auto page = list_sessions_page(options);
+    if (!page.is_ok()) return page.status();
+    if (page->sessions.empty()) break;  // nothing more, whatever `next` says
+    for (SessionInfo& session : page->sessions) sessions.push_back(std::move(session));
+    options.after = std::move(page->next);
+  } while (!options.after.empty());
+  return sessions;
 }
 
 Result<SessionInfo> Client::get_session(const std::string& session_id,

@@ -234,6 +234,20 @@ struct SessionInfo {
   uint64_t priority_remaining_ms = 0;  // until it returns to 35; 0: no end
 };
 
+// One page of a session listing (Client::list_sessions_page).
+enum class SessionOrder : uint8_t { kIdle, kBytes };  // longest idle / most bytes first
+struct ListSessionsOptions {
+  bool all_namespaces = false;
+  uint32_t limit = 0;  // sessions per page; 0: the daemon's default (1000; at most 10000)
+  SessionOrder order = SessionOrder::kIdle;
+  std::string after;  // the previous page's `next`; empty: from the start
+};
+struct SessionPage {
+  std::vector<SessionInfo> sessions;
+  std::string next;    // pass as `after` for the next page; empty: this was the last
+  uint32_t total = 0;  // sessions the listing covers, all pages together
+};
+
 // Operator requests (kvtierctl). Admin ones fail with PermissionDenied for others.
 struct EvictResult {
   uint32_t sessions;
@@ -353,7 +367,10 @@ class Client {
     return close_session_async(session_id).wait();
   }
   Result<StatsInfo> stats(bool all_namespaces = false);
+  // Every session, longest idle first, read page by page (the daemon describes one page
+  // per request, so it is never held by a long listing).
   Result<std::vector<SessionInfo>> list_sessions(bool all_namespaces = false);
+  Result<SessionPage> list_sessions_page(const ListSessionsOptions& options);
   // One session; `namespace_name` empty means the caller's (another one needs admin).
   Result<SessionInfo> get_session(const std::string& session_id,
                                   const std::string& namespace_name = "");

@@ -28,8 +28,10 @@ class AdminService final : public Part {
   // introspection.cpp
   Status handle_stats(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
                       bool all_namespaces);
+  // One page of the listing (ListSessionsRequest): only that page's sessions are
+  // described, so a listing of any size holds the control thread for a page's worth.
   Status handle_list_sessions(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
-                              bool all_namespaces);
+                              const ListSessionsRequest& request);
   // admin.cpp
   Status handle_get_session(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
                             const SessionTarget& request);

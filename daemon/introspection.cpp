@@ -3,6 +3,10 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstring>
+#include <optional>
+#include <string_view>
+#include <tuple>
 
 #include "daemon/admin_service.h"
 #include "daemon/remote_path.h"
@@ -10,6 +14,52 @@
 #include "schema/wire_tier.h"
 
 namespace kvtier::daemon {
+namespace {
+
+constexpr uint32_t kDefaultListingPage = 1000;
+constexpr uint32_t kMaxListingPage = 10000;
+
+// A session's place in a listing: ascending by `key` (idle order: when it was last
+// active; bytes order: UINT64_MAX minus its referenced bytes, so the most come first),
+// then by namespace and id, which make the order total.
+struct ListingKey {
+  uint64_t key = 0;
+  uint32_t namespace_id = 0;
+  std::string_view id;
+  friend bool operator<(const ListingKey& a, const ListingKey& b) {
+    return std::tie(a.key, a.namespace_id, a.id) < std::tie(b.key, b.namespace_id, b.id);
+  }
+};
+
+// The cursor a page's `next` carries: the order, then its last session's key
+// (8 + 4 bytes, little-endian) and id.
+std::string encode_cursor(wire::SessionOrder order, const ListingKey& last) {
+  std::string out(1 + 8 + 4, '\0');
+  out[0] = static_cast<char>(order);
+  for (int i = 0; i < 8; ++i) out[1 + i] = static_cast<char>(last.key >> (8 * i));
+  for (int i = 0; i < 4; ++i) out[9 + i] = static_cast<char>(last.namespace_id >> (8 * i));
+  out.append(last.id);
+  return out;
+}
+
+// The key a cursor names (its id points into `cursor`); InvalidArgument when it is not a
+// cursor of a listing in `order`.
+Result<ListingKey> decode_cursor(wire::SessionOrder order, const std::string& cursor) {
+  if (cursor.size() < 13 || cursor[0] != static_cast<char>(order)) {
+    return invalid_argument(
+        "ListSessions.after: not the `next` of an earlier page in this order (start again "
+        "with an empty `after`)");
+  }
+  ListingKey key;
+  for (int i = 0; i < 8; ++i) key.key |= uint64_t{static_cast<uint8_t>(cursor[1 + i])} << (8 * i);
+  for (int i = 0; i < 4; ++i) {
+    key.namespace_id |= uint32_t{static_cast<uint8_t>(cursor[9 + i])} << (8 * i);
+  }
+  key.id = std::string_view(cursor).substr(13);
+  return key;
+}
+
+}  // namespace
 
 Status AdminService::handle_stats(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
                                   bool all_namespaces) {
@@ -87,23 +137,60 @@ Status AdminService::handle_stats(const ConnectionPtr& c, EngineContext& engine,
 }
 
 Status AdminService::handle_list_sessions(const ConnectionPtr& c, EngineContext& engine,
-                                          uint64_t id, bool all_namespaces) {
-  if (all_namespaces && !engine.is_admin) {
+                                          uint64_t id, const ListSessionsRequest& request) {
+  if (request.all_namespaces && !engine.is_admin) {
     return permission_denied("listing all namespaces' sessions needs uid 0 or the admin group");
   }
-  std::vector<const policy::Session*> visible;
+  if (request.order != wire::SessionOrder::IDLE && request.order != wire::SessionOrder::BYTES) {
+    return invalid_argument("ListSessions.sortBy: unknown order {}",
+                            static_cast<unsigned>(request.order));
+  }
+  std::optional<ListingKey> after;
+  if (!request.after.empty()) {
+    auto decoded = decode_cursor(request.order, request.after);
+    if (!decoded.is_ok()) return decoded.status();
+    after = *decoded;
+  }
+  const uint32_t limit =
+      request.limit == 0 ? kDefaultListingPage : std::min(request.limit, kMaxListingPage);
+  // One pass over the table for the sessions after the cursor; only the page is sorted
+  // and described (the costly part: a lookup per block, the return predictor).
+  struct Listed {
+    ListingKey key;
+    const policy::Session* session;
+  };
+  std::vector<Listed> rest;
+  uint32_t total = 0;
   ctx_.sessions.for_each([&](const policy::Session& session) {
-    if (all_namespaces || session.namespace_id == engine.namespace_id) visible.push_back(&session);
+    if (!request.all_namespaces && session.namespace_id != engine.namespace_id) return;
+    ++total;
+    ListingKey key{session.last_active_ms, session.namespace_id, session.id};
+    if (request.order == wire::SessionOrder::BYTES) {
+      key.key = UINT64_MAX - session.blocks.size() * ctx_.store->block_bytes(session.layout);
+    }
+    if (after && !(*after < key)) return;
+    rest.push_back({key, &session});
   });
-  // Longest idle first: what an operator looks at.
-  std::sort(visible.begin(), visible.end(), [](const auto* a, const auto* b) {
-    return a->last_active_ms != b->last_active_ms ? a->last_active_ms < b->last_active_ms
-                                                  : a->id < b->id;
-  });
+  const auto by_key = [](const Listed& a, const Listed& b) { return a.key < b.key; };
+  const bool more = rest.size() > limit;
+  if (more) {
+    std::partial_sort(rest.begin(), rest.begin() + limit, rest.end(), by_key);
+    rest.resize(limit);
+  } else {
+    std::sort(rest.begin(), rest.end(), by_key);
+  }
   const policy::ReturnPredictor predictor = ctx_.planner.return_predictor(ctx_.sessions);
   reply(c, id, [&](wire::Response::Builder response) {
-    auto list = response.initListSessions().initSessions(static_cast<unsigned>(visible.size()));
-    for (size_t i = 0; i < visible.size(); ++i) fill_session_info(*visible[i], list[i], predictor);
+    auto out = response.initListSessions();
+    auto list = out.initSessions(static_cast<unsigned>(rest.size()));
+    for (size_t i = 0; i < rest.size(); ++i)
+      fill_session_info(*rest[i].session, list[i], predictor);
+    if (more) {
+      const std::string next = encode_cursor(request.order, rest.back().key);
+      out.setNext(
+          capnp::Data::Reader(reinterpret_cast<const capnp::byte*>(next.data()), next.size()));
+    }
+    out.setTotal(total);
   });
   return Status::ok();
 }

@@ -249,6 +249,16 @@ HelloRequest decode_hello(wire::Hello::Reader hello, const LayoutLimits& limits)
   return out;
 }
 
+ListSessionsRequest decode_list_sessions(wire::ListSessions::Reader request) {
+  ListSessionsRequest out;
+  out.all_namespaces = request.getAllNamespaces();
+  out.limit = request.getLimit();
+  out.order = request.getSortBy();
+  const auto after = request.getAfter();
+  out.after.assign(reinterpret_cast<const char*>(after.begin()), after.size());
+  return out;
+}
+
 SessionTarget decode_get_session(wire::GetSession::Reader request) {
   return {request.getSessionId().cStr(), request.getNamespaceName().cStr()};
 }

@@ -105,6 +105,14 @@ struct PinRequest {
   SessionTarget target;
   bool pinned = false;
 };
+// A ListSessions page (schema/kvtier.capnp): `limit` 0 is the default page.
+struct ListSessionsRequest {
+  bool all_namespaces = false;
+  uint32_t limit = 0;
+  wire::SessionOrder order = wire::SessionOrder::IDLE;
+  std::string after;  // the cursor: the previous page's `next`
+};
+ListSessionsRequest decode_list_sessions(wire::ListSessions::Reader request);
 SessionTarget decode_get_session(wire::GetSession::Reader request);
 EvictRequest decode_evict(wire::Evict::Reader request);
 PinRequest decode_pin(wire::Pin::Reader request);

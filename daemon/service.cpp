@@ -305,7 +305,7 @@ Status Service::dispatch(const ConnectionPtr& c, EngineContext& engine,
       return admin_->handle_stats(c, engine, id, request.getStats().getAllNamespaces());
     case wire::Request::LIST_SESSIONS:
       return admin_->handle_list_sessions(c, engine, id,
-                                          request.getListSessions().getAllNamespaces());
+                                          decode_list_sessions(request.getListSessions()));
     case wire::Request::GET_SESSION:
       return admin_->handle_get_session(c, engine, id, decode_get_session(request.getGetSession()));
     case wire::Request::EVICT:

@@ -315,6 +315,18 @@ struct PlannerMoves {          # the moves of one kind one plan decided, summed
 
 struct ListSessions {
   allNamespaces @0 :Bool;      # admin only: every namespace, else the caller's
+  # One page at a time, so a listing never holds the daemon for long: at most `limit`
+  # sessions (0: 1000; at most 10000), in `sortBy` order, after the session `after` names
+  # (the previous page's `next`; empty: from the start). A listing is not a snapshot: a
+  # session that turns active or idle between pages may move in the order.
+  limit @1 :UInt32;
+  sortBy @2 :SessionOrder;
+  after @3 :Data;
+}
+
+enum SessionOrder {
+  idle @0;                     # longest idle first (least recently active)
+  bytes @1;                    # most bytes referenced first (blocks × block size)
 }
 
 struct SessionInfo {
@@ -341,7 +353,9 @@ enum SessionState {
 }
 
 struct ListSessionsReply {
-  sessions @0 :List(SessionInfo);  # sorted by idle time, longest first
+  sessions @0 :List(SessionInfo);  # in the order asked for
+  next @1 :Data;                   # pass as `after` for the next page; empty: this was the last
+  total @2 :UInt32;                # sessions the listing covers, all pages together
 }
 
 # ---- Operator requests (kvtierctl). Admin ones need uid 0 or the admin group; the
