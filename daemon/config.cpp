@@ -246,8 +246,9 @@ const std::vector<Setting>& settings() {
                       "(root and the admin group are not held to it)"),
       integer_setting("admin-reserved-connections", &C::admin_reserved_connections, 0, 1 << 20,
                       kRestart,
-                      "the last this many of max-connections only root and the admin group may "
-                      "take, so kvtierctl answers however many others hold"),
+                      "the last this many of max-connections (at most half of them) only root "
+                      "and the admin group may take, so kvtierctl answers however many others "
+                      "hold"),
       duration_setting("hello-timeout", &C::hello_timeout_ms, kRestart,
                        "a connection must send its first request (Hello, or an operator "
                        "request) within this or it is closed (0: no deadline)"),
@@ -291,12 +292,6 @@ Status validate(const DaemonConfig& config) {
     return invalid_argument("hbm-bytes and ram-bytes are both 0: there is nowhere to keep blocks");
   }
   if (config.slab_bytes < 4096) return invalid_argument("slab-bytes must be at least 4KiB");
-  if (config.admin_reserved_connections >= config.max_connections) {
-    return invalid_argument(
-        "admin-reserved-connections ({}) must be below max-connections ({}): otherwise only "
-        "root and the admin group could connect",
-        config.admin_reserved_connections, config.max_connections);
-  }
   // Below one frame's worth a connection would pause after every request.
   if (config.max_request_bytes_per_connection < (64 << 10)) {
     return invalid_argument("max-request-bytes-per-connection must be at least 64KiB");

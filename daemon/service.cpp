@@ -69,7 +69,7 @@ ipc::ConnectionLimits connection_limits(const DaemonConfig& config) {
   limits.max_connections = config.max_connections;
   limits.max_connections_per_uid = config.max_connections_per_tenant;
   limits.admin_reserved_connections = config.admin_reserved_connections;
-  limits.first_frame_timeout_ms = config.hello_timeout_ms;
+  limits.introduction_timeout_ms = config.hello_timeout_ms;
   return limits;
 }
 
@@ -211,6 +211,11 @@ void Service::on_frame(const ConnectionPtr& connection, ipc::Frame frame) {
   try {
     auto request = frame.reader().getRoot<wire::Request>();
     id = request.getId();
+    // A Hello or an operator request says who the peer is: the hello-timeout is off
+    // (any other request first is refused, and does not count).
+    if (request.which() == wire::Request::HELLO || is_operator_request(request.which())) {
+      connection->introduced();
+    }
     replies_->record_request(*engine, id, request);
     std::vector<UniqueFd> fds;
     status = claim_descriptors(connection, request, fds);

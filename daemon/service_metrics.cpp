@@ -66,9 +66,10 @@ std::string Service::render_metrics() const {
                ctx_.server ? ctx_.server->refused_connections(why) : 0);
   }
   out.family("kvtier_connections_timed_out_total", "counter",
-             "Connections closed for sending no request within hello-timeout.");
+             "Connections closed for sending neither Hello nor an operator request within "
+             "hello-timeout.");
   out.sample("kvtier_connections_timed_out_total", "",
-             ctx_.server ? ctx_.server->first_frame_timeouts() : 0);
+             ctx_.server ? ctx_.server->introduction_timeouts() : 0);
 
   out.family("kvtier_lookup_hits_total", "counter", "Blocks found by Lookup and Load.");
   out.sample("kvtier_lookup_hits_total", "", ctx_.counters.lookup_hits);

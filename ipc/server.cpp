@@ -63,34 +63,41 @@ std::string_view refusal_name(Refusal refusal) {
 
 Connection::Connection(asio::local::stream_protocol::socket socket, PeerCredentials peer,
                        uint64_t id, const ConnectionLimits& limits, RequestHandler& handler,
-                       std::shared_ptr<ServerCounters> counters)
+                       std::shared_ptr<ServerCounters> counters, bool admin)
     : socket_(std::move(socket)),
       peer_(peer),
       id_(id),
       limits_(limits),
       handler_(handler),
       counters_(counters ? std::move(counters) : std::make_shared<ServerCounters>()),
-      first_frame_deadline_(socket_.get_executor()),
+      admin_(admin),
+      introduction_deadline_(socket_.get_executor()),
       parser_(limits.frame) {}
 
 void Connection::start() {
   socket_.non_blocking(true);
   handler_.on_connect(shared_from_this());
-  start_first_frame_deadline();
+  start_introduction_deadline();
   read_more();
 }
 
-void Connection::start_first_frame_deadline() {
-  if (limits_.first_frame_timeout_ms == 0) return;
-  first_frame_deadline_.expires_after(std::chrono::milliseconds(limits_.first_frame_timeout_ms));
-  first_frame_deadline_.async_wait([weak = weak_from_this()](const boost::system::error_code& ec) {
+void Connection::start_introduction_deadline() {
+  if (limits_.introduction_timeout_ms == 0) return;
+  introduction_deadline_.expires_after(std::chrono::milliseconds(limits_.introduction_timeout_ms));
+  introduction_deadline_.async_wait([weak = weak_from_this()](const boost::system::error_code& ec) {
     auto self = weak.lock();
-    if (ec || !self || self->got_frame_ || !self->open_) return;
-    ++self->counters_->first_frame_timeouts;
-    KVTIER_LOG_DEBUG("connection {} (pid {} uid {}): no request within {} ms; closed", self->id_,
-                     self->peer_.pid, self->peer_.uid, self->limits_.first_frame_timeout_ms);
+    if (ec || !self || self->introduced_ || !self->open_) return;
+    ++self->counters_->introduction_timeouts;
+    KVTIER_LOG_DEBUG("connection {} (pid {} uid {}): not introduced within {} ms; closed",
+                     self->id_, self->peer_.pid, self->peer_.uid,
+                     self->limits_.introduction_timeout_ms);
     self->close();
   });
+}
+
+void Connection::introduced() {
+  if (std::exchange(introduced_, true)) return;
+  introduction_deadline_.cancel();
 }
 
 bool Connection::can_take_more() const {
@@ -188,10 +195,6 @@ void Connection::deliver_frames() {
       return;
     }
     if (!frame->has_value()) return;
-    if (!got_frame_) {
-      got_frame_ = true;
-      first_frame_deadline_.cancel();
-    }
     ++in_flight_;
     const uint64_t bytes = (*frame)->size_bytes();
     held_request_bytes_ += bytes;
@@ -290,7 +293,7 @@ void Connection::write_next() {
 void Connection::close() {
   if (!open_) return;
   open_ = false;
-  first_frame_deadline_.cancel();
+  introduction_deadline_.cancel();
   boost::system::error_code ignored;
   socket_.cancel(ignored);
   socket_.close(ignored);
@@ -358,36 +361,38 @@ Status Server::adopt(UniqueFd listening_fd) {
 }
 
 void Server::accept_next() {
-  acceptor_.async_accept(
-      [this](const boost::system::error_code& ec, asio::local::stream_protocol::socket socket) {
-        if (ec == asio::error::operation_aborted || !acceptor_.is_open()) return;
-        if (!ec) {
-          auto peer = peer_credentials(socket.native_handle());
-          const std::optional<Refusal> refusal = peer.is_ok() ? refusal_for(*peer) : std::nullopt;
-          if (refusal) {
-            refuse(std::move(socket), *peer, *refusal);
-          } else if (peer.is_ok()) {
-            auto connection = std::make_shared<Connection>(
-                std::move(socket), *peer, next_connection_id_++, limits_, handler_, counters_);
-            std::erase_if(connections_, [](const auto& weak) { return weak.expired(); });
-            connections_.push_back(connection);
-            connection->start();
-          } else {
-            KVTIER_LOG_WARN("rejecting connection: {}", peer.status().to_string());
-          }
-        } else {
-          KVTIER_LOG_WARN("accept failed: {}", ec.message());
-        }
-        accept_next();
-      });
+  acceptor_.async_accept([this](const boost::system::error_code& ec,
+                                asio::local::stream_protocol::socket socket) {
+    if (ec == asio::error::operation_aborted || !acceptor_.is_open()) return;
+    if (!ec) {
+      auto peer = peer_credentials(socket.native_handle());
+      const bool admin = peer.is_ok() && is_admin_ && is_admin_(*peer);
+      const std::optional<Refusal> refusal =
+          peer.is_ok() ? refusal_for(*peer, admin) : std::nullopt;
+      if (refusal) {
+        refuse(std::move(socket), *peer, *refusal);
+      } else if (peer.is_ok()) {
+        auto connection = std::make_shared<Connection>(
+            std::move(socket), *peer, next_connection_id_++, limits_, handler_, counters_, admin);
+        std::erase_if(connections_, [](const auto& weak) { return weak.expired(); });
+        connections_.push_back(connection);
+        connection->start();
+      } else {
+        KVTIER_LOG_WARN("rejecting connection: {}", peer.status().to_string());
+      }
+    } else {
+      KVTIER_LOG_WARN("accept failed: {}", ec.message());
+    }
+    accept_next();
+  });
 }
 
-std::optional<Refusal> Server::refusal_for(const PeerCredentials& peer) const {
+std::optional<Refusal> Server::refusal_for(const PeerCredentials& peer, bool admin) const {
   const size_t open = connection_count();
   if (open >= limits_.max_connections) return Refusal::kMaxConnections;
-  if (is_admin_ && is_admin_(peer)) return std::nullopt;
+  if (admin) return std::nullopt;
   if (connection_count(peer.uid) >= limits_.max_connections_per_uid) return Refusal::kPerUid;
-  const uint32_t reserved = std::min(limits_.admin_reserved_connections, limits_.max_connections);
+  const uint32_t reserved = reserved_for_admins();
   if (open >= limits_.max_connections - reserved) return Refusal::kAdminReserved;
   return std::nullopt;
 }
@@ -412,7 +417,7 @@ void Server::refuse(asio::local::stream_protocol::socket socket, const PeerCrede
       message = fmt::format(
           "kvtierd serves {} connections; the last {} of its {} (max-connections) are reserved "
           "for administrators (admin-reserved-connections); retry later",
-          connection_count(), limits_.admin_reserved_connections, limits_.max_connections);
+          connection_count(), reserved_for_admins(), limits_.max_connections);
       break;
   }
   // The first refusal of each reason and every 1000th are logged: a flood must not flood
@@ -463,7 +468,10 @@ size_t Server::connection_count(uid_t uid) const {
   size_t count = 0;
   for (const auto& weak : connections_) {
     auto connection = weak.lock();
-    if (connection && connection->is_open() && connection->peer().uid == uid) ++count;
+    if (connection && connection->is_open() && !connection->admin() &&
+        connection->peer().uid == uid) {
+      ++count;
+    }
   }
   return count;
 }

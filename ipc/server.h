@@ -26,10 +26,11 @@
 // What one peer can make the server refuse others is bounded too. A newcomer is refused
 // (an Error reply with id 0, resource exhausted, retryable, naming the limit; then
 // closed) when `max_connections` are open; or, unless it is an admin (the server's admin
-// check: root, the admin group), when its uid holds `max_connections_per_uid` already, or
-// when only the last `admin_reserved_connections` of max_connections are left (kept for
-// kvtierctl). A connection that has not delivered a whole frame within
-// `first_frame_timeout_ms` is closed and counted: idle sockets cannot hold slots.
+// check: root, the admin group), when its uid's other non-admin connections number
+// `max_connections_per_uid` already, or when only the last `admin_reserved_connections`
+// (at most half of max_connections) are left (kept for kvtierctl). A connection the
+// handler has not called introduced() on (it said who it is: Hello, an operator request)
+// within `introduction_timeout_ms` is closed and counted: idle sockets hold no slots.
 //
 // Thread-safety: everything here runs on the io_context's thread (the control
 // thread). Handlers may keep a shared_ptr<Connection> and reply later from the same
@@ -87,9 +88,9 @@ struct ConnectionLimits {
   uint32_t max_connections_per_uid = 64;
   // The last this many of max_connections only admins may take.
   uint32_t admin_reserved_connections = 4;
-  // A connection must deliver its first whole frame within this many ms, or it is
-  // closed; 0: no deadline.
-  uint64_t first_frame_timeout_ms = 5000;
+  // A connection must be introduced (Connection::introduced) within this many ms, or it
+  // is closed; 0: no deadline.
+  uint64_t introduction_timeout_ms = 5000;
 };
 
 // Why the server refused a connection (counted per reason).
@@ -102,17 +103,21 @@ std::string_view refusal_name(Refusal refusal);
 // Counts the server and its connections share (a connection may outlive the server).
 struct ServerCounters {
   std::array<uint64_t, kRefusalKinds> refused{};
-  uint64_t first_frame_timeouts = 0;  // closed for sending no whole frame in time
+  uint64_t introduction_timeouts = 0;  // closed for not being introduced in time
 };
 
 class Connection : public std::enable_shared_from_this<Connection> {
  public:
   Connection(asio::local::stream_protocol::socket socket, PeerCredentials peer, uint64_t id,
              const ConnectionLimits& limits, RequestHandler& handler,
-             std::shared_ptr<ServerCounters> counters = nullptr);
+             std::shared_ptr<ServerCounters> counters = nullptr, bool admin = false);
 
   uint64_t id() const { return id_; }
   const PeerCredentials& peer() const { return peer_; }
+  // Whether the server's admin check said so when it accepted the connection.
+  bool admin() const { return admin_; }
+  // The peer said who it is (the handler's call): the introduction deadline is off.
+  void introduced();
   bool is_open() const { return open_; }
 
   // Sends a serialized reply: at once when nothing is queued ahead of it and the socket
@@ -152,8 +157,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void drop_queued_replies();
   void write_next();
   void finish();
-  // Closes the connection when no whole frame came within first_frame_timeout_ms.
-  void start_first_frame_deadline();
+  // Closes the connection when it is not introduced within introduction_timeout_ms.
+  void start_introduction_deadline();
 
   asio::local::stream_protocol::socket socket_;
   const PeerCredentials peer_;
@@ -161,8 +166,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
   const ConnectionLimits limits_;
   RequestHandler& handler_;
   std::shared_ptr<ServerCounters> counters_;
-  asio::steady_timer first_frame_deadline_;
-  bool got_frame_ = false;
+  const bool admin_;
+  asio::steady_timer introduction_deadline_;
+  bool introduced_ = false;
   FrameParser parser_;
   std::deque<UniqueFd> fds_;  // received, unclaimed, oldest first
   std::deque<kj::Array<capnp::word>> outgoing_;
@@ -199,23 +205,27 @@ class Server {
   }
 
   size_t connection_count() const;
-  // Open connections of one peer uid.
+  // Open connections of one peer uid, admin ones left out.
   size_t connection_count(uid_t uid) const;
   // Connections refused, all reasons together and by reason.
   uint64_t refused_connections() const;
   uint64_t refused_connections(Refusal why) const {
     return counters_->refused[static_cast<size_t>(why)];
   }
-  // Connections closed for sending no whole frame within first_frame_timeout_ms.
-  uint64_t first_frame_timeouts() const { return counters_->first_frame_timeouts; }
+  // Connections closed for not being introduced within introduction_timeout_ms.
+  uint64_t introduction_timeouts() const { return counters_->introduction_timeouts; }
   const std::string& path() const { return path_; }
 
  private:
   void accept_next();
   // Why a newcomer from `peer` is refused now; nullopt: accepted.
-  std::optional<Refusal> refusal_for(const PeerCredentials& peer) const;
+  std::optional<Refusal> refusal_for(const PeerCredentials& peer, bool admin) const;
   void refuse(asio::local::stream_protocol::socket socket, const PeerCredentials& peer,
               Refusal why);
+  // admin_reserved_connections, at most half of max_connections.
+  uint32_t reserved_for_admins() const {
+    return std::min(limits_.admin_reserved_connections, limits_.max_connections / 2);
+  }
 
   asio::io_context& io_;
   RequestHandler& handler_;

@@ -6,8 +6,9 @@
 //  - with a per-tenant limit too large to stop it, the last admin-reserved-connections are
 //    refused to it and to every other non-admin, naming that limit, and kvtierctl still
 //    answers;
-// and a connection that sends no request within hello-timeout is closed, while one that
-// did stays. Running as other uids needs root: without it the tenant tests skip.
+// and a connection that sends neither a Hello nor an operator request within hello-timeout
+// is closed, while one that did stays. Running as other uids needs root: without it the tenant
+// tests skip.
 #include <grp.h>
 #include <gtest/gtest.h>
 #include <sys/resource.h>
@@ -215,9 +216,14 @@ class HelloTimeout : public DaemonTest {
   }
 };
 
-TEST_F(HelloTimeout, AConnectionThatSendsNothingIsClosedAndOneThatDidStays) {
+TEST_F(HelloTimeout, AConnectionThatDoesNotSayWhoItIsIsClosedAndOneThatDidStays) {
   auto silent = RawConnection::connect(daemon_->socket_path());
   ASSERT_TRUE(silent.is_ok()) << silent.status().to_string();
+  // Requests other than Hello or an operator request do not count as saying who it is.
+  auto stranger = RawConnection::connect(daemon_->socket_path());
+  ASSERT_TRUE(stranger.is_ok()) << stranger.status().to_string();
+  ASSERT_TRUE(
+      stranger->send(1, [](wire::Request::Builder r) { r.initLookup().initHashes(1); }).is_ok());
   auto talking = RawConnection::connect(daemon_->socket_path());
   ASSERT_TRUE(talking.is_ok()) << talking.status().to_string();
   ASSERT_TRUE(talking->send(1, [](wire::Request::Builder r) { r.initStats(); }).is_ok());
@@ -229,6 +235,10 @@ TEST_F(HelloTimeout, AConnectionThatSendsNothingIsClosedAndOneThatDidStays) {
   auto replies = silent->drain_until_closed();
   ASSERT_TRUE(replies.is_ok()) << replies.status().to_string();
   EXPECT_TRUE(replies->empty());
+  auto refused = stranger->drain_until_closed();
+  ASSERT_TRUE(refused.is_ok()) << refused.status().to_string();
+  ASSERT_EQ(refused->size(), 1u);
+  EXPECT_TRUE(IsError(refused->front().error, StatusCode::kInvalidArgument, "send Hello first"));
   // The other is still served, well past the deadline.
   ::usleep(400'000);
   ASSERT_TRUE(talking->send(2, [](wire::Request::Builder r) { r.initStats(); }).is_ok());

@@ -84,6 +84,8 @@ class ServerLimits : public ::testing::Test, public RequestHandler {
   }
   void on_frame(const std::shared_ptr<Connection>& connection, Frame frame) override {
     ++frames_[connection->id()];
+    // Every frame says who the peer is, except from the connections the test calls strangers.
+    if (strangers_.count(connection->id()) == 0) connection->introduced();
     if (patterned_.count(connection->id()) != 0) {
       // Every word names its reply and its place: a byte sent twice, lost or out of
       // order shows.
@@ -143,6 +145,7 @@ class ServerLimits : public ::testing::Test, public RequestHandler {
   std::vector<std::shared_ptr<Connection>> accepted_;
   std::map<uint64_t, int> frames_;  // frames handled, by connection id
   std::set<uint64_t> quiet_;
+  std::set<uint64_t> strangers_;  // their frames do not introduce them
   std::set<uint64_t> patterned_;
   std::set<uint64_t> keeping_;
   std::vector<Frame> kept_frames_;
@@ -360,63 +363,90 @@ TEST_F(ServerLimits, OneUidPastItsLimitIsRefusedNamingItAndAnAdminIsNot) {
   std::optional<ClientTransport> d;
   ASSERT_NE(connect_accepted(d), nullptr);
   EXPECT_EQ(server_->connection_count(), 3u);
-  // One of the uid's own leaves: its next newcomer gets in.
+  // The admin's connection does not count against the uid: with one of the uid's own
+  // gone, its next newcomer gets in.
   admin = false;
+  EXPECT_EQ(server_->connection_count(::getuid()), 2u);
   a.reset();
-  b.reset();
-  ASSERT_TRUE(run_until([&] { return server_->connection_count() == 1; }));
+  ASSERT_TRUE(run_until([&] { return server_->connection_count() == 2; }));
   std::optional<ClientTransport> e;
   ASSERT_NE(connect_accepted(e), nullptr);
 }
 
 TEST_F(ServerLimits, TheLastConnectionsAreReservedForAdmins) {
   ConnectionLimits limits;
-  limits.max_connections = 3;
+  limits.max_connections = 4;
   limits.admin_reserved_connections = 2;
   start(limits);
   bool admin = false;
   server_->set_admin_check([&](const PeerCredentials&) { return admin; });
   std::optional<ClientTransport> a;
+  std::optional<ClientTransport> b;
   ASSERT_NE(connect_accepted(a), nullptr);
-  auto b = connect();  // the second would take a reserved one
-  ASSERT_TRUE(b.is_ok());
+  ASSERT_NE(connect_accepted(b), nullptr);
+  auto c = connect();  // the third would take a reserved one
+  ASSERT_TRUE(c.is_ok());
   ASSERT_TRUE(run_until([&] { return server_->refused_connections() == 1; }));
   EXPECT_EQ(server_->refused_connections(Refusal::kAdminReserved), 1u);
-  const std::string message = refusal_message(*b);
+  const std::string message = refusal_message(*c);
   EXPECT_NE(message.find("admin-reserved-connections"), std::string::npos) << message;
 
   admin = true;  // both reserved ones go to admins; past max_connections nobody gets in
-  std::optional<ClientTransport> c;
   std::optional<ClientTransport> d;
-  ASSERT_NE(connect_accepted(c), nullptr);
+  std::optional<ClientTransport> e;
   ASSERT_NE(connect_accepted(d), nullptr);
-  auto e = connect();
-  ASSERT_TRUE(e.is_ok());
+  ASSERT_NE(connect_accepted(e), nullptr);
+  auto f = connect();
+  ASSERT_TRUE(f.is_ok());
   ASSERT_TRUE(run_until([&] { return server_->refused_connections() == 2; }));
   EXPECT_EQ(server_->refused_connections(Refusal::kMaxConnections), 1u);
-  EXPECT_NE(refusal_message(*e).find("max-connections"), std::string::npos);
+  EXPECT_NE(refusal_message(*f).find("max-connections"), std::string::npos);
 }
 
-TEST_F(ServerLimits, AConnectionWithNoFrameInTimeIsClosedAndOneWithAFrameStays) {
+// More reserved than half of max_connections reserves half: others are never shut out.
+TEST_F(ServerLimits, AtMostHalfTheConnectionsAreReserved) {
   ConnectionLimits limits;
-  limits.first_frame_timeout_ms = 100;
+  limits.max_connections = 3;
+  limits.admin_reserved_connections = 8;
+  start(limits);
+  server_->set_admin_check([](const PeerCredentials&) { return false; });
+  std::optional<ClientTransport> a;
+  std::optional<ClientTransport> b;
+  ASSERT_NE(connect_accepted(a), nullptr);
+  ASSERT_NE(connect_accepted(b), nullptr);  // 3 / 2 = 1 reserved
+  auto c = connect();
+  ASSERT_TRUE(c.is_ok());
+  ASSERT_TRUE(run_until([&] { return server_->refused_connections() == 1; }));
+  EXPECT_EQ(server_->refused_connections(Refusal::kAdminReserved), 1u);
+  const std::string message = refusal_message(*c);
+  EXPECT_NE(message.find("last 1 of its 3"), std::string::npos) << message;
+}
+
+TEST_F(ServerLimits, AConnectionNotIntroducedInTimeIsClosedAndAnIntroducedOneStays) {
+  ConnectionLimits limits;
+  limits.introduction_timeout_ms = 1000;
   start(limits);
   std::optional<ClientTransport> silent;
+  std::optional<ClientTransport> stranger;
   std::optional<ClientTransport> talking;
-  auto silent_server = connect_accepted(silent);
   auto talking_server = connect_accepted(talking);
-  ASSERT_NE(silent_server, nullptr);
   ASSERT_NE(talking_server, nullptr);
-  ASSERT_TRUE(send_stats(*talking).is_ok());
+  ASSERT_TRUE(send_stats(*talking).is_ok());  // introduces it, well before its deadline
+  auto silent_server = connect_accepted(silent);
+  auto stranger_server = connect_accepted(stranger);
+  ASSERT_NE(silent_server, nullptr);
+  ASSERT_NE(stranger_server, nullptr);
+  strangers_.insert(stranger_server->id());
+  ASSERT_TRUE(send_stats(*stranger).is_ok());  // a frame, but not an introduction
   ASSERT_TRUE(run_until([&] { return frames_[talking_server->id()] == 1; }));
-  ASSERT_TRUE(run_until([&] { return !silent_server->is_open(); }));
-  EXPECT_EQ(server_->first_frame_timeouts(), 1u);
+  ASSERT_TRUE(run_until([&] { return !silent_server->is_open() && !stranger_server->is_open(); }));
+  EXPECT_EQ(server_->introduction_timeouts(), 2u);
   EXPECT_EQ(silent->receive().status().code(), StatusCode::kUnavailable);  // closed, no reply
   run_for(std::chrono::milliseconds(300));
   EXPECT_TRUE(talking_server->is_open());
   ASSERT_TRUE(send_stats(*talking).is_ok());
   ASSERT_TRUE(run_until([&] { return frames_[talking_server->id()] == 2; }));
-  EXPECT_EQ(server_->first_frame_timeouts(), 1u);
+  EXPECT_EQ(server_->introduction_timeouts(), 2u);
 }
 
 }  // namespace
