@@ -63,7 +63,8 @@ std::string_view refusal_name(Refusal refusal) {
 
 Connection::Connection(asio::local::stream_protocol::socket socket, PeerCredentials peer,
                        uint64_t id, const ConnectionLimits& limits, RequestHandler& handler,
-                       std::shared_ptr<ServerCounters> counters, bool admin)
+                       std::shared_ptr<ServerCounters> counters, bool admin,
+                       std::optional<uid_t> tenant)
     : socket_(std::move(socket)),
       peer_(peer),
       id_(id),
@@ -71,6 +72,7 @@ Connection::Connection(asio::local::stream_protocol::socket socket, PeerCredenti
       handler_(handler),
       counters_(counters ? std::move(counters) : std::make_shared<ServerCounters>()),
       admin_(admin),
+      tenant_(tenant.value_or(peer.uid)),
       introduction_deadline_(socket_.get_executor()),
       parser_(limits.frame) {}
 
@@ -361,44 +363,46 @@ Status Server::adopt(UniqueFd listening_fd) {
 }
 
 void Server::accept_next() {
-  acceptor_.async_accept([this](const boost::system::error_code& ec,
-                                asio::local::stream_protocol::socket socket) {
-    if (ec == asio::error::operation_aborted || !acceptor_.is_open()) return;
-    if (!ec) {
-      auto peer = peer_credentials(socket.native_handle());
-      const bool admin = peer.is_ok() && is_admin_ && is_admin_(*peer);
-      const std::optional<Refusal> refusal =
-          peer.is_ok() ? refusal_for(*peer, admin) : std::nullopt;
-      if (refusal) {
-        refuse(std::move(socket), *peer, *refusal);
-      } else if (peer.is_ok()) {
-        auto connection = std::make_shared<Connection>(
-            std::move(socket), *peer, next_connection_id_++, limits_, handler_, counters_, admin);
-        std::erase_if(connections_, [](const auto& weak) { return weak.expired(); });
-        connections_.push_back(connection);
-        connection->start();
-      } else {
-        KVTIER_LOG_WARN("rejecting connection: {}", peer.status().to_string());
-      }
-    } else {
-      KVTIER_LOG_WARN("accept failed: {}", ec.message());
-    }
-    accept_next();
-  });
+  acceptor_.async_accept(
+      [this](const boost::system::error_code& ec, asio::local::stream_protocol::socket socket) {
+        if (ec == asio::error::operation_aborted || !acceptor_.is_open()) return;
+        if (!ec) {
+          auto peer = peer_credentials(socket.native_handle());
+          const bool admin = peer.is_ok() && is_admin_ && is_admin_(*peer);
+          const uid_t tenant = peer.is_ok() ? tenant_uid(*peer) : 0;
+          const std::optional<Refusal> refusal =
+              peer.is_ok() ? refusal_for(tenant, admin) : std::nullopt;
+          if (refusal) {
+            refuse(std::move(socket), *peer, tenant, *refusal);
+          } else if (peer.is_ok()) {
+            auto connection =
+                std::make_shared<Connection>(std::move(socket), *peer, next_connection_id_++,
+                                             limits_, handler_, counters_, admin, tenant);
+            std::erase_if(connections_, [](const auto& weak) { return weak.expired(); });
+            connections_.push_back(connection);
+            connection->start();
+          } else {
+            KVTIER_LOG_WARN("rejecting connection: {}", peer.status().to_string());
+          }
+        } else {
+          KVTIER_LOG_WARN("accept failed: {}", ec.message());
+        }
+        accept_next();
+      });
 }
 
-std::optional<Refusal> Server::refusal_for(const PeerCredentials& peer, bool admin) const {
+std::optional<Refusal> Server::refusal_for(uid_t tenant, bool admin) const {
   const size_t open = connection_count();
   if (open >= limits_.max_connections) return Refusal::kMaxConnections;
   if (admin) return std::nullopt;
-  if (connection_count(peer.uid) >= limits_.max_connections_per_uid) return Refusal::kPerUid;
+  if (connection_count(tenant) >= limits_.max_connections_per_uid) return Refusal::kPerUid;
   const uint32_t reserved = reserved_for_admins();
   if (open >= limits_.max_connections - reserved) return Refusal::kAdminReserved;
   return std::nullopt;
 }
 
 void Server::refuse(asio::local::stream_protocol::socket socket, const PeerCredentials& peer,
-                    Refusal why) {
+                    uid_t tenant, Refusal why) {
   uint64_t& refused = counters_->refused[static_cast<size_t>(why)];
   ++refused;
   std::string message;
@@ -409,9 +413,14 @@ void Server::refuse(asio::local::stream_protocol::socket socket, const PeerCrede
       break;
     case Refusal::kPerUid:
       message = fmt::format(
-          "uid {} already holds {} connections to kvtierd (max-connections-per-tenant); close "
-          "some or retry later",
-          peer.uid, limits_.max_connections_per_uid);
+          "uid {}{} already holds {} connections to kvtierd (max-connections-per-tenant); "
+          "close some or retry later",
+          tenant,
+          tenant == peer.uid
+              ? ""
+              : fmt::format(" (connecting as uid {}, from a user namespace of uid {})", peer.uid,
+                            tenant),
+          limits_.max_connections_per_uid);
       break;
     case Refusal::kAdminReserved:
       message = fmt::format(
@@ -469,7 +478,7 @@ size_t Server::connection_count(uid_t uid) const {
   for (const auto& weak : connections_) {
     auto connection = weak.lock();
     if (connection && connection->is_open() && !connection->admin() &&
-        connection->peer().uid == uid) {
+        connection->tenant() == uid) {
       ++count;
     }
   }

@@ -110,12 +110,15 @@ class Connection : public std::enable_shared_from_this<Connection> {
  public:
   Connection(asio::local::stream_protocol::socket socket, PeerCredentials peer, uint64_t id,
              const ConnectionLimits& limits, RequestHandler& handler,
-             std::shared_ptr<ServerCounters> counters = nullptr, bool admin = false);
+             std::shared_ptr<ServerCounters> counters = nullptr, bool admin = false,
+             std::optional<uid_t> tenant = std::nullopt);
 
   uint64_t id() const { return id_; }
   const PeerCredentials& peer() const { return peer_; }
   // Whether the server's admin check said so when it accepted the connection.
   bool admin() const { return admin_; }
+  // The uid it counts as for max_connections_per_uid (tenant_uid(); its own by default).
+  uid_t tenant() const { return tenant_; }
   // The peer said who it is (the handler's call): the introduction deadline is off.
   void introduced();
   bool is_open() const { return open_; }
@@ -167,6 +170,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   RequestHandler& handler_;
   std::shared_ptr<ServerCounters> counters_;
   const bool admin_;
+  const uid_t tenant_;
   asio::steady_timer introduction_deadline_;
   bool introduced_ = false;
   FrameParser parser_;
@@ -205,7 +209,7 @@ class Server {
   }
 
   size_t connection_count() const;
-  // Open connections of one peer uid, admin ones left out.
+  // Open connections that count as `uid` (tenant_uid()), admin ones left out.
   size_t connection_count(uid_t uid) const;
   // Connections refused, all reasons together and by reason.
   uint64_t refused_connections() const;
@@ -219,9 +223,9 @@ class Server {
  private:
   void accept_next();
   // Why a newcomer from `peer` is refused now; nullopt: accepted.
-  std::optional<Refusal> refusal_for(const PeerCredentials& peer, bool admin) const;
+  std::optional<Refusal> refusal_for(uid_t tenant, bool admin) const;
   void refuse(asio::local::stream_protocol::socket socket, const PeerCredentials& peer,
-              Refusal why);
+              uid_t tenant, Refusal why);
   // admin_reserved_connections, at most half of max_connections.
   uint32_t reserved_for_admins() const {
     return std::min(limits_.admin_reserved_connections, limits_.max_connections / 2);

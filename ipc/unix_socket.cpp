@@ -1,13 +1,43 @@
 #include "ipc/unix_socket.h"
 
+#include <fcntl.h>
+#include <linux/nsfs.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
 
 namespace kvtier::ipc {
+
+uid_t tenant_uid(const PeerCredentials& peer) {
+  struct stat ours {};
+  if (::stat("/proc/self/ns/user", &ours) != 0) return peer.uid;
+  const std::string path = "/proc/" + std::to_string(peer.pid) + "/ns/user";
+  UniqueFd ns(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  // Walk up from the peer's namespace; the one whose parent is ours was made by the
+  // tenant. User namespaces nest at most 32 deep.
+  for (int depth = 0; ns.valid() && depth < 33; ++depth) {
+    struct stat here {};
+    if (::fstat(ns.get(), &here) != 0) break;
+    if (here.st_ino == ours.st_ino && here.st_dev == ours.st_dev) break;  // ours: no owner
+    UniqueFd parent(::ioctl(ns.get(), NS_GET_PARENT));
+    if (!parent.valid()) break;  // the top of what we can see: not below ours
+    struct stat above {};
+    if (::fstat(parent.get(), &above) != 0) break;
+    if (above.st_ino == ours.st_ino && above.st_dev == ours.st_dev) {
+      uid_t owner = 0;
+      if (::ioctl(ns.get(), NS_GET_OWNER_UID, &owner) != 0) break;
+      return owner;
+    }
+    ns = std::move(parent);
+  }
+  return peer.uid;
+}
 
 Result<PeerCredentials> peer_credentials(int socket_fd) {
   ucred cred{};

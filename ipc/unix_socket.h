@@ -34,6 +34,14 @@ struct PeerCredentials {
 
 Result<PeerCredentials> peer_credentials(int socket_fd);
 
+// The uid a peer counts as for per-tenant limits: its own uid, or, when it runs in a user
+// namespace below ours (a container, rootless tools, newuidmap over /etc/subuid), the uid
+// that created the topmost such namespace, as seen here. So the uids a user maps from
+// its subordinate range, at any depth, count as that user. Its own uid when its namespace
+// cannot be read (the peer is gone, no /proc) or is not below ours. Reads /proc/<pid>:
+// a pid reused after the peer exited may be misattributed (that connection is closing).
+uid_t tenant_uid(const PeerCredentials& peer);
+
 // Sends all of `bytes` with `fds` (at most kMaxFdsPerRequest) attached: up to
 // kMaxFdsPerSendmsg with each of the first bytes, one sendmsg per group, the last
 // group with the rest of the bytes. InvalidArgument when there are more descriptors

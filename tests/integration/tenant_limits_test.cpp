@@ -9,10 +9,15 @@
 // and a connection that sends neither a Hello nor an operator request within hello-timeout
 // is closed, while one that did stays. Running as other uids needs root: without it the tenant
 // tests skip.
+#include <fcntl.h>
 #include <grp.h>
 #include <gtest/gtest.h>
+#include <sched.h>
 #include <sys/resource.h>
 #include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
 
 #include <string>
 #include <vector>
@@ -179,6 +184,68 @@ TEST_F(PerTenantLimit, AFloodingUidLocksOutNeitherOtherTenantsNorTheOperator) {
   EXPECT_TRUE(OtherTenantServed(*daemon_));
   EXPECT_TRUE(KvtierctlAnswers());
   EXPECT_TRUE(flooder.release().ok());
+}
+
+// A tenant with a range of uids (a user namespace, as newuidmap makes from /etc/subuid)
+// gets no more connections than one uid: its uids count as the namespace's creator.
+TEST_F(PerTenantLimit, UidsMappedInAUserNamespaceCountAsItsCreator) {
+  constexpr int kMappedUids = 20;  // each connects once, from its own host uid
+  int ready[2], hold[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  ASSERT_EQ(::pipe(hold), 0);
+  const pid_t creator = fork_child([&] {
+    ::close(ready[0]);
+    ::close(hold[1]);
+    if (::unshare(CLONE_NEWUSER) != 0) return child_failure(2, "unshare(CLONE_NEWUSER)");
+    (void)!::write(ready[1], "u", 1);  // the test maps our uids now
+    char byte;
+    if (::read(hold[0], &byte, 1) != 1) return child_failure(3, "no uid map");
+    // Each mapped uid connects once and says whether it was refused (r) or held (h).
+    std::vector<pid_t> members;
+    for (int k = 0; k < kMappedUids; ++k) {
+      members.push_back(fork_child([&, k] {
+        if (::setgid(0) != 0 || ::setuid(static_cast<uid_t>(k)) != 0) {
+          return child_failure(4, fmt::format("setuid({}) inside the namespace", k));
+        }
+        auto raw = RawConnection::connect(daemon_->socket_path());
+        if (!raw.is_ok()) return child_failure(5, "connect", raw.status());
+        auto reply = raw->receive_reply(std::chrono::milliseconds(1500));
+        const bool refused =
+            reply.is_ok() && reply->id == 0 &&
+            IsError(reply->error, StatusCode::kResourceExhausted, "max-connections-per-tenant");
+        (void)!::write(ready[1], refused ? "r" : "h", 1);
+        if (refused) return 0;
+        while (::read(hold[0], &byte, 1) > 0) {
+        }
+        return 0;
+      }));
+    }
+    int failed = 0;
+    for (pid_t member : members) failed += wait_for_exit(member).ok() ? 0 : 1;
+    return failed;
+  });
+  ::close(ready[1]);
+  ::close(hold[0]);
+  ASSERT_EQ(read_pipe_until(ready[0], "u"), "u");
+  for (const char* map : {"uid_map", "gid_map"}) {
+    const std::string path = fmt::format("/proc/{}/{}", creator, map);
+    const std::string line = fmt::format("0 200000 {}\n", kMappedUids);
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+    ASSERT_GE(fd, 0) << path;
+    ASSERT_EQ(::write(fd, line.data(), line.size()), static_cast<ssize_t>(line.size())) << path;
+    ::close(fd);
+  }
+  ASSERT_EQ(::write(hold[1], "m", 1), 1);
+  std::string answers;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (answers.size() < kMappedUids && std::chrono::steady_clock::now() < deadline) {
+    answers += read_pipe_until(ready[0], "", std::chrono::milliseconds(200));
+  }
+  EXPECT_EQ(std::count(answers.begin(), answers.end(), 'h'), 16) << answers;
+  EXPECT_EQ(std::count(answers.begin(), answers.end(), 'r'), kMappedUids - 16) << answers;
+  ::close(hold[1]);
+  ::close(ready[0]);
+  EXPECT_TRUE(wait_for_exit(creator).ok());
 }
 
 class ReservedForAdmins : public TenantLimits {
