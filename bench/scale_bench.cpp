@@ -5,9 +5,11 @@
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 #include <thread>
 
 #include "bench/scale_workload.h"
@@ -35,7 +37,18 @@ struct SizeResult {
   ScaleSamples samples;
 };
 
+// Lookups on an idle daemon and while another connection lists every session, page after
+// page (1000 a page), and what the pages took.
+struct ListingResult {
+  std::vector<double> idle_us;
+  std::vector<double> listing_us;
+  std::vector<double> page_ms;
+  uint64_t listings = 0;  // full listings read meanwhile
+  double listing_seconds = 0;
+};
+
 struct ModeResult {
+  std::optional<ListingResult> listing;  // at the largest size, when asked for
   std::vector<SizeResult> sizes;
   // At the largest size, once grown (before its measured rounds).
   uint64_t rss_start_bytes = 0;
@@ -50,6 +63,44 @@ struct ModeResult {
 
 double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+Result<ListingResult> measure_listing(ScaleDaemon& d, uint32_t lookups) {
+  ListingResult result;
+  KVTIER_RETURN_IF_ERROR(d.time_lookups(lookups, result.idle_us));
+  auto lister = Client::connect(d.socket_path());
+  if (!lister.is_ok()) return lister.status();
+  std::atomic<bool> stop{false};
+  Status lister_status;
+  std::vector<double> page_ms;
+  uint64_t listings = 0;
+  const auto listing_start = Clock::now();
+  std::thread thread([&] {
+    ListSessionsOptions options;
+    while (!stop.load()) {
+      const auto t0 = Clock::now();
+      auto page = (*lister)->list_sessions_page(options);
+      if (!page.is_ok()) {
+        lister_status = page.status();
+        return;
+      }
+      page_ms.push_back(seconds_since(t0) * 1000.0);
+      options.after = page->next;
+      if (options.after.empty()) ++listings;
+    }
+  });
+  Status timed = d.time_lookups(lookups, result.listing_us);
+  stop = true;
+  thread.join();
+  result.listing_seconds = seconds_since(listing_start);
+  KVTIER_RETURN_IF_ERROR(timed);
+  KVTIER_RETURN_IF_ERROR(lister_status);
+  result.page_ms = std::move(page_ms);
+  result.listings = listings;
+  for (auto* v : {&result.idle_us, &result.listing_us, &result.page_ms}) {
+    std::sort(v->begin(), v->end());
+  }
+  return result;
 }
 
 Result<ModeResult> run_mode(const CommonOptions& common, const ScaleBenchOptions& options,
@@ -102,6 +153,11 @@ Result<ModeResult> run_mode(const CommonOptions& common, const ScaleBenchOptions
       KVTIER_RETURN_IF_ERROR(d.run_round(&at.samples));
     }
     for (auto& samples : at.samples) std::sort(samples.begin(), samples.end());
+    if (size == options.sizes.back() && options.listing_lookups > 0) {
+      auto listing = measure_listing(d, options.listing_lookups);
+      if (!listing.is_ok()) return listing.status();
+      result.listing = std::move(*listing);
+    }
     result.sizes.push_back(std::move(at));
   }
   auto stats = d.stats();
@@ -152,6 +208,25 @@ void report_mode(BenchReport& report, const std::string& name, const ModeResult&
     report.note(line);
   }
 
+  if (mode.listing) {
+    const ListingResult& l = *mode.listing;
+    const std::string at = fmt::format("{}_listing_{}", name, last.sessions);
+    report.result(at + "_lookup_idle_p50_us", p(l.idle_us, 0.5));
+    report.result(at + "_lookup_idle_p99_us", p(l.idle_us, 0.99));
+    report.result(at + "_lookup_during_p50_us", p(l.listing_us, 0.5));
+    report.result(at + "_lookup_during_p99_us", p(l.listing_us, 0.99));
+    report.result(at + "_page_p50_ms", p(l.page_ms, 0.5));
+    report.result(at + "_page_p99_ms", p(l.page_ms, 0.99));
+    report.result(at + "_full_listings", static_cast<double>(l.listings));
+    report.result(at + "_lookup_p99_during_over_idle", p(l.listing_us, 0.99) / p(l.idle_us, 0.99));
+    report.target(at + "_lookup_p99_during_over_idle", "<=", 2.0);
+    report.note(fmt::format(
+        "  {}: Lookup p50/p99 {:.0f}/{:.0f} us idle, {:.0f}/{:.0f} us while another "
+        "connection lists all {} sessions page after page (page of 1000: p50 {:.2f} ms, p99 "
+        "{:.2f} ms; {} full listings in {:.1f} s)",
+        name, p(l.idle_us, 0.5), p(l.idle_us, 0.99), p(l.listing_us, 0.5), p(l.listing_us, 0.99),
+        last.sessions, p(l.page_ms, 0.5), p(l.page_ms, 0.99), l.listings, l.listing_seconds));
+  }
   report.result(name + "_blocks_demoted", static_cast<double>(mode.bytes_demoted / kBlockBytes));
   report.result(name + "_blocks_promoted", static_cast<double>(mode.bytes_promoted / kBlockBytes));
   report.result(name + "_blocks_evicted", static_cast<double>(mode.blocks_evicted));
@@ -200,6 +275,11 @@ CLI::App* add_scale_subcommand(CLI::App& app, ScaleBenchOptions& options) {
   scale->add_option("--modes", options.modes, "nopressure, pressure or both")
       ->delimiter(',')
       ->check(CLI::IsMember({"nopressure", "pressure"}));
+  scale
+      ->add_option("--listing-lookups", options.listing_lookups,
+                   "at the largest size, Lookups timed idle and while another connection "
+                   "lists every session page by page (0: skip)")
+      ->check(CLI::Range(0u, 1'000'000u));
   scale->add_flag("--grow-as-measured", options.grow_as_measured,
                   "grow under the measured policy settings too (slow before issue 11)");
   return scale;

@@ -46,6 +46,9 @@ struct ScaleBenchOptions {
   // Grow under the measured settings too (today the planner then indexes every session
   // after every Save, and growing to 50k sessions takes a long time).
   bool grow_as_measured = false;
+  // At the largest size: Lookups timed on an idle daemon and while another connection
+  // pages through the whole session listing, over and over (0: skip).
+  uint32_t listing_lookups = 0;
 };
 
 Result<BenchReport> run_scale_bench(const CommonOptions& common, const ScaleBenchOptions& options);

@@ -248,6 +248,26 @@ Status ScaleDaemon::barrier() {
   return Status::ok();
 }
 
+Status ScaleDaemon::time_lookups(uint32_t count, std::vector<double>& out) {
+  std::uniform_int_distribution<uint64_t> pick_session(0, sessions() - 1);
+  std::uniform_int_distribution<uint32_t> pick_own(0, kOwnBlocks - 1);
+  for (uint32_t i = 0; i < count; ++i) {
+    std::vector<BlockHash> hashes = prefix_;
+    while (hashes.size() < kLookupHashes) {
+      hashes.push_back(own_hashes(pick_session(random_))[pick_own(random_)]);
+    }
+    KVTIER_RETURN_IF_ERROR(barrier());
+    const auto t0 = Clock::now();
+    auto found = client_->lookup(hashes);
+    out.push_back(micros_since(t0));
+    if (!found.is_ok()) return found.status();
+    if (found->hit_count != kLookupHashes) {
+      return internal_error("Lookup hit {} of {} held hashes", found->hit_count, kLookupHashes);
+    }
+  }
+  return Status::ok();
+}
+
 Status ScaleDaemon::run_round(ScaleSamples* out) {
   if (sessions() == 0) return internal_error("no sessions to measure against");
   auto record = [out](ScaleOp op, double micros) {

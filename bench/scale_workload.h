@@ -81,6 +81,11 @@ class ScaleDaemon {
   // has come back, so no request is timed behind work an earlier one left queued.
   Status run_round(ScaleSamples* out);
 
+  // `count` Lookups of kLookupHashes held hashes, each timed alone (after a barrier),
+  // appended to `out` (microseconds).
+  Status time_lookups(uint32_t count, std::vector<double>& out);
+  const std::string& socket_path() const { return daemon_.socket_path(); }
+
   uint64_t sessions() const { return turns_.size(); }
   // Σ over sessions of the blocks each references.
   uint64_t session_refs() const;
