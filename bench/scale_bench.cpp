@@ -45,6 +45,7 @@ struct ListingResult {
   std::vector<double> page_ms;
   uint64_t listings = 0;  // full listings read meanwhile
   double listing_seconds = 0;
+  uint32_t page_limit = 0;  // sessions per page asked for (0: the daemon's 1000)
 };
 
 struct ModeResult {
@@ -65,8 +66,9 @@ double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-Result<ListingResult> measure_listing(ScaleDaemon& d, uint32_t lookups) {
+Result<ListingResult> measure_listing(ScaleDaemon& d, uint32_t lookups, uint32_t page_limit) {
   ListingResult result;
+  result.page_limit = page_limit;
   KVTIER_RETURN_IF_ERROR(d.time_lookups(lookups, result.idle_us));
   auto lister = Client::connect(d.socket_path());
   if (!lister.is_ok()) return lister.status();
@@ -77,6 +79,7 @@ Result<ListingResult> measure_listing(ScaleDaemon& d, uint32_t lookups) {
   const auto listing_start = Clock::now();
   std::thread thread([&] {
     ListSessionsOptions options;
+    options.limit = page_limit;
     while (!stop.load()) {
       const auto t0 = Clock::now();
       auto page = (*lister)->list_sessions_page(options);
@@ -154,7 +157,7 @@ Result<ModeResult> run_mode(const CommonOptions& common, const ScaleBenchOptions
     }
     for (auto& samples : at.samples) std::sort(samples.begin(), samples.end());
     if (size == options.sizes.back() && options.listing_lookups > 0) {
-      auto listing = measure_listing(d, options.listing_lookups);
+      auto listing = measure_listing(d, options.listing_lookups, options.listing_page);
       if (!listing.is_ok()) return listing.status();
       result.listing = std::move(*listing);
     }
@@ -222,10 +225,11 @@ void report_mode(BenchReport& report, const std::string& name, const ModeResult&
     report.target(at + "_lookup_p99_during_over_idle", "<=", 2.0);
     report.note(fmt::format(
         "  {}: Lookup p50/p99 {:.0f}/{:.0f} us idle, {:.0f}/{:.0f} us while another "
-        "connection lists all {} sessions page after page (page of 1000: p50 {:.2f} ms, p99 "
+        "connection lists all {} sessions page after page (page of {}: p50 {:.2f} ms, p99 "
         "{:.2f} ms; {} full listings in {:.1f} s)",
         name, p(l.idle_us, 0.5), p(l.idle_us, 0.99), p(l.listing_us, 0.5), p(l.listing_us, 0.99),
-        last.sessions, p(l.page_ms, 0.5), p(l.page_ms, 0.99), l.listings, l.listing_seconds));
+        last.sessions, l.page_limit == 0 ? 1000 : l.page_limit, p(l.page_ms, 0.5),
+        p(l.page_ms, 0.99), l.listings, l.listing_seconds));
   }
   report.result(name + "_blocks_demoted", static_cast<double>(mode.bytes_demoted / kBlockBytes));
   report.result(name + "_blocks_promoted", static_cast<double>(mode.bytes_promoted / kBlockBytes));
@@ -280,6 +284,10 @@ CLI::App* add_scale_subcommand(CLI::App& app, ScaleBenchOptions& options) {
                    "at the largest size, Lookups timed idle and while another connection "
                    "lists every session page by page (0: skip)")
       ->check(CLI::Range(0u, 1'000'000u));
+  scale
+      ->add_option("--listing-page", options.listing_page,
+                   "sessions per page the listing asks for (0: the daemon's default, 1000)")
+      ->check(CLI::Range(0u, 10'000u));
   scale->add_flag("--grow-as-measured", options.grow_as_measured,
                   "grow under the measured policy settings too (slow before issue 11)");
   return scale;

@@ -49,6 +49,7 @@ struct ScaleBenchOptions {
   // At the largest size: Lookups timed on an idle daemon and while another connection
   // pages through the whole session listing, over and over (0: skip).
   uint32_t listing_lookups = 0;
+  uint32_t listing_page = 0;  // sessions per listing page (0: the daemon's default)
 };
 
 Result<BenchReport> run_scale_bench(const CommonOptions& common, const ScaleBenchOptions& options);
