@@ -441,5 +441,34 @@ TEST_F(MoveExecutorCopyOutTest, CopyInIntoFullMemoryMakesRoomByEvicting) {
   EXPECT_EQ(store_.usage(Tier::kRam).blocks, 8u);
 }
 
+TEST_F(MoveExecutorCopyOutTest, CopyInReadsALongPrefixAChunkAtATimeWithinTheBound) {
+  // The bound is 8 blocks: chunks of 8, one at the tier at a time (a window of 1).
+  constexpr uint32_t kKeys = 20;
+  std::vector<BlockKey> keys;
+  for (uint32_t n = 1; n <= kKeys; ++n) {
+    keys.push_back(key_of(kLayout, n));
+    spill_.stored[keys.back()] = contents_of(n);
+  }
+  copy_in(keys);
+  size_t chunks = 0;
+  while (!spill_.reads_in_flight.empty()) {
+    EXPECT_EQ(spill_.reads_in_flight.size(), 1u) << "more than the window at the tier";
+    EXPECT_LE(spill_.reads_in_flight.front().first.size(), 8u) << "a chunk over the bound";
+    ++chunks;
+    spill_.complete_reads();
+    drain_control_thread();
+  }
+  EXPECT_EQ(chunks, 3u);  // 8 + 8 + 4
+  for (uint32_t i = 0; i < kKeys; ++i) {
+    ASSERT_TRUE(answers_[i].has_value()) << i;
+    EXPECT_TRUE(answers_[i]->is_ok()) << i << ": " << answers_[i]->to_string();
+  }
+  EXPECT_EQ(executor_.counters().copied_in_blocks, kKeys);
+  // RAM holds 8: the last chunk's blocks are there, bit-exact; room was made by evicting.
+  EXPECT_EQ(ram_bytes_of(keys.back()), contents_of(kKeys));
+  EXPECT_EQ(store_.usage(Tier::kRam).blocks, 8u);
+  EXPECT_EQ(store_.pinned_blocks(), 0u);
+}
+
 }  // namespace
 }  // namespace kvtier
