@@ -295,7 +295,7 @@ class HelloTimeout : public DaemonTest {
  protected:
   std::vector<std::string> daemon_flags() const override {
     std::vector<std::string> flags = small_tier_flags();
-    for (const char* flag : {"--hello-timeout", "300ms"}) flags.emplace_back(flag);
+    for (const char* flag : {"--hello-timeout", "1s"}) flags.emplace_back(flag);
     return flags;
   }
 };
@@ -324,7 +324,7 @@ TEST_F(HelloTimeout, AConnectionThatDoesNotSayWhoItIsIsClosedAndOneThatDidStays)
   ASSERT_EQ(refused->size(), 1u);
   EXPECT_TRUE(IsError(refused->front().error, StatusCode::kInvalidArgument, "send Hello first"));
   // The other is still served, well past the deadline.
-  ::usleep(400'000);
+  ::usleep(1'200'000);
   ASSERT_TRUE(talking->send(2, [](wire::Request::Builder r) { r.initStats(); }).is_ok());
   auto second = talking->receive_reply();
   ASSERT_TRUE(second.is_ok()) << second.status().to_string();
