@@ -159,7 +159,12 @@ Status AdminService::handle_list_sessions(const ConnectionPtr& c, EngineContext&
     ListingKey key;
     const policy::Session* session;
   };
+  // The page is the `limit` smallest keys after the cursor, kept in a max-heap while
+  // walking (most sessions lose against its top at once); `more` says one was left out.
+  const auto by_key = [](const Listed& a, const Listed& b) { return a.key < b.key; };
   std::vector<Listed> rest;
+  rest.reserve(std::min<size_t>(limit, ctx_.sessions.size()) + 1);
+  bool more = false;
   uint32_t total = 0;
   ctx_.sessions.for_each([&](const policy::Session& session) {
     if (!request.all_namespaces && session.namespace_id != engine.namespace_id) return;
@@ -169,16 +174,17 @@ Status AdminService::handle_list_sessions(const ConnectionPtr& c, EngineContext&
       key.key = UINT64_MAX - session.blocks.size() * ctx_.store->block_bytes(session.layout);
     }
     if (after && !(*after < key)) return;
-    rest.push_back({key, &session});
+    if (rest.size() == limit) {
+      more = true;
+      if (!(key < rest.front().key)) return;
+      std::pop_heap(rest.begin(), rest.end(), by_key);
+      rest.back() = {key, &session};
+    } else {
+      rest.push_back({key, &session});
+    }
+    std::push_heap(rest.begin(), rest.end(), by_key);
   });
-  const auto by_key = [](const Listed& a, const Listed& b) { return a.key < b.key; };
-  const bool more = rest.size() > limit;
-  if (more) {
-    std::partial_sort(rest.begin(), rest.begin() + limit, rest.end(), by_key);
-    rest.resize(limit);
-  } else {
-    std::sort(rest.begin(), rest.end(), by_key);
-  }
+  std::sort_heap(rest.begin(), rest.end(), by_key);
   const policy::ReturnPredictor predictor = ctx_.planner.return_predictor(ctx_.sessions);
   reply(c, id, [&](wire::Response::Builder response) {
     auto out = response.initListSessions();
