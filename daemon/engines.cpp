@@ -48,13 +48,14 @@ std::optional<uint32_t> Namespaces::find(const std::string& name) const {
   return it->second;
 }
 
-std::shared_ptr<EngineContext> EngineRegistry::connect(const ipc::PeerCredentials& peer) {
+std::shared_ptr<EngineContext> EngineRegistry::connect(const ipc::PeerCredentials& peer,
+                                                       std::optional<bool> admin) {
   auto engine = std::make_shared<EngineContext>();
   auto shared = config_.shared_namespaces.find(peer.uid);
   engine->namespace_name =
       shared != config_.shared_namespaces.end() ? shared->second : fmt::format("uid:{}", peer.uid);
   engine->namespace_id = namespaces_.intern(engine->namespace_name);
-  engine->is_admin = is_admin(peer);
+  engine->is_admin = admin.has_value() ? *admin : is_admin(peer);
   return engine;
 }
 

@@ -85,7 +85,9 @@ class EngineRegistry {
   explicit EngineRegistry(const DaemonConfig& config) : config_(config) {}
 
   // A context for a new connection from `peer`: its namespace and admin right.
-  std::shared_ptr<EngineContext> connect(const ipc::PeerCredentials& peer);
+  // `admin`: what the server's admin check already said at accept (nullopt: ask is_admin).
+  std::shared_ptr<EngineContext> connect(const ipc::PeerCredentials& peer,
+                                         std::optional<bool> admin = std::nullopt);
   // root, or a member (primary or supplementary group) of admin-group.
   bool is_admin(const ipc::PeerCredentials& peer) const;
   Namespaces& namespaces() { return namespaces_; }

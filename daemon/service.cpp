@@ -184,7 +184,10 @@ void Service::on_cannot_start() {
 }
 
 void Service::on_connect(const ConnectionPtr& connection) {
-  auto engine = ctx_.engines.connect(connection->peer());
+  // With a server attached its admin check (ours) already ran at accept: no second
+  // /proc read.
+  auto engine = ctx_.engines.connect(
+      connection->peer(), ctx_.server ? std::optional<bool>(connection->admin()) : std::nullopt);
   connection->user_state = engine;
   KVTIER_LOG_DEBUG("connection {} from pid {} uid {} (namespace {})", connection->id(),
                    connection->peer().pid, connection->peer().uid, engine->namespace_name);

@@ -88,12 +88,10 @@ class MoveExecutorCopyOutTest : public ::testing::Test {
                     bytes_of(*batch.memories[s.src_memory]) + s.src_offset, s.bytes);
       }
       ++copies_;
-      control_queue_.push_back([done] { done(Status::ok()); });
+      control_.poster()([done] { done(Status::ok()); });
       return Status::ok();
     };
-    hooks.control_thread = [this] {
-      return [this](std::function<void()> fn) { control_queue_.push_back(std::move(fn)); };
-    };
+    hooks.control_thread = [this] { return control_.poster(); };
     hooks.make_room = [](Tier, uint64_t) { return std::vector<policy::Move>{}; };
     hooks.not_moved = [](const BlockKey&) {};
     hooks.removed = [this](const std::vector<BlockKey>& keys, bool lost) {
@@ -132,13 +130,7 @@ class MoveExecutorCopyOutTest : public ::testing::Test {
     return key;
   }
   // Block n, recovered into NVMe slot n with its bytes there.
-  BlockKey on_nvme(uint32_t n) {
-    const BlockKey key = key_of(kLayout, n);
-    const uint64_t offset = n * kBlockBytes;
-    EXPECT_TRUE(store_.insert_recovered(key, {Tier::kNvme, offset}, kRecoveredAccessMs).is_ok());
-    nvme_.bytes_at_offset[offset] = contents_of(n);
-    return key;
-  }
+  BlockKey on_nvme(uint32_t n) { return recover_on_nvme(store_, nvme_, n); }
 
   size_t copy_out(const std::vector<BlockKey>& keys) {
     return executor_.copy_out(keys, [this](MoveExecutor::CopyOutResult result) {
@@ -146,21 +138,8 @@ class MoveExecutorCopyOutTest : public ::testing::Test {
       result_ = result;
     });
   }
-  void drain_control_thread() {
-    while (!control_queue_.empty()) {
-      std::function<void()> fn = std::move(control_queue_.front());
-      control_queue_.pop_front();
-      fn();
-    }
-  }
-  void run_until_settled() {
-    drain_control_thread();
-    while (!spill_.writes_in_flight.empty() || !spill_.reads_in_flight.empty()) {
-      spill_.complete_writes();
-      spill_.complete_reads();
-      drain_control_thread();
-    }
-  }
+  void drain_control_thread() { control_.drain(); }
+  void run_until_settled() { tiers_test::spill_fakes::run_until_settled(control_, spill_); }
   // copy_in of `keys`; the answers land in answers_ by index.
   void copy_in(const std::vector<BlockKey>& keys) {
     answers_.assign(keys.size(), std::nullopt);
@@ -193,7 +172,7 @@ class MoveExecutorCopyOutTest : public ::testing::Test {
   MemoryTier ram_tier_;
   FakeNvmeTier nvme_;
   FakeSpillTier spill_;
-  std::deque<std::function<void()>> control_queue_;
+  ControlThread control_;
   std::vector<BlockKey> removed_;
   std::vector<BlockKey> lost_;
   uint64_t bound_bytes_ = 8 * kBlockBytes;  // the in-flight bound (derived fixtures change it)

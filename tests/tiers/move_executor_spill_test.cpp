@@ -48,9 +48,7 @@ class MoveExecutorSpillTest : public ::testing::Test {
       ADD_FAILURE() << "an eviction made a Device copy";
       return internal_error("no copies here");
     };
-    hooks.control_thread = [this] {
-      return [this](std::function<void()> fn) { control_queue_.push_back(std::move(fn)); };
-    };
+    hooks.control_thread = [this] { return control_.poster(); };
     hooks.make_room = [](Tier, uint64_t) {
       ADD_FAILURE() << "an eviction asked for room";
       return std::vector<policy::Move>{};
@@ -68,13 +66,7 @@ class MoveExecutorSpillTest : public ::testing::Test {
   }
 
   // Block n, recovered into NVMe slot n with its bytes there.
-  BlockKey on_nvme(uint32_t n) {
-    const BlockKey key = key_of(kLayout, n);
-    const uint64_t offset = n * kBlockBytes;
-    EXPECT_TRUE(store_.insert_recovered(key, {Tier::kNvme, offset}, kRecoveredAccessMs).is_ok());
-    nvme_.bytes_at_offset[offset] = contents_of(n);
-    return key;
-  }
+  BlockKey on_nvme(uint32_t n) { return recover_on_nvme(store_, nvme_, n); }
 
   void plan_evictions(const std::vector<BlockKey>& keys) {
     std::vector<policy::Move> moves;
@@ -86,21 +78,9 @@ class MoveExecutorSpillTest : public ::testing::Test {
   }
 
   // Runs what was posted to the control thread, and what that posts, until none is left.
-  void drain_control_thread() {
-    while (!control_queue_.empty()) {
-      std::function<void()> fn = std::move(control_queue_.front());
-      control_queue_.pop_front();
-      fn();
-    }
-  }
+  void drain_control_thread() { control_.drain(); }
   // Until nothing is posted and no write is in flight.
-  void run_until_settled() {
-    drain_control_thread();
-    while (!spill_.writes_in_flight.empty()) {
-      spill_.complete_writes();
-      drain_control_thread();
-    }
-  }
+  void run_until_settled() { tiers_test::spill_fakes::run_until_settled(control_, spill_); }
 
   bool in_store(const BlockKey& key) const { return store_.lookup(key).has_value(); }
   bool was_removed(const BlockKey& key) const {
@@ -123,7 +103,7 @@ class MoveExecutorSpillTest : public ::testing::Test {
   BlockStore store_;
   FakeNvmeTier nvme_;
   FakeSpillTier spill_;
-  std::deque<std::function<void()>> control_queue_;
+  ControlThread control_;
   std::vector<BlockKey> removed_;
   std::vector<BlockKey> not_moved_;
   size_t settled_ = 0;

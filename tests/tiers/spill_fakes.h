@@ -3,8 +3,11 @@
 // key and keeps accepted writes in flight until the test completes them.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <cstddef>
 #include <cstring>
+#include <deque>
 #include <functional>
 #include <unordered_map>
 #include <unordered_set>
@@ -13,6 +16,8 @@
 
 #include "common/block_key.h"
 #include "common/status.h"
+#include "tests/tiers/test_memory.h"
+#include "tiers/block_store.h"
 #include "tiers/tier.h"
 
 namespace kvtier::tiers_test::spill_fakes {
@@ -153,5 +158,45 @@ class FakeSpillTier final : public StorageTier {
   std::vector<std::pair<std::vector<WriteItem>, std::function<void(std::vector<Status>)>>>
       writes_in_flight;
 };
+
+// The control thread a test drives by hand: what the executor posts waits here.
+class ControlThread {
+ public:
+  // A poster for MoveExecutor::Hooks::control_thread.
+  std::function<void(std::function<void()>)> poster() {
+    return [this](std::function<void()> fn) { queue_.push_back(std::move(fn)); };
+  }
+  // Runs what was posted, and what that posts, until none is left.
+  void drain() {
+    while (!queue_.empty()) {
+      std::function<void()> fn = std::move(queue_.front());
+      queue_.pop_front();
+      fn();
+    }
+  }
+
+ private:
+  std::deque<std::function<void()>> queue_;
+};
+
+// Completes the spill tier's writes and reads, running the control thread after each,
+// until nothing is posted or in flight.
+inline void run_until_settled(ControlThread& control, FakeSpillTier& spill) {
+  control.drain();
+  while (!spill.writes_in_flight.empty() || !spill.reads_in_flight.empty()) {
+    spill.complete_writes();
+    spill.complete_reads();
+    control.drain();
+  }
+}
+
+// Block n, recovered into NVMe slot n of `store` with its bytes in `nvme`.
+inline BlockKey recover_on_nvme(BlockStore& store, FakeNvmeTier& nvme, uint32_t n) {
+  const BlockKey key = key_of(kLayout, n);
+  const uint64_t offset = n * kBlockBytes;
+  EXPECT_TRUE(store.insert_recovered(key, {Tier::kNvme, offset}, kRecoveredAccessMs).is_ok());
+  nvme.bytes_at_offset[offset] = contents_of(n);
+  return key;
+}
 
 }  // namespace kvtier::tiers_test::spill_fakes
