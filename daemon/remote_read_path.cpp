@@ -3,16 +3,12 @@
 // (remote_path.h).
 #include "daemon/remote_path.h"
 
-#include <boost/asio/executor_work_guard.hpp>
-#include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 
-#include <deque>
 #include <optional>
 
 #include "common/log.h"
 #include "daemon/load_path.h"
-#include "daemon/save_path.h"
 #include "daemon/session_journal.h"
 #include "daemon/turn_path.h"
 

@@ -3,12 +3,8 @@
 // out (MoveExecutor::copy_out); here is how far each session was written.
 #include "daemon/remote_path.h"
 
-#include <boost/asio/executor_work_guard.hpp>
-#include <boost/asio/post.hpp>
+#include <algorithm>
 
-#include "common/log.h"
-#include "daemon/copies.h"
-#include "daemon/save_path.h"
 #include "daemon/session_journal.h"
 
 namespace kvtier::daemon {
