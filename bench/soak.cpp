@@ -451,6 +451,64 @@ Result<SoakReport> run_soak(const SoakOptions& options) {
     }
   }
   const std::string filler = data_dir + "/filler";
+  // Disk-fault cycles: never the first (its daemon is already running), never a
+  // disk-full one or the one after it (whose disk stays full); alternately injected
+  // errors and (with the tmpfs) fill-and-free.
+  enum class DiskFault : uint8_t { kNone, kInjected, kFillAndFree };
+  std::vector<DiskFault> fault_cycle(options.cycles, DiskFault::kNone);
+  {
+    const uint32_t count = std::min(options.disk_fault_cycles, options.cycles - 1);
+    const bool can_fill = tmpfs && tmpfs->mounted();
+    for (uint32_t k = 0; k < count; ++k) {
+      uint64_t at = 1 + (static_cast<uint64_t>(k) * 2 + 1) * (options.cycles - 1) / (2 * count);
+      while (at < options.cycles &&
+             (full_cycle[at] || full_cycle[at - 1] || fault_cycle[at] != DiskFault::kNone)) {
+        ++at;
+      }
+      if (at >= options.cycles) break;
+      fault_cycle[at] = can_fill && k % 2 == 1 ? DiskFault::kFillAndFree : DiskFault::kInjected;
+    }
+  }
+  const std::vector<std::string> base_flags = daemon_options.flags;
+  // The flags of the daemon that runs cycle `cycle`: injected faults on a range of
+  // operations early in its life, which then pass.
+  auto flags_for = [&](uint32_t cycle) {
+    std::vector<std::string> flags = base_flags;
+    if (cycle < options.cycles && fault_cycle[cycle] == DiskFault::kInjected) {
+      const uint64_t write_from = uniform(2, 6), index_from = uniform(2, 5);
+      flags.insert(
+          flags.end(),
+          {"--fault-nvme", fmt::format("write:{}-{}:EIO", write_from, write_from + uniform(2, 10)),
+           "--fault-nvme", fmt::format("index:{}-{}:EIO", index_from, index_from + uniform(0, 2))});
+    }
+    return flags;
+  };
+  // At the end of a disk-fault cycle: the tier must take writes again, without a restart.
+  auto wait_healed = [&]() {
+    const auto until = Clock::now() + std::chrono::seconds(30);
+    std::string last = "no Stats reply";
+    while (Clock::now() < until && daemon->running()) {
+      auto client = Client::connect(daemon_options.socket_path);
+      auto stats = client.is_ok() ? (*client)->stats() : Result<StatsInfo>(client.status());
+      if (stats.is_ok()) {
+        if (!stats->nvme.degraded) {
+          report.nvme_degradations += stats->nvme.degradations;
+          report.nvme_heals += stats->nvme.heals;
+          return;
+        }
+        last = stats->nvme.reason;
+      } else {
+        last = stats.status().to_string();
+      }
+      std::this_thread::sleep_for(milliseconds{50});
+    }
+    ++report.not_healed;
+    if (report.first_not_healed.empty()) {
+      report.first_not_healed =
+          fmt::format("still degraded 30 s after the fault ended: {}; its log ends:\n{}", last,
+                      daemon->log_tail());
+    }
+  };
 
   // Runs the daemon for `duration`, noticing an exit it makes by itself.
   auto run_for = [&](milliseconds duration) -> Status {
@@ -477,6 +535,21 @@ Result<SoakReport> run_soak(const SoakOptions& options) {
         ++report.disk_full_cycles;
         failure = run_for(uptime - uptime / 3);
       }
+    } else if (fault_cycle[cycle] == DiskFault::kFillAndFree) {
+      failure = run_for(uptime / 3);
+      if (failure.is_ok()) {
+        fill_disk(filler);
+        failure = run_for(uptime / 3);
+      }
+      std::error_code ignored;
+      fs::remove(filler, ignored);
+      if (failure.is_ok()) failure = run_for(uptime - 2 * (uptime / 3));
+      ++report.fill_and_free_cycles;
+      if (failure.is_ok()) wait_healed();
+    } else if (fault_cycle[cycle] == DiskFault::kInjected) {
+      failure = run_for(uptime);
+      ++report.injected_fault_cycles;
+      if (failure.is_ok()) wait_healed();
     } else {
       failure = run_for(uptime);
     }
@@ -500,6 +573,7 @@ Result<SoakReport> run_soak(const SoakOptions& options) {
       ++report.engine_kills;
     }
     daemon.reset();
+    daemon_options.flags = flags_for(cycle + 1);
     auto restarted = support::DaemonProcess::start(daemon_options);
     if (!restarted.is_ok()) {
       failure = unavailable("cycle {}: kvtierd did not restart: {}", cycle + 1,

@@ -16,7 +16,12 @@
 // machine lets it mount a tmpfs (root), the data directory lives on a small one, and
 // during `disk_full_cycles` cycles a filler file takes every free byte of it while the
 // daemon runs, and stays through the restart that ends the cycle: the daemon restarts
-// on a full disk. The daemon exiting by itself,
+// on a full disk. During `disk_fault_cycles` cycles the NVMe tier's disk fails and then
+// works again while the daemon runs: alternately the daemon runs with injected EIO on a
+// range of slab writes and index writes, and (with the tmpfs) the disk fills and is
+// emptied again mid-cycle. The tier must degrade and heal without a restart: at the end
+// of such a cycle the controller waits (up to 30 s) for Stats to say it takes writes
+// again; one that does not counts in not_healed. The daemon exiting by itself,
 // failing to restart, or an engine meeting an error other than the daemon being away
 // or busy fails the soak.
 //
@@ -40,6 +45,7 @@ struct SoakOptions {
   uint32_t sigterm_percent = 25;
   uint32_t engine_kill_every = 3;  // 0: never
   uint32_t disk_full_cycles = 4;   // needs a mountable tmpfs; 0: none
+  uint32_t disk_fault_cycles = 4;  // the disk fails and recovers mid-cycle; 0: none
   uint32_t sessions_per_engine = 6;
   uint64_t seed = 1;
   std::string temp_parent;  // where the soak's directory goes (empty: $TMPDIR or /tmp)
@@ -53,6 +59,13 @@ struct SoakReport {
   uint32_t engine_kills = 0;
   uint32_t disk_full_cycles = 0;
   std::string disk_full;  // "tmpfs NNMiB" or why there was no full disk
+  // Disk-fault cycles run, by kind, and what the daemons' Stats said at their ends.
+  uint32_t injected_fault_cycles = 0;  // EIO injected on slab and index writes
+  uint32_t fill_and_free_cycles = 0;   // the tmpfs filled, then emptied
+  uint64_t nvme_degradations = 0;
+  uint64_t nvme_heals = 0;
+  uint32_t not_healed = 0;       // still degraded 30 s after the fault ended: must be 0
+  std::string first_not_healed;  // its Stats reason and the daemon's log
   // Engines' operations that got a reply (any reply).
   uint64_t saves = 0, lookups = 0, loads = 0, begin_turns = 0, closes = 0;
   uint64_t blocks_saved = 0;     // acknowledged as stored
@@ -72,8 +85,8 @@ struct SoakReport {
 };
 
 // Runs the soak. An error when the soak could not run or the daemon would not restart
-// (with its log); otherwise the report, whose wrong_blocks, unexpected_errors and
-// daemon_self_exits say whether it passed.
+// (with its log); otherwise the report, whose wrong_blocks, unexpected_errors,
+// daemon_self_exits and not_healed say whether it passed.
 Result<SoakReport> run_soak(const SoakOptions& options);
 
 }  // namespace kvtier::bench

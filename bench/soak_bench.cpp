@@ -24,6 +24,10 @@ CLI::App* add_soak_subcommand(CLI::App& app, SoakBenchOptions& options) {
                    "SIGKILL an engine every Nth cycle (0: never)");
   soak->add_option("--disk-full-cycles", options.soak.disk_full_cycles,
                    "cycles run with the data directory's tmpfs full (needs root; 0: none)");
+  soak->add_option("--disk-fault-cycles", options.soak.disk_fault_cycles,
+                   "cycles in which NVMe writes fail and then work again while kvtierd runs "
+                   "(injected EIO; with root also a tmpfs filled and emptied): the tier must "
+                   "heal without a restart (0: none)");
   soak->add_option("--sessions-per-engine", options.soak.sessions_per_engine,
                    "sessions each engine keeps going")
       ->check(CLI::Range(1u, 1000u));
@@ -40,12 +44,18 @@ BenchReport soak_report(const SoakOptions& options, const SoakReport& soak) {
   report.config("sigterm_percent", int64_t{options.sigterm_percent});
   report.config("engine_kill_every", int64_t{options.engine_kill_every});
   report.config("disk_full", soak.disk_full);
+  report.config("disk_fault_cycles", int64_t{options.disk_fault_cycles});
   report.config("seed", static_cast<int64_t>(options.seed));
   report.result("cycles", soak.cycles);
   report.result("sigkill_restarts", soak.sigkill_restarts);
   report.result("sigterm_restarts", soak.sigterm_restarts);
   report.result("engine_kills", soak.engine_kills);
   report.result("disk_full_cycles", soak.disk_full_cycles);
+  report.result("injected_fault_cycles", soak.injected_fault_cycles);
+  report.result("fill_and_free_cycles", soak.fill_and_free_cycles);
+  report.result("nvme_degradations", static_cast<double>(soak.nvme_degradations));
+  report.result("nvme_heals", static_cast<double>(soak.nvme_heals));
+  report.result("not_healed", soak.not_healed);
   report.result("saves", static_cast<double>(soak.saves));
   report.result("lookups", static_cast<double>(soak.lookups));
   report.result("loads", static_cast<double>(soak.loads));
@@ -69,6 +79,11 @@ BenchReport soak_report(const SoakOptions& options, const SoakReport& soak) {
   report.target("wrong_blocks", "<=", 0);
   report.target("unexpected_errors", "<=", 0);
   report.target("daemon_self_exits", "<=", 0);
+  report.target("not_healed", "<=", 0);
+  if (soak.injected_fault_cycles + soak.fill_and_free_cycles > 0) {
+    report.target("nvme_heals", ">=", 1);
+  }
+  if (!soak.first_not_healed.empty()) report.note("not healed: " + soak.first_not_healed);
   report.target("blocks_verified_after_restart", ">=", 1);
   if (!soak.first_wrong.empty()) report.note("first wrong block: " + soak.first_wrong);
   if (!soak.first_unexpected.empty())

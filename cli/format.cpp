@@ -77,6 +77,14 @@ std::string remote_json(const StatsInfo::RemoteStatsInfo& r) {
       r.resumed_sessions, r.deferred_blocks, r.spilled_blocks, r.spill_unwritten);
 }
 
+std::string nvme_json(const StatsInfo::NvmeStatsInfo& n) {
+  if (!n.configured) return "null";
+  return fmt::format(R"({{"degraded":{},"reason":{},"degraded_ms":{},"degradations":{},"heals":{},)"
+                     R"("heal_attempts":{}}})",
+                     n.degraded, json_quote(n.reason), n.degraded_ms, n.degradations, n.heals,
+                     n.heal_attempts);
+}
+
 }  // namespace
 
 std::string status_json(const StatsInfo& s) {
@@ -101,12 +109,14 @@ std::string status_json(const StatsInfo& s) {
       R"("lookups":{{"hits":{},"misses":{}}},)"
       R"("bytes":{{"saved":{},"loaded":{},"demoted":{},"promoted":{}}},)"
       R"("pinned_blocks":{},"admin_pinned_blocks":{},"copies_in_flight":{},"connections":{},)"
-      R"("blocks_evicted":{},"data_loss_blocks":{},"policy":{},"recent_moves":{},"remote":{}}})",
+      R"("blocks_evicted":{},"data_loss_blocks":{},"policy":{},"recent_moves":{},"remote":{},)"
+      R"("nvme":{}}})",
       json_quote(s.device_name), s.uptime_ms, s.starting ? "true" : "false", s.fill_bytes, tiers,
       gpus, s.sessions_active, s.sessions_idle, s.pinned_sessions, s.lookup_hits, s.lookup_misses,
       s.bytes_saved, s.bytes_loaded, s.bytes_demoted, s.bytes_promoted, s.pinned_blocks,
       s.admin_pinned_blocks, s.copies_in_flight, s.connections, s.blocks_evicted,
-      s.data_loss_blocks, json_quote(s.policy), recent_moves_json(s), remote_json(s.remote));
+      s.data_loss_blocks, json_quote(s.policy), recent_moves_json(s), remote_json(s.remote),
+      nvme_json(s.nvme));
 }
 
 std::string status_text(const StatsInfo& s) {
@@ -141,6 +151,17 @@ std::string status_text(const StatsInfo& s) {
                      s.copies_in_flight, s.pinned_blocks, s.admin_pinned_blocks);
   out += fmt::format("dropped    {} evicted, {} lost to corruption\n", s.blocks_evicted,
                      s.data_loss_blocks);
+  if (s.nvme.configured && (s.nvme.degraded || s.nvme.degradations > 0)) {
+    const auto& n = s.nvme;
+    if (n.degraded) {
+      out += fmt::format("nvme       DEGRADED for {}: read-only until it heals ({})\n",
+                         format_duration_ms(n.degraded_ms), n.reason);
+    } else {
+      out += "nvme       healthy\n";
+    }
+    out += fmt::format("           degraded {} times, healed {} times ({} tries)\n", n.degradations,
+                       n.heals, n.heal_attempts);
+  }
   if (s.remote.configured) {
     const auto& r = s.remote;
     out += fmt::format("remote     {}, {} masters{}; {} of {} stored, write-behind lag {}\n",

@@ -405,6 +405,10 @@ Result<StatsInfo> Client::stats(bool all_namespaces) {
             remote.getFetchedBlocks(), remote.getLookupHits(),      remote.getCorruptValues(),
             remote.getErrors(),        remote.getResumedSessions(), remote.getDeferredBlocks(),
             remote.getSpilledBlocks(), remote.getSpillUnwritten()};
+        auto nvme = r.getNvme();
+        info.nvme = {nvme.getConfigured(),  nvme.getDegraded(),     nvme.getReason().cStr(),
+                     nvme.getDegradedMs(),  nvme.getDegradations(), nvme.getHeals(),
+                     nvme.getHealAttempts()};
         return info;
       });
 }

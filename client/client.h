@@ -215,6 +215,13 @@ struct StatsInfo {
     uint64_t spilled_blocks = 0, spill_unwritten = 0;
   };
   RemoteStatsInfo remote;
+  // The NVMe tier's health; configured false without one.
+  struct NvmeStatsInfo {
+    bool configured = false, degraded = false;
+    std::string reason;  // while degraded: why
+    uint64_t degraded_ms = 0, degradations = 0, heals = 0, heal_attempts = 0;
+  };
+  NvmeStatsInfo nvme;
 };
 
 struct SessionInfo {

@@ -106,8 +106,8 @@ Setting fault_nvme_setting() {
   return {"fault-nvme",
           Kind::kTextList,
           kRestart,
-          "TESTS ONLY: inject NVMe slab-file faults, KIND:N[+][:ERRNO] (write, read, "
-          "shortread, flip, sync; repeatable)",
+          "TESTS ONLY: inject NVMe faults, KIND:N[+|-M][:ERRNO] (write, read, shortread, "
+          "flip, sync, index; repeatable)",
           [](DaemonConfig& config, std::string_view spec) -> Status {
             config.fault_nvme.emplace_back(spec);
             return Status::ok();

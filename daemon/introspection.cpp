@@ -10,6 +10,7 @@
 
 #include "daemon/admin_service.h"
 #include "daemon/remote_path.h"
+#include "daemon/session_journal.h"
 #include "daemon/startup_gate.h"
 #include "schema/wire_tier.h"
 
@@ -118,6 +119,17 @@ Status AdminService::handle_stats(const ConnectionPtr& c, EngineContext& engine,
       gpus[i].setHbmUsedBytes(has_part ? hbm_parts[i] : 0);
     }
     ctx_.parts.remote->fill_remote_stats(out.initRemote());
+    if (const NvmeTier* nvme = ctx_.parts.journal->tier()) {
+      const NvmeHealth health = nvme->health();
+      auto stats = out.initNvme();
+      stats.setConfigured(true);
+      stats.setDegraded(health.degraded);
+      if (health.degraded) stats.setReason(health.reason.message());
+      stats.setDegradedMs(health.degraded_ms);
+      stats.setDegradations(health.degradations);
+      stats.setHeals(health.heals);
+      stats.setHealAttempts(health.heal_attempts);
+    }
     const auto& recent = ctx_.planner.recent_moves();
     auto moves = out.initRecentMoves(static_cast<unsigned>(recent.size()));
     const uint64_t now = now_ms();

@@ -153,8 +153,9 @@ Placement::DemotionRoom Placement::plan_room_by_demotion(Tier tier, uint64_t wan
       !TierTopology::traits(below).durable) {
     return room;
   }
-  // Writes paused after a failure would refuse the demotions: the caller evicts.
-  if (ctx_.mover->writes_paused()) return room;
+  // Writes paused after a failure, or a degraded tier below, would refuse the demotions:
+  // the caller evicts.
+  if (!ctx_.mover->accepts_writes(below)) return room;
   // Blocks already moving out of the tier free their slots when they land: wait for that
   // room instead of making more (every retry would otherwise demote again).
   const uint64_t coming = ctx_.store->moving_out_bytes(tier);

@@ -33,7 +33,7 @@ class Placement final : public Part {
   // down to NVMe instead of evicting them (`rule`: whether a full NVMe evicts its own
   // coldest to take them): `moves` to apply, or `coming` when blocks already on their
   // way out make enough, or none can go now but blocks are arriving in RAM. Neither when
-  // there is no NVMe tier, `tier` is not RAM, NVMe writes are paused after a failure, or
+  // there is no NVMe tier, `tier` is not RAM, NVMe writes are paused after a failure or NVMe is degraded, or
   // NVMe cannot take them (the caller then evicts).
   struct DemotionRoom {
     bool coming = false;

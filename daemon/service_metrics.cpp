@@ -6,6 +6,7 @@
 #include "daemon/remote_path.h"
 #include "daemon/replies.h"
 #include "daemon/service.h"
+#include "daemon/session_journal.h"
 
 #ifndef KVTIER_VERSION
 #define KVTIER_VERSION "unknown"
@@ -114,6 +115,18 @@ std::string Service::render_metrics() const {
   out.sample("kvtier_pinned_blocks", "reason=\"copy\"", admin_->copy_pinned_blocks());
   out.sample("kvtier_pinned_blocks", "reason=\"admin\"", admin_->admin_pinned_blocks());
   replies_->metrics().render(out);
+  if (const NvmeTier* nvme = ctx_.parts.journal ? ctx_.parts.journal->tier() : nullptr) {
+    const NvmeHealth health = nvme->health();
+    out.family("kvtier_nvme_degraded", "gauge",
+               "1 while the NVMe tier is read-only after a write failed (until it heals).");
+    out.sample("kvtier_nvme_degraded", "", uint64_t{health.degraded});
+    out.family("kvtier_nvme_degradations_total", "counter",
+               "Times the NVMe tier degraded (a payload write, sync or index write failed).");
+    out.sample("kvtier_nvme_degradations_total", "", health.degradations);
+    out.family("kvtier_nvme_heals_total", "counter",
+               "Times the NVMe tier healed and took writes again without a restart.");
+    out.sample("kvtier_nvme_heals_total", "", health.heals);
+  }
   remote_->render_remote_metrics(out);  // remote_path.cpp; nothing without remote-nodes
   return out.text();
 }

@@ -267,6 +267,18 @@ struct StatsReply {
                                # BeginTurn and Drain wait (up to startup-wait-ms)
   fillBytes @22 :UInt64;       # while starting: bytes of memory pools being filled
   remote @23 :RemoteStats;     # the remote tier (configured false without remote-nodes)
+  nvme @24 :NvmeStats;         # the NVMe tier's health (configured false without one)
+}
+
+struct NvmeStats {
+  configured @0 :Bool;         # the daemon has an NVMe tier
+  degraded @1 :Bool;           # read-only after a write failed, until it heals: demotions and
+                               # Saves skip it, Loads still read it
+  reason @2 :Text;             # while degraded: why (the latest failed try at healing)
+  degradedMs @3 :UInt64;       # while degraded: for how long
+  degradations @4 :UInt64;     # times it degraded since start
+  heals @5 :UInt64;            # times it healed (took writes again) since start
+  healAttempts @6 :UInt64;     # tries at healing since start, failed ones included
 }
 
 struct RemoteStats {

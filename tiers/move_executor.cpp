@@ -47,6 +47,11 @@ StorageTier* MoveExecutor::tier(Tier id) const {
   return at < tiers_.size() ? tiers_[at] : nullptr;
 }
 
+bool MoveExecutor::accepts_writes(Tier id) const {
+  const StorageTier* to = tier(id);
+  return to != nullptr && to->writable() && !writes_paused();
+}
+
 bool MoveExecutor::copies_by_device(Tier id) const {
   const StorageTier* t = tier(id);
   return t != nullptr && t->memory() != nullptr;
@@ -234,8 +239,8 @@ void MoveExecutor::evict(const std::vector<BlockKey>& keys, bool lost) {
 
 void MoveExecutor::write_into(StorageTier& to, const std::vector<BlockKey>& keys) {
   if (keys.empty()) return;
-  if (writes_paused()) {
-    for (const BlockKey& key : keys) hooks_.not_moved(key);  // after the pause
+  if (writes_paused() || !to.writable()) {
+    for (const BlockKey& key : keys) hooks_.not_moved(key);  // after the pause, or the heal
     return;
   }
   if (to.release_is_durable()) hooks_.before_persistent_write();

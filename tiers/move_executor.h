@@ -59,7 +59,8 @@
 //  - Evicting a block gives up its copy too (durably).
 //
 // Writes into a tier are paused with exponential backoff after a failure (a full or
-// failing disk is not hammered every plan), except while draining.
+// failing disk is not hammered every plan), except while draining; none start into a
+// tier that is not writable() (a degraded NVMe tier) until it is again.
 //
 // Thread-safety: none; the control thread owns it. Tier workers and the Device report
 // back through Hooks, which post to the control thread.
@@ -196,6 +197,9 @@ class MoveExecutor {
   // Whether writes are paused after a failure (never while draining): moves into a
   // tier that is not memory are refused until then.
   bool writes_paused() const { return !draining_ && hooks_.now_ms() < write_paused_until_ms_; }
+  // Whether a move into `tier` would start now: writes not paused, and the tier takes
+  // writes (a degraded NVMe tier does not until it heals; tier.h).
+  bool accepts_writes(Tier tier) const;
   // Starts reading `keys`, held in a tier the Device cannot copy from, into RAM (or
   // host HBM); returns those whose read started or was already running.
   std::vector<BlockKey> read_into_memory(const std::vector<BlockKey>& keys);

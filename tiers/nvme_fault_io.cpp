@@ -42,30 +42,45 @@ Result<SlabIoFault> parse_slab_io_fault(const std::string& spec) {
       {"read", {SlabIoFault::Kind::kRead, true}},
       {"shortread", {SlabIoFault::Kind::kShortRead, false}},
       {"flip", {SlabIoFault::Kind::kFlip, false}},
-      {"sync", {SlabIoFault::Kind::kSync, true}}};
+      {"sync", {SlabIoFault::Kind::kSync, true}},
+      {"index", {SlabIoFault::Kind::kIndex, true}}};
   const std::vector<std::string> parts = split(spec, ':');
   auto kind = kKinds.find(parts[0]);
   if (kind == kKinds.end()) {
-    return invalid_argument("fault '{}': kind must be write, read, shortread, flip or sync", spec);
+    return invalid_argument("fault '{}': kind must be write, read, shortread, flip, sync or index",
+                            spec);
   }
   const bool wants_errno = kind->second.second;
   if (parts.size() != (wants_errno ? 3u : 2u)) {
     return invalid_argument("fault '{}': expected {}", spec,
-                            wants_errno ? "KIND:N[+]:ERRNO" : "KIND:N[+]");
+                            wants_errno ? "KIND:N[+|-M]:ERRNO" : "KIND:N[+|-M]");
   }
   SlabIoFault fault;
   fault.kind = kind->second.first;
   std::string count = parts[1];
+  std::string last_count;
+  bool and_later = false;
   if (!count.empty() && count.back() == '+') {
-    fault.and_later = true;
+    and_later = true;
     count.pop_back();
+  } else if (const size_t dash = count.find('-'); dash != std::string::npos) {
+    last_count = count.substr(dash + 1);
+    count.resize(dash);
   }
-  char* end = nullptr;
-  unsigned long long nth = std::strtoull(count.c_str(), &end, 10);
-  if (count.empty() || *end != '\0' || nth == 0) {
-    return invalid_argument("fault '{}': N must be a positive count", spec);
+  auto positive = [](const std::string& text) -> uint64_t {
+    char* end = nullptr;
+    const unsigned long long value = std::strtoull(text.c_str(), &end, 10);
+    return text.empty() || *end != '\0' || text[0] == '-' ? 0 : value;
+  };
+  fault.nth = positive(count);
+  if (fault.nth == 0) return invalid_argument("fault '{}': N must be a positive count", spec);
+  fault.last = and_later ? UINT64_MAX : fault.nth;
+  if (!last_count.empty() || count.size() + 1 == parts[1].size()) {
+    if (!and_later) fault.last = positive(last_count);
+    if (fault.last < fault.nth) {
+      return invalid_argument("fault '{}': N-M needs a count M at or above N", spec);
+    }
   }
-  fault.nth = nth;
   if (wants_errno) {
     auto error = parse_errno(parts[2], spec);
     if (!error.is_ok()) return error.status();
@@ -78,7 +93,7 @@ const SlabIoFault* FaultInjectingSlabIo::match(std::initializer_list<SlabIoFault
                                                uint64_t count) const {
   for (const SlabIoFault& fault : faults_) {
     if (std::find(kinds.begin(), kinds.end(), fault.kind) == kinds.end()) continue;
-    if (count == fault.nth || (fault.and_later && count > fault.nth)) return &fault;
+    if (fault.applies_to(count)) return &fault;
   }
   return nullptr;
 }

@@ -8,7 +8,9 @@
 #include <rocksdb/write_batch.h>
 
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
+#include <thread>
 
 #include "common/log.h"
 #include "tiers/rocksdb_status.h"
@@ -98,16 +100,23 @@ Status scan(rocksdb::DB* db, rocksdb::ColumnFamilyHandle* family, std::string_vi
 
 }  // namespace
 
-Result<std::unique_ptr<NvmeIndex>> NvmeIndex::open(const std::string& dir,
-                                                   uint64_t new_slab_bytes) {
+Result<std::unique_ptr<NvmeIndex>> NvmeIndex::open(const std::string& dir, uint64_t new_slab_bytes,
+                                                   std::span<const SlabIoFault> faults) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) return errno_status(ec.value(), "create " + dir);
   std::unique_ptr<NvmeIndex> index(new NvmeIndex());
+  index->dir_ = dir;
   index->created_ = !std::filesystem::exists(dir + "/CURRENT");
+  for (const SlabIoFault& fault : faults) {
+    if (fault.kind == SlabIoFault::Kind::kIndex) index->faults_.push_back(fault);
+  }
+  index->file_system_ = std::make_shared<IndexFaultFileSystem>(rocksdb::FileSystem::Default());
+  index->env_ = rocksdb::NewCompositeEnv(index->file_system_);
+  index->logger_ = std::make_shared<IndexLogger>();
 
-  std::vector<std::string> names = {rocksdb::kDefaultColumnFamilyName, kNvmeBlocksFamily,
-                                    kNvmeSessionsFamily, kNvmeMetaFamily};
+  index->family_names_ = {rocksdb::kDefaultColumnFamilyName, kNvmeBlocksFamily, kNvmeSessionsFamily,
+                          kNvmeMetaFamily};
   if (!index->created_) {
     // Every existing family must be opened; a newer format may have added some.
     std::vector<std::string> existing;
@@ -115,30 +124,58 @@ Result<std::unique_ptr<NvmeIndex>> NvmeIndex::open(const std::string& dir,
         rocksdb::DB::ListColumnFamilies(rocksdb::DBOptions(), dir, &existing), "list families");
     if (!listed.is_ok()) return listed;
     for (const std::string& name : existing) {
-      if (std::find(names.begin(), names.end(), name) == names.end()) names.push_back(name);
+      if (std::find(index->family_names_.begin(), index->family_names_.end(), name) ==
+          index->family_names_.end()) {
+        index->family_names_.push_back(name);
+      }
     }
   }
-  std::vector<rocksdb::ColumnFamilyDescriptor> families;
-  for (const std::string& name : names) families.emplace_back(name, family_options(name));
-  rocksdb::DB* db = nullptr;
-  Status opened = rocksdb_status(
-      rocksdb::DB::Open(db_options(), dir, families, &index->handles_, &db), "open " + dir);
-  if (!opened.is_ok()) return opened;
-  index->db_.reset(db);
-  index->dir_ = dir;
-  index->blocks_ = index->handles_[1];
-  index->sessions_ = index->handles_[2];
-  index->meta_ = index->handles_[3];
+  KVTIER_RETURN_IF_ERROR(index->open_db());
   KVTIER_RETURN_IF_ERROR(index->load_or_init_meta(new_slab_bytes, dir));
   return index;
 }
 
-Status NvmeIndex::write(const rocksdb::WriteOptions& options, rocksdb::WriteBatch& batch,
-                        std::string_view what) {
-  {
-    std::lock_guard lock(failure_mutex_);
-    if (!write_failure_.is_ok()) return write_failure_;
+Status NvmeIndex::open_db() {
+  std::vector<rocksdb::ColumnFamilyDescriptor> families;
+  for (const std::string& name : family_names_) families.emplace_back(name, family_options(name));
+  rocksdb::DBOptions options = db_options();
+  options.env = env_.get();
+  options.info_log = logger_;
+  rocksdb::DB* db = nullptr;
+  handles_.clear();
+  KVTIER_RETURN_IF_ERROR(
+      rocksdb_status(rocksdb::DB::Open(options, dir_, families, &handles_, &db), "open " + dir_));
+  db_.reset(db);
+  blocks_ = handles_[1];
+  sessions_ = handles_[2];
+  meta_ = handles_[3];
+  return Status::ok();
+}
+
+void NvmeIndex::close_db() {
+  if (!db_) return;
+  for (rocksdb::ColumnFamilyHandle* handle : handles_) {
+    (void)db_->DestroyColumnFamilyHandle(handle);
   }
+  handles_.clear();
+  blocks_ = sessions_ = meta_ = nullptr;
+  // After a failed write Close reports that error again; what was acknowledged is synced.
+  Status closed = rocksdb_status(db_->Close(), "close the NVMe index");
+  if (!closed.is_ok()) KVTIER_LOG_DEBUG("{}", closed.message());
+  db_.reset();
+}
+
+void NvmeIndex::count_operation() {
+  if (faults_.empty()) return;
+  const uint64_t count = ++operations_;
+  int error = 0;
+  for (const SlabIoFault& fault : faults_) {
+    if (fault.applies_to(count)) error = fault.error;
+  }
+  file_system_->set_failing(error);
+}
+
+Status NvmeIndex::check_room(std::string_view what) const {
   struct statvfs fs {};
   if (::statvfs(dir_.c_str(), &fs) == 0) {
     const uint64_t free_bytes = uint64_t{fs.f_bavail} * fs.f_frsize;
@@ -149,39 +186,79 @@ Status NvmeIndex::write(const rocksdb::WriteOptions& options, rocksdb::WriteBatc
           what, dir_, free_bytes, kMinFreeBytes);
     }
   }
+  return Status::ok();
+}
+
+Status NvmeIndex::stop_reason() const {
+  std::lock_guard lock(failure_mutex_);
+  return write_failure_;
+}
+
+Status NvmeIndex::write(const rocksdb::WriteOptions& options, rocksdb::WriteBatch& batch,
+                        std::string_view what) {
+  if (Status stopped = stop_reason(); !stopped.is_ok()) return stopped;
+  KVTIER_RETURN_IF_ERROR(check_room(what));
+  count_operation();
+  std::shared_lock db_lock(db_mutex_);
+  if (!db_) return unavailable("{}: the NVMe index {} is closed until it heals", what, dir_);
   rocksdb::Status written = db_->Write(options, &batch);
   Status status = rocksdb_status(written, std::string(what));
-  if (written.IsIOError()) {
+  // Any failed write: RocksDB keeps refusing writes after most of them (its background
+  // error), and heal() resumes or reopens whatever the cause.
+  if (!written.ok()) {
     std::lock_guard lock(failure_mutex_);
     if (write_failure_.is_ok()) {
-      KVTIER_LOG_ERROR("NVMe index {}: {}; it writes nothing more until kvtierd restarts", dir_,
+      KVTIER_LOG_ERROR("NVMe index {}: {}; it writes nothing more until it heals", dir_,
                        status.message());
       write_failure_ = Status(status.code(),
-                              fmt::format("the NVMe index stopped writing after an I/O error "
-                                          "({}); restart kvtierd once {} has room",
+                              fmt::format("the NVMe index stopped writing after an error ({}); "
+                                          "it heals by itself once {} can be written again",
                                           status.message(), dir_),
-                              /*retryable=*/false);
+                              /*retryable=*/true);
     }
   }
   return status;
 }
 
-NvmeIndex::~NvmeIndex() {
-  if (!db_) return;
+Status NvmeIndex::heal() {
+  if (stop_reason().is_ok()) return Status::ok();
+  KVTIER_RETURN_IF_ERROR(check_room("heal"));
+  count_operation();
+  Status resumed;
   {
-    std::lock_guard lock(failure_mutex_);
-    if (!write_failure_.is_ok()) {
-      // Closing would sync the log writer that failed, which Debian's RocksDB asserts
-      // against; what was acknowledged is already synced. The process is exiting.
-      (void)db_.release();
-      return;
+    std::shared_lock db_lock(db_mutex_);
+    if (db_) {
+      // Busy: RocksDB is recovering by itself (no space); give it a moment.
+      rocksdb::Status status = db_->Resume();
+      for (int waited = 0; status.IsBusy() && waited < 20; ++waited) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        status = db_->Resume();
+      }
+      resumed = rocksdb_status(status, "resume the NVMe index");
+    } else {
+      resumed = unavailable("the NVMe index {} is closed", dir_);
     }
   }
-  for (rocksdb::ColumnFamilyHandle* handle : handles_) {
-    (void)db_->DestroyColumnFamilyHandle(handle);
+  if (!resumed.is_ok()) {
+    // RocksDB will not resume after errors it cannot tell are passing (an EIO in its
+    // log): start again from what is durable, as a restart would.
+    KVTIER_LOG_INFO("NVMe index {}: {}; reopening it", dir_, resumed.message());
+    std::unique_lock db_lock(db_mutex_);
+    close_db();
+    resumed = open_db();
+    if (!resumed.is_ok()) {
+      close_db();
+      return resumed;
+    }
   }
-  Status closed = rocksdb_status(db_->Close(), "close the NVMe index");
-  if (!closed.is_ok()) KVTIER_LOG_WARN("{}", closed.message());
+  std::lock_guard lock(failure_mutex_);
+  write_failure_ = Status::ok();
+  return Status::ok();
+}
+
+NvmeIndex::~NvmeIndex() {
+  std::unique_lock db_lock(db_mutex_);
+  close_db();
 }
 
 Status NvmeIndex::load_or_init_meta(uint64_t new_slab_bytes, const std::string& dir) {
@@ -272,12 +349,16 @@ Status NvmeIndex::for_each_session(const std::function<void(NvmeSessionRecord&&)
 }
 
 uint64_t NvmeIndex::estimated_blocks() const {
+  std::shared_lock db_lock(db_mutex_);
   uint64_t keys = 0;
+  if (!db_) return 0;
   if (!db_->GetIntProperty(blocks_, "rocksdb.estimate-num-keys", &keys)) return 0;
   return keys;
 }
 
 Result<std::optional<NvmeBlockRecord>> NvmeIndex::get_block(const NvmeBlockKey& key) const {
+  std::shared_lock db_lock(db_mutex_);
+  if (!db_) return unavailable("the NVMe index {} is closed until it heals", dir_);
   std::string value;
   rocksdb::Status got = db_->Get(rocksdb::ReadOptions(), blocks_, encode_block_key(key), &value);
   if (got.IsNotFound()) return std::optional<NvmeBlockRecord>();

@@ -6,18 +6,27 @@
 // the sync (the next synced write makes them durable too, and a process crash alone
 // never loses the WAL's page-cache copy).
 //
+// After a write fails inside RocksDB (a full disk past the room check, an I/O error) the
+// index is stopped: every write returns that error until heal() brings it back — by
+// RocksDB's DB::Resume() where RocksDB can recover by itself (no space, once there is
+// room), else by closing and reopening the store, which replays what its log holds. What
+// was acknowledged was synced before the error, so both keep it.
+//
 // Thread-safety: every method may be called from any thread at the same time
-// (RocksDB's own guarantees). delete_blocks_at's check-then-delete is atomic only
-// against other writers that go through one thread; NvmeTier calls every writing
-// method from its one writer thread.
+// (RocksDB's own guarantees; heal()'s reopen waits for reads in progress).
+// delete_blocks_at's check-then-delete is atomic only against other writers that go
+// through one thread; NvmeTier calls every writing method, and heal(), from its one
+// writer thread.
 // Errors: every rocksdb::Status goes through rocksdb_status() (tiers/rocksdb_status.h).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <shared_mutex>
 #include <span>
 #include <string>
 #include <utility>
@@ -25,6 +34,8 @@
 
 #include "common/status.h"
 #include "tiers/nvme_format.h"
+#include "tiers/nvme_index_env.h"
+#include "tiers/nvme_io.h"
 
 namespace rocksdb {
 class WriteBatch;
@@ -41,7 +52,10 @@ class NvmeIndex {
   // kNvmeFormatVersion and its slab size `new_slab_bytes`). InvalidArgument, naming
   // both numbers, when the store has another format version; DataLoss when it is
   // damaged beyond what RocksDB's WAL recovery repairs.
-  static Result<std::unique_ptr<NvmeIndex>> open(const std::string& dir, uint64_t new_slab_bytes);
+  // `faults` of kind kIndex (nvme_io.h) fail RocksDB's file writes during the index
+  // operations they count (writes and heal attempts); other kinds are ignored.
+  static Result<std::unique_ptr<NvmeIndex>> open(const std::string& dir, uint64_t new_slab_bytes,
+                                                 std::span<const SlabIoFault> faults = {});
   ~NvmeIndex();
   NvmeIndex(const NvmeIndex&) = delete;
   NvmeIndex& operator=(const NvmeIndex&) = delete;
@@ -67,11 +81,17 @@ class NvmeIndex {
   //
   // A full disk is an error to the caller, never a crash: a write is refused
   // (ResourceExhausted, retryable, naming the free bytes) while the file system has less
-  // than kMinFreeBytes free, before RocksDB sees it. After RocksDB fails a write with an
-  // I/O error the index writes nothing more (each write returns that error) and is not
-  // closed at exit: Debian's RocksDB asserts when a log writer that failed is used again.
-  // Restart kvtierd once the file system has room.
+  // than kMinFreeBytes free, before RocksDB sees it. After RocksDB fails a write the
+  // index is stopped (stop_reason()) until heal().
   static constexpr uint64_t kMinFreeBytes = 32ull << 20;
+
+  // OK while writing; the error that stopped writes otherwise.
+  Status stop_reason() const;
+  // Brings a stopped index back: Resume(), or a reopen when RocksDB will not resume.
+  // OK when it writes again (or was not stopped); the error otherwise (the file system
+  // still short of kMinFreeBytes, the error persisting). A failed reopen leaves the index
+  // closed: reads are then Unavailable until a later heal() opens it.
+  Status heal();
 
   // Puts the block records and layout records in one atomic batch.
   Status commit_blocks(std::span<const std::pair<NvmeBlockKey, NvmeBlockRecord>> blocks,
@@ -94,11 +114,26 @@ class NvmeIndex {
  private:
   NvmeIndex() = default;
   Status load_or_init_meta(uint64_t new_slab_bytes, const std::string& dir);
+  // Opens the store (creating it when missing); the families and handles.
+  Status open_db();
+  void close_db();
+  // The room check of every write and heal.
+  Status check_room(std::string_view what) const;
+  // Counts an index operation and arms the injected fault that applies to it, if any.
+  void count_operation();
   // Every write goes through here (the room check and the stop after an I/O error).
   Status write(const rocksdb::WriteOptions& options, rocksdb::WriteBatch& batch,
                std::string_view what);
 
-  // Constant after open.
+  // Constant after open. Declared before db_: the DB must go first.
+  std::shared_ptr<IndexFaultFileSystem> file_system_;
+  std::unique_ptr<rocksdb::Env> env_;
+  std::shared_ptr<IndexLogger> logger_;
+  std::vector<SlabIoFault> faults_;  // kIndex ones
+  std::atomic<uint64_t> operations_{0};
+
+  // Replaced only by heal()'s reopen, under the unique lock; every use holds it shared.
+  mutable std::shared_mutex db_mutex_;
   std::unique_ptr<rocksdb::DB> db_;
   std::vector<rocksdb::ColumnFamilyHandle*> handles_;  // owned by db_; destroyed before it
   rocksdb::ColumnFamilyHandle* blocks_ = nullptr;
@@ -107,9 +142,10 @@ class NvmeIndex {
   uint64_t slab_bytes_ = 0;
   bool created_ = false;
   std::string dir_;
+  std::vector<std::string> family_names_;
 
   mutable std::mutex failure_mutex_;
-  Status write_failure_;  // the I/O error that stopped writes; OK while writing
+  Status write_failure_;  // the error that stopped writes; OK while writing
 };
 
 }  // namespace kvtier

@@ -73,20 +73,25 @@ struct SlabFileOptions {
 
 Result<std::unique_ptr<SlabIo>> open_uring_slab_io(const SlabFileOptions& options);
 
-// One fault to inject, parsed from "KIND:N[+][:ERRNO]":
+// One fault to inject, parsed from "KIND:N[+|-M][:ERRNO]":
 //   write:N:ERR     the Nth write op fails with errno ERR (ENOSPC, EIO, or a number)
 //   read:N:ERR      the Nth read op fails with errno ERR
 //   shortread:N     the Nth read op reads only half of its bytes and reports a short read
 //   flip:N          the Nth read op succeeds but one byte of its buffer is flipped
 //   sync:N:ERR      the Nth sync fails with errno ERR
-// "N+" instead of N applies the fault to the Nth op and every later one. Counting
-// starts at 1 and runs over the life of the wrapper, across channels.
+//   index:N:ERR     the Nth index operation (a RocksDB write, or an attempt to heal the
+//                   index) fails inside RocksDB's file layer with errno ERR, so RocksDB
+//                   itself meets the error (nvme_index.h)
+// "N+" instead of N applies the fault to the Nth op and every later one; "N-M" to ops N
+// through M, after which the disk works again. Counting starts at 1 and runs over the
+// life of the wrapper, across channels.
 struct SlabIoFault {
-  enum class Kind : uint8_t { kWrite, kRead, kShortRead, kFlip, kSync };
+  enum class Kind : uint8_t { kWrite, kRead, kShortRead, kFlip, kSync, kIndex };
   Kind kind;
   uint64_t nth = 1;
-  bool and_later = false;
-  int error = 0;  // errno for kWrite, kRead, kSync
+  uint64_t last = 1;  // the last op it applies to (UINT64_MAX: every later one)
+  int error = 0;      // errno for kWrite, kRead, kSync, kIndex
+  bool applies_to(uint64_t count) const { return count >= nth && count <= last; }
 };
 Result<SlabIoFault> parse_slab_io_fault(const std::string& spec);
 

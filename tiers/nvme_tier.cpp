@@ -64,7 +64,10 @@ Result<std::unique_ptr<NvmeTier>> NvmeTier::open(const NvmeTierOptions& options,
 
   std::unique_ptr<NvmeTier> tier(new NvmeTier());
   tier->capacity_bytes_ = options.capacity_bytes;
-  auto index = NvmeIndex::open(options.dir + "/index", options.slab_bytes);
+  tier->dir_ = options.dir;
+  tier->heal_first_delay_ms_ = std::max<uint64_t>(1, options.heal_first_delay_ms);
+  tier->heal_max_delay_ms_ = std::max(tier->heal_first_delay_ms_, options.heal_max_delay_ms);
+  auto index = NvmeIndex::open(options.dir + "/index", options.slab_bytes, options.faults);
   if (!index.is_ok()) return index.status();
   tier->index_ = std::move(*index);
   if (!tier->index_->created() && tier->index_->slab_bytes() != options.slab_bytes) {
@@ -136,6 +139,14 @@ void NvmeTier::write_blocks(std::vector<WriteItem> items,
 }
 
 void NvmeTier::run_write(std::vector<WriteItem>& items, std::vector<Status>& results) {
+  if (degraded()) {
+    const Status refused = unavailable(
+        "the NVMe tier {} is read-only while degraded ({}); it takes writes again "
+        "once it heals",
+        dir_, health().reason.message());
+    results.assign(items.size(), refused);
+    return;
+  }
   std::vector<SlabIoOp> ops;
   std::vector<uint64_t> checksums;
   ops.reserve(items.size());
@@ -150,6 +161,13 @@ void NvmeTier::run_write(std::vector<WriteItem>& items, std::vector<Status>& res
   io_->run(SlabIoChannel::kWrite, ops, written);
   results.clear();
   for (SlabIoResult& result : written) results.push_back(std::move(result.status));
+  // A write the disk refused (ENOSPC, EIO): the rest of this job still commits what was
+  // written, and the tier takes no more until it heals.
+  const Status* write_error = nullptr;
+  for (const Status& result : results) {
+    if (!result.is_ok() && write_error == nullptr) write_error = &result;
+  }
+  if (write_error != nullptr) degrade(*write_error);
 
   std::vector<std::pair<NvmeBlockKey, NvmeBlockRecord>> records;
   std::vector<NvmeLayoutRecord> layouts;
@@ -174,6 +192,7 @@ void NvmeTier::run_write(std::vector<WriteItem>& items, std::vector<Status>& res
     for (Status& result : results) {
       if (result.is_ok()) result = step;
     }
+    degrade(step);
     return;
   }
   for (const NvmeLayoutRecord& layout : layouts) {
@@ -237,15 +256,91 @@ void NvmeTier::run_read(std::vector<ReadItem>& items, std::vector<ReadOutcome>& 
 void NvmeTier::release_blocks(std::vector<std::pair<NvmeBlockKey, uint64_t>> slots,
                               std::function<void(Status)> done) {
   writer_->post([this, slots = std::move(slots), done = std::move(done)]() {
-    done(index_->delete_blocks_at(slots));
+    Status status = index_->delete_blocks_at(slots);
+    if (!status.is_ok()) degrade(status);
+    done(std::move(status));
   });
 }
 
 void NvmeTier::write_sessions(std::vector<NvmeSessionRecord> puts,
                               std::vector<std::pair<std::string, std::string>> deletes, bool sync,
                               std::function<void(Status)> done) {
-  writer_->post([this, puts = std::move(puts), deletes = std::move(deletes), sync,
-                 done = std::move(done)]() { done(index_->write_sessions(puts, deletes, sync)); });
+  writer_->post(
+      [this, puts = std::move(puts), deletes = std::move(deletes), sync, done = std::move(done)]() {
+        Status status = index_->write_sessions(puts, deletes, sync);
+        if (!status.is_ok()) degrade(status);
+        done(std::move(status));
+      });
+}
+
+NvmeHealth NvmeTier::health() const {
+  std::lock_guard lock(health_mutex_);
+  NvmeHealth health = health_;
+  if (health.degraded) {
+    health.degraded_ms =
+        static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                  std::chrono::steady_clock::now() - degraded_since_)
+                                  .count());
+  }
+  return health;
+}
+
+void NvmeTier::degrade(const Status& why) {
+  if (degraded()) return;
+  {
+    std::lock_guard lock(health_mutex_);
+    health_.degraded = true;
+    health_.reason = why;
+    ++health_.degradations;
+    degraded_since_ = std::chrono::steady_clock::now();
+  }
+  degraded_.store(true, std::memory_order_release);
+  heal_delay_ms_ = heal_first_delay_ms_;
+  KVTIER_LOG_ERROR(
+      "NVMe tier {} degraded: {}; it is read-only until it heals (demotions and Saves skip it, "
+      "Loads still read it); trying to heal in {} ms",
+      dir_, why.message(), heal_delay_ms_);
+  writer_->post_after(std::chrono::milliseconds(heal_delay_ms_), [this] { try_heal(); });
+}
+
+void NvmeTier::try_heal() {
+  {
+    std::lock_guard lock(health_mutex_);
+    ++health_.heal_attempts;
+  }
+  // The room the index needs, the index, then the slab file: each must write again.
+  auto available = free_bytes(dir_);
+  Status healed = available.status();
+  if (healed.is_ok() && *available < NvmeIndex::kMinFreeBytes) {
+    healed = resource_exhausted("the file system has {} bytes free, under the {} the index needs",
+                                *available, NvmeIndex::kMinFreeBytes);
+  }
+  if (healed.is_ok()) healed = index_->heal();
+  if (healed.is_ok()) healed = io_->sync();
+  if (!healed.is_ok()) {
+    heal_delay_ms_ = std::min(heal_delay_ms_ * 2, heal_max_delay_ms_);
+    {
+      std::lock_guard lock(health_mutex_);
+      health_.reason = healed;
+    }
+    KVTIER_LOG_WARN("NVMe tier {} is still degraded: {}; trying again in {} ms", dir_,
+                    healed.message(), heal_delay_ms_);
+    writer_->post_after(std::chrono::milliseconds(heal_delay_ms_), [this] { try_heal(); });
+    return;
+  }
+  uint64_t degraded_ms = 0;
+  {
+    std::lock_guard lock(health_mutex_);
+    degraded_ms = static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                            std::chrono::steady_clock::now() - degraded_since_)
+                                            .count());
+    health_.degraded = false;
+    health_.reason = Status::ok();
+    ++health_.heals;
+  }
+  degraded_.store(false, std::memory_order_release);
+  KVTIER_LOG_INFO("NVMe tier {} healed after {} ms degraded: it takes writes again", dir_,
+                  degraded_ms);
 }
 
 void NvmeTier::flush() {

@@ -20,13 +20,25 @@
 // destroyed before the job started (then it is dropped, never called); it must only
 // hand the result back (the daemon posts it to its control thread).
 //
+// Degraded: after a write fails (a payload write or sync, an index write, or the file
+// system short of room for the index) the tier is read-only. write_blocks() fails every
+// item at once (Unavailable, retryable) without touching the disk; reads, releases and
+// session records go on as the index allows. The writer retries healing in the
+// background — the file system has room, the index writes again (NvmeIndex::heal), the
+// slab file syncs — after heal_first_delay_ms, doubling up to heal_max_delay_ms, and the
+// tier takes writes again when that works. Nothing acknowledged is lost on the way:
+// payloads and index entries that were acknowledged were synced before the error.
+//
 // Ownership: the caller keeps every item's memory alive and unchanged (writes) or
 // unused by others (reads) until `done` runs; the daemon pins the blocks for that.
 #pragma once
 
+#include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <set>
 #include <span>
 #include <string>
@@ -60,7 +72,19 @@ struct NvmeTierOptions {
   unsigned queue_depth = 32;          // payload I/Os in flight per worker
   std::vector<std::span<std::byte>> io_buffers;  // memory to register for fixed-buffer I/O
   bool allow_direct_io = true;
-  std::vector<SlabIoFault> faults;  // when non-empty, the slab I/O is wrapped to inject these
+  std::vector<SlabIoFault> faults;      // when non-empty, the slab I/O is wrapped to inject these
+  uint64_t heal_first_delay_ms = 1000;  // after degrading, the first try at healing
+  uint64_t heal_max_delay_ms = 30'000;  // the longest wait between tries
+};
+
+// Whether the tier takes writes, and its history since it opened.
+struct NvmeHealth {
+  bool degraded = false;
+  Status reason;               // why it degraded (OK while not degraded)
+  uint64_t degraded_ms = 0;    // how long it has been degraded
+  uint64_t degradations = 0;   // times it degraded
+  uint64_t heals = 0;          // times it healed
+  uint64_t heal_attempts = 0;  // tries at healing, failed ones included
 };
 
 // What the index held at start-up. Records are as stored; the caller checks them
@@ -141,17 +165,33 @@ class NvmeTier {
   // Blocks until every job queued before the call has finished. Not from a worker.
   void flush();
 
+  bool degraded() const { return degraded_.load(std::memory_order_acquire); }
+  NvmeHealth health() const;
+
  private:
   NvmeTier() = default;
   void run_write(std::vector<WriteItem>& items, std::vector<Status>& results);
   void run_read(std::vector<ReadItem>& items, std::vector<ReadOutcome>& outcomes);
+  // On the writer: makes the tier read-only for `why` and schedules healing.
+  void degrade(const Status& why);
+  // On the writer: one try at healing; schedules the next when it fails.
+  void try_heal();
 
   // Constant after open.
   std::unique_ptr<NvmeIndex> index_;
   std::unique_ptr<SlabIo> io_;
   uint64_t capacity_bytes_ = 0;
+  std::string dir_;
+  uint64_t heal_first_delay_ms_ = 0;
+  uint64_t heal_max_delay_ms_ = 0;
   // Layouts with a record in meta; touched only by the writer thread after open.
   std::set<std::pair<std::string, uint64_t>> recorded_layouts_;
+  uint64_t heal_delay_ms_ = 0;  // writer thread only: the wait before the next try
+
+  std::atomic<bool> degraded_{false};
+  mutable std::mutex health_mutex_;
+  NvmeHealth health_;  // protected by health_mutex_ (its degraded_ms is filled on read)
+  std::chrono::steady_clock::time_point degraded_since_;  // protected by health_mutex_
   // Declared last: destroyed first, so no job runs while the members above go away.
   std::unique_ptr<NvmeWorker> writer_;
   std::unique_ptr<NvmeWorker> reader_;
@@ -175,6 +215,7 @@ class NvmeStorageTier final : public StorageTier {
   void read(std::vector<ReadItem> items,
             std::function<void(std::vector<ReadOutcome>)> done) override;
   bool release_is_durable() const override { return true; }
+  bool writable() const override { return !tier_.degraded(); }
   void release(std::vector<Slot> slots, std::function<void(Status)> done) override;
 
  private:

@@ -24,6 +24,15 @@ void NvmeWorker::post(std::function<void()> job) {
   changed_.notify_all();
 }
 
+void NvmeWorker::post_after(std::chrono::milliseconds delay, std::function<void()> job) {
+  {
+    std::lock_guard lock(mu_);
+    delayed_ = std::move(job);
+    delayed_at_ = std::chrono::steady_clock::now() + delay;
+  }
+  changed_.notify_all();
+}
+
 void NvmeWorker::flush() {
   std::unique_lock lock(mu_);
   const uint64_t target = queued_;
@@ -34,8 +43,15 @@ void NvmeWorker::run() {
   (void)::pthread_setname_np(::pthread_self(), name_.substr(0, 15).c_str());
   std::unique_lock lock(mu_);
   while (true) {
-    changed_.wait(lock, [&] { return stopping_ || !jobs_.empty(); });
+    auto ready = [&] { return stopping_ || !jobs_.empty(); };
+    if (delayed_) {
+      changed_.wait_until(lock, delayed_at_, ready);
+    } else {
+      changed_.wait(lock, ready);
+    }
     if (stopping_) {
+      std::function<void()> delayed = std::move(delayed_);
+      delayed_ = nullptr;
       // Queued jobs are dropped without running: none of them has touched the disk,
       // and each is safe to lose (see NvmeTier).
       std::deque<std::function<void()>> dropped = std::move(jobs_);
@@ -43,11 +59,23 @@ void NvmeWorker::run() {
       lock.unlock();
       const uint64_t count = dropped.size();
       dropped.clear();  // outside the lock: what the jobs captured may do anything
+      delayed = nullptr;
       lock.lock();
       finished_ += count;
       changed_.notify_all();
       return;
     }
+    if (delayed_ && std::chrono::steady_clock::now() >= delayed_at_) {
+      // Due: it goes before the queue, which a steady stream of jobs may never empty.
+      std::function<void()> job = std::move(delayed_);
+      delayed_ = nullptr;
+      lock.unlock();
+      job();
+      job = nullptr;
+      lock.lock();
+      continue;
+    }
+    if (jobs_.empty()) continue;  // woke early
     std::function<void()> job = std::move(jobs_.front());
     jobs_.pop_front();
     lock.unlock();

@@ -2,9 +2,11 @@
 // reader. Jobs are plain functions; each runs alone, so a job may block on I/O.
 //
 // Thread-safety: post() and flush() may be called from any thread but the worker's
-// own. Destruction finishes the running job, drops the queued ones and joins.
+// own. Destruction finishes the running job, drops the queued (and delayed) ones and
+// joins.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -22,6 +24,9 @@ class NvmeWorker {
   NvmeWorker& operator=(const NvmeWorker&) = delete;
 
   void post(std::function<void()> job);
+  // Runs `job` once `delay` has passed (after the job running then; before the queued
+  // ones). One delayed job at a time: a second call replaces the first.
+  void post_after(std::chrono::milliseconds delay, std::function<void()> job);
   // Blocks until the jobs queued before the call have run.
   void flush();
 
@@ -32,6 +37,8 @@ class NvmeWorker {
   std::mutex mu_;
   std::condition_variable changed_;  // a job was queued, one finished, or stopping_
   std::deque<std::function<void()>> jobs_;
+  std::function<void()> delayed_;  // post_after's job, due at delayed_at_
+  std::chrono::steady_clock::time_point delayed_at_;
   uint64_t queued_ = 0;    // jobs ever queued
   uint64_t finished_ = 0;  // jobs ever finished (or dropped)
   bool stopping_ = false;

@@ -113,6 +113,11 @@ class StorageTier {
   // Never declined. Default: every item NotSupported.
   virtual void probe(std::vector<Slot> slots, std::function<void(std::vector<Result<bool>>)> done);
 
+  // False while the tier refuses writes for a while (a degraded NVMe tier, read-only
+  // until it heals): moves into it are not started, and room is made by other means.
+  // Reads go on. Default: true.
+  virtual bool writable() const { return true; }
+
   // Whether a slot this tier gave up may be reused only after release() (a persistent
   // index may still name it until then). False: reusable at once.
   virtual bool release_is_durable() const { return false; }

@@ -2,7 +2,9 @@
 //  * a byte flipped in the slab file → the Load stops before that block with DataLoss,
 //    the block is dropped and counted;
 //  * injected ENOSPC/EIO on writes, syncs and reads → clear errors, the daemon keeps
-//    serving, and nothing acknowledged as stored is lost.
+//    serving, and nothing acknowledged as stored is lost;
+//  * an I/O error inside the NVMe index's RocksDB → the tier is degraded (read-only,
+//    Stats say why), Loads keep reading it, and it heals without a restart.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -101,14 +103,16 @@ TEST(NvmeFaults, WritesThatKeepFailingLeaveBlocksInRamAndTheDaemonServing) {
   ASSERT_TRUE(engine.is_ok()) << engine.status().to_string();
   ASSERT_TRUE(save_session(*engine, "kept", kBlocks).is_ok());
   const auto deadline = std::chrono::steady_clock::now() + kDeadline;
-  while ((*daemon)->log().find("No space left on device") == std::string::npos &&
+  while ((*daemon)->log().find("stay where they were") == std::string::npos &&
          std::chrono::steady_clock::now() < deadline) {
     auto stats = engine->client->stats();  // a round trip, not a sleep
     ASSERT_TRUE(stats.is_ok());
   }
-  EXPECT_NE((*daemon)->log().find("stay where they were"), std::string::npos) << (*daemon)->log();
+  EXPECT_NE((*daemon)->log().find("No space left on device"), std::string::npos)
+      << (*daemon)->log();
   auto stats = engine->client->stats();
   ASSERT_TRUE(stats.is_ok());
+  EXPECT_GE(stats->nvme.degradations, 1u);  // and never heals: every write fails
   EXPECT_EQ(tier_blocks(*stats, Tier::kNvme), 0u);
   EXPECT_EQ(total_blocks(*stats), kBlocks);
   auto check = load_session(*engine, "kept", kBlocks, 16);
@@ -179,6 +183,56 @@ TEST(NvmeFaults, FailedReadsAreReportedAndTheBlockStaysForARetry) {
     EXPECT_EQ(retried->bit_exact, kBlocks) << retried->describe();
     EXPECT_TRUE((*daemon)->stop().ok());
   }
+}
+
+TEST(NvmeFaults, AnIndexIoErrorDegradesTheTierAndItHealsWithoutARestart) {
+  ScratchDir scratch;
+  // Index operations 3 and 4 fail (a RocksDB write, then the first try at healing).
+  auto daemon = PersistentDaemon::start(scratch.path(), scratch.path() + "/data",
+                                        with_faults({"index:3-4:EIO"}));
+  ASSERT_TRUE(daemon.is_ok()) << daemon.status().to_string();
+  auto engine = Engine::connect((*daemon)->socket_path(), small_shape(32), "healing");
+  ASSERT_TRUE(engine.is_ok()) << engine.status().to_string();
+  const std::vector<std::string> sessions = {"first", "second", "third"};
+  for (const std::string& session : sessions) {
+    ASSERT_TRUE(save_session(*engine, session, kBlocks).is_ok());
+  }
+  auto degraded = (*daemon)->wait_for_stats(
+      [](const StatsInfo& s) { return s.nvme.configured && s.nvme.degradations >= 1; });
+  ASSERT_TRUE(degraded.is_ok()) << degraded.status().to_string() << (*daemon)->log();
+  // While it is degraded or after: every acknowledged block loads bit-exact (from
+  // whichever tier holds it); none is lost.
+  for (const std::string& session : sessions) {
+    auto check = load_session(*engine, session, kBlocks, 16);
+    ASSERT_TRUE(check.is_ok()) << check.status().to_string();
+    EXPECT_EQ(check->bit_exact, kBlocks) << session << ": " << check->describe();
+  }
+  // (The Loads began those sessions' turns: they stay in RAM, as active sessions do.)
+  auto healed = (*daemon)->wait_for_stats(
+      [](const StatsInfo& s) { return !s.nvme.degraded && s.nvme.heals >= 1; });
+  ASSERT_TRUE(healed.is_ok()) << healed.status().to_string() << (*daemon)->log();
+  EXPECT_EQ(healed->nvme.degradations, 1u);
+  EXPECT_GE(healed->nvme.heal_attempts, 2u);
+  EXPECT_NE((*daemon)->log().find("healed after"), std::string::npos) << (*daemon)->log();
+  // After healing it takes new blocks (an idle session's go down to it), and everything
+  // survives a restart (the drain writes the active sessions' blocks).
+  ASSERT_TRUE(save_session(*engine, "after", kBlocks).is_ok());
+  auto written = (*daemon)->wait_for_stats([](const StatsInfo& s) {
+    return tier_blocks(s, Tier::kNvme) >= kBlocks && s.copies_in_flight == 0;
+  });
+  ASSERT_TRUE(written.is_ok()) << written.status().to_string() << (*daemon)->log();
+  ASSERT_TRUE((*daemon)->stop().ok());
+  auto restarted =
+      PersistentDaemon::start(scratch.path(), scratch.path() + "/data", nvme_tier_flags());
+  ASSERT_TRUE(restarted.is_ok()) << restarted.status().to_string();
+  auto again = Engine::connect((*restarted)->socket_path(), small_shape(32), "healing");
+  ASSERT_TRUE(again.is_ok()) << again.status().to_string();
+  for (const char* session : {"first", "second", "third", "after"}) {
+    auto check = load_session(*again, session, kBlocks, 16);
+    ASSERT_TRUE(check.is_ok()) << check.status().to_string();
+    EXPECT_EQ(check->bit_exact, kBlocks) << session << ": " << check->describe();
+  }
+  EXPECT_TRUE((*restarted)->stop().ok());
 }
 
 }  // namespace

@@ -1,9 +1,13 @@
 // Injected slab-file faults through FaultInjectingSlabIo: a failed write fails only its
 // block and commits nothing for it; a failed sync commits nothing; read errors are
-// reported, and only known-bad bytes are marked corrupt.
+// reported, and only known-bad bytes are marked corrupt. Injected index faults (RocksDB's
+// own file writes failing) and a real full file system: the tier degrades to read-only,
+// keeps serving what it acknowledged, and heals without being reopened.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstring>
+#include <thread>
 
 #include "tests/tiers/nvme_test_util.h"
 
@@ -13,6 +17,7 @@ namespace {
 using nvme_test::AlignedBuffer;
 using nvme_test::block_key;
 using nvme_test::read_now;
+using nvme_test::release_now;
 using nvme_test::TempDir;
 using nvme_test::write_now;
 
@@ -29,6 +34,8 @@ class NvmeFaultTest : public ::testing::Test {
   std::unique_ptr<NvmeTier> open(std::vector<std::string> faults, NvmeRecovery* recovered) {
     NvmeTierOptions options;
     options.dir = dir_.path();
+    options.heal_first_delay_ms = 5;
+    options.heal_max_delay_ms = 20;
     options.capacity_bytes = 1 << 20;
     options.slab_bytes = 256 << 10;
     for (const std::string& spec : faults) options.faults.push_back(fault(spec));
@@ -41,6 +48,17 @@ class NvmeFaultTest : public ::testing::Test {
   }
   NvmeTier::ReadItem read_item(uint32_t n) {
     return {block_key(n), destination_.data() + n * kBlock, kBlock, n * kBlock};
+  }
+  // Whether the tier heals within 10 s.
+  static bool wait_healed(const NvmeTier& tier) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (tier.degraded() && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    return !tier.degraded();
+  }
+  bool source_matches(uint32_t n) const {
+    return std::memcmp(source_.data() + n * kBlock, destination_.data() + n * kBlock, kBlock) == 0;
   }
   size_t recovered_blocks() {
     NvmeRecovery recovered;
@@ -58,17 +76,30 @@ TEST(SlabIoFaultSpec, ParsesEveryKindAndRejectsNonsense) {
   ASSERT_TRUE(write.is_ok());
   EXPECT_EQ(write->kind, SlabIoFault::Kind::kWrite);
   EXPECT_EQ(write->nth, 3u);
-  EXPECT_FALSE(write->and_later);
+  EXPECT_EQ(write->last, 3u);
   EXPECT_EQ(write->error, ENOSPC);
+  EXPECT_FALSE(write->applies_to(2));
+  EXPECT_TRUE(write->applies_to(3));
+  EXPECT_FALSE(write->applies_to(4));
   auto read = parse_slab_io_fault("read:2+:5");
   ASSERT_TRUE(read.is_ok());
-  EXPECT_TRUE(read->and_later);
+  EXPECT_TRUE(read->applies_to(2));
+  EXPECT_TRUE(read->applies_to(1'000'000));
   EXPECT_EQ(read->error, 5);
+  auto index = parse_slab_io_fault("index:4-6:EIO");
+  ASSERT_TRUE(index.is_ok());
+  EXPECT_EQ(index->kind, SlabIoFault::Kind::kIndex);
+  EXPECT_FALSE(index->applies_to(3));
+  EXPECT_TRUE(index->applies_to(4));
+  EXPECT_TRUE(index->applies_to(6));
+  EXPECT_FALSE(index->applies_to(7));
+  EXPECT_TRUE(parse_slab_io_fault("flip:2-2").is_ok());
   EXPECT_TRUE(parse_slab_io_fault("shortread:1").is_ok());
   EXPECT_TRUE(parse_slab_io_fault("flip:4").is_ok());
   EXPECT_TRUE(parse_slab_io_fault("sync:1:EIO").is_ok());
-  for (const char* bad : {"", "write", "write:0:EIO", "write:1", "flip:1:EIO", "write:x:EIO",
-                          "write:1:ENOPE", "erase:1"}) {
+  for (const char* bad :
+       {"", "write", "write:0:EIO", "write:1", "flip:1:EIO", "write:x:EIO", "write:1:ENOPE",
+        "erase:1", "write:5-3:EIO", "write:5-:EIO", "write:-3:EIO", "index:1", "write:1-x:EIO"}) {
     EXPECT_FALSE(parse_slab_io_fault(bad).is_ok()) << bad;
   }
 }
@@ -101,7 +132,8 @@ TEST_F(NvmeFaultTest, FailedSyncCommitsNothing) {
     EXPECT_EQ(results[0].code(), StatusCode::kUnavailable) << results[0].to_string();
     EXPECT_TRUE(results[0].retryable());
     EXPECT_EQ(results[1].code(), StatusCode::kUnavailable);
-    auto again = write_now(*tier, {write_item(0)});  // the fault was one-shot
+    ASSERT_TRUE(wait_healed(*tier));  // the fault was one-shot
+    auto again = write_now(*tier, {write_item(0)});
     EXPECT_TRUE(again[0].is_ok()) << again[0].to_string();
   }
   EXPECT_EQ(recovered_blocks(), 1u);
@@ -143,6 +175,81 @@ TEST_F(NvmeFaultTest, AndLaterFailsEveryWriteFromTheNth) {
   EXPECT_TRUE(results[0].is_ok());
   EXPECT_FALSE(results[1].is_ok());
   EXPECT_FALSE(results[2].is_ok());
+}
+
+TEST_F(NvmeFaultTest, FailedWriteMakesTheTierReadOnlyUntilItHeals) {
+  NvmeRecovery recovered;
+  auto tier = open({"write:2:EIO"}, &recovered);
+  ASSERT_NE(tier, nullptr);
+  ASSERT_TRUE(write_now(*tier, {write_item(0)})[0].is_ok());
+  EXPECT_FALSE(tier->degraded());
+  EXPECT_FALSE(write_now(*tier, {write_item(1)})[0].is_ok());
+  // Degraded at once: the next write is refused before it reaches the disk, until the
+  // background try heals it; what was acknowledged still reads while it is degraded.
+  const NvmeHealth degraded = tier->health();
+  EXPECT_EQ(degraded.degradations, 1u);
+  if (degraded.degraded) {
+    auto refused = write_now(*tier, {write_item(2)});
+    EXPECT_EQ(refused[0].code(), StatusCode::kUnavailable) << refused[0].to_string();
+    EXPECT_TRUE(refused[0].retryable());
+    EXPECT_NE(refused[0].message().find("degraded"), std::string::npos);
+    EXPECT_NE(refused[0].message().find("Input/output error"), std::string::npos);
+  }
+  auto read = read_now(*tier, {read_item(0)});
+  EXPECT_TRUE(read[0].status.is_ok()) << read[0].status.to_string();
+  EXPECT_TRUE(source_matches(0));
+  ASSERT_TRUE(wait_healed(*tier));
+  EXPECT_EQ(tier->health().heals, 1u);
+  EXPECT_GE(tier->health().heal_attempts, 1u);
+  ASSERT_TRUE(write_now(*tier, {write_item(2)})[0].is_ok());
+  ASSERT_TRUE(read_now(*tier, {read_item(2)})[0].status.is_ok());
+  EXPECT_TRUE(source_matches(2));
+  tier.reset();
+  EXPECT_EQ(recovered_blocks(), 2u);  // 0 and 2; nothing for the failed 1
+}
+
+// RocksDB meets an I/O error in its own log: it refuses to resume, so healing reopens
+// the index — here only on the second try, the first reopen failing as well (the index
+// is closed between the two: reads are refused, never answered wrongly).
+TEST_F(NvmeFaultTest, IndexIoErrorHealsByReopeningTheIndex) {
+  NvmeRecovery recovered;
+  auto tier = open({"index:2-3:EIO"}, &recovered);
+  ASSERT_NE(tier, nullptr);
+  ASSERT_TRUE(write_now(*tier, {write_item(0)})[0].is_ok());  // index operation 1
+  auto failed = write_now(*tier, {write_item(1)});            // 2: the commit fails
+  EXPECT_FALSE(failed[0].is_ok());
+  EXPECT_NE(failed[0].message().find("injected"), std::string::npos) << failed[0].to_string();
+  EXPECT_EQ(tier->health().degradations, 1u);
+  ASSERT_TRUE(wait_healed(*tier));  // try 1 (operation 3) fails, try 2 reopens
+  EXPECT_GE(tier->health().heal_attempts, 2u);
+  EXPECT_EQ(tier->health().heals, 1u);
+  ASSERT_TRUE(write_now(*tier, {write_item(2)})[0].is_ok());
+  auto read = read_now(*tier, {read_item(0), read_item(1), read_item(2)});
+  EXPECT_TRUE(read[0].status.is_ok()) << read[0].status.to_string();
+  EXPECT_EQ(read[1].status.code(), StatusCode::kDataLoss);  // never acknowledged
+  EXPECT_TRUE(read[2].status.is_ok()) << read[2].status.to_string();
+  EXPECT_TRUE(source_matches(0));
+  EXPECT_TRUE(source_matches(2));
+  tier.reset();
+  EXPECT_EQ(recovered_blocks(), 2u);
+}
+
+// No space inside RocksDB (past the room check): it heals once writes work again, and
+// releases (index deletes) work after it.
+TEST_F(NvmeFaultTest, IndexOutOfSpaceHeals) {
+  NvmeRecovery recovered;
+  auto tier = open({"index:2:ENOSPC"}, &recovered);
+  ASSERT_NE(tier, nullptr);
+  ASSERT_TRUE(write_now(*tier, {write_item(0)})[0].is_ok());
+  auto failed = write_now(*tier, {write_item(1)});
+  EXPECT_FALSE(failed[0].is_ok());
+  EXPECT_NE(failed[0].message().find("No space left"), std::string::npos) << failed[0].to_string();
+  ASSERT_TRUE(wait_healed(*tier));
+  ASSERT_TRUE(write_now(*tier, {write_item(3)})[0].is_ok());
+  // Releases and session records write the index too.
+  EXPECT_TRUE(release_now(*tier, {{block_key(0), 0}}).is_ok());
+  tier.reset();
+  EXPECT_EQ(recovered_blocks(), 1u);  // 3; 0 released, 1 never committed
 }
 
 }  // namespace

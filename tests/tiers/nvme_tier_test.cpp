@@ -8,8 +8,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <thread>
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -322,6 +324,8 @@ class FullFileSystem : public NvmeTierTest {
     options.dir = mount_point_ + "/nvme";
     options.capacity_bytes = kCapacity;
     options.slab_bytes = kSlab;
+    options.heal_first_delay_ms = 5;
+    options.heal_max_delay_ms = 20;
     return options;
   }
   // Writes a file until the file system is full.
@@ -361,20 +365,42 @@ TEST_F(FullFileSystem, TheIndexReopensOnAFullDiskFromItsReserve) {
   EXPECT_TRUE(same_bytes(0));
 }
 
-TEST_F(FullFileSystem, WritesOnAFullDiskAreRefusedAsRetryableAndResumeWhenThereIsRoom) {
+// Below the index's room the tier degrades (read-only: what it holds still reads), and
+// it heals by itself once room comes back.
+TEST_F(FullFileSystem, WritesOnAFullDiskDegradeTheTierUntilThereIsRoomAgain) {
   NvmeRecovery recovered;
   auto tier = NvmeTier::open(options(), &recovered);
   ASSERT_TRUE(tier.is_ok()) << tier.status().to_string();
+  std::memset(source_.data(), 0x3c, 2 * kBlock);
+  ASSERT_TRUE(write_now(**tier, {write_item(1)})[0].is_ok());
   fill("filler");
-  std::memset(source_.data(), 0x3c, kBlock);
   auto refused = write_now(**tier, {write_item(0)});
   EXPECT_EQ(refused[0].code(), StatusCode::kResourceExhausted) << refused[0].to_string();
   EXPECT_TRUE(refused[0].retryable());
   EXPECT_NE(refused[0].message().find("bytes free"), std::string::npos) << refused[0].message();
+  EXPECT_TRUE((*tier)->degraded());
+  // Tries at healing fail while the disk stays full, saying why.
+  const auto tried_until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while ((*tier)->health().heal_attempts < 2 && std::chrono::steady_clock::now() < tried_until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  const NvmeHealth full = (*tier)->health();
+  EXPECT_TRUE(full.degraded);
+  EXPECT_GE(full.heal_attempts, 2u);
+  EXPECT_NE(full.reason.message().find("bytes free"), std::string::npos) << full.reason.message();
+  auto read = read_now(**tier, {read_item(1)});
+  ASSERT_TRUE(read[0].status.is_ok()) << read[0].status.to_string();
+  EXPECT_TRUE(same_bytes(1));
   ASSERT_EQ(::unlink((mount_point_ + "/filler").c_str()), 0);
+  const auto healed_until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while ((*tier)->degraded() && std::chrono::steady_clock::now() < healed_until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  ASSERT_FALSE((*tier)->degraded());
+  EXPECT_EQ((*tier)->health().heals, 1u);
   auto written = write_now(**tier, {write_item(0)});
   ASSERT_TRUE(written[0].is_ok()) << written[0].to_string();
-  auto read = read_now(**tier, {read_item(0)});
+  read = read_now(**tier, {read_item(0)});
   ASSERT_TRUE(read[0].status.is_ok()) << read[0].status.to_string();
   EXPECT_TRUE(same_bytes(0));
 }
