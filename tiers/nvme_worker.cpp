@@ -43,12 +43,6 @@ void NvmeWorker::run() {
   (void)::pthread_setname_np(::pthread_self(), name_.substr(0, 15).c_str());
   std::unique_lock lock(mu_);
   while (true) {
-    auto ready = [&] { return stopping_ || !jobs_.empty(); };
-    if (delayed_) {
-      changed_.wait_until(lock, delayed_at_, ready);
-    } else {
-      changed_.wait(lock, ready);
-    }
     if (stopping_) {
       std::function<void()> delayed = std::move(delayed_);
       delayed_ = nullptr;
@@ -75,15 +69,24 @@ void NvmeWorker::run() {
       lock.lock();
       continue;
     }
-    if (jobs_.empty()) continue;  // woke early
-    std::function<void()> job = std::move(jobs_.front());
-    jobs_.pop_front();
-    lock.unlock();
-    job();
-    job = nullptr;  // release what the job captured before reporting it finished
-    lock.lock();
-    ++finished_;
-    changed_.notify_all();
+    if (!jobs_.empty()) {
+      std::function<void()> job = std::move(jobs_.front());
+      jobs_.pop_front();
+      lock.unlock();
+      job();
+      job = nullptr;  // release what the job captured before reporting it finished
+      lock.lock();
+      ++finished_;
+      changed_.notify_all();
+      continue;
+    }
+    // Nothing to run yet: wait for a job, a delayed job, its time, or the stop (every
+    // one of them notifies; the loop looks again whatever woke it).
+    if (delayed_) {
+      changed_.wait_until(lock, delayed_at_);
+    } else {
+      changed_.wait(lock);
+    }
   }
 }
 
