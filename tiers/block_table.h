@@ -7,11 +7,17 @@
 // matches, one slot; prefetch() lets a request that names many blocks (Lookup, Load)
 // start every miss before it waits for the first.
 //
-// Layout: linear probing over a power-of-two array of slots, with a parallel array of
-// control bytes (0 empty, else 0x80 | the hash's top 7 bits). The load stays at most
-// 7/8: probes scan control bytes, which are dense, and touch a slot only on a tag
-// match. Erase shifts later entries of the run back (no tombstones), so lookups never
-// slow down with churn.
+// Layout: linear probing over an array of slots of any size, with a parallel array of
+// control bytes (0 empty, else 0x80 | the hash's top 7 bits). A hash's home slot is its
+// low 57 bits scaled to the capacity (multiply-shift, no power of two needed), so the
+// tag and the home are independent bits. The load stays at most 7/8: probes scan
+// control bytes, which are dense, and touch a slot only on a tag match. Erase shifts
+// later entries of the run back (no tombstones), so lookups never slow down with churn.
+//
+// Memory: a 64-byte value costs 65 bytes a slot. Capacity grows by half (not doubling)
+// and reserve() sizes it to the count asked, so a table holds between 4/7 and 7/8 of
+// its slots after growing (74–114 bytes a 64-byte value), where power-of-two capacities
+// ranged down to 7/16 (149 bytes).
 //
 // Values move: on growth (all of them) and on erase (the entries after the hole). Every
 // mutating call takes `moved`, called with each value at its new address, so an owner
@@ -24,6 +30,7 @@
 // Thread-safety: none; the owner serializes.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -51,7 +58,7 @@ class BlockTable {
     if (capacity_ == 0) return nullptr;
     const uint64_t code = BlockHashHasher()(hash);
     const uint8_t tag = tag_of(code);
-    for (size_t i = code & mask(); /* the load < 1: an empty byte comes */; i = (i + 1) & mask()) {
+    for (size_t i = home_of(code); /* the load < 1: an empty byte comes */; i = next(i)) {
       const uint8_t c = control_[i];
       if (c == 0) return nullptr;
       if (c == tag && slots_[i].value.hash == hash) return &slots_[i].value;
@@ -62,7 +69,7 @@ class BlockTable {
   // Starts loading the cache lines a find(hash) reads first.
   void prefetch(const BlockHash& hash) const {
     if (capacity_ == 0) return;
-    const size_t i = BlockHashHasher()(hash) & mask();
+    const size_t i = home_of(BlockHashHasher()(hash));
     __builtin_prefetch(&control_[i]);
     __builtin_prefetch(&slots_[i]);
   }
@@ -72,10 +79,12 @@ class BlockTable {
   template <class Moved>
   std::pair<V*, bool> try_emplace(const BlockHash& hash, Moved&& moved) {
     if (V* found = find(hash)) return {found, false};
-    if ((size_ + 1) * 8 > capacity_ * 7) grow(capacity_ == 0 ? kMinCapacity : capacity_ * 2, moved);
+    if ((size_ + 1) * 8 > capacity_ * 7) {
+      grow(capacity_ == 0 ? kMinCapacity : capacity_ + capacity_ / 2, moved);
+    }
     const uint64_t code = BlockHashHasher()(hash);
-    size_t i = code & mask();
-    while (control_[i] != 0) i = (i + 1) & mask();
+    size_t i = home_of(code);
+    while (control_[i] != 0) i = next(i);
     control_[i] = tag_of(code);
     slots_[i].value = V{};
     slots_[i].value.hash = hash;
@@ -90,9 +99,9 @@ class BlockTable {
     // Backward shift: an entry of the run after the hole moves into it when the hole
     // lies between the entry's home and its place, i.e. when lookups for it would
     // stop at the hole.
-    for (size_t j = (hole + 1) & mask(); control_[j] != 0; j = (j + 1) & mask()) {
-      const size_t home = BlockHashHasher()(slots_[j].value.hash) & mask();
-      if (((j - home) & mask()) < ((j - hole) & mask())) continue;
+    for (size_t j = next(hole); control_[j] != 0; j = next(j)) {
+      const size_t home = home_of(BlockHashHasher()(slots_[j].value.hash));
+      if (distance(home, j) < distance(hole, j)) continue;
       slots_[hole].value = std::move(slots_[j].value);
       control_[hole] = control_[j];
       moved(slots_[hole].value);
@@ -106,9 +115,8 @@ class BlockTable {
   // Room for `count` values without growing.
   template <class Moved>
   void reserve(size_t count, Moved&& moved) {
-    size_t capacity = capacity_ == 0 ? kMinCapacity : capacity_;
-    while (count * 8 > capacity * 7) capacity *= 2;
-    if (capacity != capacity_) grow(capacity, moved);
+    if (count * 8 <= capacity_ * 7) return;
+    grow(std::max(kMinCapacity, (count * 8 + 6) / 7), moved);
   }
 
  private:
@@ -120,7 +128,15 @@ class BlockTable {
   };
 
   static uint8_t tag_of(uint64_t code) { return static_cast<uint8_t>(0x80 | (code >> 57)); }
-  size_t mask() const { return capacity_ - 1; }
+  // The low 57 bits (those the tag leaves), scaled to [0, capacity_).
+  size_t home_of(uint64_t code) const {
+    return static_cast<size_t>((static_cast<unsigned __int128>(code << 7) * capacity_) >> 64);
+  }
+  size_t next(size_t i) const { return i + 1 == capacity_ ? 0 : i + 1; }
+  // How far `to` lies after `from` along the probe order (wrapping).
+  size_t distance(size_t from, size_t to) const {
+    return to >= from ? to - from : to + capacity_ - from;
+  }
 
   template <class Moved>
   void grow(size_t capacity, Moved& moved) {
@@ -130,8 +146,8 @@ class BlockTable {
     const size_t old_capacity = std::exchange(capacity_, capacity);
     for (size_t j = 0; j < old_capacity; ++j) {
       if (old_control[j] == 0) continue;
-      size_t i = BlockHashHasher()(old_slots[j].value.hash) & mask();
-      while (control_[i] != 0) i = (i + 1) & mask();
+      size_t i = home_of(BlockHashHasher()(old_slots[j].value.hash));
+      while (control_[i] != 0) i = next(i);
       control_[i] = old_control[j];
       slots_[i].value = std::move(old_slots[j].value);
       moved(slots_[i].value);
@@ -140,7 +156,7 @@ class BlockTable {
 
   std::unique_ptr<Slot[]> slots_;
   std::unique_ptr<uint8_t[]> control_;
-  size_t capacity_ = 0;  // 0 or a power of two
+  size_t capacity_ = 0;
   size_t size_ = 0;
 };
 
