@@ -85,6 +85,24 @@ std::string nvme_json(const StatsInfo::NvmeStatsInfo& n) {
                      n.heal_attempts);
 }
 
+std::string tenants_json(const StatsInfo& s) {
+  std::string out;
+  auto bytes = [](const std::array<uint64_t, 3>& values, bool quota) {
+    std::string list;
+    for (uint64_t v : values) {
+      list += (list.empty() ? "" : ",") +
+              (quota && v == UINT64_MAX ? std::string("null") : std::to_string(v));
+    }
+    return "[" + list + "]";
+  };
+  for (const auto& t : s.tenants) {
+    out +=
+        fmt::format(R"({}{{"tenant":{},"used_bytes":{},"quota_bytes":{}}})", out.empty() ? "" : ",",
+                    json_quote(t.tenant), bytes(t.used_bytes, false), bytes(t.quota_bytes, true));
+  }
+  return "[" + out + "]";
+}
+
 }  // namespace
 
 std::string status_json(const StatsInfo& s) {
@@ -110,13 +128,13 @@ std::string status_json(const StatsInfo& s) {
       R"("bytes":{{"saved":{},"loaded":{},"demoted":{},"promoted":{}}},)"
       R"("pinned_blocks":{},"admin_pinned_blocks":{},"copies_in_flight":{},"connections":{},)"
       R"("blocks_evicted":{},"data_loss_blocks":{},"policy":{},"recent_moves":{},"remote":{},)"
-      R"("nvme":{}}})",
+      R"("nvme":{},"tenants":{}}})",
       json_quote(s.device_name), s.uptime_ms, s.starting ? "true" : "false", s.fill_bytes, tiers,
       gpus, s.sessions_active, s.sessions_idle, s.pinned_sessions, s.lookup_hits, s.lookup_misses,
       s.bytes_saved, s.bytes_loaded, s.bytes_demoted, s.bytes_promoted, s.pinned_blocks,
       s.admin_pinned_blocks, s.copies_in_flight, s.connections, s.blocks_evicted,
       s.data_loss_blocks, json_quote(s.policy), recent_moves_json(s), remote_json(s.remote),
-      nvme_json(s.nvme));
+      nvme_json(s.nvme), tenants_json(s));
 }
 
 std::string status_text(const StatsInfo& s) {
@@ -140,6 +158,20 @@ std::string status_text(const StatsInfo& s) {
     out += fmt::format("  hbm on {} ({}): {} of {} ({:.1f}%)\n", g.uuid, g.name,
                        format_bytes(g.hbm_used_bytes), format_bytes(g.hbm_capacity_bytes),
                        percent(g.hbm_used_bytes, g.hbm_capacity_bytes));
+  }
+  if (!s.tenants.empty()) {
+    // What each tenant holds of each tier, and its quota there (tenant-quota).
+    out += fmt::format("\n{:<20} {:>22} {:>22} {:>22}\n", "TENANT", "HBM (QUOTA)", "RAM (QUOTA)",
+                       "NVME (QUOTA)");
+    for (const auto& t : s.tenants) {
+      std::string line = fmt::format("{:<20}", t.tenant);
+      for (size_t i = 0; i < t.used_bytes.size(); ++i) {
+        const std::string quota =
+            t.quota_bytes[i] == UINT64_MAX ? "-" : format_bytes(t.quota_bytes[i]);
+        line += fmt::format(" {:>22}", format_bytes(t.used_bytes[i]) + " (" + quota + ")");
+      }
+      out += line + "\n";
+    }
   }
   out += fmt::format("\nsessions   {} active, {} idle, {} pinned\n", s.sessions_active,
                      s.sessions_idle, s.pinned_sessions);

@@ -409,6 +409,18 @@ Result<StatsInfo> Client::stats(bool all_namespaces) {
         info.nvme = {nvme.getConfigured(),  nvme.getDegraded(),     nvme.getReason().cStr(),
                      nvme.getDegradedMs(),  nvme.getDegradations(), nvme.getHeals(),
                      nvme.getHealAttempts()};
+        for (auto tenant : r.getTenants()) {
+          StatsInfo::TenantStatsInfo t;
+          t.tenant = tenant.getTenant().cStr();
+          t.quota_bytes.fill(UINT64_MAX);
+          const auto used = tenant.getUsedBytes();
+          const auto quota = tenant.getQuotaBytes();
+          for (unsigned i = 0; i < t.used_bytes.size(); ++i) {
+            if (i < used.size()) t.used_bytes[i] = used[i];
+            if (i < quota.size()) t.quota_bytes[i] = quota[i];
+          }
+          info.tenants.push_back(std::move(t));
+        }
         return info;
       });
 }

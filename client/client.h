@@ -38,6 +38,7 @@
 // the daemon kept (NVMe survives a restart). reconnects() counts the connections made again.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -222,6 +223,13 @@ struct StatsInfo {
     uint64_t degraded_ms = 0, degradations = 0, heals = 0, heal_attempts = 0;
   };
   NvmeStatsInfo nvme;
+  // Tenants (namespaces) holding blocks: an admin sees every one, an engine its own.
+  struct TenantStatsInfo {
+    std::string tenant;
+    std::array<uint64_t, 3> used_bytes{};   // hbm, ram, nvme (copies not counted)
+    std::array<uint64_t, 3> quota_bytes{};  // tenant-quota there; UINT64_MAX: none
+  };
+  std::vector<TenantStatsInfo> tenants;
 };
 
 struct SessionInfo {

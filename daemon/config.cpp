@@ -101,6 +101,37 @@ Setting shared_namespace_setting() {
       [](DaemonConfig& config) { config.shared_namespaces.clear(); }};
 }
 
+Setting tenant_quota_setting() {
+  return {"tenant-quota",
+          Kind::kTextList,
+          kLive,
+          "TENANT TIER=SIZE[ TIER=SIZE...]: what a tenant (a namespace: uid:1000 or a "
+          "shared-namespace name; * for every tenant not named) keeps of a tier (hbm, ram, "
+          "nvme) when it is full, in bytes or a share (25%); tenants over theirs lose blocks "
+          "first (repeatable; default: no quotas)",
+          [](DaemonConfig& config, std::string_view spec) -> Status {
+            auto quota = parse_tenant_quota(spec);
+            if (!quota.is_ok()) return quota.status();
+            for (const TenantQuota& other : config.tenant_quotas) {
+              if (other.tenant == quota->tenant) {
+                return invalid_argument("'{}': tenant {} already has a quota ('{}')", spec,
+                                        quota->tenant, other.spec);
+              }
+            }
+            config.tenant_quotas.push_back(std::move(*quota));
+            return Status::ok();
+          },
+          [](const DaemonConfig& config) {
+            std::string out = "[";
+            for (const TenantQuota& quota : config.tenant_quotas) {
+              out += (out.size() > 1 ? ", " : "") + json_quote(quota.spec);
+            }
+            return out + "]";
+          },
+          copy_field(&DaemonConfig::tenant_quotas),
+          [](DaemonConfig& config) { config.tenant_quotas.clear(); }};
+}
+
 // Hidden in intent, not in --help: a test-only switch, named as such.
 Setting fault_nvme_setting() {
   return {"fault-nvme",
@@ -177,6 +208,7 @@ const std::vector<Setting>& settings() {
       size_setting("remote-max-in-flight", &C::remote_max_in_flight_bytes, kRestart,
                    "remote tier: payload bytes being read (and, separately, written) at "
                    "once; a longer prefix is read in turn"),
+      tenant_quota_setting(),
       fault_nvme_setting(),
       duration_setting("startup-wait-ms", &C::startup_wait_ms, kLive,
                        "how long a Save/Load/BeginTurn/Drain that arrives while the memory "

@@ -26,6 +26,7 @@
 
 #include "common/log.h"
 #include "common/status.h"
+#include "daemon/tenant_quota.h"
 
 namespace kvtier::daemon {
 
@@ -84,6 +85,9 @@ struct DaemonConfig {
   uint32_t max_connections = 512;
   // Per peer uid (a tenant); admins are not held to it.
   uint32_t max_connections_per_tenant = 128;
+  // What each tenant keeps of a tier when the tier is full (daemon/tenant_quota.h);
+  // empty: no quotas.
+  std::vector<TenantQuota> tenant_quotas;
   // The last this many of max_connections are kept for root and the admin group.
   uint32_t admin_reserved_connections = 8;
   // A connection's first request (Hello, or an operator request) must come within this.

@@ -9,6 +9,7 @@
 #include <tuple>
 
 #include "daemon/admin_service.h"
+#include "daemon/placement.h"
 #include "daemon/remote_path.h"
 #include "daemon/session_journal.h"
 #include "daemon/startup_gate.h"
@@ -119,6 +120,21 @@ Status AdminService::handle_stats(const ConnectionPtr& c, EngineContext& engine,
       gpus[i].setHbmUsedBytes(has_part ? hbm_parts[i] : 0);
     }
     ctx_.parts.remote->fill_remote_stats(out.initRemote());
+    std::vector<TenantUsage> tenants = tenant_usage(ctx_);
+    if (!every_namespace) {
+      std::erase_if(tenants,
+                    [&](const TenantUsage& t) { return t.namespace_id != engine.namespace_id; });
+    }
+    auto tenant_list = out.initTenants(static_cast<unsigned>(tenants.size()));
+    for (unsigned i = 0; i < tenants.size(); ++i) {
+      tenant_list[i].setTenant(tenants[i].tenant);
+      auto used = tenant_list[i].initUsedBytes(kLocalTierCount);
+      auto quota = tenant_list[i].initQuotaBytes(kLocalTierCount);
+      for (unsigned t = 0; t < static_cast<unsigned>(kLocalTierCount); ++t) {
+        used.set(t, tenants[i].used_bytes[t]);
+        quota.set(t, tenants[i].quota_bytes[t].value_or(UINT64_MAX));
+      }
+    }
     if (const NvmeTier* nvme = ctx_.parts.journal->tier()) {
       const NvmeHealth health = nvme->health();
       auto stats = out.initNvme();

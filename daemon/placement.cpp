@@ -17,8 +17,11 @@ namespace {
 
 class StorePlacementView final : public policy::PlacementView {
  public:
-  StorePlacementView(const BlockStore& store, std::function<uint64_t(Tier)> leaving_bytes)
-      : store_(store), leaving_bytes_(std::move(leaving_bytes)) {}
+  StorePlacementView(const BlockStore& store, std::function<uint64_t(Tier)> leaving_bytes,
+                     std::function<std::vector<QuotaStanding>(Tier)> quota_standing)
+      : store_(store),
+        leaving_bytes_(std::move(leaving_bytes)),
+        quota_standing_(std::move(quota_standing)) {}
 
   BlockPlacement placement(const BlockKey& key) const override {
     auto info = store_.lookup(key);
@@ -44,6 +47,9 @@ class StorePlacementView final : public policy::PlacementView {
       fn(key, to_placement(key, info));
     });
   }
+  std::vector<QuotaStanding> quota_standing(Tier tier) const override {
+    return quota_standing_ ? quota_standing_(tier) : std::vector<QuotaStanding>{};
+  }
 
  private:
   BlockPlacement to_placement(const BlockKey& key, const BlockInfo& info) const {
@@ -52,6 +58,7 @@ class StorePlacementView final : public policy::PlacementView {
   }
   const BlockStore& store_;
   std::function<uint64_t(Tier)> leaving_bytes_;
+  std::function<std::vector<QuotaStanding>(Tier)> quota_standing_;
 };
 
 using KeySet = std::unordered_set<BlockKey, BlockKeyHasher>;
@@ -85,8 +92,47 @@ void cut_sessions_at(const KeySet& removed, policy::SessionTable& sessions,
 }  // namespace
 
 std::unique_ptr<policy::PlacementView> make_placement_view(
-    const BlockStore& store, std::function<uint64_t(Tier)> leaving_bytes) {
-  return std::make_unique<StorePlacementView>(store, std::move(leaving_bytes));
+    const BlockStore& store, std::function<uint64_t(Tier)> leaving_bytes,
+    std::function<std::vector<policy::PlacementView::QuotaStanding>(Tier)> quota_standing) {
+  return std::make_unique<StorePlacementView>(store, std::move(leaving_bytes),
+                                              std::move(quota_standing));
+}
+
+std::vector<TenantUsage> tenant_usage(const DaemonContext& ctx) {
+  std::vector<TenantUsage> out;
+  if (ctx.store == nullptr) return out;
+  const Namespaces& namespaces = ctx.engines.namespaces();
+  for (const auto& [id, bytes] : ctx.store->namespace_bytes()) {
+    if (id >= namespaces.size()) continue;
+    TenantUsage usage{namespaces.name(id), id, bytes, {}};
+    for (Tier tier : ctx.topology.local()) {
+      const size_t t = static_cast<size_t>(tier);
+      usage.quota_bytes[t] = quota_bytes(ctx.config.tenant_quotas, usage.tenant, tier,
+                                         ctx.store->usage(tier).capacity_bytes);
+    }
+    out.push_back(std::move(usage));
+  }
+  std::sort(out.begin(), out.end(),
+            [](const TenantUsage& a, const TenantUsage& b) { return a.tenant < b.tenant; });
+  return out;
+}
+
+std::vector<policy::PlacementView::QuotaStanding> quota_standing(const DaemonContext& ctx,
+                                                                 Tier tier) {
+  std::vector<policy::PlacementView::QuotaStanding> out;
+  if (ctx.config.tenant_quotas.empty() || ctx.store == nullptr) return out;
+  const size_t t = static_cast<size_t>(tier);
+  if (t >= static_cast<size_t>(kLocalTierCount) || !ctx.store->configured(tier)) return out;
+  const uint64_t capacity = ctx.store->usage(tier).capacity_bytes;
+  const Namespaces& namespaces = ctx.engines.namespaces();
+  for (const auto& [id, bytes] : ctx.store->namespace_bytes()) {
+    if (id >= namespaces.size() || bytes[t] == 0) continue;
+    const auto quota = quota_bytes(ctx.config.tenant_quotas, namespaces.name(id), tier, capacity);
+    if (quota) {
+      out.push_back({id, static_cast<int64_t>(bytes[t]) - static_cast<int64_t>(*quota)});
+    }
+  }
+  return out;
 }
 
 Result<std::optional<PendingWrite>> Placement::reserve_block(const BlockKey& key,

@@ -8,18 +8,36 @@
 
 #include <boost/asio/steady_timer.hpp>
 
+#include <array>
 #include <functional>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "daemon/daemon_context.h"
 
 namespace kvtier::daemon {
 
-// The planner's window on `store`: blocks' tiers and movability, and each tier's room
-// counting `leaving_bytes(tier)` (bytes on their way out) as free.
+// The planner's window on `store`: blocks' tiers and movability, each tier's room
+// counting `leaving_bytes(tier)` (bytes on their way out) as free, and where each
+// namespace stands against its quota (`quota_standing`; below).
 std::unique_ptr<policy::PlacementView> make_placement_view(
-    const BlockStore& store, std::function<uint64_t(Tier)> leaving_bytes);
+    const BlockStore& store, std::function<uint64_t(Tier)> leaving_bytes,
+    std::function<std::vector<policy::PlacementView::QuotaStanding>(Tier)> quota_standing);
+
+// Each tenant (namespace) holding blocks: its bytes per local tier and its quota there
+// (tenant-quota; nullopt: none), sorted by name.
+struct TenantUsage {
+  std::string tenant;
+  uint32_t namespace_id = 0;
+  BlockStore::NamespaceBytes used_bytes{};
+  std::array<std::optional<uint64_t>, kLocalTierCount> quota_bytes{};
+};
+std::vector<TenantUsage> tenant_usage(const DaemonContext& ctx);
+// Each namespace holding blocks in `tier` with a quota there: its bytes above the quota
+// (below: negative). Empty without quotas.
+std::vector<policy::PlacementView::QuotaStanding> quota_standing(const DaemonContext& ctx,
+                                                                 Tier tier);
 
 class Placement final : public Part {
  public:
@@ -33,8 +51,8 @@ class Placement final : public Part {
   // down to NVMe instead of evicting them (`rule`: whether a full NVMe evicts its own
   // coldest to take them): `moves` to apply, or `coming` when blocks already on their
   // way out make enough, or none can go now but blocks are arriving in RAM. Neither when
-  // there is no NVMe tier, `tier` is not RAM, NVMe writes are paused after a failure or NVMe is degraded, or
-  // NVMe cannot take them (the caller then evicts).
+  // there is no NVMe tier, `tier` is not RAM, NVMe writes are paused after a failure or NVMe is
+  // degraded, or NVMe cannot take them (the caller then evicts).
   struct DemotionRoom {
     bool coming = false;
     std::vector<policy::Move> moves;

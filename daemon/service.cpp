@@ -154,7 +154,8 @@ Status Service::start() {
     return !TierTopology::traits(tier).key_addressed && ctx_.store->configured(tier);
   });
   ctx_.view = make_placement_view(
-      *ctx_.store, [this](Tier tier) { return ctx_.mover ? ctx_.mover->leaving_bytes(tier) : 0; });
+      *ctx_.store, [this](Tier tier) { return ctx_.mover ? ctx_.mover->leaving_bytes(tier) : 0; },
+      [this](Tier tier) { return quota_standing(ctx_, tier); });
   make_mover();
   KVTIER_RETURN_IF_ERROR(journal_->recover_nvme());
   KVTIER_RETURN_IF_ERROR(remote_->open_remote());

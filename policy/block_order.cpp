@@ -1,6 +1,7 @@
 #include "policy/block_order.h"
 
 #include <algorithm>
+#include <queue>
 #include <tuple>
 
 namespace kvtier::policy::detail {
@@ -109,8 +110,66 @@ Tier PlanContext::destination_below(const PlanState& plan, Tier tier, const Bloc
   return cost.worth_keeping(below, key.layout, bytes) ? below : Tier::kNone;
 }
 
+namespace {
+
+std::vector<Candidate> policy_order(PlanContext& ctx, const PlanState& plan, Tier tier,
+                                    Sacrifice kind);
+
+// With quotas: the blocks in the order that levels the namespaces' standing against
+// their quotas — each next block is the next (in policy order) of the namespace then
+// furthest above its quota, ties going to the block the policy names first. Without
+// quotas: the policy's order unchanged.
+std::vector<Candidate> quota_order(const PlanContext& ctx, Tier tier,
+                                   std::vector<Candidate> blocks) {
+  const std::vector<PlacementView::QuotaStanding> standings = ctx.view.quota_standing(tier);
+  if (standings.empty() || blocks.empty()) return blocks;
+  std::unordered_map<uint32_t, int64_t> over;
+  for (const PlacementView::QuotaStanding& s : standings) over[s.namespace_id] = s.over_bytes;
+  // Each namespace's blocks, in policy order (indices into `blocks`).
+  std::unordered_map<uint32_t, std::vector<size_t>> by_namespace;
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    by_namespace[blocks[i].key.layout.namespace_id].push_back(i);
+  }
+  struct Next {
+    int64_t over;
+    size_t at;  // position in its namespace's list
+    uint32_t namespace_id;
+  };
+  const auto& lists = by_namespace;
+  auto comes_later = [&lists](const Next& a, const Next& b) {
+    if (a.over != b.over) return a.over < b.over;
+    return lists.at(a.namespace_id)[a.at] > lists.at(b.namespace_id)[b.at];
+  };
+  std::priority_queue<Next, std::vector<Next>, decltype(comes_later)> heads(comes_later);
+  for (const auto& [id, list] : by_namespace) {
+    auto it = over.find(id);
+    heads.push({it == over.end() ? 0 : it->second, 0, id});
+  }
+  std::vector<Candidate> out;
+  out.reserve(blocks.size());
+  while (!heads.empty()) {
+    Next next = heads.top();
+    heads.pop();
+    const std::vector<size_t>& list = by_namespace[next.namespace_id];
+    Candidate& c = blocks[list[next.at]];
+    next.over -= static_cast<int64_t>(c.placement.bytes);
+    out.push_back(std::move(c));
+    if (++next.at < list.size()) heads.push(next);
+  }
+  return out;
+}
+
+}  // namespace
+
 std::vector<Candidate> sacrifice_order(PlanContext& ctx, const PlanState& plan, Tier tier,
                                        Sacrifice kind) {
+  return quota_order(ctx, tier, policy_order(ctx, plan, tier, kind));
+}
+
+namespace {
+
+std::vector<Candidate> policy_order(PlanContext& ctx, const PlanState& plan, Tier tier,
+                                    Sacrifice kind) {
   std::vector<Candidate> blocks = movable_in_tier(ctx, tier);
   switch (ctx.config.mode) {
     case PolicyMode::kLru:
@@ -187,5 +246,7 @@ std::vector<Candidate> sacrifice_order(PlanContext& ctx, const PlanState& plan, 
   for (const Ranked& r : ranked) out.push_back(blocks[r.at]);
   return out;
 }
+
+}  // namespace
 
 }  // namespace kvtier::policy::detail

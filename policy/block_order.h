@@ -107,6 +107,9 @@ enum class Sacrifice { kDemote, kEvict };
 //    value × (next-turn cost after the move − cost now) per byte; among equal losses
 //    the least recently active holder's first, each session's tail first (a block is
 //    worth nothing without those before it).
+// With quotas in `tier` (PlacementView::quota_standing), that order is interleaved
+// across namespaces: the namespace furthest above its quota gives its next block first,
+// so a namespace within its quota keeps its blocks while another stands further above.
 // O(b log b) for the b blocks in `tier`.
 std::vector<Candidate> sacrifice_order(PlanContext& ctx, const PlanState& plan, Tier tier,
                                        Sacrifice kind);

@@ -156,6 +156,18 @@ class PlacementView {
   // not what every tier holds: plans under pressure enumerate the pressed tier.
   virtual void for_each_in_tier(
       Tier tier, const std::function<void(const BlockKey&, const BlockPlacement&)>& fn) const = 0;
+  // How far each namespace with a quota in `tier` (the daemon's tenant-quota) stands
+  // above it (below: negative). When the tier must give blocks up, the namespace
+  // furthest above its quota gives first (sacrifice order); a namespace not listed
+  // counts as at its quota. Default: none listed (no quotas).
+  struct QuotaStanding {
+    uint32_t namespace_id;
+    int64_t over_bytes;
+  };
+  virtual std::vector<QuotaStanding> quota_standing(Tier tier) const {
+    (void)tier;
+    return {};
+  }
 };
 
 class Planner {

@@ -268,6 +268,14 @@ struct StatsReply {
   fillBytes @22 :UInt64;       # while starting: bytes of memory pools being filled
   remote @23 :RemoteStats;     # the remote tier (configured false without remote-nodes)
   nvme @24 :NvmeStats;         # the NVMe tier's health (configured false without one)
+  tenants @25 :List(TenantUsage);  # tenants (namespaces) holding blocks, by name: an admin
+                               # sees every tenant, an engine its own
+}
+
+struct TenantUsage {
+  tenant @0 :Text;             # the namespace name
+  usedBytes @1 :List(UInt64);  # indexed by Tier: hbm, ram, nvme (copies not counted)
+  quotaBytes @2 :List(UInt64); # likewise: its tenant-quota there; 0xFFFFFFFFFFFFFFFF: none
 }
 
 struct NvmeStats {

@@ -425,11 +425,14 @@ void BlockStore::add_resident(const LayoutKey& layout, Entry& entry) {
   TierState* state = tier_state(entry.tier);
   entry.resident_at = static_cast<uint32_t>(state->residents.size());
   state->residents.push_back({&layout, &entry});
+  namespace_bytes_[layout.namespace_id][static_cast<size_t>(entry.tier)] += block_bytes(layout);
 }
 
 void BlockStore::remove_resident(Entry& entry) {
   std::vector<TierState::Resident>& residents = tier_state(entry.tier)->residents;
   const uint32_t at = entry.resident_at;
+  const LayoutKey& layout = *residents[at].layout;
+  namespace_bytes_[layout.namespace_id][static_cast<size_t>(entry.tier)] -= block_bytes(layout);
   residents[at] = residents.back();
   residents[at].entry->resident_at = at;
   residents.pop_back();

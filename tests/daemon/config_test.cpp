@@ -147,6 +147,36 @@ TEST_F(ConfigTest, BadValuesNameTheKeyAndLine) {
   EXPECT_TRUE(FailsNaming(parse({"--config", write("log-level = \"loud\"\n")}), {"log-level"}));
 }
 
+TEST_F(ConfigTest, TenantQuotasParseAndResolvePerTenantThenStar) {
+  const auto path = write(R"(
+tenant-quota = ["uid:1000 hbm=1GiB ram=25%", "* hbm=10%"]
+)");
+  auto parsed = parse({"--config", path});
+  ASSERT_TRUE(parsed.is_ok()) << parsed.status().to_string();
+  const std::vector<TenantQuota>& quotas = parsed->config.tenant_quotas;
+  ASSERT_EQ(quotas.size(), 2u);
+  constexpr uint64_t kCapacity = 8ull << 30;
+  EXPECT_EQ(quota_bytes(quotas, "uid:1000", Tier::kHbm, kCapacity), 1ull << 30);
+  EXPECT_EQ(quota_bytes(quotas, "uid:1000", Tier::kRam, kCapacity), 2ull << 30);
+  // A tier the named entry leaves out has no quota for it ("*" is for tenants not named).
+  EXPECT_EQ(quota_bytes(quotas, "uid:1000", Tier::kNvme, kCapacity), std::nullopt);
+  EXPECT_EQ(quota_bytes(quotas, "uid:1001", Tier::kHbm, kCapacity),
+            static_cast<uint64_t>(kCapacity * 0.1));
+  EXPECT_EQ(quota_bytes(quotas, "uid:1001", Tier::kRam, kCapacity), std::nullopt);
+  EXPECT_EQ(quota_bytes({}, "uid:1001", Tier::kHbm, kCapacity), std::nullopt);
+  // The flag form, and what the daemon prints back reads the same.
+  auto flag = parse({"--tenant-quota", "team nvme=100GiB"});
+  ASSERT_TRUE(flag.is_ok()) << flag.status().to_string();
+  EXPECT_EQ(quota_bytes(flag->config.tenant_quotas, "team", Tier::kNvme, kCapacity), 100ull << 30);
+  for (const char* bad :
+       {"uid:1", "uid:1 hbm", "uid:1 gpu=1GiB", "uid:1 hbm=lots", "uid:1 hbm=0%", "uid:1 hbm=101%",
+        "uid:1 hbm=1GiB hbm=2GiB", "hbm=1GiB", "uid:1 remote=1GiB"}) {
+    EXPECT_TRUE(FailsNaming(parse({"--tenant-quota", bad}), {"tenant-quota"})) << bad;
+  }
+  EXPECT_TRUE(FailsNaming(parse({"--tenant-quota", "a hbm=1GiB", "--tenant-quota", "a ram=1GiB"}),
+                          {"tenant-quota", "already has a quota"}));
+}
+
 TEST_F(ConfigTest, BadPathsNameTheKey) {
   const auto file = write("not a directory", "plain-file");
   EXPECT_TRUE(FailsNaming(parse({"--config", write("data-dir = \"" + file + "\"\n")}),

@@ -52,6 +52,16 @@ class FakePlacementView final : public PlacementView {
     spaces_[index(tier)].used_bytes += options.bytes;
   }
   void put(uint8_t n, Tier tier) { put(n, tier, Options{}); }
+  // The same for a block of any key (another namespace's).
+  void put_key(const BlockKey& key, Tier tier, Options options) {
+    blocks_[key] = BlockPlacement{tier, options.movable, options.bytes, options.session_refs,
+                                  options.last_access_ms};
+    spaces_[index(tier)].used_bytes += options.bytes;
+  }
+  // What quota_standing(tier) answers.
+  void set_quota_standing(Tier tier, std::vector<QuotaStanding> standing) {
+    standing_[index(tier)] = std::move(standing);
+  }
 
   BlockPlacement placement(const BlockKey& key) const override {
     auto it = blocks_.find(key);
@@ -66,12 +76,16 @@ class FakePlacementView final : public PlacementView {
       if (placement.tier == tier) fn(key, placement);
     }
   }
+  std::vector<QuotaStanding> quota_standing(Tier tier) const override {
+    return standing_[index(tier)];
+  }
 
  private:
   static size_t index(Tier tier) { return static_cast<size_t>(tier); }
 
   std::unordered_map<BlockKey, BlockPlacement, BlockKeyHasher> blocks_;
   std::array<TierSpace, kTierCount> spaces_{};
+  std::array<std::vector<QuotaStanding>, kTierCount> standing_{};
 };
 
 // "D 3 hbm->ram", "E 5 ram->none", "P 2 nvme->hbm": one move in a form gtest prints well.

@@ -43,6 +43,35 @@ TEST_F(PlannerRoomTest, MakeRoomIsEmptyWhenTheBytesAlreadyFit) {
   EXPECT_EQ(room(Tier::kRam, 301), (Strings{"E 11 ram->none"}));
 }
 
+// tenant-quota: the namespace furthest above its quota in the tier gives its next block
+// (in the policy's order) first, so one within its quota keeps its blocks while another
+// stands further above; equal standing follows the policy's order.
+TEST_F(PlannerRoomTest, MakeRoomLevelsNamespacesAgainstTheirQuotas) {
+  view_.set_capacity(Tier::kRam, 1'000);
+  // Namespace 7 holds the oldest blocks; namespace 9 newer ones.
+  view_.put(11, Tier::kRam, {.session_refs = 0, .last_access_ms = 10});
+  view_.put(12, Tier::kRam, {.session_refs = 0, .last_access_ms = 20});
+  const LayoutKey other{9, fake::kLayout.layout_digest};
+  for (uint8_t n : {21, 22, 23, 24}) {
+    view_.put_key({other, fake::hash_of(n)}, Tier::kRam,
+                  {.session_refs = 0, .last_access_ms = 100u + n});
+  }
+  view_.set_used(Tier::kRam, 1'000);
+  EXPECT_EQ(room(Tier::kRam, 300), (Strings{"E 11 ram->none", "E 12 ram->none", "E 21 ram->none"}));
+  // 9 is 150 over its quota, 7 150 under: 9 gives until it stands where 7 does.
+  view_.set_quota_standing(Tier::kRam, {{9, 150}, {7, -150}});
+  EXPECT_EQ(room(Tier::kRam, 400),
+            (Strings{"E 21 ram->none", "E 22 ram->none", "E 23 ram->none", "E 11 ram->none"}));
+  // A namespace without a quota counts as at it.
+  view_.set_quota_standing(Tier::kRam, {{9, 150}});
+  EXPECT_EQ(room(Tier::kRam, 400),
+            (Strings{"E 21 ram->none", "E 22 ram->none", "E 11 ram->none", "E 23 ram->none"}));
+  // Another tier's standing does not touch this one.
+  view_.set_quota_standing(Tier::kRam, {});
+  view_.set_quota_standing(Tier::kHbm, {{9, 1'000}});
+  EXPECT_EQ(room(Tier::kRam, 100), (Strings{"E 11 ram->none"}));
+}
+
 TEST_F(PlannerRoomTest, MakeRoomEvictsUnreferencedLruThenColdestSessions) {
   view_.set_capacity(Tier::kRam, 1'000);
   save("busy", {1}, false, 100);
