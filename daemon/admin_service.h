@@ -12,6 +12,7 @@
 #pragma once
 
 #include <map>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -28,10 +29,14 @@ class AdminService final : public Part {
   // introspection.cpp
   Status handle_stats(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
                       bool all_namespaces);
-  // One page of the listing (ListSessionsRequest): only that page's sessions are
-  // described, so a listing of any size holds the control thread for a page's worth.
+  // One page of the listing (ListSessionsRequest), served a slice at a time: the walk
+  // for the page takes kListingWalkSlice sessions per turn of the event loop and the
+  // page is described kListingDescribeSlice sessions per turn, so the requests of
+  // engines run between slices instead of waiting for the whole page.
   Status handle_list_sessions(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
                               const ListSessionsRequest& request);
+  static constexpr size_t kListingWalkSlice = 128;
+  static constexpr size_t kListingDescribeSlice = 4;
   // admin.cpp
   Status handle_get_session(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
                             const SessionTarget& request);
@@ -55,6 +60,9 @@ class AdminService final : public Part {
   // when that is empty (NotFound / InvalidArgument when absent or ambiguous).
   Result<policy::Session*> find_session_for_admin(const std::string& session_id,
                                                   const std::string& namespace_name);
+  struct Listing;  // a page being listed (introspection.cpp)
+  // One slice of `listing`'s walk or description; posts the next, or replies.
+  void continue_listing(const std::shared_ptr<Listing>& listing);
   void fill_session_info(const policy::Session& session, wire::SessionInfo::Builder out) const;
   // The same with a return-predictor snapshot taken once for a whole listing.
   void fill_session_info(const policy::Session& session, wire::SessionInfo::Builder out,

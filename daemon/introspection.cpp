@@ -1,5 +1,9 @@
 // AdminService: Stats, ListSessions and the SessionInfo they and GetSession share —
 // read-only views for kvtierctl and engines (admin_service.h).
+#include <capnp/message.h>
+#include <capnp/orphan.h>
+#include <boost/asio/post.hpp>
+
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -11,6 +15,7 @@
 #include "daemon/admin_service.h"
 #include "daemon/placement.h"
 #include "daemon/remote_path.h"
+#include "daemon/replies.h"
 #include "daemon/session_journal.h"
 #include "daemon/startup_gate.h"
 #include "schema/wire_tier.h"
@@ -164,6 +169,40 @@ Status AdminService::handle_stats(const ConnectionPtr& c, EngineContext& engine,
   return Status::ok();
 }
 
+// A page being listed: the request, the walk for the page (a bounded max-heap of the
+// `limit` smallest keys after the cursor; ids owned, since a session may close between
+// slices), then the page's descriptions, staged in a message of their own.
+struct AdminService::Listing {
+  ConnectionPtr connection;
+  uint64_t id = 0;
+  uint32_t namespace_id = 0;
+  bool all_namespaces = false;
+  wire::SessionOrder order = wire::SessionOrder::IDLE;
+  std::optional<ListingKey> after;
+  std::string after_bytes;  // what `after.id` points into
+  uint32_t limit = 0;
+
+  struct Entry {
+    uint64_t key;
+    uint32_t namespace_id;
+    std::string session_id;
+    ListingKey listing_key() const { return {key, namespace_id, session_id}; }
+  };
+  policy::SessionTable::WalkCursor walk;
+  std::vector<Entry> page;  // a max-heap while walking, then sorted
+  bool more = false;
+  uint32_t total = 0;
+  bool walked = false;
+  bool sorting = false;  // after the walk, until the page is sorted
+  size_t unsorted = 0;   // the heap's entries not yet sorted
+
+  capnp::MallocMessageBuilder reply;  // the Response, built as the page is described
+  capnp::Orphan<capnp::List<wire::SessionInfo>> sessions;  // its list, until adopted
+  size_t next_to_describe = 0;
+  unsigned described = 0;  // entries filled (a session closed since the walk is left out)
+  std::optional<policy::ReturnPredictor> predictor;
+};
+
 Status AdminService::handle_list_sessions(const ConnectionPtr& c, EngineContext& engine,
                                           uint64_t id, const ListSessionsRequest& request) {
   if (request.all_namespaces && !engine.is_admin) {
@@ -173,60 +212,102 @@ Status AdminService::handle_list_sessions(const ConnectionPtr& c, EngineContext&
     return invalid_argument("ListSessions.sortBy: unknown order {}",
                             static_cast<unsigned>(request.order));
   }
-  std::optional<ListingKey> after;
+  auto listing = std::make_shared<Listing>();
+  listing->connection = c;
+  listing->id = id;
+  listing->namespace_id = engine.namespace_id;
+  listing->all_namespaces = request.all_namespaces;
+  listing->order = request.order;
   if (!request.after.empty()) {
-    auto decoded = decode_cursor(request.order, request.after);
+    listing->after_bytes = request.after;
+    auto decoded = decode_cursor(request.order, listing->after_bytes);
     if (!decoded.is_ok()) return decoded.status();
-    after = *decoded;
+    listing->after = *decoded;
   }
-  const uint32_t limit =
+  listing->limit =
       request.limit == 0 ? kDefaultListingPage : std::min(request.limit, kMaxListingPage);
-  // One pass over the table for the sessions after the cursor; only the page is sorted
-  // and described (the costly part: a lookup per block, the return predictor).
-  struct Listed {
-    ListingKey key;
-    const policy::Session* session;
-  };
-  // The page is the `limit` smallest keys after the cursor, kept in a max-heap while
-  // walking (most sessions lose against its top at once); `more` says one was left out.
-  const auto by_key = [](const Listed& a, const Listed& b) { return a.key < b.key; };
-  std::vector<Listed> rest;
-  rest.reserve(std::min<size_t>(limit, ctx_.sessions.size()) + 1);
-  bool more = false;
-  uint32_t total = 0;
-  ctx_.sessions.for_each([&](const policy::Session& session) {
-    if (!request.all_namespaces && session.namespace_id != engine.namespace_id) return;
-    ++total;
-    ListingKey key{session.last_active_ms, session.namespace_id, session.id};
-    if (request.order == wire::SessionOrder::BYTES) {
-      key.key = UINT64_MAX - session.blocks.size() * ctx_.store->block_bytes(session.layout);
-    }
-    if (after && !(*after < key)) return;
-    if (rest.size() == limit) {
-      more = true;
-      if (!(key < rest.front().key)) return;
-      std::pop_heap(rest.begin(), rest.end(), by_key);
-      rest.back() = {key, &session};
-    } else {
-      rest.push_back({key, &session});
-    }
-    std::push_heap(rest.begin(), rest.end(), by_key);
-  });
-  std::sort_heap(rest.begin(), rest.end(), by_key);
-  const policy::ReturnPredictor predictor = ctx_.planner.return_predictor(ctx_.sessions);
-  reply(c, id, [&](wire::Response::Builder response) {
-    auto out = response.initListSessions();
-    auto list = out.initSessions(static_cast<unsigned>(rest.size()));
-    for (size_t i = 0; i < rest.size(); ++i)
-      fill_session_info(*rest[i].session, list[i], predictor);
-    if (more) {
-      const std::string next = encode_cursor(request.order, rest.back().key);
-      out.setNext(
-          capnp::Data::Reader(reinterpret_cast<const capnp::byte*>(next.data()), next.size()));
-    }
-    out.setTotal(total);
-  });
+  listing->walk = ctx_.sessions.walk_start();
+  listing->page.reserve(std::min<size_t>(listing->limit, ctx_.sessions.size()) + 1);
+  continue_listing(listing);
   return Status::ok();
+}
+
+void AdminService::continue_listing(const std::shared_ptr<Listing>& listing) {
+  Listing& l = *listing;
+  if (ctx_.stopping || !l.connection->is_open()) return;
+  const auto by_key = [](const Listing::Entry& a, const Listing::Entry& b) {
+    return a.listing_key() < b.listing_key();
+  };
+  if (!l.walked) {
+    if (ctx_.sessions.walk_stale(l.walk)) {
+      // The table grew since the walk began: it would visit some sessions twice.
+      l.walk = ctx_.sessions.walk_start();
+      l.page.clear();
+      l.more = false;
+      l.total = 0;
+    }
+    l.walk = ctx_.sessions.walk_some(l.walk, kListingWalkSlice, [&](const policy::Session& s) {
+      if (!l.all_namespaces && s.namespace_id != l.namespace_id) return;
+      ++l.total;
+      ListingKey key{s.last_active_ms, s.namespace_id, s.id};
+      if (l.order == wire::SessionOrder::BYTES) {
+        key.key = UINT64_MAX - s.blocks.size() * ctx_.store->block_bytes(s.layout);
+      }
+      if (l.after && !(*l.after < key)) return;
+      if (l.page.size() == l.limit) {
+        l.more = true;
+        if (!(key < l.page.front().listing_key())) return;
+        std::pop_heap(l.page.begin(), l.page.end(), by_key);
+        l.page.back() = {key.key, key.namespace_id, s.id};
+      } else {
+        l.page.push_back({key.key, key.namespace_id, s.id});
+      }
+      std::push_heap(l.page.begin(), l.page.end(), by_key);
+    });
+    if (ctx_.sessions.walk_done(l.walk)) {
+      l.walked = true;
+      l.sorting = true;
+      l.unsorted = l.page.size();
+    }
+    asio::post(ctx_.io, [this, listing] { continue_listing(listing); });
+    return;
+  }
+  if (l.sorting) {
+    // The heap's sort, a slice of pops at a time (each puts the largest left at the end).
+    for (size_t n = 0; n < kListingWalkSlice && l.unsorted > 0; ++n, --l.unsorted) {
+      std::pop_heap(l.page.begin(), l.page.begin() + static_cast<ptrdiff_t>(l.unsorted), by_key);
+    }
+    if (l.unsorted == 0) {
+      l.sorting = false;
+      l.sessions = l.reply.getOrphanage().newOrphan<capnp::List<wire::SessionInfo>>(
+          static_cast<unsigned>(l.page.size()));
+      l.predictor.emplace(ctx_.planner.return_predictor(ctx_.sessions));
+    }
+    asio::post(ctx_.io, [this, listing] { continue_listing(listing); });
+    return;
+  }
+  auto sessions = l.sessions.get();
+  const size_t end = std::min(l.page.size(), l.next_to_describe + kListingDescribeSlice);
+  for (; l.next_to_describe < end; ++l.next_to_describe) {
+    const Listing::Entry& entry = l.page[l.next_to_describe];
+    const policy::Session* session = ctx_.sessions.find(entry.namespace_id, entry.session_id);
+    if (session == nullptr) continue;  // closed since the walk
+    fill_session_info(*session, sessions[l.described++], *l.predictor);
+  }
+  if (l.next_to_describe < l.page.size()) {
+    asio::post(ctx_.io, [this, listing] { continue_listing(listing); });
+    return;
+  }
+  if (l.described < l.page.size()) l.sessions.truncate(l.described);
+  auto out = l.reply.initRoot<wire::Response>().initListSessions();
+  out.adoptSessions(kj::mv(l.sessions));
+  if (l.more && !l.page.empty()) {
+    const std::string next = encode_cursor(l.order, l.page.back().listing_key());
+    out.setNext(
+        capnp::Data::Reader(reinterpret_cast<const capnp::byte*>(next.data()), next.size()));
+  }
+  out.setTotal(l.total);
+  ctx_.parts.replies->send_built(l.reply, l.connection, l.id);
 }
 
 void AdminService::fill_session_info(const policy::Session& session,

@@ -55,6 +55,15 @@ void Replies::send_reply(capnp::MessageBuilder& message, const ConnectionPtr& co
   connection->request_done();
 }
 
+void Replies::send_built(capnp::MessageBuilder& message, const ConnectionPtr& connection,
+                         uint64_t id) {
+  auto response = message.getRoot<wire::Response>();
+  response.setId(id);
+  record_reply(connection, id, response.asReader());
+  connection->send(capnp::messageToFlatArray(message));
+  connection->request_done();
+}
+
 void Replies::reply_error(const ConnectionPtr& connection, uint64_t id, const Status& status) {
   if (status.code() == StatusCode::kInternal) {
     KVTIER_LOG_ERROR("request {} on connection {}: {}", id, connection->id(), status.to_string());

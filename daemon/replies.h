@@ -30,6 +30,9 @@ class Replies final : public Part {
   // Builds the response (`fill` sets its body), records it, sends it, and frees the
   // request's in-flight slot on its connection.
   void reply(const ConnectionPtr& connection, uint64_t id, const Fill& fill);
+  // A reply built over time in a message of its own (a listing described a slice at a
+  // time), whose root is the Response: sets its id, then records and sends it as reply().
+  void send_built(capnp::MessageBuilder& message, const ConnectionPtr& connection, uint64_t id);
   // An error reply: logged (Internal as an error, the rest at debug).
   void reply_error(const ConnectionPtr& connection, uint64_t id, const Status& status);
   // A request arrived: its kind and start time (and a Load's hit tiers) are noted.

@@ -323,6 +323,32 @@ class SessionTable {
   void for_each(Fn&& fn) const {
     for (const auto& [key, session] : sessions_) fn(session);
   }
+  // A walk over every session that can pause between steps (a listing served a slice at
+  // a time, so other requests run between slices). walk_some visits whole hash buckets
+  // from `cursor` until it has visited at least `budget` sessions, and returns where to
+  // go on. Sessions added or closed between steps may be visited or not; a cursor from
+  // before the table grew (walk_stale) would visit some twice: start over instead.
+  struct WalkCursor {
+    size_t bucket = 0;
+    size_t buckets = 0;  // bucket_count when the walk started; 0: not started
+  };
+  WalkCursor walk_start() const { return {0, sessions_.bucket_count()}; }
+  bool walk_stale(const WalkCursor& cursor) const {
+    return cursor.buckets != sessions_.bucket_count();
+  }
+  bool walk_done(const WalkCursor& cursor) const { return cursor.bucket >= cursor.buckets; }
+  template <typename Fn>
+  WalkCursor walk_some(WalkCursor cursor, size_t budget, Fn&& fn) const {
+    size_t visited = 0;
+    while (cursor.bucket < cursor.buckets && visited < budget) {
+      for (auto it = sessions_.begin(cursor.bucket); it != sessions_.end(cursor.bucket); ++it) {
+        fn(it->second);
+        ++visited;
+      }
+      ++cursor.bucket;
+    }
+    return cursor;
+  }
 
   size_t size() const { return sessions_.size(); }
   // Sessions in `state`, in all namespaces or in one; kept as counts, so O(1).

@@ -96,6 +96,26 @@ TEST_F(SessionListing, BytesPagesGoFromTheMostBytesDown) {
   EXPECT_EQ(seen.size(), static_cast<size_t>(kSessions));
 }
 
+// A daemon with no session lists an empty last page, and a closed session is simply
+// absent from the next listing.
+TEST_F(SessionListing, AnEmptyListingAndAClosedSessionAreAnsweredPlainly) {
+  auto empty = Daemon::start();
+  ASSERT_TRUE(empty.is_ok()) << empty.status().to_string();
+  auto nobody = Client::connect((*empty)->socket_path());
+  ASSERT_TRUE(nobody.is_ok()) << nobody.status().to_string();
+  auto none = (*nobody)->list_sessions_page({});
+  ASSERT_TRUE(none.is_ok()) << none.status().to_string();
+  EXPECT_TRUE(none->sessions.empty());
+  EXPECT_TRUE(none->next.empty());
+  EXPECT_EQ(none->total, 0u);
+  ASSERT_TRUE(client_->close_session("s03").is_ok());
+  auto page = client_->list_sessions_page({});
+  ASSERT_TRUE(page.is_ok()) << page.status().to_string();
+  EXPECT_EQ(page->sessions.size(), kSessions - 1u);
+  EXPECT_EQ(page->total, kSessions - 1u);
+  for (const SessionInfo& info : page->sessions) EXPECT_NE(info.session_id, "s03");
+}
+
 TEST_F(SessionListing, ACursorFromAnotherOrderOrNowhereIsRefused) {
   ListSessionsOptions options;
   options.limit = 5;

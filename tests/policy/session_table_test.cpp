@@ -29,6 +29,60 @@ class SessionTableTest : public ::testing::Test {
   SessionTable table_{clock_};
 };
 
+// The walk a listing takes a slice at a time: every session once, whatever the budget;
+// sessions closed between steps are simply not visited; a table that grew says so.
+TEST_F(SessionTableTest, APausedWalkVisitsEverySessionOnceAndSaysWhenTheTableGrew) {
+  for (int i = 0; i < 300; ++i) {
+    ASSERT_TRUE(table_.get_or_create(7, "s" + std::to_string(i), kLayout).is_ok());
+  }
+  for (size_t budget : {1u, 7u, 64u, 1000u}) {
+    std::unordered_map<std::string, int> seen;
+    SessionTable::WalkCursor cursor = table_.walk_start();
+    size_t steps = 0;
+    while (!table_.walk_done(cursor)) {
+      ASSERT_FALSE(table_.walk_stale(cursor));
+      size_t visited = 0;
+      cursor = table_.walk_some(cursor, budget, [&](const Session& s) {
+        ++seen[s.id];
+        ++visited;
+      });
+      ++steps;
+      // Whole buckets: at least the budget, unless the walk ended.
+      if (!table_.walk_done(cursor)) {
+        EXPECT_GE(visited, budget);
+      }
+    }
+    EXPECT_EQ(seen.size(), 300u) << budget;
+    for (const auto& [id, count] : seen) EXPECT_EQ(count, 1) << id;
+    if (budget == 1) {
+      EXPECT_GT(steps, 100u);
+    }
+  }
+  // Closing sessions mid-walk: the rest are visited once, the closed ones not at all.
+  SessionTable::WalkCursor cursor = table_.walk_start();
+  std::unordered_map<std::string, int> seen;
+  cursor = table_.walk_some(cursor, 50, [&](const Session& s) { ++seen[s.id]; });
+  std::vector<std::string> closed;
+  for (int i = 0; i < 300 && closed.size() < 20; ++i) {
+    const std::string id = "s" + std::to_string(i);
+    if (seen.contains(id)) continue;
+    ASSERT_TRUE(table_.close(7, id).is_ok());
+    closed.push_back(id);
+  }
+  ASSERT_FALSE(table_.walk_stale(cursor));
+  while (!table_.walk_done(cursor)) {
+    cursor = table_.walk_some(cursor, 50, [&](const Session& s) { ++seen[s.id]; });
+  }
+  EXPECT_EQ(seen.size(), 280u);
+  for (const std::string& id : closed) EXPECT_FALSE(seen.contains(id)) << id;
+  // Enough new sessions to make the table grow: the cursor is stale.
+  const SessionTable::WalkCursor old = table_.walk_start();
+  for (int i = 0; i < 5000; ++i) {
+    ASSERT_TRUE(table_.get_or_create(8, "t" + std::to_string(i), kLayout).is_ok());
+  }
+  EXPECT_TRUE(table_.walk_stale(old));
+}
+
 TEST_F(SessionTableTest, CreateStartsActiveAndStampsNow) {
   auto created = table_.get_or_create(7, "s1", kLayout);
   ASSERT_TRUE(created.is_ok()) << created.status().to_string();
