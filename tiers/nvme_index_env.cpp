@@ -80,24 +80,30 @@ rocksdb::IOStatus IndexFaultFileSystem::injected() const {
   return error == ENOSPC ? rocksdb::IOStatus::NoSpace(what) : rocksdb::IOStatus::IOError(what);
 }
 
+template <typename Open>
+rocksdb::IOStatus IndexFaultFileSystem::open_wrapped(
+    std::unique_ptr<rocksdb::FSWritableFile>* result, Open&& open) {
+  if (auto error = injected(); !error.ok()) return error;
+  std::unique_ptr<rocksdb::FSWritableFile> file;
+  rocksdb::IOStatus opened = open(&file);
+  if (opened.ok()) *result = std::make_unique<FaultFile>(std::move(file), *this);
+  return opened;
+}
+
 rocksdb::IOStatus IndexFaultFileSystem::NewWritableFile(
     const std::string& name, const rocksdb::FileOptions& options,
     std::unique_ptr<rocksdb::FSWritableFile>* result, rocksdb::IODebugContext* debug) {
-  if (auto error = injected(); !error.ok()) return error;
-  std::unique_ptr<rocksdb::FSWritableFile> file;
-  rocksdb::IOStatus opened = target()->NewWritableFile(name, options, &file, debug);
-  if (opened.ok()) *result = std::make_unique<FaultFile>(std::move(file), *this);
-  return opened;
+  return open_wrapped(result, [&](std::unique_ptr<rocksdb::FSWritableFile>* file) {
+    return target()->NewWritableFile(name, options, file, debug);
+  });
 }
 
 rocksdb::IOStatus IndexFaultFileSystem::ReopenWritableFile(
     const std::string& name, const rocksdb::FileOptions& options,
     std::unique_ptr<rocksdb::FSWritableFile>* result, rocksdb::IODebugContext* debug) {
-  if (auto error = injected(); !error.ok()) return error;
-  std::unique_ptr<rocksdb::FSWritableFile> file;
-  rocksdb::IOStatus opened = target()->ReopenWritableFile(name, options, &file, debug);
-  if (opened.ok()) *result = std::make_unique<FaultFile>(std::move(file), *this);
-  return opened;
+  return open_wrapped(result, [&](std::unique_ptr<rocksdb::FSWritableFile>* file) {
+    return target()->ReopenWritableFile(name, options, file, debug);
+  });
 }
 
 }  // namespace kvtier

@@ -51,6 +51,10 @@ class IndexFaultFileSystem final : public rocksdb::FileSystemWrapper {
                                        rocksdb::IODebugContext* debug) override;
 
  private:
+  // Opens a file through `open` (unless a fault is set) and wraps it.
+  template <typename Open>
+  rocksdb::IOStatus open_wrapped(std::unique_ptr<rocksdb::FSWritableFile>* result, Open&& open);
+
   std::atomic<int> failing_{0};
 };
 
