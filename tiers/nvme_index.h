@@ -97,7 +97,9 @@ class NvmeIndex {
   Status commit_blocks(std::span<const std::pair<NvmeBlockKey, NvmeBlockRecord>> blocks,
                        std::span<const NvmeLayoutRecord> layouts);
   // Deletes each block record that still names the given slot offset (a record that
-  // names another slot belongs to a later write of the same key and stays).
+  // names another slot belongs to a later write of the same key and stays), and writes a
+  // delete for a key with no record (a failed commit's record, still in the log, would
+  // come back on a reopen). While stopped: the stop reason, nothing deleted.
   Status delete_blocks_at(std::span<const std::pair<NvmeBlockKey, uint64_t>> blocks);
   // Deletes block records by raw key (malformed or unusable records found at start-up).
   Status delete_raw_block_keys(std::span<const std::string> keys);

@@ -22,28 +22,14 @@ std::string format(const char* format, va_list ap) {
   return std::string(line, std::min<size_t>(static_cast<size_t>(n), sizeof(line) - 1));
 }
 
-// A file whose writes fail while its file system injects an error.
+// A file whose syncs fail while its file system injects an error: what was appended
+// reaches the file (as on a device whose fsync reports EIO), but is not durable as far as
+// RocksDB knows.
 class FaultFile final : public rocksdb::FSWritableFileOwnerWrapper {
  public:
   FaultFile(std::unique_ptr<rocksdb::FSWritableFile> file, const IndexFaultFileSystem& fs)
       : rocksdb::FSWritableFileOwnerWrapper(std::move(file)), fs_(fs) {}
 
-  rocksdb::IOStatus Append(const rocksdb::Slice& data, const rocksdb::IOOptions& options,
-                           rocksdb::IODebugContext* debug) override {
-    if (auto error = fs_.injected(); !error.ok()) return error;
-    return FSWritableFileOwnerWrapper::Append(data, options, debug);
-  }
-  rocksdb::IOStatus Append(const rocksdb::Slice& data, const rocksdb::IOOptions& options,
-                           const rocksdb::DataVerificationInfo& info,
-                           rocksdb::IODebugContext* debug) override {
-    if (auto error = fs_.injected(); !error.ok()) return error;
-    return FSWritableFileOwnerWrapper::Append(data, options, info, debug);
-  }
-  rocksdb::IOStatus Flush(const rocksdb::IOOptions& options,
-                          rocksdb::IODebugContext* debug) override {
-    if (auto error = fs_.injected(); !error.ok()) return error;
-    return FSWritableFileOwnerWrapper::Flush(options, debug);
-  }
   rocksdb::IOStatus Sync(const rocksdb::IOOptions& options,
                          rocksdb::IODebugContext* debug) override {
     if (auto error = fs_.injected(); !error.ok()) return error;

@@ -30,9 +30,10 @@ class IndexLogger final : public rocksdb::Logger {
   void Logv(const rocksdb::InfoLogLevel level, const char* format, va_list ap) override;
 };
 
-// The default file system, except that while failing(errno) is set every write to a
-// file (creating one, appending, flushing, syncing) fails with that errno: ENOSPC as
-// RocksDB's "no space", anything else as an I/O error.
+// The default file system, except that while failing(errno) is set, creating a file and
+// syncing one fail with that errno (ENOSPC as RocksDB's "no space", anything else as an
+// I/O error). Appends still reach the file: a record whose sync failed is in the log, as
+// after a real fsync error, and comes back when the index is reopened.
 class IndexFaultFileSystem final : public rocksdb::FileSystemWrapper {
  public:
   explicit IndexFaultFileSystem(std::shared_ptr<rocksdb::FileSystem> base)

@@ -124,7 +124,11 @@ Result<std::unique_ptr<NvmeTier>> NvmeTier::open(const NvmeTierOptions& options,
 }
 
 NvmeTier::~NvmeTier() {
-  // Workers first: the index and the slab file must outlive the job in progress.
+  // Workers first: the index and the slab file must outlive the job in progress. Stopped
+  // before they are reset: the writer's running job may still schedule a try at healing
+  // through writer_ (it is dropped).
+  if (writer_) writer_->stop();  // absent when open failed
+  if (reader_) reader_->stop();
   writer_.reset();
   reader_.reset();
 }

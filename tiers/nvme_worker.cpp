@@ -7,12 +7,16 @@ namespace kvtier {
 NvmeWorker::NvmeWorker(std::string name) : name_(std::move(name)), thread_([this] { run(); }) {}
 
 NvmeWorker::~NvmeWorker() {
+  stop();
+}
+
+void NvmeWorker::stop() {
   {
     std::lock_guard lock(mu_);
     stopping_ = true;
   }
   changed_.notify_all();
-  thread_.join();
+  if (thread_.joinable()) thread_.join();
 }
 
 void NvmeWorker::post(std::function<void()> job) {

@@ -29,6 +29,9 @@ class NvmeWorker {
   void post_after(std::chrono::milliseconds delay, std::function<void()> job);
   // Blocks until the jobs queued before the call have run.
   void flush();
+  // Finishes the running job, drops the queued and delayed ones, and joins; what is
+  // posted after (by the running job, say) is dropped too. Not from the worker.
+  void stop();
 
  private:
   void run();

@@ -5,6 +5,7 @@
 // keeps serving what it acknowledged, and heals without being reopened.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <thread>
@@ -31,11 +32,13 @@ SlabIoFault fault(const std::string& spec) {
 
 class NvmeFaultTest : public ::testing::Test {
  protected:
-  std::unique_ptr<NvmeTier> open(std::vector<std::string> faults, NvmeRecovery* recovered) {
+  // `heal_first_delay_ms`: long enough for a test to act while the tier is degraded.
+  std::unique_ptr<NvmeTier> open(std::vector<std::string> faults, NvmeRecovery* recovered,
+                                 uint64_t heal_first_delay_ms = 5) {
     NvmeTierOptions options;
     options.dir = dir_.path();
-    options.heal_first_delay_ms = 5;
-    options.heal_max_delay_ms = 20;
+    options.heal_first_delay_ms = heal_first_delay_ms;
+    options.heal_max_delay_ms = std::max<uint64_t>(20, heal_first_delay_ms);
     options.capacity_bytes = 1 << 20;
     options.slab_bytes = 256 << 10;
     for (const std::string& spec : faults) options.faults.push_back(fault(spec));
@@ -179,7 +182,7 @@ TEST_F(NvmeFaultTest, AndLaterFailsEveryWriteFromTheNth) {
 
 TEST_F(NvmeFaultTest, FailedWriteMakesTheTierReadOnlyUntilItHeals) {
   NvmeRecovery recovered;
-  auto tier = open({"write:2:EIO"}, &recovered);
+  auto tier = open({"write:2:EIO"}, &recovered, /*heal_first_delay_ms=*/2'000);
   ASSERT_NE(tier, nullptr);
   ASSERT_TRUE(write_now(*tier, {write_item(0)})[0].is_ok());
   EXPECT_FALSE(tier->degraded());
@@ -188,13 +191,12 @@ TEST_F(NvmeFaultTest, FailedWriteMakesTheTierReadOnlyUntilItHeals) {
   // background try heals it; what was acknowledged still reads while it is degraded.
   const NvmeHealth degraded = tier->health();
   EXPECT_EQ(degraded.degradations, 1u);
-  if (degraded.degraded) {
-    auto refused = write_now(*tier, {write_item(2)});
-    EXPECT_EQ(refused[0].code(), StatusCode::kUnavailable) << refused[0].to_string();
-    EXPECT_TRUE(refused[0].retryable());
-    EXPECT_NE(refused[0].message().find("degraded"), std::string::npos);
-    EXPECT_NE(refused[0].message().find("Input/output error"), std::string::npos);
-  }
+  ASSERT_TRUE(degraded.degraded);
+  auto refused = write_now(*tier, {write_item(2)});
+  EXPECT_EQ(refused[0].code(), StatusCode::kUnavailable) << refused[0].to_string();
+  EXPECT_TRUE(refused[0].retryable());
+  EXPECT_NE(refused[0].message().find("degraded"), std::string::npos);
+  EXPECT_NE(refused[0].message().find("Input/output error"), std::string::npos);
   auto read = read_now(*tier, {read_item(0)});
   EXPECT_TRUE(read[0].status.is_ok()) << read[0].status.to_string();
   EXPECT_TRUE(source_matches(0));
@@ -208,25 +210,32 @@ TEST_F(NvmeFaultTest, FailedWriteMakesTheTierReadOnlyUntilItHeals) {
   EXPECT_EQ(recovered_blocks(), 2u);  // 0 and 2; nothing for the failed 1
 }
 
-// RocksDB meets an I/O error in its own log: it refuses to resume, so healing reopens
-// the index — here only on the second try, the first reopen failing as well (the index
-// is closed between the two: reads are refused, never answered wrongly).
+// RocksDB meets an I/O error syncing its own log: it refuses to resume, so healing
+// reopens the index — here only on the second try, the first reopen failing as well (the
+// index is closed between the two: reads are refused, never answered wrongly). The failed
+// commit's record reached the log before its sync failed, and the reopen replays it: the
+// release of its slot (what the caller does for a failed write) waits for the heal and
+// then deletes it, so the slot can be reused without two records naming it.
 TEST_F(NvmeFaultTest, IndexIoErrorHealsByReopeningTheIndex) {
   NvmeRecovery recovered;
-  auto tier = open({"index:2-3:EIO"}, &recovered);
+  auto tier = open({"index:2-3:EIO"}, &recovered, /*heal_first_delay_ms=*/200);
   ASSERT_NE(tier, nullptr);
   ASSERT_TRUE(write_now(*tier, {write_item(0)})[0].is_ok());  // index operation 1
   auto failed = write_now(*tier, {write_item(1)});            // 2: the commit fails
   EXPECT_FALSE(failed[0].is_ok());
   EXPECT_NE(failed[0].message().find("injected"), std::string::npos) << failed[0].to_string();
   EXPECT_EQ(tier->health().degradations, 1u);
+  ASSERT_TRUE(tier->degraded());
+  const Status early = release_now(*tier, {{block_key(1), kBlock}});
+  EXPECT_FALSE(early.is_ok()) << "a release while the index is stopped must wait for the heal";
   ASSERT_TRUE(wait_healed(*tier));  // try 1 (operation 3) fails, try 2 reopens
   EXPECT_GE(tier->health().heal_attempts, 2u);
   EXPECT_EQ(tier->health().heals, 1u);
+  EXPECT_TRUE(release_now(*tier, {{block_key(1), kBlock}}).is_ok());  // the retry
   ASSERT_TRUE(write_now(*tier, {write_item(2)})[0].is_ok());
   auto read = read_now(*tier, {read_item(0), read_item(1), read_item(2)});
   EXPECT_TRUE(read[0].status.is_ok()) << read[0].status.to_string();
-  EXPECT_EQ(read[1].status.code(), StatusCode::kDataLoss);  // never acknowledged
+  EXPECT_EQ(read[1].status.code(), StatusCode::kDataLoss);  // never acknowledged, released
   EXPECT_TRUE(read[2].status.is_ok()) << read[2].status.to_string();
   EXPECT_TRUE(source_matches(0));
   EXPECT_TRUE(source_matches(2));
@@ -246,8 +255,9 @@ TEST_F(NvmeFaultTest, IndexOutOfSpaceHeals) {
   EXPECT_NE(failed[0].message().find("No space left"), std::string::npos) << failed[0].to_string();
   ASSERT_TRUE(wait_healed(*tier));
   ASSERT_TRUE(write_now(*tier, {write_item(3)})[0].is_ok());
-  // Releases and session records write the index too.
-  EXPECT_TRUE(release_now(*tier, {{block_key(0), 0}}).is_ok());
+  // Releases write the index too: block 0's, and the failed write's slot (as the caller
+  // releases it), whose record may be in the log.
+  EXPECT_TRUE(release_now(*tier, {{block_key(0), 0}, {block_key(1), kBlock}}).is_ok());
   tier.reset();
   EXPECT_EQ(recovered_blocks(), 1u);  // 3; 0 released, 1 never committed
 }
