@@ -169,9 +169,10 @@ Status AdminService::handle_stats(const ConnectionPtr& c, EngineContext& engine,
   return Status::ok();
 }
 
-// A page being listed: the request, the walk for the page (a bounded max-heap of the
-// `limit` smallest keys after the cursor; ids owned, since a session may close between
-// slices), then the page's descriptions, staged in a message of their own.
+// A page being listed, in three phases a slice at a time: the walk for the page (a
+// bounded max-heap of the `limit` smallest keys after the cursor; ids owned, since a
+// session may close between slices), the heap's sort, and the descriptions, written
+// straight into the reply.
 struct AdminService::Listing {
   ConnectionPtr connection;
   uint64_t id = 0;
@@ -192,9 +193,9 @@ struct AdminService::Listing {
   std::vector<Entry> page;  // a max-heap while walking, then sorted
   bool more = false;
   uint32_t total = 0;
-  bool walked = false;
-  bool sorting = false;  // after the walk, until the page is sorted
-  size_t unsorted = 0;   // the heap's entries not yet sorted
+  enum class Phase : uint8_t { kWalk, kSort, kDescribe };
+  Phase phase = Phase::kWalk;
+  size_t unsorted = 0;  // kSort: the heap's entries not yet sorted
 
   capnp::MallocMessageBuilder reply;  // the Response, built as the page is described
   capnp::Orphan<capnp::List<wire::SessionInfo>> sessions;  // its list, until adopted
@@ -238,7 +239,7 @@ void AdminService::continue_listing(const std::shared_ptr<Listing>& listing) {
   const auto by_key = [](const Listing::Entry& a, const Listing::Entry& b) {
     return a.listing_key() < b.listing_key();
   };
-  if (!l.walked) {
+  if (l.phase == Listing::Phase::kWalk) {
     if (ctx_.sessions.walk_stale(l.walk)) {
       // The table grew since the walk began: it would visit some sessions twice.
       l.walk = ctx_.sessions.walk_start();
@@ -265,20 +266,19 @@ void AdminService::continue_listing(const std::shared_ptr<Listing>& listing) {
       std::push_heap(l.page.begin(), l.page.end(), by_key);
     });
     if (ctx_.sessions.walk_done(l.walk)) {
-      l.walked = true;
-      l.sorting = true;
+      l.phase = Listing::Phase::kSort;
       l.unsorted = l.page.size();
     }
     asio::post(ctx_.io, [this, listing] { continue_listing(listing); });
     return;
   }
-  if (l.sorting) {
+  if (l.phase == Listing::Phase::kSort) {
     // The heap's sort, a slice of pops at a time (each puts the largest left at the end).
     for (size_t n = 0; n < kListingWalkSlice && l.unsorted > 0; ++n, --l.unsorted) {
       std::pop_heap(l.page.begin(), l.page.begin() + static_cast<ptrdiff_t>(l.unsorted), by_key);
     }
     if (l.unsorted == 0) {
-      l.sorting = false;
+      l.phase = Listing::Phase::kDescribe;
       l.sessions = l.reply.getOrphanage().newOrphan<capnp::List<wire::SessionInfo>>(
           static_cast<unsigned>(l.page.size()));
       l.predictor.emplace(ctx_.planner.return_predictor(ctx_.sessions));

@@ -102,8 +102,10 @@ std::vector<TenantUsage> tenant_usage(const DaemonContext& ctx) {
   std::vector<TenantUsage> out;
   if (ctx.store == nullptr) return out;
   const Namespaces& namespaces = ctx.engines.namespaces();
-  for (const auto& [id, bytes] : ctx.store->namespace_bytes()) {
-    if (id >= namespaces.size()) continue;
+  const std::vector<BlockStore::NamespaceBytes>& held = ctx.store->namespace_bytes();
+  for (uint32_t id = 0; id < held.size() && id < namespaces.size(); ++id) {
+    const BlockStore::NamespaceBytes& bytes = held[id];
+    if (std::all_of(bytes.begin(), bytes.end(), [](uint64_t b) { return b == 0; })) continue;
     TenantUsage usage{namespaces.name(id), id, bytes, {}};
     for (Tier tier : ctx.topology.local()) {
       const size_t t = static_cast<size_t>(tier);
@@ -125,8 +127,10 @@ std::vector<policy::PlacementView::QuotaStanding> quota_standing(const DaemonCon
   if (t >= static_cast<size_t>(kLocalTierCount) || !ctx.store->configured(tier)) return out;
   const uint64_t capacity = ctx.store->usage(tier).capacity_bytes;
   const Namespaces& namespaces = ctx.engines.namespaces();
-  for (const auto& [id, bytes] : ctx.store->namespace_bytes()) {
-    if (id >= namespaces.size() || bytes[t] == 0) continue;
+  const std::vector<BlockStore::NamespaceBytes>& held = ctx.store->namespace_bytes();
+  for (uint32_t id = 0; id < held.size() && id < namespaces.size(); ++id) {
+    const BlockStore::NamespaceBytes& bytes = held[id];
+    if (bytes[t] == 0) continue;
     const auto quota = quota_bytes(ctx.config.tenant_quotas, namespaces.name(id), tier, capacity);
     if (quota) {
       out.push_back({id, static_cast<int64_t>(bytes[t]) - static_cast<int64_t>(*quota)});

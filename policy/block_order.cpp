@@ -132,29 +132,32 @@ std::vector<Candidate> quota_order(const PlanContext& ctx, Tier tier,
   }
   struct Next {
     int64_t over;
-    size_t at;  // position in its namespace's list
+    size_t block;  // its next block: an index into `blocks`, in policy order
+    size_t at;     // that block's place in its namespace's list
     uint32_t namespace_id;
   };
-  const auto& lists = by_namespace;
-  auto comes_later = [&lists](const Next& a, const Next& b) {
+  auto comes_later = [](const Next& a, const Next& b) {
     if (a.over != b.over) return a.over < b.over;
-    return lists.at(a.namespace_id)[a.at] > lists.at(b.namespace_id)[b.at];
+    return a.block > b.block;
   };
   std::priority_queue<Next, std::vector<Next>, decltype(comes_later)> heads(comes_later);
   for (const auto& [id, list] : by_namespace) {
     auto it = over.find(id);
-    heads.push({it == over.end() ? 0 : it->second, 0, id});
+    heads.push({it == over.end() ? 0 : it->second, list.front(), 0, id});
   }
   std::vector<Candidate> out;
   out.reserve(blocks.size());
   while (!heads.empty()) {
     Next next = heads.top();
     heads.pop();
-    const std::vector<size_t>& list = by_namespace[next.namespace_id];
-    Candidate& c = blocks[list[next.at]];
+    Candidate& c = blocks[next.block];
     next.over -= static_cast<int64_t>(c.placement.bytes);
     out.push_back(std::move(c));
-    if (++next.at < list.size()) heads.push(next);
+    const std::vector<size_t>& list = by_namespace[next.namespace_id];
+    if (++next.at < list.size()) {
+      next.block = list[next.at];
+      heads.push(next);
+    }
   }
   return out;
 }

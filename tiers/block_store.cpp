@@ -425,6 +425,8 @@ void BlockStore::add_resident(const LayoutKey& layout, Entry& entry) {
   TierState* state = tier_state(entry.tier);
   entry.resident_at = static_cast<uint32_t>(state->residents.size());
   state->residents.push_back({&layout, &entry});
+  if (layout.namespace_id >= namespace_bytes_.size())
+    namespace_bytes_.resize(layout.namespace_id + 1);
   namespace_bytes_[layout.namespace_id][static_cast<size_t>(entry.tier)] += block_bytes(layout);
 }
 

@@ -357,12 +357,10 @@ class BlockStore {
   // tier keeps a list of the blocks it holds.
   void for_each_in_tier(Tier tier,
                         const std::function<void(const BlockKey&, const BlockInfo&)>& fn) const;
-  // Bytes of the blocks living in each tier, per namespace id (copies not counted; a
-  // namespace that holds nothing may be missing).
+  // Bytes of the blocks living in each tier, indexed by namespace id (ids are small and
+  // dense; copies not counted; a namespace past the end, or all zeros, holds nothing).
   using NamespaceBytes = std::array<uint64_t, kLocalTierCount>;
-  const std::unordered_map<uint32_t, NamespaceBytes>& namespace_bytes() const {
-    return namespace_bytes_;
-  }
+  const std::vector<NamespaceBytes>& namespace_bytes() const { return namespace_bytes_; }
   std::vector<TierUsage> usage() const;  // configured tiers, fastest first
   TierUsage usage(Tier tier) const;
   bool has_room(Tier tier, uint64_t slot_bytes) const;
@@ -469,7 +467,7 @@ class BlockStore {
   // The copies of the blocks whose Entry::has_copy is set.
   std::unordered_map<BlockKey, Copy, BlockKeyHasher> copies_;
   uint64_t pinned_blocks_ = 0;
-  std::unordered_map<uint32_t, NamespaceBytes> namespace_bytes_;  // kept by add/remove_resident
+  std::vector<NamespaceBytes> namespace_bytes_;  // kept by add/remove_resident
   uint64_t block_count_ = 0;
   // Shared with the handles; handed to them if the store goes first (~BlockStore).
   std::unique_ptr<detail::StoreAnchor> anchor_;

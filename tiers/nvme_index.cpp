@@ -221,8 +221,8 @@ Status NvmeIndex::write(const rocksdb::WriteOptions& options, rocksdb::WriteBatc
 }
 
 Status NvmeIndex::heal() {
-  if (stop_reason().is_ok()) return Status::ok();
   KVTIER_RETURN_IF_ERROR(check_room("heal"));
+  if (stop_reason().is_ok()) return Status::ok();
   count_operation();
   Status resumed;
   {

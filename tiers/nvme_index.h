@@ -88,8 +88,8 @@ class NvmeIndex {
   // OK while writing; the error that stopped writes otherwise.
   Status stop_reason() const;
   // Brings a stopped index back: Resume(), or a reopen when RocksDB will not resume.
-  // OK when it writes again (or was not stopped); the error otherwise (the file system
-  // still short of kMinFreeBytes, the error persisting). A failed reopen leaves the index
+  // OK when it writes again (or was not stopped) and its file system has kMinFreeBytes;
+  // the error otherwise (short of room, the error persisting). A failed reopen leaves the index
   // closed: reads are then Unavailable until a later heal() opens it.
   Status heal();
 

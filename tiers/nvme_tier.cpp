@@ -277,15 +277,16 @@ void NvmeTier::write_sessions(std::vector<NvmeSessionRecord> puts,
       });
 }
 
+uint64_t NvmeTier::degraded_ms_locked() const {
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                   std::chrono::steady_clock::now() - degraded_since_)
+                                   .count());
+}
+
 NvmeHealth NvmeTier::health() const {
   std::lock_guard lock(health_mutex_);
   NvmeHealth health = health_;
-  if (health.degraded) {
-    health.degraded_ms =
-        static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                  std::chrono::steady_clock::now() - degraded_since_)
-                                  .count());
-  }
+  if (health.degraded) health.degraded_ms = degraded_ms_locked();
   return health;
 }
 
@@ -312,14 +313,8 @@ void NvmeTier::try_heal() {
     std::lock_guard lock(health_mutex_);
     ++health_.heal_attempts;
   }
-  // The room the index needs, the index, then the slab file: each must write again.
-  auto available = free_bytes(dir_);
-  Status healed = available.status();
-  if (healed.is_ok() && *available < NvmeIndex::kMinFreeBytes) {
-    healed = resource_exhausted("the file system has {} bytes free, under the {} the index needs",
-                                *available, NvmeIndex::kMinFreeBytes);
-  }
-  if (healed.is_ok()) healed = index_->heal();
+  // The index (with the room it needs), then the slab file: each must write again.
+  Status healed = index_->heal();
   if (healed.is_ok()) healed = io_->sync();
   if (!healed.is_ok()) {
     heal_delay_ms_ = std::min(heal_delay_ms_ * 2, heal_max_delay_ms_);
@@ -335,9 +330,7 @@ void NvmeTier::try_heal() {
   uint64_t degraded_ms = 0;
   {
     std::lock_guard lock(health_mutex_);
-    degraded_ms = static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                            std::chrono::steady_clock::now() - degraded_since_)
-                                            .count());
+    degraded_ms = degraded_ms_locked();
     health_.degraded = false;
     health_.reason = Status::ok();
     ++health_.heals;

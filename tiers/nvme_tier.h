@@ -176,6 +176,7 @@ class NvmeTier {
   void degrade(const Status& why);
   // On the writer: one try at healing; schedules the next when it fails.
   void try_heal();
+  uint64_t degraded_ms_locked() const;  // REQUIRES health_mutex_ held
 
   // Constant after open.
   std::unique_ptr<NvmeIndex> index_;

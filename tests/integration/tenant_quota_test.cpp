@@ -13,6 +13,7 @@
 #include <fstream>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "tests/integration/daemon_harness.h"
 
@@ -26,46 +27,41 @@ constexpr size_t kFloodSessions = 16;
 constexpr size_t kFloodBlocks = 16;  // 16 × 16 × 32 KiB = 8 MiB: twice HBM and RAM
 constexpr uint64_t kBlockBytes = 32 << 10;
 
-int become(uid_t uid) {
+// An engine running as `uid`, with room for `blocks` blocks (in a forked child).
+Result<Engine> engine_as(uid_t uid, const std::string& socket, size_t blocks) {
   if (::setgroups(0, nullptr) != 0 || ::setgid(uid) != 0 || ::setuid(uid) != 0) {
-    return child_failure(2, fmt::format("cannot become uid {}", uid));
+    return unavailable("cannot become uid {}", uid);
   }
-  return 0;
+  return Engine::connect(socket, small_shape(blocks), fmt::format("uid-{}", uid));
 }
 
-// Saves `blocks` blocks of `session` as `uid` (one Save that ends the turn).
-int save_as(uid_t uid, const std::string& socket, const std::string& session, size_t blocks) {
-  if (int failed = become(uid)) return failed;
-  auto engine = Engine::connect(socket, small_shape(blocks), fmt::format("uid-{}", uid));
+// Saves `blocks` blocks of each session as `uid`, one Save each that ends the turn; with
+// `all_stored`, every Save must store every block.
+int save_as(uid_t uid, const std::string& socket, const std::vector<std::string>& sessions,
+            size_t blocks, bool all_stored) {
+  auto engine = engine_as(uid, socket, blocks);
   if (!engine.is_ok()) return child_failure(10, "connect", engine.status());
-  const auto refs = Engine::refs(PagedCache::chain_hashes(session, blocks), 0);
-  engine->fill(refs);
-  auto saved = engine->client->save(session, refs, true);
-  if (!saved.is_ok()) return child_failure(11, "save " + session, saved.status());
-  if (saved->stored != blocks) {
-    return child_failure(12, fmt::format("{}: stored {} of {}", session, saved->stored, blocks));
-  }
-  return 0;
-}
-
-int flood_as(uid_t uid, const std::string& socket, const std::string& prefix, size_t sessions) {
-  if (int failed = become(uid)) return failed;
-  auto engine = Engine::connect(socket, small_shape(kFloodBlocks), fmt::format("uid-{}", uid));
-  if (!engine.is_ok()) return child_failure(10, "connect", engine.status());
-  for (size_t s = 0; s < sessions; ++s) {
-    const std::string session = fmt::format("{}-{}", prefix, s);
-    const auto refs = Engine::refs(PagedCache::chain_hashes(session, kFloodBlocks), 0);
+  for (const std::string& session : sessions) {
+    const auto refs = Engine::refs(PagedCache::chain_hashes(session, blocks), 0);
     engine->fill(refs);
     auto saved = engine->client->save(session, refs, true);
     if (!saved.is_ok()) return child_failure(11, "save " + session, saved.status());
+    if (all_stored && saved->stored != blocks) {
+      return child_failure(12, fmt::format("{}: stored {} of {}", session, saved->stored, blocks));
+    }
   }
   return 0;
+}
+
+std::vector<std::string> numbered(const std::string& prefix, size_t count) {
+  std::vector<std::string> out;
+  for (size_t i = 0; i < count; ++i) out.push_back(fmt::format("{}-{}", prefix, i));
+  return out;
 }
 
 // Loads `session` as `uid`: every one of its `blocks` blocks must come back bit-exact.
 int load_all_as(uid_t uid, const std::string& socket, const std::string& session, size_t blocks) {
-  if (int failed = become(uid)) return failed;
-  auto engine = Engine::connect(socket, small_shape(blocks), fmt::format("uid-{}", uid));
+  auto engine = engine_as(uid, socket, blocks);
   if (!engine.is_ok()) return child_failure(10, "connect", engine.status());
   const auto refs = Engine::refs(PagedCache::chain_hashes(session, blocks), 0);
   auto loaded = engine->client->load(session, refs);
@@ -122,14 +118,20 @@ TEST(TenantQuota, TheTenantFillingTheTiersLosesItsOwnBlocksOnceQuotasAreReloaded
 
   // Without quotas: the quiet tenant's session (in RAM: HBM is full when it comes) is the
   // least recently used, and goes.
-  ASSERT_TRUE(
-      Ran(fork_child([&] { return flood_as(kFloodUid, d.socket_path(), "fill", 5); }), "fill HBM"));
-  ASSERT_TRUE(
-      Ran(fork_child([&] { return save_as(kQuietUid, d.socket_path(), "quiet-1", kQuietBlocks); }),
-          "quiet save"));
-  ASSERT_TRUE(Ran(
-      fork_child([&] { return flood_as(kFloodUid, d.socket_path(), "flood-1", kFloodSessions); }),
-      "flood"));
+  ASSERT_TRUE(Ran(fork_child([&] {
+                    return save_as(kFloodUid, d.socket_path(), numbered("fill", 5), kFloodBlocks,
+                                   false);
+                  }),
+                  "fill HBM"));
+  ASSERT_TRUE(Ran(fork_child([&] {
+                    return save_as(kQuietUid, d.socket_path(), {"quiet-1"}, kQuietBlocks, true);
+                  }),
+                  "quiet save"));
+  ASSERT_TRUE(Ran(fork_child([&] {
+                    return save_as(kFloodUid, d.socket_path(), numbered("flood-1", kFloodSessions),
+                                   kFloodBlocks, false);
+                  }),
+                  "flood"));
   auto before = (*admin)->stats(true);
   ASSERT_TRUE(before.is_ok()) << before.status().to_string();
   EXPECT_LT(held_by(*before, kQuietUid).bytes, kQuietBlocks * kBlockBytes)
@@ -150,12 +152,15 @@ TEST(TenantQuota, TheTenantFillingTheTiersLosesItsOwnBlocksOnceQuotasAreReloaded
   ASSERT_TRUE(reloaded.is_ok()) << reloaded.status().to_string();
   ASSERT_EQ(held_by(*reloaded, kFloodUid).hbm_quota, 1ull << 20) << d.log();
 
-  ASSERT_TRUE(
-      Ran(fork_child([&] { return save_as(kQuietUid, d.socket_path(), "quiet-2", kQuietBlocks); }),
-          "quiet save"));
-  ASSERT_TRUE(Ran(
-      fork_child([&] { return flood_as(kFloodUid, d.socket_path(), "flood-2", kFloodSessions); }),
-      "flood"));
+  ASSERT_TRUE(Ran(fork_child([&] {
+                    return save_as(kQuietUid, d.socket_path(), {"quiet-2"}, kQuietBlocks, true);
+                  }),
+                  "quiet save"));
+  ASSERT_TRUE(Ran(fork_child([&] {
+                    return save_as(kFloodUid, d.socket_path(), numbered("flood-2", kFloodSessions),
+                                   kFloodBlocks, false);
+                  }),
+                  "flood"));
   auto after = (*admin)->stats(true);
   ASSERT_TRUE(after.is_ok()) << after.status().to_string();
   // The quiet tenant holds every block of its session; the flood paid for its own.
