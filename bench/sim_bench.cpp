@@ -8,6 +8,7 @@
 #include <atomic>
 #include <chrono>
 #include <map>
+#include <optional>
 #include <thread>
 
 #include "common/units.h"
@@ -171,7 +172,12 @@ void run_workload(BenchReport& report, const Workload& workload, const std::stri
     tasks.push_back({budget, SimPolicy::kClairvoyant, {}});
     for (SimPolicy policy : policies) tasks.push_back({budget, policy, {}});
     if (!workload.trace.has_priorities) continue;
-    for (SimPolicy policy : policies) tasks.push_back({budget, policy, {}, false});
+    // (The peers' policies honour priorities as every mode does; whether they gain by
+    // them is not what they are here for.)
+    for (SimPolicy policy : policies) {
+      if (sim_policy_is_baseline(policy) && policy != SimPolicy::kLruTiering) continue;
+      tasks.push_back({budget, policy, {}, false});
+    }
   }
   std::atomic<size_t> next{0};
   std::vector<std::thread> workers;
@@ -215,8 +221,7 @@ void run_workload(BenchReport& report, const Workload& workload, const std::stri
       }
       rows.push_back(task.result);
       by_policy[task.policy] = &task.result;
-      add_results(report,
-                  fmt::format("{}{}_p{}_", prefix, budget.name, static_cast<int>(task.policy)),
+      add_results(report, fmt::format("{}{}_{}_", prefix, budget.name, sim_policy_key(task.policy)),
                   task.result);
     }
     auto find = [&](SimPolicy p) { return by_policy.count(p) != 0 ? by_policy[p] : nullptr; };
@@ -228,10 +233,10 @@ void run_workload(BenchReport& report, const Workload& workload, const std::stri
       for (const auto& [policy, plain] : without_priorities) {
         const SimResult* with = find(policy);
         const double gain = with->ttft_mean_ms > 0 ? plain->ttft_mean_ms / with->ttft_mean_ms : 0;
-        line += fmt::format("  p{} {:.0f} ({:.2f}x)", static_cast<int>(policy), plain->ttft_mean_ms,
-                            gain);
+        line +=
+            fmt::format("  {} {:.0f} ({:.2f}x)", sim_policy_key(policy), plain->ttft_mean_ms, gain);
         const std::string name =
-            fmt::format("{}{}_p{}_", prefix, budget.name, static_cast<int>(policy));
+            fmt::format("{}{}_{}_", prefix, budget.name, sim_policy_key(policy));
         add_results(report, name + "no_priorities_", *plain);
         report.result(name + "priority_gain", gain);
       }
@@ -242,7 +247,7 @@ void run_workload(BenchReport& report, const Workload& workload, const std::stri
     for (SimPolicy p : {SimPolicy::kSessionAware, SimPolicy::kPredictive}) {
       const SimResult* r = find(p);
       if (r == nullptr) continue;
-      const std::string name = fmt::format("{}{}_p{}_", prefix, budget.name, static_cast<int>(p));
+      const std::string name = fmt::format("{}{}_{}_", prefix, budget.name, sim_policy_key(p));
       report.result(name + "vs_p2_ttft_mean_ratio", r->ttft_mean_ms / lru->ttft_mean_ms);
       report.result(name + "gap_closed", gap_closed(*r, *lru, *optimum));
     }
@@ -256,7 +261,8 @@ void run_workload(BenchReport& report, const Workload& workload, const std::stri
     report.target(prefix + budget.name + "_p4_vs_p2_ttft_mean_ratio", "<=", kVsLruTarget);
     if (!workload.trace.has_priorities) continue;
     for (SimPolicy p : policies) {
-      report.target(fmt::format("{}{}_p{}_priority_gain", prefix, budget.name, static_cast<int>(p)),
+      if (sim_policy_is_baseline(p) && p != SimPolicy::kLruTiering) continue;  // not run
+      report.target(fmt::format("{}{}_{}_priority_gain", prefix, budget.name, sim_policy_key(p)),
                     ">=", kPriorityGainTarget);
     }
   }
@@ -275,9 +281,20 @@ Result<BenchReport> run_sim_bench(const SimOptions& options) {
     budgets.push_back(*budget);
   }
   std::vector<SimPolicy> policies;
-  for (int p : options.policies) {
-    if (p < 1 || p > 4) return invalid_argument("--policies: {} is not 1..4", p);
-    policies.push_back(static_cast<SimPolicy>(p));
+  for (const std::string& name : options.policies) {
+    std::optional<SimPolicy> found;
+    for (SimPolicy p : {SimPolicy::kHbmOnlyLru, SimPolicy::kLruTiering, SimPolicy::kSessionAware,
+                        SimPolicy::kPredictive, SimPolicy::kS3Fifo, SimPolicy::kSlru,
+                        SimPolicy::kArc, SimPolicy::kTinyLfuLru, SimPolicy::kWorkloadAware}) {
+      if (name == sim_policy_key(p) || name == std::to_string(static_cast<int>(p))) found = p;
+    }
+    if (!found) {
+      return invalid_argument(
+          "--policies: '{}' is not one of 1..4, s3fifo, slru, arc, tinylfu, workload", name);
+    }
+    if (std::find(policies.begin(), policies.end(), *found) == policies.end()) {
+      policies.push_back(*found);
+    }
   }
   // The workloads: the trace, then the generated ones ("all": every one).
   std::vector<std::string> names;
@@ -371,7 +388,10 @@ CLI::App* add_sim_subcommand(CLI::App& app, SimOptions& options) {
   sim->add_option("--plan-interval", options.plan_interval, "planner period in virtual time");
   sim->add_option("--hbm-idle", options.hbm_idle, "idle sessions leave HBM after this");
   sim->add_option("--ram-idle", options.ram_idle, "idle sessions leave RAM after this");
-  sim->add_option("--policies", options.policies, "policies to run (1..4)")->delimiter(',');
+  sim->add_option("--policies", options.policies,
+                  "policies to run: 1..4 (hbm-only lru, lru tiering, session-aware, predictive), "
+                  "s3fifo, slru, arc, tinylfu, workload")
+      ->delimiter(',');
   sim->add_option(
          "--workload", options.workloads,
          "trace (the --trace file), long-chats, one-shot, doc-qa, agents, or all; repeatable")

@@ -39,7 +39,10 @@ struct SimOptions {
   std::string plan_interval = "1s";
   std::string hbm_idle = "30s";  // kvtierd's defaults
   std::string ram_idle = "10m";
-  std::vector<int> policies = {1, 2, 3, 4};
+  // 1..4 (kvtier's and LRU tiering), and the peers' (sim_policy_key): s3fifo, slru,
+  // arc, tinylfu, workload.
+  std::vector<std::string> policies = {"1",    "2",   "3",       "4",       "s3fifo",
+                                       "slru", "arc", "tinylfu", "workload"};
   std::vector<std::string> workloads = {"trace"};  // or generated ones; "all"
   uint64_t seed = 1;
   int jobs = 0;                 // 0: one per CPU

@@ -171,6 +171,35 @@ std::vector<Candidate> sacrifice_order(PlanContext& ctx, const PlanState& plan, 
 
 namespace {
 
+// A peer policy's order (peer_policy.h), lowest retention priority first as in every
+// mode; blocks it has not seen go after the rest, least recently used first.
+std::vector<Candidate> peer_order(PlanContext& ctx, const PlanState& plan, Tier tier,
+                                  std::vector<Candidate> blocks) {
+  if (ctx.peer == nullptr || blocks.empty()) return blocks;
+  const uint64_t block_bytes = std::max<uint64_t>(blocks.front().placement.bytes, 1);
+  for (Tier t : {Tier::kHbm, Tier::kRam, Tier::kNvme}) {
+    ctx.peer->set_capacity(t, plan.capacity(t) / block_bytes);
+  }
+  std::vector<BlockKey> keys;
+  keys.reserve(blocks.size());
+  for (const Candidate& c : blocks) keys.push_back(c.key);
+  std::vector<double> ranks;
+  ctx.peer->rank(tier, plan.below(tier) == Tier::kNone, keys, ctx.now_ms, ranks);
+  std::vector<size_t> order(blocks.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    if (blocks[a].priority() != blocks[b].priority()) {
+      return blocks[a].priority() < blocks[b].priority();
+    }
+    if (ranks[a] != ranks[b]) return ranks[a] < ranks[b];
+    return lru_less(blocks[a], blocks[b]);
+  });
+  std::vector<Candidate> out;
+  out.reserve(blocks.size());
+  for (size_t i : order) out.push_back(std::move(blocks[i]));
+  return out;
+}
+
 std::vector<Candidate> policy_order(PlanContext& ctx, const PlanState& plan, Tier tier,
                                     Sacrifice kind) {
   std::vector<Candidate> blocks = movable_in_tier(ctx, tier);
@@ -205,6 +234,12 @@ std::vector<Candidate> policy_order(PlanContext& ctx, const PlanState& plan, Tie
     }
     case PolicyMode::kPredictive:
       break;
+    case PolicyMode::kS3Fifo:
+    case PolicyMode::kSlru:
+    case PolicyMode::kArc:
+    case PolicyMode::kTinyLfuLru:
+    case PolicyMode::kWorkloadAware:
+      return peer_order(ctx, plan, tier, std::move(blocks));
   }
   struct Ranked {
     uint8_t priority;

@@ -25,14 +25,15 @@ namespace kvtier::policy::detail {
 class PlanContext {
  public:
   PlanContext(const PlannerConfig& config, const CostModel& cost, const SessionTable& sessions,
-              const PlacementView& view, uint64_t now_ms)
-      : config(config), cost(cost), sessions(sessions), view(view), now_ms(now_ms) {}
+              const PlacementView& view, uint64_t now_ms, PeerPolicy* peer = nullptr)
+      : config(config), cost(cost), sessions(sessions), view(view), now_ms(now_ms), peer(peer) {}
 
   const PlannerConfig& config;
   const CostModel& cost;
   const SessionTable& sessions;
   const PlacementView& view;
   const uint64_t now_ms;
+  PeerPolicy* const peer;  // a peer mode's order of sacrifice (peer_policy.h)
 
   bool predictive() const { return config.mode == PolicyMode::kPredictive; }
   // Built on first use, then kept for the rest of the call.

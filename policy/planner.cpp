@@ -17,12 +17,24 @@ std::string_view policy_mode_name(PolicyMode mode) {
       return "session";
     case PolicyMode::kPredictive:
       return "predictive";
+    case PolicyMode::kS3Fifo:
+      return "s3fifo";
+    case PolicyMode::kSlru:
+      return "slru";
+    case PolicyMode::kArc:
+      return "arc";
+    case PolicyMode::kTinyLfuLru:
+      return "tinylfu-lru";
+    case PolicyMode::kWorkloadAware:
+      return "workload";
   }
   return "unknown";
 }
 
 std::optional<PolicyMode> parse_policy_mode(std::string_view name) {
-  for (PolicyMode mode : {PolicyMode::kLru, PolicyMode::kSessionAware, PolicyMode::kPredictive}) {
+  for (PolicyMode mode :
+       {PolicyMode::kLru, PolicyMode::kSessionAware, PolicyMode::kPredictive, PolicyMode::kS3Fifo,
+        PolicyMode::kSlru, PolicyMode::kArc, PolicyMode::kTinyLfuLru, PolicyMode::kWorkloadAware}) {
     if (policy_mode_name(mode) == name) return mode;
   }
   return std::nullopt;
@@ -52,7 +64,9 @@ Planner::Planner(PlannerConfig config, const Clock& clock)
     : config_(config),
       cost_(config.cost),
       clock_(clock),
-      idle_scan_(std::make_unique<detail::IdleScan>()) {}
+      idle_scan_(std::make_unique<detail::IdleScan>()),
+      peer_(PeerPolicy::make(config.mode, config)),
+      peer_mode_(config.mode) {}
 
 Planner::~Planner() = default;
 
@@ -60,13 +74,16 @@ void Planner::set_config(const PlannerConfig& config) {
   config_ = config;
   cost_.set_config(config.cost);
   *idle_scan_ = detail::IdleScan{};  // thresholds may have changed: look at every session again
+  // A peer policy's history stays while its mode does (a reload keeps what it learned).
+  if (config.mode != peer_mode_) peer_ = PeerPolicy::make(config.mode, config);
+  peer_mode_ = config.mode;
 }
 
 std::vector<Move> Planner::plan_demotions(const SessionTable& sessions, const PlacementView& view,
                                           PlanKind kind) const {
-  detail::PlanContext ctx(config_, cost_, sessions, view, clock_.now_ms());
+  detail::PlanContext ctx(config_, cost_, sessions, view, clock_.now_ms(), peer_.get());
   detail::PlanState plan(view);
-  if (config_.mode != PolicyMode::kLru) detail::demote_idle_sessions(ctx, plan, *idle_scan_);
+  if (!request_scoped()) detail::demote_idle_sessions(ctx, plan, *idle_scan_);
   detail::relieve_pressure(ctx, plan);
   if (config_.mode == PolicyMode::kPredictive && kind == PlanKind::kPeriodic) {
     detail::prefetch_predicted_returns(ctx, plan);
@@ -80,7 +97,7 @@ void Planner::revisit(const SessionTable& sessions, const BlockKey& key) const {
 
 std::vector<Move> Planner::make_room(Tier tier, uint64_t bytes, const SessionTable& sessions,
                                      const PlacementView& view, Room room) const {
-  detail::PlanContext ctx(config_, cost_, sessions, view, clock_.now_ms());
+  detail::PlanContext ctx(config_, cost_, sessions, view, clock_.now_ms(), peer_.get());
   return record(detail::room_for(ctx, tier, bytes, room));
 }
 
@@ -91,8 +108,8 @@ void Planner::observe_turn_lead(uint64_t lead_ms) {
 
 std::vector<Move> Planner::plan_turn_start(const Session& session, const SessionTable& sessions,
                                            const PlacementView& view) const {
-  if (config_.mode == PolicyMode::kLru) return {};
-  detail::PlanContext ctx(config_, cost_, sessions, view, clock_.now_ms());
+  if (request_scoped()) return {};
+  detail::PlanContext ctx(config_, cost_, sessions, view, clock_.now_ms(), peer_.get());
   return record(detail::turn_start(ctx, session, turn_lead_ms_));
 }
 

@@ -60,6 +60,7 @@
 
 #include "common/block_key.h"
 #include "policy/cost_model.h"
+#include "policy/peer_policy.h"
 #include "policy/return_predictor.h"
 #include "policy/session_table.h"
 
@@ -68,8 +69,20 @@ namespace detail {
 struct IdleScan;
 }
 
-enum class PolicyMode : uint8_t { kLru = 0, kSessionAware = 1, kPredictive = 2 };
-std::string_view policy_mode_name(PolicyMode mode);  // "lru", "session", "predictive"
+// kLru, kSessionAware, kPredictive: kvtier's (above). The rest are the policies peers
+// ship, run by the rules of kLru with their own order of sacrifice (peer_policy.h).
+enum class PolicyMode : uint8_t {
+  kLru = 0,
+  kSessionAware = 1,
+  kPredictive = 2,
+  kS3Fifo = 3,
+  kSlru = 4,
+  kArc = 5,
+  kTinyLfuLru = 6,
+  kWorkloadAware = 7,
+};
+// "lru", "session", "predictive", "s3fifo", "slru", "arc", "tinylfu-lru", "workload"
+std::string_view policy_mode_name(PolicyMode mode);
 std::optional<PolicyMode> parse_policy_mode(std::string_view name);
 
 struct PlannerConfig {
@@ -96,8 +109,9 @@ struct PlannerConfig {
 // lower tier has: the room comes when those copies land; nothing when the tier below
 // cannot take them. kDemoteEvictingBelow: and when that tier is the slowest and full,
 // its coldest blocks are evicted to take them (not for a read: that could evict the
-// block being read).
-enum class Room : uint8_t { kEvict, kDemote, kDemoteEvictingBelow };
+// block being read). kEvictUnheld: as kEvict, but only blocks no session holds (a Save
+// never takes HBM from blocks sessions still need: it stores the prefix that fits).
+enum class Room : uint8_t { kEvict, kDemote, kDemoteEvictingBelow, kEvictUnheld };
 
 // Numbering matches the wire enum `MoveKind` in schema/kvtier.capnp.
 enum class MoveKind : uint8_t { kDemote = 0, kPromote = 1, kEvict = 2 };
@@ -230,11 +244,19 @@ class Planner {
   ReturnPredictor return_predictor(const SessionTable& sessions) const {
     return ReturnPredictor(sessions, clock_.now_ms());
   }
+  // What a peer policy learns from (the stores and request paths report to it);
+  // nullptr in kvtier's own modes, which read all they need from the PlacementView.
+  BlockObserver* observer() const { return peer_.get(); }
   // The last kRecentRecords summaries of planned moves, oldest first.
   const std::deque<PlanRecord>& recent_moves() const { return recent_; }
 
  private:
   std::vector<Move> record(std::vector<Move> moves) const;
+  // LRU tiering and the peer policies: nothing happens between requests (no idle
+  // demotion, nothing on BeginTurn).
+  bool request_scoped() const {
+    return config_.mode == PolicyMode::kLru || PeerPolicy::is_peer(config_.mode);
+  }
 
   PlannerConfig config_;
   CostModel cost_;
@@ -245,6 +267,9 @@ class Planner {
   mutable std::deque<PlanRecord> recent_;
   // How far idle demotion has looked (planner_rules.h); reset by set_config.
   mutable std::unique_ptr<detail::IdleScan> idle_scan_;
+  // The peer policy of a peer mode (its history of blocks); nullptr otherwise.
+  std::unique_ptr<PeerPolicy> peer_;
+  PolicyMode peer_mode_;
 };
 
 }  // namespace kvtier::policy

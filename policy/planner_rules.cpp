@@ -258,7 +258,8 @@ std::vector<Move> room_for(PlanContext& ctx, Tier tier, uint64_t bytes, Room roo
   if (free_bytes >= bytes) return {};
   if (bytes > capacity) return {};  // could never fit, even in an empty tier
 
-  const bool demote = room != Room::kEvict && plan.below(tier) != Tier::kNone;
+  const bool demote =
+      room != Room::kEvict && room != Room::kEvictUnheld && plan.below(tier) != Tier::kNone;
   if (demote && room == Room::kDemoteEvictingBelow) {
     // The tier below takes what leaves this one; when it is the slowest and full, its
     // own order of sacrifice (for leaving the daemon) makes that room first, as the
@@ -278,6 +279,7 @@ std::vector<Move> room_for(PlanContext& ctx, Tier tier, uint64_t bytes, Room roo
   for (const Candidate& c :
        sacrifice_order(ctx, plan, tier, demote ? Sacrifice::kDemote : Sacrifice::kEvict)) {
     if (free_bytes >= bytes) break;
+    if (room == Room::kEvictUnheld && c.placement.session_refs > 0) continue;
     const bool leaves = demote ? leave_tier(ctx, plan, tier, c, MoveReason::kMakeRoom)
                                : plan.evict(c.key, c.placement, MoveReason::kMakeRoom);
     if (leaves) free_bytes += c.placement.bytes;

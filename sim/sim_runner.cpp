@@ -42,6 +42,7 @@ class Simulation {
                trace.distinct_blocks, config.inclusive_nvme) {
     planner_.set_layout_cost(kLayout, {trace.tokens_per_block, config.prefill_tokens_per_s});
     if (policy == SimPolicy::kClairvoyant) clairvoyant_.emplace(trace, store_);
+    store_.set_observer(planner_.observer());
     save_lowest_ = store_.space(Tier::kRam).capacity_bytes > 0 ? Tier::kRam : Tier::kNvme;
     result_.policy = policy;
     result_.budget = budget.name;
@@ -121,9 +122,32 @@ class Simulation {
   static policy::PlannerConfig planner_config(const SimConfig& config, SimPolicy policy,
                                               uint32_t tokens_per_block) {
     policy::PlannerConfig out = config.planner;
-    out.mode = policy == SimPolicy::kPredictive     ? policy::PolicyMode::kPredictive
-               : policy == SimPolicy::kSessionAware ? policy::PolicyMode::kSessionAware
-                                                    : policy::PolicyMode::kLru;
+    switch (policy) {
+      case SimPolicy::kPredictive:
+        out.mode = policy::PolicyMode::kPredictive;
+        break;
+      case SimPolicy::kSessionAware:
+        out.mode = policy::PolicyMode::kSessionAware;
+        break;
+      case SimPolicy::kS3Fifo:
+        out.mode = policy::PolicyMode::kS3Fifo;
+        break;
+      case SimPolicy::kSlru:
+        out.mode = policy::PolicyMode::kSlru;
+        break;
+      case SimPolicy::kArc:
+        out.mode = policy::PolicyMode::kArc;
+        break;
+      case SimPolicy::kTinyLfuLru:
+        out.mode = policy::PolicyMode::kTinyLfuLru;
+        break;
+      case SimPolicy::kWorkloadAware:
+        out.mode = policy::PolicyMode::kWorkloadAware;
+        break;
+      default:
+        out.mode = policy::PolicyMode::kLru;
+        break;
+    }
     for (size_t t = 0; t < config.read_bytes_per_s.size(); ++t) {
       out.cost.read_bytes_per_s[t] = config.read_bytes_per_s[t];
     }
@@ -181,6 +205,7 @@ class Simulation {
       const Tier tier = store_.read_tier(key, now_ms);
       if (tier == Tier::kNone) break;
       result_.hit_blocks[static_cast<size_t>(tier)] += 1;
+      if (policy::BlockObserver* o = planner_.observer()) o->block_loaded(key, loaded, now_ms);
       load_ms += static_cast<double>(block_bytes_) /
                  config_.read_bytes_per_s[static_cast<size_t>(tier)] * 1000.0;
       store_.touch(key, now_ms);
@@ -281,6 +306,11 @@ class Simulation {
       saved.push_back(key.hash);
     }
     result_.bytes_saved += written.size() * block_bytes_;
+    if (policy::BlockObserver* o = planner_.observer()) {
+      for (size_t k = 0; k < saved.size(); ++k) {
+        o->block_saved({kLayout, saved[k]}, static_cast<uint32_t>(k), now_ms);
+      }
+    }
     for (const BlockKey& key : written) store_.set_pinned(key, false);
     auto created =
         sessions_.get_or_create(kLayout.namespace_id, session_id(request.session), kLayout);
@@ -308,13 +338,15 @@ class Simulation {
     return true;
   }
 
-  // As kvtierd's Save (Service::reserve_block): a new block lands in HBM or RAM. When
+  // As kvtierd's Save (Placement::reserve_block): a new block lands in HBM or RAM. When
   // both are full, RAM's coldest blocks go down to NVMe for the rest of the request
   // (`room_bytes`) and the Save parks until they land; it parks too while blocks are
   // moving out of RAM (room on its way) or into it (then movable). Only when nothing
-  // can go down and nothing is moving are blocks evicted, from RAM, then HBM. Without
-  // RAM (the bounds' single-tier stores) the block goes where there is room, and room
-  // is made from the slowest tier first.
+  // can go down and nothing is moving are blocks evicted, from RAM, then HBM — there
+  // only blocks no session holds: a Save never takes HBM from the sessions that still
+  // need it, it stores the prefix that fits (kNo ends it). Without RAM (the bounds'
+  // single-tier stores) the block goes where there is room, and room is made from the
+  // slowest tier first.
   enum class Stored { kYes, kPark, kNo };
   Stored store_new_block(const BlockKey& key, uint64_t now_ms, uint64_t room_bytes) {
     if (store_.insert(key, now_ms, save_lowest_) != Tier::kNone) return Stored::kYes;
@@ -330,7 +362,10 @@ class Simulation {
     }
     for (Tier tier : {Tier::kNvme, Tier::kRam, Tier::kHbm}) {
       if (tier > save_lowest_ || store_.space(tier).capacity_bytes == 0) continue;
-      auto moves = planner_.make_room(tier, block_bytes_, sessions_, store_);
+      const policy::Room rule = tier == Tier::kHbm && save_lowest_ != Tier::kHbm
+                                    ? policy::Room::kEvictUnheld
+                                    : policy::Room::kEvict;
+      auto moves = planner_.make_room(tier, block_bytes_, sessions_, store_, rule);
       if (moves.empty()) continue;
       apply(moves);
       if (store_.insert(key, now_ms, save_lowest_) != Tier::kNone) return Stored::kYes;
@@ -498,8 +533,49 @@ std::string sim_policy_label(SimPolicy policy) {
       return "ideal from NVMe";
     case SimPolicy::kClairvoyant:
       return "0 optimum";
+    case SimPolicy::kS3Fifo:
+      return "s3-fifo";
+    case SimPolicy::kSlru:
+      return "slru";
+    case SimPolicy::kArc:
+      return "arc";
+    case SimPolicy::kTinyLfuLru:
+      return "tinylfu-lru";
+    case SimPolicy::kWorkloadAware:
+      return "workload-aware";
   }
   return "?";
+}
+
+std::string sim_policy_key(SimPolicy policy) {
+  switch (policy) {
+    case SimPolicy::kS3Fifo:
+      return "s3fifo";
+    case SimPolicy::kSlru:
+      return "slru";
+    case SimPolicy::kArc:
+      return "arc";
+    case SimPolicy::kTinyLfuLru:
+      return "tinylfu";
+    case SimPolicy::kWorkloadAware:
+      return "workload";
+    default:
+      return "p" + std::to_string(static_cast<int>(policy));
+  }
+}
+
+bool sim_policy_is_baseline(SimPolicy policy) {
+  switch (policy) {
+    case SimPolicy::kLruTiering:
+    case SimPolicy::kS3Fifo:
+    case SimPolicy::kSlru:
+    case SimPolicy::kArc:
+    case SimPolicy::kTinyLfuLru:
+    case SimPolicy::kWorkloadAware:
+      return true;
+    default:
+      return false;
+  }
 }
 
 double SimResult::hit_rate() const {

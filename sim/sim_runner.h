@@ -39,8 +39,19 @@ enum class SimPolicy : uint8_t {
   kInfiniteRam = 6,    // every block kept forever, but read from RAM (a bound)
   kInfiniteNvme = 7,   // every block kept forever, but read from NVMe (a bound)
   kClairvoyant = 8,    // knows every future request: the offline optimum at the budget
+  // What peers ship (policy/peer_policy.h), on the tiers as LRU tiering runs them:
+  kS3Fifo = 9,
+  kSlru = 10,
+  kArc = 11,
+  kTinyLfuLru = 12,
+  kWorkloadAware = 13,  // reuse probability by category and turn, learned online
 };
 std::string sim_policy_label(SimPolicy policy);  // "1 hbm-only lru", ...
+// Its name in result keys and --policies: "p0" .. "p4", "s3fifo", "slru", "arc",
+// "tinylfu", "workload".
+std::string sim_policy_key(SimPolicy policy);
+// The baselines kvtier's policies are measured against: LRU tiering and the peers'.
+bool sim_policy_is_baseline(SimPolicy policy);
 
 struct SimBudget {
   std::string name;                               // "b1"

@@ -52,10 +52,17 @@ void SimStore::place(uint64_t id, Tier tier) {
   block.tier = tier;
   block.position = static_cast<uint32_t>(residents.size());
   residents.push_back(static_cast<uint32_t>(id));
+  if (observer_ != nullptr) observer_->block_entered(key_of(id), tier);
 }
 
-void SimStore::unplace(uint64_t id) {
+void SimStore::unplace(uint64_t id, Tier to) {
   Block& block = blocks_[id];
+  // A promotion out of NVMe that keeps its copy there leaves the block in NVMe's
+  // history: a read of the copy is a hit in that tier; it leaves when the copy goes.
+  const bool copy_kept = block.tier == Tier::kNvme && block.nvme_copy;
+  if (observer_ != nullptr && !copy_kept) {
+    observer_->block_left(key_of(id), block.tier, to == Tier::kNone || to > block.tier);
+  }
   auto& residents = residents_[index(block.tier)];
   const uint32_t last = residents.back();
   residents[block.position] = last;
@@ -103,6 +110,7 @@ void SimStore::drop_copy(uint64_t id) {
   copy_order_.erase(block.copy_at);
   block.nvme_copy = false;
   used_[index(Tier::kNvme)] -= block_bytes_;
+  if (observer_ != nullptr) observer_->block_left(key_of(id), Tier::kNvme, true);
 }
 
 void SimStore::for_each_in_tier(
@@ -159,7 +167,7 @@ bool SimStore::evict(const BlockKey& key) {
   if (block == nullptr || block->moving_to != Tier::kNone || block->pinned) return false;
   used_[index(block->tier)] -= block_bytes_;
   if (block->nvme_copy) drop_copy(id_of(key));
-  unplace(id_of(key));
+  unplace(id_of(key), Tier::kNone);
   return true;
 }
 
@@ -178,7 +186,7 @@ bool SimStore::begin_move(const BlockKey& key, Tier to, uint64_t now_ms) {
     copy_order_.erase(block->copy_at);
     block->nvme_copy = false;
     used_[index(block->tier)] -= block_bytes_;
-    unplace(id);
+    unplace(id, to);
     place(id, to);
     demoted_onto_copy_bytes_ += block_bytes_;
     return true;
@@ -227,7 +235,7 @@ void SimStore::land(uint64_t id, Tier to) {
   } else {
     used_[index(block.tier)] -= block_bytes_;
   }
-  unplace(id);
+  unplace(id, to);
   place(id, to);
   block.moving_to = Tier::kNone;
 }

@@ -93,6 +93,9 @@ class SimStore final : public policy::PlacementView {
     return landings_.empty() ? UINT64_MAX : landings_.top().at_ms;
   }
 
+  // Told of every block entering and leaving a tier (a peer policy's history).
+  void set_observer(policy::BlockObserver* observer) { observer_ = observer; }
+
   uint64_t now_ms() const { return now_ms_; }
   void set_now(uint64_t now_ms) { now_ms_ = now_ms; }
   Tier slowest_tier() const;
@@ -135,8 +138,8 @@ class SimStore final : public policy::PlacementView {
   BlockPlacement to_placement(const Block& block) const;
   size_t link_of(Tier a, Tier b) const;
   void place(uint64_t id, Tier tier);
-  void unplace(uint64_t id);
-  void land(uint64_t id, Tier to);  // a move ends: the block is in `to`
+  void unplace(uint64_t id, Tier to);  // `to`: where it goes (kNone: evicted)
+  void land(uint64_t id, Tier to);     // a move ends: the block is in `to`
   // Whether `tier` has room for one more block, reclaiming NVMe copies if need be.
   bool make_room(Tier tier);
   void add_copy(uint64_t id);
@@ -156,6 +159,7 @@ class SimStore final : public policy::PlacementView {
   std::array<uint64_t, kLocalTierCount> moving_out_{};
   std::array<uint64_t, kLocalTierCount> moving_in_{};
   bool inclusive_nvme_;
+  policy::BlockObserver* observer_ = nullptr;
   std::list<uint32_t> copy_order_;  // ids with an NVMe copy, oldest made first
   uint64_t nvme_written_bytes_ = 0;
   uint64_t demoted_onto_copy_bytes_ = 0;
