@@ -128,13 +128,13 @@ std::string status_json(const StatsInfo& s) {
       R"("bytes":{{"saved":{},"loaded":{},"demoted":{},"promoted":{}}},)"
       R"("pinned_blocks":{},"admin_pinned_blocks":{},"copies_in_flight":{},"connections":{},)"
       R"("blocks_evicted":{},"data_loss_blocks":{},"policy":{},"recent_moves":{},"remote":{},)"
-      R"("nvme":{},"tenants":{}}})",
+      R"("nvme":{},"tenants":{},"partial_saves":{},"blocks_not_saved":{}}})",
       json_quote(s.device_name), s.uptime_ms, s.starting ? "true" : "false", s.fill_bytes, tiers,
       gpus, s.sessions_active, s.sessions_idle, s.pinned_sessions, s.lookup_hits, s.lookup_misses,
       s.bytes_saved, s.bytes_loaded, s.bytes_demoted, s.bytes_promoted, s.pinned_blocks,
       s.admin_pinned_blocks, s.copies_in_flight, s.connections, s.blocks_evicted,
       s.data_loss_blocks, json_quote(s.policy), recent_moves_json(s), remote_json(s.remote),
-      nvme_json(s.nvme), tenants_json(s));
+      nvme_json(s.nvme), tenants_json(s), s.partial_saves, s.blocks_not_saved);
 }
 
 std::string status_text(const StatsInfo& s) {
@@ -183,6 +183,10 @@ std::string status_text(const StatsInfo& s) {
                      s.copies_in_flight, s.pinned_blocks, s.admin_pinned_blocks);
   out += fmt::format("dropped    {} evicted, {} lost to corruption\n", s.blocks_evicted,
                      s.data_loss_blocks);
+  if (s.partial_saves > 0) {
+    out += fmt::format("partial    {} Saves kept a prefix ({} blocks not saved: no room)\n",
+                       s.partial_saves, s.blocks_not_saved);
+  }
   if (s.nvme.configured && (s.nvme.degraded || s.nvme.degradations > 0)) {
     const auto& n = s.nvme;
     if (n.degraded) {

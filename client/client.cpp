@@ -379,6 +379,8 @@ Result<StatsInfo> Client::stats(bool all_namespaces) {
         info.connections = r.getConnections();
         info.blocks_evicted = r.getBlocksEvicted();
         info.data_loss_blocks = r.getDataLossBlocks();
+        info.partial_saves = r.getPartialSaves();
+        info.blocks_not_saved = r.getBlocksNotSaved();
         info.device_name = r.getDeviceName().cStr();
         info.uptime_ms = r.getUptimeMs();
         info.starting = r.getStarting();

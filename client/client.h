@@ -133,9 +133,14 @@ struct SaveOptions {
   std::vector<RangeRetention> block_retention;  // later ranges win where they overlap
 };
 
+// stored + deduplicated: the leading blocks of the Save the daemon holds now. Fewer than
+// the Save's blocks when room ran out (the daemon's tiers were full of blocks sessions
+// hold): a partial Save kept the longest prefix that fit, perhaps none; the rest is
+// recomputed next turn. A turn saved in several Saves stops at the first short one.
 struct SaveResult {
-  uint32_t stored;
-  uint32_t deduplicated;
+  uint32_t stored;        // blocks copied into the daemon
+  uint32_t deduplicated;  // blocks it already held
+  uint32_t saved() const { return stored + deduplicated; }
 };
 
 struct LookupResult {
@@ -179,6 +184,9 @@ struct StatsInfo {
   uint64_t pinned_blocks, copies_in_flight;
   uint32_t connections;
   uint64_t blocks_evicted, data_loss_blocks;
+  // Saves that kept only a prefix (no room: the tiers full of blocks sessions hold), and
+  // the blocks past those prefixes.
+  uint64_t partial_saves = 0, blocks_not_saved = 0;
   std::string device_name;
   uint64_t uptime_ms;
   // The daemon is still filling its memory pools (fill_bytes of them): data requests

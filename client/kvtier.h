@@ -199,6 +199,10 @@ typedef struct kvtier_range_retention {
   kvtier_retention retention;
 } kvtier_range_retention;
 
+/* stored + deduplicated: the leading blocks of the Save the daemon holds now. Fewer
+ * than the Save's blocks when room ran out (its tiers full of blocks sessions hold): a
+ * partial Save kept the longest prefix that fit, perhaps none, and the engine recomputes
+ * the rest next turn. A turn saved in several Saves stops at the first short one. */
 typedef struct kvtier_save_result {
   uint32_t stored;       /* blocks copied into the daemon */
   uint32_t deduplicated; /* blocks the daemon already held */

@@ -156,7 +156,9 @@ Setting fault_nvme_setting() {
 
 Status check_policy(std::string_view text) {
   if (policy::parse_policy_mode(text)) return Status::ok();
-  return invalid_argument("'{}' is not a policy: lru, session or predictive", text);
+  return invalid_argument(
+      "'{}' is not a policy: lru, session, predictive, s3fifo, slru, arc, tinylfu-lru or workload",
+      text);
 }
 
 }  // namespace
@@ -235,7 +237,9 @@ const std::vector<Setting>& settings() {
       duration_setting("plan-interval-ms", &C::plan_interval_ms, kLive,
                        "how often the planner runs (e.g. 100ms)"),
       text_setting("policy", &C::policy, kLive,
-                   "placement policy: lru, session or predictive (docs/policy.md)", check_policy),
+                   "placement policy: lru, session or predictive; or a peer's, as a baseline: "
+                   "s3fifo, slru, arc, tinylfu-lru, workload (docs/policy.md)",
+                   check_policy),
       fraction_setting("ram-high-watermark", &C::ram_high_watermark, 0.05, 1.0, kLive,
                        "RAM fill fraction that starts demotion to NVMe (or eviction)"),
       fraction_setting("ram-low-watermark", &C::ram_low_watermark, 0.0, 1.0, kLive,

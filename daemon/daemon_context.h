@@ -77,6 +77,8 @@ struct Counters {
   uint64_t lookup_hits = 0;
   uint64_t lookup_misses = 0;
   uint64_t bytes_saved = 0;
+  uint64_t partial_saves = 0;     // Saves that stored a prefix: no room for the rest
+  uint64_t blocks_not_saved = 0;  // ... the blocks past it
   uint64_t bytes_loaded = 0;
   uint64_t copies_in_flight = 0;  // moves' copies too (MoveExecutor counts its own work)
 };

@@ -99,6 +99,8 @@ Status AdminService::handle_stats(const ConnectionPtr& c, EngineContext& engine,
     out.setLookupHits(ctx_.counters.lookup_hits);
     out.setLookupMisses(ctx_.counters.lookup_misses);
     out.setBytesSaved(ctx_.counters.bytes_saved);
+    out.setPartialSaves(ctx_.counters.partial_saves);
+    out.setBlocksNotSaved(ctx_.counters.blocks_not_saved);
     out.setBytesLoaded(ctx_.counters.bytes_loaded);
     out.setBytesDemoted(ctx_.mover->counters().bytes_demoted);
     out.setBytesPromoted(ctx_.mover->counters().bytes_promoted);

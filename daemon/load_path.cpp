@@ -126,6 +126,13 @@ Status LoadPath::handle_load(const ConnectionPtr& c, EngineContext& engine, uint
     auto done = [this, c, id, loaded, stop_reason, total, range_bytes,
                  counts_lookups](Status status) {
       const size_t count = loaded->size();
+      // What a peer policy learns from: the blocks read, in prefix order.
+      policy::BlockObserver* observer =
+          status.is_ok() && counts_lookups ? ctx_.planner.observer() : nullptr;
+      std::vector<BlockKey> read;
+      if (observer != nullptr) {
+        for (const PendingLoad::Entry& entry : *loaded) read.push_back(entry.key);
+      }
       // Unpinned now, on the control thread: the device drops its own copy of this
       // completion on one of its threads, which must not be where the pins go.
       loaded->clear();
@@ -139,6 +146,9 @@ Status LoadPath::handle_load(const ConnectionPtr& c, EngineContext& engine, uint
         ctx_.counters.lookup_misses += total - count;
       }
       ctx_.counters.bytes_loaded += count * range_bytes;
+      for (size_t i = 0; i < read.size(); ++i) {
+        observer->block_loaded(read[i], static_cast<uint32_t>(i), ctx_.sessions.now_ms());
+      }
       reply(c, id, [&](wire::Response::Builder response) {
         auto out = response.initLoad();
         out.setLoadedCount(static_cast<uint32_t>(count));

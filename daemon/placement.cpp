@@ -175,17 +175,36 @@ Result<std::optional<PendingWrite>> Placement::reserve_block(const BlockKey& key
         block_bytes);
   }
   // No tier below can take them: drop the coldest blocks, from the slowest tier that
-  // has any to give (RAM may hold only blocks in flight while HBM holds cold ones).
+  // has any to give (RAM may hold only blocks in flight while HBM holds cold ones). A
+  // Save never takes the top tier from blocks sessions hold when a tier below it takes
+  // Saves (a Save that evicted them would cost those sessions their next turn for
+  // blocks that may never be read): it stores the prefix that fits.
+  bool held_refused = false;
   for (auto it = save_tiers.rbegin(); it != save_tiers.rend(); ++it) {
     const Tier victim_tier = *it;
+    const policy::Room rule = victim_tier == save_tiers.front() && save_tiers.size() > 1
+                                  ? policy::Room::kEvictUnheld
+                                  : policy::Room::kEvict;
     auto moves = ctx_.planner.make_room(victim_tier, std::max(room_bytes, block_bytes),
-                                        ctx_.sessions, *ctx_.view);
+                                        ctx_.sessions, *ctx_.view, rule);
     if (moves.empty() && room_bytes > block_bytes) {
-      moves = ctx_.planner.make_room(victim_tier, block_bytes, ctx_.sessions, *ctx_.view);
+      moves = ctx_.planner.make_room(victim_tier, block_bytes, ctx_.sessions, *ctx_.view, rule);
+    }
+    if (moves.empty() && rule == policy::Room::kEvictUnheld) {
+      held_refused =
+          !ctx_.planner.make_room(victim_tier, block_bytes, ctx_.sessions, *ctx_.view).empty();
     }
     if (moves.empty()) continue;
     ctx_.mover->apply(moves);
     return ctx_.store->reserve(key, save_tiers, now_ms(), gpu_part);
+  }
+  if (held_refused) {
+    // Not retryable: waiting would not free it (SavePath stores the prefix before it).
+    return Status(StatusCode::kResourceExhausted,
+                  fmt::format("no room for a {}-byte block: the tiers a Save lands in are full "
+                              "of blocks sessions hold",
+                              block_bytes),
+                  /*retryable=*/false);
   }
   return resource_exhausted(
       "no room for a {}-byte block: every tier is full of blocks that are being copied or read; "

@@ -91,6 +91,19 @@ Result<bool> SavePath::start_save(const ConnectionPtr& c, EngineContext& engine,
     const uint64_t rest = (request.hashes.size() - i) * engine.layout.block_bytes;
     auto slot =
         ctx_.parts.placement->reserve_block(key, engine.layout.block_bytes, engine.gpu_part, rest);
+    if (!slot.is_ok() && slot.status().code() == StatusCode::kResourceExhausted &&
+        !slot.status().retryable()) {
+      // The tiers are full of blocks sessions hold, and waiting would not change that:
+      // the Save stores the prefix before this block (perhaps none of it) and says so;
+      // the engine recomputes the rest next turn.
+      ++ctx_.counters.partial_saves;
+      ctx_.counters.blocks_not_saved += request.hashes.size() - i;
+      KVTIER_LOG_DEBUG("save of session '{}': {} of {} blocks fit ({})", request.session_id, i,
+                       request.hashes.size(), slot.status().message());
+      request.hashes.resize(i);
+      request.engine_block_ids.resize(i);
+      break;
+    }
     if (!slot.is_ok()) {
       // No room even after evicting: the slots reserved so far go back with `save`.
       if (slot.status().code() == StatusCode::kResourceExhausted) return false;
@@ -162,8 +175,18 @@ void SavePath::finish_save(const ConnectionPtr& c, uint64_t id, const EngineCont
   }
   const size_t stored = request.hashes.size() - save.deduplicated;
   ctx_.counters.bytes_saved += stored * engine.layout.block_bytes;
-  auto session =
-      ctx_.sessions.get_or_create(engine.namespace_id, request.session_id, engine.layout_key);
+  if (policy::BlockObserver* observer = ctx_.planner.observer()) {
+    const uint64_t now = ctx_.sessions.now_ms();
+    for (size_t i = 0; i < request.hashes.size(); ++i) {
+      observer->block_saved({engine.layout_key, request.hashes[i]}, static_cast<uint32_t>(i), now);
+    }
+  }
+  // A Save that kept nothing (no room at all) opens no session.
+  const bool nothing_kept = request.hashes.empty() &&
+                            ctx_.sessions.find(engine.namespace_id, request.session_id) == nullptr;
+  auto session = nothing_kept ? Result<policy::Session*>(not_found("nothing kept"))
+                              : ctx_.sessions.get_or_create(engine.namespace_id, request.session_id,
+                                                            engine.layout_key);
   if (session.is_ok()) {
     ctx_.sessions.record_uses(engine.layout_key, request.hashes);
     ctx_.sessions.record_save(**session, request.hashes, request.end_of_turn);
@@ -176,7 +199,9 @@ void SavePath::finish_save(const ConnectionPtr& c, uint64_t id, const EngineCont
     out.setStored(static_cast<uint32_t>(stored));
     out.setDeduplicated(save.deduplicated);
   });
-  if (!session.is_ok()) KVTIER_LOG_WARN("save: {}", session.status().to_string());
+  if (!session.is_ok() && !nothing_kept) {
+    KVTIER_LOG_WARN("save: {}", session.status().to_string());
+  }
   ctx_.parts.placement->plan_soon();
 }
 
@@ -198,8 +223,10 @@ void SavePath::apply_retention(policy::Session& session, const BlockListRequest&
   }
   for (const BlockRangeRetention& range : request.block_retention) {
     const uint64_t until = retention_until(now, range.retention.duration_ms);
-    for (uint32_t i = range.first; i < range.first + range.count; ++i) {
-      // Every block of the Save is the session's now (record_save): this holds.
+    const size_t end = std::min<size_t>(size_t{range.first} + range.count, request.hashes.size());
+    for (size_t i = range.first; i < end; ++i) {
+      // Every block the Save kept is the session's now (record_save): this holds. (A
+      // partial Save kept a prefix: ranges past it have nothing to apply to.)
       (void)ctx_.sessions.set_block_priority({session.layout, request.hashes[i]},
                                              range.retention.priority, until);
     }

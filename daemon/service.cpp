@@ -149,6 +149,7 @@ Status Service::start() {
   }
   KVTIER_RETURN_IF_ERROR(journal_->open_nvme(tiers));
   ctx_.store = std::make_unique<BlockStore>(std::move(tiers));
+  ctx_.store->set_observer(ctx_.planner.observer());  // a peer policy learns from the store
   ctx_.topology = TierTopology::of([this](Tier tier) {
     // The remote tier joins when open_remote() connects it.
     return !TierTopology::traits(tier).key_addressed && ctx_.store->configured(tier);
@@ -354,6 +355,8 @@ void Service::stop(std::function<void()> stopped) {
 void Service::apply_reloaded_config(const DaemonConfig& fresh) {
   ctx_.config = with_reloadable_settings(ctx_.config, fresh);
   ctx_.planner.set_config(planner_config(ctx_.config));
+  // Another policy has another observer (a peer policy starts its history anew).
+  if (ctx_.store != nullptr) ctx_.store->set_observer(ctx_.planner.observer());
 }
 
 std::string Service::status_line() const {

@@ -76,6 +76,13 @@ std::string Service::render_metrics() const {
   out.sample("kvtier_lookup_hits_total", "", ctx_.counters.lookup_hits);
   out.family("kvtier_lookup_misses_total", "counter", "Blocks asked for and not held.");
   out.sample("kvtier_lookup_misses_total", "", ctx_.counters.lookup_misses);
+  out.family("kvtier_partial_saves_total", "counter",
+             "Saves that stored only a prefix: the tiers Saves land in were full of blocks "
+             "sessions hold.");
+  out.sample("kvtier_partial_saves_total", "", ctx_.counters.partial_saves);
+  out.family("kvtier_blocks_not_saved_total", "counter",
+             "Blocks past those prefixes, left for engines to recompute.");
+  out.sample("kvtier_blocks_not_saved_total", "", ctx_.counters.blocks_not_saved);
   out.family("kvtier_moved_bytes_total", "counter",
              "Bytes moved: save (engine to daemon), load (daemon to engine), demote (down a "
              "tier, a policy move), promote (up a tier, a policy move).");

@@ -176,10 +176,6 @@ namespace {
 std::vector<Candidate> peer_order(PlanContext& ctx, const PlanState& plan, Tier tier,
                                   std::vector<Candidate> blocks) {
   if (ctx.peer == nullptr || blocks.empty()) return blocks;
-  const uint64_t block_bytes = std::max<uint64_t>(blocks.front().placement.bytes, 1);
-  for (Tier t : {Tier::kHbm, Tier::kRam, Tier::kNvme}) {
-    ctx.peer->set_capacity(t, plan.capacity(t) / block_bytes);
-  }
   std::vector<BlockKey> keys;
   keys.reserve(blocks.size());
   for (const Candidate& c : blocks) keys.push_back(c.key);

@@ -38,8 +38,9 @@ class Entries {
     BlockKey key;
     uint64_t hash = 0;  // of the key, for TinyLFU's sketch
     std::array<Link, kLocalTierCount> tier;
-    uint64_t named_ms = 0;  // the request that last named it (Save or Load)
+    uint64_t request = 0;   // the request that last named it (Save or Load), by number
     uint32_t position = 0;  // its place in that request
+    bool loaded = false;    // a Load read it since its last Save
   };
 
   uint32_t find(const BlockKey& key) const {
@@ -510,10 +511,9 @@ class PerTierPolicy : public PeerPolicy {
   explicit PerTierPolicy(const Args&... args)
       : tiers_{PerTier(entries_, 0, args...), PerTier(entries_, 1, args...),
                PerTier(entries_, 2, args...)} {}
-  void set_capacity(Tier tier, uint64_t blocks) override {
-    if constexpr (requires(PerTier t) { t.set_capacity(blocks); }) {
-      tiers_[tier_index(tier)].set_capacity(blocks);
-    }
+  void set_capacity(Tier tier, uint64_t bytes) override {
+    tier_bytes_[tier_index(tier)] = bytes;
+    resize();
   }
   void rank(Tier tier, bool, const std::vector<BlockKey>& keys, uint64_t,
             std::vector<double>& ranks) override {
@@ -537,7 +537,7 @@ class PerTierPolicy : public PeerPolicy {
       size_t index;
     };
     std::vector<Item> items(keys.size());
-    std::unordered_map<uint64_t, double> first_of;  // request (its time) → earliest rank
+    std::unordered_map<uint64_t, double> first_of;  // request → earliest rank
     std::vector<uint32_t> ids(keys.size());
     for (size_t i = 0; i < keys.size(); ++i) {
       const uint32_t id = entries_.find(keys[i]);
@@ -546,13 +546,13 @@ class PerTierPolicy : public PeerPolicy {
       const double r = known ? rank_of_[id] : unseen + static_cast<double>(i);
       items[i] = {r, id == kNil ? 0 : entries_[id].position, r, i};
       if (known) {
-        auto [at, inserted] = first_of.try_emplace(entries_[id].named_ms, r);
+        auto [at, inserted] = first_of.try_emplace(entries_[id].request, r);
         if (!inserted) at->second = std::min(at->second, r);
       }
     }
     for (size_t i = 0; i < keys.size(); ++i) {
       if (ids[i] != kNil && epoch_of_[ids[i]] == epoch_) {
-        items[i].group = first_of[entries_[ids[i]].named_ms];
+        items[i].group = first_of[entries_[ids[i]].request];
       }
     }
     std::sort(items.begin(), items.end(), [](const Item& a, const Item& b) {
@@ -563,8 +563,12 @@ class PerTierPolicy : public PeerPolicy {
     ranks.resize(keys.size());
     for (size_t r = 0; r < items.size(); ++r) ranks[items[r].index] = static_cast<double>(r);
   }
-  void block_entered(const BlockKey& key, Tier tier) override {
+  void block_entered(const BlockKey& key, Tier tier, uint64_t bytes) override {
     if (static_cast<size_t>(tier) >= kLocalTierCount) return;
+    if (bytes > block_bytes_) {  // (the largest block seen: a count of blocks never too high)
+      block_bytes_ = bytes;
+      resize();
+    }
     tiers_[tier_index(tier)].entered(entries_.get(key));
     release_dropped(tier);
   }
@@ -587,9 +591,29 @@ class PerTierPolicy : public PeerPolicy {
   }
 
  protected:
-  void name(uint32_t id, uint32_t position, uint64_t now_ms) {
+  // Each tier's size in blocks, once both its bytes and a block's are known.
+  virtual void resize() {
+    if (block_bytes_ == 0) return;
+    for (size_t t = 0; t < kLocalTierCount; ++t) {
+      if (tier_bytes_[t] == 0) continue;
+      if constexpr (requires(PerTier x) { x.set_capacity(uint64_t{1}); }) {
+        tiers_[t].set_capacity(tier_bytes_[t] / block_bytes_);
+      }
+    }
+  }
+  uint64_t capacity_blocks() const {
+    uint64_t total = 0;
+    for (uint64_t bytes : tier_bytes_) total += block_bytes_ ? bytes / block_bytes_ : 0;
+    return total;
+  }
+
+  // A request's blocks come in prefix order: a position not past the last one seen
+  // starts another request.
+  void name(uint32_t id, uint32_t position, uint64_t) {
+    if (position <= last_position_) ++request_;
+    last_position_ = position;
     if (id == kNil) return;  // not held
-    entries_[id].named_ms = now_ms;
+    entries_[id].request = request_;
     entries_[id].position = position;
   }
   void release_dropped(Tier tier) {
@@ -600,6 +624,10 @@ class PerTierPolicy : public PeerPolicy {
 
   Entries entries_;  // before tiers_, which keep its address
   std::array<PerTier, kLocalTierCount> tiers_;
+  uint64_t request_ = 0;
+  uint32_t last_position_ = 0;
+  std::array<uint64_t, kLocalTierCount> tier_bytes_{};
+  uint64_t block_bytes_ = 0;
   std::vector<uint32_t> order_;
   std::vector<double> rank_of_;
   std::vector<uint64_t> epoch_of_;
@@ -609,25 +637,35 @@ class PerTierPolicy : public PeerPolicy {
 class TinyLfuLru final : public PerTierPolicy<TinyLfuTier> {
  public:
   TinyLfuLru() : PerTierPolicy<TinyLfuTier>(sketch_) {}
-  void set_capacity(Tier tier, uint64_t blocks) override {
-    PerTierPolicy<TinyLfuTier>::set_capacity(tier, blocks);
-    capacity_[tier_index(tier)] = blocks;
-    uint64_t total = 0;
-    for (uint64_t c : capacity_) total += c;
-    sketch_.size_for(total);
+  void resize() override {
+    PerTierPolicy<TinyLfuTier>::resize();
+    if (const uint64_t blocks = capacity_blocks(); blocks > 0) sketch_.size_for(blocks);
   }
-  // Every request for a block counts: each turn's Save names its whole prefix once.
+  // Every request for a block counts once: a Load that read it, or a Save of it that
+  // no Load read first (a miss: the engine computed it). A turn's Save of the prefix it
+  // loaded is the same request as its Load.
   void block_saved(const BlockKey& key, uint32_t position, uint64_t now_ms) override {
     const uint32_t id = entries_.find(key);
-    sketch_.add(id == kNil ? BlockKeyHasher{}(key) : entries_[id].hash);
+    if (id == kNil) {
+      sketch_.add(BlockKeyHasher{}(key));
+    } else if (!entries_[id].loaded) {
+      sketch_.add(entries_[id].hash);
+    }
+    if (id != kNil) entries_[id].loaded = false;
     name(id, position, now_ms);
+  }
+  void block_loaded(const BlockKey& key, uint32_t position, uint64_t now_ms) override {
+    PerTierPolicy<TinyLfuTier>::block_loaded(key, position, now_ms);
+    const uint32_t id = entries_.find(key);
+    if (id == kNil) return;
+    sketch_.add(entries_[id].hash);
+    entries_[id].loaded = true;
   }
 
  private:
   // A member of the derived class, built after the base: the base's tiers keep only its
   // address, and nothing reads it before the constructor ends.
   FrequencySketch sketch_;
-  std::array<uint64_t, kLocalTierCount> capacity_{};
 };
 
 // ---- workload-aware: reuse probability by category and turn ----
@@ -639,10 +677,11 @@ class WorkloadAware final : public PeerPolicy {
 
   explicit WorkloadAware(const PlannerConfig& config) : config_(config) {}
 
-  void set_capacity(Tier tier, uint64_t blocks) override { capacity_[tier_index(tier)] = blocks; }
+  void set_capacity(Tier tier, uint64_t bytes) override { capacity_[tier_index(tier)] = bytes; }
 
-  void block_entered(const BlockKey& key, Tier tier) override {
+  void block_entered(const BlockKey& key, Tier tier, uint64_t bytes) override {
     blocks_[key].tiers |= tier_bit(tier);
+    block_bytes_ = std::max(block_bytes_, bytes);
   }
   void block_left(const BlockKey& key, Tier tier, bool) override {
     auto it = blocks_.find(key);
@@ -739,8 +778,8 @@ class WorkloadAware final : public PeerPolicy {
                        horizon_ms);
   }
   void trim_ghosts() {
-    uint64_t held = 0;
-    for (uint64_t c : capacity_) held += c;
+    uint64_t held = 0;  // blocks the tiers hold
+    for (uint64_t bytes : capacity_) held += block_bytes_ ? bytes / block_bytes_ : 0;
     const uint64_t limit = std::max<uint64_t>(held, 1024);
     while (ghosts_.size() > limit) {
       auto it = blocks_.find(ghosts_.front());
@@ -750,7 +789,8 @@ class WorkloadAware final : public PeerPolicy {
   }
 
   PlannerConfig config_;
-  std::array<uint64_t, kLocalTierCount> capacity_{};
+  std::array<uint64_t, kLocalTierCount> capacity_{};  // bytes
+  uint64_t block_bytes_ = 0;
   std::unordered_map<BlockKey, Block, BlockKeyHasher> blocks_;
   std::deque<BlockKey> ghosts_;
   std::array<Stats, kTurns * kDepths> stats_{};

@@ -60,8 +60,9 @@ struct PlannerConfig;
 class BlockObserver {
  public:
   virtual ~BlockObserver() = default;
-  // The block is now resident in `tier` (a Save's new block, or a move that landed).
-  virtual void block_entered(const BlockKey& key, Tier tier) = 0;
+  // The block (`bytes` long) is now resident in `tier` (a Save's new block, or a move
+  // that landed).
+  virtual void block_entered(const BlockKey& key, Tier tier, uint64_t bytes) = 0;
   // It no longer is: `sacrificed` when it was demoted or evicted (what a policy's order
   // of sacrifice chose, or room for a Save), not when it moved up to a faster tier.
   virtual void block_left(const BlockKey& key, Tier tier, bool sacrificed) = 0;
@@ -77,8 +78,11 @@ class PeerPolicy : public BlockObserver {
   static std::unique_ptr<PeerPolicy> make(PolicyMode mode, const PlannerConfig& config);
   static bool is_peer(PolicyMode mode);
 
-  // The tier holds `capacity_blocks` blocks (the planner tells it before ordering).
-  virtual void set_capacity(Tier tier, uint64_t capacity_blocks) = 0;
+  // The tier's size for the policy: the bytes it holds at its low watermark, where a
+  // demotion leaves it (a block entering past it is one that will make another go).
+  // The planner tells it at every plan; in blocks, it is that over the block size the
+  // policy has seen. Until then a tier's size is unknown (TinyLFU admits every block).
+  virtual void set_capacity(Tier tier, uint64_t bytes) = 0;
   // Ranks `keys`, blocks now in `tier`: ranks[i] is keys[i]'s place in the order of
   // sacrifice (lower goes first). A key the policy has not seen ranks after the rest.
   // `leaves_daemon`: `tier` is the slowest, what goes leaves the daemon.

@@ -81,6 +81,7 @@ void Planner::set_config(const PlannerConfig& config) {
 
 std::vector<Move> Planner::plan_demotions(const SessionTable& sessions, const PlacementView& view,
                                           PlanKind kind) const {
+  tell_capacities(view);
   detail::PlanContext ctx(config_, cost_, sessions, view, clock_.now_ms(), peer_.get());
   detail::PlanState plan(view);
   if (!request_scoped()) detail::demote_idle_sessions(ctx, plan, *idle_scan_);
@@ -97,6 +98,7 @@ void Planner::revisit(const SessionTable& sessions, const BlockKey& key) const {
 
 std::vector<Move> Planner::make_room(Tier tier, uint64_t bytes, const SessionTable& sessions,
                                      const PlacementView& view, Room room) const {
+  tell_capacities(view);
   detail::PlanContext ctx(config_, cost_, sessions, view, clock_.now_ms(), peer_.get());
   return record(detail::room_for(ctx, tier, bytes, room));
 }
@@ -133,6 +135,14 @@ std::vector<Move> Planner::plan_promotions(const Session& session,
     used += placement.bytes;
   }
   return record(std::move(moves));
+}
+
+void Planner::tell_capacities(const PlacementView& view) const {
+  if (peer_ == nullptr) return;
+  for (Tier t : {Tier::kHbm, Tier::kRam, Tier::kNvme}) {
+    peer_->set_capacity(t, detail::fraction_of(detail::watermarks_of(config_, t).low,
+                                               view.space(t).capacity_bytes));
+  }
 }
 
 std::vector<Move> Planner::record(std::vector<Move> moves) const {

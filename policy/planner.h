@@ -252,6 +252,8 @@ class Planner {
 
  private:
   std::vector<Move> record(std::vector<Move> moves) const;
+  // A peer policy's tier sizes (PeerPolicy::set_capacity), from the view.
+  void tell_capacities(const PlacementView& view) const;
   // LRU tiering and the peer policies: nothing happens between requests (no idle
   // demotion, nothing on BeginTurn).
   bool request_scoped() const {

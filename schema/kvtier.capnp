@@ -164,6 +164,13 @@ struct BlockRetention {
   retention @2 :Retention;     # overrides the session's for these blocks; later ranges win
 }
 
+# stored + deduplicated: the leading blocks of the Save the daemon holds now. Fewer than
+# Save.blocks when room ran out: when the tiers a Save lands in are full of blocks that
+# sessions hold (and nothing can go down a tier to make room), kvtierd does not evict
+# them for this Save; it stores the longest prefix that fits (perhaps none) and the
+# session records just that prefix. The engine recomputes the rest at the next turn, as
+# for any shorter hit; an engine that splits a turn's Save into several stops at the
+# first short reply (the blocks after it would follow a hole).
 struct SaveReply {
   stored @0 :UInt32;           # blocks copied in by this request
   deduplicated @1 :UInt32;     # blocks already held (or being stored): nothing copied
@@ -261,7 +268,8 @@ struct StatsReply {
   adminPinnedBlocks @16 :UInt64;  # blocks held in place by admin pins (not in pinnedBlocks)
   pinnedSessions @17 :UInt32;  # sessions an admin pinned
   recentMoves @18 :List(PlannerMoves);  # the planner's latest decisions, oldest first
-  policy @19 :Text;            # placement policy: "lru", "session" or "predictive"
+  policy @19 :Text;            # placement policy: "lru", "session", "predictive", or a
+                               # peer's: "s3fifo", "slru", "arc", "tinylfu-lru", "workload"
   gpus @20 :List(GpuStats);    # cuda backend: each served GPU's part of the HBM arena
   starting @21 :Bool;          # the memory pools are still being filled: Save, Load,
                                # BeginTurn and Drain wait (up to startup-wait-ms)
@@ -270,6 +278,9 @@ struct StatsReply {
   nvme @24 :NvmeStats;         # the NVMe tier's health (configured false without one)
   tenants @25 :List(TenantUsage);  # tenants (namespaces) holding blocks, by name: an admin
                                # sees every tenant, an engine its own
+  partialSaves @26 :UInt64;    # Saves that stored only a prefix: the tiers a Save lands in
+                               # were full of blocks sessions hold (SaveReply)
+  blocksNotSaved @27 :UInt64;  # the blocks past those prefixes, left for engines to recompute
 }
 
 struct TenantUsage {

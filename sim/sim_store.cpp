@@ -52,7 +52,7 @@ void SimStore::place(uint64_t id, Tier tier) {
   block.tier = tier;
   block.position = static_cast<uint32_t>(residents.size());
   residents.push_back(static_cast<uint32_t>(id));
-  if (observer_ != nullptr) observer_->block_entered(key_of(id), tier);
+  if (observer_ != nullptr) observer_->block_entered(key_of(id), tier, block_bytes_);
 }
 
 void SimStore::unplace(uint64_t id, Tier to) {

@@ -112,6 +112,7 @@ Result<std::optional<PendingWrite>> BlockStore::reserve(const BlockKey& key,
     entry.last_access_ms = now_ms;
     entry.state = BlockState::kWriting;
     add_resident(layout->first, entry);
+    entered(key, tier.tier);
     change_pins(entry, +1);  // the writer's pin
     ++tier.blocks;
     ++block_count_;
@@ -144,6 +145,7 @@ void BlockStore::abort_write(const BlockKey& key) {
   release_slot(key, entry->location(), layout->second.block_bytes);
   --tier_state(entry->tier)->blocks;
   --block_count_;
+  left(key, entry->tier, false);
   remove_resident(*entry);
   layout->second.blocks.erase(entry, relocated(layout->first));
 }
@@ -262,11 +264,15 @@ void BlockStore::finish_move(const BlockKey& key, bool ok) {
   remove_resident(*entry);
   entry->set_location(target);
   add_resident(layouts_.find(key.layout)->first, *entry);
+  const bool copy_kept =
+      old_tier->keep_copies && target.tier < old.tier && !entry->has_copy && entry->pins == 0;
+  if (!copy_kept) left(key, old.tier, target.tier > old.tier);
+  entered(key, target.tier);
   // A copy is kept only when no reader pins the old slot: then no handle ever names a
   // copy's slot (pins taken from now on name the new place), and a copy may be dropped
   // whenever room is needed, also while its block is pinned up above (an admin's pin
   // holds a block for as long as it likes). With readers, the slot goes as before.
-  if (old_tier->keep_copies && target.tier < old.tier && !entry->has_copy && entry->pins == 0) {
+  if (copy_kept) {
     // The old slot and the index entry naming it stay: the block is immutable, so they
     // hold its bytes for as long as it exists.
     add_copy(key, *entry, old, bytes);
@@ -288,11 +294,13 @@ bool BlockStore::evict(const BlockKey& key) {
   if (entry->state != BlockState::kReady || entry->pins > 0) return false;
   release_slot(key, entry->location(), layout->second.block_bytes);
   if (entry->has_copy) {
-    release_slot(key, take_copy(key, *entry, layout->second.block_bytes),
-                 layout->second.block_bytes);
+    const BlockLocation copy = take_copy(key, *entry, layout->second.block_bytes);
+    left(key, copy.tier, true);
+    release_slot(key, copy, layout->second.block_bytes);
   }
   --tier_state(entry->tier)->blocks;
   --block_count_;
+  left(key, entry->tier, true);
   remove_resident(*entry);
   layout->second.blocks.erase(entry, relocated(layout->first));
   return true;
@@ -323,6 +331,8 @@ Result<BlockLocation> BlockStore::demote_onto_copy(const BlockKey& key) {
   remove_resident(*entry);
   entry->set_location(copy);
   add_resident(layouts_.find(key.layout)->first, *entry);
+  left(key, old.tier, true);
+  entered(key, copy.tier);
   if (entry->pins > 0) {
     deferred_frees_[key] = old;
   } else {
@@ -340,6 +350,7 @@ uint64_t BlockStore::drop_copies(Tier tier, uint64_t bytes) {
     Entry* entry = find(key);
     const uint64_t block = block_bytes(key.layout);
     release_slot(key, take_copy(key, *entry, block), block);
+    left(key, tier, true);
     dropped += block;
   }
   return dropped;
@@ -364,6 +375,7 @@ Status BlockStore::insert_recovered(const BlockKey& key, const BlockLocation& lo
   entry.last_access_ms = last_access_ms;
   entry.state = BlockState::kReady;
   add_resident(layout->first, entry);
+  entered(key, location.tier);
   ++tier->blocks;
   ++block_count_;
   return Status::ok();

@@ -66,6 +66,7 @@
 #include "common/block_key.h"
 #include "common/status.h"
 #include "device/device.h"
+#include "policy/peer_policy.h"
 #include "tiers/block_table.h"
 #include "tiers/slab_allocator.h"
 
@@ -361,6 +362,11 @@ class BlockStore {
   // dense; copies not counted; a namespace past the end, or all zeros, holds nothing).
   using NamespaceBytes = std::array<uint64_t, kLocalTierCount>;
   const std::vector<NamespaceBytes>& namespace_bytes() const { return namespace_bytes_; }
+
+  // Told of every block entering and leaving a tier (a peer policy's history,
+  // policy/peer_policy.h); nullptr: nobody. A promotion that keeps the block's copy in
+  // the tier below leaves it there for the observer, until the copy goes.
+  void set_observer(policy::BlockObserver* observer) { observer_ = observer; }
   std::vector<TierUsage> usage() const;  // configured tiers, fastest first
   TierUsage usage(Tier tier) const;
   bool has_room(Tier tier, uint64_t slot_bytes) const;
@@ -467,7 +473,14 @@ class BlockStore {
   // The copies of the blocks whose Entry::has_copy is set.
   std::unordered_map<BlockKey, Copy, BlockKeyHasher> copies_;
   uint64_t pinned_blocks_ = 0;
-  std::vector<NamespaceBytes> namespace_bytes_;  // kept by add/remove_resident
+  std::vector<NamespaceBytes> namespace_bytes_;
+  policy::BlockObserver* observer_ = nullptr;
+  void entered(const BlockKey& key, Tier tier) const {
+    if (observer_ != nullptr) observer_->block_entered(key, tier, block_bytes(key.layout));
+  }
+  void left(const BlockKey& key, Tier tier, bool sacrificed) const {
+    if (observer_ != nullptr) observer_->block_left(key, tier, sacrificed);
+  }  // kept by add/remove_resident
   uint64_t block_count_ = 0;
   // Shared with the handles; handed to them if the store goes first (~BlockStore).
   std::unique_ptr<detail::StoreAnchor> anchor_;

@@ -100,6 +100,7 @@ class TurnResult:
     lookup_tiers: list[str] = dataclasses.field(default_factory=list)
     saved_blocks: int = 0  # kvtier: blocks this turn's save copied
     deduplicated_blocks: int = 0  # kvtier: blocks the daemon already held
+    unsaved_blocks: int = 0  # kvtier: blocks past a partial Save (no room): recomputed
 
     def logits_digest(self) -> str:
         """SHA-256 of the logits' bytes: equal digests ⇔ bit-identical logits."""
@@ -334,6 +335,11 @@ class Engine:
                                              end_of_turn=index == len(chunks) - 1)
                     result.saved_blocks += saved.stored
                     result.deduplicated_blocks += saved.deduplicated
+                    if saved.saved < len(chunk):
+                        # A partial Save: kvtierd kept the prefix that fit. The rest
+                        # is recomputed next turn; later chunks would follow a hole.
+                        result.unsaved_blocks += full_blocks - (index * len(chunks[0]) + saved.saved)
+                        break
             except (kvtier.Unavailable, kvtier.ResourceExhausted) as error:
                 print(f"torch-engine: turn not saved to kvtier: {error}", file=sys.stderr)
             finally:

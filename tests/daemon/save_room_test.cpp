@@ -104,5 +104,101 @@ TEST_F(SaveRoomTest, ASaveLargerThanRamIsRefusedWithoutLosingWhatIsHeld) {
   expect_whole("a", a, 16);
 }
 
+// A Save never takes HBM from blocks sessions hold when nothing below can make room: it
+// stores the prefix that fits and says so. HBM and RAM, 8 slots each, no NVMe; RAM's
+// blocks are pinned by an admin, so nothing in RAM can go either.
+class PartialSaveTest : public HandlerTest {
+ protected:
+  static constexpr uint32_t kSlots = 8;
+  DaemonConfig daemon_config() const override {
+    DaemonConfig config = inprocess_config();
+    config.hbm_bytes = 256ull << 10;
+    config.ram_bytes = 256ull << 10;
+    config.nvme_bytes = 0;
+    config.hbm_high_watermark = config.hbm_low_watermark = 1.0;
+    config.ram_high_watermark = config.ram_low_watermark = 1.0;
+    config.hbm_idle_ms = config.ram_idle_ms = 3'600'000;  // on the manual clock: never
+    config.save_room_wait_ms = 1'000;
+    return config;
+  }
+  PagedCacheShape shape() const override { return integration::small_shape(/*num_blocks=*/64); }
+};
+
+TEST_F(PartialSaveTest, AFullHbmOfHeldBlocksKeepsThemAndTheSaveStoresThePrefixThatFits) {
+  const auto held = PagedCache::chain_hashes("held", kSlots - 2);  // HBM: 2 slots free
+  const auto pinned = PagedCache::chain_hashes("pinned", kSlots);  // RAM: full
+  const auto fresh = PagedCache::chain_hashes("fresh", 4);
+  ASSERT_TRUE(save_hashes(*engine_, "held", held, 0).is_ok());
+  ASSERT_TRUE(save(*engine_, "filler", 2, 6).is_ok());  // HBM full, so "pinned" goes to RAM
+  ASSERT_TRUE(save_hashes(*engine_, "pinned", pinned, 8).is_ok());
+  auto pin = engine_->client->pin("pinned", "", true);
+  ASSERT_TRUE(pin.is_ok()) << pin.status().to_string();
+  ASSERT_TRUE(engine_->client->evict("filler", "").is_ok());
+  auto placed = wait_until_settled();
+  ASSERT_TRUE(placed.is_ok()) << placed.status().to_string();
+  ASSERT_EQ(integration::find_tier(*placed, Tier::kHbm)->blocks, held.size());
+  ASSERT_EQ(integration::find_tier(*placed, Tier::kRam)->blocks, pinned.size());
+  daemon_->advance_clock_ms(10);
+
+  auto saved = save_hashes(*engine_, "fresh", fresh, 20);
+  ASSERT_TRUE(saved.is_ok()) << "a Save with no room for all of it keeps a prefix: "
+                             << saved.status().to_string();
+  EXPECT_EQ(saved->stored, 2u);
+  EXPECT_EQ(saved->deduplicated, 0u);
+  EXPECT_EQ(saved->saved(), 2u) << "the engine learns how much was kept";
+  auto stats = wait_until_settled();
+  ASSERT_TRUE(stats.is_ok()) << stats.status().to_string();
+  EXPECT_EQ(stats->blocks_evicted, placed->blocks_evicted)
+      << "no block a session holds made room for the Save";
+  EXPECT_EQ(stats->partial_saves, 1u);
+  EXPECT_EQ(stats->blocks_not_saved, 2u);
+  EXPECT_TRUE(NoLeakedSlots(*stats, block_bytes()));
+  auto session = engine_->client->get_session("fresh");
+  ASSERT_TRUE(session.is_ok()) << session.status().to_string();
+  EXPECT_EQ(session->blocks, 2u) << "the session records the prefix kept";
+  auto hits = engine_->client->lookup(fresh);
+  ASSERT_TRUE(hits.is_ok()) << hits.status().to_string();
+  EXPECT_EQ(hits->hit_count, 2u);
+
+  // Every held block is still the engine's, bit-exact.
+  auto loaded = load(*engine_, "held", held, 32);
+  ASSERT_TRUE(loaded.is_ok()) << loaded.status().to_string();
+  EXPECT_EQ(loaded->reply.loaded_count, held.size());
+  EXPECT_EQ(loaded->verified, held.size());
+
+  // With room again, the next turn's Save stores the rest (the engine recomputed it).
+  ASSERT_TRUE(engine_->client->pin("pinned", "", false).is_ok());
+  ASSERT_TRUE(engine_->client->evict("pinned", "").is_ok());
+  ASSERT_TRUE(wait_until_settled().is_ok());
+  auto again = save_hashes(*engine_, "fresh", fresh, 20);
+  ASSERT_TRUE(again.is_ok()) << again.status().to_string();
+  EXPECT_EQ(again->deduplicated, 2u);
+  EXPECT_EQ(again->stored, 2u);
+  auto whole = load(*engine_, "fresh", fresh, 40);
+  ASSERT_TRUE(whole.is_ok()) << whole.status().to_string();
+  EXPECT_EQ(whole->verified, fresh.size());
+}
+
+// Nothing fits: the Save keeps nothing, says so, and opens no session.
+TEST_F(PartialSaveTest, ASaveWithNoRoomAtAllKeepsNothingAndOpensNoSession) {
+  const auto held = PagedCache::chain_hashes("held", kSlots);
+  const auto pinned = PagedCache::chain_hashes("pinned", kSlots);
+  ASSERT_TRUE(save_hashes(*engine_, "held", held, 0).is_ok());
+  ASSERT_TRUE(save_hashes(*engine_, "pinned", pinned, 8).is_ok());
+  ASSERT_TRUE(wait_until_settled().is_ok());
+  ASSERT_TRUE(engine_->client->pin("pinned", "", true).is_ok());
+  auto saved = save(*engine_, "none", 3, 20);
+  ASSERT_TRUE(saved.is_ok()) << saved.status().to_string();
+  EXPECT_EQ(saved->saved(), 0u);
+  EXPECT_FALSE(engine_->client->get_session("none").is_ok());
+  auto stats = wait_until_settled();
+  ASSERT_TRUE(stats.is_ok()) << stats.status().to_string();
+  EXPECT_EQ(stats->blocks_evicted, 0u);
+  EXPECT_EQ(stats->blocks_not_saved, 3u);
+  auto loaded = load(*engine_, "held", held, 32);
+  ASSERT_TRUE(loaded.is_ok()) << loaded.status().to_string();
+  EXPECT_EQ(loaded->verified, held.size());
+}
+
 }  // namespace
 }  // namespace kvtier::daemon

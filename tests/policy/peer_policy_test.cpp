@@ -17,8 +17,8 @@ namespace {
 using fake::key_of;
 using Order = std::vector<int>;
 
-// One tier (HBM) of a peer policy; every event a request of its own (so no two blocks
-// are "used together").
+// One tier (HBM) of a peer policy, blocks of 1 byte (so a capacity in bytes is one in
+// blocks); every event a request of its own (so no two blocks are "used together").
 class Peer {
  public:
   Peer(PolicyMode mode, uint64_t capacity, PlannerConfig config = {})
@@ -27,7 +27,7 @@ class Peer {
   }
   // A Save stores it: it enters the tier.
   void enter(int n, uint32_t position = 0) {
-    policy_->block_entered(key_of(static_cast<uint8_t>(n)), Tier::kHbm);
+    policy_->block_entered(key_of(static_cast<uint8_t>(n)), Tier::kHbm, 1);
     save(n, position);
   }
   void save(int n, uint32_t position = 0) {
@@ -227,7 +227,7 @@ TEST(PeerPolicyTest, ARequestsBlocksGoTailFirst) {
     std::vector<BlockKey> keys;
     for (uint8_t n = 1; n <= 4; ++n) {  // one Save: positions 0..3, in that order
       keys.push_back(key_of(n));
-      policy->block_entered(keys.back(), Tier::kHbm);
+      policy->block_entered(keys.back(), Tier::kHbm, 1);
     }
     for (uint32_t i = 0; i < keys.size(); ++i) policy->block_saved(keys[i], i, 1000);
     std::vector<double> ranks;

@@ -36,8 +36,21 @@ class BlockPriority:
 
 @dataclasses.dataclass(frozen=True)
 class SaveResult:
+    """What a Save kept: ``saved`` (stored + deduplicated) leading blocks of it.
+
+    Fewer than the Save's blocks when the daemon ran out of room (its tiers full of
+    blocks sessions hold): a partial Save keeps the longest prefix that fits, perhaps
+    none, and the engine recomputes the rest next turn. A turn saved in several Saves
+    stops at the first short one.
+    """
+
     stored: int  # blocks copied into the daemon by this save
     deduplicated: int  # blocks it already held: nothing copied
+
+    @property
+    def saved(self) -> int:
+        """Leading blocks of the Save the daemon holds now."""
+        return self.stored + self.deduplicated
 
 
 @dataclasses.dataclass(frozen=True)

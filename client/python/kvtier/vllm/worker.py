@@ -97,6 +97,7 @@ class _Save:
     pendings: list[Pending]  # one per chunk of at most max_blocks_per_request blocks
     sent_s: float
     reported: bool = False
+    chunk_blocks: list[int] = dataclasses.field(default_factory=list)  # each pending's blocks
 
 
 class WorkerSide:
@@ -405,10 +406,12 @@ class WorkerSide:
         chunk = getattr(client.hello_info, "max_blocks_per_request", 0) or count
         blocks = list(zip(job.hashes, targets))
         pendings: list[Pending] = []
+        chunk_blocks: list[int] = []
         try:
             for start in range(0, count, chunk):
                 pendings.append(client.save_async(job.session_id, blocks[start:start + chunk],
                                                   start + chunk >= count, priority=job.priority))
+                chunk_blocks.append(len(blocks[start:start + chunk]))
         except KvtierError:
             COUNTERS.add("save_errors")
             if not pendings:
@@ -419,7 +422,8 @@ class WorkerSide:
                 return
             # The chunks sent may still read their slots: they go back with the replies.
         COUNTERS.add("saves")
-        self._saves.append(_Save(job, slots, pendings, time.monotonic()))
+        self._saves.append(_Save(job, slots, pendings, time.monotonic(),
+                                 chunk_blocks=chunk_blocks[:len(pendings)]))
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         self._reap()
@@ -448,17 +452,27 @@ class WorkerSide:
         now = time.monotonic()
         for save in self._saves:
             if all(pending.done() for pending in save.pendings):
-                stored, failed = 0, False
-                for pending in save.pendings:
+                stored, kept, short, failed = 0, 0, False, False
+                for pending, blocks in zip(save.pendings, save.chunk_blocks):
                     try:
-                        stored += pending.result().stored
+                        result = pending.result()
                     except KvtierError:
                         failed = True
+                        continue
+                    stored += result.stored
+                    if not short:
+                        kept += result.saved
+                        # A partial Save (kvtierd out of room): the prefix it kept is
+                        # what the session holds; chunks after it follow a hole.
+                        short = result.saved < blocks
                 if failed:
                     COUNTERS.add("save_errors")
                     COUNTERS.add("save_dropped_blocks", len(save.job.hashes))
                 else:
-                    COUNTERS.add("saved_blocks", len(save.job.hashes))
+                    if short:
+                        COUNTERS.add("save_partial")
+                        COUNTERS.add("save_dropped_blocks", len(save.job.hashes) - kept)
+                    COUNTERS.add("saved_blocks", kept)
                 COUNTERS.add("saved_bytes", stored * self._shape.block_bytes)
                 if save.slots:
                     self._slots.give(save.slots)
