@@ -48,10 +48,18 @@ bool PlanContext::idle_for_threshold(const Session& session, Tier tier) const {
 
 double PlanContext::probability(const Session& session, Tier horizon) {
   if (session.priority > kDefaultPriority) return 1.0;
+  // Once per session and horizon per call: a session is asked about once per block.
+  const size_t h = std::min<size_t>(static_cast<size_t>(horizon), kTierCount);
+  auto [it, inserted] = probabilities_.try_emplace(&session);
+  if (!inserted && it->second[h] >= 0) return it->second[h];
+  if (inserted) it->second.fill(-1);
   // Sessions leave an engine-facing tier after its idle threshold; leaving the daemon
   // (kNone) loses the block for every later turn.
-  if (!TierTopology::traits(horizon).engine_facing) return predictor().probability_ever(session);
-  return predictor().probability_within(session, idle_threshold_of(config, horizon));
+  const double p = !TierTopology::traits(horizon).engine_facing
+                       ? predictor().probability_ever(session)
+                       : predictor().probability_within(session, idle_threshold_of(config, horizon));
+  it->second[h] = p;
+  return p;
 }
 
 bool PlanContext::past_threshold(const Session& session, Tier tier) {

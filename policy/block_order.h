@@ -11,6 +11,7 @@
 // Thread-safety: none; values local to one planning call.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <unordered_map>
@@ -75,6 +76,9 @@ class PlanContext {
   double probability(const Session& session, Tier horizon);
 
   std::optional<ReturnPredictor> predictor_;
+  // probability() per session, by horizon (index: the tier, kTierCount for kNone); -1:
+  // not asked yet.
+  std::unordered_map<const Session*, std::array<double, kTierCount + 1>> probabilities_;
   std::unordered_map<BlockKey, uint8_t, BlockKeyHasher> wanted_;  // bit t: judged, bit 4+t: wanted
 };
 

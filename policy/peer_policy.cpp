@@ -41,6 +41,7 @@ class Entries {
     uint64_t request = 0;   // the request that last named it (Save or Load), by number
     uint32_t position = 0;  // its place in that request
     bool loaded = false;    // a Load read it since its last Save
+    bool live = false;      // the id is in use (not on the free list)
   };
 
   uint32_t find(const BlockKey& key) const {
@@ -61,14 +62,20 @@ class Entries {
     }
     entries_[id].key = key;
     entries_[id].hash = BlockKeyHasher{}(key);
+    entries_[id].live = true;
     it->second = id;
     return id;
   }
+  // Idempotent: an id a ghost queue dropped may be released again by the event that
+  // made the drop.
   void release_if_unused(uint32_t id) {
-    for (const Link& link : entries_[id].tier) {
+    Entry& entry = entries_[id];
+    if (!entry.live) return;
+    for (const Link& link : entry.tier) {
       if (link.queue != 0) return;
     }
-    ids_.erase(entries_[id].key);
+    ids_.erase(entry.key);
+    entry.live = false;
     free_.push_back(id);
   }
   Entry& operator[](uint32_t id) { return entries_[id]; }

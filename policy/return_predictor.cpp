@@ -45,13 +45,7 @@ Counts prior_hazards() {
   return out;
 }
 
-// Where `t_ms` lies inside its bin, 0..1, in the bin's own (log) scale.
-double fraction_in_bin(int bin, double t_ms) {
-  if (bin == 0) return std::clamp(t_ms / GapModel::kFirstBinMs, 0.0, 1.0);
-  if (bin == kBins - 1) return 0;  // open-ended: the curve is flat there
-  return std::clamp(std::log(t_ms / GapModel::bin_start_ms(bin)) / std::log(GapModel::kBinRatio),
-                    0.0, 1.0);
-}
+const double kLogBinRatio = std::log(GapModel::kBinRatio);
 
 }  // namespace
 
@@ -100,8 +94,17 @@ double ReturnPredictor::idle_ms(const Session& session) const {
 
 double ReturnPredictor::survival(int stratum, double t_ms) const {
   const Curve& curve = curves_[std::clamp(stratum, 0, kStrata - 1)];
-  const int bin = GapModel::bin_of(t_ms);
-  const double fraction = fraction_in_bin(bin, t_ms);
+  // The bin (GapModel::bin_of) and where t_ms lies inside it, 0..1 in the bin's own
+  // (log) scale, from one logarithm.
+  int bin = 0;
+  double fraction;
+  if (!(t_ms >= GapModel::kFirstBinMs)) {
+    fraction = std::clamp(t_ms / GapModel::kFirstBinMs, 0.0, 1.0);
+  } else {
+    const double steps = std::log(t_ms / GapModel::kFirstBinMs) / kLogBinRatio;
+    bin = std::min(1 + static_cast<int>(std::floor(steps + 1e-9)), kBins - 1);
+    fraction = bin == kBins - 1 ? 0 : std::clamp(steps - (bin - 1), 0.0, 1.0);
+  }
   if (fraction <= 0) return curve.start[bin];
   return curve.start[bin] * std::exp(curve.log_stay[bin] * fraction);
 }

@@ -217,6 +217,27 @@ TEST(WorkloadAwareTest, AgeLowersTheValueOfAWaitingBlock) {
   EXPECT_EQ(p.order({101, 100}, true), (Order{100, 101}));
 }
 
+// A ghost dropped as soon as it is made (a one-block tier) frees its block's id once:
+// two blocks never come to share one.
+TEST(PeerPolicyTest, AGhostDroppedAtOnceFreesItsIdOnce) {
+  for (PolicyMode mode : {PolicyMode::kS3Fifo, PolicyMode::kArc}) {
+    Peer p(mode, 1);
+    p.enter(1);
+    p.enter(2);
+    p.leave(1);  // its key to the ghost, which is over its size at once
+    p.enter(3);
+    p.enter(4);
+    Order order = p.order({2, 3, 4});
+    std::sort(order.begin(), order.end());
+    EXPECT_EQ(order, (Order{2, 3, 4})) << policy_mode_name(mode);
+    p.leave(3);
+    p.leave(4);
+    p.leave(2);
+    p.enter(5);
+    EXPECT_EQ(p.order({5}), (Order{5})) << policy_mode_name(mode);
+  }
+}
+
 // ---- every per-tier peer: blocks one request named go together, tail first ----
 
 TEST(PeerPolicyTest, ARequestsBlocksGoTailFirst) {
