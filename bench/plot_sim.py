@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
-"""Plots `kvtier-bench sim --json` output: modeled TTFT and hit rate per policy, by budget.
+"""Plots `kvtier-bench sim --json` output: modeled mean TTFT per policy per budget, one
+panel per workload (kvtier's policies, LRU tiering, the peers' policies and the optimum).
 
 Usage:
-    build/kvtier-bench sim --json > bench/results/sim.json
-    python3 bench/plot_sim.py bench/results/sim.json bench/results/sim.png
+    build/kvtier-bench sim --workload all --json > bench/results/sim.json
+    /usr/bin/python3 bench/plot_sim.py bench/results/sim.json bench/results/sim.png
 
 Needs matplotlib (Debian: apt-get install python3-matplotlib; that package is for the
 system interpreter, /usr/bin/python3). Nothing else in the build or tests needs it.
@@ -17,12 +18,18 @@ import matplotlib
 matplotlib.use("Agg")  # no display needed
 import matplotlib.pyplot as plt  # noqa: E402
 
-POLICIES = {
-    1: "1 HBM only, LRU",
-    2: "2 LRU tiering",
-    3: "3 session-aware",
-    4: "4 predictive",
-}
+POLICIES = [
+    ("p2", "2 LRU tiering", "-"),
+    ("s3fifo", "S3-FIFO", "--"),
+    ("slru", "SLRU", "--"),
+    ("arc", "ARC", "--"),
+    ("tinylfu", "TinyLFU + LRU", "--"),
+    ("workload", "workload-aware", "--"),
+    ("p3", "3 session-aware", "-"),
+    ("p4", "4 predictive", "-"),
+    ("p8", "offline optimum", ":"),
+]
+WORKLOADS = ["trace", "long-chats", "one-shot", "doc-qa", "agents"]
 
 
 def budget_bytes(text):
@@ -35,6 +42,10 @@ def budget_bytes(text):
     return total
 
 
+def prefix(workload):
+    return "" if workload == "trace" else workload + "_"
+
+
 def main():
     if len(sys.argv) != 3:
         sys.exit(__doc__)
@@ -44,48 +55,48 @@ def main():
     budgets = sorted((k for k in config if re.fullmatch(r"b\d+", k)),
                      key=lambda k: budget_bytes(config[k]))
     labels = [f"{b}\n" + config[b].replace(".0 ", " ").replace("/", " / ") for b in budgets]
-    xs = range(len(budgets))
+    xs = list(range(len(budgets)))
+    workloads = [w for w in WORKLOADS if f"{prefix(w)}{budgets[0]}_p2_ttft_mean_ms" in results]
 
-    fig, (ttft_ax, hit_ax) = plt.subplots(1, 2, figsize=(12, 4.8))
-    for policy, name in POLICIES.items():
-        ttft = [results.get(f"{b}_p{policy}_ttft_mean_ms") for b in budgets]
-        hits = [results.get(f"{b}_p{policy}_hit_rate") for b in budgets]
-        if any(v is None for v in ttft):
-            continue
-        ttft_ax.plot(xs, ttft, marker="o", label=name)
-        hit_ax.plot(xs, [100 * h for h in hits], marker="o", label=name)
-    ideal_ttft = results["ideal_ttft_mean_ms"]
-    ideal_hit = 100 * results["ideal_hit_rate"]
-    ttft_ax.axhline(ideal_ttft, color="gray", linestyle="--", label="infinite cache")
-    for key, style, name in (("ideal_from_ram_ttft_mean_ms", "-.", "infinite, read from RAM"),
-                             ("ideal_from_nvme_ttft_mean_ms", ":", "infinite, read from NVMe")):
-        if key in results:
-            ttft_ax.axhline(results[key], color="gray", linestyle=style, label=name)
-    hit_ax.axhline(ideal_hit, color="gray", linestyle="--", label="infinite cache")
-    lru = [results.get(f"{b}_p2_ttft_mean_ms") for b in budgets]
-    if all(v is not None for v in lru):
-        ttft_ax.plot(xs, [0.7 * v for v in lru], color="red", linestyle=":", linewidth=1,
-                     label="target: 0.7 x policy 2")
-
-    ttft_ax.set_title("Modeled mean TTFT (lower is better)")
-    ttft_ax.set_ylabel("ms")
-    hit_ax.set_title("Blocks loaded from the daemon (hit rate)")
-    hit_ax.set_ylabel("% of requested blocks")
-    for ax in (ttft_ax, hit_ax):
-        ax.set_xticks(list(xs))
-        ax.set_xticklabels(labels, fontsize=8)
-        ax.set_xlabel("budget (HBM / RAM / NVMe), tightest first")
+    columns = min(3, len(workloads))
+    rows = (len(workloads) + columns - 1) // columns
+    fig, axes = plt.subplots(rows, columns, figsize=(5.2 * columns, 4.4 * rows), squeeze=False)
+    panels = [ax for row in axes for ax in row]
+    for ax in panels[len(workloads):]:
+        ax.set_visible(False)
+    for ax, workload in zip(panels, workloads):
+        p = prefix(workload)
+        for key, name, style in POLICIES:
+            ttft = [results.get(f"{p}{b}_{key}_ttft_mean_ms") for b in budgets]
+            if any(v is None for v in ttft):
+                continue
+            width = 2.2 if key == "p4" else 1.2
+            ax.plot(xs, ttft, marker="o", linestyle=style, linewidth=width, label=name)
+        ideal = results.get(p + "ideal_ttft_mean_ms")
+        if ideal is not None:
+            ax.axhline(ideal, color="gray", linestyle=":", linewidth=1, label="infinite cache")
+        ax.set_title(f"{workload}: mean TTFT (lower is better)", fontsize=10)
+        ax.set_ylabel("ms")
+        ax.set_xticks(xs)
+        ax.set_xticklabels(labels, fontsize=7)
+        ax.set_xlabel("budget (HBM / RAM / NVMe), tightest first", fontsize=8)
         ax.grid(True, alpha=0.3)
-        ax.set_ylim(bottom=0)
-    ttft_ax.legend(fontsize=8)
-    cfg = config
+        ax.set_yscale("log")
+    handles, names = panels[0].get_legend_handles_labels()
+    if len(workloads) < len(panels):
+        panels[-1].set_visible(True)
+        panels[-1].axis("off")
+        panels[-1].legend(handles, names, loc="center", fontsize=9)
+    else:
+        panels[0].legend(fontsize=7)
     fig.suptitle(
-        f"kvtier-bench sim: {cfg['requests']} requests, {cfg['follow_up_turns']} follow-up turns; "
-        f"{cfg['kv_bytes_per_token'] // 1024} KiB/token, RAM {cfg['ram_gbps']} GB/s, "
-        f"NVMe {cfg['nvme_gbps']} GB/s, prefill {cfg['prefill_tokens_per_s']:.0f} tok/s",
+        f"kvtier-bench sim, seed {config.get('seed', 1)}: kvtier's policies against LRU tiering\n"
+        f"and the peers' (S3-FIFO, SLRU, ARC, TinyLFU, workload-aware); "
+        f"RAM {config['ram_gbps']} GB/s, NVMe {config['nvme_gbps']} GB/s, "
+        f"prefill {config['prefill_tokens_per_s']:.0f} tok/s",
         fontsize=10)
     fig.tight_layout()
-    fig.savefig(sys.argv[2], dpi=110)
+    fig.savefig(sys.argv[2], dpi=100)
 
 
 if __name__ == "__main__":
