@@ -191,8 +191,13 @@ Result<std::optional<PendingWrite>> Placement::reserve_block(const BlockKey& key
       moves = ctx_.planner.make_room(victim_tier, block_bytes, ctx_.sessions, *ctx_.view, rule);
     }
     if (moves.empty() && rule == policy::Room::kEvictUnheld) {
-      held_refused =
-          !ctx_.planner.make_room(victim_tier, block_bytes, ctx_.sessions, *ctx_.view).empty();
+      // Were there blocks the old rule would have evicted (movable, held)? Then the
+      // room is not coming: the Save keeps a prefix. (Asked of the view, not the
+      // planner: a plan would be recorded among its recent moves.)
+      ctx_.view->for_each_in_tier(
+          victim_tier, [&](const BlockKey&, const policy::PlacementView::BlockPlacement& p) {
+            if (p.movable && p.session_refs > 0) held_refused = true;
+          });
     }
     if (moves.empty()) continue;
     ctx_.mover->apply(moves);
