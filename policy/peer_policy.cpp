@@ -156,8 +156,7 @@ class S3FifoTier {
   static constexpr double kGhostShare = 0.90;
   static constexpr uint8_t kMaxFreq = 3;
 
-  S3FifoTier(Entries& e, size_t tier)
-      : small_(e, tier, 1), main_(e, tier, 2), ghost_(e, tier, 3), e_(&e) {}
+  S3FifoTier(Entries& e, size_t tier) : small_(e, tier, 1), main_(e, tier, 2), ghost_(e, tier, 3) {}
   void set_capacity(uint64_t blocks) { capacity_ = std::max<uint64_t>(blocks, 1); }
   void entered(uint32_t id) {
     if (small_.holds(id) || main_.holds(id)) return;
@@ -260,7 +259,6 @@ class S3FifoTier {
   }
 
   IdQueue small_, main_, ghost_;
-  Entries* e_;
   uint64_t capacity_ = 1;
   std::vector<uint32_t> dropped_;
 };
