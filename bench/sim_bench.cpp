@@ -276,10 +276,11 @@ void run_workload(BenchReport& report, const Workload& workload, const std::stri
     report.result(cell + sim_policy_key(kOurs) + "_gap_closed_from_best_baseline",
                   gap_closed(*ours, *best, *optimum));
     best_baseline_ratios.push_back(ratio);
-    report.note(fmt::format("  best baseline: {} ({:.0f} ms); {} is {:.3f} x it, closing {:.2f} of "
-                            "its gap to the optimum",
-                            sim_policy_label(best->policy), best->ttft_mean_ms,
-                            sim_policy_label(kOurs), ratio, gap_closed(*ours, *best, *optimum)));
+    report.note(
+        fmt::format("  best baseline: {} ({:.0f} ms); {} is {:.3f} x it, closing {:.2f} of "
+                    "its gap to the optimum",
+                    sim_policy_label(best->policy), best->ttft_mean_ms, sim_policy_label(kOurs),
+                    ratio, gap_closed(*ours, *best, *optimum)));
     report.note("");
   }
   if (std::find(policies.begin(), policies.end(), SimPolicy::kPredictive) == policies.end() ||
@@ -389,8 +390,7 @@ Result<BenchReport> run_sim_bench(const SimOptions& options) {
     workload_config.engines = options.engines >= 0 ? static_cast<uint32_t>(options.engines)
                                                    : derived_engines(w.trace, *config);
     report.config(prefix + "engines", static_cast<int64_t>(workload_config.engines));
-    run_workload(report, w, prefix, workload_config, budgets, policies, jobs,
-                 best_baseline_ratios);
+    run_workload(report, w, prefix, workload_config, budgets, policies, jobs, best_baseline_ratios);
   }
   if (!best_baseline_ratios.empty()) {
     double sum = 0;

@@ -55,9 +55,10 @@ double PlanContext::probability(const Session& session, Tier horizon) {
   if (inserted) it->second.fill(-1);
   // Sessions leave an engine-facing tier after its idle threshold; leaving the daemon
   // (kNone) loses the block for every later turn.
-  const double p = !TierTopology::traits(horizon).engine_facing
-                       ? predictor().probability_ever(session)
-                       : predictor().probability_within(session, idle_threshold_of(config, horizon));
+  const double p =
+      !TierTopology::traits(horizon).engine_facing
+          ? predictor().probability_ever(session)
+          : predictor().probability_within(session, idle_threshold_of(config, horizon));
   it->second[h] = p;
   return p;
 }
