@@ -109,10 +109,11 @@ Result<T> Client::call(const std::function<void(wire::Request::Builder)>& fill,
 }
 
 Result<HelloInfo> Client::hello(const LayoutSpec& layout, const std::string& engine_name,
-                                double prefill_tokens_per_second, DeviceKind device_kind) {
+                                double prefill_tokens_per_second, DeviceKind device_kind,
+                                DataPath data_path) {
   auto info = call<HelloInfo>(
       [&](wire::Request::Builder request) {
-        fill_hello(request, layout, engine_name, prefill_tokens_per_second, device_kind);
+        fill_hello(request, layout, engine_name, prefill_tokens_per_second, device_kind, data_path);
       },
       decode_hello);
   if (info.is_ok()) {
@@ -121,10 +122,12 @@ Result<HelloInfo> Client::hello(const LayoutSpec& layout, const std::string& eng
                          engine_name,
                          prefill_tokens_per_second,
                          device_kind,
+                         data_path,
                          info->layout_digest,
                          info->namespace_name,
                          info->retention_priorities,
-                         info->load_plane_ranges};
+                         info->load_plane_ranges,
+                         info->staging};
   }
   return info;
 }
@@ -258,8 +261,21 @@ Pending<SaveResult> Client::save_async(const std::string& session_id,
           decode);
     }
   }
+  if (options.staging) {
+    std::lock_guard lock(send_mutex_);
+    if (hello_ && !hello_->staging) {
+      // An older daemon would drop the field and read the engine's blocks instead.
+      return Pending<SaveResult>(
+          this, not_supported("this kvtierd predates staged Saves").with_retryable(false), decode);
+    }
+  }
   auto id = send([&](wire::Request::Builder request) {
     auto save = request.initSave();
+    if (options.staging) {
+      auto staging = save.initStaging();
+      staging.setRegionId(options.staging->region_id);
+      staging.setOffsetBytes(options.staging->offset_bytes);
+    }
     save.setSessionId(session_id);
     save.setEndOfTurn(end_of_turn);
     fill_blocks(save.initBlocks(static_cast<unsigned>(blocks.size())), blocks);
@@ -301,7 +317,8 @@ Pending<LookupResult> Client::lookup_async(std::span<const BlockHash> hashes) {
 }
 
 Pending<LoadResult> Client::load_async(const std::string& session_id,
-                                       std::span<const BlockRef> blocks, PlaneRange planes) {
+                                       std::span<const BlockRef> blocks, PlaneRange planes,
+                                       std::optional<StagingRef> staging) {
   auto decode = [](wire::Response::Reader response) -> Result<LoadResult> {
     if (!response.isLoad()) return unexpected_reply(response, "Load");
     auto reply = response.getLoad();
@@ -322,9 +339,22 @@ Pending<LoadResult> Client::load_async(const std::string& session_id,
           decode);
     }
   }
+  if (staging) {
+    std::lock_guard lock(send_mutex_);
+    if (hello_ && !hello_->staging) {
+      // An older daemon would drop the field and write into the engine's blocks instead.
+      return Pending<LoadResult>(
+          this, not_supported("this kvtierd predates staged Loads").with_retryable(false), decode);
+    }
+  }
   auto id = send([&](wire::Request::Builder request) {
     auto load = request.initLoad();
     load.setSessionId(session_id);
+    if (staging) {
+      auto target = load.initStaging();
+      target.setRegionId(staging->region_id);
+      target.setOffsetBytes(staging->offset_bytes);
+    }
     fill_blocks(load.initBlocks(static_cast<unsigned>(blocks.size())), blocks);
     load.setPlaneBegin(planes.begin);
     load.setPlaneCount(planes.count);

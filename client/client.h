@@ -88,6 +88,22 @@ enum class DeviceKind : uint8_t {
   kCuda,  // GPU regions: CUDA IPC or VMM handles (the daemon runs the cuda backend)
 };
 
+// How the engine moves its blocks' bytes (schema: DataPath), said in the Hello.
+enum class DataPath : uint8_t {
+  kPlaneCopies,     // kvtierd copies each plane from and to the engine's paged cache
+  kStagingKernels,  // the engine packs blocks into a staging region with GPU kernels
+  kStagingHost,     // the same, packed by the engine's CPU
+};
+
+// A staged Save or Load (schema: Staging): staged block i of the request at
+// offset_bytes + i × row bytes of region `region_id` (row bytes: the block's bytes, or a
+// Load's plane range of them), engine block ids unused. The engine packs before a Save
+// and unpacks after a Load's reply (client/gpu_stager.h does both on a GPU).
+struct StagingRef {
+  uint32_t region_id = 0;
+  uint64_t offset_bytes = 0;
+};
+
 struct HelloInfo {
   uint32_t protocol_version = 0;
   uint64_t layout_digest = 0;
@@ -99,6 +115,7 @@ struct HelloInfo {
   std::string device_name;                     // "host" or the GPU models, for logs
   bool retention_priorities = false;           // Save's SaveOptions are honoured
   bool load_plane_ranges = false;              // Load's PlaneRange is honoured
+  bool staging = false;                        // Save's and Load's StagingRef are honoured
 };
 
 // One chunk of a CUDA VMM region: the POSIX fd of one cuMemCreate handle (the caller
@@ -131,6 +148,7 @@ struct RangeRetention {
 struct SaveOptions {
   Retention retention;                          // the session's; priority 0 leaves it as is
   std::vector<RangeRetention> block_retention;  // later ranges win where they overlap
+  std::optional<StagingRef> staging;            // packed blocks there (HelloInfo::staging)
 };
 
 // stored + deduplicated: the leading blocks of the Save the daemon holds now. Fewer than
@@ -337,9 +355,12 @@ class Client {
 
   // `device_kind` must match the daemon's backend (InvalidArgument otherwise, naming
   // the backend the daemon runs).
+  // `data_path` says how this engine moves bytes; a staging path lets it register
+  // regions no plane names (its staging regions).
   Result<HelloInfo> hello(const LayoutSpec& layout, const std::string& engine_name = "engine",
                           double prefill_tokens_per_second = 0,
-                          DeviceKind device_kind = DeviceKind::kHost);
+                          DeviceKind device_kind = DeviceKind::kHost,
+                          DataPath data_path = DataPath::kPlaneCopies);
   Status register_memfd_region(uint32_t region_id, int memfd, uint64_t size_bytes);
   // GPU regions for a daemon on the CUDA backend. `gpu_uuid` names the GPU ("GPU-…");
   // empty means the daemon's only GPU (InvalidArgument when it serves several). The
@@ -410,8 +431,11 @@ class Client {
   Pending<SaveResult> save_async(const std::string& session_id, std::span<const BlockRef> blocks,
                                  bool end_of_turn, const SaveOptions& options = {});
   Pending<LookupResult> lookup_async(std::span<const BlockHash> hashes);
+  // With `staging`, the blocks' planes in `planes` go packed into that region
+  // (NotSupported when the daemon joined does not honour staging).
   Pending<LoadResult> load_async(const std::string& session_id, std::span<const BlockRef> blocks,
-                                 PlaneRange planes = {});
+                                 PlaneRange planes = {},
+                                 std::optional<StagingRef> staging = std::nullopt);
   Pending<BeginTurnResult> begin_turn_async(const std::string& session_id);
   Pending<uint32_t> close_session_async(const std::string& session_id);
   // The reply's value is the region id.
@@ -429,10 +453,12 @@ class Client {
     std::string engine_name;
     double prefill_tokens_per_second = 0;
     DeviceKind device_kind = DeviceKind::kHost;
+    DataPath data_path = DataPath::kPlaneCopies;
     uint64_t layout_digest = 0;
     std::string namespace_name;         // a daemon that moved the engine is not joined
     bool retention_priorities = false;  // of the daemon last joined
     bool load_plane_ranges = false;     // likewise
+    bool staging = false;               // likewise
   };
   struct RegionRecord {
     std::function<void(wire::RegisterRegion::Builder)> fill;  // owns what it writes

@@ -187,7 +187,7 @@ Status Client::reconnect_locked() {
         *transport, next_id_++,
         [&](wire::Request::Builder request) {
           fill_hello(request, hello_->layout, hello_->engine_name,
-                     hello_->prefill_tokens_per_second, hello_->device_kind);
+                     hello_->prefill_tokens_per_second, hello_->device_kind, hello_->data_path);
         },
         {}, deadline);
     if (!reply.is_ok()) return replay_failed("the engine's Hello", reply.status());
@@ -211,6 +211,7 @@ Status Client::reconnect_locked() {
     }
     hello_->retention_priorities = info->retention_priorities;  // the daemon may be another
     hello_->load_plane_ranges = info->load_plane_ranges;
+    hello_->staging = info->staging;
   }
   for (const auto& entry : regions_) {
     const uint32_t region_id = entry.first;

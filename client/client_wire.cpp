@@ -29,13 +29,24 @@ void fill_layout(wire::Layout::Builder out, const LayoutSpec& layout) {
 
 void fill_hello(wire::Request::Builder request, const LayoutSpec& layout,
                 const std::string& engine_name, double prefill_tokens_per_second,
-                DeviceKind device_kind) {
+                DeviceKind device_kind, DataPath data_path) {
   auto hello = request.initHello();
   hello.setProtocolVersion(wire::PROTOCOL_VERSION);
   hello.setEngineName(engine_name);
   hello.setDeviceKind(device_kind == DeviceKind::kCuda ? wire::DeviceKind::CUDA
                                                        : wire::DeviceKind::HOST);
   hello.setPrefillTokensPerSecond(prefill_tokens_per_second);
+  switch (data_path) {
+    case DataPath::kPlaneCopies:
+      hello.setDataPath(wire::DataPath::PLANE_COPIES);
+      break;
+    case DataPath::kStagingKernels:
+      hello.setDataPath(wire::DataPath::STAGING_KERNELS);
+      break;
+    case DataPath::kStagingHost:
+      hello.setDataPath(wire::DataPath::STAGING_HOST);
+      break;
+  }
   fill_layout(hello.initLayout(), layout);
 }
 
@@ -54,6 +65,7 @@ Result<HelloInfo> decode_hello(wire::Response::Reader response) {
   info.device_name = reply.getDeviceName().cStr();
   info.retention_priorities = reply.getRetentionPriorities();
   info.load_plane_ranges = reply.getLoadPlaneRanges();
+  info.staging = reply.getStaging();
   return info;
 }
 

@@ -18,7 +18,7 @@ void fill_layout(wire::Layout::Builder out, const LayoutSpec& layout);
 // Writes a Hello into `request` (its id is the caller's).
 void fill_hello(wire::Request::Builder request, const LayoutSpec& layout,
                 const std::string& engine_name, double prefill_tokens_per_second,
-                DeviceKind device_kind);
+                DeviceKind device_kind, DataPath data_path);
 // The daemon's answer to Hello (an Internal error for a reply of another kind).
 Result<HelloInfo> decode_hello(wire::Response::Reader response);
 

@@ -130,6 +130,10 @@ Status load_into(DriverApi& api) {
   loader.resolve("cuMemcpyAsync", 4000, api.memcpy_async);
   loader.resolve("cuMemcpyPeerAsync", 4000, api.memcpy_peer_async);
   loader.resolve("cuMemcpy2DAsync", 3020, api.memcpy_2d_async);
+  loader.resolve("cuModuleLoadData", 2000, api.module_load_data);
+  loader.resolve("cuModuleUnload", 2000, api.module_unload);
+  loader.resolve("cuModuleGetFunction", 2000, api.module_get_function);
+  loader.resolve("cuLaunchKernel", 4000, api.launch_kernel);
   // By version, not by trying: the 12.8 and 13.0 signatures differ, and calling one
   // through the other's type would pass garbage.
   if (api.driver_version >= 13000) {

@@ -98,6 +98,12 @@ struct DriverApi {
   PFN_cuMemcpyBatchAsync_v12080 memcpy_batch_v12080 = nullptr;  // driver 12.8 – 12.9
   PFN_cuMemcpyBatchAsync_v13000 memcpy_batch_v13000 = nullptr;  // driver ≥ 13.0
 
+  // Modules and kernel launches: the client's staging kernels (client/gpu_stager.h).
+  PFN_cuModuleLoadData_v2000 module_load_data = nullptr;
+  PFN_cuModuleUnload_v2000 module_unload = nullptr;
+  PFN_cuModuleGetFunction_v2000 module_get_function = nullptr;
+  PFN_cuLaunchKernel_v4000 launch_kernel = nullptr;
+
   // The process's table: loads libcuda.so.1 on first call and cuInit(0)s it.
   // Unavailable ("no CUDA driver: …") when there is no driver, it is older than 12.0,
   // or an entry point kvtier needs is missing. The result (and the error) is cached.

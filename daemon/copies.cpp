@@ -40,6 +40,35 @@ void Copies::add_plane_segments(CopyBatch& batch, const EngineContext& engine,
   }
 }
 
+void Copies::add_staged_segment(CopyBatch& batch, const EngineContext& engine,
+                                const StagingTarget& staging, uint64_t index,
+                                const BlockLocation& slot, bool to_engine,
+                                BlockPlanes planes) const {
+  const auto range = planes.of(engine.layout);
+  const uint32_t tier_index = batch.memory_index(ctx_.store->memory(slot.tier));
+  const uint32_t region_index = batch.memory_index(engine.regions.at(staging.region_id));
+  const uint64_t staged_offset = staging.offset + index * staging.row_bytes;
+  const uint64_t slot_offset = slot.offset + range.front().offset_in_block;
+  if (to_engine) {
+    batch.segments.push_back(
+        {tier_index, region_index, slot_offset, staged_offset, staging.row_bytes});
+  } else {
+    batch.segments.push_back(
+        {region_index, tier_index, staged_offset, slot_offset, staging.row_bytes});
+  }
+}
+
+void Copies::add_request_segments(CopyBatch& batch, const EngineContext& engine,
+                                  const std::optional<StagingTarget>& staging, uint64_t index,
+                                  uint64_t engine_block_id, const BlockLocation& slot,
+                                  bool to_engine, BlockPlanes planes) const {
+  if (staging) {
+    add_staged_segment(batch, engine, *staging, index, slot, to_engine, planes);
+  } else {
+    add_plane_segments(batch, engine, engine_block_id, slot, to_engine, planes);
+  }
+}
+
 Status Copies::submit_copy(CopyBatch batch, std::function<void(Status)> done) {
   ++ctx_.counters.copies_in_flight;
   // The work guard keeps io_context::run() alive until this completion has run.

@@ -33,6 +33,18 @@ class Copies final : public Part {
   // the stored block, so a range of planes moves only those planes' bytes.
   void add_plane_segments(CopyBatch& batch, const EngineContext& engine, uint64_t engine_block_id,
                           const BlockLocation& slot, bool to_engine, BlockPlanes planes = {}) const;
+  // The segment copying staged block `index` of a staged request to or from its stored
+  // block at `slot`: one contiguous copy of the planes of `planes` (count 0: every plane),
+  // which lie back to back in both.
+  void add_staged_segment(CopyBatch& batch, const EngineContext& engine,
+                          const StagingTarget& staging, uint64_t index, const BlockLocation& slot,
+                          bool to_engine, BlockPlanes planes = {}) const;
+  // add_staged_segment for staged block `index` when the request is staged, else
+  // add_plane_segments for `engine_block_id`.
+  void add_request_segments(CopyBatch& batch, const EngineContext& engine,
+                            const std::optional<StagingTarget>& staging, uint64_t index,
+                            uint64_t engine_block_id, const BlockLocation& slot, bool to_engine,
+                            BlockPlanes planes = {}) const;
 
  private:
   // fault-copy-delay-ms (tests only; nullptr when 0). The completions it holds carry

@@ -22,6 +22,8 @@
 // io_context's one thread); Device and tier workers post their results back to it.
 #pragma once
 
+#include <array>
+
 #include <boost/asio/io_context.hpp>
 
 #include <cstdint>
@@ -81,6 +83,9 @@ struct Counters {
   uint64_t blocks_not_saved = 0;  // ... the blocks past it
   uint64_t bytes_loaded = 0;
   uint64_t copies_in_flight = 0;  // moves' copies too (MoveExecutor counts its own work)
+  uint64_t staged_saves = 0;      // Saves and Loads with `staging` (packed by the engine)
+  uint64_t staged_loads = 0;
+  std::array<uint64_t, 3> hellos_by_data_path{};  // Hello.dataPath: planeCopies, kernels, host
 };
 
 // The planner's settings from the daemon's (at start and on every SIGHUP reload).

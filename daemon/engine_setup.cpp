@@ -76,6 +76,10 @@ Status EngineSetup::handle_hello(const ConnectionPtr& c, EngineContext& engine, 
         "(cudaIpc, cudaVmmFd)",
         device_kind_name(hello.device_kind), ctx_.device->name());
   }
+  if (hello.data_path > wire::DataPath::STAGING_HOST) {
+    return invalid_argument("dataPath {} is not a data path this daemon knows",
+                            static_cast<unsigned>(hello.data_path));
+  }
   auto& layout = hello.layout;
   if (!layout.is_ok()) return layout.status();
   LayoutKey key{engine.namespace_id, layout->digest};
@@ -90,11 +94,14 @@ Status EngineSetup::handle_hello(const ConnectionPtr& c, EngineContext& engine, 
   engine.layout = std::move(*layout);
   engine.layout_key = key;
   engine.engine_name = std::move(hello.engine_name);
+  engine.data_path = hello.data_path;
+  ++ctx_.counters.hellos_by_data_path[static_cast<size_t>(hello.data_path)];
   engine.hello_done = true;
   KVTIER_LOG_INFO(
-      "engine '{}' (pid {}, namespace {}) joined: model {}, {} planes, {} bytes per block",
+      "engine '{}' (pid {}, namespace {}) joined: model {}, {} planes, {} bytes per block, "
+      "data path {}",
       engine.engine_name, c->peer().pid, engine.namespace_name, engine.layout.model_id,
-      engine.layout.planes.size(), engine.layout.block_bytes);
+      engine.layout.planes.size(), engine.layout.block_bytes, data_path_name(engine.data_path));
   reply(c, id, [&](wire::Response::Builder response) {
     auto out = response.initHello();
     out.setProtocolVersion(wire::PROTOCOL_VERSION);
@@ -108,6 +115,7 @@ Status EngineSetup::handle_hello(const ConnectionPtr& c, EngineContext& engine, 
     out.setDeviceName(std::string(ctx_.device->name()));
     out.setRetentionPriorities(true);
     out.setLoadPlaneRanges(true);
+    out.setStaging(true);
   });
   return Status::ok();
 }
@@ -128,8 +136,14 @@ Status EngineSetup::handle_register_region(const ConnectionPtr& c, EngineContext
   }
   bool used = std::any_of(engine.layout.planes.begin(), engine.layout.planes.end(),
                           [&](const PlaneLayout& p) { return p.region_id == region_id; });
-  if (!used)
-    return invalid_argument("regionId {} is not named by any plane of the layout", region_id);
+  // A region no plane names is a staging region (schema: Staging), for engines that
+  // said they stage.
+  if (!used && engine.data_path == wire::DataPath::PLANE_COPIES) {
+    return invalid_argument(
+        "regionId {} is not named by any plane of the layout (a staging region needs "
+        "Hello.dataPath stagingKernels or stagingHost)",
+        region_id);
+  }
   RegionHandle* handle = &region;  // decoded at the boundary (decode_register_region)
   const bool cuda_kind = handle->kind != RegionHandle::Kind::kMemfd;
   // Well-formed regions of a kind this backend does not serve: NotSupported.

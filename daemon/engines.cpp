@@ -25,6 +25,18 @@ bool peer_in_group(pid_t pid, gid_t gid) {
 
 }  // namespace
 
+const char* data_path_name(wire::DataPath path) {
+  switch (path) {
+    case wire::DataPath::PLANE_COPIES:
+      return "planeCopies";
+    case wire::DataPath::STAGING_KERNELS:
+      return "stagingKernels";
+    case wire::DataPath::STAGING_HOST:
+      return "stagingHost";
+  }
+  return "unknown";
+}
+
 Status check_regions_registered(const EngineContext& engine) {
   for (size_t i = 0; i < engine.layout.planes.size(); ++i) {
     const uint32_t region_id = engine.layout.planes[i].region_id;

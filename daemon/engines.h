@@ -36,6 +36,7 @@ struct EngineContext {
   bool is_admin = false;
   bool hello_done = false;
   std::string engine_name;
+  wire::DataPath data_path = wire::DataPath::PLANE_COPIES;  // Hello.dataPath
   EngineLayout layout;
   LayoutKey layout_key;
   std::map<uint32_t, std::shared_ptr<Memory>> regions;  // region id → opened memory
@@ -59,6 +60,9 @@ struct EngineContext {
   std::deque<DeferredRequest> deferred;
   uint32_t regions_opening = 0;  // RegisterRegions being opened on the region worker
 };
+
+// "planeCopies", "stagingKernels" or "stagingHost" (the schema's names).
+const char* data_path_name(wire::DataPath path);
 
 // InvalidArgument naming the first region the engine's layout needs that is not
 // registered (never registered, or unregistered).

@@ -90,8 +90,8 @@ Status LoadPath::handle_load(const ConnectionPtr& c, EngineContext& engine, uint
   // PendingLoad into `loaded`, which the copy's completion owns: every way out of here
   // (a region gone, the copy refused) drops them, and so does the completion.
   auto finish = std::make_shared<std::function<void()>>();
-  *finish = [this, c, id, load, engine_ref, total = request.hashes.size(),
-             planes = request.planes]() {
+  *finish = [this, c, id, load, engine_ref, total = request.hashes.size(), planes = request.planes,
+             staging = request.staging]() {
     load->finished = true;
     if (load->deadline) load->deadline->cancel();
     auto loaded = std::make_shared<std::vector<PendingLoad::Entry>>(std::move(load->entries));
@@ -106,16 +106,17 @@ Status LoadPath::handle_load(const ConnectionPtr& c, EngineContext& engine, uint
     // Blocks after the first that is not readable are not loaded: unpinned here.
     loaded->erase(loaded->begin() + static_cast<std::ptrdiff_t>(count), loaded->end());
     // A Load that waited for NVMe may find a region unregistered meanwhile.
-    if (Status registered = check_regions_registered(*engine_ref); !registered.is_ok()) {
+    if (Status registered = check_request_regions(*engine_ref, staging); !registered.is_ok()) {
       reply_error(c, id, registered);
       return;
     }
     CopyBatch batch;
     batch.priority = CopyPriority::kForeground;  // an engine waits for it
-    for (const PendingLoad::Entry& entry : *loaded) {
-      ctx_.parts.copies->add_plane_segments(batch, *engine_ref, entry.engine_block_id,
-                                            entry.pinned.location(),
-                                            /*to_engine=*/true, planes);
+    for (size_t i = 0; i < loaded->size(); ++i) {
+      const PendingLoad::Entry& entry = (*loaded)[i];
+      ctx_.parts.copies->add_request_segments(batch, *engine_ref, staging, i, entry.engine_block_id,
+                                              entry.pinned.location(),
+                                              /*to_engine=*/true, planes);
     }
     uint64_t range_bytes = 0;  // of one block: what the engine gets per block loaded
     for (const PlaneLayout& plane : planes.of(engine_ref->layout))

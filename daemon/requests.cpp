@@ -14,7 +14,7 @@ namespace kvtier::daemon {
 Result<BlockListRequest> decode_block_list(const EngineContext& engine, uint32_t max_blocks,
                                            capnp::Text::Reader session,
                                            capnp::List<wire::BlockRef>::Reader blocks,
-                                           BlockListKind kind) {
+                                           BlockListKind kind, bool staged) {
   const bool need_session = kind == BlockListKind::kSave;
   BlockListRequest request;
   request.session_id = session.cStr();
@@ -25,7 +25,9 @@ Result<BlockListRequest> decode_block_list(const EngineContext& engine, uint32_t
     return invalid_argument("blocks has {} entries; at most {} per request", blocks.size(),
                             max_blocks);
   }
-  KVTIER_RETURN_IF_ERROR(check_regions_registered(engine));
+  // A staged request names its region later (decode_staging checks it); it needs none of
+  // the layout's regions.
+  if (!staged) KVTIER_RETURN_IF_ERROR(check_regions_registered(engine));
   // A Load writes into the engine's blocks: two entries naming one target would race.
   std::unordered_map<uint64_t, unsigned> load_targets;
   request.hashes.reserve(blocks.size());
@@ -37,6 +39,11 @@ Result<BlockListRequest> decode_block_list(const EngineContext& engine, uint32_t
                               BlockHash::kMaxBytes);
     }
     uint64_t block_id = blocks[i].getEngineBlockId();
+    if (staged) {  // the staged block's place is its index: the id is not used
+      request.hashes.emplace_back(std::span<const uint8_t>(hash.begin(), hash.size()));
+      request.engine_block_ids.push_back(block_id);
+      continue;
+    }
     if (block_id >= engine.layout.num_blocks) {
       return invalid_argument("blocks[{}].engineBlockId {} is beyond the layout's {} blocks", i,
                               block_id, engine.layout.num_blocks);
@@ -52,6 +59,41 @@ Result<BlockListRequest> decode_block_list(const EngineContext& engine, uint32_t
     request.engine_block_ids.push_back(block_id);
   }
   return request;
+}
+
+Status check_request_regions(const EngineContext& engine,
+                             const std::optional<StagingTarget>& staging) {
+  if (!staging) return check_regions_registered(engine);
+  if (engine.regions.count(staging->region_id) == 0) {
+    return invalid_argument("staging.regionId {} is not registered", staging->region_id);
+  }
+  return Status::ok();
+}
+
+Status decode_staging(const EngineContext& engine, wire::Staging::Reader staging,
+                      BlockListRequest& request, BlockListKind kind) {
+  StagingTarget target{staging.getRegionId(), staging.getOffsetBytes(), 0};
+  auto region = engine.regions.find(target.region_id);
+  if (region == engine.regions.end()) {
+    return invalid_argument("staging.regionId {} is not a registered region", target.region_id);
+  }
+  if (kind == BlockListKind::kSave) {
+    target.row_bytes = engine.layout.block_bytes;
+  } else {
+    for (const PlaneLayout& plane : request.planes.of(engine.layout))
+      target.row_bytes += plane.bytes_per_block;
+  }
+  const uint64_t region_bytes = region->second->size_bytes();
+  const uint64_t blocks = request.hashes.size();
+  // offset + blocks × row_bytes ≤ region_bytes, without overflow (row_bytes ≤ 64 MiB and
+  // blocks ≤ max-blocks-per-request keep the product far below 2^64).
+  if (target.offset > region_bytes || blocks * target.row_bytes > region_bytes - target.offset) {
+    return invalid_argument(
+        "staging: {} blocks of {} bytes from offset {} pass the end of region {} ({} bytes)",
+        blocks, target.row_bytes, target.offset, target.region_id, region_bytes);
+  }
+  request.staging = target;
+  return Status::ok();
 }
 
 namespace {
@@ -246,6 +288,7 @@ HelloRequest decode_hello(wire::Hello::Reader hello, const LayoutLimits& limits)
   out.layout = EngineLayout::from_wire(hello.getLayout(), limits);
   out.tokens_per_block = hello.getLayout().getTokensPerBlock();
   out.prefill_tokens_per_second = hello.getPrefillTokensPerSecond();
+  out.data_path = hello.getDataPath();
   return out;
 }
 

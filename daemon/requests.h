@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -45,6 +46,14 @@ struct BlockPlanes {
   }
 };
 
+// A staged Save or Load (schema: Staging): staged block i at offset + i × row_bytes of
+// the engine's region `region_id`, checked to lie inside it.
+struct StagingTarget {
+  uint32_t region_id = 0;
+  uint64_t offset = 0;
+  uint64_t row_bytes = 0;  // the bytes of the planes the request copies, per block
+};
+
 // A validated Save or Load, copied out of the wire message before any work starts.
 struct BlockListRequest {
   std::string session_id;
@@ -56,16 +65,29 @@ struct BlockListRequest {
   BlockPlanes planes;
   // Save only.
   RetentionRequest retention;
-  std::vector<BlockRangeRetention> block_retention;  // in the order given: later ones win
+  std::vector<BlockRangeRetention>
+      block_retention;  // in the order given: later ones win  // Staged (engine_block_ids then
+                        // unused): where the packed blocks are.
+  std::optional<StagingTarget> staging;
 };
 
 // Save (kSave: a session id is required) or Load, against the engine's layout and
-// regions: at most `max_blocks` entries, hashes of 1..32 bytes, engine block ids in the
-// layout, and (Load) no engine block named twice.
+// regions: at most `max_blocks` entries, hashes of 1..32 bytes, and unless `staged`
+// (engine block ids unused then) engine block ids in the layout and (Load) no engine
+// block named twice.
 Result<BlockListRequest> decode_block_list(const EngineContext& engine, uint32_t max_blocks,
                                            capnp::Text::Reader session,
                                            capnp::List<wire::BlockRef>::Reader blocks,
-                                           BlockListKind kind);
+                                           BlockListKind kind, bool staged = false);
+// The regions a request copies from or to are registered (still, for a request that
+// waited): the staging region of a staged one, else every region of the layout.
+Status check_request_regions(const EngineContext& engine,
+                             const std::optional<StagingTarget>& staging);
+// A Save's or Load's `staging` into `request.staging` (its hashes, and a Load's planes,
+// already decoded): a region registered on this connection, and every staged block
+// inside it, without overflow.
+Status decode_staging(const EngineContext& engine, wire::Staging::Reader staging,
+                      BlockListRequest& request, BlockListKind kind);
 // Save's retention fields into `request` (its hashes already decoded): priorities
 // 0..100, a duration only with a priority, ranges of at least one block inside the
 // Save's blocks that cover no more blocks in total than the Save has.
@@ -89,6 +111,7 @@ struct HelloRequest {
   Result<EngineLayout> layout = internal_error("no layout decoded");
   uint32_t tokens_per_block = 0;
   double prefill_tokens_per_second = 0;
+  wire::DataPath data_path = wire::DataPath::PLANE_COPIES;
 };
 HelloRequest decode_hello(wire::Hello::Reader hello, const LayoutLimits& limits);
 

@@ -61,7 +61,7 @@ void SavePath::resume_parked_saves() {
           "no room for the Save's {} blocks within save-room-wait-ms ({} ms): every tier stayed "
           "full of blocks being copied or read; retry",
           parked.request.hashes.size(), ctx_.config.save_room_wait_ms);
-    } else if (status = check_regions_registered(*engine); status.is_ok()) {
+    } else if (status = check_request_regions(*engine, parked.request.staging); status.is_ok()) {
       auto started = start_save(parked.connection, *engine, parked.request_id, parked.request);
       if (started.is_ok() && !*started) break;  // still no room: it stays first in line
       status = started.status();
@@ -114,9 +114,9 @@ Result<bool> SavePath::start_save(const ConnectionPtr& c, EngineContext& engine,
       if (!ctx_.store->lookup(key)) being_written.push_back(i);  // held, not yet visible
       continue;
     }
-    ctx_.parts.copies->add_plane_segments(batch, engine, request.engine_block_ids[i],
-                                          (*slot)->location(),
-                                          /*to_engine=*/false);
+    ctx_.parts.copies->add_request_segments(batch, engine, request.staging, i,
+                                            request.engine_block_ids[i], (*slot)->location(),
+                                            /*to_engine=*/false);
     save->writes.push_back(std::move(**slot));
   }
   save->request = std::move(request);

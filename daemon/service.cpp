@@ -285,11 +285,17 @@ Status Service::dispatch(const ConnectionPtr& c, EngineContext& engine,
                                               request.getUnregisterRegion().getRegionId());
     case wire::Request::SAVE: {
       auto save = request.getSave();
-      auto parsed = decode_block_list(engine, ctx_.config.max_blocks_per_request,
-                                      save.getSessionId(), save.getBlocks(), BlockListKind::kSave);
+      auto parsed =
+          decode_block_list(engine, ctx_.config.max_blocks_per_request, save.getSessionId(),
+                            save.getBlocks(), BlockListKind::kSave, save.hasStaging());
       if (!parsed.is_ok()) return parsed.status();
       parsed->end_of_turn = save.getEndOfTurn();
       KVTIER_RETURN_IF_ERROR(decode_save_retention(save, *parsed));
+      if (save.hasStaging()) {
+        KVTIER_RETURN_IF_ERROR(
+            decode_staging(engine, save.getStaging(), *parsed, BlockListKind::kSave));
+        ++ctx_.counters.staged_saves;
+      }
       return saves_->handle_save(c, engine, id, std::move(*parsed));
     }
     case wire::Request::LOOKUP: {
@@ -300,10 +306,16 @@ Status Service::dispatch(const ConnectionPtr& c, EngineContext& engine,
     }
     case wire::Request::LOAD: {
       auto load = request.getLoad();
-      auto parsed = decode_block_list(engine, ctx_.config.max_blocks_per_request,
-                                      load.getSessionId(), load.getBlocks(), BlockListKind::kLoad);
+      auto parsed =
+          decode_block_list(engine, ctx_.config.max_blocks_per_request, load.getSessionId(),
+                            load.getBlocks(), BlockListKind::kLoad, load.hasStaging());
       if (!parsed.is_ok()) return parsed.status();
       KVTIER_RETURN_IF_ERROR(decode_load_planes(engine.layout, load, *parsed));
+      if (load.hasStaging()) {
+        KVTIER_RETURN_IF_ERROR(
+            decode_staging(engine, load.getStaging(), *parsed, BlockListKind::kLoad));
+        ++ctx_.counters.staged_loads;
+      }
       return loads_->handle_load(c, engine, id, std::move(*parsed));
     }
     case wire::Request::BEGIN_TURN:

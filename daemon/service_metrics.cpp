@@ -83,6 +83,19 @@ std::string Service::render_metrics() const {
   out.family("kvtier_blocks_not_saved_total", "counter",
              "Blocks past those prefixes, left for engines to recompute.");
   out.sample("kvtier_blocks_not_saved_total", "", ctx_.counters.blocks_not_saved);
+  out.family("kvtier_staged_requests_total", "counter",
+             "Saves and Loads whose blocks the engine packed into a staging region (one copy "
+             "per block) instead of kvtierd copying every plane.");
+  out.sample("kvtier_staged_requests_total", "kind=\"save\"", ctx_.counters.staged_saves);
+  out.sample("kvtier_staged_requests_total", "kind=\"load\"", ctx_.counters.staged_loads);
+  out.family("kvtier_hellos_total", "counter",
+             "Engines joined, by the data path their Hello named (planeCopies: kvtierd copies "
+             "each plane; stagingKernels: GPU kernels pack blocks; stagingHost: the CPU does).");
+  for (wire::DataPath path : {wire::DataPath::PLANE_COPIES, wire::DataPath::STAGING_KERNELS,
+                              wire::DataPath::STAGING_HOST}) {
+    out.sample("kvtier_hellos_total", fmt::format("data_path=\"{}\"", data_path_name(path)),
+               ctx_.counters.hellos_by_data_path[static_cast<size_t>(path)]);
+  }
   out.family("kvtier_moved_bytes_total", "counter",
              "Bytes moved: save (engine to daemon), load (daemon to engine), demote (down a "
              "tier, a policy move), promote (up a tier, a policy move).");

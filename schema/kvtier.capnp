@@ -53,6 +53,25 @@ enum DeviceKind {
   cuda @1;               # regions are GPU memory (CUDA IPC or VMM handles)
 }
 
+# How an engine moves its blocks' bytes (Hello.dataPath); kvtierd copies either way.
+enum DataPath {
+  planeCopies @0;        # kvtierd copies each plane of each block from the engine's cache
+  stagingKernels @1;     # the engine packs blocks into a staging region with GPU kernels
+                         # and sends Saves and Loads with `staging` (one copy per block)
+  stagingHost @2;        # the same, packed by the engine's CPU (host engines, tests)
+}
+
+# Where a staged Save reads and a staged Load writes its blocks: a region the engine
+# registered, packed. Staged block i (the i-th of the request's blocks) is at
+# offsetBytes + i × rowBytes, where rowBytes is the bytes of the planes the request
+# copies (a Save: every plane, blockBytes; a Load: its plane range), those planes
+# concatenated in layout order: exactly the bytes kvtierd stores. engineBlockId is
+# then ignored. The whole range must lie inside the region (invalidArgument).
+struct Staging {
+  regionId @0 :UInt32;         # a registered region of this connection
+  offsetBytes @1 :UInt64;      # where staged block 0 starts in it
+}
+
 struct Plane {
   regionId @0 :UInt32;        # which registered region holds this plane
   offsetBytes @1 :UInt64;     # byte offset of engine block 0's slice in the region
@@ -81,6 +100,7 @@ struct Hello {
   deviceKind @3 :DeviceKind;   # what kind of regions this engine registers; must match the
                                # daemon's backend (invalidArgument otherwise)
   prefillTokensPerSecond @4 :Float64;  # engine's prefill speed, 0 if unknown (policy input)
+  dataPath @5 :DataPath;       # how this engine moves block bytes (logs, kvtierctl, metrics)
 }
 
 struct HelloReply {
@@ -95,6 +115,8 @@ struct HelloReply {
   retentionPriorities @8 :Bool;  # Save's retention fields are honoured (older daemons: false)
   loadPlaneRanges @9 :Bool;    # Load's planeBegin/planeCount are honoured (older daemons:
                                # false, and they copy every plane whatever a Load says)
+  staging @10 :Bool;           # Save's and Load's `staging` is honoured (older daemons:
+                               # false; they would ignore it: never send it to them)
 }
 
 struct RegisterRegion {
@@ -147,6 +169,8 @@ struct Save {
   endOfTurn @2 :Bool;          # true: the turn ended, the session's idle clock starts
   retention @3 :Retention;     # the session's priority (absent or priority 0: unchanged)
   blockRetention @4 :List(BlockRetention);  # priorities of ranges of this Save's blocks
+  staging @5 :Staging;         # absent: read each plane from the engine's cache; present:
+                               # read the packed blocks from this region (Staging)
 }
 
 # How long kvtierd keeps blocks, on TensorRT-LLM's scale: priority 1..100, higher is
@@ -209,6 +233,8 @@ struct Load {
   planeCount @3 :UInt32;       # planes to copy from planeBegin; 0: every plane (a whole-block
                                # Load, as before these fields). planeBegin + planeCount must
                                # not pass the layout's plane count (invalidArgument)
+  staging @4 :Staging;         # absent: write each plane into the engine's cache; present:
+                               # write the packed range of each block into this region
 }
 
 struct LoadReply {

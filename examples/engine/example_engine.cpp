@@ -17,14 +17,17 @@
 
 #include <signal.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <numeric>
 #include <random>
+#include <span>
 
 #include "client/client.h"
 #include "client/paged_cache.h"
 #include "common/units.h"
 #ifdef KVTIER_HAVE_CUDA
+#include "client/gpu_stager.h"
 #include "examples/engine/gpu_paged_cache.h"
 #endif
 
@@ -41,6 +44,9 @@ struct Options {
   bool save_only = false;
   bool verify_only = false;
   bool pause_before_load = false;
+  bool staging_kernels = false;  // --device cuda: pack blocks with the staging kernels
+  bool layer_wise = false;       // load one layer's planes at a time
+  uint64_t staging_ring_bytes = uint64_t{64} << 20;
   uint32_t turns = 3;
   uint32_t blocks_per_turn = 4;
   kvtier::PagedCacheShape shape;
@@ -61,6 +67,40 @@ class EngineCache {
   virtual kvtier::Status unregister(kvtier::Client& client) = 0;
   // DataLoss naming the memory around the KV cache that something overwrote.
   virtual kvtier::Status check_guards() { return kvtier::Status::ok(); }
+  // How blocks move: kvtierd's plane copies here; a staging cache packs them itself.
+  virtual kvtier::Result<kvtier::SaveResult> save(kvtier::Client& client,
+                                                  const std::string& session,
+                                                  std::span<const BlockRef> refs) {
+    return client.save(session, refs, /*end_of_turn=*/true);
+  }
+  // One Load, or with `layer_wise` one per layer (K and V planes), pipelined; the
+  // result is the smallest count of them.
+  virtual kvtier::Result<kvtier::LoadResult> load(kvtier::Client& client,
+                                                  const std::string& session,
+                                                  std::span<const BlockRef> refs, bool layer_wise) {
+    if (!layer_wise) return client.load(session, refs);
+    std::vector<kvtier::Pending<kvtier::LoadResult>> layers;
+    const auto planes = static_cast<uint32_t>(layout().planes.size());
+    for (uint32_t plane = 0; plane < planes; plane += 2)
+      layers.push_back(client.load_async(session, refs, {plane, std::min(2u, planes - plane)}));
+    return smallest(layers);
+  }
+
+ protected:
+  static kvtier::Result<kvtier::LoadResult> smallest(
+      std::vector<kvtier::Pending<kvtier::LoadResult>>& layers) {
+    kvtier::Result<kvtier::LoadResult> result =
+        kvtier::LoadResult{UINT32_MAX, kvtier::Status::ok()};
+    for (auto& layer : layers) {
+      auto reply = layer.wait();
+      if (!reply.is_ok()) {
+        if (result.is_ok()) result = reply.status();
+      } else if (result.is_ok() && reply->loaded_count < result->loaded_count) {
+        result = *reply;
+      }
+    }
+    return result;
+  }
 };
 
 class HostCache final : public EngineCache {
@@ -125,7 +165,50 @@ class GpuCache final : public EngineCache {
   }
   kvtier::Status wipe() override { return cache_->wipe(); }
   kvtier::Status synchronize() override { return cache_->synchronize(); }
-  kvtier::Status unregister(kvtier::Client& client) override { return cache_->unregister(client); }
+  kvtier::Status unregister(kvtier::Client& client) override {
+    stager_.reset();  // its staging region goes first
+    return cache_->unregister(client);
+  }
+  // Saves and Loads through a GpuStager from now on.
+  kvtier::Status use_staging_kernels(kvtier::Client& client, const kvtier::HelloInfo& hello,
+                                     uint64_t ring_bytes) {
+    kvtier::GpuStagerOptions options;
+    options.ring_bytes = ring_bytes;
+    auto stager =
+        kvtier::GpuStager::create(client, hello, cache_->layout(), cache_->region_bases(), options);
+    if (!stager.is_ok()) return stager.status();
+    stager_ = std::move(*stager);
+    return kvtier::Status::ok();
+  }
+  kvtier::Result<kvtier::SaveResult> save(kvtier::Client& client, const std::string& session,
+                                          std::span<const BlockRef> refs) override {
+    if (!stager_) return EngineCache::save(client, session, refs);
+    return stager_->save(session, refs, /*end_of_turn=*/true, /*stream=*/nullptr);
+  }
+  kvtier::Result<kvtier::LoadResult> load(kvtier::Client& client, const std::string& session,
+                                          std::span<const BlockRef> refs,
+                                          bool layer_wise) override {
+    if (!stager_) return EngineCache::load(client, session, refs, layer_wise);
+    if (!layer_wise) return stager_->load(session, refs, /*stream=*/nullptr);
+    std::vector<kvtier::PlaneRange> ranges;
+    const auto planes = static_cast<uint32_t>(layout().planes.size());
+    for (uint32_t plane = 0; plane < planes; plane += 2)
+      ranges.push_back({plane, std::min(2u, planes - plane)});
+    KVTIER_RETURN_IF_ERROR(stager_->begin_load(session, refs, ranges));
+    kvtier::Result<kvtier::LoadResult> result =
+        kvtier::LoadResult{UINT32_MAX, kvtier::Status::ok()};
+    for (size_t layer = 0; layer < ranges.size(); ++layer) {
+      // An engine runs layer `layer`'s attention here, behind the scatter on its stream.
+      auto reply = stager_->finish_range(layer, /*stream=*/nullptr);
+      if (!reply.is_ok()) {
+        if (result.is_ok()) result = reply.status();
+      } else if (result.is_ok() && reply->loaded_count < result->loaded_count) {
+        result = *reply;
+      }
+    }
+    KVTIER_RETURN_IF_ERROR(stager_->end_load());
+    return result;
+  }
   kvtier::Status check_guards() override {
     auto damaged = cache_->damaged_canaries();
     if (!damaged.is_ok()) return damaged.status();
@@ -135,6 +218,7 @@ class GpuCache final : public EngineCache {
 
  private:
   std::unique_ptr<kvtier::GpuPagedCache> cache_;
+  std::unique_ptr<kvtier::GpuStager> stager_;
 };
 #endif
 
@@ -211,7 +295,7 @@ int save_and_load(const Options& options, EngineCache& cache, kvtier::Client& cl
       // The engine's writes must be complete before the daemon reads the blocks.
       if (auto synced = cache.synchronize(); !synced.is_ok()) return fail("synchronize", synced);
       // An engine saves the whole prefix at each turn's end; the daemon dedups.
-      auto saved = client.save(options.session, std::span(saved_refs).first(end), true);
+      auto saved = cache.save(client, options.session, std::span(saved_refs).first(end));
       if (!saved.is_ok()) {
         if (recompute_instead(fmt::format("save turn {}", turn + 1), saved.status())) {
           ++unsaved_turns;
@@ -245,7 +329,7 @@ int save_and_load(const Options& options, EngineCache& cache, kvtier::Client& cl
   auto found = client.lookup(hashes);
   kvtier::Result<kvtier::LoadResult> loaded = kvtier::LoadResult{0, kvtier::Status::ok()};
   if (found.is_ok()) {
-    loaded = client.load(options.session, load_refs);
+    loaded = cache.load(client, options.session, load_refs, options.layer_wise);
   } else if (!recompute_instead("lookup", found.status())) {
     return fail("lookup", found.status());
   } else {
@@ -292,10 +376,20 @@ int run(const Options& options) {
   if (!client.is_ok()) return fail("connect", client.status());
   const auto device_kind =
       options.device == "cuda" ? kvtier::DeviceKind::kCuda : kvtier::DeviceKind::kHost;
-  auto hello = (*client)->hello(cache.layout(), "kvtier-example-engine", 0, device_kind);
+  const auto data_path =
+      options.staging_kernels ? kvtier::DataPath::kStagingKernels : kvtier::DataPath::kPlaneCopies;
+  auto hello = (*client)->hello(cache.layout(), "kvtier-example-engine", 0, device_kind, data_path);
   if (!hello.is_ok()) return fail("hello", hello.status());
   auto registered = cache.register_with(**client);
   if (!registered.is_ok()) return fail("register region", registered);
+#ifdef KVTIER_HAVE_CUDA
+  if (options.staging_kernels) {
+    auto staged = static_cast<GpuCache&>(cache).use_staging_kernels(**client, *hello,
+                                                                    options.staging_ring_bytes);
+    if (!staged.is_ok()) return fail("load the staging kernels", staged);
+    std::printf("data path: staging kernels\n");
+  }
+#endif
 
   int exit_code = save_and_load(options, cache, **client, *hello);
   if (auto guards = cache.check_guards(); !guards.is_ok()) {
@@ -328,6 +422,14 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"ipc", "vmm"}));
   app.add_option("--session", options.session, "session id");
   app.add_flag("--save-only", options.save_only, "save the session and exit");
+  app.add_flag("--staging-kernels", options.staging_kernels,
+               "--device cuda: pack blocks into a staging buffer with GPU kernels (one copy per "
+               "block for kvtierd) instead of kvtierd copying every plane");
+  app.add_flag("--layer-wise", options.layer_wise, "load one layer (K and V planes) at a time");
+  app.add_option("--staging-ring-bytes", options.staging_ring_bytes,
+                 "--staging-kernels: the staging buffer (a Save or Load larger than it streams "
+                 "through it in chunks)")
+      ->check(CLI::Range(uint64_t{1} << 10, uint64_t{1} << 36));
   app.add_flag("--verify-only", options.verify_only, "load a session saved earlier and verify it");
   app.add_flag("--pause-before-load", options.pause_before_load,
                "between saving and loading, wait for SIGUSR1 (restart kvtierd meanwhile)");
@@ -346,6 +448,10 @@ int main(int argc, char** argv) {
   app.add_option("--model-id", options.shape.model_id, "model id (part of the layout digest)");
   app.get_option("--save-only")->excludes(app.get_option("--verify-only"));
   CLI11_PARSE(app, argc, argv);
+  if (options.staging_kernels && options.device != "cuda") {
+    std::fprintf(stderr, "kvtier-example-engine: --staging-kernels needs --device cuda\n");
+    return 2;
+  }
   if (options.pause_before_load) {
     // Before any thread exists, so that no thread takes the signal's default action.
     sigset_t blocked;

@@ -238,6 +238,13 @@ Status GpuPagedCache::unregister(Client& client) {
   return Status::ok();
 }
 
+std::map<uint32_t, CUdeviceptr> GpuPagedCache::region_bases() const {
+  std::map<uint32_t, CUdeviceptr> bases;
+  for (const Tensor& tensor : tensors_)
+    bases[tensor.region_id] = memory_->address() + tensor.offset_bytes;
+  return bases;
+}
+
 CUdeviceptr GpuPagedCache::plane_address(uint32_t plane, uint64_t block_id) const {
   const PlaneSpec& spec = layout_.planes[plane];
   const Tensor& tensor = tensors_[spec.region_id - first_region_id_];

@@ -29,6 +29,7 @@
 #include <cuda.h>
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -66,6 +67,8 @@ class GpuPagedCache {
   // registered. What was registered is in regions() afterwards.
   Status register_with(Client& client);
   const std::vector<CudaRegionInfo>& regions() const { return registered_; }
+  // The device address of each region the layout names (GpuStager::create).
+  std::map<uint32_t, CUdeviceptr> region_bases() const;
   // UnregisterRegion for each registered region, checking each reply names it; the
   // memory may be freed once this returned OK.
   Status unregister(Client& client);

@@ -61,13 +61,6 @@ CUresult execute_segment(const Segment& segment, int memset_value, Context& cont
 }
 
 // Resolves both sides of one copy. INVALID_VALUE when a device side leaves its memory.
-CUresult resolve_copy(uint64_t dst, uint64_t src, uint64_t bytes, bool dst_device, bool src_device,
-                      Segment* segment) {
-  MemoryTable& memory = memory_table();
-  auto lock = memory.lock();
-  if (CUresult e = memory.resolve(dst, bytes, dst_device, &segment->dst)) return e;
-  return memory.resolve(src, bytes, src_device, &segment->src);
-}
 
 // Runs `work` on the NULL stream of `context` and waits for it: the synchronous calls.
 CUresult run_synchronously(Context& context, Work work) {
@@ -151,8 +144,16 @@ CUresult memcpy_batch(CUdeviceptr* dsts, CUdeviceptr* srcs, size_t* sizes, size_
 
 }  // namespace
 
+CUresult resolve_copy(uint64_t dst, uint64_t src, uint64_t bytes, bool dst_device, bool src_device,
+                      Segment* segment) {
+  MemoryTable& memory = memory_table();
+  auto lock = memory.lock();
+  if (CUresult e = memory.resolve(dst, bytes, dst_device, &segment->dst)) return e;
+  return memory.resolve(src, bytes, src_device, &segment->src);
+}
+
 CUresult execute_work(Work& work, Context& context) {
-  if ((work.async_copy && fault_file_exists()) || work.host_pointer_fault) {
+  if ((work.async_copy && fault_file_exists()) || work.host_pointer_fault || work.launch_fault) {
     break_context(context, CUDA_ERROR_ILLEGAL_ADDRESS);
     return CUDA_ERROR_ILLEGAL_ADDRESS;
   }

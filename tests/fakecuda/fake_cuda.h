@@ -28,6 +28,12 @@
 //    memory type (HOST: not device memory; DEVICE: device memory; UNIFIED: either);
 //    a row longer than its pitch, or a pitch above CU_DEVICE_ATTRIBUTE_MAX_PITCH, is
 //    INVALID_VALUE. CUDA arrays do not exist here (NOT_SUPPORTED).
+//  - Modules and launches of kvtier's one kernel, the staging copy (kernels.cpp):
+//    cuModuleLoadData checks the image's fatbin magic (INVALID_IMAGE otherwise),
+//    cuModuleGetFunction knows only that kernel's name (NOT_FOUND otherwise), and
+//    cuLaunchKernel copies the parameters at launch, checks the launch shape, and
+//    queues the kernel's units on the stream; a unit touching memory that is not
+//    device memory faults when it executes (ILLEGAL_ADDRESS, sticky).
 //  - cuGetProcAddress_v2: the newest ABI not newer than the requested version. Unknown
 //    symbol (or one newer than the driver): CUDA_ERROR_NOT_FOUND, SYMBOL_NOT_FOUND.
 //    Requested version older than the symbol: CUDA_ERROR_NOT_FOUND, VERSION_NOT_SUFFICIENT.
@@ -45,8 +51,11 @@
 //  - Multi-GPU peer access and NVLink: every device reaches every byte.
 //  - Real fault timing: a fault surfaces at the failing copy (its stream, its events),
 //    never asynchronously later; queued work after it is skipped.
-//  - Driver quirks the documentation does not describe, MPS, and kernels (none exist),
-//    graphs, memory pools, managed memory, per-thread default streams. The NULL stream is
+//  - Driver quirks the documentation does not describe, MPS, graphs, memory pools,
+//    managed memory, per-thread default streams. Kernels other than kvtier's staging
+//    copy (kernels.cpp: a module image must start with the fatbin magic, and a launch
+//    runs cuda/staging_index.h's index math on the host as copies on its stream, each
+//    side required to be device memory; its speed and occupancy say nothing). The NULL stream is
 //    an ordinary in-order stream per context, without implicit synchronization.
 //  - A context released to zero references is only marked destroyed; its memory stays.
 //

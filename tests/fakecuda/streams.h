@@ -39,9 +39,15 @@ struct Work {
   int memset_value = -1;            // ≥ 0: set each dst byte to this value
   bool async_copy = true;           // the fault-file switch applies to it
   bool host_pointer_fault = false;  // a batch given a host pointer the device may not use
+  bool launch_fault = false;        // a kernel launch that touches memory it may not
   std::vector<std::unique_ptr<std::byte[]>> staging;  // sources read during the API call
   std::shared_ptr<std::promise<CUresult>> done;       // set when a caller waits for it
 };
+
+// Resolves a copy's operands (copies.cpp): each side inside one known range, device
+// memory where `*_device` says so. INVALID_VALUE otherwise.
+CUresult resolve_copy(uint64_t dst, uint64_t src, uint64_t bytes, bool dst_device, bool src_device,
+                      Segment* segment);
 
 // Executes `work` for a stream of `context` (copies.cpp). ILLEGAL_ADDRESS on a fault,
 // after which the context is broken.

@@ -1,8 +1,8 @@
 // Engines with GPU memory against the real kvtierd --device cuda: two engine processes
 // on two GPUs at once; legacy IPC with K and V at offsets inside one allocation; a VMM
-// region of many chunks starting inside the first; an engine of each kind through a
-// kvtierd restart. Every run saves, wipes and loads a session through the daemon and
-// checks every byte and every canary around its tensors.
+// region of many chunks starting inside the first; engines packing blocks with the
+// staging kernels; an engine of each kind through a kvtierd restart. Every run saves, wipes and
+// loads a session through the daemon and checks every byte and every canary around its tensors.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -144,6 +144,51 @@ TEST(GpuEngines, VmmRegionOfEightOrMoreChunksStartingAtAnOffsetRoundTrips) {
   EXPECT_GE(std::stoul(chunks[1]), 8u) << regions[0].sharing;
   EXPECT_GT(regions[0].offset_bytes, 0u);
 
+  ExitStatus stopped = daemon->stop();
+  EXPECT_TRUE(stopped.ok()) << "kvtierd " << stopped.describe();
+}
+
+// The staging kernels (client/gpu_stager.h): an engine packs its blocks into a staging
+// buffer with the gather kernel and unpacks Loads with the scatter kernel, whole blocks
+// or layer by layer, in legacy-IPC and VMM memory; what it saves, a plane-copying engine
+// loads bit-exact, and the other way round (blocks are the same bytes either way).
+TEST(GpuEngines, StagingKernelsRoundTripAndShareBlocksWithPlaneCopyingEngines) {
+  auto daemon = start_cuda_daemon(cuda_daemon_flags());
+  if (!daemon) return;
+  // A ring of 64 MiB holds a whole request; one of 3 blocks (768 KiB) makes each Save
+  // and Load stream through it in chunks, and a layer-wise Load wait for ring space.
+  for (const std::string memory : {"ipc", "vmm"}) {
+    for (bool layer_wise : {false, true}) {
+      for (uint64_t ring : {uint64_t{0}, uint64_t{768} << 10}) {
+        const std::string name = memory + (layer_wise ? "-layers" : "") + (ring ? "-ring" : "");
+        SCOPED_TRACE(name);
+        const GpuEngineRun run{.gpu = 0,
+                               .memory = memory,
+                               .session = "staged-" + name,
+                               .staging_kernels = true,
+                               .layer_wise = layer_wise,
+                               .staging_ring_bytes = ring};
+        EXPECT_TRUE(EngineRoundTripped(run_gpu_engine(daemon->socket_path(), run), run));
+      }
+    }
+  }
+  // Saved by kernels, loaded by plane copies; saved by plane copies, loaded by kernels.
+  for (bool kernels_save : {true, false}) {
+    SCOPED_TRACE(kernels_save ? "kernels save" : "kernels load");
+    const std::string session = kernels_save ? "kernel-saved" : "copy-saved";
+    const GpuEngineRun save{.gpu = 0,
+                            .memory = "ipc",
+                            .session = session,
+                            .mode = GpuEngineRun::Mode::kSaveOnly,
+                            .staging_kernels = kernels_save};
+    ASSERT_TRUE(EngineRoundTripped(run_gpu_engine(daemon->socket_path(), save), save));
+    const GpuEngineRun load{.gpu = 0,
+                            .memory = "vmm",
+                            .session = session,
+                            .mode = GpuEngineRun::Mode::kVerifyOnly,
+                            .staging_kernels = !kernels_save};
+    EXPECT_TRUE(EngineRoundTripped(run_gpu_engine(daemon->socket_path(), load), load));
+  }
   ExitStatus stopped = daemon->stop();
   EXPECT_TRUE(stopped.ok()) << "kvtierd " << stopped.describe();
 }

@@ -113,6 +113,12 @@ std::vector<std::string> GpuEngineRun::args(const std::string& socket_path) cons
                                    std::to_string(shape.num_blocks)};
   if (mode == Mode::kSaveOnly) argv.emplace_back("--save-only");
   if (mode == Mode::kVerifyOnly) argv.emplace_back("--verify-only");
+  if (staging_kernels) argv.emplace_back("--staging-kernels");
+  if (layer_wise) argv.emplace_back("--layer-wise");
+  if (staging_ring_bytes != 0) {
+    argv.emplace_back("--staging-ring-bytes");
+    argv.emplace_back(std::to_string(staging_ring_bytes));
+  }
   return argv;
 }
 
@@ -156,6 +162,10 @@ ProcessResult run_gpu_engine(const std::string& socket_path, const GpuEngineRun&
   if (loads && !contains(result.stdout_text, "OK: every byte matched")) {
     return ::testing::AssertionFailure()
            << "exit 0 without 'every byte matched': " << result.describe();
+  }
+  if (run.staging_kernels && !contains(result.stdout_text, "data path: staging kernels")) {
+    return ::testing::AssertionFailure()
+           << "exit 0 without 'data path: staging kernels': " << result.describe();
   }
   if (!contains(result.stdout_text, "canaries around the KV cache intact")) {
     return ::testing::AssertionFailure()

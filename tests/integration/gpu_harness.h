@@ -66,7 +66,10 @@ struct GpuEngineRun {
   std::string session = "gpu-session";
   Mode mode = Mode::kSaveAndLoad;
   uint32_t turns = 3;
-  uint64_t num_blocks = 64;  // at least 2 × the session's blocks
+  uint64_t num_blocks = 64;         // at least 2 × the session's blocks
+  bool staging_kernels = false;     // --staging-kernels: packed by the GPU stager
+  bool layer_wise = false;          // --layer-wise: one Load per layer
+  uint64_t staging_ring_bytes = 0;  // --staging-ring-bytes; 0: the engine's default
   size_t session_blocks() const { return size_t{turns} * kBlocksPerTurn; }
   std::vector<std::string> args(const std::string& socket_path) const;  // argv, binary first
 };
