@@ -16,7 +16,12 @@ namespace kvtier::daemon {
 struct SavePath::SaveInProgress {
   BlockListRequest request;
   std::vector<PendingWrite> writes;  // the blocks this Save writes
+  // Blocks it found held: pinned until the reply, so that making room for its later
+  // blocks never evicts them (nothing holds a closed session's prefix; the Save would
+  // otherwise record blocks it had just dropped, a hole in its own prefix).
+  std::vector<PinnedBlock> kept;
   uint32_t deduplicated = 0;
+  bool cut = false;    // no room for all of it: the request keeps the prefix that fit
   size_t waiting = 0;  // its copy (if any) + blocks another Save is writing
   Status copy_status;
   std::optional<size_t> lost_duplicate;  // index of a block whose other writer failed
@@ -102,6 +107,7 @@ Result<bool> SavePath::start_save(const ConnectionPtr& c, EngineContext& engine,
                        request.hashes.size(), slot.status().message());
       request.hashes.resize(i);
       request.engine_block_ids.resize(i);
+      save->cut = true;
       break;
     }
     if (!slot.is_ok()) {
@@ -111,7 +117,11 @@ Result<bool> SavePath::start_save(const ConnectionPtr& c, EngineContext& engine,
     }
     if (!slot->has_value()) {
       ++save->deduplicated;
-      if (!ctx_.store->lookup(key)) being_written.push_back(i);  // held, not yet visible
+      if (!ctx_.store->lookup(key)) {
+        being_written.push_back(i);  // held, not yet visible
+      } else if (PinnedBlock pin = ctx_.store->pin_in_background(key)) {
+        save->kept.push_back(std::move(pin));
+      }
       continue;
     }
     ctx_.parts.copies->add_request_segments(batch, engine, request.staging, i,
@@ -181,8 +191,8 @@ void SavePath::finish_save(const ConnectionPtr& c, uint64_t id, const EngineCont
       observer->block_saved({engine.layout_key, request.hashes[i]}, static_cast<uint32_t>(i), now);
     }
   }
-  // A Save that kept nothing (no room at all) opens no session.
-  const bool nothing_kept = request.hashes.empty() &&
+  // A Save cut to nothing (no room at all) opens no session; an empty one does.
+  const bool nothing_kept = save.cut && request.hashes.empty() &&
                             ctx_.sessions.find(engine.namespace_id, request.session_id) == nullptr;
   auto session = nothing_kept ? Result<policy::Session*>(not_found("nothing kept"))
                               : ctx_.sessions.get_or_create(engine.namespace_id, request.session_id,
@@ -202,6 +212,7 @@ void SavePath::finish_save(const ConnectionPtr& c, uint64_t id, const EngineCont
   if (!session.is_ok() && !nothing_kept) {
     KVTIER_LOG_WARN("save: {}", session.status().to_string());
   }
+  save.kept.clear();  // the session holds them now (or the Save failed)
   ctx_.parts.placement->plan_soon();
 }
 

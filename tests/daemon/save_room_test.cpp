@@ -179,6 +179,47 @@ TEST_F(PartialSaveTest, AFullHbmOfHeldBlocksKeepsThemAndTheSaveStoresThePrefixTh
   EXPECT_EQ(whole->verified, fresh.size());
 }
 
+// A Save whose leading blocks the daemon already holds, unheld (a closed session's
+// prompt), with no room for the rest: making room must not evict that prefix (the
+// session would record blocks just dropped, and every Load stop at block 0). It keeps
+// the prefix, deduplicated, and says so.
+TEST_F(PartialSaveTest, MakingRoomNeverEvictsTheSavesOwnDeduplicatedPrefix) {
+  const auto held = PagedCache::chain_hashes("held", kSlots - 2);
+  const auto prompt = PagedCache::chain_hashes("prompt", 2);
+  const auto pinned = PagedCache::chain_hashes("pinned", kSlots);
+  ASSERT_TRUE(save_hashes(*engine_, "held", held, 0).is_ok());
+  ASSERT_TRUE(save_hashes(*engine_, "old", prompt, 6).is_ok());     // HBM full
+  ASSERT_TRUE(save_hashes(*engine_, "pinned", pinned, 8).is_ok());  // into RAM
+  ASSERT_TRUE(engine_->client->pin("pinned", "", true).is_ok());
+  ASSERT_TRUE(engine_->client->close_session("old").is_ok());  // the prompt: unheld
+  auto placed = wait_until_settled();
+  ASSERT_TRUE(placed.is_ok()) << placed.status().to_string();
+  ASSERT_EQ(integration::find_tier(*placed, Tier::kHbm)->blocks, kSlots);
+  ASSERT_EQ(integration::find_tier(*placed, Tier::kRam)->blocks, pinned.size());
+  daemon_->advance_clock_ms(10);
+
+  const auto turn = concat_hashes(prompt, PagedCache::chain_hashes("answer", 2));
+  auto saved = save_hashes(*engine_, "new", turn, 20);
+  ASSERT_TRUE(saved.is_ok()) << saved.status().to_string();
+  EXPECT_EQ(saved->deduplicated, 2u);
+  EXPECT_EQ(saved->stored, 0u);
+  EXPECT_EQ(saved->saved(), 2u);
+  auto stats = wait_until_settled();
+  ASSERT_TRUE(stats.is_ok()) << stats.status().to_string();
+  EXPECT_EQ(stats->blocks_evicted, placed->blocks_evicted) << "the prompt was evicted";
+  EXPECT_TRUE(NoLeakedSlots(*stats, block_bytes()));
+  auto loaded = load(*engine_, "new", turn, 32);
+  ASSERT_TRUE(loaded.is_ok()) << loaded.status().to_string();
+  EXPECT_EQ(loaded->reply.loaded_count, 2u) << "the session's recorded prefix loads";
+  EXPECT_EQ(loaded->verified, 2u);
+}
+
+// An empty Save opens its session (and only a Save cut to nothing does not).
+TEST_F(PartialSaveTest, AnEmptySaveStillOpensItsSession) {
+  ASSERT_TRUE(save_hashes(*engine_, "empty", {}, 0).is_ok());
+  EXPECT_TRUE(engine_->client->get_session("empty").is_ok());
+}
+
 // Nothing fits: the Save keeps nothing, says so, and opens no session.
 TEST_F(PartialSaveTest, ASaveWithNoRoomAtAllKeepsNothingAndOpensNoSession) {
   const auto held = PagedCache::chain_hashes("held", kSlots);
