@@ -71,13 +71,15 @@ class PerTierPolicy : public PeerPolicy {
       const bool known = id != kNil && epoch_of_[id] == epoch_;
       const double r = known ? rank_of_[id] : unseen + static_cast<double>(i);
       items[i] = {r, id == kNil ? 0 : entries_[id].position, r, i};
-      if (known) {
+      // Request 0: never named by a Save or Load (recovered, or read from the remote
+      // tier): such blocks are no request's and keep their own ranks.
+      if (known && entries_[id].request != 0) {
         auto [at, inserted] = first_of.try_emplace(entries_[id].request, r);
         if (!inserted) at->second = std::min(at->second, r);
       }
     }
     for (size_t i = 0; i < keys.size(); ++i) {
-      if (ids[i] != kNil && epoch_of_[ids[i]] == epoch_) {
+      if (ids[i] != kNil && epoch_of_[ids[i]] == epoch_ && entries_[ids[i]].request != 0) {
         items[i].group = first_of[entries_[ids[i]].request];
       }
     }
@@ -299,9 +301,16 @@ class WorkloadAware final : public PeerPolicy {
     b.pending = false;
   }
   double value(const Block& b, uint64_t now_ms, double horizon_ms) const {
-    if (!b.pending) return 2.0;  // used since its Save: in a turn now
-    return probability(b.category, static_cast<double>(now_ms - std::min(now_ms, b.since_ms)),
-                       horizon_ms);
+    // Never saved (recovered at a restart, read from the remote tier, or entered before
+    // this policy was): as a first-turn block of its depth, of unknown age.
+    if (b.turn == 0) return probability(category(1, b.position), 0, horizon_ms);
+    const double age = static_cast<double>(now_ms - std::min(now_ms, b.since_ms));
+    // Used since its Save, and lately: in a turn now. A Load's blocks whose session
+    // never saved again fall back to their category's odds once the turn is over.
+    if (!b.pending && age < static_cast<double>(detail::idle_threshold_of(config_, Tier::kHbm))) {
+      return 2.0;
+    }
+    return probability(b.category, age, horizon_ms);
   }
   void trim_ghosts() {
     uint64_t held = 0;  // blocks the tiers hold

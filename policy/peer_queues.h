@@ -132,6 +132,12 @@ class IdQueue {
   void for_each_oldest_first(Fn&& fn) const {
     for (uint32_t id = tail_; id != kNil; id = link(id).prev) fn(id);
   }
+  // The ids older than `id` (all of them when it is not here), oldest first: a walk
+  // from the tail that stops at `id`.
+  template <typename Fn>
+  void for_each_older_than(uint32_t id, Fn&& fn) const {
+    for (uint32_t k = tail_; k != kNil && k != id; k = link(k).prev) fn(k);
+  }
   uint8_t& freq(uint32_t id) { return link(id).freq; }
   uint8_t freq(uint32_t id) const { return link(id).freq; }
 

@@ -116,13 +116,10 @@ class S3FifoTier {
   std::vector<uint32_t>& dropped() { return dropped_; }
 
  private:
+  // Stops at `id`: a block leaving near the tail (the usual sacrifice) costs little.
   static std::vector<uint32_t> older_than(const IdQueue& queue, uint32_t id) {
     std::vector<uint32_t> out;
-    bool reached = false;
-    queue.for_each_oldest_first([&](uint32_t k) {
-      if (k == id) reached = true;
-      if (!reached) out.push_back(k);
-    });
+    queue.for_each_older_than(id, [&](uint32_t k) { out.push_back(k); });
     return out;
   }
   void drop_ghost() {

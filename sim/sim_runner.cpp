@@ -282,21 +282,27 @@ class Simulation {
     // The Save's new blocks stay pinned until it is recorded: room made for a later
     // block never evicts an earlier one of the same Save (in kvtierd they are reserved
     // slots the planner does not see until the Save's copy commits them).
+    // Blocks it finds held are pinned too (kvtierd read-pins them until its reply), so
+    // making room never drops the Save's own prefix.
     std::vector<BlockHash> saved;
-    std::vector<BlockKey> written;
+    std::vector<BlockKey> written, kept;
     for (uint32_t k = 0; k < request.full_blocks; ++k) {
       const BlockKey key = key_of(request.hash_ids[k]);
       if (store_.holds(key)) {
         store_.touch(key, now_ms);
         saved.push_back(key.hash);
+        if (!store_.placement(key).movable) continue;  // moving, or pinned already
+        store_.set_pinned(key, true);
+        kept.push_back(key);
         continue;
       }
       const Stored stored =
           store_new_block(key, now_ms, uint64_t{request.full_blocks - k} * block_bytes_);
       if (stored == Stored::kPark) {
+        for (const BlockKey& w : kept) store_.set_pinned(w, false);
         for (const BlockKey& w : written) {
           store_.set_pinned(w, false);
-          store_.evict(w);
+          store_.give_back(w);
         }
         return false;
       }
@@ -312,6 +318,7 @@ class Simulation {
       }
     }
     for (const BlockKey& key : written) store_.set_pinned(key, false);
+    for (const BlockKey& key : kept) store_.set_pinned(key, false);
     auto created =
         sessions_.get_or_create(kLayout.namespace_id, session_id(request.session), kLayout);
     if (!created.is_ok()) return true;

@@ -55,13 +55,14 @@ void SimStore::place(uint64_t id, Tier tier) {
   if (observer_ != nullptr) observer_->block_entered(key_of(id), tier, block_bytes_);
 }
 
-void SimStore::unplace(uint64_t id, Tier to) {
+void SimStore::unplace(uint64_t id, Tier to, bool given_back) {
   Block& block = blocks_[id];
   // A promotion out of NVMe that keeps its copy there leaves the block in NVMe's
   // history: a read of the copy is a hit in that tier; it leaves when the copy goes.
   const bool copy_kept = block.tier == Tier::kNvme && block.nvme_copy;
   if (observer_ != nullptr && !copy_kept) {
-    observer_->block_left(key_of(id), block.tier, to == Tier::kNone || to > block.tier);
+    observer_->block_left(key_of(id), block.tier,
+                          !given_back && (to == Tier::kNone || to > block.tier));
   }
   auto& residents = residents_[index(block.tier)];
   const uint32_t last = residents.back();
@@ -168,6 +169,15 @@ bool SimStore::evict(const BlockKey& key) {
   used_[index(block->tier)] -= block_bytes_;
   if (block->nvme_copy) drop_copy(id_of(key));
   unplace(id_of(key), Tier::kNone);
+  return true;
+}
+
+bool SimStore::give_back(const BlockKey& key) {
+  Block* block = find(key);
+  if (block == nullptr || block->moving_to != Tier::kNone || block->pinned) return false;
+  used_[index(block->tier)] -= block_bytes_;
+  if (block->nvme_copy) drop_copy(id_of(key));
+  unplace(id_of(key), Tier::kNone, /*given_back=*/true);
   return true;
 }
 

@@ -72,6 +72,9 @@ class SimStore final : public policy::PlacementView {
   void add_ref(const BlockKey& key);
   void drop_ref(const BlockKey& key);
   bool evict(const BlockKey& key);
+  // The same for a block a parked Save wrote and gives back (kvtierd aborts the write):
+  // it leaves without being a policy's sacrifice.
+  bool give_back(const BlockKey& key);
   // Starts a promotion/demotion at `now_ms`; false (nothing changes) when the block
   // is absent, busy, already there, or the destination has no room.
   bool begin_move(const BlockKey& key, Tier to, uint64_t now_ms);
@@ -138,8 +141,9 @@ class SimStore final : public policy::PlacementView {
   BlockPlacement to_placement(const Block& block) const;
   size_t link_of(Tier a, Tier b) const;
   void place(uint64_t id, Tier tier);
-  void unplace(uint64_t id, Tier to);  // `to`: where it goes (kNone: evicted)
-  void land(uint64_t id, Tier to);     // a move ends: the block is in `to`
+  // `to`: where it goes (kNone: evicted, or given back when `given_back`).
+  void unplace(uint64_t id, Tier to, bool given_back = false);
+  void land(uint64_t id, Tier to);  // a move ends: the block is in `to`
   // Whether `tier` has room for one more block, reclaiming NVMe copies if need be.
   bool make_room(Tier tier);
   void add_copy(uint64_t id);
