@@ -119,8 +119,6 @@ void copy_string(std::string_view text, char* out, size_t out_bytes) {
   std::memset(out + n, 0, out_bytes - n);
 }
 
-namespace {
-
 Result<LayoutSpec> to_layout(const kvtier_layout& layout) {
   if (layout.reserved != 0) return invalid_argument("layout.reserved is not 0");
   KVTIER_RETURN_IF_ERROR(require_array(layout.planes, layout.plane_count, "layout.planes"));
@@ -143,6 +141,8 @@ Result<LayoutSpec> to_layout(const kvtier_layout& layout) {
   }
   return spec;
 }
+
+namespace {
 
 void write_hello_info(const HelloInfo& info, kvtier_hello_info* out) {
   std::memset(out, 0, sizeof(*out));
@@ -261,7 +261,7 @@ KVTIER_EXPORT kvtier_status kvtier_connect_with_options(const char* socket_path,
                                  : Client::default_socket_path();
     auto connected = Client::connect(path, client_options);
     if (!connected.is_ok()) return connected.status();
-    *out = new kvtier_client{std::shared_ptr<Client>(std::move(*connected))};
+    *out = new kvtier_client{std::shared_ptr<Client>(std::move(*connected)), std::nullopt};
     return Status::ok();
   });
 }
@@ -278,6 +278,14 @@ KVTIER_EXPORT void kvtier_close(kvtier_client* client) {
 KVTIER_EXPORT kvtier_status kvtier_hello(kvtier_client* client, const kvtier_layout* layout,
                                          const char* engine_name, kvtier_device_kind device_kind,
                                          double prefill_tokens_per_second, kvtier_hello_info* out) {
+  return kvtier_hello_with_data_path(client, layout, engine_name, device_kind,
+                                     prefill_tokens_per_second, KVTIER_DATA_PATH_PLANE_COPIES, out);
+}
+
+KVTIER_EXPORT kvtier_status kvtier_hello_with_data_path(
+    kvtier_client* client, const kvtier_layout* layout, const char* engine_name,
+    kvtier_device_kind device_kind, double prefill_tokens_per_second, kvtier_data_path data_path,
+    kvtier_hello_info* out) {
   return guarded([&]() -> Status {
     KVTIER_RETURN_IF_ERROR(require(client, "client"));
     KVTIER_RETURN_IF_ERROR(require(layout, "layout"));
@@ -287,12 +295,27 @@ KVTIER_EXPORT kvtier_status kvtier_hello(kvtier_client* client, const kvtier_lay
           "KVTIER_DEVICE_CUDA (1)",
           static_cast<int>(device_kind));
     }
+    DataPath path = DataPath::kPlaneCopies;
+    switch (data_path) {
+      case KVTIER_DATA_PATH_PLANE_COPIES:
+        break;
+      case KVTIER_DATA_PATH_STAGING_KERNELS:
+        path = DataPath::kStagingKernels;
+        break;
+      case KVTIER_DATA_PATH_STAGING_HOST:
+        path = DataPath::kStagingHost;
+        break;
+      default:
+        return invalid_argument("data_path is {}; expected a kvtier_data_path (0..2)",
+                                static_cast<int>(data_path));
+    }
     auto spec = to_layout(*layout);
     if (!spec.is_ok()) return spec.status();
     auto info = client->client->hello(
         *spec, engine_name != nullptr ? engine_name : "engine", prefill_tokens_per_second,
-        device_kind == KVTIER_DEVICE_CUDA ? DeviceKind::kCuda : DeviceKind::kHost);
+        device_kind == KVTIER_DEVICE_CUDA ? DeviceKind::kCuda : DeviceKind::kHost, path);
     if (!info.is_ok()) return info.status();
+    client->hello = *info;
     if (out != nullptr) write_hello_info(*info, out);
     return Status::ok();
   });

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <exception>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string_view>
 #include <variant>
@@ -21,6 +22,7 @@ struct kvtier_client {
   // Shared with every kvtier_pending made from it, so that freeing a pending after
   // kvtier_close is safe: the connection closes with the last owner.
   std::shared_ptr<kvtier::Client> client;
+  std::optional<kvtier::HelloInfo> hello;  // the last Hello's reply (kvtier_gpu_stager_create)
 };
 
 struct kvtier_pending {
@@ -71,6 +73,8 @@ Status require(const void* pointer, std::string_view name);
 // NULL with count > 0 is InvalidArgument; NULL with count 0 is an empty span.
 Status require_array(const void* pointer, uint32_t count, std::string_view name);
 
+// A kvtier_layout as the C++ client's (c_api.cpp), every field checked.
+Result<LayoutSpec> to_layout(const kvtier_layout& layout);
 Result<std::vector<BlockRef>> to_block_refs(const kvtier_block_ref* refs, uint32_t count);
 Result<std::vector<BlockHash>> to_hashes(const kvtier_hash* hashes, uint32_t count);
 

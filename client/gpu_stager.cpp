@@ -164,6 +164,36 @@ bool GpuStager::kernels_built() {
   return StagingKernels::built();
 }
 
+Status GpuStager::probe(CUdeviceptr cache_ptr) {
+  if (!StagingKernels::built()) {
+    return unavailable("this libkvtier was built without nvcc: no staging kernels");
+  }
+  auto api = DriverApi::get();
+  if (!api.is_ok()) return api.status();
+  const DriverApi& cu = **api;
+  int ordinal = -1;
+  KVTIER_RETURN_IF_ERROR(driver_status(
+      cu.pointer_get_attribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, cache_ptr),
+      "the cache's GPU (cuPointerGetAttribute)"));
+  CUdevice device = 0;
+  KVTIER_RETURN_IF_ERROR(driver_status(cu.device_get(&device, ordinal), "cuDeviceGet"));
+  CUcontext primary = nullptr;
+  KVTIER_RETURN_IF_ERROR(
+      driver_status(cu.primary_ctx_retain(&primary, device), "cuDevicePrimaryCtxRetain"));
+  Status status;
+  {
+    auto scope = ContextScope::enter(cu, primary);
+    if (!scope.is_ok()) {
+      status = scope.status();
+    } else {
+      auto kernels = StagingKernels::load(cu);
+      status = kernels.status();
+    }
+  }
+  (void)cu.primary_ctx_release(device);
+  return status;
+}
+
 Result<std::unique_ptr<GpuStager>> GpuStager::create(
     Client& client, const HelloInfo& hello, const LayoutSpec& layout,
     const std::map<uint32_t, CUdeviceptr>& region_bases, const GpuStagerOptions& options) {

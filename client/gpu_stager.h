@@ -63,6 +63,10 @@ class GpuStager {
   // Whether this library embeds the kernels (built with nvcc). Whether the driver runs
   // them is known only by create().
   static bool kernels_built();
+  // Whether the kernels run for a cache on the GPU holding `cache_ptr` (any device
+  // address of it): loads them there and lets them go. OK, or create()'s Unavailable.
+  // An engine asks this before its Hello, to say the data path it will use.
+  static Status probe(CUdeviceptr cache_ptr);
 
   // `hello`: the reply to the engine's Hello, which said DataPath::kStagingKernels.
   // `region_bases`: the device address of each region the layout's planes name.

@@ -48,8 +48,8 @@
  * later version node (KVTIER_0.2: kvtier_last_error_retryable; KVTIER_0.3:
  * kvtier_connect_with_options, kvtier_reconnects; KVTIER_0.4:
  * kvtier_save_with_retention, kvtier_save_with_retention_async; KVTIER_0.5:
- * kvtier_load_planes, kvtier_load_planes_async). Any incompatible change bumps the
- * soname.
+ * kvtier_load_planes, kvtier_load_planes_async; KVTIER_0.6: kvtier_hello_with_data_path
+ * and the kvtier_gpu_stager_* functions). Any incompatible change bumps the soname.
  */
 #ifndef KVTIER_H_
 #define KVTIER_H_
@@ -332,6 +332,69 @@ kvtier_status kvtier_register_cuda_vmm(kvtier_client* client, uint32_t region_id
  * memory the daemon could not open (managed, pool, host), with the reason. */
 kvtier_status kvtier_register_cuda_pointer(kvtier_client* client, uint32_t region_id,
                                            uint64_t device_ptr, uint64_t bytes);
+
+/* ---- Staging kernels on a GPU (kvtier::GpuStager; docs/gpu.md) -------------------
+ * The engine packs a request's blocks out of its paged cache into a staging buffer in
+ * its own GPU memory with a gather kernel, and unpacks Loads with a scatter kernel, so
+ * kvtierd moves each block in one contiguous copy instead of one per plane. Kernels run
+ * on the engine's stream (a CUstream as uint64_t; 0: the legacy default stream).
+ * Added in version node KVTIER_0.6. */
+
+/* How the engine moves its blocks' bytes, said in its Hello. */
+typedef enum kvtier_data_path {
+  KVTIER_DATA_PATH_PLANE_COPIES = 0,    /* kvtierd copies each plane (the default) */
+  KVTIER_DATA_PATH_STAGING_KERNELS = 1, /* kvtier_gpu_stager_* */
+  KVTIER_DATA_PATH_STAGING_HOST = 2,    /* the engine packs blocks on its CPU */
+} kvtier_data_path;
+
+/* kvtier_hello that also says the engine's data path; a staging path lets it register
+ * regions no plane names (its staging buffers). */
+kvtier_status kvtier_hello_with_data_path(kvtier_client* client, const kvtier_layout* layout,
+                                          const char* engine_name, kvtier_device_kind device_kind,
+                                          double prefill_tokens_per_second,
+                                          kvtier_data_path data_path, kvtier_hello_info* out);
+
+typedef struct kvtier_gpu_stager kvtier_gpu_stager;
+
+/* KVTIER_OK when the kernels run for a cache on the GPU holding device_ptr (this
+ * library embeds them and the driver loads them there); KVTIER_UNAVAILABLE (with the
+ * reason) otherwise: the engine then keeps the plane-copy path. Ask before the Hello. */
+kvtier_status kvtier_gpu_stager_probe(uint64_t device_ptr);
+
+/* After a kvtier_hello_with_data_path(..., KVTIER_DATA_PATH_STAGING_KERNELS, ...) on
+ * client: allocates a ring_bytes staging buffer on the cache's GPU, registers it as
+ * region staging_region_id (no plane may name it), loads the kernels. region_ids[i]'s
+ * memory starts at device address region_device_ptrs[i], for every region the layout's
+ * planes name (layout: the one the Hello sent). The client must outlive the stager. */
+kvtier_status kvtier_gpu_stager_create(kvtier_client* client, const kvtier_layout* layout,
+                                       const uint32_t* region_ids,
+                                       const uint64_t* region_device_ptrs, uint32_t region_count,
+                                       uint64_t ring_bytes, uint32_t staging_region_id,
+                                       kvtier_gpu_stager** out);
+/* kvtier_save through the stager: gathers on stream (behind the engine's writes there),
+ * then the staged Saves; returns when kvtierd holds the bytes. */
+kvtier_status kvtier_gpu_stager_save(kvtier_gpu_stager* stager, const char* session_id,
+                                     const kvtier_block_ref* refs, uint32_t count,
+                                     int end_of_turn, uint64_t stream, kvtier_save_result* out);
+/* kvtier_load_planes through the stager (plane_count 0: every plane): returns once the
+ * scatters are queued on stream; the engine's later work there sees the blocks. */
+kvtier_status kvtier_gpu_stager_load(kvtier_gpu_stager* stager, const char* session_id,
+                                     const kvtier_block_ref* refs, uint32_t count,
+                                     uint32_t plane_begin, uint32_t plane_count, uint64_t stream,
+                                     kvtier_load_result* out);
+/* A layer-wise Load: range_count plane ranges (plane_begins[i], plane_counts[i]) for the
+ * same blocks, sent ahead as the ring allows; kvtier_gpu_stager_finish_range(i) (in
+ * order 0, 1, …) queues range i's scatter on stream before the layer needs it;
+ * kvtier_gpu_stager_end_load when done (also after an error). */
+kvtier_status kvtier_gpu_stager_begin_load(kvtier_gpu_stager* stager, const char* session_id,
+                                           const kvtier_block_ref* refs, uint32_t count,
+                                           const uint32_t* plane_begins,
+                                           const uint32_t* plane_counts, uint32_t range_count);
+kvtier_status kvtier_gpu_stager_finish_range(kvtier_gpu_stager* stager, uint32_t range,
+                                             uint64_t stream, kvtier_load_result* out);
+kvtier_status kvtier_gpu_stager_end_load(kvtier_gpu_stager* stager);
+/* Unregisters the staging buffer and frees it. NULL is fine. */
+void kvtier_gpu_stager_destroy(kvtier_gpu_stager* stager);
 
 /* Returns once every daemon copy touching the region has finished and the daemon's
  * mapping is closed: the memory may be freed then. KVTIER_NOT_FOUND for a region not

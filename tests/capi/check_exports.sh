@@ -33,6 +33,14 @@ for name in kvtier_load_planes kvtier_load_planes_async; do
     exit 1
   fi
 done
+for name in kvtier_hello_with_data_path kvtier_gpu_stager_probe kvtier_gpu_stager_create \
+    kvtier_gpu_stager_save kvtier_gpu_stager_load kvtier_gpu_stager_begin_load \
+    kvtier_gpu_stager_finish_range kvtier_gpu_stager_end_load kvtier_gpu_stager_destroy; do
+  if ! printf '%s\n' "$symbols" | grep -q " $name@@KVTIER_0\.6\$"; then
+    echo "$name is not in version node KVTIER_0.6" >&2
+    exit 1
+  fi
+done
 count=$(printf '%s\n' "$symbols" | grep -c ' T kvtier_')
 if [ "$count" -lt 20 ]; then
   echo "only $count kvtier_* functions exported:" >&2

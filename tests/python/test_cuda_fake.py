@@ -1,7 +1,8 @@
 """The CUDA path from Python without a GPU: kvtierd --device cuda and the engine both
 on the fake driver (tests/fakecuda), whose device pointers are host addresses, so the
 test can fill and check "GPU" memory directly. A tensor-like object that says it is
-on CUDA goes through Client.register_tensor -> kvtier_register_cuda_pointer."""
+on CUDA goes through Client.register_tensor -> kvtier_register_cuda_pointer; an engine
+packs and unpacks blocks with the staging kernels through kvtier.gpu."""
 
 from __future__ import annotations
 
@@ -85,5 +86,87 @@ def test_cuda_pointer_region_round_trip_on_the_fake_driver(tmp_path):
                               "PYTHONPATH": str(REPO / "client" / "python")})
         assert run.returncode == 0, f"{run.stdout}\n{run.stderr}\nkvtierd:\n{daemon.log()}"
         assert run.stdout.startswith("restored")
+    finally:
+        daemon.stop()
+
+
+STAGING_ENGINE = r'''
+import ctypes, sys
+import torch
+import kvtier
+import kvtier.gpu
+from kvtier.hashing import block_hashes
+from kvtier.torch import layout_from_tensors
+
+cuda = ctypes.CDLL("libcuda.so.1")
+def ok(result):
+    assert result == 0, f"CUDA error {result}"
+ok(cuda.cuInit(0))
+device, context, pointer = ctypes.c_int(), ctypes.c_void_p(), ctypes.c_uint64()
+ok(cuda.cuDeviceGet(ctypes.byref(device), 0))
+ok(cuda.cuDevicePrimaryCtxRetain(ctypes.byref(context), device))
+ok(cuda.cuCtxSetCurrent(context))
+shape = (2, 2, 16, 4, 2, 16)  # 2 layers of vLLM's [2, blocks, block_size, heads, head_dim]
+size = 2 * 2 * 16 * 4 * 2 * 16 * 2
+ok(cuda.cuMemAlloc_v2(ctypes.byref(pointer), ctypes.c_size_t(size)))
+raw = (ctypes.c_uint8 * size).from_address(pointer.value)
+cache = torch.frombuffer(raw, dtype=torch.float16).view(shape)
+layers = [cache[0], cache[1]]
+
+available, why = kvtier.gpu.staging_kernels_available(pointer.value)
+assert available, why
+with kvtier.Client(sys.argv[1]) as client:
+    layout = layout_from_tensors("fake-cuda-staged", layers, 0, region_bases={0: cache})
+    info = client.hello(layout, device="cuda", data_path="staging-kernels")
+    with client.gpu_stager({0: pointer.value}, ring_bytes=3 * info.block_bytes) as stager:
+        cache.copy_(torch.randn(shape, generator=torch.Generator().manual_seed(5)))
+        ids = [11, 3, 7, 14, 0]
+        expected = cache[:, :, ids].clone()
+        hashes = block_hashes(range(5 * 4), 4, "fake-cuda-staged")
+        saved = stager.save("s", list(zip(hashes, ids)))
+        assert saved.stored == 5 and saved.saved == 5, saved
+        targets = [1, 2, 9, 15, 6]
+        cache.zero_()
+        loaded = stager.load("s", list(zip(hashes, targets)))
+        assert loaded.loaded_count == 5, loaded
+        ok(cuda.cuCtxSynchronize())
+        assert torch.equal(cache[:, :, targets].view(torch.int16), expected.view(torch.int16))
+        others = [b for b in range(16) if b not in targets]
+        assert cache[:, :, others].abs().sum() == 0
+        # Layer by layer (K and V of a layer are planes 2l, 2l + 1).
+        cache.zero_()
+        stager.begin_load("s", list(zip(hashes, targets)), [(0, 2), (2, 2)])
+        first = stager.finish_range(0)
+        second = stager.finish_range(1)
+        stager.end_load()
+        assert first.loaded_count == second.loaded_count == 5, (first, second)
+        ok(cuda.cuCtxSynchronize())
+        assert torch.equal(cache[:, :, targets].view(torch.int16), expected.view(torch.int16))
+        # A prefix that ends early: the last hash was never saved.
+        cache.zero_()
+        missing = hashes[:3] + [b"never-saved"]
+        short = stager.load("s", list(zip(missing, targets[:4])))
+        assert short.loaded_count == 3, short
+    print("staged", client.stats().lookup_hits)
+'''
+
+
+def test_staging_kernels_from_python_on_the_fake_driver(tmp_path):
+    directory = fake_driver_dir()
+    if directory is None:
+        pytest.skip("no fake CUDA driver built (target kvtier_fakecuda)")
+    env = {"LD_LIBRARY_PATH": str(directory), "KVTIER_FAKECUDA_DEVICES": "1"}
+    daemon = Kvtierd(["--device", "cuda", "--hbm-bytes", "8MiB", "--ram-bytes", "16MiB",
+                      "--slab-bytes", "1MiB"], env=env)
+    try:
+        script = tmp_path / "staging_engine.py"
+        script.write_text(STAGING_ENGINE)
+        run = subprocess.run(
+            [sys.executable, str(script), daemon.socket_path], capture_output=True, text=True,
+            timeout=120, env={**os.environ, **env,
+                              "PYTHONPATH": str(REPO / "client" / "python")})
+        assert run.returncode == 0, f"{run.stdout}\n{run.stderr}\nkvtierd:\n{daemon.log()}"
+        assert run.stdout.startswith("staged")
+        assert "data path stagingKernels" in daemon.log()
     finally:
         daemon.stop()

@@ -163,7 +163,26 @@ _OPTIONAL_SIGNATURES = {
                                                    POINTER(_pending_p)]),
     "kvtier_load_planes_async": (_status, [_client_p, c_char_p, c_void_p, c_uint32, c_uint32,
                                            c_uint32, POINTER(_pending_p)]),
+    # KVTIER_0.6: the data path in the Hello, the GPU staging kernels (kvtier.gpu).
+    "kvtier_hello_with_data_path": (_status, [_client_p, POINTER(Layout), c_char_p, c_int,
+                                              c_double, c_int, POINTER(HelloInfo)]),
+    "kvtier_gpu_stager_probe": (_status, [c_uint64]),
+    "kvtier_gpu_stager_create": (_status, [_client_p, POINTER(Layout), POINTER(c_uint32),
+                                           POINTER(c_uint64), c_uint32, c_uint64, c_uint32,
+                                           POINTER(c_void_p)]),
+    "kvtier_gpu_stager_save": (_status, [c_void_p, c_char_p, c_void_p, c_uint32, c_int,
+                                         c_uint64, POINTER(SaveResult)]),
+    "kvtier_gpu_stager_load": (_status, [c_void_p, c_char_p, c_void_p, c_uint32, c_uint32,
+                                         c_uint32, c_uint64, POINTER(LoadResult)]),
+    "kvtier_gpu_stager_begin_load": (_status, [c_void_p, c_char_p, c_void_p, c_uint32,
+                                               POINTER(c_uint32), POINTER(c_uint32), c_uint32]),
+    "kvtier_gpu_stager_finish_range": (_status, [c_void_p, c_uint32, c_uint64,
+                                                 POINTER(LoadResult)]),
+    "kvtier_gpu_stager_end_load": (_status, [c_void_p]),
+    "kvtier_gpu_stager_destroy": (None, [c_void_p]),
 }
+
+DATA_PATHS = {"plane-copies": 0, "staging-kernels": 1, "staging-host": 2}
 
 _load_lock = threading.Lock()
 _library: ctypes.CDLL | None = None  # set once, under _load_lock

@@ -220,3 +220,18 @@ def range_retentions(ranges: Sequence[BlockPriority], count: int):
         out[i] = _lib.RangeRetention(r.first, r.count, _lib.Retention(
             priority, 0, _duration_ms(f"block_priorities[{i}].duration_s", r.duration_s)))
     return out, len(ranges)
+
+
+def layout_struct(layout):
+    """The kvtier_layout of ``layout``, and its plane array (keep it alive alongside)."""
+    planes = (_lib.Plane * len(layout.planes))(*[
+        (p.region_id, 0, p.offset_bytes, p.stride_bytes, p.bytes_per_block)
+        for p in layout.planes])
+    wire = _lib.Layout(
+        model_id=layout.model_id.encode(), dtype=layout.dtype.encode(),
+        extra_key=layout.extra_key.encode(), num_layers=layout.num_layers,
+        num_kv_heads=layout.num_kv_heads, head_dim=layout.head_dim,
+        tokens_per_block=layout.tokens_per_block, tp_rank=layout.tp_rank,
+        tp_size=layout.tp_size, num_blocks=layout.num_blocks, planes=planes,
+        plane_count=len(layout.planes), reserved=0)
+    return wire, planes

@@ -157,33 +157,42 @@ class Client:
     # ---- setup -------------------------------------------------------------------
 
     def hello(self, layout: Layout, engine_name: str = "python", device: str = "host",
-              prefill_tokens_per_second: float = 0.0) -> HelloInfo:
+              prefill_tokens_per_second: float = 0.0, *,
+              data_path: str = "plane-copies") -> HelloInfo:
         """Says who the engine is; must come first, once. ``device`` is the kind of
         regions it registers and must match the daemon's backend: "host" (memfd) or
         "cuda". InvalidArgument names a bad layout field; NotSupported says the daemon
-        runs the other backend."""
+        runs the other backend. ``data_path`` says how the engine moves bytes:
+        "plane-copies" (kvtierd copies every plane), "staging-kernels" (a
+        :class:`kvtier.gpu.GpuStager` packs blocks on the GPU; see
+        :func:`kvtier.gpu.staging_kernels_available`) or "staging-host"."""
+        if data_path not in _lib.DATA_PATHS:
+            raise InvalidArgument(f"data_path must be one of {sorted(_lib.DATA_PATHS)}, "
+                                  f"got {data_path!r}")
         if not isinstance(layout, Layout):
             raise InvalidArgument(f"layout must be a kvtier.Layout, got {type(layout).__name__}")
         if device not in _DEVICE_KINDS:
             raise InvalidArgument(f'device must be "host" or "cuda", got {device!r}')
-        planes = (_lib.Plane * len(layout.planes))(*[
-            (p.region_id, 0, p.offset_bytes, p.stride_bytes, p.bytes_per_block)
-            for p in layout.planes])
-        wire = _lib.Layout(
-            model_id=layout.model_id.encode(), dtype=layout.dtype.encode(),
-            extra_key=layout.extra_key.encode(), num_layers=layout.num_layers,
-            num_kv_heads=layout.num_kv_heads, head_dim=layout.head_dim,
-            tokens_per_block=layout.tokens_per_block, tp_rank=layout.tp_rank,
-            tp_size=layout.tp_size, num_blocks=layout.num_blocks, planes=planes,
-            plane_count=len(layout.planes), reserved=0)
+        wire, planes = _marshal.layout_struct(layout)
         name = _marshal.text("engine_name", engine_name)
         out = _lib.HelloInfo()
+        with_data_path = getattr(self._lib, "kvtier_hello_with_data_path", None)
+        if data_path != "plane-copies" and with_data_path is None:
+            raise NotSupported("this libkvtier.so.0 predates data paths (ABI 0.6)",
+                               retryable=False)
         handle = self._acquire()
         try:
-            _lib.check(self._lib.kvtier_hello(handle, byref(wire), name, _DEVICE_KINDS[device],
-                                              float(prefill_tokens_per_second), byref(out)))
+            if data_path == "plane-copies":
+                _lib.check(self._lib.kvtier_hello(handle, byref(wire), name,
+                                                  _DEVICE_KINDS[device],
+                                                  float(prefill_tokens_per_second), byref(out)))
+            else:
+                _lib.check(with_data_path(handle, byref(wire), name, _DEVICE_KINDS[device],
+                                          float(prefill_tokens_per_second),
+                                          _lib.DATA_PATHS[data_path], byref(out)))
         finally:
             self._release()
+        del planes
         gpus = min(out.gpu_count, _lib.MAX_GPUS)
         self.hello_info = HelloInfo(
             layout_digest=out.layout_digest, block_bytes=out.block_bytes,
@@ -194,6 +203,16 @@ class Client:
             device_name=out.device_name.decode("utf-8", "replace"), protocol_version=out.protocol_version)
         self.layout = layout
         return self.hello_info
+
+    def gpu_stager(self, region_ptrs: dict[int, int], *, ring_bytes: int = 64 << 20,
+                   staging_region_id: int = 0x7FFF0000):
+        """A :class:`kvtier.gpu.GpuStager` for this client's layout (after a hello()
+        with data_path="staging-kernels"): ``region_ptrs`` maps each region id the
+        layout's planes name to the device address its memory starts at."""
+        from .gpu import GpuStager
+
+        return GpuStager(self, region_ptrs, ring_bytes=ring_bytes,
+                         staging_region_id=staging_region_id)
 
     def register_memfd(self, region_id: int, fd: int, size_bytes: int) -> None:
         """Host backend: shares a memfd of exactly size_bytes. The fd stays yours; keep
