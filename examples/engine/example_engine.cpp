@@ -169,6 +169,10 @@ class GpuCache final : public EngineCache {
     stager_.reset();  // its staging region goes first
     return cache_->unregister(client);
   }
+  // Whether the staging kernels run for this cache (before the Hello names the path).
+  kvtier::Status probe_staging_kernels() const {
+    return kvtier::GpuStager::probe(cache_->region_bases().begin()->second);
+  }
   // Saves and Loads through a GpuStager from now on.
   kvtier::Status use_staging_kernels(kvtier::Client& client, const kvtier::HelloInfo& hello,
                                      uint64_t ring_bytes) {
@@ -376,14 +380,27 @@ int run(const Options& options) {
   if (!client.is_ok()) return fail("connect", client.status());
   const auto device_kind =
       options.device == "cuda" ? kvtier::DeviceKind::kCuda : kvtier::DeviceKind::kHost;
+  // --staging-kernels where they run here; otherwise (a build without nvcc, a driver
+  // without code for this GPU) the plane-copy path, as any engine would fall back.
+  bool staging_kernels = false;
+#ifdef KVTIER_HAVE_CUDA
+  if (options.staging_kernels) {
+    kvtier::Status probed = static_cast<GpuCache&>(cache).probe_staging_kernels();
+    staging_kernels = probed.is_ok();
+    if (!staging_kernels) {
+      std::printf("staging kernels unavailable (%s): data path: plane copies\n",
+                  probed.to_string().c_str());
+    }
+  }
+#endif
   const auto data_path =
-      options.staging_kernels ? kvtier::DataPath::kStagingKernels : kvtier::DataPath::kPlaneCopies;
+      staging_kernels ? kvtier::DataPath::kStagingKernels : kvtier::DataPath::kPlaneCopies;
   auto hello = (*client)->hello(cache.layout(), "kvtier-example-engine", 0, device_kind, data_path);
   if (!hello.is_ok()) return fail("hello", hello.status());
   auto registered = cache.register_with(**client);
   if (!registered.is_ok()) return fail("register region", registered);
 #ifdef KVTIER_HAVE_CUDA
-  if (options.staging_kernels) {
+  if (staging_kernels) {
     auto staged = static_cast<GpuCache&>(cache).use_staging_kernels(**client, *hello,
                                                                     options.staging_ring_bytes);
     if (!staged.is_ok()) return fail("load the staging kernels", staged);

@@ -60,6 +60,7 @@ Config read_config() {
   c.peer_access = env_number("KVTIER_FAKECUDA_PEER_ACCESS", 1, false) != 0;
   c.host_pointer_for_registered =
       env_number("KVTIER_FAKECUDA_HOST_POINTER_FOR_REGISTERED_MEM", 1, false) != 0;
+  c.no_kernel_image = env_number("KVTIER_FAKECUDA_NO_KERNEL_IMAGE", 0, false) != 0;
   return c;
 }
 

@@ -74,6 +74,9 @@
 //   KVTIER_FAKECUDA_PEER_ACCESS     =0: no device can access another's memory
 //                                   (cuDeviceCanAccessPeer 0, cuMemSetAccess refuses
 //                                   other devices); cuMemcpyPeerAsync still copies
+//   KVTIER_FAKECUDA_NO_KERNEL_IMAGE =1: cuModuleLoadData fails NO_BINARY_FOR_GPU, as a
+//                                   driver with no code for the GPU and too old for
+//                                   the image's PTX
 //   KVTIER_FAKECUDA_HOST_POINTER_FOR_REGISTERED_MEM
 //                                   =0: the attribute is 0 and a batch copy given a
 //                                   host pointer faults (as on paravirtualized GPUs)
@@ -119,6 +122,7 @@ struct Config {
   uint64_t copy_us_per_mib = 0;
   bool peer_access = true;                  // cuDeviceCanAccessPeer between any two devices
   bool host_pointer_for_registered = true;  // CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM
+  bool no_kernel_image = false;             // cuModuleLoadData: NO_BINARY_FOR_GPU
 };
 
 const Config& config();

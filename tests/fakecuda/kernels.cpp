@@ -47,6 +47,7 @@ FAKECUDA_EXPORT CUresult cuModuleLoadData(CUmodule* module, const void* image) {
   uint32_t magic = 0;
   std::memcpy(&magic, image, sizeof(magic));
   if (magic != kFatbinMagic) return CUDA_ERROR_INVALID_IMAGE;
+  if (config().no_kernel_image) return CUDA_ERROR_NO_BINARY_FOR_GPU;
   ModuleTable& t = modules();
   std::lock_guard lock(t.mu);
   auto* loaded = new Module{current};

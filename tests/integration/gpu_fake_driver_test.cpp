@@ -193,6 +193,28 @@ TEST(GpuFakeDriver, UnregisterRepliesAfterTheInFlightSaveAndUnmapsFirst) {
   EXPECT_TRUE(stopped.ok()) << "kvtierd " << stopped.describe();
 }
 
+// A driver that cannot load the staging kernels (no code for the GPU, PTX newer than
+// it): an engine asked to use them says so and keeps the plane-copy path, bit-exact.
+TEST(GpuFakeDriver, WithoutLoadableKernelsAnEngineKeepsThePlaneCopyPath) {
+  REQUIRE_FAKE_DRIVER();
+  auto daemon = start_cuda_daemon(cuda_daemon_flags());
+  if (!daemon) return;
+  ProcessResult result;
+  GpuEngineRun run{.gpu = 0, .memory = "ipc", .session = "no-kernels", .staging_kernels = true};
+  {
+    ScopedEnv no_image("KVTIER_FAKECUDA_NO_KERNEL_IMAGE", "1");  // the engine's driver
+    result = run_gpu_engine(daemon->socket_path(), run);
+  }
+  run.staging_kernels = false;  // what it ran
+  EXPECT_TRUE(EngineRoundTripped(result, run));
+  EXPECT_NE(result.stdout_text.find("staging kernels unavailable"), std::string::npos)
+      << result.stdout_text;
+  EXPECT_EQ(result.stdout_text.find("data path: staging kernels"), std::string::npos)
+      << result.stdout_text;
+  ExitStatus stopped = daemon->stop();
+  EXPECT_TRUE(stopped.ok()) << "kvtierd " << stopped.describe();
+}
+
 TEST(GpuFakeDriver, EngineKilledMidCopyLeavesTheDaemonServingTheNextEngine) {
   REQUIRE_FAKE_DRIVER();
   auto daemon = start_slow_copy_daemon();
