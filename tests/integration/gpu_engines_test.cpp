@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "client/gpu_stager.h"
 #include "tests/integration/gpu_harness.h"
 #include "tests/integration/nvme_harness.h"
 
@@ -153,6 +154,7 @@ TEST(GpuEngines, VmmRegionOfEightOrMoreChunksStartingAtAnOffsetRoundTrips) {
 // or layer by layer, in legacy-IPC and VMM memory; what it saves, a plane-copying engine
 // loads bit-exact, and the other way round (blocks are the same bytes either way).
 TEST(GpuEngines, StagingKernelsRoundTripAndShareBlocksWithPlaneCopyingEngines) {
+  if (!GpuStager::kernels_built()) GTEST_SKIP() << "built without nvcc: no staging kernels";
   auto daemon = start_cuda_daemon(cuda_daemon_flags());
   if (!daemon) return;
   // A ring of 64 MiB holds a whole request; one of 3 blocks (768 KiB) makes each Save
