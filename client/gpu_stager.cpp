@@ -157,6 +157,23 @@ struct GpuStager::State {
     return Status::ok();
   }
   uint64_t launches = 0;
+
+  // Waits until what is queued on `stream` is done: through an event where one can be
+  // recorded, else the whole stream (never on the word of an event not recorded).
+  Status wait_for(CUstream stream, const char* what) {
+    auto event = take_event();
+    if (event.is_ok()) {
+      Status recorded = driver_status(api->event_record(*event, stream), "cuEventRecord");
+      Status waited =
+          recorded.is_ok() ? driver_status(api->event_synchronize(*event), what) : recorded;
+      spare_events.push_back(*event);
+      if (recorded.is_ok()) return waited;
+    }
+    return driver_status(api->stream_synchronize(stream), what);
+  }
+  // The first error that left a layer-wise Load in an unknown state; later calls return
+  // it until end_load.
+  Status broken;
   std::vector<uint32_t> ids;  // launch()'s scratch
 };
 
@@ -334,6 +351,7 @@ Result<SaveResult> GpuStager::save(const std::string& session_id, std::span<cons
   SaveResult total{0, 0};
   bool stopped = false;  // a chunk came back short or failed: the Save ends there
   Status error;
+  size_t sent = 0;  // blocks sent in Saves
   auto settle_oldest = [&] {
     std::unique_ptr<Piece> piece = std::move(in_flight.front());
     in_flight.pop_front();
@@ -359,14 +377,10 @@ Result<SaveResult> GpuStager::save(const std::string& session_id, std::span<cons
     if (stopped) break;
     const auto chunk = blocks.subspan(first, piece->count);
     Status launched = s.launch(all, s.block_bytes, chunk, *offset, staging::kGather, stream);
-    auto event = s.take_event();
-    if (launched.is_ok() && !event.is_ok()) launched = event.status();
     if (launched.is_ok()) {
-      launched = driver_status(s.api->event_record(*event, stream), "cuEventRecord");
-      if (launched.is_ok())
-        launched = driver_status(s.api->event_synchronize(*event), "staging gather");
+      // kvtierd reads the rows as soon as it has the Save: the gather must be done.
+      launched = s.wait_for(stream, "staging gather");
     }
-    if (event.is_ok()) s.spare_events.push_back(*event);
     if (!launched.is_ok()) {
       error = launched;
       stopped = true;
@@ -379,9 +393,15 @@ Result<SaveResult> GpuStager::save(const std::string& session_id, std::span<cons
     piece->save.emplace(client_.save_async(session_id, chunk, end_of_turn && last, chunk_save));
     s.occupy(piece.get(), *offset);
     first += piece->count;
+    sent = first;
     in_flight.push_back(std::move(piece));
   }
   while (!in_flight.empty()) settle_oldest();
+  // The turn ends even when the chunk that would have said so was never sent (an empty
+  // Save ends it): the session's idle clock and write-behind start as for any Save.
+  if (stopped && end_of_turn && total.saved() > 0 && sent < blocks.size()) {
+    (void)client_.save(session_id, {}, /*end_of_turn=*/true);
+  }
   // A failure after a kept prefix reads as a partial Save: the prefix is held.
   if (!error.is_ok() && total.saved() == 0) return error;
   return total;
@@ -465,6 +485,7 @@ Result<LoadResult> GpuStager::finish_range(size_t range, CUstream stream) {
     return invalid_argument("ranges finish in order: range {} is next, not {}", s.next_range,
                             range);
   }
+  if (!s.broken.is_ok()) return s.broken;
   auto scope = ContextScope::enter(*s.api, s.context);
   if (!scope.is_ok()) return scope.status();
   // Frees the oldest ring space: its piece is done (earlier ranges, or earlier in this
@@ -542,13 +563,19 @@ Result<LoadResult> GpuStager::finish_range(size_t range, CUstream stream) {
       const auto chunk = std::span<const BlockRef>(s.blocks).subspan(piece.first, loaded);
       Status launched = s.launch(s.ranges[range], s.row_bytes[range], chunk, piece.offset,
                                  staging::kScatter, stream);
-      auto event = s.take_event();
-      if (launched.is_ok() && !event.is_ok()) launched = event.status();
       if (launched.is_ok()) {
-        launched = driver_status(s.api->event_record(*event, stream), "cuEventRecord");
-        piece.event = *event;
-      } else if (event.is_ok()) {
-        s.spare_events.push_back(*event);
+        // The ring space is free again once the scatter has read it: an event marks
+        // that; without one, wait for the stream now.
+        auto event = s.take_event();
+        Status recorded = event.is_ok()
+                              ? driver_status(s.api->event_record(*event, stream), "cuEventRecord")
+                              : event.status();
+        if (recorded.is_ok()) {
+          piece.event = *event;
+        } else {
+          if (event.is_ok()) s.spare_events.push_back(*event);
+          launched = driver_status(s.api->stream_synchronize(stream), "staging scatter");
+        }
       }
       if (!launched.is_ok()) {
         error = launched;
@@ -565,7 +592,10 @@ Result<LoadResult> GpuStager::finish_range(size_t range, CUstream stream) {
   }
   ++s.next_range;
   if (error.is_ok()) error = send_ahead(0, /*wait=*/false);
-  if (!error.is_ok()) return error;
+  if (!error.is_ok()) {
+    s.broken = error;
+    return error;
+  }
   return result;
 }
 
@@ -594,6 +624,7 @@ Status GpuStager::end_load() {
   s.pieces.clear();
   s.blocks.clear();
   s.loading = false;
+  s.broken = Status::ok();
   return status;
 }
 

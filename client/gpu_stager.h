@@ -32,7 +32,18 @@
 // sees the blocks, and the host need not wait.
 //
 // A partial Save (a chunk's reply short of its blocks) ends the Save: later chunks are
-// not sent; those already sent are waited for; the result counts the prefix kept.
+// not sent; those already sent are waited for (kvtierd keeps nothing of them: they
+// follow the cut); the result counts the prefix kept; an end of turn asked for is still
+// sent (an empty Save).
+//
+// Layer-wise counts: each range is a Load of its own, so an eviction between them can
+// make a later range's loaded_count smaller than an earlier one's. Use the smallest
+// count of the ranges finished so far; a layer already computed on more blocks than a
+// later range has must recompute those blocks.
+//
+// Contexts: the kernels live in the primary context of the cache's GPU, and a stream
+// passed in must belong to it (as PyTorch's and vLLM's do); the staging ring is one
+// cuMemAlloc there, shared with kvtierd through legacy CUDA IPC.
 //
 // Thread-safety: one thread at a time (an engine's worker); the Client may be shared.
 // Lifetime: the Client, and the engine's cache memory, must outlive the GpuStager.

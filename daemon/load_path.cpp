@@ -106,7 +106,8 @@ Status LoadPath::handle_load(const ConnectionPtr& c, EngineContext& engine, uint
     // Blocks after the first that is not readable are not loaded: unpinned here.
     loaded->erase(loaded->begin() + static_cast<std::ptrdiff_t>(count), loaded->end());
     // A Load that waited for NVMe may find a region unregistered meanwhile.
-    if (Status registered = check_request_regions(*engine_ref, staging); !registered.is_ok()) {
+    if (Status registered = check_request_regions(*engine_ref, staging, total);
+        !registered.is_ok()) {
       reply_error(c, id, registered);
       return;
     }

@@ -62,10 +62,22 @@ Result<BlockListRequest> decode_block_list(const EngineContext& engine, uint32_t
 }
 
 Status check_request_regions(const EngineContext& engine,
-                             const std::optional<StagingTarget>& staging) {
+                             const std::optional<StagingTarget>& staging, uint64_t blocks) {
   if (!staging) return check_regions_registered(engine);
-  if (engine.regions.count(staging->region_id) == 0) {
+  auto region = engine.regions.find(staging->region_id);
+  if (region == engine.regions.end()) {
     return invalid_argument("staging.regionId {} is not registered", staging->region_id);
+  }
+  return check_staged_rows(*staging, blocks, region->second->size_bytes());
+}
+
+Status check_staged_rows(const StagingTarget& staging, uint64_t blocks, uint64_t region_bytes) {
+  // offset + blocks × row_bytes ≤ region_bytes, without overflow (row_bytes ≤ 64 MiB and
+  // blocks ≤ max-blocks-per-request keep the product far below 2^64).
+  if (staging.offset > region_bytes || blocks * staging.row_bytes > region_bytes - staging.offset) {
+    return invalid_argument(
+        "staging: {} blocks of {} bytes from offset {} pass the end of region {} ({} bytes)",
+        blocks, staging.row_bytes, staging.offset, staging.region_id, region_bytes);
   }
   return Status::ok();
 }
@@ -83,15 +95,8 @@ Status decode_staging(const EngineContext& engine, wire::Staging::Reader staging
     for (const PlaneLayout& plane : request.planes.of(engine.layout))
       target.row_bytes += plane.bytes_per_block;
   }
-  const uint64_t region_bytes = region->second->size_bytes();
-  const uint64_t blocks = request.hashes.size();
-  // offset + blocks × row_bytes ≤ region_bytes, without overflow (row_bytes ≤ 64 MiB and
-  // blocks ≤ max-blocks-per-request keep the product far below 2^64).
-  if (target.offset > region_bytes || blocks * target.row_bytes > region_bytes - target.offset) {
-    return invalid_argument(
-        "staging: {} blocks of {} bytes from offset {} pass the end of region {} ({} bytes)",
-        blocks, target.row_bytes, target.offset, target.region_id, region_bytes);
-  }
+  KVTIER_RETURN_IF_ERROR(
+      check_staged_rows(target, request.hashes.size(), region->second->size_bytes()));
   request.staging = target;
   return Status::ok();
 }

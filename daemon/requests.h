@@ -81,8 +81,12 @@ Result<BlockListRequest> decode_block_list(const EngineContext& engine, uint32_t
                                            BlockListKind kind, bool staged = false);
 // The regions a request copies from or to are registered (still, for a request that
 // waited): the staging region of a staged one, else every region of the layout.
+// For a staged one, its `blocks` rows still fit the region (its id may have been
+// registered again, smaller, while the request waited).
 Status check_request_regions(const EngineContext& engine,
-                             const std::optional<StagingTarget>& staging);
+                             const std::optional<StagingTarget>& staging, uint64_t blocks);
+// `blocks` rows of `staging` lie inside a region of `region_bytes`.
+Status check_staged_rows(const StagingTarget& staging, uint64_t blocks, uint64_t region_bytes);
 // A Save's or Load's `staging` into `request.staging` (its hashes, and a Load's planes,
 // already decoded): a region registered on this connection, and every staged block
 // inside it, without overflow.

@@ -29,6 +29,25 @@ struct SavePath::SaveInProgress {
 
 Status SavePath::handle_save(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
                              BlockListRequest request) {
+  if (!cut_sessions_.empty() && !request.hashes.empty()) {
+    auto cut = cut_sessions_.find({engine.namespace_id, request.session_id});
+    if (cut != cut_sessions_.end()) {
+      if (request.hashes.front() == cut->second) {
+        cut_sessions_.erase(cut);  // the prefix sent again from its start
+      } else {
+        ++ctx_.counters.partial_saves;
+        ctx_.counters.blocks_not_saved += request.hashes.size();
+        KVTIER_LOG_DEBUG("save of session '{}': {} blocks after a cut this turn, not kept",
+                         request.session_id, request.hashes.size());
+        reply(c, id, [](wire::Response::Builder response) {
+          auto out = response.initSave();
+          out.setStored(0);
+          out.setDeduplicated(0);
+        });
+        return Status::ok();
+      }
+    }
+  }
   // Behind the Saves already waiting for room, so that none is overtaken for ever.
   if (parked_saves_.empty()) {
     auto started = start_save(c, engine, id, request);
@@ -66,7 +85,9 @@ void SavePath::resume_parked_saves() {
           "no room for the Save's {} blocks within save-room-wait-ms ({} ms): every tier stayed "
           "full of blocks being copied or read; retry",
           parked.request.hashes.size(), ctx_.config.save_room_wait_ms);
-    } else if (status = check_request_regions(*engine, parked.request.staging); status.is_ok()) {
+    } else if (status = check_request_regions(*engine, parked.request.staging,
+                                              parked.request.hashes.size());
+               status.is_ok()) {
       auto started = start_save(parked.connection, *engine, parked.request_id, parked.request);
       if (started.is_ok() && !*started) break;  // still no room: it stays first in line
       status = started.status();
@@ -105,6 +126,12 @@ Result<bool> SavePath::start_save(const ConnectionPtr& c, EngineContext& engine,
       ctx_.counters.blocks_not_saved += request.hashes.size() - i;
       KVTIER_LOG_DEBUG("save of session '{}': {} of {} blocks fit ({})", request.session_id, i,
                        request.hashes.size(), slot.status().message());
+      // The session's first block: its own when it has blocks, else this Save's.
+      const policy::Session* existing = ctx_.sessions.find(engine.namespace_id, request.session_id);
+      const BlockHash first = existing != nullptr && existing->blocks.size() > 0
+                                  ? *existing->blocks.begin()
+                                  : request.hashes.front();
+      cut_sessions_[{engine.namespace_id, request.session_id}] = first;
       request.hashes.resize(i);
       request.engine_block_ids.resize(i);
       save->cut = true;
@@ -242,6 +269,10 @@ void SavePath::apply_retention(policy::Session& session, const BlockListRequest&
                                              range.retention.priority, until);
     }
   }
+}
+
+void SavePath::forget_cut(uint32_t namespace_id, const std::string& session_id) {
+  if (!cut_sessions_.empty()) cut_sessions_.erase({namespace_id, session_id});
 }
 
 void SavePath::forget(const ConnectionPtr& connection) {

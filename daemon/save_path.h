@@ -40,6 +40,9 @@ class SavePath final : public Part {
   void wake_write_waiters(const BlockKey& key, bool landed);
   // The connection closed: its parked Saves are dropped unanswered.
   void forget(const ConnectionPtr& connection);
+  // A new turn (BeginTurn) or the session's end: a Save cut short in it no longer
+  // refuses the blocks that would follow the cut.
+  void forget_cut(uint32_t namespace_id, const std::string& session_id);
 
  private:
   struct SaveInProgress;  // save_path.cpp
@@ -65,6 +68,12 @@ class SavePath final : public Part {
     std::chrono::steady_clock::time_point deadline;
   };
   std::deque<ParkedSave> parked_saves_;
+  // Sessions whose Save was cut short this turn, and the first block of their prefix.
+  // An engine that sends a turn's Save in several pieces (pipelined) has later pieces on
+  // their way when an earlier one is cut: their blocks would follow a hole, never be
+  // loaded, and hold room. Until the turn ends (BeginTurn, CloseSession) or a Save
+  // starts again from the session's first block, such a Save keeps nothing.
+  std::unordered_map<policy::SessionKey, BlockHash, policy::SessionKeyHasher> cut_sessions_;
   bool resuming_saves_ = false;  // resume_parked_saves() is running (no re-entry)
 };
 

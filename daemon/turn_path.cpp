@@ -4,12 +4,14 @@
 #include <algorithm>
 
 #include "daemon/remote_path.h"
+#include "daemon/save_path.h"
 #include "daemon/session_journal.h"
 
 namespace kvtier::daemon {
 
 Status TurnPath::handle_begin_turn(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
                                    const std::string& session_id) {
+  ctx_.parts.saves->forget_cut(engine.namespace_id, session_id);  // a new turn
   policy::Session* session = ctx_.sessions.find(engine.namespace_id, session_id);
   if (session == nullptr) {
     if (!ctx_.parts.remote->enabled()) return not_found("unknown session '{}'", session_id);
@@ -45,6 +47,7 @@ Status TurnPath::handle_close_session(const ConnectionPtr& c, EngineContext& eng
                                       const std::string& session_id) {
   const policy::Session* session = ctx_.sessions.find(engine.namespace_id, session_id);
   if (session == nullptr) return not_found("unknown session '{}'", session_id);
+  ctx_.parts.saves->forget_cut(engine.namespace_id, session_id);
   auto closed = ctx_.sessions.close(engine.namespace_id, session_id);  // drops its references
   if (!closed.is_ok()) return closed.status();
   ctx_.parts.journal->note_session_closed(engine.namespace_id, session_id);

@@ -179,6 +179,48 @@ TEST_F(PartialSaveTest, AFullHbmOfHeldBlocksKeepsThemAndTheSaveStoresThePrefixTh
   EXPECT_EQ(whole->verified, fresh.size());
 }
 
+// A turn saved in pieces (an engine pipelining its Save): once a piece is cut short,
+// the pieces after it keep nothing, even with room again (their blocks would follow a
+// hole and never load), until the prefix is sent again from its first block or the
+// next turn begins.
+TEST_F(PartialSaveTest, PiecesAfterACutKeepNothingUntilThePrefixOrTheNextTurn) {
+  const auto held = PagedCache::chain_hashes("held", kSlots - 2);  // HBM: 2 slots free
+  const auto pinned = PagedCache::chain_hashes("pinned", kSlots);  // RAM: full
+  const auto turn = PagedCache::chain_hashes("pieces", 8);
+  const std::vector<BlockHash> first_piece(turn.begin(), turn.begin() + 4);
+  const std::vector<BlockHash> second_piece(turn.begin() + 4, turn.end());
+  ASSERT_TRUE(save_hashes(*engine_, "held", held, 0).is_ok());
+  ASSERT_TRUE(save(*engine_, "filler", 2, 6).is_ok());
+  ASSERT_TRUE(save_hashes(*engine_, "pinned", pinned, 8).is_ok());
+  ASSERT_TRUE(engine_->client->pin("pinned", "", true).is_ok());
+  ASSERT_TRUE(engine_->client->evict("filler", "").is_ok());
+  ASSERT_TRUE(wait_until_settled().is_ok());
+
+  auto cut = save_hashes(*engine_, "pieces", first_piece, 20, /*end_of_turn=*/false);
+  ASSERT_TRUE(cut.is_ok()) << cut.status().to_string();
+  ASSERT_EQ(cut->saved(), 2u);
+  // Room again; the next piece of the same turn still keeps nothing.
+  ASSERT_TRUE(engine_->client->pin("pinned", "", false).is_ok());
+  ASSERT_TRUE(engine_->client->evict("pinned", "").is_ok());
+  ASSERT_TRUE(wait_until_settled().is_ok());
+  auto after = save_hashes(*engine_, "pieces", second_piece, 24);
+  ASSERT_TRUE(after.is_ok()) << after.status().to_string();
+  EXPECT_EQ(after->saved(), 0u) << "blocks after the hole were kept";
+  auto session = engine_->client->get_session("pieces");
+  ASSERT_TRUE(session.is_ok()) << session.status().to_string();
+  EXPECT_EQ(session->blocks, 2u);
+
+  // The next turn: the engine saves what it recomputed, from the cut on.
+  ASSERT_TRUE(engine_->client->begin_turn("pieces").is_ok());
+  const std::vector<BlockHash> rest(turn.begin() + 2, turn.end());
+  auto resumed = save_hashes(*engine_, "pieces", rest, 30);
+  ASSERT_TRUE(resumed.is_ok()) << resumed.status().to_string();
+  EXPECT_EQ(resumed->saved(), rest.size());
+  auto loaded = load(*engine_, "pieces", turn, 40);
+  ASSERT_TRUE(loaded.is_ok()) << loaded.status().to_string();
+  EXPECT_EQ(loaded->verified, turn.size());
+}
+
 // A Save whose leading blocks the daemon already holds, unheld (a closed session's
 // prompt), with no room for the rest: making room must not evict that prefix (the
 // session would record blocks just dropped, and every Load stop at block 0). It keeps
