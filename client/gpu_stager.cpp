@@ -465,17 +465,22 @@ Status GpuStager::begin_load(const std::string& session_id, std::span<const Bloc
   s.loading = true;
   // Send what fits now.
   while (s.next_unsent < s.pieces.size()) {
-    Piece& piece = *s.pieces[s.next_unsent];
-    auto offset = s.fit(piece.bytes);
+    auto offset = s.fit(s.pieces[s.next_unsent]->bytes);
     if (!offset) break;
-    s.occupy(&piece, *offset);
-    piece.load.emplace(client_.load_async(
-        s.session_id, std::span<const BlockRef>(s.blocks).subspan(piece.first, piece.count),
-        s.ranges[piece.range], StagingRef{s.region_id, *offset}));
-    piece.sent = true;
-    ++s.next_unsent;
+    send_next_piece(*offset);
   }
   return Status::ok();
+}
+
+void GpuStager::send_next_piece(uint64_t offset) {
+  State& s = *s_;
+  Piece& piece = *s.pieces[s.next_unsent];
+  s.occupy(&piece, offset);
+  piece.load.emplace(client_.load_async(
+      s.session_id, std::span<const BlockRef>(s.blocks).subspan(piece.first, piece.count),
+      s.ranges[piece.range], StagingRef{s.region_id, offset}));
+  piece.sent = true;
+  ++s.next_unsent;
 }
 
 Result<LoadResult> GpuStager::finish_range(size_t range, CUstream stream) {
@@ -524,12 +529,7 @@ Result<LoadResult> GpuStager::finish_range(size_t range, CUstream stream) {
         }
         continue;
       }
-      s.occupy(&piece, *offset);
-      piece.load.emplace(client_.load_async(
-          s.session_id, std::span<const BlockRef>(s.blocks).subspan(piece.first, piece.count),
-          s.ranges[piece.range], StagingRef{s.region_id, *offset}));
-      piece.sent = true;
-      ++s.next_unsent;
+      send_next_piece(*offset);
     }
     return Status::ok();
   };

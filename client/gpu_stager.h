@@ -113,6 +113,8 @@ class GpuStager {
   struct Piece;
   struct State;
   GpuStager(Client& client, std::unique_ptr<State> state);
+  // Sends the load's next unsent piece as a staged Load into the ring at `offset`.
+  void send_next_piece(uint64_t offset);
 
   Client& client_;
   std::unique_ptr<State> s_;

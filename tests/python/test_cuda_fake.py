@@ -15,10 +15,13 @@ import pytest
 
 from kvtierd_process import BUILD_DIR, REPO, Kvtierd
 
-ENGINE = r'''
+# What both engine scripts start with: the fake driver's primary context made current
+# (its device pointers are host addresses the script can view as tensors).
+PREAMBLE = r'''
 import ctypes, sys, types
 import torch
 import kvtier
+import kvtier.gpu
 from kvtier.hashing import block_hashes
 from kvtier.torch import layout_from_tensors
 
@@ -30,6 +33,9 @@ device, context, pointer = ctypes.c_int(), ctypes.c_void_p(), ctypes.c_uint64()
 ok(cuda.cuDeviceGet(ctypes.byref(device), 0))
 ok(cuda.cuDevicePrimaryCtxRetain(ctypes.byref(context), device))
 ok(cuda.cuCtxSetCurrent(context))
+'''
+
+ENGINE = PREAMBLE + r'''
 shape = (2, 8, 4, 2, 16)  # vLLM: [2, blocks, block_size, heads, head_dim]
 size = 2 * 8 * 4 * 2 * 16 * 2
 ok(cuda.cuMemAlloc_v2(ctypes.byref(pointer), ctypes.c_size_t(size + 4096)))
@@ -70,7 +76,9 @@ def fake_driver_dir() -> Path | None:
     return directory if (directory / "libcuda.so.1").exists() else None
 
 
-def test_cuda_pointer_region_round_trip_on_the_fake_driver(tmp_path):
+def run_engine(tmp_path, script_text: str) -> tuple[subprocess.CompletedProcess, str]:
+    """Runs an engine script against kvtierd --device cuda, both on the fake driver (the
+    test skips without one); its result and kvtierd's log."""
     directory = fake_driver_dir()
     if directory is None:
         pytest.skip("no fake CUDA driver built (target kvtier_fakecuda)")
@@ -79,33 +87,22 @@ def test_cuda_pointer_region_round_trip_on_the_fake_driver(tmp_path):
                       "--slab-bytes", "1MiB"], env=env)
     try:
         script = tmp_path / "engine.py"
-        script.write_text(ENGINE)
+        script.write_text(script_text)
         run = subprocess.run(
             [sys.executable, str(script), daemon.socket_path], capture_output=True, text=True,
             timeout=120, env={**os.environ, **env,
                               "PYTHONPATH": str(REPO / "client" / "python")})
         assert run.returncode == 0, f"{run.stdout}\n{run.stderr}\nkvtierd:\n{daemon.log()}"
-        assert run.stdout.startswith("restored")
+        return run, daemon.log()
     finally:
         daemon.stop()
 
 
-STAGING_ENGINE = r'''
-import ctypes, sys
-import torch
-import kvtier
-import kvtier.gpu
-from kvtier.hashing import block_hashes
-from kvtier.torch import layout_from_tensors
+def test_cuda_pointer_region_round_trip_on_the_fake_driver(tmp_path):
+    run, _ = run_engine(tmp_path, ENGINE)
+    assert run.stdout.startswith("restored")
 
-cuda = ctypes.CDLL("libcuda.so.1")
-def ok(result):
-    assert result == 0, f"CUDA error {result}"
-ok(cuda.cuInit(0))
-device, context, pointer = ctypes.c_int(), ctypes.c_void_p(), ctypes.c_uint64()
-ok(cuda.cuDeviceGet(ctypes.byref(device), 0))
-ok(cuda.cuDevicePrimaryCtxRetain(ctypes.byref(context), device))
-ok(cuda.cuCtxSetCurrent(context))
+STAGING_ENGINE = PREAMBLE + r'''
 shape = (2, 2, 16, 4, 2, 16)  # 2 layers of vLLM's [2, blocks, block_size, heads, head_dim]
 size = 2 * 2 * 16 * 4 * 2 * 16 * 2
 ok(cuda.cuMemAlloc_v2(ctypes.byref(pointer), ctypes.c_size_t(size)))
@@ -155,23 +152,8 @@ with kvtier.Client(sys.argv[1]) as client:
 
 
 def test_staging_kernels_from_python_on_the_fake_driver(tmp_path):
-    directory = fake_driver_dir()
-    if directory is None:
-        pytest.skip("no fake CUDA driver built (target kvtier_fakecuda)")
-    env = {"LD_LIBRARY_PATH": str(directory), "KVTIER_FAKECUDA_DEVICES": "1"}
-    daemon = Kvtierd(["--device", "cuda", "--hbm-bytes", "8MiB", "--ram-bytes", "16MiB",
-                      "--slab-bytes", "1MiB"], env=env)
-    try:
-        script = tmp_path / "staging_engine.py"
-        script.write_text(STAGING_ENGINE)
-        run = subprocess.run(
-            [sys.executable, str(script), daemon.socket_path], capture_output=True, text=True,
-            timeout=120, env={**os.environ, **env,
-                              "PYTHONPATH": str(REPO / "client" / "python")})
-        assert run.returncode == 0, f"{run.stdout}\n{run.stderr}\nkvtierd:\n{daemon.log()}"
-        if run.stdout.startswith("skipped:"):
-            pytest.skip(run.stdout.strip())
-        assert run.stdout.startswith("staged")
-        assert "data path stagingKernels" in daemon.log()
-    finally:
-        daemon.stop()
+    run, log = run_engine(tmp_path, STAGING_ENGINE)
+    if run.stdout.startswith("skipped:"):
+        pytest.skip(run.stdout.strip())
+    assert run.stdout.startswith("staged")
+    assert "data path stagingKernels" in log
