@@ -374,8 +374,8 @@ kvtier_status kvtier_gpu_stager_create(kvtier_client* client, const kvtier_layou
 /* kvtier_save through the stager: gathers on stream (behind the engine's writes there),
  * then the staged Saves; returns when kvtierd holds the bytes. */
 kvtier_status kvtier_gpu_stager_save(kvtier_gpu_stager* stager, const char* session_id,
-                                     const kvtier_block_ref* refs, uint32_t count,
-                                     int end_of_turn, uint64_t stream, kvtier_save_result* out);
+                                     const kvtier_block_ref* refs, uint32_t count, int end_of_turn,
+                                     uint64_t stream, kvtier_save_result* out);
 /* kvtier_load_planes through the stager (plane_count 0: every plane): returns once the
  * scatters are queued on stream; the engine's later work there sees the blocks. */
 kvtier_status kvtier_gpu_stager_load(kvtier_gpu_stager* stager, const char* session_id,

@@ -22,6 +22,20 @@ Copies::Copies(DaemonContext& ctx) : Part(ctx) {
 
 Copies::~Copies() = default;
 
+namespace {
+
+// One segment between a tier slot and engine memory, in the copy's direction.
+void push_segment(CopyBatch& batch, bool to_engine, uint32_t tier_index, uint32_t region_index,
+                  uint64_t slot_offset, uint64_t engine_offset, uint64_t bytes) {
+  if (to_engine) {
+    batch.segments.push_back({tier_index, region_index, slot_offset, engine_offset, bytes});
+  } else {
+    batch.segments.push_back({region_index, tier_index, engine_offset, slot_offset, bytes});
+  }
+}
+
+}  // namespace
+
 void Copies::add_plane_segments(CopyBatch& batch, const EngineContext& engine,
                                 uint64_t engine_block_id, const BlockLocation& slot, bool to_engine,
                                 BlockPlanes planes) const {
@@ -29,14 +43,8 @@ void Copies::add_plane_segments(CopyBatch& batch, const EngineContext& engine,
   for (const PlaneLayout& plane : planes.of(engine.layout)) {
     const uint32_t region_index = batch.memory_index(engine.regions.at(plane.region_id));
     const uint64_t engine_offset = engine.layout.plane_offset(plane, engine_block_id);
-    const uint64_t slot_offset = slot.offset + plane.offset_in_block;
-    if (to_engine) {
-      batch.segments.push_back(
-          {tier_index, region_index, slot_offset, engine_offset, plane.bytes_per_block});
-    } else {
-      batch.segments.push_back(
-          {region_index, tier_index, engine_offset, slot_offset, plane.bytes_per_block});
-    }
+    push_segment(batch, to_engine, tier_index, region_index, slot.offset + plane.offset_in_block,
+                 engine_offset, plane.bytes_per_block);
   }
 }
 
@@ -48,14 +56,8 @@ void Copies::add_staged_segment(CopyBatch& batch, const EngineContext& engine,
   const uint32_t tier_index = batch.memory_index(ctx_.store->memory(slot.tier));
   const uint32_t region_index = batch.memory_index(engine.regions.at(staging.region_id));
   const uint64_t staged_offset = staging.offset + index * staging.row_bytes;
-  const uint64_t slot_offset = slot.offset + range.front().offset_in_block;
-  if (to_engine) {
-    batch.segments.push_back(
-        {tier_index, region_index, slot_offset, staged_offset, staging.row_bytes});
-  } else {
-    batch.segments.push_back(
-        {region_index, tier_index, staged_offset, slot_offset, staging.row_bytes});
-  }
+  push_segment(batch, to_engine, tier_index, region_index,
+               slot.offset + range.front().offset_in_block, staged_offset, staging.row_bytes);
 }
 
 void Copies::add_request_segments(CopyBatch& batch, const EngineContext& engine,

@@ -28,6 +28,16 @@ class Copies final : public Part {
   // Submits `batch`; `done` runs later on the control thread. A refused batch returns
   // the reason and `done` never runs.
   Status submit_copy(CopyBatch batch, std::function<void(Status)> done);
+  // The segments copying block `index` of a Save or Load (engine block
+  // `engine_block_id`) to or from its stored block at `slot`, for the planes of `planes`
+  // (count 0: every plane): one contiguous segment from the staging region when the
+  // request is staged, else one per plane.
+  void add_request_segments(CopyBatch& batch, const EngineContext& engine,
+                            const std::optional<StagingTarget>& staging, uint64_t index,
+                            uint64_t engine_block_id, const BlockLocation& slot, bool to_engine,
+                            BlockPlanes planes = {}) const;
+
+ private:
   // Segments copying engine block `engine_block_id` to or from its stored block at
   // `slot`: one per plane of `planes` (count 0: every plane), each at its own offset in
   // the stored block, so a range of planes moves only those planes' bytes.
@@ -39,14 +49,6 @@ class Copies final : public Part {
   void add_staged_segment(CopyBatch& batch, const EngineContext& engine,
                           const StagingTarget& staging, uint64_t index, const BlockLocation& slot,
                           bool to_engine, BlockPlanes planes = {}) const;
-  // add_staged_segment for staged block `index` when the request is staged, else
-  // add_plane_segments for `engine_block_id`.
-  void add_request_segments(CopyBatch& batch, const EngineContext& engine,
-                            const std::optional<StagingTarget>& staging, uint64_t index,
-                            uint64_t engine_block_id, const BlockLocation& slot, bool to_engine,
-                            BlockPlanes planes = {}) const;
-
- private:
   // fault-copy-delay-ms (tests only; nullptr when 0). The completions it holds carry
   // pins and pending writes: destroyed before the store (the Service's order).
   std::unique_ptr<CopyCompletionDelay> copy_delay_;
