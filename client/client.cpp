@@ -132,6 +132,12 @@ Result<HelloInfo> Client::hello(const LayoutSpec& layout, const std::string& eng
   return info;
 }
 
+Status Client::require_feature(bool HelloRecord::*feature, const char* missing) {
+  std::lock_guard lock(send_mutex_);
+  if (hello_ && !((*hello_).*feature)) return not_supported("{}", missing).with_retryable(false);
+  return Status::ok();
+}
+
 Status Client::register_region(uint32_t region_id,
                                std::function<void(wire::RegisterRegion::Builder)> fill,
                                std::span<const int> fds) {
@@ -249,25 +255,18 @@ Pending<SaveResult> Client::save_async(const std::string& session_id,
     auto reply = response.getSave();
     return SaveResult{reply.getStored(), reply.getDeduplicated()};
   };
+  // An older daemon would drop the fields it does not know: save without retention, or
+  // read the engine's blocks instead of the staged ones.
   if (options.retention.priority != 0 || options.retention.duration_ms != 0 ||
       !options.block_retention.empty()) {
-    std::lock_guard lock(send_mutex_);
-    if (hello_ && !hello_->retention_priorities) {
-      // An older daemon would drop the fields it does not know and save without them.
-      return Pending<SaveResult>(
-          this,
-          not_supported("this kvtierd predates retention priorities; save without them")
-              .with_retryable(false),
-          decode);
-    }
+    Status supported = require_feature(&HelloRecord::retention_priorities,
+                                       "this kvtierd predates retention priorities; save without "
+                                       "them");
+    if (!supported.is_ok()) return Pending<SaveResult>(this, supported, decode);
   }
   if (options.staging) {
-    std::lock_guard lock(send_mutex_);
-    if (hello_ && !hello_->staging) {
-      // An older daemon would drop the field and read the engine's blocks instead.
-      return Pending<SaveResult>(
-          this, not_supported("this kvtierd predates staged Saves").with_retryable(false), decode);
-    }
+    Status supported = require_feature(&HelloRecord::staging, "this kvtierd predates staged Saves");
+    if (!supported.is_ok()) return Pending<SaveResult>(this, supported, decode);
   }
   auto id = send([&](wire::Request::Builder request) {
     auto save = request.initSave();
@@ -328,24 +327,17 @@ Pending<LoadResult> Client::load_async(const std::string& session_id,
     }
     return LoadResult{reply.getLoadedCount(), stop};
   };
+  // An older daemon would drop the fields it does not know: copy every plane, or write
+  // into the engine's blocks instead of the staging region.
   if (planes.begin != 0 || planes.count != 0) {
-    std::lock_guard lock(send_mutex_);
-    if (hello_ && !hello_->load_plane_ranges) {
-      // An older daemon would drop the fields it does not know and copy every plane.
-      return Pending<LoadResult>(
-          this,
-          not_supported("this kvtierd predates plane ranges in Load; load whole blocks")
-              .with_retryable(false),
-          decode);
-    }
+    Status supported =
+        require_feature(&HelloRecord::load_plane_ranges,
+                        "this kvtierd predates plane ranges in Load; load whole blocks");
+    if (!supported.is_ok()) return Pending<LoadResult>(this, supported, decode);
   }
   if (staging) {
-    std::lock_guard lock(send_mutex_);
-    if (hello_ && !hello_->staging) {
-      // An older daemon would drop the field and write into the engine's blocks instead.
-      return Pending<LoadResult>(
-          this, not_supported("this kvtierd predates staged Loads").with_retryable(false), decode);
-    }
+    Status supported = require_feature(&HelloRecord::staging, "this kvtierd predates staged Loads");
+    if (!supported.is_ok()) return Pending<LoadResult>(this, supported, decode);
   }
   auto id = send([&](wire::Request::Builder request) {
     auto load = request.initLoad();

@@ -487,6 +487,8 @@ class Client {
   void abandon_reply(uint64_t id);
   // Files one received frame (or the stream's failure) under receive_mutex_.
   void file_frame_locked(Result<ipc::Frame> frame);
+  // OK, or NotSupported (`missing`) when the daemon joined lacks `feature`.
+  Status require_feature(bool HelloRecord::*feature, const char* missing);
   // `fill` must own what it writes: it is kept to register the region again.
   Status register_region(uint32_t region_id,
                          std::function<void(wire::RegisterRegion::Builder)> fill,

@@ -150,13 +150,10 @@ struct GpuStager::State {
     ids.clear();
     for (const BlockRef& block : blocks)
       ids.push_back(static_cast<uint32_t>(block.engine_block_id));
-    auto launched = kernels->copy(plane_table, range.begin, range.count, row, ids, ring + offset,
-                                  direction, stream);
-    if (!launched.is_ok()) return launched.status();
-    launches += *launched;
-    return Status::ok();
+    return kernels
+        ->copy(plane_table, range.begin, range.count, row, ids, ring + offset, direction, stream)
+        .status();
   }
-  uint64_t launches = 0;
 
   // Waits until what is queued on `stream` is done: through an event where one can be
   // recorded, else the whole stream (never on the word of an event not recorded).
@@ -291,10 +288,6 @@ Result<std::unique_ptr<GpuStager>> GpuStager::create(
 GpuStager::GpuStager(Client& client, std::unique_ptr<State> state)
     : client_(client), s_(std::move(state)) {}
 
-uint64_t GpuStager::launches() const {
-  return s_->launches;
-}
-
 GpuStager::~GpuStager() {
   if (s_->loading) (void)end_load();
   if (s_->registered) (void)client_.unregister_region(s_->region_id);
@@ -386,7 +379,6 @@ Result<SaveResult> GpuStager::save(const std::string& session_id, std::span<cons
       stopped = true;
       break;
     }
-    staged_bytes_ += piece->bytes;
     const bool last = first + piece->count == blocks.size();
     SaveOptions chunk_save = chunk_options(options, first, piece->count, first == 0);
     chunk_save.staging = StagingRef{s.region_id, *offset};
@@ -582,7 +574,6 @@ Result<LoadResult> GpuStager::finish_range(size_t range, CUstream stream) {
         stopped = true;
         continue;
       }
-      staged_bytes_ += loaded * s.row_bytes[range];
     }
     result.loaded_count += static_cast<uint32_t>(loaded);
     if (loaded < piece.count) {

@@ -105,10 +105,6 @@ class GpuStager {
   Result<LoadResult> finish_range(size_t range, CUstream stream);
   Status end_load();
 
-  // Kernel launches and bytes moved through staging since creation.
-  uint64_t launches() const;
-  uint64_t staged_bytes() const { return staged_bytes_; }
-
  private:
   struct Piece;
   struct State;
@@ -118,7 +114,6 @@ class GpuStager {
 
   Client& client_;
   std::unique_ptr<State> s_;
-  uint64_t staged_bytes_ = 0;
 };
 
 }  // namespace kvtier

@@ -85,18 +85,13 @@ Status check_staged_rows(const StagingTarget& staging, uint64_t blocks, uint64_t
 Status decode_staging(const EngineContext& engine, wire::Staging::Reader staging,
                       BlockListRequest& request, BlockListKind kind) {
   StagingTarget target{staging.getRegionId(), staging.getOffsetBytes(), 0};
-  auto region = engine.regions.find(target.region_id);
-  if (region == engine.regions.end()) {
-    return invalid_argument("staging.regionId {} is not a registered region", target.region_id);
-  }
   if (kind == BlockListKind::kSave) {
     target.row_bytes = engine.layout.block_bytes;
   } else {
     for (const PlaneLayout& plane : request.planes.of(engine.layout))
       target.row_bytes += plane.bytes_per_block;
   }
-  KVTIER_RETURN_IF_ERROR(
-      check_staged_rows(target, request.hashes.size(), region->second->size_bytes()));
+  KVTIER_RETURN_IF_ERROR(check_request_regions(engine, target, request.hashes.size()));
   request.staging = target;
   return Status::ok();
 }

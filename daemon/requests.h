@@ -65,9 +65,8 @@ struct BlockListRequest {
   BlockPlanes planes;
   // Save only.
   RetentionRequest retention;
-  std::vector<BlockRangeRetention>
-      block_retention;  // in the order given: later ones win  // Staged (engine_block_ids then
-                        // unused): where the packed blocks are.
+  std::vector<BlockRangeRetention> block_retention;  // in the order given: later ones win
+  // Staged (engine_block_ids then unused): where the packed blocks are.
   std::optional<StagingTarget> staging;
 };
 

@@ -39,12 +39,20 @@ Status SavePath::handle_save(const ConnectionPtr& c, EngineContext& engine, uint
         ctx_.counters.blocks_not_saved += request.hashes.size();
         KVTIER_LOG_DEBUG("save of session '{}': {} blocks after a cut this turn, not kept",
                          request.session_id, request.hashes.size());
-        reply(c, id, [](wire::Response::Builder response) {
-          auto out = response.initSave();
-          out.setStored(0);
-          out.setDeduplicated(0);
-        });
-        return Status::ok();
+        if (!request.end_of_turn) {
+          reply(c, id, [](wire::Response::Builder response) {
+            auto out = response.initSave();
+            out.setStored(0);
+            out.setDeduplicated(0);
+          });
+          return Status::ok();
+        }
+        // The turn's last piece: nothing of it is kept, but the turn ends (the
+        // session's idle clock, write-behind), as an empty Save would end it.
+        cut_sessions_.erase(cut);
+        request.hashes.clear();
+        request.engine_block_ids.clear();
+        request.block_retention.clear();
       }
     }
   }

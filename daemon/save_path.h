@@ -71,8 +71,9 @@ class SavePath final : public Part {
   // Sessions whose Save was cut short this turn, and the first block of their prefix.
   // An engine that sends a turn's Save in several pieces (pipelined) has later pieces on
   // their way when an earlier one is cut: their blocks would follow a hole, never be
-  // loaded, and hold room. Until the turn ends (BeginTurn, CloseSession) or a Save
-  // starts again from the session's first block, such a Save keeps nothing.
+  // loaded, and hold room. Until the turn ends (a Save with endOfTurn, which still ends
+  // it; BeginTurn; CloseSession) or a Save starts again from the session's first block,
+  // such a Save keeps nothing.
   std::unordered_map<policy::SessionKey, BlockHash, policy::SessionKeyHasher> cut_sessions_;
   bool resuming_saves_ = false;  // resume_parked_saves() is running (no re-entry)
 };

@@ -182,13 +182,14 @@ TEST_F(PartialSaveTest, AFullHbmOfHeldBlocksKeepsThemAndTheSaveStoresThePrefixTh
 // A turn saved in pieces (an engine pipelining its Save): once a piece is cut short,
 // the pieces after it keep nothing, even with room again (their blocks would follow a
 // hole and never load), until the prefix is sent again from its first block or the
-// next turn begins.
+// next turn begins; the turn's last piece still ends the turn.
 TEST_F(PartialSaveTest, PiecesAfterACutKeepNothingUntilThePrefixOrTheNextTurn) {
   const auto held = PagedCache::chain_hashes("held", kSlots - 2);  // HBM: 2 slots free
   const auto pinned = PagedCache::chain_hashes("pinned", kSlots);  // RAM: full
   const auto turn = PagedCache::chain_hashes("pieces", 8);
   const std::vector<BlockHash> first_piece(turn.begin(), turn.begin() + 4);
-  const std::vector<BlockHash> second_piece(turn.begin() + 4, turn.end());
+  const std::vector<BlockHash> second_piece(turn.begin() + 4, turn.begin() + 6);
+  const std::vector<BlockHash> last_piece(turn.begin() + 6, turn.end());
   ASSERT_TRUE(save_hashes(*engine_, "held", held, 0).is_ok());
   ASSERT_TRUE(save(*engine_, "filler", 2, 6).is_ok());
   ASSERT_TRUE(save_hashes(*engine_, "pinned", pinned, 8).is_ok());
@@ -203,12 +204,16 @@ TEST_F(PartialSaveTest, PiecesAfterACutKeepNothingUntilThePrefixOrTheNextTurn) {
   ASSERT_TRUE(engine_->client->pin("pinned", "", false).is_ok());
   ASSERT_TRUE(engine_->client->evict("pinned", "").is_ok());
   ASSERT_TRUE(wait_until_settled().is_ok());
-  auto after = save_hashes(*engine_, "pieces", second_piece, 24);
+  auto after = save_hashes(*engine_, "pieces", second_piece, 24, /*end_of_turn=*/false);
   ASSERT_TRUE(after.is_ok()) << after.status().to_string();
   EXPECT_EQ(after->saved(), 0u) << "blocks after the hole were kept";
+  auto last = save_hashes(*engine_, "pieces", last_piece, 26);
+  ASSERT_TRUE(last.is_ok()) << last.status().to_string();
+  EXPECT_EQ(last->saved(), 0u) << "blocks after the hole were kept";
   auto session = engine_->client->get_session("pieces");
   ASSERT_TRUE(session.is_ok()) << session.status().to_string();
   EXPECT_EQ(session->blocks, 2u);
+  EXPECT_FALSE(session->active) << "the turn's last piece ends the turn, kept or not";
 
   // The next turn: the engine saves what it recomputed, from the cut on.
   ASSERT_TRUE(engine_->client->begin_turn("pieces").is_ok());
