@@ -302,7 +302,7 @@ class Simulation {
         for (const BlockKey& w : kept) store_.set_pinned(w, false);
         for (const BlockKey& w : written) {
           store_.set_pinned(w, false);
-          store_.give_back(w);
+          store_.evict(w, /*given_back=*/true);
         }
         return false;
       }

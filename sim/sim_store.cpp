@@ -163,21 +163,12 @@ void SimStore::drop_ref(const BlockKey& key) {
   }
 }
 
-bool SimStore::evict(const BlockKey& key) {
+bool SimStore::evict(const BlockKey& key, bool given_back) {
   Block* block = find(key);
   if (block == nullptr || block->moving_to != Tier::kNone || block->pinned) return false;
   used_[index(block->tier)] -= block_bytes_;
   if (block->nvme_copy) drop_copy(id_of(key));
-  unplace(id_of(key), Tier::kNone);
-  return true;
-}
-
-bool SimStore::give_back(const BlockKey& key) {
-  Block* block = find(key);
-  if (block == nullptr || block->moving_to != Tier::kNone || block->pinned) return false;
-  used_[index(block->tier)] -= block_bytes_;
-  if (block->nvme_copy) drop_copy(id_of(key));
-  unplace(id_of(key), Tier::kNone, /*given_back=*/true);
+  unplace(id_of(key), Tier::kNone, given_back);
   return true;
 }
 

@@ -71,10 +71,9 @@ class SimStore final : public policy::PlacementView {
   void set_pinned(const BlockKey& key, bool pinned);
   void add_ref(const BlockKey& key);
   void drop_ref(const BlockKey& key);
-  bool evict(const BlockKey& key);
-  // The same for a block a parked Save wrote and gives back (kvtierd aborts the write):
+  // `given_back`: a block a parked Save wrote and gives back (kvtierd aborts the write):
   // it leaves without being a policy's sacrifice.
-  bool give_back(const BlockKey& key);
+  bool evict(const BlockKey& key, bool given_back = false);
   // Starts a promotion/demotion at `now_ms`; false (nothing changes) when the block
   // is absent, busy, already there, or the destination has no room.
   bool begin_move(const BlockKey& key, Tier to, uint64_t now_ms);
