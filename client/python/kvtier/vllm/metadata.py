@@ -44,7 +44,7 @@ class Counters:
         "begin_turns", "begin_turn_errors",
         "loads", "loaded_blocks", "load_failed_blocks", "load_timeouts", "load_errors",
         "loaded_bytes", "layer_loads", "layer_waits",
-        "saves", "saved_blocks", "save_dropped_blocks", "save_errors", "save_timeouts",
+        "saves", "saved_blocks", "save_partial", "save_dropped_blocks", "save_errors", "save_timeouts",
         "saved_bytes", "staging_waits", "zero_copy_caches", "daemon_unavailable", "connects",
     )
 
