@@ -187,8 +187,11 @@ const std::vector<Setting>& settings() {
       integer_setting("nvme-queue-depth", &C::nvme_queue_depth, 1, 4096, kRestart,
                       "NVMe tier: payload I/Os in flight per io_uring ring"),
       duration_setting("save-room-wait-ms", &C::save_room_wait_ms, kLive,
-                       "how long a Save waits for room while every tier is full of blocks "
-                       "being copied or read (0: refuse at once)"),
+                       "how long a Save waits for room (blocks going down to NVMe, or being "
+                       "copied or read); then it keeps the prefix that fits (0: at once)"),
+      duration_setting("nvme-copy-after-ms", &C::nvme_copy_after_ms, kLive,
+                       "how long after a Save the blocks it left in HBM/RAM get a copy on "
+                       "NVMe, so that a crash loses none (0: only demotions write NVMe)"),
       duration_setting("nvme-load-wait-ms", &C::nvme_load_wait_ms, kLive,
                        "how long a Load waits for blocks being read from NVMe (e.g. 10s)"),
       duration_setting("drain-timeout", &C::drain_timeout_ms, kLive,

@@ -43,9 +43,11 @@ struct DaemonConfig {
   uint64_t nvme_bytes = 0;              // NVMe tier capacity; 0 = no NVMe tier
   uint32_t nvme_queue_depth = 32;       // NVMe tier: payload I/Os in flight per io_uring ring
   uint64_t nvme_load_wait_ms = 10'000;  // a Load waits this long for blocks read from NVMe
+  // A Save's blocks still in HBM/RAM this long after it get an NVMe copy (0: never).
+  uint64_t nvme_copy_after_ms = 1'000;
   // A Save that finds every tier full of blocks being copied or read waits this long for
   // room (0: refused at once with resource_exhausted).
-  uint64_t save_room_wait_ms = 5'000;
+  uint64_t save_room_wait_ms = 250;
   uint64_t drain_timeout_ms = 30'000;  // SIGTERM: time to drain RAM/HBM to NVMe before exit
   // The remote tier (tiers/remote_*.h): a Redis Cluster shared by a fleet. Empty
   // remote_nodes: none.

@@ -155,8 +155,14 @@ Result<std::optional<PendingWrite>> Placement::reserve_block(const BlockKey& key
   // parks: ResourceExhausted here), as it does while room already on its way (blocks
   // moving out) comes.
   const Tier landing = ctx_.topology.landing();
-  DemotionRoom room = plan_room_by_demotion(landing, std::max(room_bytes, block_bytes), block_bytes,
+  const uint64_t wanted = std::max(room_bytes, block_bytes);
+  DemotionRoom room = plan_room_by_demotion(landing, wanted, block_bytes,
                                             policy::Room::kDemoteEvictingBelow);
+  // RAM has nothing that can go down now (its blocks are being copied, read or pinned
+  // by requests in flight) and nothing is on its way out: the tiers above it send
+  // theirs past it, straight to NVMe. A priority orders who goes; it never keeps a
+  // full tier full while a tier below has room.
+  if (room.moves.empty() && !room.coming) room = plan_room_past_landing(wanted, block_bytes);
   if (!room.moves.empty()) {
     ctx_.mover->apply(room.moves);
     // Demotions onto NVMe copies (and drops) free their slots at once.
@@ -165,12 +171,11 @@ Result<std::optional<PendingWrite>> Placement::reserve_block(const BlockKey& key
       return reserved;
     // Writes started, or NVMe slots on their way back for them: the room comes. (A
     // move refused at once, its tier failing, leaves neither: then evict, below.)
-    room.coming = ctx_.store->moving_out_bytes(landing) > 0 ||
-                  ctx_.store->unconfirmed_release_bytes(ctx_.topology.below(landing)) > 0;
+    room.coming = room_on_its_way();
   }
   if (room.coming) {
     return resource_exhausted(
-        "no room for a {}-byte block yet: RAM blocks are on their way down to NVMe to make it; "
+        "no room for a {}-byte block yet: blocks are on their way down to NVMe to make it; "
         "retry",
         block_bytes);
   }
@@ -203,18 +208,89 @@ Result<std::optional<PendingWrite>> Placement::reserve_block(const BlockKey& key
     ctx_.mover->apply(moves);
     return ctx_.store->reserve(key, save_tiers, now_ms(), gpu_part);
   }
-  if (held_refused) {
+  const std::string full = describe_save_tiers();
+  if (held_refused && !busy_blocks_in_save_tiers()) {
     // Not retryable: waiting would not free it (SavePath stores the prefix before it).
     return Status(StatusCode::kResourceExhausted,
-                  fmt::format("no room for a {}-byte block: the tiers a Save lands in are full "
-                              "of blocks sessions hold",
-                              block_bytes),
+                  fmt::format("no room for a {}-byte block: {}", block_bytes, full),
                   /*retryable=*/false);
   }
-  return resource_exhausted(
-      "no room for a {}-byte block: every tier is full of blocks that are being copied or read; "
-      "retry",
-      block_bytes);
+  // Blocks being copied, read or pinned by requests in flight: room comes when they
+  // are done (SavePath waits, within save-room-wait-ms).
+  return resource_exhausted("no room for a {}-byte block yet: {}; retry", block_bytes, full);
+}
+
+Placement::DemotionRoom Placement::plan_room_past_landing(uint64_t wanted_bytes,
+                                                          uint64_t least_bytes) {
+  DemotionRoom room;
+  const Tier landing = ctx_.topology.landing();
+  const Tier durable = ctx_.topology.below(landing);
+  if (durable == Tier::kNone || !TierTopology::traits(durable).durable ||
+      !ctx_.mover->accepts_writes(durable)) {
+    return room;
+  }
+  for (Tier tier : ctx_.topology.engine_facing()) {
+    if (tier == landing) break;
+    room.moves = ctx_.planner.make_room(tier, wanted_bytes, ctx_.sessions, *ctx_.view,
+                                        policy::Room::kDemoteToDurable);
+    if (room.moves.empty() && wanted_bytes > least_bytes) {
+      room.moves = ctx_.planner.make_room(tier, least_bytes, ctx_.sessions, *ctx_.view,
+                                          policy::Room::kDemoteToDurable);
+    }
+    if (!room.moves.empty()) return room;
+  }
+  return room;
+}
+
+bool Placement::room_on_its_way() const {
+  for (Tier tier : ctx_.topology.engine_facing()) {
+    if (ctx_.store->moving_out_bytes(tier) > 0) return true;
+  }
+  const Tier durable = ctx_.topology.below(ctx_.topology.landing());
+  return durable != Tier::kNone && ctx_.store->unconfirmed_release_bytes(durable) > 0;
+}
+
+bool Placement::busy_blocks_in_save_tiers() const {
+  for (Tier tier : ctx_.topology.engine_facing()) {
+    bool busy = false;
+    uint64_t listed_bytes = 0;
+    ctx_.view->for_each_in_tier(
+        tier, [&](const BlockKey&, const policy::PlacementView::BlockPlacement& p) {
+          listed_bytes += p.bytes;
+          if (!p.movable) busy = true;
+        });
+    // Slots not listed are blocks being written (a Save's, a read's) or moving in.
+    const TierUsage usage = ctx_.store->usage(tier);
+    if (busy || listed_bytes + usage.copy_bytes < usage.used_bytes) return true;
+  }
+  return false;
+}
+
+std::string Placement::describe_save_tiers() const {
+  std::string out;
+  for (Tier tier : ctx_.topology.engine_facing()) {
+    uint64_t blocks = 0, held = 0, busy = 0;
+    ctx_.view->for_each_in_tier(
+        tier, [&](const BlockKey&, const policy::PlacementView::BlockPlacement& p) {
+          ++blocks;
+          if (!p.movable) {
+            ++busy;
+          } else if (p.session_refs > 0) {
+            ++held;
+          }
+        });
+    out += fmt::format("{}{} is full ({} blocks: {} held by sessions, {} being copied, read or "
+                       "pinned by requests in flight)",
+                       out.empty() ? "" : "; ", tier_name(tier), blocks, held, busy);
+  }
+  const Tier durable = ctx_.topology.below(ctx_.topology.landing());
+  if (durable == Tier::kNone) {
+    out += "; no NVMe tier to demote to";
+  } else if (!ctx_.mover->accepts_writes(durable)) {
+    out += fmt::format("; {} takes no writes now (paused after a failure, or degraded)",
+                       tier_name(durable));
+  }
+  return out;
 }
 
 Placement::DemotionRoom Placement::plan_room_by_demotion(Tier tier, uint64_t wanted_bytes,
@@ -274,6 +350,7 @@ void Placement::run_planner(policy::Planner::PlanKind kind) {
   if (ctx_.stopping || ctx_.store == nullptr) return;
   ctx_.sessions.expire_priorities(ctx_.sessions.now_ms());
   ctx_.mover->apply(ctx_.planner.plan_demotions(ctx_.sessions, *ctx_.view, kind));
+  ctx_.parts.journal->write_due_copies();
   ctx_.parts.journal->flush_sessions(/*sync=*/false);
   ctx_.parts.remote->sweep_write_behind();  // remote_write_behind.cpp
   ctx_.parts.saves->resume_parked_saves();  // also answers those whose wait is over

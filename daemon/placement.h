@@ -59,6 +59,9 @@ class Placement final : public Part {
   };
   DemotionRoom plan_room_by_demotion(Tier tier, uint64_t wanted_bytes, uint64_t least_bytes,
                                      policy::Room rule);
+  // Room in the tiers above RAM by sending their blocks past it to NVMe (RAM holds only
+  // blocks that cannot move now); none without a durable tier below RAM taking writes.
+  DemotionRoom plan_room_past_landing(uint64_t wanted_bytes, uint64_t least_bytes);
   // The executor's make_room: room in `tier` for a block being read into it.
   std::vector<policy::Move> room_for_read(Tier tier, uint64_t bytes);
   // Plans and applies the moves; a periodic plan also arms the next one.
@@ -72,6 +75,15 @@ class Placement final : public Part {
   void on_blocks_removed(const std::vector<BlockKey>& keys, bool lost);
 
  private:
+  // Blocks are on their way out of a tier a Save lands in (or NVMe slots on their way
+  // back): room comes without more moves.
+  bool room_on_its_way() const;
+  // Some block in a tier a Save lands in cannot move now (being copied, read, written
+  // or pinned by a request in flight): room may come when it is done.
+  bool busy_blocks_in_save_tiers() const;
+  // "HBM is full (8 blocks: 6 held by sessions, 2 being copied...); RAM is full (...)".
+  std::string describe_save_tiers() const;
+
   asio::steady_timer plan_timer_;
   bool plan_posted_ = false;  // plan_soon() has a run queued
 };

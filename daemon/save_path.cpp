@@ -58,14 +58,10 @@ Status SavePath::handle_save(const ConnectionPtr& c, EngineContext& engine, uint
   }
   // Behind the Saves already waiting for room, so that none is overtaken for ever.
   if (parked_saves_.empty()) {
-    auto started = start_save(c, engine, id, request);
+    // Without a wait, the first try is the last: the Save keeps what fits now.
+    const bool last_try = ctx_.config.save_room_wait_ms == 0;
+    auto started = start_save(c, engine, id, request, last_try);
     if (!started.is_ok() || *started) return started.status();
-  }
-  if (ctx_.config.save_room_wait_ms == 0) {
-    return resource_exhausted(
-        "no room for the Save's {} blocks: every tier is full of blocks that are being copied "
-        "or read; retry",
-        request.hashes.size());
   }
   parked_saves_.push_back({c, id, std::move(request),
                            std::chrono::steady_clock::now() +
@@ -88,15 +84,14 @@ void SavePath::resume_parked_saves() {
       // The engine left: nobody to answer.
     } else if (ctx_.stopping) {
       status = unavailable("kvtierd is stopping; the Save was not started").with_retryable(true);
-    } else if (now >= parked.deadline) {
-      status = resource_exhausted(
-          "no room for the Save's {} blocks within save-room-wait-ms ({} ms): every tier stayed "
-          "full of blocks being copied or read; retry",
-          parked.request.hashes.size(), ctx_.config.save_room_wait_ms);
     } else if (status = check_request_regions(*engine, parked.request.staging,
                                               parked.request.hashes.size());
                status.is_ok()) {
-      auto started = start_save(parked.connection, *engine, parked.request_id, parked.request);
+      // Its wait is over (save-room-wait-ms): it keeps the prefix that fits now, perhaps
+      // none, and the engine has its memory back.
+      const bool last_try = now >= parked.deadline;
+      auto started =
+          start_save(parked.connection, *engine, parked.request_id, parked.request, last_try);
       if (started.is_ok() && !*started) break;  // still no room: it stays first in line
       status = started.status();
     }
@@ -109,7 +104,7 @@ void SavePath::resume_parked_saves() {
 }
 
 Result<bool> SavePath::start_save(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
-                                  BlockListRequest& request) {
+                                  BlockListRequest& request, bool last_try) {
   if (const policy::Session* session = ctx_.sessions.find(engine.namespace_id, request.session_id);
       session != nullptr && !(session->layout == engine.layout_key)) {
     return invalid_argument("session '{}' belongs to another layout", request.session_id);
@@ -126,10 +121,10 @@ Result<bool> SavePath::start_save(const ConnectionPtr& c, EngineContext& engine,
     auto slot =
         ctx_.parts.placement->reserve_block(key, engine.layout.block_bytes, engine.gpu_part, rest);
     if (!slot.is_ok() && slot.status().code() == StatusCode::kResourceExhausted &&
-        !slot.status().retryable()) {
-      // The tiers are full of blocks sessions hold, and waiting would not change that:
-      // the Save stores the prefix before this block (perhaps none of it) and says so;
-      // the engine recomputes the rest next turn.
+        (!slot.status().retryable() || last_try)) {
+      // The tiers are full of blocks sessions hold, and waiting would not change that
+      // (or the Save waited as long as it may): the Save stores the prefix before this
+      // block (perhaps none of it) and says so; the engine recomputes the rest next turn.
       ++ctx_.counters.partial_saves;
       ctx_.counters.blocks_not_saved += request.hashes.size() - i;
       KVTIER_LOG_DEBUG("save of session '{}': {} of {} blocks fit ({})", request.session_id, i,
@@ -237,6 +232,7 @@ void SavePath::finish_save(const ConnectionPtr& c, uint64_t id, const EngineCont
     ctx_.sessions.record_save(**session, request.hashes, request.end_of_turn);
     apply_retention(**session, request);
     ctx_.parts.journal->note_session_changed(**session);
+    if (stored > 0) ctx_.parts.journal->note_saved(**session);
     if (request.end_of_turn) ctx_.parts.remote->write_behind(**session);  // remote_write_behind.cpp
   }
   reply(c, id, [&](wire::Response::Builder response) {

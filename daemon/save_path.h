@@ -6,7 +6,8 @@
 // ever sees a half-written block. A block another Save is writing is not written twice:
 // this Save waits for that copy and answers only once it landed. A Save that finds
 // every tier full of blocks being copied or read parks (save-room-wait-ms) and starts,
-// in arrival order, when a copy or move makes room. When the Save is answered its blocks
+// in arrival order, when a copy or move makes room; once save-room-wait-ms is over it
+// keeps the prefix that fits then (perhaps none) and is answered, never refused for room. When the Save is answered its blocks
 // are the session's (the session table, the NVMe session record, and at the end of a turn
 // the remote tier's write-behind).
 //
@@ -47,9 +48,10 @@ class SavePath final : public Part {
  private:
   struct SaveInProgress;  // save_path.cpp
   // Reserves the Save's slots and starts its copy; false when no room could be made
-  // (nothing reserved then; `request` is left as it was).
+  // (nothing reserved then; `request` is left as it was). On the `last_try` a Save that
+  // finds no room keeps the prefix that fits instead (a partial Save, perhaps empty).
   Result<bool> start_save(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
-                          BlockListRequest& request);
+                          BlockListRequest& request, bool last_try);
   // Replies once the Save's copy and the blocks it waited for (written by another
   // Save) are done; records the session's blocks when every one landed.
   void finish_save(const ConnectionPtr& c, uint64_t id, const EngineContext& engine,

@@ -224,6 +224,41 @@ void SessionJournal::note_session_changed(const policy::Session& session) {
   if (nvme_) nvme_->dirty_sessions.insert({session.namespace_id, session.id});
 }
 
+void SessionJournal::note_saved(const policy::Session& session) {
+  if (!nvme_ || ctx_.config.nvme_copy_after_ms == 0) return;
+  policy::SessionKey key{session.namespace_id, session.id};
+  if (nvme_->copy_queued.contains(key)) return;  // its copy is due already, with these blocks
+  const uint64_t now = ctx_.sessions.now_ms();
+  nvme_->copies_due.emplace_back(now + ctx_.config.nvme_copy_after_ms, key);
+  nvme_->copy_queued.insert(std::move(key));
+}
+
+void SessionJournal::write_due_copies() {
+  if (!nvme_ || nvme_->copies_due.empty()) return;
+  const uint64_t now = ctx_.sessions.now_ms();
+  std::vector<const policy::Session*> due;
+  while (!nvme_->copies_due.empty() && nvme_->copies_due.front().first <= now) {
+    const policy::SessionKey& key = nvme_->copies_due.front().second;
+    if (const policy::Session* session = ctx_.sessions.find(key.namespace_id, key.id)) {
+      due.push_back(session);
+    }
+    nvme_->copy_queued.erase(key);
+    nvme_->copies_due.pop_front();
+  }
+  if (due.empty()) return;
+  // What the operator asked most to keep first: NVMe may run out of room to spare.
+  std::stable_sort(due.begin(), due.end(), [](const policy::Session* a, const policy::Session* b) {
+    return a->priority > b->priority;
+  });
+  std::vector<BlockKey> keys;
+  for (const policy::Session* session : due) {
+    for (const BlockHash& hash : session->blocks) keys.push_back({session->layout, hash});
+  }
+  // Blocks on NVMe already, with a copy, or busy are skipped (a busy one is being
+  // moved, mostly down to NVMe itself).
+  ctx_.mover->copy_down(keys, Tier::kNvme);
+}
+
 void SessionJournal::note_session_cut(const policy::Session& session) {
   ctx_.parts.remote->note_remote_cut(session);
   if (!nvme_) return;

@@ -17,6 +17,7 @@
 #include <boost/asio/steady_timer.hpp>
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <string>
@@ -60,6 +61,11 @@ struct NvmeState {
   uint64_t drained_bytes_before = 0;        // bytes_demoted when the drain began
   uint64_t drained_onto_copies_before = 0;  // bytes_demoted_onto_copy then
 
+  // Sessions whose blocks get their NVMe copy at the time given (note_saved), in the
+  // order saved; each at most once in the queue.
+  std::deque<std::pair<uint64_t, policy::SessionKey>> copies_due;
+  std::unordered_set<policy::SessionKey, policy::SessionKeyHasher> copy_queued;
+
   // What NvmeTier::open found; consumed by SessionJournal::recover_nvme.
   std::unique_ptr<NvmeRecovery> recovery;
 
@@ -88,6 +94,13 @@ class SessionJournal final : public Part {
   // whole at the next flush instead of appended to. The remote tier is told too.
   void note_session_cut(const policy::Session& session);
   void note_session_closed(uint32_t namespace_id, const std::string& session_id);
+  // A Save added blocks to the session: nvme-copy-after-ms later, those of its blocks
+  // still in HBM or RAM get a copy on NVMe (write_due_copies), so that a kill -9 loses
+  // none of them — also a session a priority keeps in the fast tiers.
+  void note_saved(const policy::Session& session);
+  // Writes the copies that are due (the planner's runs call it): the sessions of the
+  // highest retention priority first, while NVMe has room to spare.
+  void write_due_copies();
   // A session's statistics and state as a stored record has them (NVMe recovery and
   // remote resume).
   void restore_from_record(policy::Session& session, const NvmeSessionRecord& record,

@@ -111,7 +111,10 @@ struct PlannerConfig {
 // its coldest blocks are evicted to take them (not for a read: that could evict the
 // block being read). kEvictUnheld: as kEvict, but only blocks no session holds (a Save
 // never takes HBM from blocks sessions still need: it stores the prefix that fits).
-enum class Room : uint8_t { kEvict, kDemote, kDemoteEvictingBelow, kEvictUnheld };
+// kDemoteToDurable: as kDemoteEvictingBelow, but the blocks go past the tiers between to
+// the first durable tier below (HBM → NVMe while RAM is full of blocks that cannot
+// move: being copied, read or pinned by requests in flight); nothing when there is none.
+enum class Room : uint8_t { kEvict, kDemote, kDemoteEvictingBelow, kEvictUnheld, kDemoteToDurable };
 
 // Numbering matches the wire enum `MoveKind` in schema/kvtier.capnp.
 enum class MoveKind : uint8_t { kDemote = 0, kPromote = 1, kEvict = 2 };

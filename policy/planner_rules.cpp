@@ -17,6 +17,16 @@ bool leave_tier(PlanContext& ctx, PlanState& plan, Tier tier, const Candidate& c
   return plan.evict(c.key, c.placement, drop ? MoveReason::kRecomputeCheaper : reason);
 }
 
+// Plans `c` down to `to` (a durable tier some tiers below its own), or evicted where
+// (kPredictive) recomputing it would be faster than reloading it from there.
+bool leave_tier_to(PlanContext& ctx, PlanState& plan, Tier to, const Candidate& c,
+                   MoveReason reason) {
+  if (!ctx.predictive() || ctx.cost.worth_keeping(to, c.key.layout, c.placement.bytes)) {
+    return plan.move(c.key, c.placement, to, reason);
+  }
+  return plan.evict(c.key, c.placement, MoveReason::kRecomputeCheaper);
+}
+
 // Whether BeginTurn may displace a block with these holders (nullptr: none): blocks of
 // sessions in a turn (the starting one included) and durable ones stay.
 bool displaceable(const BlockHolders* holders) {
@@ -260,12 +270,23 @@ std::vector<Move> room_for(PlanContext& ctx, Tier tier, uint64_t bytes, Room roo
 
   const bool demote =
       room != Room::kEvict && room != Room::kEvictUnheld && plan.below(tier) != Tier::kNone;
-  if (demote && room == Room::kDemoteEvictingBelow) {
+  // kDemoteToDurable: the first durable tier below, past the ones between.
+  Tier skip_to = Tier::kNone;
+  if (room == Room::kDemoteToDurable) {
+    for (Tier t = plan.below(tier); t != Tier::kNone; t = plan.below(t)) {
+      if (TierTopology::traits(t).durable) {
+        skip_to = t;
+        break;
+      }
+    }
+    if (skip_to == Tier::kNone) return {};
+  }
+  if (demote && (room == Room::kDemoteEvictingBelow || room == Room::kDemoteToDurable)) {
     // The tier below takes what leaves this one; when it is the slowest and full, its
     // own order of sacrifice (for leaving the daemon) makes that room first, as the
     // watermarks would: a block cold enough to leave goes rather than a warmer one
     // above it.
-    const Tier below = plan.below(tier);
+    const Tier below = skip_to != Tier::kNone ? skip_to : plan.below(tier);
     const uint64_t needed = bytes - free_bytes;
     const uint64_t below_capacity = plan.capacity(below);
     uint64_t below_free = below_capacity > plan.used(below) ? below_capacity - plan.used(below) : 0;
@@ -280,8 +301,10 @@ std::vector<Move> room_for(PlanContext& ctx, Tier tier, uint64_t bytes, Room roo
        sacrifice_order(ctx, plan, tier, demote ? Sacrifice::kDemote : Sacrifice::kEvict)) {
     if (free_bytes >= bytes) break;
     if (room == Room::kEvictUnheld && c.placement.session_refs > 0) continue;
-    const bool leaves = demote ? leave_tier(ctx, plan, tier, c, MoveReason::kMakeRoom)
-                               : plan.evict(c.key, c.placement, MoveReason::kMakeRoom);
+    const bool leaves = skip_to != Tier::kNone
+                            ? leave_tier_to(ctx, plan, skip_to, c, MoveReason::kMakeRoom)
+                        : demote ? leave_tier(ctx, plan, tier, c, MoveReason::kMakeRoom)
+                                 : plan.evict(c.key, c.placement, MoveReason::kMakeRoom);
     if (leaves) free_bytes += c.placement.bytes;
   }
   // Partial evictions would drop cached blocks without letting the caller store

@@ -239,6 +239,25 @@ Result<PendingMove> BlockStore::begin_move(const BlockKey& key, Tier to, int pre
   return PendingMove(*anchor_, key, target, entry->location());
 }
 
+Result<PendingMove> BlockStore::begin_copy_down(const BlockKey& key, Tier to) {
+  const Entry* entry = find(key);
+  if (entry == nullptr) return invalid_argument("block {} is not stored", key.hash.to_hex());
+  const TierState* destination = tier_state(to);
+  if (destination == nullptr || !destination->keep_copies || to <= entry->tier) {
+    return invalid_argument("block {}: tier {} keeps no copies of blocks in tier {}",
+                            key.hash.to_hex(), tier_name(to), tier_name(entry->tier));
+  }
+  if (entry->has_copy) {
+    return invalid_argument("block {} has a copy already", key.hash.to_hex());
+  }
+  Result<PendingMove> move = begin_move(key, to);
+  if (!move.is_ok()) return move;
+  // A copy relieves nothing: the block's tier keeps its slot.
+  tier_state(find(key)->tier)->moving_out_bytes -= block_bytes(key.layout);
+  copying_down_.insert(key);
+  return move;
+}
+
 void BlockStore::finish_move(const BlockKey& key, bool ok) {
   Entry* entry = find(key);
   auto target_it = move_targets_.find(key);
@@ -249,12 +268,20 @@ void BlockStore::finish_move(const BlockKey& key, bool ok) {
   const BlockLocation target = target_it->second;
   move_targets_.erase(target_it);
   const uint64_t bytes = block_bytes(key.layout);
-  tier_state(entry->tier)->moving_out_bytes -= bytes;
+  const bool copy_down = copying_down_.erase(key) > 0;
+  if (!copy_down) tier_state(entry->tier)->moving_out_bytes -= bytes;
   tier_state(target.tier)->moving_in_bytes -= bytes;
   change_pins(*entry, -1);
   entry->state = BlockState::kReady;
   if (!ok) {
     release_slot(key, target, bytes);
+    return;
+  }
+  if (copy_down) {
+    // The block stays where it is; the written slot (and the index entry naming it)
+    // is its copy from now on (for the observer it is there too, as a promotion's copy).
+    add_copy(key, *entry, target, bytes);
+    entered(key, target.tier);
     return;
   }
   const BlockLocation old = entry->location();

@@ -61,6 +61,7 @@
 #include <optional>
 #include <span>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "common/block_key.h"
@@ -306,6 +307,14 @@ class BlockStore {
 
   // ---- copies in durable tiers (see the top of this file) ----
 
+  // Starts writing a copy of a kReady block into `to`, a keep_copies tier below the one
+  // it lives in, where it has no copy: reserves the slot, marks the block kMoving and
+  // pins it (it stays readable, and where it is; its tier is not relieved). The
+  // PendingMove's commit() makes the slot the block's copy; abort() gives the slot back
+  // (durably, as an evicted block's). Errors as begin_move's, and InvalidArgument when
+  // `to` keeps no copies, is not below the block, or it has a copy already.
+  Result<PendingMove> begin_copy_down(const BlockKey& key, Tier to);
+
   // Where the block's copy is; nullopt when it has none (or is absent).
   std::optional<BlockLocation> copy_of(const BlockKey& key) const;
   // Moves a kReady block onto its copy at once: it now lives at the copy's slot (no
@@ -467,6 +476,9 @@ class BlockStore {
   std::unordered_map<LayoutKey, LayoutTable, LayoutKeyHasher> layouts_;
   // kMoving blocks: where they are going.
   std::unordered_map<BlockKey, BlockLocation, BlockKeyHasher> move_targets_;
+  // The kMoving blocks of move_targets_ that begin_copy_down started: they stay where
+  // they are, and their target becomes their copy.
+  std::unordered_set<BlockKey, BlockKeyHasher> copying_down_;
   // Old slots of moved blocks still pinned by readers: freed when pins reach 0.
   std::unordered_map<BlockKey, BlockLocation, BlockKeyHasher> deferred_frees_;
   std::vector<PendingRelease> pending_releases_;

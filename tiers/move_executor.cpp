@@ -298,6 +298,41 @@ void MoveExecutor::write_into(StorageTier& to, const std::vector<BlockKey>& keys
     }
   }
   if (writing.size() < started.size()) retry_room_waiters();  // moves onto copies freed slots
+  submit_writes(to, std::move(items), std::move(writing), /*copies=*/false);
+}
+
+size_t MoveExecutor::copy_down(std::span<const BlockKey> keys, Tier to_id) {
+  StorageTier* to = tier(to_id);
+  if (to == nullptr || !accepts_writes(to_id)) return 0;
+  std::vector<StorageTier::WriteItem> items;
+  std::vector<PendingMove> writing;  // parallel to items
+  for (const BlockKey& key : keys) {
+    auto info = store_.lookup(key);
+    if (!info || info->state != BlockState::kReady || info->has_copy ||
+        info->location.tier >= to_id) {
+      continue;
+    }
+    const std::byte* source = tier(info->location.tier)->host_address(info->location.offset);
+    if (source == nullptr) continue;  // GPU memory: its copy is written once it is in RAM
+    const uint64_t bytes = store_.block_bytes(key.layout);
+    // A copy never takes room a block needs: none is made for it.
+    if (!store_.has_room(to_id, bytes)) break;
+    auto pending = store_.begin_copy_down(key, to_id);
+    if (!pending.is_ok()) continue;
+    items.push_back({{key, pending->location().offset, bytes},
+                     source,
+                     hooks_.wall_ms_of(info->last_access_ms)});
+    writing.push_back(std::move(*pending));
+  }
+  const size_t started = items.size();
+  if (started == 0) return 0;
+  if (to->release_is_durable()) hooks_.before_persistent_write();
+  submit_writes(*to, std::move(items), std::move(writing), /*copies=*/true);
+  return started;
+}
+
+void MoveExecutor::submit_writes(StorageTier& to, std::vector<StorageTier::WriteItem> items,
+                                 std::vector<PendingMove> writing, bool copies) {
   const Tier to_id = to.id();
   for_each_job(
       items, writing, [&](std::vector<StorageTier::WriteItem> job, std::vector<PendingMove> moves) {
@@ -305,8 +340,8 @@ void MoveExecutor::write_into(StorageTier& to, const std::vector<BlockKey>& keys
         auto post = hooks_.control_thread();
         // Shared: the completions are std::function, which must be copyable.
         auto job_moves = std::make_shared<std::vector<PendingMove>>(std::move(moves));
-        to.write(std::move(job), [this, post, job_moves, to_id](std::vector<Status> results) {
-          post([this, job_moves, to_id, results = std::move(results)] {
+        to.write(std::move(job), [this, post, job_moves, to_id, copies](std::vector<Status> results) {
+          post([this, job_moves, to_id, copies, results = std::move(results)] {
             --jobs_;
             size_t failed = 0;
             const Status* first_error = nullptr;
@@ -318,14 +353,14 @@ void MoveExecutor::write_into(StorageTier& to, const std::vector<BlockKey>& keys
               ok ? move.commit() : move.abort();
               if (ok) {
                 const uint64_t bytes = store_.block_bytes(job_keys[i].layout);
-                counters_.bytes_demoted += bytes;
+                (copies ? counters_.bytes_copied_down : counters_.bytes_demoted) += bytes;
                 counters_.bytes_written[static_cast<size_t>(to_id)] += bytes;
                 continue;
               }
               ++failed;
-              hooks_.not_moved(job_keys[i]);
+              if (!copies) hooks_.not_moved(job_keys[i]);
               if (first_error == nullptr) first_error = &results[i];
-              if (draining_) drain_failed_.insert(job_keys[i]);
+              if (draining_ && !copies) drain_failed_.insert(job_keys[i]);
             }
             if (failed == 0) {
               write_backoff_ms_ = 0;
@@ -334,10 +369,10 @@ void MoveExecutor::write_into(StorageTier& to, const std::vector<BlockKey>& keys
               write_backoff_ms_ = std::clamp(write_backoff_ms_ * 2, kFirstBackoffMs, kMaxBackoffMs);
               write_paused_until_ms_ = hooks_.now_ms() + write_backoff_ms_;
               KVTIER_LOG_WARN(
-                  "{} tier: {} of {} block writes failed; those blocks stay where they "
+                  "{} tier: {} of {} block {} failed; those blocks stay where they "
                   "were and writes to it pause for {} ms: {}",
-                  tier_name(to_id), failed, job_keys.size(), write_backoff_ms_,
-                  first_error->to_string());
+                  tier_name(to_id), failed, job_keys.size(), copies ? "copies" : "writes",
+                  write_backoff_ms_, first_error->to_string());
             }
             release_slots();  // a failed write gave its slot back
             settled();

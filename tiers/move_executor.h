@@ -122,6 +122,7 @@ class MoveExecutor {
   struct Counters {
     uint64_t bytes_demoted = 0;            // copied down a tier (written)
     uint64_t bytes_demoted_onto_copy = 0;  // moved down onto a copy (nothing written)
+    uint64_t bytes_copied_down = 0;        // copies written below blocks that stay (copy_down)
     uint64_t bytes_promoted = 0;
     // Bytes the moves wrote into each tier, by Tier (Saves are not moves).
     std::array<uint64_t, kTierCount> bytes_written{};
@@ -191,6 +192,13 @@ class MoveExecutor {
   void stop_spills();
   // Bytes of `tier` on their way out (spilling); the planner's view counts them as free.
   uint64_t leaving_bytes(Tier tier) const;
+
+  // Writes copies of `keys` into `to` (a durable tier that keeps copies, below them;
+  // block_store.h), the blocks staying where they are, so that a crash does not lose
+  // them: blocks in host memory, ready, without a copy, while `to` has room without
+  // making any (a copy never takes room a block needs) and takes writes. Returns how
+  // many started; each becomes the block's copy when its write lands.
+  size_t copy_down(std::span<const BlockKey> keys, Tier to);
 
   // Whether `key` is being read into memory from a tier that is not memory.
   bool reading(const BlockKey& key) const { return reads_.contains(key); }
@@ -262,6 +270,10 @@ class MoveExecutor {
   void count_read_up(const BlockKey& key);
   // The two ways bytes move that are not a Device copy.
   void write_into(StorageTier& to, const std::vector<BlockKey>& keys);
+  // Hands `items` to the tier in jobs and settles `writing` (parallel to it) as each job
+  // lands: moves (write_into) or copies (copy_down).
+  void submit_writes(StorageTier& to, std::vector<StorageTier::WriteItem> items,
+                     std::vector<PendingMove> writing, bool copies);
   void read_from(StorageTier& from, const std::vector<BlockKey>& keys, Tier target);
   bool in_host_memory(Tier tier) const;
   bool copies_by_device(Tier tier) const;
