@@ -308,3 +308,47 @@ def test_a_daemon_that_accepts_but_never_answers_never_stalls_vllm(tiny_llama, t
             engine.close()
     finally:
         silent.close()
+
+
+def test_a_turn_whose_history_vllm_still_holds_never_waits_for_its_save(tiny_llama):
+    # Every Save/Load copy completes 500 ms late: the turn before is still being saved
+    # when the next one arrives, and vLLM's prefix cache (on) holds all of it.
+    daemon = Kvtierd(["--copy-threads", "1", "--fault-copy-delay-ms", "500ms"])
+    engine = MiniEngine(tiny_llama, daemon.socket_path, prefix_caching=True, save_wait_ms=5000)
+    try:
+        prompt = tokens(21, 4 * BLOCK + 3)
+        first = engine.add(prompt, session="held")
+        while not first.is_finished():
+            engine.step()
+        before = kvtier.vllm.counters()
+        # Two new full blocks past the history: kvtier is asked about them.
+        second = engine.add(prompt + list(first.output_token_ids) + tokens(22, 2 * BLOCK + 8), session="held")
+        started = time.monotonic()
+        engine.step()
+        # Scheduled in the first step, from vLLM's own blocks: nothing waited for the Save.
+        assert second.num_computed_tokens > 4 * BLOCK, second.num_computed_tokens
+        assert time.monotonic() - started < 0.4
+        assert kvtier.vllm.counters()["lookup_waits_for_save"] == before["lookup_waits_for_save"]
+        assert len(engine.run(second)) == 4
+        assert not [j for j in engine.loads if j.request_id == second.request_id]
+    finally:
+        engine.close()
+        daemon.stop()
+
+
+def test_a_turn_whose_history_vllm_lost_waits_for_its_save_and_loads_it(tiny_llama):
+    daemon = Kvtierd(["--copy-threads", "1", "--fault-copy-delay-ms", "300ms"])
+    engine = MiniEngine(tiny_llama, daemon.socket_path, save_wait_ms=5000)  # no prefix cache: nothing held
+    try:
+        prompt = tokens(23, 4 * BLOCK + 3)
+        first = engine.add(prompt, session="lost")
+        while not first.is_finished():
+            engine.step()
+        before = kvtier.vllm.counters()
+        second = engine.add(prompt + list(first.output_token_ids) + tokens(24, 8), session="lost")
+        engine.run(second)
+        assert kvtier.vllm.counters()["lookup_waits_for_save"] == before["lookup_waits_for_save"] + 1
+        assert sum(len(j.hashes) for j in engine.loads if j.request_id == second.request_id) == 4
+    finally:
+        engine.close()
+        daemon.stop()

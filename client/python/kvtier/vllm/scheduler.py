@@ -52,7 +52,7 @@ class _Request:
     waiting_for_save_since_s: float | None = None
     local_tokens: int = 0  # block-aligned local prefix hit the last match was for
     async_loading: bool = False  # an asynchronous Load went out and was not reported yet
-    last_hits: int = 0  # the last Lookup's answer, kept while waiting for a Save
+    wait_from: int = 0  # first block neither kvtierd nor vLLM held, kept while waiting for a Save
 
 
 def session_id_of(value: object) -> str:
@@ -193,9 +193,10 @@ class SchedulerSide:
                 state.hits = 0
             state.lookup = None
         # The hits stop at a block a finished request is still saving (the turn before,
-        # just finished): wait for that Save and ask again, so the Lookup sees it.
-        state.last_hits = state.hits
-        if any(self._saving[h] for h in state.hashes[state.hits:state.lookup_blocks]):
+        # just finished): wait for that Save and ask again, so the Lookup sees it. Only
+        # past what vLLM holds itself (its prefix-cache hit): those blocks need no Save.
+        state.wait_from = max(state.hits, local_blocks)
+        if any(self._saving[h] for h in state.hashes[state.wait_from:state.lookup_blocks]):
             if state.waiting_for_save_since_s is None:
                 state.waiting_for_save_since_s = time.monotonic()
                 COUNTERS.add("lookup_waits_for_save")
@@ -206,11 +207,11 @@ class SchedulerSide:
         return self._matched(state, local_blocks, state.lookup_blocks)
 
     def _still_waiting_for_save(self, state: _Request) -> bool:
-        """A block past the last Lookup's hits is still being saved, and the request has
-        waited less than save_wait_ms for it."""
+        """A block past the last Lookup's hits and vLLM's own hit is still being saved,
+        and the request has waited less than save_wait_ms for it."""
         waited_ms = (time.monotonic() - state.waiting_for_save_since_s) * 1000.0
         return waited_ms < self._config.save_wait_ms and \
-            any(self._saving[h] for h in state.hashes[state.last_hits:state.lookup_blocks])
+            any(self._saving[h] for h in state.hashes[state.wait_from:state.lookup_blocks])
 
     def _lookup_answered(self, state: _Request) -> bool:
         """Polls the Lookup, spinning for at most lookup_spin_us after it was sent: a
