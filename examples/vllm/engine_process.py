@@ -2,10 +2,15 @@
 at a time over stdin/stdout: what tests/vllm and bench/vllm_ttft.py run.
 
     python engine_process.py MODEL_DIR [--kvtier SOCKET] [--whole-request] [--prefix-caching]
+        [--kv-transfer-config JSON]
 
 Input lines: {"prompt": [token ids], "max_tokens": n, "session": "conv-1" | null,
 "priority": 1..100 | null}. Output lines: {"tokens": [...], "wall_s": seconds the
-generate call took, "counters": kvtier.vllm's counters (empty without --kvtier)}.
+generate call took, "cached_tokens": prompt tokens vLLM did not compute (its prefix
+cache's hit plus what a connector loaded), "counters": kvtier.vllm's counters (empty
+without --kvtier)}. ``--kv-transfer-config`` replaces the connector configuration
+--kvtier makes (a MultiConnector, another connector class); --kvtier SOCKET then only
+says kvtier.vllm is in it, for its counters and finish_saves.
 With --kvtier the Saves of the finished request are completed after the timed call
 (kvtier.vllm.finish_saves), as a server's engine loop would do on its own.
 The tokenizer is skipped (prompts are token ids); decoding is greedy.
@@ -33,6 +38,8 @@ def main() -> None:
     parser.add_argument("--block-size", type=int, default=32)
     parser.add_argument("--model-id", default=None)
     parser.add_argument("--lookup-timeout-ms", type=float, default=None)
+    parser.add_argument("--kv-transfer-config", default=None, metavar="JSON",
+                        help="vLLM's kv_transfer_config, instead of the one --kvtier makes")
     args = parser.parse_args()
 
     from vllm import LLM, SamplingParams
@@ -47,8 +54,12 @@ def main() -> None:
             extra["model_id"] = args.model_id
         if args.lookup_timeout_ms is not None:
             extra["lookup_timeout_ms"] = args.lookup_timeout_ms
+        # A block kvtierd cannot deliver after all is recomputed, never a failed request.
         transfer = KVTransferConfig(kv_connector="KvtierConnector", kv_connector_module_path="kvtier.vllm",
-                                    kv_role="kv_both", kv_connector_extra_config=extra)
+                                    kv_role="kv_both", kv_connector_extra_config=extra,
+                                    kv_load_failure_policy="recompute")
+    if args.kv_transfer_config:
+        transfer = KVTransferConfig(**json.loads(args.kv_transfer_config))
     llm = LLM(model=args.model, skip_tokenizer_init=True, dtype="float32", max_model_len=args.max_model_len,
               enforce_eager=True, block_size=args.block_size, kv_cache_memory_bytes=args.kv_cache_bytes,
               enable_prefix_caching=args.prefix_caching, kv_transfer_config=transfer, seed=0,
@@ -76,7 +87,7 @@ def main() -> None:
         wall_s = time.perf_counter() - started
         finish_saves(llm)
         print(json.dumps({"tokens": list(out[0].outputs[0].token_ids), "wall_s": wall_s,
-                          "counters": counters()}), flush=True)
+                          "cached_tokens": out[0].num_cached_tokens or 0, "counters": counters()}), flush=True)
 
 
 if __name__ == "__main__":

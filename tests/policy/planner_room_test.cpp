@@ -72,6 +72,37 @@ TEST_F(PlannerRoomTest, MakeRoomLevelsNamespacesAgainstTheirQuotas) {
   EXPECT_EQ(room(Tier::kRam, 100), (Strings{"E 11 ram->none"}));
 }
 
+// A Save's room when RAM holds only blocks that cannot move (copied, read or pinned by
+// requests in flight): HBM's blocks go past RAM to NVMe, lowest retention priority
+// first, held or not; nothing without a durable tier below, and nothing leaves the
+// daemon while NVMe has room.
+TEST_F(PlannerRoomTest, DemoteToDurableSendsBlocksPastAFullTierLowestPriorityFirst) {
+  view_.set_capacity(Tier::kHbm, 300);
+  view_.set_capacity(Tier::kRam, 200);
+  view_.put(31, Tier::kRam, {.movable = false});
+  view_.put(32, Tier::kRam, {.movable = false});
+  Session& kept = save("kept", {1}, true, 100);
+  table_.set_priority(kept, 80);
+  save("plain", {2}, true, 200);
+  Session& low = save("low", {3}, true, 300);
+  table_.set_priority(low, 1);
+  view_.put(1, Tier::kHbm, {.session_refs = 1, .last_access_ms = 100});
+  view_.put(2, Tier::kHbm, {.session_refs = 1, .last_access_ms = 200});
+  view_.put(3, Tier::kHbm, {.session_refs = 1, .last_access_ms = 300});
+  auto past = [&](uint64_t bytes) {
+    return describe(
+        planner_.make_room(Tier::kHbm, bytes, table_, view_, Room::kDemoteToDurable));
+  };
+  EXPECT_TRUE(past(100).empty()) << "there is no NVMe tier";
+  view_.set_capacity(Tier::kNvme, 1'000);
+  EXPECT_EQ(past(100), (Strings{"D 3 hbm->nvme"}));
+  EXPECT_EQ(past(300), (Strings{"D 3 hbm->nvme", "D 2 hbm->nvme", "D 1 hbm->nvme"}));
+  // The room RAM would give by demoting, it cannot: the old rule finds nothing.
+  EXPECT_TRUE(describe(planner_.make_room(Tier::kRam, 100, table_, view_,
+                                          Room::kDemoteEvictingBelow))
+                  .empty());
+}
+
 TEST_F(PlannerRoomTest, MakeRoomEvictsUnreferencedLruThenColdestSessions) {
   view_.set_capacity(Tier::kRam, 1'000);
   save("busy", {1}, false, 100);

@@ -3,9 +3,7 @@ processes (tests/python/kvtierd_process.py), and vLLM engine processes."""
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -42,7 +40,26 @@ def kvtierd():
 class ChatEngine(EngineProcess):
     """vLLM in its own process, one turn at a time; its stderr in build/ when there is one."""
 
-    def __init__(self, model: Path, socket: str | None = None, *flags: str) -> None:
+    def __init__(self, model: Path, socket: str | None = None, *flags: str, env: dict[str, str] | None = None) -> None:
         build = HERE.parent.parent / "build"
         log = build / f"vllm-engine-{os.getpid()}-{id(self)}.log" if build.exists() else None
-        super().__init__(model, socket, *flags, log_path=log)
+        super().__init__(model, socket, *flags, log_path=log, env=env)
+
+
+@pytest.fixture(scope="session")
+def reference(tiny_llama):
+    """vLLM without a connector (prefix cache off): what every test's outputs must equal."""
+    engine = ChatEngine(tiny_llama)
+    yield engine
+    engine.close()
+
+
+def reference_replies(engine: ChatEngine, pieces: list[list[int]], max_tokens: int = 8) -> list[list[int]]:
+    """The replies of a chat whose turn i sends pieces[0] + ... + pieces[i + 1] after the
+    replies before it (greedy: the same on any engine that computes the same KV)."""
+    history, replies = list(pieces[0]), []
+    for user in pieces[1:]:
+        history += user
+        replies.append(engine.turn(history, max_tokens=max_tokens)["tokens"])
+        history += replies[-1]
+    return replies

@@ -44,7 +44,7 @@ class MiniEngine:
 
     def __init__(self, model_dir: Path, socket: str, num_blocks: int = 64, prefix_caching: bool = False,
                  model_id: str | None = None, max_num_batched_tokens: int = 1024, kv_cache_layout: str = "LBHNC",
-                 **extra) -> None:
+                 connector: str = "KvtierConnector", module: str = "kvtier.vllm", **extra) -> None:
         extra = {"socket": socket, "reconnect_ms": 100, "layerwise": True, **extra}
         if model_id:
             extra["model_id"] = model_id
@@ -54,9 +54,9 @@ class MiniEngine:
             scheduler_config=SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=max_num_batched_tokens,
                                              max_model_len=2048, is_encoder_decoder=False),
             cache_config=CacheConfig(block_size=BLOCK, enable_prefix_caching=prefix_caching),
-            kv_transfer_config=KVTransferConfig(kv_connector="KvtierConnector",
-                                                kv_connector_module_path="kvtier.vllm", kv_role="kv_both",
-                                                kv_connector_extra_config=extra),
+            kv_transfer_config=KVTransferConfig(kv_connector=connector, kv_connector_module_path=module,
+                                                kv_role="kv_both", kv_connector_extra_config=extra,
+                                                kv_load_failure_policy="recompute"),
             device_config=DeviceConfig("cpu"))
         self.layer_names = [f"model.layers.{i}.self_attn.attn" for i in range(LAYERS)]
         self.kv_cache_config = KVCacheConfig(
@@ -68,7 +68,7 @@ class MiniEngine:
         self.scheduler = Scheduler(vllm_config=self.config, kv_cache_config=self.kv_cache_config,
                                    log_stats=True, structured_output_manager=StructuredOutputManager(self.config),
                                    block_size=BLOCK)
-        self.worker = KvtierConnector(self.config, KVConnectorRole.WORKER, self.kv_cache_config)
+        self.worker = type(self.scheduler.connector)(self.config, KVConnectorRole.WORKER, self.kv_cache_config)
         # self.cache is always indexed [layer, block, head, token, K|V]; its memory is laid
         # out in the physical order kv_cache_layout names (LBHNC: vLLM's CPU default).
         order = KVCacheLayout[kv_cache_layout].stride_order
@@ -101,7 +101,7 @@ class MiniEngine:
         """One engine step; returns the ids of requests that finished in it."""
         output = self.scheduler.schedule()
         meta = output.kv_connector_metadata
-        for job in meta.loads:
+        for job in meta.loads + meta.failed_loads:
             self.cache[:, job.block_ids] = -1.0  # poison: only the Load may fill these
         self.loads += meta.loads
         self.saves += meta.saves

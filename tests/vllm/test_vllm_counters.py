@@ -7,21 +7,26 @@ import ast
 from pathlib import Path
 
 import kvtier.vllm
-from kvtier.vllm.metadata import Counters
+from kvtier.vllm.metadata import TIERS, Counters
 
 PACKAGE = Path(kvtier.vllm.__file__).resolve().parent
 
 
 def counted_names() -> list[tuple[str, int, str]]:
-    """(file, line, name) of every COUNTERS.add(name, ...) in the package's sources."""
+    """(file, line, name) of every name COUNTERS.add(name, ...) and
+    COUNTERS.add_by_tier(prefix, tiers) count in the package's sources."""
     found = []
     for path in sorted(PACKAGE.glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "add"
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr in ("add", "add_by_tier")
                     and isinstance(node.func.value, ast.Name) and node.func.value.id == "COUNTERS"):
                 first = node.args[0] if node.args else None
                 name = first.value if isinstance(first, ast.Constant) and isinstance(first.value, str) else None
-                found.append((path.name, node.lineno, name))
+                if node.func.attr == "add" or name is None:
+                    found.append((path.name, node.lineno, name))
+                else:  # add_by_tier(prefix, tiers) counts f"{prefix}_{tier}"
+                    found += [(path.name, node.lineno, f"{name}_{tier}") for tier in TIERS]
     return found
 
 

@@ -275,7 +275,9 @@ def test_every_kv_cache_layout_round_trips_and_stays_apart_from_the_others(tiny_
 
 
 def test_a_full_daemon_drops_saves_and_vllm_goes_on(tiny_llama):
-    # 6 KiB blocks, 128 KiB of memory in all and no NVMe: a 30-block Save cannot fit.
+    # 6 KiB blocks, 128 KiB of memory in all and no NVMe: a 30-block Save cannot fit;
+    # kvtierd keeps the prefix that does (a partial Save, counted under a known name:
+    # an unknown one once raised out of get_finished and took vLLM's engine down).
     daemon = Kvtierd(["--hbm-bytes", "64KiB", "--ram-bytes", "64KiB", "--nvme-bytes", "0", "--slab-bytes", "64KiB",
                       "--save-room-wait-ms", "100ms"])
     engine = MiniEngine(tiny_llama, daemon.socket_path)
@@ -285,7 +287,8 @@ def test_a_full_daemon_drops_saves_and_vllm_goes_on(tiny_llama):
             assert len(engine.run(engine.add(tokens(30 + i, 30 * BLOCK + 1), session=f"full-{i}"))) == 4
         after = kvtier.vllm.counters()
         assert after["save_dropped_blocks"] > before["save_dropped_blocks"], (before, after)
-        assert after["save_errors"] > before["save_errors"]
+        assert after["save_partial"] > before["save_partial"], (before, after)
+        assert after["internal_errors"] == before["internal_errors"]
     finally:
         engine.close()
         daemon.stop()

@@ -2,23 +2,38 @@
 
 vLLM makes one instance per role: the scheduler's (``SchedulerSide``: lookups, sessions,
 what each step loads and saves) and each worker's (``WorkerSide``: the copies). This
-class only routes vLLM's calls to the side of its role.
+class routes vLLM's calls to the side of its role, and is where an unexpected error
+inside kvtier stops: every method vLLM calls catches it, logs it (with its traceback,
+the first time for each method; later ones at debug level), counts it
+(``internal_errors``) and answers what vLLM can live with, keeping vLLM's books right:
+
+- a lookup is 0 external tokens (and the request is neither loaded nor saved after);
+- a Load that was promised is reported failed, block by block, so vLLM recomputes
+  them (an asynchronous one is also reported finished receiving);
+- a Save is dropped, but its request is still reported finished sending (vLLM holds
+  its blocks until then); ``request_finished`` failing answers (False, None);
+- ``register_kv_caches`` raises what the operator can fix (a KV cache kvtier cannot
+  store: the model's or layout's fault, said at start-up); anything else is logged
+  and vLLM serves without kvtier (every Load fails, every Save is dropped).
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorBase_V1, KVConnectorMetadata,
                                                                KVConnectorRole)
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
 
-from .blocks import block_shape
+from ..errors import InvalidArgument
+from .blocks import UnsupportedModel, block_shape
 from .config import ConnectorConfig
-from .metadata import COUNTERS, KvtierConnectorMetadata
+from .metadata import COUNTERS, Counters, KvtierConnectorMetadata
+from .metrics import LATENCIES, KvtierPromMetrics, KvtierStats
 from .scheduler import SchedulerSide
 from .worker import WorkerSide
 
@@ -78,22 +93,29 @@ def finish_saves(llm, timeout_s: float = 30.0) -> bool:
     return False
 
 
-class KvtierStats(KVConnectorStats):
-    """Per-interval counters a worker reports to vLLM's stats logger (summed)."""
+class _Faults:
+    """Unexpected errors inside the connector: logged (the first in each method with its
+    traceback at error level, later ones at debug level) and counted."""
 
-    def reset(self):
-        self.data = {}
+    def __init__(self, role: str) -> None:
+        self._role = role
+        self._seen: collections.Counter[str] = collections.Counter()
+        self.count = 0
 
-    def aggregate(self, other: KVConnectorStats) -> KVConnectorStats:
-        for name, value in (other.data or {}).items():
-            self.data[name] = self.data.get(name, 0) + value
-        return self
-
-    def reduce(self) -> dict[str, int | float]:
-        return dict(self.data)
-
-    def is_empty(self) -> bool:
-        return not any(self.data.values())
+    def record(self, entry: str, error: BaseException) -> None:
+        try:
+            self.count += 1
+            COUNTERS.add("internal_errors")
+            self._seen[entry] += 1
+            if self._seen[entry] == 1:
+                logger.error("kvtier.vllm (%s): internal error in %s; vLLM goes on without kvtier for what it "
+                             "touched (later errors in %s are counted in internal_errors and logged at debug "
+                             "level)", self._role, entry, entry, exc_info=error)
+            else:
+                logger.debug("kvtier.vllm (%s): internal error %d in %s", self._role, self._seen[entry], entry,
+                             exc_info=error)
+        except Exception:  # noqa: S110 - reporting must never be what fails
+            pass
 
 
 class KvtierConnector(KVConnectorBase_V1):
@@ -108,7 +130,9 @@ class KvtierConnector(KVConnectorBase_V1):
         self._device = device
         self._scheduler: SchedulerSide | None = None
         self._worker: WorkerSide | None = None
-        self._reported = COUNTERS.snapshot()
+        self._faults = _Faults(role.name.lower())
+        self._reported: dict[str, int] = COUNTERS.snapshot()
+        self._reported_own = (0, 0, 0)  # (internal errors, connects, unavailable) reported
         if role == KVConnectorRole.SCHEDULER:
             if self._kv_transfer_config.kv_load_failure_policy != "recompute":
                 # A block kvtierd could not deliver is a cache miss, never a failed request.
@@ -121,6 +145,20 @@ class KvtierConnector(KVConnectorBase_V1):
         logger.info("kvtier.vllm: %s side, %d layers, %d tokens a block, %d bytes a block, socket %s",
                     role.name.lower(), len(self._shape.layer_names), self._shape.tokens_per_block,
                     self._shape.block_bytes, self._config.socket or "(default)")
+
+    def _recover(self, entry: str, error: BaseException, fallback: Callable[[], Any] | None = None,
+                 default: Any = None) -> Any:
+        """Records the error, then runs fallback (what vLLM is owed); its result, or
+        default when there is none or it failed too."""
+        self._faults.record(entry, error)
+        if fallback is None:
+            return default
+        try:
+            result = fallback()
+        except Exception as again:
+            self._faults.record(f"{entry} (recovery)", again)
+            return default
+        return default if result is None else result
 
     @classmethod
     def requires_piecewise_for_cudagraph(cls, extra_config: dict[str, Any]) -> bool:
@@ -144,64 +182,156 @@ class KvtierConnector(KVConnectorBase_V1):
         return memfd_kv_allocation()
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]):
-        self._worker.register_kv_caches(kv_caches)
+        try:
+            self._worker.register_kv_caches(kv_caches)
+        except (InvalidArgument, UnsupportedModel):
+            raise  # a KV cache kvtier cannot store: said at start-up, where it can be fixed
+        except Exception as error:
+            self._recover("register_kv_caches", error, self._worker.disable)
+            logger.error("kvtier.vllm: serving without kvtier (the worker could not be set up)")
+
+    def _meta(self) -> KvtierConnectorMetadata | None:
+        meta = self._connector_metadata
+        return meta if isinstance(meta, KvtierConnectorMetadata) else None
 
     def start_load_kv(self, forward_context, **kwargs: Any) -> None:
-        meta = self._get_connector_metadata()
-        assert isinstance(meta, KvtierConnectorMetadata)
-        self._worker.start_load_kv(meta)
+        meta = self._meta()
+        try:
+            if meta is None:
+                raise TypeError(f"connector metadata {type(self._connector_metadata).__name__}, "
+                                f"not KvtierConnectorMetadata")
+            self._worker.start_load_kv(meta)
+        except Exception as error:
+            self._recover("start_load_kv", error, lambda: self._worker.fail_step_loads(meta))
 
     def wait_for_layer_load(self, layer_name: str) -> None:
-        self._worker.wait_for_layer_load(layer_name)
+        try:
+            self._worker.wait_for_layer_load(layer_name)
+        except Exception as error:
+            self._recover("wait_for_layer_load", error, lambda: self._worker.fail_step_loads(self._meta()))
 
     def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata, **kwargs: Any) -> None:
         return  # Saves go at request end, from wait_for_save, once every layer is written
 
     def wait_for_save(self):
-        meta = self._connector_metadata if isinstance(self._connector_metadata, KvtierConnectorMetadata) else None
-        self._worker.wait_for_save(meta)
+        meta = self._meta()
+        try:
+            expected = self._worker.saves_in_hand(meta)
+        except Exception as error:
+            expected = set()
+            self._recover("wait_for_save", error)
+        try:
+            self._worker.wait_for_save(meta)
+        except Exception as error:
+
+            def recover():
+                self._worker.end_loads_after_error()
+                self._worker.drop_saves_not_in_hand(expected)
+
+            self._recover("wait_for_save", error, recover)
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
-        return self._worker.get_finished(finished_req_ids)
+        try:
+            expected = self._worker.saves_in_hand(None)
+        except Exception as error:
+            expected = set()
+            self._recover("get_finished", error)
+        try:
+            return self._worker.get_finished(finished_req_ids)
+        except Exception as error:
+            return self._recover("get_finished", error, lambda: self._worker.salvage_finished(expected),
+                                 default=(None, None))
 
     def get_block_ids_with_load_errors(self) -> set[int]:
-        return self._worker.get_block_ids_with_load_errors()
+        try:
+            return self._worker.get_block_ids_with_load_errors()
+        except Exception as error:
+            return self._recover("get_block_ids_with_load_errors", error, self._worker.take_load_errors,
+                                 default=set())
 
     def get_kv_connector_stats(self) -> KVConnectorStats | None:
-        if self._worker is None:
-            return None  # the worker's report covers the process (counters are per process)
+        try:
+            return self._stats()
+        except Exception as error:
+            return self._recover("get_kv_connector_stats", error)
+
+    def _stats(self) -> KvtierStats | None:
+        """This role's counts since its last report (see kvtier.vllm.metrics)."""
+        side = self._scheduler if self._scheduler is not None else self._worker
         now = COUNTERS.snapshot()
-        delta = {name: now[name] - self._reported.get(name, 0) for name in now}
+        names = Counters.SCHEDULER_NAMES if self._scheduler is not None else Counters.WORKER_NAMES
+        data: dict[str, Any] = {name: now[name] - self._reported.get(name, 0) for name in names}
         self._reported = now
-        stats = KvtierStats(data={k: v for k, v in delta.items() if v})
-        return None if stats.is_empty() else stats
+        link = getattr(side, "_link", None)
+        own = (self._faults.count, getattr(link, "connects", 0), getattr(link, "unavailable", 0))
+        for name, value, reported in zip(("internal_errors", "connects", "daemon_unavailable"), own,
+                                         self._reported_own):
+            data[name] = max(0, value - reported)
+        self._reported_own = own
+        for name in LATENCIES:
+            observed = getattr(side, name, None)
+            if observed:
+                data[name], observed[:] = list(observed), []
+        data = {name: value for name, value in data.items() if value}
+        return KvtierStats(data=data) if data else None
 
     @classmethod
     def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> KVConnectorStats | None:
         return KvtierStats(data=dict(data or {}))
 
+    @classmethod
+    def build_prom_metrics(cls, vllm_config, metric_types, labelnames, per_engine_labelvalues):
+        return KvtierPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+
     def shutdown(self):
-        if self._worker is not None:
-            self._worker.shutdown()
-        if self._scheduler is not None:
-            self._scheduler.shutdown()
+        for side in (self._worker, self._scheduler):
+            if side is not None:
+                try:
+                    side.shutdown()
+                except Exception as error:
+                    self._recover("shutdown", error)
 
     # ---- scheduler side ----------------------------------------------------------
 
     def on_new_request(self, request) -> None:
-        self._scheduler.on_new_request(request)
+        try:
+            self._scheduler.on_new_request(request)
+        except Exception as error:
+            self._recover("on_new_request", error, lambda: self._scheduler.forget(request.request_id))
 
     def get_num_new_matched_tokens(self, request, num_computed_tokens: int) -> tuple[int | None, bool]:
-        return self._scheduler.get_num_new_matched_tokens(request, num_computed_tokens)
+        try:
+            return self._scheduler.get_num_new_matched_tokens(request, num_computed_tokens)
+        except Exception as error:
+            self._recover("get_num_new_matched_tokens", error, lambda: self._scheduler.forget(request.request_id))
+            return 0, False
 
     def update_state_after_alloc(self, request, blocks, num_external_tokens: int):
-        self._scheduler.update_state_after_alloc(request, blocks, num_external_tokens)
+        try:
+            self._scheduler.update_state_after_alloc(request, blocks, num_external_tokens)
+        except Exception as error:
+            # vLLM counts those tokens as loaded: the worker must report their blocks failed.
+            self._recover("update_state_after_alloc", error,
+                          lambda: self._scheduler.abandon_load(request, blocks, num_external_tokens)
+                          if num_external_tokens > 0 else self._scheduler.forget(request.request_id))
 
     def build_connector_meta(self, scheduler_output) -> KVConnectorMetadata:
-        return self._scheduler.build_connector_meta(scheduler_output)
+        try:
+            return self._scheduler.build_connector_meta(scheduler_output)
+        except Exception as error:
+            return self._recover("build_connector_meta", error, self._scheduler.salvage_meta,
+                                 default=KvtierConnectorMetadata())
 
     def update_connector_output(self, connector_output):
-        self._scheduler.update_connector_output(connector_output)
+        try:
+            self._scheduler.update_connector_output(connector_output)
+        except Exception as error:
+            self._recover("update_connector_output", error, self._scheduler.reset_saving)
 
     def request_finished(self, request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
-        return self._scheduler.request_finished(request, block_ids)
+        try:
+            return self._scheduler.request_finished(request, block_ids)
+        except Exception as error:
+            # vLLM frees the blocks now: no Save of them may go out.
+            self._recover("request_finished", error, lambda: self._scheduler.drop_save(request.request_id))
+            return False, None

@@ -37,6 +37,8 @@ class DaemonLink:
         self._client: Client | None = None
         self._closed = threading.Event()
         self._first_attempt = threading.Event()
+        self.connects = 0  # this link's, for the stats its role reports
+        self.unavailable = 0
         self._thread = threading.Thread(target=self._connect_until_done, name=f"kvtier-{role}-connect",
                                         daemon=True)
         self._thread.start()
@@ -59,10 +61,15 @@ class DaemonLink:
             try:
                 client = Client(self._socket_path, reconnect=True)
                 self._setup(client)
-            except KvtierError as error:
+            except Exception as error:
                 if client is not None:
                     client.close()
+                if not isinstance(error, KvtierError):  # a fault of the connector's own: same retry
+                    COUNTERS.add("internal_errors")
+                    logger.error("kvtier.vllm (%s): setting up the connection to kvtierd failed", self._role,
+                                 exc_info=error)
                 COUNTERS.add("daemon_unavailable")
+                self.unavailable += 1
                 self._first_attempt.set()
                 if not warned:
                     logger.warning("kvtier.vllm (%s): kvtierd not reachable at %s (%s); serving "
@@ -78,6 +85,7 @@ class DaemonLink:
                 self._client = client
             self._first_attempt.set()
             COUNTERS.add("connects")
+            self.connects += 1
             if warned:
                 logger.warning("kvtier.vllm (%s): connected to kvtierd", self._role)
             return

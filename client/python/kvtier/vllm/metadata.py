@@ -16,6 +16,17 @@ class LoadJob:
     hashes: list[bytes]
     block_ids: list[int]
     asynchronous: bool = False  # vLLM holds the request until get_finished reports it
+    tiers: list[str] = dataclasses.field(default_factory=list)  # where the Lookup saw each block
+
+
+@dataclasses.dataclass
+class FailedLoad:
+    """Blocks the scheduler promised vLLM but could not plan a Load for (an internal
+    error): the worker reports them failed (vLLM recomputes them) and, for an
+    asynchronous Load, the request finished receiving."""
+    request_id: str
+    block_ids: list[int]
+    asynchronous: bool
 
 
 @dataclasses.dataclass
@@ -34,19 +45,32 @@ class SaveJob:
 class KvtierConnectorMetadata(KVConnectorMetadata):
     loads: list[LoadJob] = dataclasses.field(default_factory=list)
     saves: list[SaveJob] = dataclasses.field(default_factory=list)
+    failed_loads: list[FailedLoad] = dataclasses.field(default_factory=list)
+    dropped_saves: list[str] = dataclasses.field(default_factory=list)  # report finished, save nothing
+
+
+TIERS = ("hbm", "ram", "nvme", "remote")  # where kvtierd's Lookup says a block is
 
 
 class Counters:
-    """Process-wide counters of the connector (both roles), for metrics and tests."""
+    """Process-wide counters of the connector (both roles), for metrics and tests.
 
-    NAMES = (
+    SCHEDULER_NAMES are counted by the scheduler side, LINK_NAMES and internal_errors
+    by both, the rest by the worker side (what each role reports to vLLM's stats)."""
+
+    SCHEDULER_NAMES = (
         "lookups", "lookup_hit_blocks", "lookup_timeouts", "lookup_errors", "lookup_waits_for_save",
         "begin_turns", "begin_turn_errors",
+    ) + tuple(f"lookup_hit_blocks_{tier}" for tier in TIERS)
+    LINK_NAMES = ("daemon_unavailable", "connects")
+    NAMES = SCHEDULER_NAMES + LINK_NAMES + (
+        "internal_errors",
         "loads", "loaded_blocks", "load_failed_blocks", "load_timeouts", "load_errors",
         "loaded_bytes", "layer_loads", "layer_waits",
         "saves", "saved_blocks", "save_partial", "save_dropped_blocks", "save_errors", "save_timeouts",
-        "saved_bytes", "staging_waits", "zero_copy_caches", "daemon_unavailable", "connects",
-    )
+        "saved_bytes", "staging_waits", "zero_copy_caches",
+    ) + tuple(f"loaded_blocks_{tier}" for tier in TIERS)
+    WORKER_NAMES = NAMES[len(SCHEDULER_NAMES + LINK_NAMES) + 1:]
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -55,6 +79,16 @@ class Counters:
     def add(self, name: str, amount: int = 1) -> None:
         with self._lock:
             self._values[name] += amount
+
+    def add_by_tier(self, prefix: str, tiers: list[str]) -> None:
+        """Adds one to f"{prefix}_{tier}" for each tier in tiers (kvtierd's names)."""
+        counts = {}
+        for tier in tiers:
+            if tier in TIERS:
+                counts[tier] = counts.get(tier, 0) + 1
+        with self._lock:
+            for tier, count in counts.items():
+                self._values[f"{prefix}_{tier}"] += count
 
     def snapshot(self) -> dict[str, int]:
         with self._lock:

@@ -31,13 +31,14 @@ from ..pending import Pending
 from .blocks import BlockShape, request_hashes
 from .config import ConnectorConfig
 from .link import DaemonLink
-from .metadata import COUNTERS, KvtierConnectorMetadata, LoadJob, SaveJob
+from .metadata import COUNTERS, FailedLoad, KvtierConnectorMetadata, LoadJob, SaveJob
 
 logger = logging.getLogger("kvtier.vllm")
 
 SESSION_FIELD = "kvtier_session"
 PRIORITY_FIELD = "kvtier_priority"
 MAX_SESSION_BYTES = 256  # kvtierd's limit on a session id
+MAX_LATENCIES = 4096  # latency observations kept between two stats reports
 
 
 @dataclasses.dataclass
@@ -49,9 +50,12 @@ class _Request:
     lookup_sent_s: float = 0.0
     lookup_blocks: int = 0  # how many hashes the Lookup asked about
     hits: int | None = None  # its answer, once known
+    tiers: list[str] = dataclasses.field(default_factory=list)  # where each hit block is
     waiting_for_save_since_s: float | None = None
     local_tokens: int = 0  # block-aligned local prefix hit the last match was for
     async_loading: bool = False  # an asynchronous Load went out and was not reported yet
+    loading_block_ids: frozenset[int] = frozenset()  # the vLLM blocks that asynchronous Load fills
+    load_failed: bool = False  # blocks of its asynchronous Load failed: not loaded again
     wait_from: int = 0  # first block neither kvtierd nor vLLM held, kept while waiting for a Save
 
 
@@ -108,9 +112,13 @@ class SchedulerSide:
         self._requests: dict[str, _Request] = {}
         self._loads: list[LoadJob] = []
         self._saves: list[SaveJob] = []
+        self._failed_loads: list[FailedLoad] = []  # promised Loads that could not be planned
         # Hashes whose Save was queued and not yet reported done, counted per request.
         self._saving: collections.Counter[bytes] = collections.Counter()
         self._saving_by_request: dict[str, list[bytes]] = {}
+        # Requests the connector gave up on after an internal error: 0 hits, no Save.
+        self._bypass: set[str] = set()
+        self.lookup_seconds: list[float] = []  # Lookup latencies since the last stats report
 
     def _max_blocks(self, request) -> int:
         """Blocks a hit may cover: whole blocks, at least one prompt token left to compute,
@@ -160,6 +168,8 @@ class SchedulerSide:
     # ---- matching ---------------------------------------------------------------
 
     def get_num_new_matched_tokens(self, request, num_computed_tokens: int) -> tuple[int | None, bool]:
+        if request.request_id in self._bypass:
+            return 0, False
         state = self._requests.get(request.request_id)
         if state is None:  # not cacheable, or a request vLLM showed us only now
             if not _cacheable(request):
@@ -169,7 +179,9 @@ class SchedulerSide:
             if state is None:
                 return 0, False
         local_blocks = num_computed_tokens // self._block
-        if self._max_blocks(request) <= local_blocks:
+        if self._max_blocks(request) <= local_blocks or state.load_failed:
+            # After a failed asynchronous Load vLLM asks again; answering with the same
+            # hits could fail the same way for ever: it computes them instead.
             return 0, False
         if state.hits is None and state.lookup is None:
             if state.waiting_for_save_since_s is not None and self._still_waiting_for_save(state):
@@ -186,8 +198,12 @@ class SchedulerSide:
                 state.lookup, state.hits = None, 0  # dropped: its reply is discarded
                 return 0, False
             try:
-                state.hits = state.lookup.result().hit_count
+                result = state.lookup.result()
+                state.hits, state.tiers = result.hit_count, list(result.tiers)
                 COUNTERS.add("lookup_hit_blocks", state.hits)
+                COUNTERS.add_by_tier("lookup_hit_blocks", state.tiers)
+                if len(self.lookup_seconds) < MAX_LATENCIES:
+                    self.lookup_seconds.append(time.monotonic() - state.lookup_sent_s)
             except KvtierError:
                 COUNTERS.add("lookup_errors")
                 state.hits = 0
@@ -243,24 +259,35 @@ class SchedulerSide:
         block_ids = list(blocks.get_block_ids()[0][first:first + count])
         hashes = state.hashes[first:first + count]
         if len(block_ids) != count or len(hashes) != count:
+            # Promised to vLLM already: those blocks are reported failed, not left unfilled.
             logger.warning("kvtier.vllm: request %s: %d blocks allocated for %d external; not loading",
                            request.request_id, len(block_ids), count)
+            self.abandon_load(request, blocks, num_external_tokens)
             return
         self._loads.append(LoadJob(request.request_id, state.session_id, hashes, block_ids,
-                                   asynchronous=self._config.async_load))
+                                   asynchronous=self._config.async_load, tiers=state.tiers[first:first + count]))
         state.async_loading = self._config.async_load
+        state.loading_block_ids = frozenset(block_ids) if self._config.async_load else frozenset()
         # Asked again (the Load failed and vLLM recomputes, or a preemption): ask kvtierd
         # again too, rather than promise the same blocks.
         state.hits, state.lookup = None, None
 
     def build_connector_meta(self, scheduler_output) -> KvtierConnectorMetadata:
-        meta = KvtierConnectorMetadata(loads=self._loads, saves=self._saves)
-        self._loads, self._saves = [], []
+        # The queues are emptied last: until the metadata is out, salvage_meta has them.
+        meta = KvtierConnectorMetadata(loads=list(self._loads), saves=list(self._saves),
+                                       failed_loads=list(self._failed_loads))
+        self._loads.clear()
+        self._saves.clear()
+        self._failed_loads.clear()
         return meta
 
     # ---- finishing ----------------------------------------------------------------
 
     def request_finished(self, request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+        if request.request_id in self._bypass:
+            self._bypass.discard(request.request_id)
+            self._requests.pop(request.request_id, None)
+            return False, None
         state = self._requests.pop(request.request_id, None)
         if state is None or not _cacheable(request):
             return False, None
@@ -285,17 +312,75 @@ class SchedulerSide:
         return True, None
 
     def update_connector_output(self, connector_output) -> None:
+        invalid = connector_output.invalid_block_ids or ()
+        if invalid:
+            for state in self._requests.values():
+                if state.async_loading and not state.loading_block_ids.isdisjoint(invalid):
+                    state.load_failed = True
         for request_id in connector_output.finished_recving or ():
             state = self._requests.get(request_id)
             if state is not None:
                 state.async_loading = False
         for request_id in connector_output.finished_sending or ():
-            for digest in self._saving_by_request.pop(request_id, ()):
-                left = self._saving[digest] - 1
-                if left > 0:
-                    self._saving[digest] = left
-                else:
-                    del self._saving[digest]
+            self._release_saving(request_id)
+
+    # ---- after an internal error (connector.py) ------------------------------------
+    # Each leaves the books as vLLM sees them: what vLLM was promised is reported
+    # failed, what it holds for a Save is reported finished.
+
+    def forget(self, request_id: str) -> None:
+        """Gives up on a request: 0 hits from now on, and no Save when it finishes."""
+        self._requests.pop(request_id, None)
+        self._bypass.add(request_id)
+
+    def abandon_load(self, request, blocks, num_external_tokens: int) -> None:
+        """vLLM counts num_external_tokens of the request as loaded (it was told so) but
+        no Load was planned: its Load, if queued, goes; its blocks are reported failed."""
+        request_id = request.request_id
+        self._loads[:] = [job for job in self._loads if job.request_id != request_id]
+        state = self._requests.get(request_id)
+        all_ids = list(blocks.get_block_ids()[0])
+        count = max(0, num_external_tokens) // self._block
+        if state is not None:
+            first = state.local_tokens // self._block
+            block_ids = all_ids[first:first + count]
+        else:  # where vLLM's own hit ends is unknown: every block it may count as computed
+            block_ids = all_ids
+        self.forget(request_id)
+        self._failed_loads.append(FailedLoad(request_id, block_ids, self._config.async_load))
+
+    def salvage_meta(self) -> KvtierConnectorMetadata:
+        """The step's metadata when building it failed: its Loads are reported failed
+        and its Saves finished (dropped)."""
+        loads, saves, failed = list(self._loads), list(self._saves), list(self._failed_loads)
+        self._loads.clear()
+        self._saves.clear()
+        self._failed_loads.clear()
+        failed += [FailedLoad(job.request_id, list(job.block_ids), job.asynchronous) for job in loads]
+        for job in loads:
+            self.forget(job.request_id)
+        return KvtierConnectorMetadata(failed_loads=failed, dropped_saves=[job.request_id for job in saves])
+
+    def drop_save(self, request_id: str) -> None:
+        """request_finished failed (vLLM frees the blocks now): no Save of them may go out."""
+        self._saves[:] = [job for job in self._saves if job.request_id != request_id]
+        self._release_saving(request_id)
+        self._requests.pop(request_id, None)
+        self._bypass.discard(request_id)
+
+    def reset_saving(self) -> None:
+        """update_connector_output failed: which Saves are in flight is unknown, so no
+        request waits for one (a miss at worst)."""
+        self._saving.clear()
+        self._saving_by_request.clear()
+
+    def _release_saving(self, request_id: str) -> None:
+        for digest in self._saving_by_request.pop(request_id, ()):
+            left = self._saving[digest] - 1
+            if left > 0:
+                self._saving[digest] = left
+            else:
+                del self._saving[digest]
 
     def shutdown(self) -> None:
         self._link.close()

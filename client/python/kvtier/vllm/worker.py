@@ -44,6 +44,7 @@ STAGING_REGION = 0
 SAVE_WAIT_PER_STEP_MS = 20.0
 # How long start-up waits for the first attempt to reach kvtierd (it goes on either way).
 START_WAIT_S = 2.0
+MAX_LATENCIES = 4096  # latency observations kept between two stats reports
 
 
 def _wait(pending: Pending, timeout_s: float | None):
@@ -64,14 +65,19 @@ class SlotPool:
 
     def __init__(self, count: int) -> None:
         self._free = list(range(count - 1, -1, -1))
+        self._is_free = set(self._free)
 
     def take(self, count: int) -> list[int]:
         taken = self._free[-count:] if count else []
         del self._free[len(self._free) - len(taken):]
+        self._is_free.difference_update(taken)
         return taken[::-1]
 
     def give(self, slots: Iterable[int]) -> None:
-        self._free.extend(slots)
+        for slot in slots:
+            if slot not in self._is_free:  # a slot given back twice is still one slot
+                self._is_free.add(slot)
+                self._free.append(slot)
 
     @property
     def free(self) -> int:
@@ -88,6 +94,7 @@ class _Load:
     failed: bool = False
     started_s: float = 0.0
     index: tuple[torch.Tensor, torch.Tensor] | None = None  # (staging slots, vLLM block ids)
+    ended: bool = False  # counted, and its slots given back or quarantined
 
 
 @dataclasses.dataclass
@@ -123,6 +130,9 @@ class WorkerSide:
         self._quarantined: list[tuple[list[Pending], list[int]]] = []  # (replies awaited, slots)
         self._supports_planes = True
         self._layerwise = False  # decided in register_kv_caches, by where vLLM's cache is
+        self._failed_meta: KvtierConnectorMetadata | None = None  # the step fail_step_loads failed
+        self.load_seconds: list[float] = []  # latencies since the last stats report
+        self.save_seconds: list[float] = []
 
     # ---- registration ------------------------------------------------------------
 
@@ -201,6 +211,7 @@ class WorkerSide:
     # ---- loads -----------------------------------------------------------------
 
     def start_load_kv(self, meta: KvtierConnectorMetadata) -> None:
+        self._report_failed_loads(meta)
         for job in meta.loads:
             self._start_load(job)
         if not self._layerwise:
@@ -221,10 +232,26 @@ class WorkerSide:
         targets = job.block_ids
         if self._staged:
             slots = self._slots.take(count)
-            if len(slots) < count:  # staging full: load what fits, recompute the rest
-                COUNTERS.add("staging_waits")
-                self._fail_load(job.block_ids[len(slots):])
             targets = slots
+        pendings: list[Pending | None] = []
+        try:
+            self._send_load(job, client, targets, pendings)
+        except BaseException:
+            # Not recorded: its blocks are reported failed by the caller's recovery;
+            # slots nothing was sent for are free again, the others wait for replies.
+            recorded = any(load.job is job for load in self._loads + self._async_loads)
+            if self._staged and not recorded:
+                if any(p is not None for p in pendings):
+                    self._quarantined.append(([p for p in pendings if p is not None], list(targets)))
+                else:
+                    self._slots.give(targets)
+            raise
+
+    def _send_load(self, job: LoadJob, client, targets: list[int], pendings: list[Pending | None]) -> None:
+        count = len(job.hashes)
+        if self._staged and len(targets) < count:  # staging full: load what fits, recompute the rest
+            COUNTERS.add("staging_waits")
+            self._fail_load(job.block_ids[len(targets):])
         blocks = list(zip(job.hashes[:len(targets)], targets))
         if not blocks:
             if job.asynchronous:
@@ -232,7 +259,6 @@ class WorkerSide:
             return
         shape = self._shape
         layers = len(shape.layer_names)
-        pendings: list[Pending | None] = []
         try:
             if self._layerwise and self._supports_planes and layers > 1 and not job.asynchronous:
                 try:
@@ -242,9 +268,9 @@ class WorkerSide:
                             planes=(shape.layer_planes(layer).start, len(shape.layer_planes(layer)))))
                 except NotSupported:  # a library or daemon before plane-range Loads
                     self._supports_planes = False
-                    pendings = []
+                    pendings.clear()
             if not pendings:
-                pendings = [client.load_async(job.session_id, blocks)]
+                pendings.append(client.load_async(job.session_id, blocks))
         except KvtierError:
             COUNTERS.add("load_errors")
             self._fail_load(job.block_ids[:len(blocks)])
@@ -253,10 +279,10 @@ class WorkerSide:
                          failed=True)
             (self._async_loads if job.asynchronous else self._loads).append(load)
             return
+        load = _Load(job, blocks, list(pendings), [False] * layers, len(blocks), started_s=time.monotonic())
+        (self._async_loads if job.asynchronous else self._loads).append(load)
         COUNTERS.add("loads")
         COUNTERS.add("layer_loads", len(pendings) if len(pendings) > 1 else 0)
-        load = _Load(job, blocks, pendings, [False] * layers, len(blocks), started_s=time.monotonic())
-        (self._async_loads if job.asynchronous else self._loads).append(load)
 
     def _fail_load(self, block_ids: list[int]) -> None:
         if block_ids:
@@ -318,14 +344,17 @@ class WorkerSide:
     def _end_load(self, load: _Load) -> None:
         for layer in range(len(load.layers_done)):
             self._finish_layer(load, layer)
+        if self._staged:
+            if all(p is None or p.done() for p in load.pendings):
+                self._slots.give(slot for _, slot in load.blocks)
+            else:  # timed out: the daemon may still write these slots until it replies
+                self._quarantined.append(([p for p in load.pendings if p is not None],
+                                          [slot for _, slot in load.blocks]))
+        load.ended = True
         COUNTERS.add("loaded_blocks", load.loaded)
-        if not self._staged:
-            return
-        if all(p is None or p.done() for p in load.pendings):
-            self._slots.give(slot for _, slot in load.blocks)
-        else:  # timed out: the daemon may still write these slots until it replies
-            self._quarantined.append(([p for p in load.pendings if p is not None],
-                                      [slot for _, slot in load.blocks]))
+        COUNTERS.add_by_tier("loaded_blocks", load.job.tiers[:load.loaded])
+        if load.loaded and len(self.load_seconds) < MAX_LATENCIES:
+            self.load_seconds.append(time.monotonic() - load.started_s)
 
     def _poll_async_loads(self) -> set[str]:
         """Asynchronous Loads (vLLM holds their requests until reported): those whose
@@ -344,14 +373,14 @@ class WorkerSide:
         return done
 
     def get_block_ids_with_load_errors(self) -> set[int]:
-        errors, self._load_errors = self._load_errors, set()
-        return errors
+        return self.take_load_errors()
 
     # ---- saves -------------------------------------------------------------------
 
     def wait_for_save(self, meta: KvtierConnectorMetadata | None) -> None:
         self._end_loads()
         if meta is not None:
+            self._finished_sending.update(meta.dropped_saves)
             self._save_backlog.extend(meta.saves)
         if not self._save_backlog:
             return
@@ -396,10 +425,14 @@ class WorkerSide:
                     return
             self._backlogged_since.pop(job.request_id, None)
             slots = self._slots.take(count)
-            slot_index = torch.tensor(slots, dtype=torch.long)
-            ids = torch.tensor(job.block_ids, dtype=torch.long)
-            for plane, staging in enumerate(self._staging_planes):
-                staging.index_copy_(0, slot_index, self._cache_planes[plane].index_select(0, ids))
+            try:
+                slot_index = torch.tensor(slots, dtype=torch.long)
+                ids = torch.tensor(job.block_ids, dtype=torch.long)
+                for plane, staging in enumerate(self._staging_planes):
+                    staging.index_copy_(0, slot_index, self._cache_planes[plane].index_select(0, ids))
+            except BaseException:
+                self._slots.give(slots)  # nothing was sent from them
+                raise
             targets = slots
         # No more than the daemon takes in one request: longer Saves go in chunks, the
         # session's turn ending with the last.
@@ -421,9 +454,9 @@ class WorkerSide:
                 self._finished_sending.add(job.request_id)
                 return
             # The chunks sent may still read their slots: they go back with the replies.
-        COUNTERS.add("saves")
         self._saves.append(_Save(job, slots, pendings, time.monotonic(),
                                  chunk_blocks=chunk_blocks[:len(pendings)]))
+        COUNTERS.add("saves")
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         self._reap()
@@ -448,10 +481,20 @@ class WorkerSide:
         return (done or None), (received or None)
 
     def _reap(self) -> None:
-        still: list[_Save] = []
         now = time.monotonic()
-        for save in self._saves:
+        for save in list(self._saves):
             if all(pending.done() for pending in save.pendings):
+                # Off the list first, then what vLLM and the pool are owed, then the
+                # counting: an error half-way never hands the same slots out twice.
+                self._saves.remove(save)
+                if not save.reported:
+                    self._finished_sending.add(save.job.request_id)
+                if save.slots:
+                    self._slots.give(save.slots)
+                if save.job.anonymous:
+                    self._close_session(save.job.session_id)
+                if len(self.save_seconds) < MAX_LATENCIES:
+                    self.save_seconds.append(now - save.sent_s)
                 stored, kept, short, failed = 0, 0, False, False
                 for pending, blocks in zip(save.pendings, save.chunk_blocks):
                     try:
@@ -474,29 +517,19 @@ class WorkerSide:
                         COUNTERS.add("save_dropped_blocks", len(save.job.hashes) - kept)
                     COUNTERS.add("saved_blocks", kept)
                 COUNTERS.add("saved_bytes", stored * self._shape.block_bytes)
-                if save.slots:
-                    self._slots.give(save.slots)
-                if not save.reported:
-                    self._finished_sending.add(save.job.request_id)
-                if save.job.anonymous:
-                    self._close_session(save.job.session_id)
                 continue
             # Host path: vLLM's blocks were copied out; past the timeout they go back to
             # vLLM while the slots wait for the reply.
             if (self._staged and not save.reported
                     and (now - save.sent_s) * 1000.0 >= self._config.save_timeout_ms):
-                COUNTERS.add("save_timeouts")
                 save.reported = True
                 self._finished_sending.add(save.job.request_id)
-            still.append(save)
-        self._saves = still
-        waiting = []
-        for pendings, slots in self._quarantined:
+                COUNTERS.add("save_timeouts")
+        for entry in list(self._quarantined):
+            pendings, slots = entry
             if all(p.done() for p in pendings):
+                self._quarantined.remove(entry)
                 self._slots.give(slots)
-            else:
-                waiting.append((pendings, slots))
-        self._quarantined = waiting
 
     def _close_session(self, session_id: str) -> None:
         client = self._link.get() if self._link else None
@@ -506,6 +539,111 @@ class WorkerSide:
             client.close_session_async(session_id)  # its reply is not needed: dropped
         except KvtierError:
             pass
+
+    # ---- after an internal error (connector.py) ------------------------------------
+    # What vLLM was told is loaded is reported failed unless it is known good, and
+    # every request whose blocks vLLM holds for a Save is reported finished: vLLM's
+    # books stay right whatever the connector's own state was left in.
+
+    def disable(self) -> None:
+        """Serve without kvtierd (register_kv_caches failed): every Load fails, every
+        Save is dropped, both through the paths a missing daemon takes."""
+        link, self._link = self._link, None
+        if link is not None:
+            link.close()
+
+    def fail_step_loads(self, meta: KvtierConnectorMetadata | None) -> None:
+        """start_load_kv or wait_for_layer_load failed: this step's Loads are not
+        trusted; every block they were to fill is reported failed."""
+        if meta is not None and self._failed_meta is not meta:  # once a step
+            self._failed_meta = meta
+            self._report_failed_loads(meta)
+            recorded = {id(load.job) for load in self._loads + self._async_loads}
+            for job in meta.loads:
+                if id(job) not in recorded:  # never started: nothing writes its blocks
+                    self._fail_load(job.block_ids)
+                    if job.asynchronous:
+                        self._failed_async.add(job.request_id)
+        for load in self._loads:
+            if not load.ended:
+                load.failed = True
+                load.loaded = 0
+                self._fail_load(load.job.block_ids[:len(load.blocks)])
+
+    def _report_failed_loads(self, meta: KvtierConnectorMetadata) -> None:
+        for failed in meta.failed_loads:
+            self._fail_load(failed.block_ids)
+            if failed.asynchronous:
+                self._failed_async.add(failed.request_id)
+
+    def saves_in_hand(self, meta: KvtierConnectorMetadata | None) -> set[str]:
+        """The requests whose blocks vLLM holds for a Save this worker owes a report:
+        taken before a call, handed to drop_saves_not_in_hand if the call failed."""
+        ids = {job.request_id for job in self._save_backlog}
+        if meta is not None:
+            ids.update(job.request_id for job in meta.saves)
+            ids.update(meta.dropped_saves)
+        return ids
+
+    def drop_saves_not_in_hand(self, expected: set[str]) -> None:
+        """Of the expected requests, those no Save in flight, in the backlog or in the
+        next report accounts for (lost half-way through a failed call) are reported
+        finished now: their Saves are dropped."""
+        held = {save.job.request_id for save in self._saves if not save.reported}
+        held.update(job.request_id for job in self._save_backlog)
+        for request_id in expected - held - self._finished_sending:
+            self._finished_sending.add(request_id)
+            self._backlogged_since.pop(request_id, None)
+            COUNTERS.add("save_errors")
+
+    def end_loads_after_error(self) -> None:
+        """wait_for_save failed: this step's Loads that were not ended have their
+        blocks reported failed and their slots held until the daemon replied."""
+        loads, self._loads = self._loads, []
+        for load in loads:
+            if load.ended:
+                continue
+            load.ended = True
+            self._fail_load(load.job.block_ids[:len(load.blocks)])
+            if self._staged:
+                self._quarantined.append(([p for p in load.pendings if p is not None],
+                                          [slot for _, slot in load.blocks]))
+
+    def salvage_finished(self, expected: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        """get_finished failed: what it should have reported, with nothing trusted
+        that could be wrong. Saves whose bytes the daemon no longer reads (replied,
+        or staged) and the backlog are reported finished; asynchronous Loads that
+        are over (or staged) are reported received, their blocks failed unless the
+        Load had ended."""
+        self.drop_saves_not_in_hand(expected)
+        backlog, self._save_backlog = self._save_backlog, []
+        for job in backlog:
+            self._finished_sending.add(job.request_id)
+            self._backlogged_since.pop(job.request_id, None)
+            COUNTERS.add("save_dropped_blocks", len(job.hashes))
+        for save in self._saves:
+            if not save.reported and (self._staged or all(p.done() for p in save.pendings)):
+                save.reported = True  # its slots go back with the replies (_reap)
+                self._finished_sending.add(save.job.request_id)
+        received, self._failed_async = set(self._failed_async), set()
+        for load in list(self._async_loads):
+            over = all(p is None or p.done() for p in load.pendings)
+            if not (load.ended or over or self._staged):
+                continue  # the daemon still writes vLLM's blocks: reported once it replied
+            self._async_loads.remove(load)
+            received.add(load.job.request_id)
+            if not load.ended:
+                load.ended = True
+                self._fail_load(load.job.block_ids[:len(load.blocks)])
+                if self._staged:
+                    self._quarantined.append(([p for p in load.pendings if p is not None],
+                                              [slot for _, slot in load.blocks]))
+        done, self._finished_sending = self._finished_sending, set()
+        return (done or None), (received or None)
+
+    def take_load_errors(self) -> set[int]:
+        errors, self._load_errors = self._load_errors, set()
+        return errors
 
     def shutdown(self) -> None:
         for save in self._saves:
