@@ -22,6 +22,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import logging
+import sys
 from typing import Any, Callable
 
 import torch
@@ -93,6 +94,36 @@ def finish_saves(llm, timeout_s: float = 30.0) -> bool:
     return False
 
 
+def scheduler_transfer_config(own):
+    """The KVTransferConfig vLLM's scheduler reads: the connector's own, or, when a
+    MultiConnector made this connector as one of its children (vLLM 0.32 gives a child
+    a config of its own and no handle on its parent), the MultiConnector's."""
+    try:
+        from vllm.distributed.kv_transfer.kv_connector.v1.multi_connector import MultiConnector
+    except ImportError:
+        return own
+    frame = sys._getframe(1)
+    while frame is not None:
+        owner = frame.f_locals.get("self")
+        if isinstance(owner, MultiConnector):
+            return getattr(owner, "_kv_transfer_config", None) or own
+        frame = frame.f_back
+    return own
+
+
+def check_load_failure_policy(transfer_config) -> None:
+    """Refuses a vLLM whose scheduler would fail a request when a block kvtierd promised
+    cannot be loaded (kv_load_failure_policy "fail", vLLM 0.32's default)."""
+    policy = getattr(transfer_config, "kv_load_failure_policy", "recompute")
+    if policy != "recompute":
+        raise ValueError(
+            f"kvtier.vllm: vLLM's kv_load_failure_policy is {policy!r}: vLLM would fail a request "
+            f"whenever a block kvtierd promised cannot be loaded (a daemon restart, a block evicted "
+            f"between Lookup and Load), where a cache should recompute it. Set "
+            f"\"kv_load_failure_policy\": \"recompute\" in --kv-transfer-config (with MultiConnector, "
+            f"in its top-level config: that is the one vLLM's scheduler reads)")
+
+
 class _Faults:
     """Unexpected errors inside the connector: logged (the first in each method with its
     traceback at error level, later ones at debug level) and counted."""
@@ -134,11 +165,7 @@ class KvtierConnector(KVConnectorBase_V1):
         self._reported: dict[str, int] = COUNTERS.snapshot()
         self._reported_own = (0, 0, 0)  # (internal errors, connects, unavailable) reported
         if role == KVConnectorRole.SCHEDULER:
-            if self._kv_transfer_config.kv_load_failure_policy != "recompute":
-                # A block kvtierd could not deliver is a cache miss, never a failed request.
-                logger.info("kvtier.vllm: kv_load_failure_policy %r -> 'recompute' (blocks a Load could "
-                            "not fill are recomputed)", self._kv_transfer_config.kv_load_failure_policy)
-                self._kv_transfer_config.kv_load_failure_policy = "recompute"
+            check_load_failure_policy(scheduler_transfer_config(self._kv_transfer_config))
             self._scheduler = SchedulerSide(self._config, self._shape, device)
         else:
             self._worker = WorkerSide(self._config, self._shape)
