@@ -517,6 +517,23 @@ kvtier_status kvtier_pending_wait_close_session(kvtier_pending* pending, uint32_
  * arrives; the request itself still runs). NULL is a no-op. */
 void kvtier_pending_free(kvtier_pending* pending);
 
+/* ---- Block keys ----------------------------------------------------------------- */
+
+/* kvtier's block keys (the Python package's kvtier.hashing documents the scheme): the
+ * chained SHA-256 hashes of the full blocks of tokens[0..count), B = tokens_per_block:
+ *   hash[0] = sha256(parent, or 32 zero bytes || tokens[0:B] as int64 LE || extra_keys)
+ *   hash[i] = sha256(hash[i - 1] || tokens[iB:(i+1)B] || extra_keys)
+ * A trailing partial block is not hashed. parent: NULL or the 32-byte hash of the block
+ * just before tokens[0] (to extend a prefix hashed earlier). extra_keys (NULL when
+ * extra_len is 0): whatever besides the tokens makes their KV differ — the model's
+ * fingerprint, a LoRA adapter, a cache salt. Writes count / tokens_per_block hashes of
+ * 32 bytes each to out (out_bytes must hold them) and their number to *blocks_out.
+ * Needs no connection; any thread. Added in version node KVTIER_0.7. */
+kvtier_status kvtier_block_hashes(const int64_t* tokens, size_t count, uint32_t tokens_per_block,
+                                  const uint8_t* extra_keys, size_t extra_len,
+                                  const uint8_t* parent, uint8_t* out, size_t out_bytes,
+                                  size_t* blocks_out);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

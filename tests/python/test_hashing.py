@@ -85,3 +85,28 @@ def test_same_hashes_in_another_process_with_another_hash_seed():
 def test_bad_input_is_invalid_argument(call):
     with pytest.raises(InvalidArgument):
         call()
+
+
+def test_the_library_computes_the_same_hashes_as_the_reference():
+    """libkvtier's kvtier_block_hashes (used when the library is there) against the
+    documented formula, over block sizes, extra keys, parents and the int64 range."""
+    import random
+
+    from kvtier import _lib, hashing
+
+    assert getattr(_lib.library(), "kvtier_block_hashes", None) is not None
+    rng = random.Random(5)
+    tokens = [rng.randrange(-2**63, 2**63) for _ in range(3000)] + [2**63 - 1, -2**63] * 8
+    for block_size in (1, 7, 16, 128):
+        for extra in (b"", b"model=m\x00lora=\x00salt=s", bytes(range(256)) * 3):
+            for parent in (None, hashlib.sha256(b"before").digest()):
+                full = len(tokens) // block_size * block_size
+                native = hashing._native_block_hashes(tokens[:full], block_size, extra,
+                                                      parent or ROOT_HASH)
+                expected, previous = [], parent
+                for i in range(0, full, block_size):  # one block at a time, in Python
+                    previous = block_hash(previous, tokens[i:i + block_size], extra)
+                    expected.append(previous)
+                assert native == expected
+                assert block_hashes(tokens, block_size, extra, parent) == expected
+    assert hashing._native_block_hashes([], 16, b"", ROOT_HASH) == []

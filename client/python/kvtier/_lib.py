@@ -15,7 +15,7 @@ import ctypes
 import os
 import threading
 from ctypes import (POINTER, Structure, c_char, c_char_p, c_double, c_int, c_int32, c_uint8,
-                    c_uint32, c_uint64, c_void_p)
+                    c_size_t, c_uint32, c_uint64, c_void_p)
 
 from .errors import KvtierError, StatusCode, Unavailable, error_from_status
 
@@ -154,6 +154,8 @@ _SIGNATURES = {
 # so this package still works with an older libkvtier.so.0.
 _OPTIONAL_SIGNATURES = {
     "kvtier_last_error_retryable": (c_int, []),
+    "kvtier_block_hashes": (_status, [c_void_p, c_size_t, c_uint32, c_char_p, c_size_t, c_char_p,
+                                      c_void_p, c_size_t, POINTER(c_size_t)]),
     "kvtier_connect_with_options": (_status, [c_char_p, POINTER(ClientOptions),
                                               POINTER(_client_p)]),
     "kvtier_reconnects": (c_uint64, [_client_p]),
