@@ -110,6 +110,10 @@ std::string Service::render_metrics() const {
              "(not in kvtier_moved_bytes_total{direction=\"demote\"}).");
   out.sample("kvtier_demoted_onto_copy_bytes_total", "",
              ctx_.mover->counters().bytes_demoted_onto_copy);
+  out.family("kvtier_copied_down_bytes_total", "counter",
+             "Bytes of NVMe copies written below blocks that stay in HBM/RAM "
+             "(nvme-copy-after-ms after their Save), so that a crash loses none.");
+  out.sample("kvtier_copied_down_bytes_total", "", ctx_.mover->counters().bytes_copied_down);
   out.family("kvtier_tier_written_bytes_total", "counter",
              "Bytes the policy's moves wrote into each tier (Saves not included).");
   for (const TierUsage& tier : tiers) {

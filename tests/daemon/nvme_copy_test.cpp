@@ -91,6 +91,42 @@ TEST_F(NvmeCopyTest, PromoteThenDemoteWritesNothingTheSecondTimeAndLoadsBitExact
   EXPECT_EQ(again->verified, kBlocks);
 }
 
+// nvme-copy-after-ms after a Save its blocks still in RAM get an NVMe copy (written once,
+// counted as copied down, not demoted); demoting them later moves them onto the copies
+// and writes nothing more; they load bit-exact from there.
+TEST_F(NvmeCopyTest, ASavesBlocksGetTheirNvmeCopyAfterTheWindowAndDemoteOntoIt) {
+  constexpr uint32_t kBlocks = 4;
+  const uint64_t bytes = kBlocks * block_bytes();
+  const auto hashes = PagedCache::chain_hashes("window", kBlocks);
+  ASSERT_TRUE(save_hashes(*engine_, "window", hashes, 0).is_ok());
+  auto before = settled_stats();
+  ASSERT_TRUE(before.is_ok()) << before.status().to_string();
+  EXPECT_EQ(nvme_of(*before).copy_bytes, 0u) << "copied before the window was over";
+
+  daemon_->advance_clock_ms(daemon_config().nvme_copy_after_ms);
+  auto copied = daemon_->wait_for_stats(
+      [&](const StatsInfo& s) { return nvme_of(s).copy_bytes == bytes && s.copies_in_flight == 0; },
+      integration::kDeadline);
+  ASSERT_TRUE(copied.is_ok()) << copied.status().to_string();
+  EXPECT_EQ(nvme_of(*copied).blocks, 0u);  // the blocks themselves stay in RAM
+  EXPECT_EQ(integration::find_tier(*copied, Tier::kRam)->blocks, kBlocks);
+  EXPECT_EQ(nvme_of(*copied).written_bytes, bytes);
+  EXPECT_EQ(copied->bytes_demoted, 0u);
+  EXPECT_EQ(metric("kvtier_copied_down_bytes_total"), static_cast<double>(bytes));
+
+  ASSERT_TRUE(engine_->client->drain().is_ok());
+  ASSERT_TRUE(wait_until_in_tier("window", Tier::kNvme, kBlocks).is_ok());
+  auto drained = settled_stats();
+  ASSERT_TRUE(drained.is_ok()) << drained.status().to_string();
+  EXPECT_EQ(nvme_of(*drained).written_bytes, bytes);  // nothing more written
+  EXPECT_EQ(nvme_of(*drained).copy_bytes, 0u);
+  EXPECT_EQ(metric("kvtier_demoted_onto_copy_bytes_total"), static_cast<double>(bytes));
+  EXPECT_TRUE(NoLeakedSlots(*drained, block_bytes()));
+  auto loaded = load(*engine_, "window", hashes, 16);
+  ASSERT_TRUE(loaded.is_ok()) << loaded.status().to_string();
+  EXPECT_EQ(loaded->verified, kBlocks);
+}
+
 // "kept" was read up from NVMe and stays in RAM (its turn is open); "cold" goes idle and
 // is demoted into an NVMe tier whose room the copies of "kept" hold. The copies give
 // their room up (durably released, then reused); no block is evicted, and both sessions
