@@ -21,7 +21,7 @@ import kvtier.vllm
 from conftest import ChatEngine
 from kvtier.vllm.connector import check_load_failure_policy, scheduler_transfer_config
 from kvtier.vllm.plugin import register
-from test_vllm_end_to_end import BLOCK, MAX_TOKENS, SMALL_CACHE, baseline, conversation, evict, run_chat  # noqa: F401
+from test_vllm_end_to_end import SMALL_CACHE, baseline, conversation, evict, run_chat  # noqa: F401 (baseline: a fixture)
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -3,8 +3,13 @@
 One flag puts a vLLM server on kvtier::
 
     vllm serve MODEL --kv-transfer-config '{"kv_connector": "KvtierConnector",
-        "kv_connector_module_path": "kvtier.vllm", "kv_role": "kv_both",
+        "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
         "kv_connector_extra_config": {"socket": "/run/kvtier/kvtierd.sock"}}'
+
+(the installed package registers the name KvtierConnector through its vLLM plugin,
+``kvtier.vllm.plugin``; from PYTHONPATH add ``"kv_connector_module_path":
+"kvtier.vllm"``). vLLM's default ``kv_load_failure_policy`` ("fail") would fail a
+request on a kvtier miss: the connector refuses to start under it.
 
 - A request names its conversation in ``kv_transfer_params``
   (``{"kvtier_session": "conv-42", "kvtier_priority": 80}``); the connector sends
@@ -17,7 +22,9 @@ One flag puts a vLLM server on kvtier::
   layer i+1 is still being copied.
 - kvtierd down, restarting, slow or full never stops vLLM: lookups time out to 0 hits,
   loads report their blocks as failed (vLLM recomputes them), saves are dropped and
-  counted.
+  counted. Neither does an error inside the connector (``connector.py``).
+- Beside other connectors under vLLM's MultiConnector, with Prometheus metrics
+  (``kvtier.vllm.metrics``).
 
 Supported vLLM: the releases in ``SUPPORTED_VLLM`` (checked at import, with a clear
 error for others). Options (``kv_connector_extra_config``) are in ``kvtier.vllm.config``.
