@@ -80,11 +80,18 @@ def test_beside_vllms_example_connector_under_multiconnector(tiny_llama, kvtierd
 
 
 def test_the_policy_vllms_scheduler_reads_must_recompute():
+    # A MultiConnector's "fail" is shared with the other connectors: refused.
+    shared = KVTransferConfig(kv_connector="MultiConnector", kv_role="kv_both")
+    own = KVTransferConfig(kv_connector="KvtierConnector", kv_role="kv_both")
     with pytest.raises(ValueError, match=r"kv_load_failure_policy is 'fail'.*\"kv_load_failure_policy\": "
                                          r"\"recompute\".*top-level"):
-        check_load_failure_policy(KVTransferConfig(kv_connector="KvtierConnector", kv_role="kv_both"))
-    check_load_failure_policy(KVTransferConfig(kv_connector="KvtierConnector", kv_role="kv_both",
-                                               kv_load_failure_policy="recompute"))
+        check_load_failure_policy(shared, own=own)
+    assert shared.kv_load_failure_policy == "fail"
+    check_load_failure_policy(KVTransferConfig(kv_connector="MultiConnector", kv_role="kv_both",
+                                               kv_load_failure_policy="recompute"), own=own)
+    # kvtier alone: the setting is its own, and set to recompute.
+    check_load_failure_policy(own, own=own)
+    assert own.kv_load_failure_policy == "recompute"
     # Under MultiConnector the child's own config (vLLM's default, "fail") is not what
     # the scheduler reads: the MultiConnector's is.
     child = KVTransferConfig(kv_connector="KvtierConnector", kv_role="kv_both")

@@ -111,17 +111,27 @@ def scheduler_transfer_config(own):
     return own
 
 
-def check_load_failure_policy(transfer_config) -> None:
-    """Refuses a vLLM whose scheduler would fail a request when a block kvtierd promised
-    cannot be loaded (kv_load_failure_policy "fail", vLLM 0.32's default)."""
+def check_load_failure_policy(transfer_config, own=None) -> None:
+    """Makes sure vLLM's scheduler recomputes a block kvtierd promised and could not load
+    (a daemon restart, a block evicted between Lookup and Load) instead of failing the
+    request ("fail" is vLLM 0.32's default). When the config the scheduler reads is the
+    connector's own (kvtier alone), the setting concerns kvtier only: it is set to
+    "recompute" (logged). Under MultiConnector it is the MultiConnector's, shared with the
+    other connectors, and not kvtier's to change: a "fail" there refuses to start."""
     policy = getattr(transfer_config, "kv_load_failure_policy", "recompute")
-    if policy != "recompute":
-        raise ValueError(
-            f"kvtier.vllm: vLLM's kv_load_failure_policy is {policy!r}: vLLM would fail a request "
-            f"whenever a block kvtierd promised cannot be loaded (a daemon restart, a block evicted "
-            f"between Lookup and Load), where a cache should recompute it. Set "
-            f"\"kv_load_failure_policy\": \"recompute\" in --kv-transfer-config (with MultiConnector, "
-            f"in its top-level config: that is the one vLLM's scheduler reads)")
+    if policy == "recompute":
+        return
+    if own is not None and transfer_config is own:
+        logger.info("kvtier.vllm: kv_load_failure_policy %r -> 'recompute' (a block kvtierd could "
+                    "not deliver is recomputed, never a failed request)", policy)
+        transfer_config.kv_load_failure_policy = "recompute"
+        return
+    raise ValueError(
+        f"kvtier.vllm: vLLM's kv_load_failure_policy is {policy!r}: vLLM would fail a request "
+        f"whenever a block kvtierd promised cannot be loaded (a daemon restart, a block evicted "
+        f"between Lookup and Load), where a cache should recompute it. Set "
+        f"\"kv_load_failure_policy\": \"recompute\" in --kv-transfer-config (with MultiConnector, "
+        f"in its top-level config: that is the one vLLM's scheduler reads)")
 
 
 class _Faults:
@@ -165,7 +175,8 @@ class KvtierConnector(KVConnectorBase_V1):
         self._reported: dict[str, int] = COUNTERS.snapshot()
         self._reported_own = (0, 0, 0)  # (internal errors, connects, unavailable) reported
         if role == KVConnectorRole.SCHEDULER:
-            check_load_failure_policy(scheduler_transfer_config(self._kv_transfer_config))
+            check_load_failure_policy(scheduler_transfer_config(self._kv_transfer_config),
+                                      own=self._kv_transfer_config)
             self._scheduler = SchedulerSide(self._config, self._shape, device)
         else:
             self._worker = WorkerSide(self._config, self._shape)
