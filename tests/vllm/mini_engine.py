@@ -44,7 +44,8 @@ class MiniEngine:
 
     def __init__(self, model_dir: Path, socket: str, num_blocks: int = 64, prefix_caching: bool = False,
                  model_id: str | None = None, max_num_batched_tokens: int = 1024, kv_cache_layout: str = "LBHNC",
-                 connector: str = "KvtierConnector", module: str = "kvtier.vllm", **extra) -> None:
+                 connector: str = "KvtierConnector", module: str = "kvtier.vllm", kv_role: str = "kv_both",
+                 **extra) -> None:
         extra = {"socket": socket, "reconnect_ms": 100, "layerwise": True, **extra}
         if model_id:
             extra["model_id"] = model_id
@@ -55,7 +56,7 @@ class MiniEngine:
                                              max_model_len=2048, is_encoder_decoder=False),
             cache_config=CacheConfig(block_size=BLOCK, enable_prefix_caching=prefix_caching),
             kv_transfer_config=KVTransferConfig(kv_connector=connector, kv_connector_module_path=module,
-                                                kv_role="kv_both", kv_connector_extra_config=extra,
+                                                kv_role=kv_role, kv_connector_extra_config=extra,
                                                 kv_load_failure_policy="recompute"),
             device_config=DeviceConfig("cpu"))
         self.layer_names = [f"model.layers.{i}.self_attn.attn" for i in range(LAYERS)]

@@ -16,13 +16,26 @@ def test_defaults_and_types():
     assert ConnectorConfig.from_extra_config({}).lookup_timeout_ms == 200.0
 
 
-def test_layerwise_auto_follows_the_device():
-    auto = ConnectorConfig.from_extra_config({"layerwise": "auto"})
-    assert (auto.layerwise_for("cuda"), auto.layerwise_for("host")) == (True, False)
-    assert ConnectorConfig.from_extra_config({}).layerwise_for("cuda") is True
+def test_loads_are_asynchronous_on_cuda_and_whole_on_the_cpu_by_default():
+    auto = ConnectorConfig.from_extra_config({"layerwise": "auto", "async_load": "auto"})
+    assert (auto.async_load_for("cuda"), auto.async_load_for("host")) == (True, False)
+    # Asynchronous Loads are one per request: never layer by layer (so CUDA graphs stay whole).
+    assert (auto.layerwise_for("cuda"), auto.layerwise_for("host")) == (False, False)
+    assert ConnectorConfig.from_extra_config({}).layerwise_for("cuda") is False
     forced = ConnectorConfig.from_extra_config({"layerwise": True})
-    assert forced.layerwise_for("host") is True
+    assert (forced.layerwise_for("host"), forced.layerwise_for("cuda")) == (True, False)
+    synchronous = ConnectorConfig.from_extra_config({"layerwise": True, "async_load": False})
+    assert synchronous.layerwise_for("cuda") is True
+    assert ConnectorConfig.from_extra_config({"async_load": "true"}).async_load_for("host") is True
     assert ConnectorConfig.from_extra_config({"layerwise": "false"}).layerwise_for("cuda") is False
+
+
+def test_only_a_layer_wise_cuda_vllm_needs_piecewise_cuda_graphs():
+    from kvtier.vllm import KvtierConnector
+
+    assert KvtierConnector.requires_piecewise_for_cudagraph({}) is False
+    assert KvtierConnector.requires_piecewise_for_cudagraph({"layerwise": True}) is False
+    assert KvtierConnector.requires_piecewise_for_cudagraph({"layerwise": True, "async_load": False}) is True
 
 
 @pytest.mark.parametrize("extra, message", [

@@ -57,7 +57,7 @@ def test_a_three_turn_conversation_hits_on_turns_two_and_three(engine):
         hits.append(sum(len(j.hashes) for j in new_loads))
         for job in new_loads:
             assert job.session_id == "conv-42"
-            assert job.asynchronous == engine.connector._config.async_load
+            assert job.asynchronous == engine.connector._config.async_load_for("host")
             check_loaded_bytes(engine, history, job)
         # The Save named every full block whose KV was computed, under the session.
         save = engine.saves[-1]

@@ -24,16 +24,21 @@ Every key is optional:
   daemon maps (through the connector's allocation context), so no staging copy is
   made. The price: like CUDA, a Load or Save the daemon has started is always waited
   for (a hung but connected daemon stalls the engine); with staging, timeouts apply.
-- ``async_load`` (false): report hits as loaded asynchronously: vLLM holds the
+- ``async_load`` ("auto"): report hits as loaded asynchronously: vLLM holds the
   request (other requests keep running) while one Load per request fills its blocks,
   and schedules it once the worker reports the Load done. Off: Loads run inside the
-  request's forward pass, layer by layer.
+  request's forward pass. "auto" is true for a CUDA vLLM: no Python runs inside the
+  forward pass, so vLLM keeps full CUDA graphs, and a daemon that hangs holds only the
+  requests whose Loads it owes (kvtierd writes straight into vLLM's blocks there, so
+  those blocks are never given back before it answers or its process is gone); false
+  for a CPU vLLM, where a staged Load that times out is simply recomputed.
 - ``layerwise`` ("auto"): true loads layer by layer (one Load per layer, each waited for
-  by that layer's attention); false sends one Load per request, waited for before the
-  first layer. "auto" is true for a CUDA vLLM, where the copies run on the copy engines
-  beside the attention kernels, and false for a CPU vLLM, where the copies and the
-  attention share the same cores and memory bandwidth and layer-wise measured 0.95 to
-  1.14 x the TTFT of whole-request Loads (docs/vllm.md).
+  by that layer's attention: on CUDA this needs piecewise CUDA graphs, and a hung daemon
+  stalls the step); false sends one Load per request, waited for before the first layer.
+  Only for Loads that are not asynchronous. "auto" is false: on a CPU vLLM the copies and
+  the attention share the same cores and memory bandwidth and layer-wise measured 0.95
+  to 1.14 x the TTFT of whole-request Loads (docs/vllm.md); on CUDA Loads are
+  asynchronous by default.
 """
 
 from __future__ import annotations
@@ -55,7 +60,7 @@ class ConnectorConfig:
     reconnect_ms: float = 1000.0
     staging_bytes: int = 1 << 30
     host_zero_copy: bool = False
-    async_load: bool = False
+    async_load: bool | None = None  # None: "auto"
     layerwise: bool | None = None  # None: "auto"
 
     @classmethod
@@ -69,7 +74,7 @@ class ConnectorConfig:
         values: dict[str, Any] = {}
         for name, value in extra.items():
             default = known[name].default
-            if name == "layerwise":
+            if name in ("layerwise", "async_load"):
                 if value is None or (isinstance(value, str) and value.strip().lower() == "auto"):
                     values[name] = None
                     continue
@@ -96,6 +101,10 @@ class ConnectorConfig:
             values["socket"] = os.environ.get("KVTIER_SOCKET") or None
         return cls(**values)
 
+    def async_load_for(self, device: str) -> bool:
+        """Whether Loads are asynchronous on this device ("host" or "cuda")."""
+        return self.async_load if self.async_load is not None else device == "cuda"
+
     def layerwise_for(self, device: str) -> bool:
-        """Whether Loads go layer by layer on this device ("host" or "cuda")."""
-        return self.layerwise if self.layerwise is not None else device == "cuda"
+        """Whether the Loads that are not asynchronous go layer by layer on this device."""
+        return bool(self.layerwise) and not self.async_load_for(device)

@@ -169,6 +169,12 @@ class KvtierConnector(KVConnectorBase_V1):
         self._shape = block_shape(vllm_config, kv_cache_config, self._config.model_id)
         device = "host" if vllm_config.device_config.device_type == "cpu" else "cuda"
         self._device = device
+        # kv_role: a consumer loads (kv_consumer, kv_both), a producer saves (kv_producer,
+        # kv_both): a prefill-only instance fills kvtierd for the decode instances, a
+        # decode-only one reads what they left.
+        transfer = self._kv_transfer_config
+        self._loads = bool(getattr(transfer, "is_kv_consumer", True))
+        self._saves = bool(getattr(transfer, "is_kv_producer", True))
         self._scheduler: SchedulerSide | None = None
         self._worker: WorkerSide | None = None
         self._faults = _Faults(role.name.lower())
@@ -338,6 +344,8 @@ class KvtierConnector(KVConnectorBase_V1):
             self._recover("on_new_request", error, lambda: self._scheduler.forget(request.request_id))
 
     def get_num_new_matched_tokens(self, request, num_computed_tokens: int) -> tuple[int | None, bool]:
+        if not self._loads:
+            return 0, False
         try:
             return self._scheduler.get_num_new_matched_tokens(request, num_computed_tokens)
         except Exception as error:
@@ -367,6 +375,12 @@ class KvtierConnector(KVConnectorBase_V1):
             self._recover("update_connector_output", error, self._scheduler.reset_saving)
 
     def request_finished(self, request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+        if not self._saves:
+            try:
+                self._scheduler.drop_save(request.request_id)  # forgets the request
+            except Exception as error:
+                self._recover("request_finished", error)
+            return False, None
         try:
             return self._scheduler.request_finished(request, block_ids)
         except Exception as error:

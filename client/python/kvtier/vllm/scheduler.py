@@ -14,13 +14,18 @@ Runs on vLLM's scheduler thread, which must never wait on kvtierd:
 
 Requests whose KV depends on more than their token ids (multimodal inputs, prompt
 embeddings) are neither looked up nor saved.
+
+Tensor parallelism: each TP rank's worker keeps its shard of a block under its own
+layout and session (``BlockShape.session``: ``{session}@tp{rank}of{size}``). The
+scheduler speaks for every rank: one connection per rank (each hello with that rank's
+layout), one Lookup per rank whose hits are the fewest any rank holds (a rank whose
+Lookup fails or times out holds none), and a BeginTurn for each rank's session.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
-import hashlib
 import logging
 import math
 import time
@@ -28,16 +33,16 @@ from typing import Any
 
 from ..errors import KvtierError
 from ..pending import Pending
-from .blocks import BlockShape, request_hashes
+from ..results import LookupResult
+from .blocks import MAX_SESSION_BYTES, BlockShape, request_hashes, session_id_of  # noqa: F401 (re-exported)
 from .config import ConnectorConfig
-from .link import DaemonLink
-from .metadata import COUNTERS, FailedLoad, KvtierConnectorMetadata, LoadJob, SaveJob
+from .link import DaemonLink, LinkGroup
+from .metadata import COUNTERS, TIERS, FailedLoad, KvtierConnectorMetadata, LoadJob, SaveJob
 
 logger = logging.getLogger("kvtier.vllm")
 
 SESSION_FIELD = "kvtier_session"
 PRIORITY_FIELD = "kvtier_priority"
-MAX_SESSION_BYTES = 256  # kvtierd's limit on a session id
 MAX_LATENCIES = 4096  # latency observations kept between two stats reports
 
 
@@ -46,7 +51,7 @@ class _Request:
     hashes: list[bytes]
     session_id: str
     priority: int | None
-    lookup: Pending | None = None
+    lookup: Pending | _RankLookups | None = None
     lookup_sent_s: float = 0.0
     lookup_blocks: int = 0  # how many hashes the Lookup asked about
     hits: int | None = None  # its answer, once known
@@ -59,21 +64,31 @@ class _Request:
     wait_from: int = 0  # first block neither kvtierd nor vLLM held, kept while waiting for a Save
 
 
-def session_id_of(value: object) -> str:
-    """A session id kvtierd accepts, from whatever the request carried: the text itself
-    when it is 1..256 bytes of UTF-8 without NUL, else a digest of it (the same value
-    always maps to the same id)."""
-    if value is None or value == "":
-        return ""
-    text = value if isinstance(value, str) else str(value)
-    try:
-        encoded = text.encode("utf-8")
-    except UnicodeEncodeError:
-        encoded = text.encode("utf-8", "surrogatepass")
-    else:
-        if len(encoded) <= MAX_SESSION_BYTES and "\0" not in text:
-            return text
-    return "vllm-session-sha256:" + hashlib.sha256(encoded).hexdigest()
+class _RankLookups:
+    """A request's Lookups, one per TP rank, as one: done once every rank answered; its
+    hits are the fewest any rank holds (a rank whose Lookup failed fails it: 0 hits),
+    each block's tier the slowest any rank holds it in."""
+
+    def __init__(self, pendings: list[Pending]) -> None:
+        self._pendings = pendings
+
+    def done(self) -> bool:
+        return all(pending.done() for pending in self._pendings)
+
+    def result(self) -> LookupResult:
+        results, error = [], None
+        for pending in self._pendings:  # every reply taken, even after an error
+            try:
+                results.append(pending.result())
+            except KvtierError as failed:
+                error = error or failed
+        if error is not None:
+            raise error
+        hits = min(result.hit_count for result in results)
+        rank = {tier: i for i, tier in enumerate(TIERS)}
+        tiers = [max((result.tiers[i] for result in results), key=lambda tier: rank.get(tier, len(TIERS)))
+                 for i in range(hits)]
+        return LookupResult(hit_count=hits, tiers=tiers)
 
 
 def _session_of(request) -> tuple[str, int | None]:
@@ -104,10 +119,11 @@ class SchedulerSide:
         self._config = config
         self._shape = shape
         self._block = shape.tokens_per_block
-        layout = shape.staging_layout(1)  # Lookups only: no region is ever registered
-        self._link = DaemonLink(config.socket, config.reconnect_ms,
-                                lambda c: c.hello(layout, engine_name="vllm-scheduler", device=device),
-                                "scheduler")
+        self._async_load = config.async_load_for(device)
+        # One connection per TP rank, each with that rank's layout (Lookups only: no
+        # region is ever registered); with one rank, the shape as it is.
+        self._ranks = [shape] if shape.tp_size <= 1 else [shape.for_rank(r) for r in range(shape.tp_size)]
+        self._link = LinkGroup([self._rank_link(rank, device) for rank in self._ranks])
         self._link.wait_first_attempt(2.0)  # start-up: so the first requests can hit
         self._requests: dict[str, _Request] = {}
         self._loads: list[LoadJob] = []
@@ -120,13 +136,21 @@ class SchedulerSide:
         self._bypass: set[str] = set()
         self.lookup_seconds: list[float] = []  # Lookup latencies since the last stats report
 
+    def _rank_link(self, rank: BlockShape, device: str) -> DaemonLink:
+        layout = rank.staging_layout(1)
+        role = "scheduler" if rank.tp_size <= 1 else f"scheduler-tp{rank.tp_rank}"
+        return DaemonLink(self._config.socket, self._config.reconnect_ms,
+                          lambda c: c.hello(layout, engine_name="vllm-scheduler", device=device), role)
+
     def _max_blocks(self, request) -> int:
         """Blocks a hit may cover: whole blocks, at least one prompt token left to compute,
         and no more than the daemon takes in one request."""
         blocks = max(0, (request.num_tokens - 1) // self._block)
-        client = self._link.get()
-        limit = getattr(getattr(client, "hello_info", None), "max_blocks_per_request", 0) or blocks
-        return min(blocks, limit)
+        for client in self._link.get() or ():
+            limit = getattr(getattr(client, "hello_info", None), "max_blocks_per_request", 0)
+            if limit:
+                blocks = min(blocks, limit)
+        return blocks
 
     # ---- arrival ----------------------------------------------------------------
 
@@ -136,18 +160,19 @@ class SchedulerSide:
         session, priority = _session_of(request)
         state = _Request(hashes=[], session_id=session, priority=priority)
         self._requests[request.request_id] = state
-        client = self._link.get()
-        if client is None:
+        clients = self._link.get()
+        if clients is None:
             return
         if session:
-            try:
-                client.begin_turn_async(session)  # its reply is not needed: dropped
-                COUNTERS.add("begin_turns")
-            except KvtierError:
-                COUNTERS.add("begin_turn_errors")
-        self._send_lookup(request, state, client)
+            for rank, client in zip(self._ranks, clients):  # every rank's shard moves up
+                try:
+                    client.begin_turn_async(rank.session(session))  # its reply is not needed: dropped
+                    COUNTERS.add("begin_turns")
+                except KvtierError:
+                    COUNTERS.add("begin_turn_errors")
+        self._send_lookup(request, state, clients)
 
-    def _send_lookup(self, request, state: _Request, client) -> None:
+    def _send_lookup(self, request, state: _Request, clients) -> None:
         max_blocks = self._max_blocks(request)
         state.hashes = request_hashes(self._shape.model_id, request,
                                       request.all_token_ids[:max_blocks * self._block],
@@ -158,7 +183,9 @@ class SchedulerSide:
             state.hits = 0
             return
         try:
-            state.lookup = client.lookup_async(state.hashes[:max_blocks])
+            hashes = state.hashes[:max_blocks]
+            pendings = [client.lookup_async(hashes) for client in clients]
+            state.lookup = pendings[0] if len(pendings) == 1 else _RankLookups(pendings)
             state.lookup_sent_s = time.monotonic()
             COUNTERS.add("lookups")
         except KvtierError:
@@ -186,10 +213,10 @@ class SchedulerSide:
         if state.hits is None and state.lookup is None:
             if state.waiting_for_save_since_s is not None and self._still_waiting_for_save(state):
                 return None, False
-            client = self._link.get()
-            if client is None:
+            clients = self._link.get()
+            if clients is None:
                 return 0, False
-            self._send_lookup(request, state, client)  # asked again: a preemption, a failed Load
+            self._send_lookup(request, state, clients)  # asked again: a preemption, a failed Load
         if state.hits is None:
             if not self._lookup_answered(state):
                 if (time.monotonic() - state.lookup_sent_s) * 1000.0 < self._config.lookup_timeout_ms:
@@ -245,7 +272,7 @@ class SchedulerSide:
         if external_blocks <= 0:
             return 0, False
         state.local_tokens = local_blocks * self._block
-        return external_blocks * self._block, self._config.async_load
+        return external_blocks * self._block, self._async_load
 
     def update_state_after_alloc(self, request, blocks, num_external_tokens: int) -> None:
         # vLLM calls this a second time after an asynchronous Load, with 0 external tokens.
@@ -265,9 +292,9 @@ class SchedulerSide:
             self.abandon_load(request, blocks, num_external_tokens)
             return
         self._loads.append(LoadJob(request.request_id, state.session_id, hashes, block_ids,
-                                   asynchronous=self._config.async_load, tiers=state.tiers[first:first + count]))
-        state.async_loading = self._config.async_load
-        state.loading_block_ids = frozenset(block_ids) if self._config.async_load else frozenset()
+                                   asynchronous=self._async_load, tiers=state.tiers[first:first + count]))
+        state.async_loading = self._async_load
+        state.loading_block_ids = frozenset(block_ids) if self._async_load else frozenset()
         # Asked again (the Load failed and vLLM recomputes, or a preemption): ask kvtierd
         # again too, rather than promise the same blocks.
         state.hits, state.lookup = None, None
@@ -347,7 +374,7 @@ class SchedulerSide:
         else:  # where vLLM's own hit ends is unknown: every block it may count as computed
             block_ids = all_ids
         self.forget(request_id)
-        self._failed_loads.append(FailedLoad(request_id, block_ids, self._config.async_load))
+        self._failed_loads.append(FailedLoad(request_id, block_ids, self._async_load))
 
     def salvage_meta(self) -> KvtierConnectorMetadata:
         """The step's metadata when building it failed: its Loads are reported failed

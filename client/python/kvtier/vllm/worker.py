@@ -125,6 +125,10 @@ class WorkerSide:
         self._load_errors: set[int] = set()
         self._saves: list[_Save] = []  # sent, not yet reported finished
         self._save_backlog: list[SaveJob] = []  # waiting for staging room
+        # CUDA: Saves waiting for the step that wrote their KV to finish on the GPU (an
+        # event recorded after it, polled: the step thread never waits for the GPU).
+        self._gpu_saves: list[tuple[object | None, list[SaveJob]]] = []
+        self._overdue_loads: set[int] = set()  # id() of asynchronous Loads counted overdue
         self._backlogged_since: dict[str, float] = {}  # request id -> when it first found no room
         self._finished_sending: set[str] = set()
         self._quarantined: list[tuple[list[Pending], list[int]]] = []  # (replies awaited, slots)
@@ -264,13 +268,13 @@ class WorkerSide:
                 try:
                     for layer in range(layers):
                         pendings.append(client.load_async(
-                            job.session_id, blocks,
+                            self._shape.session(job.session_id), blocks,
                             planes=(shape.layer_planes(layer).start, len(shape.layer_planes(layer)))))
                 except NotSupported:  # a library or daemon before plane-range Loads
                     self._supports_planes = False
                     pendings.clear()
             if not pendings:
-                pendings.append(client.load_async(job.session_id, blocks))
+                pendings.append(client.load_async(self._shape.session(job.session_id), blocks))
         except KvtierError:
             COUNTERS.add("load_errors")
             self._fail_load(job.block_ids[:len(blocks)])
@@ -363,11 +367,24 @@ class WorkerSide:
         waiting: list[_Load] = []
         now = time.monotonic()
         for load in self._async_loads:
-            expired = self._staged and (now - load.started_s) * 1000.0 >= self._config.load_timeout_ms
+            overdue = (now - load.started_s) * 1000.0 >= self._config.load_timeout_ms
+            # Only a staged Load may be given up on (kvtierd then writes staging slots
+            # nobody reads). Straight into vLLM's blocks (CUDA, zero copy), the request
+            # keeps its blocks until kvtierd answers or its process is gone (the
+            # connection fails): a late copy never lands in blocks given to another
+            # request. Other requests run meanwhile; new Lookups time out to 0 hits.
+            expired = self._staged and overdue
             if all(p is None or p.done() for p in load.pendings) or expired:
+                self._overdue_loads.discard(id(load))
                 self._end_load(load)
                 done.add(load.job.request_id)
             else:
+                if overdue and not self._staged and id(load) not in self._overdue_loads:
+                    self._overdue_loads.add(id(load))
+                    COUNTERS.add("load_timeouts")
+                    logger.warning("kvtier.vllm: request %s has waited %.1f s for kvtierd's Load into vLLM's "
+                                   "blocks; it keeps them until kvtierd answers or is gone (other requests "
+                                   "run)", load.job.request_id, now - load.started_s)
                 waiting.append(load)
         self._async_loads = waiting
         return done
@@ -384,8 +401,15 @@ class WorkerSide:
             self._save_backlog.extend(meta.saves)
         if not self._save_backlog:
             return
-        if not self._host and torch.cuda.is_available():
-            torch.cuda.current_stream().synchronize()  # the KV must be written before the daemon copies it
+        if not self._host:
+            # The KV these Saves read is written by kernels still queued on vLLM's stream
+            # (with async scheduling, the next step's too): they go to kvtierd once an event
+            # recorded now has completed, polled here and in get_finished. vLLM holds their
+            # blocks until the Saves are reported.
+            jobs, self._save_backlog = self._save_backlog, []
+            self._gpu_saves.append((_record_step_event(), jobs))
+            self._start_saves_whose_kv_is_written()
+            return
         backlog, self._save_backlog = self._save_backlog, []
         for job in backlog:
             self._start_save(job)
@@ -401,6 +425,16 @@ class WorkerSide:
                         _wait(pending, max(0.0, budget_end - time.monotonic()))
                 except (TimeoutError, KvtierError):
                     pass  # reaped (and counted) in get_finished, a later step
+
+    def _start_saves_whose_kv_is_written(self) -> None:
+        """CUDA: starts the Saves whose step's event has completed, in order."""
+        while self._gpu_saves:
+            event, jobs = self._gpu_saves[0]
+            if event is not None and not event.query():
+                return
+            self._gpu_saves.pop(0)
+            for job in jobs:
+                self._start_save(job)
 
     def _start_save(self, job: SaveJob) -> None:
         client = self._link.get() if self._link else None
@@ -442,8 +476,9 @@ class WorkerSide:
         chunk_blocks: list[int] = []
         try:
             for start in range(0, count, chunk):
-                pendings.append(client.save_async(job.session_id, blocks[start:start + chunk],
-                                                  start + chunk >= count, priority=job.priority))
+                pendings.append(client.save_async(self._shape.session(job.session_id),
+                                                  blocks[start:start + chunk], start + chunk >= count,
+                                                  priority=job.priority))
                 chunk_blocks.append(len(blocks[start:start + chunk]))
         except KvtierError:
             COUNTERS.add("save_errors")
@@ -459,6 +494,7 @@ class WorkerSide:
         COUNTERS.add("saves")
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        self._start_saves_whose_kv_is_written()
         self._reap()
         if self._save_backlog and self._staged:
             backlog, self._save_backlog = self._save_backlog, []
@@ -492,7 +528,7 @@ class WorkerSide:
                 if save.slots:
                     self._slots.give(save.slots)
                 if save.job.anonymous:
-                    self._close_session(save.job.session_id)
+                    self._close_session(self._shape.session(save.job.session_id))
                 if len(self.save_seconds) < MAX_LATENCIES:
                     self.save_seconds.append(now - save.sent_s)
                 stored, kept, short, failed = 0, 0, False, False
@@ -580,6 +616,7 @@ class WorkerSide:
         """The requests whose blocks vLLM holds for a Save this worker owes a report:
         taken before a call, handed to drop_saves_not_in_hand if the call failed."""
         ids = {job.request_id for job in self._save_backlog}
+        ids.update(job.request_id for _, jobs in self._gpu_saves for job in jobs)
         if meta is not None:
             ids.update(job.request_id for job in meta.saves)
             ids.update(meta.dropped_saves)
@@ -591,6 +628,7 @@ class WorkerSide:
         finished now: their Saves are dropped."""
         held = {save.job.request_id for save in self._saves if not save.reported}
         held.update(job.request_id for job in self._save_backlog)
+        held.update(job.request_id for _, jobs in self._gpu_saves for job in jobs)
         for request_id in expected - held - self._finished_sending:
             self._finished_sending.add(request_id)
             self._backlogged_since.pop(request_id, None)
@@ -617,6 +655,8 @@ class WorkerSide:
         Load had ended."""
         self.drop_saves_not_in_hand(expected)
         backlog, self._save_backlog = self._save_backlog, []
+        backlog += [job for _, jobs in self._gpu_saves for job in jobs]  # not sent: nothing reads them
+        self._gpu_saves = []
         for job in backlog:
             self._finished_sending.add(job.request_id)
             self._backlogged_since.pop(job.request_id, None)
@@ -654,6 +694,16 @@ class WorkerSide:
                 pass
         if self._link is not None:
             self._link.close()
+
+
+def _record_step_event():
+    """An event recorded on vLLM's current CUDA stream (None without CUDA: nothing to
+    wait for)."""
+    if not torch.cuda.is_available():
+        return None
+    event = torch.cuda.Event()
+    event.record(torch.cuda.current_stream())
+    return event
 
 
 def _cross_layer_plane(layers: list[torch.Tensor], shape: BlockShape) -> list[tuple[int, int, int]]:
