@@ -2,7 +2,7 @@
 at a time over stdin/stdout: what tests/vllm and bench/vllm_ttft.py run.
 
     python engine_process.py MODEL_DIR [--kvtier SOCKET] [--whole-request] [--prefix-caching]
-        [--kv-transfer-config JSON]
+        [--kv-transfer-config JSON] [--tensor-parallel-size N]
 
 Input lines: {"prompt": [token ids], "max_tokens": n, "session": "conv-1" | null,
 "priority": 1..100 | null}. Output lines: {"tokens": [...], "wall_s": seconds the
@@ -37,6 +37,8 @@ def main() -> None:
     parser.add_argument("--max-model-len", type=int, default=4096)
     parser.add_argument("--block-size", type=int, default=32)
     parser.add_argument("--model-id", default=None)
+    parser.add_argument("--tensor-parallel-size", type=int, default=1,
+                        help="TP ranks (vLLM's mp executor: a worker process each)")
     parser.add_argument("--lookup-timeout-ms", type=float, default=None)
     parser.add_argument("--kv-transfer-config", default=None, metavar="JSON",
                         help="vLLM's kv_transfer_config, instead of the one --kvtier makes")
@@ -63,7 +65,8 @@ def main() -> None:
     llm = LLM(model=args.model, skip_tokenizer_init=True, dtype="float32", max_model_len=args.max_model_len,
               enforce_eager=True, block_size=args.block_size, kv_cache_memory_bytes=args.kv_cache_bytes,
               enable_prefix_caching=args.prefix_caching, kv_transfer_config=transfer, seed=0,
-              max_num_batched_tokens=args.max_model_len)
+              max_num_batched_tokens=args.max_model_len, tensor_parallel_size=args.tensor_parallel_size,
+              distributed_executor_backend="mp" if args.tensor_parallel_size > 1 else None)
     if args.kvtier:
         import kvtier.vllm
         counters, finish_saves = kvtier.vllm.counters, kvtier.vllm.finish_saves

@@ -22,12 +22,13 @@ LoRA adapter and cache salt in ``extra_keys``.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from typing import Sequence
 
 from .. import hashing
 from ..layout import Layout, Plane
 
-
+MAX_SESSION_BYTES = 256  # kvtierd's limit on a session id
 
 class UnsupportedModel(ValueError):
     """The model's KV cache is of a kind the connector does not store."""
@@ -75,6 +76,14 @@ class BlockShape:
             return f"vllm:block={self.layout_name}"
         page = {"LBHNC": "HNC", "LBNHC": "NHC"}.get(self.layout_name, self.layout_name)
         return f"vllm:page={page}"
+
+    def session(self, session_id: str) -> str:
+        """The session this rank's shard is kept under (rank_session_id)."""
+        return rank_session_id(session_id, self.tp_rank, self.tp_size)
+
+    def for_rank(self, tp_rank: int) -> BlockShape:
+        """The same blocks as TP rank tp_rank holds them (its layout, its sessions)."""
+        return dataclasses.replace(self, tp_rank=tp_rank)
 
     def staging_layout(self, num_slots: int, region_id: int = 0) -> Layout:
         """The Layout of a staging buffer of num_slots blocks, each block's planes in
@@ -131,8 +140,52 @@ def block_shape(vllm_config, kv_cache_config, model_id: str | None) -> BlockShap
         layer_names=tuple(groups[0].layer_names), tokens_per_block=int(spec.block_size),
         num_kv_heads=heads, head_dim=int(spec.head_size), dtype=dtype, layer_bytes=layer_bytes,
         planes_per_layer=planes_per_layer, layout_name=layout_name, cross_layer=cross_layer,
-        tp_rank=int(getattr(parallel, "rank", 0)) % max(1, int(parallel.tensor_parallel_size)),
-        tp_size=int(parallel.tensor_parallel_size), num_blocks=int(kv_cache_config.num_blocks))
+        tp_rank=_tp_rank(parallel), tp_size=int(parallel.tensor_parallel_size),
+        num_blocks=int(kv_cache_config.num_blocks))
+
+
+def _tp_rank(parallel) -> int:
+    """This process's tensor-parallel rank. A worker asks vLLM's TP group (set up
+    before vLLM makes the worker's connector); elsewhere (the scheduler's process, which
+    speaks for every rank, and tests without torch.distributed) it is the global rank
+    modulo tp_size, which is the same number: vLLM 0.32 numbers an executor's ranks
+    with TP innermost (its workers get parallel_config.rank = that global rank)."""
+    size = max(1, int(parallel.tensor_parallel_size))
+    try:
+        from vllm.distributed.parallel_state import get_tensor_model_parallel_rank, model_parallel_is_initialized
+
+        if size > 1 and model_parallel_is_initialized():
+            return int(get_tensor_model_parallel_rank())
+    except Exception:  # noqa: BLE001 - no TP group here: the rank vLLM gave the process
+        pass
+    return int(getattr(parallel, "rank", 0)) % size
+
+
+def session_id_of(value: object) -> str:
+    """A session id kvtierd accepts, from whatever the request carried: the text itself
+    when it is 1..256 bytes of UTF-8 without NUL, else a digest of it (the same value
+    always maps to the same id)."""
+    if value is None or value == "":
+        return ""
+    text = value if isinstance(value, str) else str(value)
+    try:
+        encoded = text.encode("utf-8")
+    except UnicodeEncodeError:
+        encoded = text.encode("utf-8", "surrogatepass")
+    else:
+        if len(encoded) <= MAX_SESSION_BYTES and "\0" not in text:
+            return text
+    return "vllm-session-sha256:" + hashlib.sha256(encoded).hexdigest()
+
+
+def rank_session_id(session_id: str, tp_rank: int, tp_size: int) -> str:
+    """The session a TP rank saves and loads its shard under: the session itself with
+    one rank, else ``{session}@tp{rank}of{size}`` (a digest past 256 bytes, as
+    session_id_of makes). kvtierd ties a session to one layout, and each rank's layout
+    differs (its tp_rank): one session a rank."""
+    if not session_id or tp_size <= 1:
+        return session_id
+    return session_id_of(f"{session_id}@tp{tp_rank}of{tp_size}")
 
 
 def request_extra_keys(model_id: str, request) -> str:
@@ -147,15 +200,18 @@ def request_extra_keys(model_id: str, request) -> str:
 
 
 def request_hashes(model_id: str, request, token_ids: Sequence[int], tokens_per_block: int,
-                   known: list[bytes] | None = None) -> list[bytes]:
-    """Chained hashes of the full blocks of token_ids, extending `known` (the hashes of
-    a prefix of the same tokens) instead of hashing it again."""
-    extra = request_extra_keys(model_id, request)
+                   known: list[bytes] | None = None, num_blocks: int | None = None) -> list[bytes]:
+    """Chained hashes of the first num_blocks full blocks of token_ids (None: all of
+    them), extending `known` (the hashes of a prefix of the same tokens) instead of
+    hashing it again; only the tokens past `known` are read."""
     known = list(known or ())
     full = len(token_ids) // tokens_per_block
+    if num_blocks is not None:
+        full = min(full, num_blocks)
     if len(known) >= full:
         return known[:full]
     start = len(known) * tokens_per_block
     tail = hashing.block_hashes(token_ids[start:full * tokens_per_block], tokens_per_block,
-                                extra_keys=extra, parent=known[-1] if known else None)
+                                extra_keys=request_extra_keys(model_id, request),
+                                parent=known[-1] if known else None)
     return known + tail

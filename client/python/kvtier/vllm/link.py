@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Callable
 
 from ..client import Client
@@ -96,3 +97,34 @@ class DaemonLink:
             client, self._client = self._client, None
         if client is not None:
             client.close()
+
+
+class LinkGroup:
+    """The scheduler's links, one per tensor-parallel rank (each says hello with that
+    rank's layout: kvtierd keeps each rank's shard apart). ``get()`` is every rank's
+    client, in rank order, or None while any rank's is missing (a Lookup needs them all)."""
+
+    def __init__(self, links: list[DaemonLink]) -> None:
+        self.links = links
+
+    def get(self) -> list[Client] | None:
+        clients = [link.get() for link in self.links]
+        return None if any(client is None for client in clients) else clients
+
+    def wait_first_attempt(self, timeout_s: float) -> list[Client] | None:
+        deadline = time.monotonic() + timeout_s
+        for link in self.links:
+            link.wait_first_attempt(max(0.0, deadline - time.monotonic()))
+        return self.get()
+
+    @property
+    def connects(self) -> int:
+        return sum(link.connects for link in self.links)
+
+    @property
+    def unavailable(self) -> int:
+        return sum(link.unavailable for link in self.links)
+
+    def close(self) -> None:
+        for link in self.links:
+            link.close()
