@@ -6,9 +6,9 @@ Every key is optional:
 - ``model_id``: the model name blocks are keyed by (default: vLLM's ``model``). Give
   the same id on every node that serves the same weights from different paths.
 - ``lookup_timeout_ms`` (200): a Lookup not answered by then counts as 0 hits.
-- ``lookup_spin_us`` (500): how long the scheduler may poll a Lookup sent when the
-  request arrived before it answers "ask again next step" (which costs the request a
-  whole engine step); 0: never wait.
+- ``lookup_spin_us`` (100, and never more): how long the scheduler may poll a Lookup
+  sent when the request arrived before it answers "ask again next step" (which costs
+  the request a whole engine step); 0: never wait.
 - ``load_timeout_ms`` (5000): on the host path, a Load not done by then fails its blocks
   (vLLM recomputes them). CUDA Loads always wait: the daemon writes straight into
   vLLM's blocks, which must not be reused while it may still write.
@@ -53,7 +53,7 @@ class ConnectorConfig:
     socket: str | None = None
     model_id: str | None = None
     lookup_timeout_ms: float = 200.0
-    lookup_spin_us: float = 500.0
+    lookup_spin_us: float = 100.0
     load_timeout_ms: float = 5000.0
     save_timeout_ms: float = 5000.0
     save_wait_ms: float = 2000.0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import threading
 
@@ -82,13 +83,11 @@ class Counters:
 
     def add_by_tier(self, prefix: str, tiers: list[str]) -> None:
         """Adds one to f"{prefix}_{tier}" for each tier in tiers (kvtierd's names)."""
-        counts = {}
-        for tier in tiers:
-            if tier in TIERS:
-                counts[tier] = counts.get(tier, 0) + 1
+        counts = collections.Counter(tiers)  # counted in C: a long prompt has thousands
         with self._lock:
             for tier, count in counts.items():
-                self._values[f"{prefix}_{tier}"] += count
+                if tier in TIERS:
+                    self._values[f"{prefix}_{tier}"] += count
 
     def snapshot(self) -> dict[str, int]:
         with self._lock:

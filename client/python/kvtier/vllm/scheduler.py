@@ -1,11 +1,17 @@
 """The scheduler side of the connector: lookups, sessions, and what each step moves.
 
-Runs on vLLM's scheduler thread, which must never wait on kvtierd:
+Runs on vLLM's scheduler thread, which must never wait on kvtierd, nor on a long
+prompt's hashing:
 
 - ``on_new_request`` sends BeginTurn (for a request with a session) and the request's
-  Lookup as soon as it arrives, both without waiting;
+  Lookup as soon as it arrives, both without waiting. A prompt of up to
+  ``INLINE_HASH_TOKENS`` new tokens is hashed right there; a longer one on the
+  connector's hashing thread (``_Hasher``), a chunk of ``HASH_CHUNK_TOKENS`` at a time,
+  which sends the Lookup once the hashes are ready and hands both back through a queue
+  the scheduler thread drains (only the scheduler thread touches a request's state);
 - ``get_num_new_matched_tokens`` only polls that Lookup: None ("ask again next step")
-  while it is in flight, 0 once it is older than ``lookup_timeout_ms`` or failed;
+  while it is being hashed or in flight (polling for at most ``lookup_spin_us``, capped
+  at ``MAX_SPIN_US``), 0 once it is older than ``lookup_timeout_ms`` or failed;
 - a request whose Lookup stops short of a block that a finished request is still
   saving (the previous turn, usually) waits for that Save, up to ``save_wait_ms``, and
   then looks up again;
@@ -24,17 +30,20 @@ Lookup fails or times out holds none), and a BeginTurn for each rank's session.
 
 from __future__ import annotations
 
-import collections
 import dataclasses
+import itertools
 import logging
 import math
+import queue
+import threading
 import time
-from typing import Any
+from typing import Any, Sequence
 
+from .. import hashing
 from ..errors import KvtierError
 from ..pending import Pending
 from ..results import LookupResult
-from .blocks import MAX_SESSION_BYTES, BlockShape, request_hashes, session_id_of  # noqa: F401 (re-exported)
+from .blocks import MAX_SESSION_BYTES, BlockShape, request_extra_keys, request_hashes, session_id_of  # noqa: F401
 from .config import ConnectorConfig
 from .link import DaemonLink, LinkGroup
 from .metadata import COUNTERS, TIERS, FailedLoad, KvtierConnectorMetadata, LoadJob, SaveJob
@@ -44,6 +53,13 @@ logger = logging.getLogger("kvtier.vllm")
 SESSION_FIELD = "kvtier_session"
 PRIORITY_FIELD = "kvtier_priority"
 MAX_LATENCIES = 4096  # latency observations kept between two stats reports
+# New tokens a request's Lookup may hash on the scheduler thread (about half a
+# millisecond); more go to the hashing thread. Also that thread's chunk: the longest it
+# holds the GIL between two native hashing calls (which release it) is one chunk's
+# conversion to int64 (about 0.25 ms).
+INLINE_HASH_TOKENS = 8192
+HASH_CHUNK_TOKENS = 8192
+MAX_SPIN_US = 100.0  # the longest get_num_new_matched_tokens polls a Lookup
 
 
 @dataclasses.dataclass
@@ -62,6 +78,71 @@ class _Request:
     loading_block_ids: frozenset[int] = frozenset()  # the vLLM blocks that asynchronous Load fills
     load_failed: bool = False  # blocks of its asynchronous Load failed: not loaded again
     wait_from: int = 0  # first block neither kvtierd nor vLLM held, kept while waiting for a Save
+    hashing: int | None = None  # the hashing thread's job for its Lookup, until handed back
+
+
+@dataclasses.dataclass
+class _HashJob:
+    """Hash blocks len(known).. of tokens up to num_blocks, then send the Lookups."""
+    request_id: str
+    job_id: int
+    tokens: Sequence[int]  # the request's token ids (a prefix of them never changes)
+    known: list[bytes]
+    num_blocks: int
+    extra_keys: str
+    clients: list
+
+
+@dataclasses.dataclass
+class _Hashed:
+    """A _HashJob's result, handed back to the scheduler thread."""
+    request_id: str
+    job_id: int
+    hashes: list[bytes]
+    lookup: Pending | _RankLookups | None  # None: it could not be sent (error says why)
+    sent_s: float
+    error: BaseException | None = None
+
+
+class _Hasher:
+    """The connector's hashing thread: long prompts' block hashes, chunk by chunk
+    (libkvtier's kvtier_block_hashes runs without the GIL), and their Lookups."""
+
+    def __init__(self, block: int) -> None:
+        self._block = block
+        self._jobs: queue.SimpleQueue[_HashJob | None] = queue.SimpleQueue()
+        self.results: queue.SimpleQueue[_Hashed] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="kvtier-scheduler-hash", daemon=True)
+        self._thread.start()
+
+    def submit(self, job: _HashJob) -> None:
+        self._jobs.put(job)
+
+    def close(self) -> None:
+        self._jobs.put(None)
+
+    def _run(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            hashes: list[bytes] = list(job.known)
+            try:
+                chunk = max(1, HASH_CHUNK_TOKENS // self._block)
+                while len(hashes) < job.num_blocks:
+                    first, end = len(hashes), min(job.num_blocks, len(hashes) + chunk)
+                    hashes += hashing.block_hashes(job.tokens[first * self._block:end * self._block], self._block,
+                                                   extra_keys=job.extra_keys, parent=hashes[-1] if hashes else None)
+                lookup = _send_lookups(job.clients, hashes)
+                self.results.put(_Hashed(job.request_id, job.job_id, hashes, lookup, time.monotonic()))
+            except Exception as error:  # noqa: BLE001 - handed back: counted, 0 hits
+                self.results.put(_Hashed(job.request_id, job.job_id, hashes, None, 0.0, error))
+
+
+def _send_lookups(clients: list, hashes: list[bytes]) -> Pending | _RankLookups:
+    """One Lookup per TP rank's client, as one (KvtierError if one cannot be sent)."""
+    pendings = [client.lookup_async(hashes) for client in clients]
+    return pendings[0] if len(pendings) == 1 else _RankLookups(pendings)
 
 
 class _RankLookups:
@@ -85,9 +166,11 @@ class _RankLookups:
         if error is not None:
             raise error
         hits = min(result.hit_count for result in results)
-        rank = {tier: i for i, tier in enumerate(TIERS)}
-        tiers = [max((result.tiers[i] for result in results), key=lambda tier: rank.get(tier, len(TIERS)))
-                 for i in range(hits)]
+        tiers = results[0].tiers[:hits]
+        if any(result.tiers[:hits] != tiers for result in results[1:]):  # usually all the same
+            rank = {tier: i for i, tier in enumerate(TIERS)}
+            tiers = [max((result.tiers[i] for result in results), key=lambda tier: rank.get(tier, len(TIERS)))
+                     for i in range(hits)]
         return LookupResult(hit_count=hits, tiers=tiers)
 
 
@@ -129,9 +212,11 @@ class SchedulerSide:
         self._loads: list[LoadJob] = []
         self._saves: list[SaveJob] = []
         self._failed_loads: list[FailedLoad] = []  # promised Loads that could not be planned
-        # Hashes whose Save was queued and not yet reported done, counted per request.
-        self._saving: collections.Counter[bytes] = collections.Counter()
+        # The hashes of each Save queued and not yet reported done, by request.
         self._saving_by_request: dict[str, list[bytes]] = {}
+        self._hasher: _Hasher | None = None  # started by the first long prompt
+        self._hash_jobs = itertools.count(1)
+        self._spin_s = min(config.lookup_spin_us, MAX_SPIN_US) / 1e6
         # Requests the connector gave up on after an internal error: 0 hits, no Save.
         self._bypass: set[str] = set()
         self.lookup_seconds: list[float] = []  # Lookup latencies since the last stats report
@@ -174,23 +259,54 @@ class SchedulerSide:
 
     def _send_lookup(self, request, state: _Request, clients) -> None:
         max_blocks = self._max_blocks(request)
-        state.hashes = request_hashes(self._shape.model_id, request,
-                                      request.all_token_ids[:max_blocks * self._block],
-                                      self._block, state.hashes)
         state.hits, state.lookup = None, None
         state.lookup_blocks = max_blocks
         if max_blocks == 0:
             state.hits = 0
             return
+        if (max_blocks - len(state.hashes)) * self._block > INLINE_HASH_TOKENS:
+            # A long prompt: hashed, and its Lookup sent, on the hashing thread.
+            if self._hasher is None:
+                self._hasher = _Hasher(self._block)
+            state.hashing = next(self._hash_jobs)
+            self._hasher.submit(_HashJob(request.request_id, state.hashing, request.all_token_ids,
+                                         state.hashes[:max_blocks], max_blocks,
+                                         request_extra_keys(self._shape.model_id, request), clients))
+            return
+        state.hashes = request_hashes(self._shape.model_id, request, request.all_token_ids, self._block,
+                                      state.hashes, num_blocks=max_blocks)
         try:
-            hashes = state.hashes[:max_blocks]
-            pendings = [client.lookup_async(hashes) for client in clients]
-            state.lookup = pendings[0] if len(pendings) == 1 else _RankLookups(pendings)
+            state.lookup = _send_lookups(clients, state.hashes[:max_blocks])
             state.lookup_sent_s = time.monotonic()
             COUNTERS.add("lookups")
         except KvtierError:
             COUNTERS.add("lookup_errors")
             state.hits = 0
+
+    def _take_hashed(self) -> None:
+        """Hands the hashing thread's results to their requests (scheduler thread only)."""
+        if self._hasher is None:
+            return
+        while True:
+            try:
+                done = self._hasher.results.get_nowait()
+            except queue.Empty:
+                return
+            state = self._requests.get(done.request_id)
+            if state is None or state.hashing != done.job_id:
+                continue  # finished or given up meanwhile: its reply is dropped
+            state.hashing = None
+            state.hashes = done.hashes
+            if done.lookup is not None:
+                state.lookup, state.lookup_sent_s = done.lookup, done.sent_s
+                COUNTERS.add("lookups")
+            else:
+                if not isinstance(done.error, KvtierError):
+                    COUNTERS.add("internal_errors")
+                    logger.error("kvtier.vllm: hashing request %s failed; it is computed", done.request_id,
+                                 exc_info=done.error)
+                COUNTERS.add("lookup_errors")
+                state.hits = 0
 
     # ---- matching ---------------------------------------------------------------
 
@@ -205,6 +321,9 @@ class SchedulerSide:
             state = self._requests.get(request.request_id)
             if state is None:
                 return 0, False
+        self._take_hashed()
+        if state.hashing is not None:
+            return None, False  # its hashes are on their way
         local_blocks = num_computed_tokens // self._block
         if self._max_blocks(request) <= local_blocks or state.load_failed:
             # After a failed asynchronous Load vLLM asks again; answering with the same
@@ -217,6 +336,8 @@ class SchedulerSide:
             if clients is None:
                 return 0, False
             self._send_lookup(request, state, clients)  # asked again: a preemption, a failed Load
+            if state.hashing is not None:
+                return None, False
         if state.hits is None:
             if not self._lookup_answered(state):
                 if (time.monotonic() - state.lookup_sent_s) * 1000.0 < self._config.lookup_timeout_ms:
@@ -239,7 +360,7 @@ class SchedulerSide:
         # just finished): wait for that Save and ask again, so the Lookup sees it. Only
         # past what vLLM holds itself (its prefix-cache hit): those blocks need no Save.
         state.wait_from = max(state.hits, local_blocks)
-        if any(self._saving[h] for h in state.hashes[state.wait_from:state.lookup_blocks]):
+        if self._saving_past(state):
             if state.waiting_for_save_since_s is None:
                 state.waiting_for_save_since_s = time.monotonic()
                 COUNTERS.add("lookup_waits_for_save")
@@ -253,15 +374,26 @@ class SchedulerSide:
         """A block past the last Lookup's hits and vLLM's own hit is still being saved,
         and the request has waited less than save_wait_ms for it."""
         waited_ms = (time.monotonic() - state.waiting_for_save_since_s) * 1000.0
-        return waited_ms < self._config.save_wait_ms and \
-            any(self._saving[h] for h in state.hashes[state.wait_from:state.lookup_blocks])
+        return waited_ms < self._config.save_wait_ms and self._saving_past(state)
+
+    def _saving_past(self, state: _Request) -> bool:
+        """Whether a Save in flight holds a block of the request from wait_from up to
+        lookup_blocks. A chained hash names its whole prefix, and a Save is always a
+        request's blocks 0..n: so some block from wait_from on is being saved exactly
+        when block wait_from is, at the same index of that Save's hashes. One look per
+        Save in flight, however long the prompt."""
+        index = state.wait_from
+        if index >= min(state.lookup_blocks, len(state.hashes)) or not self._saving_by_request:
+            return False
+        digest = state.hashes[index]
+        return any(len(saving) > index and saving[index] == digest for saving in self._saving_by_request.values())
 
     def _lookup_answered(self, state: _Request) -> bool:
         """Polls the Lookup, spinning for at most lookup_spin_us after it was sent: a
         reply is usually that close, and "ask again" costs the request an engine step."""
         if state.lookup.done():
             return True
-        spin_until = state.lookup_sent_s + self._config.lookup_spin_us / 1e6
+        spin_until = min(state.lookup_sent_s + self._spin_s, time.monotonic() + self._spin_s)
         while time.monotonic() < spin_until:
             if state.lookup.done():
                 return True
@@ -328,13 +460,13 @@ class SchedulerSide:
         count = min(computed // self._block, len(block_ids))
         if count == 0:
             return False, None
-        hashes = request_hashes(self._shape.model_id, request, request.all_token_ids[:count * self._block],
-                                self._block, state.hashes)
+        # The Lookup's hashes, extended by what was computed since (never hashed again).
+        hashes = request_hashes(self._shape.model_id, request, request.all_token_ids, self._block, state.hashes,
+                                num_blocks=count)
         anonymous = not state.session_id
         session = state.session_id or f"vllm-request:{request.request_id}"
         self._saves.append(SaveJob(request.request_id, session, anonymous, state.priority, hashes,
                                    list(block_ids[:count])))
-        self._saving.update(hashes)
         self._saving_by_request[request.request_id] = hashes
         return True, None
 
@@ -398,16 +530,12 @@ class SchedulerSide:
     def reset_saving(self) -> None:
         """update_connector_output failed: which Saves are in flight is unknown, so no
         request waits for one (a miss at worst)."""
-        self._saving.clear()
         self._saving_by_request.clear()
 
     def _release_saving(self, request_id: str) -> None:
-        for digest in self._saving_by_request.pop(request_id, ()):
-            left = self._saving[digest] - 1
-            if left > 0:
-                self._saving[digest] = left
-            else:
-                del self._saving[digest]
+        self._saving_by_request.pop(request_id, None)
 
     def shutdown(self) -> None:
+        if self._hasher is not None:
+            self._hasher.close()
         self._link.close()
