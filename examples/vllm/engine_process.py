@@ -12,7 +12,9 @@ without --kvtier)}. ``--kv-transfer-config`` replaces the connector configuratio
 --kvtier makes (a MultiConnector, another connector class); --kvtier SOCKET then only
 says kvtier.vllm is in it, for its counters and finish_saves.
 With --kvtier the Saves of the finished request are completed after the timed call
-(kvtier.vllm.finish_saves), as a server's engine loop would do on its own.
+(kvtier.vllm.finish_saves), as a server's engine loop would do on its own; with
+--background-saves they are not: they go out in the engine steps of the next request
+(as in a busy server), which they may then slow down.
 The tokenizer is skipped (prompts are token ids); decoding is greedy.
 """
 
@@ -42,6 +44,8 @@ def main() -> None:
     parser.add_argument("--lookup-timeout-ms", type=float, default=None)
     parser.add_argument("--kv-transfer-config", default=None, metavar="JSON",
                         help="vLLM's kv_transfer_config, instead of the one --kvtier makes")
+    parser.add_argument("--background-saves", action="store_true",
+                        help="leave a request's Saves to the next request's engine steps")
     args = parser.parse_args()
 
     from vllm import LLM, SamplingParams
@@ -70,6 +74,8 @@ def main() -> None:
     if args.kvtier:
         import kvtier.vllm
         counters, finish_saves = kvtier.vllm.counters, kvtier.vllm.finish_saves
+        if args.background_saves:
+            finish_saves = lambda llm: True  # noqa: E731
     else:
         counters, finish_saves = dict, lambda llm: True
     print(json.dumps({"ready": True}), flush=True)
