@@ -479,7 +479,7 @@ def test_a_load_larger_than_ram_reads_every_block_from_nvme_without_waiting():
 
 
 def test_after_kill_9_every_session_of_every_priority_reloads_from_nvme(servers, daemon, block_bytes):
-    reference, served = servers
+    served = servers[1]
     restart(daemon, tight_flags(block_bytes), fresh=True)
     wait_reconnected(served, daemon)
     conversation = chats("crash", 2)
@@ -538,7 +538,7 @@ BAD_PARAMS = [
 
 
 def test_bad_kv_transfer_params_are_answered_as_vllm_alone_answers_them(servers, daemon):
-    reference, served = servers
+    served = servers[1]
     conversation = [Chat(f"bad-{name}", 300 + i, None) for i, (name, _, _) in enumerate(BAD_PARAMS)]
     cases = {chat.name: (fields or {}, raw) for chat, (_, fields, raw) in zip(conversation, BAD_PARAMS)}
     before = served.metrics()
@@ -578,7 +578,7 @@ def test_a_hung_daemon_costs_hits_not_answers(servers, daemon, block_bytes):
     the last answer 5.3-6.4 s after the stop: two requests ran at once (0.3-0.9 s, their
     Lookups timed out after 200 ms), the other two waited for room in vLLM's 15 blocks,
     which the first two's Saves held until save_timeout_ms (5 s) gave them back."""
-    reference, served = servers
+    served = servers[1]
     restart(daemon, tight_flags(block_bytes), fresh=True)
     wait_reconnected(served, daemon)
     conversation = chats("hung", 4)
@@ -607,7 +607,7 @@ def test_a_hung_daemon_costs_hits_not_answers(servers, daemon, block_bytes):
 
 
 def test_a_full_daemon_keeps_what_fits_and_vllm_serves(servers, daemon, block_bytes):
-    reference, served = servers
+    served = servers[1]
     kib = block_bytes // 1024
     restart(daemon, {"--hbm-bytes": f"{kib}KiB", "--ram-bytes": f"{kib}KiB", "--nvme-bytes": f"{2 * kib}KiB"},
             fresh=True)
@@ -631,7 +631,6 @@ def test_a_full_daemon_keeps_what_fits_and_vllm_serves(servers, daemon, block_by
 
 
 def test_vllm_answers_every_request_with_the_daemon_stopped(servers, daemon):
-    reference, served = servers
     daemon.process.terminate()  # SIGTERM: kvtierd drains and exits
     daemon.process.wait(timeout=60)
     rounds = play(servers, None, chats("stopped", 6), 2)
