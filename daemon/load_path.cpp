@@ -33,6 +33,13 @@ struct PendingLoad {
   size_t waiting = 0;
   bool finished = false;
   std::unique_ptr<asio::steady_timer> deadline;
+  // A Load of more NVMe blocks than memory has room for at once: its leading blocks
+  // already read are scattered to the engine and let go of (their room lets the next
+  // reads land) while the rest are still read. entries [0, served) are in the engine.
+  size_t served = 0;
+  bool scattering = false;     // such a partial scatter is under way
+  bool finish_after = false;   // the Load was over while it was: finish when it is done
+  Status scatter_failure;      // a partial scatter failed: the Load ends at `served`
 };
 
 }  // namespace
@@ -92,19 +99,30 @@ Status LoadPath::handle_load(const ConnectionPtr& c, EngineContext& engine, uint
   auto finish = std::make_shared<std::function<void()>>();
   *finish = [this, c, id, load, engine_ref, total = request.hashes.size(), planes = request.planes,
              staging = request.staging]() {
+    if (load->scattering) {  // the bytes of a partial scatter are still on their way
+      load->finish_after = true;
+      return;
+    }
     load->finished = true;
     if (load->deadline) load->deadline->cancel();
+    const size_t served = load->served;
     auto loaded = std::make_shared<std::vector<PendingLoad::Entry>>(std::move(load->entries));
-    size_t count = 0;
-    while (count < loaded->size() && (*loaded)[count].pinned) ++count;
+    size_t count = served;
+    if (load->scatter_failure.is_ok()) {
+      while (count < loaded->size() && (*loaded)[count].pinned) ++count;
+    }
     Status stop_reason = load->scan_stop;
-    if (count < loaded->size()) {
+    if (!load->scatter_failure.is_ok()) {
+      stop_reason = load->scatter_failure.with_context("copying the blocks out failed");
+    } else if (count < loaded->size()) {
       const PendingLoad::Entry& stopped = (*loaded)[count];
       stop_reason = stopped.failure.with_context(
           fmt::format("blocks[{}] (hash {})", count, stopped.key.hash.to_hex()));
     }
-    // Blocks after the first that is not readable are not loaded: unpinned here.
+    // Blocks after the first that is not readable are not loaded: unpinned here; those
+    // a partial scatter served are in the engine already.
     loaded->erase(loaded->begin() + static_cast<std::ptrdiff_t>(count), loaded->end());
+    loaded->erase(loaded->begin(), loaded->begin() + static_cast<std::ptrdiff_t>(served));
     // A Load that waited for NVMe may find a region unregistered meanwhile.
     if (Status registered = check_request_regions(*engine_ref, staging, total);
         !registered.is_ok()) {
@@ -115,8 +133,8 @@ Status LoadPath::handle_load(const ConnectionPtr& c, EngineContext& engine, uint
     batch.priority = CopyPriority::kForeground;  // an engine waits for it
     for (size_t i = 0; i < loaded->size(); ++i) {
       const PendingLoad::Entry& entry = (*loaded)[i];
-      ctx_.parts.copies->add_request_segments(batch, *engine_ref, staging, i, entry.engine_block_id,
-                                              entry.pinned.location(),
+      ctx_.parts.copies->add_request_segments(batch, *engine_ref, staging, served + i,
+                                              entry.engine_block_id, entry.pinned.location(),
                                               /*to_engine=*/true, planes);
     }
     uint64_t range_bytes = 0;  // of one block: what the engine gets per block loaded
@@ -125,9 +143,9 @@ Status LoadPath::handle_load(const ConnectionPtr& c, EngineContext& engine, uint
     // A layer-wise load sends one Load per range for the same blocks: only the one
     // starting at plane 0 counts them as hits or misses, so a block counts once.
     const bool counts_lookups = planes.begin == 0;
-    auto done = [this, c, id, loaded, stop_reason, total, range_bytes,
+    auto done = [this, c, id, loaded, stop_reason, total, range_bytes, served,
                  counts_lookups](Status status) {
-      const size_t count = loaded->size();
+      const size_t count = served + loaded->size();
       // What a peer policy learns from: the blocks read, in prefix order.
       policy::BlockObserver* observer =
           status.is_ok() && counts_lookups ? ctx_.planner.observer() : nullptr;
@@ -165,6 +183,49 @@ Status LoadPath::handle_load(const ConnectionPtr& c, EngineContext& engine, uint
     // Refused: the pins go as `loaded` and `done` do, when this returns.
     if (!submitted.is_ok()) reply_error(c, id, submitted);
   };
+  // Reads waiting for room while this Load pins the blocks already read: scatter those
+  // (the leading run not yet served) to the engine now and let them go, so that the
+  // rest can land. Without it a Load of more NVMe blocks than RAM holds would wait out
+  // nvme-load-wait-ms for room its own pins keep.
+  auto scatter_ready = [this, load, finish, engine_ref, planes = request.planes,
+                        staging = request.staging]() {
+    if (load->finished || load->scattering || load->waiting == 0 ||
+        ctx_.mover->room_waiters() == 0) {
+      return;
+    }
+    size_t end = load->served;
+    while (end < load->entries.size() && load->entries[end].pinned) ++end;
+    if (end == load->served) return;
+    if (!check_request_regions(*engine_ref, staging, load->entries.size()).is_ok()) return;
+    CopyBatch batch;
+    batch.priority = CopyPriority::kForeground;
+    auto pins = std::make_shared<std::vector<PinnedBlock>>();
+    for (size_t i = load->served; i < end; ++i) {
+      PendingLoad::Entry& entry = load->entries[i];
+      ctx_.parts.copies->add_request_segments(batch, *engine_ref, staging, i,
+                                              entry.engine_block_id, entry.pinned.location(),
+                                              /*to_engine=*/true, planes);
+      pins->push_back(std::move(entry.pinned));
+    }
+    load->scattering = true;
+    Status submitted = ctx_.parts.copies->submit_copy(
+        std::move(batch), [this, load, finish, pins, end](Status status) {
+          pins->clear();  // on the control thread: the room they held is free
+          load->scattering = false;
+          if (status.is_ok()) {
+            load->served = end;
+          } else {
+            load->scatter_failure = status;
+          }
+          ctx_.mover->retry_room_waiters();
+          if (load->finish_after || !status.is_ok()) (*finish)();
+        });
+    if (!submitted.is_ok()) {
+      load->scattering = false;
+      load->scatter_failure = submitted;
+      (*finish)();
+    }
+  };
   if (load->waiting == 0) {
     (*finish)();
     return Status::ok();
@@ -191,7 +252,8 @@ Status LoadPath::handle_load(const ConnectionPtr& c, EngineContext& engine, uint
   });
   for (size_t i = 0; i < load->entries.size(); ++i) {
     if (load->entries[i].pinned || load->entries[i].remote) continue;
-    ctx_.mover->await_readable(load->entries[i].key, [this, load, finish, i](const Status& status) {
+    ctx_.mover->await_readable(load->entries[i].key, [this, load, finish, scatter_ready,
+                                                      i](const Status& status) {
       if (load->finished) return;
       PendingLoad::Entry& entry = load->entries[i];
       if (status.is_ok()) {
@@ -200,7 +262,11 @@ Status LoadPath::handle_load(const ConnectionPtr& c, EngineContext& engine, uint
       } else {
         entry.failure = status;
       }
-      if (--load->waiting == 0) (*finish)();
+      if (--load->waiting == 0) {
+        (*finish)();
+      } else {
+        scatter_ready();
+      }
     });
   }
   if (!from_remote.empty()) {

@@ -105,6 +105,34 @@ TEST_F(SaveRoomTest, ASaveLargerThanRamKeepsThePrefixThatFitsWithoutLosingWhatIs
   expect_whole("a", a, 16);
 }
 
+// A Load of more NVMe blocks than RAM holds: the blocks read first are scattered to the
+// engine and let go of while the rest are read, so every block comes back, bit-exact,
+// instead of the Load waiting out nvme-load-wait-ms for room its own pins keep and
+// answering a prefix.
+TEST_F(SaveRoomTest, ALoadOfMoreNvmeBlocksThanRamHoldsLoadsThemAll) {
+  const auto long_session = PagedCache::chain_hashes("long", kRamSlots + 8);
+  const std::vector<BlockHash> head(long_session.begin(), long_session.begin() + 20);
+  ASSERT_TRUE(save_hashes(*engine_, "long", head, 0).is_ok());
+  ASSERT_TRUE(engine_->client->drain().is_ok());
+  ASSERT_TRUE(wait_until_in_tier("long", Tier::kNvme, head.size()).is_ok());
+  // The whole conversation: its first 20 blocks deduplicated on NVMe, 20 more into RAM.
+  auto saved = save_hashes(*engine_, "long", long_session, 0);
+  ASSERT_TRUE(saved.is_ok()) << saved.status().to_string();
+  ASSERT_EQ(saved->saved(), long_session.size());
+  ASSERT_TRUE(engine_->client->drain().is_ok());
+  ASSERT_TRUE(wait_until_in_tier("long", Tier::kNvme, long_session.size()).is_ok());
+
+  auto loaded = load(*engine_, "long", long_session, 48);
+  ASSERT_TRUE(loaded.is_ok()) << loaded.status().to_string();
+  EXPECT_EQ(loaded->reply.loaded_count, long_session.size())
+      << loaded->reply.stop_reason.to_string();
+  EXPECT_EQ(loaded->verified, long_session.size());
+  auto stats = wait_until_settled();
+  ASSERT_TRUE(stats.is_ok()) << stats.status().to_string();
+  EXPECT_EQ(stats->blocks_evicted, 0u);
+  EXPECT_TRUE(NoLeakedSlots(*stats, block_bytes()));
+}
+
 // A Save never takes HBM from blocks sessions hold when nothing below can make room: it
 // stores the prefix that fits and says so. HBM and RAM, 8 slots each, no NVMe; RAM's
 // blocks are pinned by an admin, so nothing in RAM can go either.
