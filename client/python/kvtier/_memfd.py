@@ -31,6 +31,12 @@ _lock = threading.Lock()
 # starts being freed, before the finalizer below runs, so a mapping being torn down (and
 # whatever is mapped at its address next) is never mistaken for a live memfd.
 _by_address: dict[int, tuple[MemfdBuffer, weakref.ref]] = {}  # guarded by _lock
+# Buffers whose mmap is gone, their entries still to drop (under _lock, by the next
+# create or find). The finalizer must not take _lock itself: it runs wherever the last
+# reference to the mmap goes, which may be a garbage collection started by an
+# allocation in this very thread while it holds _lock (a lock it would then wait on for
+# ever). list.append is atomic.
+_forgotten: list[MemfdBuffer] = []
 
 
 def create(name: str, size_bytes: int) -> tuple[mmap.mmap, MemfdBuffer]:
@@ -53,6 +59,7 @@ def create(name: str, size_bytes: int) -> tuple[mmap.mmap, MemfdBuffer]:
     address = _address_of(mapping)
     buffer = MemfdBuffer(fd=fd, address=address, size_bytes=size_bytes)
     with _lock:
+        _drop_forgotten_locked()
         _by_address[address] = (buffer, weakref.ref(mapping))
     weakref.finalize(mapping, _forget, buffer)
     return mapping, buffer
@@ -61,7 +68,8 @@ def create(name: str, size_bytes: int) -> tuple[mmap.mmap, MemfdBuffer]:
 def find(address: int) -> MemfdBuffer | None:
     """The live memfd buffer whose mapping contains address, if any."""
     with _lock:
-        for buffer, mapping in _by_address.values():
+        _drop_forgotten_locked()
+        for buffer, mapping in list(_by_address.values()):
             if mapping() is None:
                 continue  # being unmapped
             if buffer.address <= address < buffer.address + buffer.size_bytes:
@@ -70,12 +78,19 @@ def find(address: int) -> MemfdBuffer | None:
 
 
 def _forget(buffer: MemfdBuffer) -> None:
-    with _lock:
+    """The mmap's finalizer: its entry goes at the next create or find (its weak
+    reference already reads None, so find skips it meanwhile)."""
+    _forgotten.append(buffer)
+    os.close(buffer.fd)
+
+
+def _drop_forgotten_locked() -> None:
+    while _forgotten:
+        buffer = _forgotten.pop()
         entry = _by_address.get(buffer.address)
         # A new mapping may already sit at this address: drop only our own entry.
         if entry is not None and entry[0] is buffer:
             del _by_address[buffer.address]
-    os.close(buffer.fd)
 
 
 def _address_of(mapping: mmap.mmap) -> int:
