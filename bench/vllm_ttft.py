@@ -19,6 +19,10 @@ loads its history from kvtierd or computes it.
 TTFT is the wall time of a request for one token (prefill + the first token). Medians
 of --reps requests; every ratio is of medians taken in this run.
 
+``--tp`` measures turn N at tensor parallelism 2 instead (vLLM's mp executor, one
+thread a rank): two engines, recompute and the connector (whole-request Loads), each
+rank loading its own shard from kvtierd; kvtier ÷ recompute of the medians.
+
 ``--pressure`` measures two other ratios instead, also in one run (two kvtierd, three
 engines: recompute, and the connector against each daemon):
 
@@ -51,6 +55,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "examples" / "vllm"))
+sys.path.insert(0, str(REPO / "client" / "python"))  # kvtier, for --pressure's probe Save
 
 
 def start_kvtierd(build: Path, flags: list[str] | None = None):
@@ -175,6 +180,40 @@ def pressure(args, model: Path, work: Path, Engine) -> dict:
         roomy.stop()
 
 
+def tensor_parallel(args, model: Path, work: Path, Engine) -> dict:
+    """--tp: turn N's TTFT at TP 2, kvtier (each rank loads its shard) ÷ recompute."""
+    daemon = start_kvtierd(Path(args.build))
+    env = {"KVTIER_LIBRARY": os.environ.get("KVTIER_LIBRARY", str(Path(args.build) / "libkvtier.so.0")),
+           "OMP_NUM_THREADS": "1", "VLLM_CPU_OMP_THREADS_BIND": "0|1"}
+    max_len = args.history + args.message + 64
+    common = ["--max-model-len", str(max_len), "--kv-cache-bytes", str(1 << 30), "--tensor-parallel-size", "2"]
+    engines = {}
+    try:
+        engines["recompute"] = Engine(model, None, *common, log_path=work / "tp-recompute.log", env=env)
+        engines["kvtier"] = Engine(model, daemon.socket_path, *common, "--whole-request",
+                                   log_path=work / "tp-kvtier.log", env=env)
+        rng = random.Random(2)
+        history = [rng.randrange(1, 500) for _ in range(args.history)]
+        engines["kvtier"].turn(history + [1] * args.message, session="tp-bench", max_tokens=1)  # saved
+        samples: dict[str, list[float]] = {"recompute": [], "kvtier": []}
+        for _ in range(args.reps):
+            message = [rng.randrange(1, 500) for _ in range(args.message)]
+            for name in ("recompute", "kvtier"):
+                reply = engines[name].turn(history + message, max_tokens=1,
+                                           session="tp-bench" if name == "kvtier" else None)
+                samples[name].append(reply["wall_s"])
+        status = kvtierctl_status(Path(args.build), daemon)
+        median = {name: statistics.median(values) for name, values in samples.items()}
+        return {"tensor_parallel_size": 2, "history_tokens": args.history, "message_tokens": args.message,
+                "reps": args.reps, "model": {"layers": args.layers, "hidden": args.hidden},
+                "median_ttft_s": median, "kvtier_over_recompute": median["kvtier"] / median["recompute"],
+                "daemon_bytes_loaded": status.get("bytes", {}).get("loaded"), "samples_s": samples}
+    finally:
+        for engine in engines.values():
+            engine.close()
+        daemon.stop()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--history", type=int, default=8192, help="tokens of history turn N reloads")
@@ -187,6 +226,8 @@ def main() -> None:
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--pressure", action="store_true", help="the figures under pressure (see above)")
     parser.add_argument("--sessions", type=int, default=6, help="--pressure: conversations")
+    parser.add_argument("--tp", action="store_true",
+                        help="turn N at tensor parallelism 2: kvtier against recompute (both TP 2)")
     args = parser.parse_args()
 
     from engine_client import EngineProcess as Engine
@@ -197,9 +238,9 @@ def main() -> None:
     model = write_tiny_llama(work / "model", 0, num_hidden_layers=args.layers, hidden_size=args.hidden,
                              intermediate_size=2 * args.hidden, num_attention_heads=args.hidden // 64,
                              num_key_value_heads=max(1, args.hidden // 128), max_position_embeddings=max_len)
-    if args.pressure:
+    if args.pressure or args.tp:
         try:
-            result = pressure(args, model, work, Engine)
+            result = (pressure if args.pressure else tensor_parallel)(args, model, work, Engine)
         finally:
             shutil.rmtree(work, ignore_errors=True)
         print(json.dumps({k: v for k, v in result.items() if k != "samples_s"}, indent=2))
