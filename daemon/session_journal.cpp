@@ -226,10 +226,17 @@ void SessionJournal::note_session_changed(const policy::Session& session) {
 
 void SessionJournal::note_saved(const policy::Session& session) {
   if (!nvme_ || ctx_.config.nvme_copy_after_ms == 0) return;
+  queue_copies(session, ctx_.sessions.now_ms() + ctx_.config.nvme_copy_after_ms);
+}
+
+void SessionJournal::queue_copies(const policy::Session& session, uint64_t due_ms) {
   policy::SessionKey key{session.namespace_id, session.id};
   if (nvme_->copy_queued.contains(key)) return;  // its copy is due already, with these blocks
-  const uint64_t now = ctx_.sessions.now_ms();
-  nvme_->copies_due.emplace_back(now + ctx_.config.nvme_copy_after_ms, key);
+  // Kept in order of due time: a session looked at again comes due after later Saves.
+  auto at = std::upper_bound(
+      nvme_->copies_due.begin(), nvme_->copies_due.end(), due_ms,
+      [](uint64_t due, const std::pair<uint64_t, policy::SessionKey>& e) { return due < e.first; });
+  nvme_->copies_due.emplace(at, due_ms, key);
   nvme_->copy_queued.insert(std::move(key));
 }
 
@@ -257,6 +264,19 @@ void SessionJournal::write_due_copies() {
   // Blocks on NVMe already, with a copy, or busy are skipped (a busy one is being
   // moved, mostly down to NVMe itself).
   ctx_.mover->copy_down(keys, Tier::kNvme);
+  // A session with a block still in memory, without a copy and busy (being moved or
+  // written) is looked at again a planner period later: the block may stay where it is.
+  // (One NVMe had no room to spare for is not: a copy never takes room a block needs.)
+  for (const policy::Session* session : due) {
+    for (const BlockHash& hash : session->blocks) {
+      const auto info = ctx_.store->lookup({session->layout, hash});
+      if (info && info->state != BlockState::kReady && !info->has_copy &&
+          info->location.tier != Tier::kNvme) {
+        queue_copies(*session, now + ctx_.config.plan_interval_ms);
+        break;
+      }
+    }
+  }
 }
 
 void SessionJournal::note_session_cut(const policy::Session& session) {

@@ -121,6 +121,9 @@ class SessionJournal final : public Part {
   void write_before_exit();
 
  private:
+  // Queues the session's copies for `due_ms` (once: a queued session keeps its turn).
+  void queue_copies(const policy::Session& session, uint64_t due_ms);
+
   std::unique_ptr<NvmeState> nvme_;
 };
 

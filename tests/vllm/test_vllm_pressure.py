@@ -172,6 +172,20 @@ def sessions(daemon: Kvtierd) -> dict[str, dict]:
     return {row["id"]: row for row in ctl(daemon, "sessions")["sessions"]}
 
 
+def wait_copied_to_nvme(daemon: Kvtierd, block_bytes: int, timeout_s: float = 30) -> None:
+    """Until every block in HBM and RAM has its NVMe copy (written nvme-copy-after-ms,
+    1 s, after its Save): a block has at most one copy, so as many copies as blocks in
+    memory means all of them."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        status = ctl(daemon, "status")
+        tiers = {tier["tier"]: tier for tier in status["tiers"]}
+        if tiers["nvme"]["copy_bytes"] // block_bytes >= tiers["hbm"]["blocks"] + tiers["ram"]["blocks"]:
+            return
+        assert time.monotonic() < deadline, status
+        time.sleep(0.1)
+
+
 def restart(daemon: Kvtierd, flags: dict[str, str] | None = None, fresh: bool = False) -> None:
     """kvtierd killed (SIGKILL; a stopped one is not) and started again on the same
     socket, with flags changed (flag -> value) and, when fresh, an empty data dir."""
@@ -477,7 +491,7 @@ def test_after_kill_9_every_session_of_every_priority_reloads_from_nvme(servers,
     wait_reconnected(served, daemon)
     conversation = chats("crash", 2)
     before = play(servers, daemon, conversation, 1)
-    time.sleep(1.5)  # nvme-copy-after-ms (1 s): the Saves' blocks left in memory get their NVMe copy
+    wait_copied_to_nvme(daemon, block_bytes)
     daemon.kill()
     daemon.restart()  # the same data dir and socket
     rows = sessions(daemon)
