@@ -25,10 +25,13 @@ std::string session_name(uint8_t priority, size_t round) {
 }
 
 // Default idle times (30 s, 10 min): only pressure moves blocks, as in a busy server.
+// A Save may wait up to 10 s for demotions to land (default 250 ms, then it keeps what
+// fits): a cut here is the policy's doing, never a slow disk's on a loaded machine.
 std::vector<std::string> pressure_flags(const std::string& policy) {
   return {"--hbm-bytes",      "256KiB", "--ram-bytes",    "256KiB", "--nvme-bytes",
           "64MiB",            "--slab-bytes", "256KiB",   "--plan-interval-ms", "20ms",
-          "--metrics-addr",   "off",    "--policy",       policy,   "--nvme-copy-after-ms", "200ms"};
+          "--metrics-addr",   "off",    "--policy",       policy,   "--nvme-copy-after-ms", "200ms",
+          "--save-room-wait-ms", "10s"};
 }
 
 class SavePressure : public ::testing::TestWithParam<std::string> {};
