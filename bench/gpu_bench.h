@@ -1,5 +1,5 @@
 // kvtier-bench gpu: the CUDA backend's copies against the copy engine's own speed
-// (DESIGN.md, "Performance targets"; real GPU only — on the fake driver it runs, but
+// (docs/benchmarks.md, its targets; real GPU only — on the fake driver it runs, but
 // its figures say nothing about hardware and the report says so).
 //
 // All in one run, each measured right next to its baseline:

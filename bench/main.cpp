@@ -1,5 +1,5 @@
 // kvtier-bench: benchmarks of kvtierd, each measured side by side with its baseline in
-// one run (DESIGN.md, "Performance targets"). A table on stdout, or with --json
+// one run (docs/benchmarks.md: each benchmark and its target). A table on stdout, or with --json
 // exactly one JSON object. Exit status: 0 when the benchmark ran (targets met or
 // not, unless --require-targets), 1 when it could not run or data did not verify,
 // 2 on bad flags, 3 when --require-targets is given and a target was missed.

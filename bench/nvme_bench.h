@@ -1,5 +1,5 @@
-// kvtier-bench nvme: the NVMe tier against the drive (DESIGN.md, "Performance
-// targets"), in one run:
+// kvtier-bench nvme: the NVMe tier against the drive (docs/benchmarks.md has its
+// targets), in one run:
 //  * write and read of 2 MiB blocks through NvmeTier — io_uring, O_DIRECT from/to a
 //    pool prepared like the daemon's RAM pool, checksums, fdatasync and the RocksDB
 //    commit per job of 32 blocks, checksum verified on every read — side by side with

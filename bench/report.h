@@ -1,5 +1,5 @@
 // BenchReport: what one kvtier-bench subcommand measured, printed either as a table
-// for people or as the one JSON object DESIGN.md fixes for machines:
+// for people or as one JSON object for machines (docs/benchmarks.md):
 //   {"bench": SUB, "config": {...}, "results": {metric: value, ...},
 //    "targets": [{"metric", "value", "op", "target", "met"}, ...]}
 //

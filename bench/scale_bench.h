@@ -19,7 +19,7 @@
 // Targets: each op's p50 and p99 at the largest size within 2× of its value at the
 // smallest; the daemon's RSS growth from start to the largest size (before its
 // measured rounds) within 1 KiB per session + 8 B per session reference + 128 B per
-// block held (DESIGN.md). Missing a target is a result, not a failure.
+// block held (docs/benchmarks.md, scale). Missing a target is a result, not a failure.
 //
 // Thread-safety: run_scale_bench() is called from main only.
 #pragma once

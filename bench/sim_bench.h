@@ -1,6 +1,6 @@
 // kvtier-bench sim: the four policies of kvtier issue 4, side by side at identical
 // budgets, on a multi-turn trace (sim/sim_runner.h has the model). One BenchReport: a
-// table per budget for people; with --json the DESIGN.md object, whose results carry
+// table per budget for people; with --json the one JSON object (report.h), whose results carry
 // every figure as "b<i>_p<policy>_<metric>" and whose targets are, per budget,
 // policy 4's mean TTFT ≤ 0.7 × policy 2's and its hit rate within 5 points of the
 // infinite cache's.

@@ -54,7 +54,8 @@ Result<size_t> chained_block_hashes(std::span<const int64_t> tokens, uint32_t to
   for (size_t i = 0; i < blocks; ++i) {
     const int64_t* block = tokens.data() + i * tokens_per_block;
     if constexpr (std::endian::native != std::endian::little) {
-      for (uint32_t t = 0; t < tokens_per_block; ++t) swapped[t] = static_cast<int64_t>(__builtin_bswap64(static_cast<uint64_t>(block[t])));
+      for (uint32_t t = 0; t < tokens_per_block; ++t)
+        swapped[t] = static_cast<int64_t>(__builtin_bswap64(static_cast<uint64_t>(block[t])));
       block = swapped.data();
     }
     unsigned int length = 0;

@@ -37,9 +37,9 @@ struct PendingLoad {
   // already read are scattered to the engine and let go of (their room lets the next
   // reads land) while the rest are still read. entries [0, served) are in the engine.
   size_t served = 0;
-  bool scattering = false;     // such a partial scatter is under way
-  bool finish_after = false;   // the Load was over while it was: finish when it is done
-  Status scatter_failure;      // a partial scatter failed: the Load ends at `served`
+  bool scattering = false;    // such a partial scatter is under way
+  bool finish_after = false;  // the Load was over while it was: finish when it is done
+  Status scatter_failure;     // a partial scatter failed: the Load ends at `served`
 };
 
 }  // namespace
@@ -202,8 +202,8 @@ Status LoadPath::handle_load(const ConnectionPtr& c, EngineContext& engine, uint
     auto pins = std::make_shared<std::vector<PinnedBlock>>();
     for (size_t i = load->served; i < end; ++i) {
       PendingLoad::Entry& entry = load->entries[i];
-      ctx_.parts.copies->add_request_segments(batch, *engine_ref, staging, i,
-                                              entry.engine_block_id, entry.pinned.location(),
+      ctx_.parts.copies->add_request_segments(batch, *engine_ref, staging, i, entry.engine_block_id,
+                                              entry.pinned.location(),
                                               /*to_engine=*/true, planes);
       pins->push_back(std::move(entry.pinned));
     }
@@ -252,22 +252,23 @@ Status LoadPath::handle_load(const ConnectionPtr& c, EngineContext& engine, uint
   });
   for (size_t i = 0; i < load->entries.size(); ++i) {
     if (load->entries[i].pinned || load->entries[i].remote) continue;
-    ctx_.mover->await_readable(load->entries[i].key, [this, load, finish, scatter_ready,
-                                                      i](const Status& status) {
-      if (load->finished) return;
-      PendingLoad::Entry& entry = load->entries[i];
-      if (status.is_ok()) {
-        entry.pinned = ctx_.store->pin(entry.key, now_ms());
-        if (!entry.pinned) entry.failure = not_found("it was evicted before it could be loaded");
-      } else {
-        entry.failure = status;
-      }
-      if (--load->waiting == 0) {
-        (*finish)();
-      } else {
-        scatter_ready();
-      }
-    });
+    ctx_.mover->await_readable(
+        load->entries[i].key, [this, load, finish, scatter_ready, i](const Status& status) {
+          if (load->finished) return;
+          PendingLoad::Entry& entry = load->entries[i];
+          if (status.is_ok()) {
+            entry.pinned = ctx_.store->pin(entry.key, now_ms());
+            if (!entry.pinned)
+              entry.failure = not_found("it was evicted before it could be loaded");
+          } else {
+            entry.failure = status;
+          }
+          if (--load->waiting == 0) {
+            (*finish)();
+          } else {
+            scatter_ready();
+          }
+        });
   }
   if (!from_remote.empty()) {
     ctx_.parts.remote->fetch_remote(

@@ -156,8 +156,8 @@ Result<std::optional<PendingWrite>> Placement::reserve_block(const BlockKey& key
   // moving out) comes.
   const Tier landing = ctx_.topology.landing();
   const uint64_t wanted = std::max(room_bytes, block_bytes);
-  DemotionRoom room = plan_room_by_demotion(landing, wanted, block_bytes,
-                                            policy::Room::kDemoteEvictingBelow);
+  DemotionRoom room =
+      plan_room_by_demotion(landing, wanted, block_bytes, policy::Room::kDemoteEvictingBelow);
   // RAM has nothing that can go down now (its blocks are being copied, read or pinned
   // by requests in flight) and nothing is on its way out: the tiers above it send
   // theirs past it, straight to NVMe. A priority orders who goes; it never keeps a
@@ -279,9 +279,10 @@ std::string Placement::describe_save_tiers() const {
             ++held;
           }
         });
-    out += fmt::format("{}{} is full ({} blocks: {} held by sessions, {} being copied, read or "
-                       "pinned by requests in flight)",
-                       out.empty() ? "" : "; ", tier_name(tier), blocks, held, busy);
+    out += fmt::format(
+        "{}{} is full ({} blocks: {} held by sessions, {} being copied, read or "
+        "pinned by requests in flight)",
+        out.empty() ? "" : "; ", tier_name(tier), blocks, held, busy);
   }
   const Tier durable = ctx_.topology.below(ctx_.topology.landing());
   if (durable == Tier::kNone) {

@@ -7,9 +7,9 @@
 // this Save waits for that copy and answers only once it landed. A Save that finds
 // every tier full of blocks being copied or read parks (save-room-wait-ms) and starts,
 // in arrival order, when a copy or move makes room; once save-room-wait-ms is over it
-// keeps the prefix that fits then (perhaps none) and is answered, never refused for room. When the Save is answered its blocks
-// are the session's (the session table, the NVMe session record, and at the end of a turn
-// the remote tier's write-behind).
+// keeps the prefix that fits then (perhaps none) and is answered, never refused for room. When the
+// Save is answered its blocks are the session's (the session table, the NVMe session record, and at
+// the end of a turn the remote tier's write-behind).
 //
 // Thread-safety: control thread only (daemon_context.h).
 #pragma once

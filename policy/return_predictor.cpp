@@ -14,7 +14,8 @@ constexpr int kStrata = GapModel::kStrata;
 constexpr double kPriorStrength = 1.0;
 constexpr double kPoolStrength = 4.0;
 // The prior: half of all idle periods end in a return, spread evenly in log time over
-// 1 s .. 1 h (DESIGN.md: gaps of tens of seconds to many minutes). Only a starting point.
+// 1 s .. 1 h (the gaps between a conversation's turns run from tens of seconds to many minutes).
+// Only a starting point.
 constexpr double kPriorReturnShare = 0.5;
 constexpr double kPriorLastMs = 3'600'000.0;
 

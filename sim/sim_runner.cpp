@@ -511,7 +511,7 @@ class Simulation {
     size_t request;
     uint64_t deadline_ms;
   };
-  std::deque<ParkedSave> parked_;                     // Saves waiting for room, in arrival order
+  std::deque<ParkedSave> parked_;  // Saves waiting for room, in arrival order
   // kvtierd's save-room-wait-ms when the published results were made; kvtierd now waits
   // 250 ms and then keeps the prefix that fits (docs/policy.md, "Room for Saves").
   static constexpr uint64_t kSaveRoomWaitMs = 5'000;

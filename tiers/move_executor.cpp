@@ -340,7 +340,8 @@ void MoveExecutor::submit_writes(StorageTier& to, std::vector<StorageTier::Write
         auto post = hooks_.control_thread();
         // Shared: the completions are std::function, which must be copyable.
         auto job_moves = std::make_shared<std::vector<PendingMove>>(std::move(moves));
-        to.write(std::move(job), [this, post, job_moves, to_id, copies](std::vector<Status> results) {
+        to.write(std::move(job), [this, post, job_moves, to_id,
+                                  copies](std::vector<Status> results) {
           post([this, job_moves, to_id, copies, results = std::move(results)] {
             --jobs_;
             size_t failed = 0;

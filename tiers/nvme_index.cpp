@@ -80,7 +80,7 @@ class SessionDeltaMerge final : public rocksdb::MergeOperator {
 rocksdb::ColumnFamilyOptions family_options(const std::string& name) {
   rocksdb::ColumnFamilyOptions options;
   // Small memtables: index records are ~60 bytes, and memory per indexed block is a
-  // target (DESIGN.md); 8 MiB holds ~100k recent records.
+  // target (docs/benchmarks.md, nvme); 8 MiB holds ~100k recent records.
   options.write_buffer_size = 8 << 20;
   options.max_write_buffer_number = 2;
   if (name == kNvmeSessionsFamily) options.merge_operator = std::make_shared<SessionDeltaMerge>();

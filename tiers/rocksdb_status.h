@@ -1,4 +1,5 @@
-// The one conversion from rocksdb::Status to kvtier::Status (DESIGN.md, "Errors").
+// The one conversion from rocksdb::Status to kvtier::Status (docs/protocol.md: errors carry a code
+// named for what to do).
 //
 // Every RocksDB call in the project hands its status to rocksdb_status(); no other
 // file decides what a RocksDB error means for the caller. The table is in the .cpp.

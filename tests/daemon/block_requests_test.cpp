@@ -54,7 +54,7 @@ TEST_F(HandlerTest, SaveRepliesAndPublishesItsBlocksOnlyOnceTheCopyLanded) {
   EXPECT_EQ(session->turns, 1u);
 }
 
-// DESIGN.md (Data path, Save): the reply comes only when the copy is complete; after it
+// docs/protocol.md (Save): the reply comes only when the copy is complete; after it
 // the engine may reuse its blocks. A second Save of hashes that a first Save is still
 // writing waits for those bytes; when the first copy fails, the second Save is told to
 // send again (it was answered "deduplicated" at once before, for blocks never held).
@@ -257,7 +257,7 @@ TEST_F(HandlerTest, LookupRefusesMalformedHashesNamingTheEntry) {
   EXPECT_TRUE(IsError(empty, StatusCode::kInvalidArgument, "hashes[1] has 0 bytes"));
 }
 
-// Every bad request gets an error naming the bad field (DESIGN.md, Errors), whatever the
+// Every bad request gets an error naming the bad field (docs/protocol.md, errors), whatever the
 // daemon holds: a malformed hash after the first miss too (Lookup's scan stops there, its
 // validation does not).
 TEST_F(HandlerTest, LookupRefusesAMalformedHashAfterTheFirstMiss) {

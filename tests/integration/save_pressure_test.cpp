@@ -15,9 +15,9 @@
 namespace kvtier::integration {
 namespace {
 
-constexpr size_t kBlocks = 4;               // per session
-constexpr size_t kRounds = 3;               // sessions per priority
-constexpr uint64_t kLoadTarget = 32;        // engine blocks 32.. receive loads
+constexpr size_t kBlocks = 4;                                    // per session
+constexpr size_t kRounds = 3;                                    // sessions per priority
+constexpr uint64_t kLoadTarget = 32;                             // engine blocks 32.. receive loads
 constexpr std::array<uint8_t, 4> kPriorities = {100, 50, 0, 1};  // 0: none given
 
 std::string session_name(uint8_t priority, size_t round) {
@@ -28,10 +28,10 @@ std::string session_name(uint8_t priority, size_t round) {
 // A Save may wait up to 10 s for demotions to land (default 250 ms, then it keeps what
 // fits): a cut here is the policy's doing, never a slow disk's on a loaded machine.
 std::vector<std::string> pressure_flags(const std::string& policy) {
-  return {"--hbm-bytes",      "256KiB", "--ram-bytes",    "256KiB", "--nvme-bytes",
-          "64MiB",            "--slab-bytes", "256KiB",   "--plan-interval-ms", "20ms",
-          "--metrics-addr",   "off",    "--policy",       policy,   "--nvme-copy-after-ms", "200ms",
-          "--save-room-wait-ms", "10s"};
+  return {
+      "--hbm-bytes",  "256KiB", "--ram-bytes",          "256KiB", "--nvme-bytes",        "64MiB",
+      "--slab-bytes", "256KiB", "--plan-interval-ms",   "20ms",   "--metrics-addr",      "off",
+      "--policy",     policy,   "--nvme-copy-after-ms", "200ms",  "--save-room-wait-ms", "10s"};
 }
 
 class SavePressure : public ::testing::TestWithParam<std::string> {};
@@ -60,7 +60,8 @@ Status save_with_priority(Engine& engine, const std::string& session, uint8_t pr
   auto saved = engine.client->save(session, refs, /*end_of_turn=*/true, options);
   if (!saved.is_ok()) return saved.status();
   if (saved->saved() != kBlocks) {
-    return internal_error("{} was cut short: {} of {} blocks kept", session, saved->saved(), kBlocks);
+    return internal_error("{} was cut short: {} of {} blocks kept", session, saved->saved(),
+                          kBlocks);
   }
   return Status::ok();
 }
@@ -90,7 +91,8 @@ TEST_P(SavePressure, NothingIsCutWhileNvmeHasRoomAndEveryPrioritySurvivesKillNin
   EXPECT_EQ(count_on_nvme(*engine, session_name(1, 0)), kBlocks);
   EXPECT_EQ(count_on_nvme(*engine, session_name(0, 0)), 0u);
   ASSERT_TRUE(save_with_priority(*engine, "extra-1", 0).is_ok());
-  EXPECT_EQ(count_on_nvme(*engine, session_name(0, 0)) + count_on_nvme(*engine, "extra-0"), kBlocks);
+  EXPECT_EQ(count_on_nvme(*engine, session_name(0, 0)) + count_on_nvme(*engine, "extra-0"),
+            kBlocks);
   EXPECT_EQ(count_on_nvme(*engine, session_name(50, 0)), 0u);
   EXPECT_EQ(count_on_nvme(*engine, session_name(100, 0)), 0u);
 
@@ -101,9 +103,8 @@ TEST_P(SavePressure, NothingIsCutWhileNvmeHasRoomAndEveryPrioritySurvivesKillNin
       ASSERT_TRUE(saved.is_ok()) << saved.to_string() << "\n" << (*daemon)->log();
     }
   }
-  auto settled = (*daemon)->wait_for_stats([](const StatsInfo& s) {
-    return s.copies_in_flight == 0 && s.pinned_blocks == 0;
-  });
+  auto settled = (*daemon)->wait_for_stats(
+      [](const StatsInfo& s) { return s.copies_in_flight == 0 && s.pinned_blocks == 0; });
   ASSERT_TRUE(settled.is_ok()) << settled.status().to_string();
   EXPECT_EQ(settled->partial_saves, 0u);
   EXPECT_EQ(settled->blocks_evicted, 0u);
@@ -134,7 +135,8 @@ TEST_P(SavePressure, NothingIsCutWhileNvmeHasRoomAndEveryPrioritySurvivesKillNin
   ASSERT_TRUE(after.is_ok()) << after.status().to_string();
   std::vector<std::string> sessions = {"extra-0", "extra-1"};
   for (uint8_t priority : kPriorities) {
-    for (size_t round = 0; round < kRounds; ++round) sessions.push_back(session_name(priority, round));
+    for (size_t round = 0; round < kRounds; ++round)
+      sessions.push_back(session_name(priority, round));
   }
   for (const std::string& session : sessions) {
     auto check = load_session(*after, session, kBlocks, kLoadTarget);
@@ -196,9 +198,8 @@ TEST_P(SavePressure, ConcurrentConversationsSavingTheirWholeHistoryAreNeverCut) 
       EXPECT_EQ(saved->saved(), refs[c].size()) << "turn " << turn << " conv-" << c;
     }
   }
-  auto settled = (*daemon)->wait_for_stats([](const StatsInfo& s) {
-    return s.copies_in_flight == 0 && s.pinned_blocks == 0;
-  });
+  auto settled = (*daemon)->wait_for_stats(
+      [](const StatsInfo& s) { return s.copies_in_flight == 0 && s.pinned_blocks == 0; });
   ASSERT_TRUE(settled.is_ok()) << settled.status().to_string();
   EXPECT_EQ(settled->partial_saves, 0u);
   EXPECT_GT(tier_blocks(*settled, Tier::kNvme), 0u);

@@ -90,17 +90,16 @@ TEST_F(PlannerRoomTest, DemoteToDurableSendsBlocksPastAFullTierLowestPriorityFir
   view_.put(2, Tier::kHbm, {.session_refs = 1, .last_access_ms = 200});
   view_.put(3, Tier::kHbm, {.session_refs = 1, .last_access_ms = 300});
   auto past = [&](uint64_t bytes) {
-    return describe(
-        planner_.make_room(Tier::kHbm, bytes, table_, view_, Room::kDemoteToDurable));
+    return describe(planner_.make_room(Tier::kHbm, bytes, table_, view_, Room::kDemoteToDurable));
   };
   EXPECT_TRUE(past(100).empty()) << "there is no NVMe tier";
   view_.set_capacity(Tier::kNvme, 1'000);
   EXPECT_EQ(past(100), (Strings{"D 3 hbm->nvme"}));
   EXPECT_EQ(past(300), (Strings{"D 3 hbm->nvme", "D 2 hbm->nvme", "D 1 hbm->nvme"}));
   // The room RAM would give by demoting, it cannot: the old rule finds nothing.
-  EXPECT_TRUE(describe(planner_.make_room(Tier::kRam, 100, table_, view_,
-                                          Room::kDemoteEvictingBelow))
-                  .empty());
+  EXPECT_TRUE(
+      describe(planner_.make_room(Tier::kRam, 100, table_, view_, Room::kDemoteEvictingBelow))
+          .empty());
 }
 
 TEST_F(PlannerRoomTest, MakeRoomEvictsUnreferencedLruThenColdestSessions) {
