@@ -19,7 +19,7 @@ FAULT_FILE = "KVTIER_TEST_FAULT_FILE"
 SCHEDULER_METHODS = ("on_new_request", "get_num_new_matched_tokens", "update_state_after_alloc",
                      "build_connector_meta", "update_connector_output", "request_finished", "shutdown")
 WORKER_METHODS = ("register_kv_caches", "start_load_kv", "wait_for_layer_load", "wait_for_save", "get_finished",
-                  "get_block_ids_with_load_errors", "shutdown")
+                  "get_block_ids_with_load_errors", "build_connector_worker_meta", "shutdown")
 FAULT = ""
 _file_cache: tuple[float, str] = (-1.0, "")
 

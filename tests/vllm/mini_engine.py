@@ -145,7 +145,8 @@ class MiniEngine:
             req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
             sampled_token_ids=[sampled.get(r, []) for r in ids],
             kv_connector_output=KVConnectorOutput(finished_sending=sending, finished_recving=receiving,
-                                                  invalid_block_ids=errors))
+                                                  invalid_block_ids=errors,
+                                                  kv_connector_worker_meta=self.worker.build_connector_worker_meta()))
         results = self.scheduler.update_from_output(output, runner_output)
         finished = []
         for engine_outputs in results.values():
@@ -159,7 +160,10 @@ class MiniEngine:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             self.step()
-            if request.is_finished() and not self.scheduler.has_requests():
+            # vLLM has its blocks back once a Save is staged; the Save is over once
+            # kvtierd answered it (the scheduler side hears of it from the worker).
+            if (request.is_finished() and not self.scheduler.has_requests()
+                    and self.connector._scheduler.saves_in_flight() == 0):
                 return list(request.output_token_ids)
         raise AssertionError(f"{request.request_id} did not finish in {timeout_s} s")
 

@@ -359,3 +359,37 @@ def test_a_turn_whose_history_vllm_lost_waits_for_its_save_and_loads_it(tiny_lla
     finally:
         engine.close()
         daemon.stop()
+
+
+def test_a_staged_save_gives_vllm_its_blocks_back_before_kvtierd_answers(tiny_llama):
+    # Every copy in kvtierd completes 2 s late: vLLM must not hold a finished request's
+    # blocks for that long (they are in the staging buffer), yet the next turn still
+    # waits for the Save to be over on kvtierd's side and loads it bit-exact, although
+    # another request has reused and overwritten the released blocks meanwhile.
+    daemon = Kvtierd(["--copy-threads", "1", "--fault-copy-delay-ms", "2s"])
+    engine = MiniEngine(tiny_llama, daemon.socket_path, num_blocks=16, save_wait_ms=10000)
+    try:
+        pool = engine.scheduler.kv_cache_manager.block_pool
+        free = pool.get_num_free_blocks()
+        prompt = tokens(25, 4 * BLOCK + 3)
+        first = engine.add(prompt, session="released")
+        for _ in range(100):  # vLLM holds the blocks until the Save is reported finished
+            engine.step()
+            if first.is_finished() and not engine.scheduler.has_requests():
+                break
+        assert pool.get_num_free_blocks() == free, "vLLM still holds the staged Save's blocks"
+        assert engine.connector._scheduler.saves_in_flight() == 1, "kvtierd answered already: the case did not arise"
+        # Another request takes (and writes) the blocks just released.
+        other = engine.add(tokens(26, 12 * BLOCK), max_tokens=2)
+        engine.run(other, timeout_s=120)
+        before = kvtier.vllm.counters()
+        second = engine.add(prompt + list(first.output_token_ids) + tokens(27, 8), session="released")
+        engine.run(second, timeout_s=120)
+        loaded = [j for j in engine.loads if j.request_id == second.request_id]
+        assert sum(len(j.hashes) for j in loaded) == 4, loaded
+        after = kvtier.vllm.counters()
+        assert after["saved_blocks"] >= before["saved_blocks"], (before, after)
+        assert not engine.failed_blocks
+    finally:
+        engine.close()
+        daemon.stop()

@@ -3,8 +3,11 @@
 Every key is optional:
 
 - ``socket``: kvtierd's socket (default: $KVTIER_SOCKET, else the client's default).
-- ``model_id``: the model name blocks are keyed by (default: vLLM's ``model``). Give
-  the same id on every node that serves the same weights from different paths.
+- ``model_id``: names the model's KV instead of the model fingerprint
+  (kvtier.vllm.fingerprint, the default: a digest of the weights, quantization, KV dtype,
+  configuration and attention, so the same weights share blocks whatever their path,
+  and anything that changes the KV never does). Setting it is a promise: every engine
+  given the same id computes the same KV for the same tokens; kvtier cannot check it.
 - ``lookup_timeout_ms`` (200): a Lookup not answered by then counts as 0 hits.
 - ``lookup_spin_us`` (100, and never more): how long the scheduler may poll a Lookup
   sent when the request arrived before it answers "ask again next step" (which costs
@@ -12,8 +15,9 @@ Every key is optional:
 - ``load_timeout_ms`` (5000): on the host path, a Load not done by then fails its blocks
   (vLLM recomputes them). CUDA Loads always wait: the daemon writes straight into
   vLLM's blocks, which must not be reused while it may still write.
-- ``save_timeout_ms`` (5000): on the host path, vLLM's blocks are released once a Save
-  waited this long (its bytes are already in the staging buffer).
+- ``save_timeout_ms`` (5000): on the host path, how long a Save may wait for room in the
+  staging buffer before it is dropped (vLLM's blocks are released as soon as they are
+  copied into it; kvtierd answering the Save is not waited for).
 - ``save_wait_ms`` (2000): how long a new request waits for a Save of its own prefix
   that is still in flight before it looks up without it.
 - ``reconnect_ms`` (1000): how often to try again to reach a daemon that was not

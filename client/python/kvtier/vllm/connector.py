@@ -27,7 +27,7 @@ from typing import Any, Callable
 
 import torch
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorBase_V1, KVConnectorMetadata,
-                                                               KVConnectorRole)
+                                                               KVConnectorRole, KVConnectorWorkerMetadata)
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
 
 from ..errors import InvalidArgument
@@ -73,25 +73,48 @@ def memfd_kv_allocation():
 
 def finish_saves(llm, timeout_s: float = 30.0) -> bool:
     """Offline ``vllm.LLM`` only: steps the engine until the Saves of the requests that
-    finished are acknowledged (or timeout_s passed); True when none is left.
+    finished are issued, then waits (on every worker, through ``collective_rpc``) until
+    kvtierd has answered them, or timeout_s passed; True when none is left.
 
     A Save is issued by the engine step after its request finished; ``LLM.generate``
-    returns before that step, and a server's engine loop runs it by itself. Call this
-    before the process exits, or before another process should find the blocks.
+    returns before that step, and a server's engine loop runs it by itself. On the
+    staged path vLLM has its blocks back once they are copied, before kvtierd answers.
+    Call this before the process exits, or before another process should find the blocks.
     """
     import time
 
     engine = llm.llm_engine
     deadline = time.monotonic() + timeout_s
+    issued = False
     while time.monotonic() < deadline:
         core = getattr(getattr(engine, "engine_core", None), "engine_core", None)
         scheduler = getattr(core, "scheduler", None)
         if scheduler is not None and not scheduler.has_requests():
-            return True
+            issued = True
+            break
         engine.step()
         if scheduler is None:  # engine in another process: one step is all we can do
-            return True
-    return False
+            issued = True
+            break
+    if not issued:
+        return False
+    try:
+        answered = llm.collective_rpc(_wait_for_worker_saves, args=(max(0.0, deadline - time.monotonic()),))
+    except Exception as error:  # noqa: BLE001 - an executor without RPCs to its workers
+        logger.warning("kvtier.vllm: finish_saves could not reach the workers: %s", error)
+        return False
+    return all(answered)
+
+
+def _wait_for_worker_saves(_worker, timeout_s: float) -> bool:
+    """On a worker (finish_saves' RPC): waits until kvtierd answered this worker's Saves."""
+    from vllm.distributed.kv_transfer import get_kv_transfer_group, has_kv_transfer_group
+
+    if not has_kv_transfer_group():
+        return True
+    group = get_kv_transfer_group()
+    children = getattr(group, "_connectors", None) or [group]
+    return all(c.wait_for_saves_answered(timeout_s) for c in children if isinstance(c, KvtierConnector))
 
 
 def scheduler_transfer_config(own):
@@ -285,6 +308,20 @@ class KvtierConnector(KVConnectorBase_V1):
         except Exception as error:
             return self._recover("get_finished", error, lambda: self._worker.salvage_finished(expected),
                                  default=(None, None))
+
+    def wait_for_saves_answered(self, timeout_s: float) -> bool:
+        """Worker side (finish_saves): waits up to timeout_s for kvtierd's replies to
+        the Saves sent; True when none is left unanswered or waiting to be sent."""
+        return self._worker is None or self._worker.wait_for_saves_answered(timeout_s)
+
+    def build_connector_worker_meta(self) -> KVConnectorWorkerMetadata | None:
+        if self._worker is None:
+            return None
+        try:
+            return self._worker.build_connector_worker_meta()
+        except Exception as error:
+            # Lost acknowledgements cost the scheduler at most save_wait_ms of waiting.
+            return self._recover("build_connector_worker_meta", error)
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         try:

@@ -6,7 +6,7 @@ import collections
 import dataclasses
 import threading
 
-from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata, KVConnectorWorkerMetadata
 
 
 @dataclasses.dataclass
@@ -48,6 +48,24 @@ class KvtierConnectorMetadata(KVConnectorMetadata):
     saves: list[SaveJob] = dataclasses.field(default_factory=list)
     failed_loads: list[FailedLoad] = dataclasses.field(default_factory=list)
     dropped_saves: list[str] = dataclasses.field(default_factory=list)  # report finished, save nothing
+
+
+@dataclasses.dataclass
+class KvtierWorkerMetadata(KVConnectorWorkerMetadata):
+    """What the workers tell the scheduler side each step: the requests whose Save is
+    over on a rank (kvtierd answered it, or it was dropped), one count per rank.
+
+    On the staged path a request is reported finished sending as soon as its blocks
+    are copied into the staging buffer (vLLM reuses them at once), before kvtierd has
+    the bytes; until every rank's Save is over, a next turn of the same prefix waits for
+    it (SchedulerSide.update_connector_output). vLLM sums these over the ranks of a step."""
+    saves_over: dict[str, int] = dataclasses.field(default_factory=dict)
+
+    def aggregate(self, other: KVConnectorWorkerMetadata) -> KVConnectorWorkerMetadata:
+        merged = dict(self.saves_over)
+        for request_id, count in getattr(other, "saves_over", {}).items():
+            merged[request_id] = merged.get(request_id, 0) + count
+        return KvtierWorkerMetadata(saves_over=merged)
 
 
 TIERS = ("hbm", "ram", "nvme", "remote")  # where kvtierd's Lookup says a block is

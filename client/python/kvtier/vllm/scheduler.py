@@ -46,7 +46,7 @@ from ..results import LookupResult
 from .blocks import MAX_SESSION_BYTES, BlockShape, request_extra_keys, request_hashes, session_id_of  # noqa: F401
 from .config import ConnectorConfig
 from .link import DaemonLink, LinkGroup
-from .metadata import COUNTERS, TIERS, FailedLoad, KvtierConnectorMetadata, LoadJob, SaveJob
+from .metadata import COUNTERS, TIERS, FailedLoad, KvtierConnectorMetadata, KvtierWorkerMetadata, LoadJob, SaveJob
 
 logger = logging.getLogger("kvtier.vllm")
 
@@ -212,8 +212,13 @@ class SchedulerSide:
         self._loads: list[LoadJob] = []
         self._saves: list[SaveJob] = []
         self._failed_loads: list[FailedLoad] = []  # promised Loads that could not be planned
-        # The hashes of each Save queued and not yet reported done, by request.
+        # The hashes of each Save queued and not yet over on every rank, by request;
+        # how many ranks said it is over (KvtierWorkerMetadata); and, once vLLM had its
+        # blocks back, when: an entry whose acknowledgement never comes (a hung daemon)
+        # is forgotten save_wait_ms later, the longest any request waits for it anyway.
         self._saving_by_request: dict[str, list[bytes]] = {}
+        self._saves_over: dict[str, int] = {}
+        self._saving_released_s: dict[str, float] = {}
         self._hasher: _Hasher | None = None  # started by the first long prompt
         self._hash_jobs = itertools.count(1)
         self._spin_s = min(config.lookup_spin_us, MAX_SPIN_US) / 1e6
@@ -480,8 +485,24 @@ class SchedulerSide:
             state = self._requests.get(request_id)
             if state is not None:
                 state.async_loading = False
+        meta = getattr(connector_output, "kv_connector_worker_meta", None)
+        for request_id, count in (meta.saves_over if isinstance(meta, KvtierWorkerMetadata) else {}).items():
+            if request_id not in self._saving_by_request:
+                continue
+            count += self._saves_over.get(request_id, 0)
+            if count >= self._shape.tp_size:  # over on every rank
+                self._release_saving(request_id)
+            else:
+                self._saves_over[request_id] = count
+        now = time.monotonic()
         for request_id in connector_output.finished_sending or ():
-            self._release_saving(request_id)
+            if request_id in self._saving_by_request:
+                self._saving_released_s.setdefault(request_id, now)
+        if self._saving_released_s:
+            limit_s = self._config.save_wait_ms / 1000.0
+            for request_id, since_s in list(self._saving_released_s.items()):
+                if now - since_s >= limit_s:
+                    self._release_saving(request_id)
 
     # ---- after an internal error (connector.py) ------------------------------------
     # Each leaves the books as vLLM sees them: what vLLM was promised is reported
@@ -527,13 +548,21 @@ class SchedulerSide:
         self._requests.pop(request_id, None)
         self._bypass.discard(request_id)
 
+    def saves_in_flight(self) -> int:
+        """Requests whose Save is not yet over on every rank (for tests and tools)."""
+        return len(self._saving_by_request)
+
     def reset_saving(self) -> None:
         """update_connector_output failed: which Saves are in flight is unknown, so no
         request waits for one (a miss at worst)."""
         self._saving_by_request.clear()
+        self._saves_over.clear()
+        self._saving_released_s.clear()
 
     def _release_saving(self, request_id: str) -> None:
         self._saving_by_request.pop(request_id, None)
+        self._saves_over.pop(request_id, None)
+        self._saving_released_s.pop(request_id, None)
 
     def shutdown(self) -> None:
         if self._hasher is not None:

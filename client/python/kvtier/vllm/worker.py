@@ -34,7 +34,7 @@ from ..pending import Pending
 from .blocks import BlockShape
 from .config import ConnectorConfig
 from .link import DaemonLink
-from .metadata import COUNTERS, KvtierConnectorMetadata, LoadJob, SaveJob
+from .metadata import COUNTERS, KvtierConnectorMetadata, KvtierWorkerMetadata, LoadJob, SaveJob
 
 logger = logging.getLogger("kvtier.vllm")
 
@@ -131,6 +131,10 @@ class WorkerSide:
         self._overdue_loads: set[int] = set()  # id() of asynchronous Loads counted overdue
         self._backlogged_since: dict[str, float] = {}  # request id -> when it first found no room
         self._finished_sending: set[str] = set()
+        # Requests whose Save is over on this rank (answered or dropped) since the last
+        # build_connector_worker_meta: the scheduler's next turns wait for these, not for
+        # finished_sending (a staged Save is reported finished once copied).
+        self._saves_over: dict[str, int] = {}
         self._quarantined: list[tuple[list[Pending], list[int]]] = []  # (replies awaited, slots)
         self._supports_planes = True
         self._layerwise = False  # decided in register_kv_caches, by where vLLM's cache is
@@ -397,7 +401,8 @@ class WorkerSide:
     def wait_for_save(self, meta: KvtierConnectorMetadata | None) -> None:
         self._end_loads()
         if meta is not None:
-            self._finished_sending.update(meta.dropped_saves)
+            for request_id in meta.dropped_saves:
+                self._save_over(request_id)
             self._save_backlog.extend(meta.saves)
         if not self._save_backlog:
             return
@@ -411,20 +416,21 @@ class WorkerSide:
             self._start_saves_whose_kv_is_written()
             return
         backlog, self._save_backlog = self._save_backlog, []
+        sent_before = len(self._saves)
         for job in backlog:
             self._start_save(job)
-        if self._host:
-            # The copies into the daemon's RAM take about a memcpy: waiting for them here
-            # (bounded by save_timeout_ms) lets get_finished report them in this very
-            # step, so the scheduler's next Lookup sees the blocks. (Only a staged Save is
-            # reported before its reply: see _reap.)
-            budget_end = time.monotonic() + min(self._config.save_timeout_ms, SAVE_WAIT_PER_STEP_MS) / 1000.0
-            for save in self._saves:
-                try:
-                    for pending in save.pendings:
-                        _wait(pending, max(0.0, budget_end - time.monotonic()))
-                except (TimeoutError, KvtierError):
-                    pass  # reaped (and counted) in get_finished, a later step
+        # The copies into the daemon's RAM take about a memcpy: waiting for this step's
+        # replies here (at most SAVE_WAIT_PER_STEP_MS) lets get_finished report the Saves
+        # over in this very step, so the scheduler's next Lookup sees the blocks. Only
+        # this step's: a Save kvtierd keeps waiting for room is not waited for again
+        # each step (vLLM's blocks are back already; the scheduler hears of it later).
+        budget_end = time.monotonic() + min(self._config.save_timeout_ms, SAVE_WAIT_PER_STEP_MS) / 1000.0
+        for save in self._saves[sent_before:]:
+            try:
+                for pending in save.pendings:
+                    _wait(pending, max(0.0, budget_end - time.monotonic()))
+            except (TimeoutError, KvtierError):
+                pass  # reaped (and counted) in get_finished, a later step
 
     def _start_saves_whose_kv_is_written(self) -> None:
         """CUDA: starts the Saves whose step's event has completed, in order."""
@@ -440,7 +446,7 @@ class WorkerSide:
         client = self._link.get() if self._link else None
         if client is None:
             COUNTERS.add("save_dropped_blocks", len(job.hashes))
-            self._finished_sending.add(job.request_id)
+            self._save_over(job.request_id)
             return
         count = len(job.hashes)
         slots: list[int] = []
@@ -468,6 +474,9 @@ class WorkerSide:
                 self._slots.give(slots)  # nothing was sent from them
                 raise
             targets = slots
+            # vLLM's blocks are copied out: vLLM may reuse them now, whatever kvtierd
+            # does with the Save (the slots stay held until it answers).
+            self._finished_sending.add(job.request_id)
         # No more than the daemon takes in one request: longer Saves go in chunks, the
         # session's turn ending with the last.
         chunk = getattr(client.hello_info, "max_blocks_per_request", 0) or count
@@ -486,10 +495,10 @@ class WorkerSide:
                 COUNTERS.add("save_dropped_blocks", count)
                 if slots:
                     self._slots.give(slots)
-                self._finished_sending.add(job.request_id)
+                self._save_over(job.request_id)
                 return
             # The chunks sent may still read their slots: they go back with the replies.
-        self._saves.append(_Save(job, slots, pendings, time.monotonic(),
+        self._saves.append(_Save(job, slots, pendings, time.monotonic(), reported=self._staged,
                                  chunk_blocks=chunk_blocks[:len(pendings)]))
         COUNTERS.add("saves")
 
@@ -506,7 +515,7 @@ class WorkerSide:
                     COUNTERS.add("save_timeouts")
                     COUNTERS.add("save_dropped_blocks", len(job.hashes))
                     self._backlogged_since.pop(job.request_id, None)
-                    self._finished_sending.add(job.request_id)
+                    self._save_over(job.request_id)
                     continue
                 self._start_save(job)
         received = self._poll_async_loads()
@@ -523,8 +532,7 @@ class WorkerSide:
                 # Off the list first, then what vLLM and the pool are owed, then the
                 # counting: an error half-way never hands the same slots out twice.
                 self._saves.remove(save)
-                if not save.reported:
-                    self._finished_sending.add(save.job.request_id)
+                self._save_over(save.job.request_id, report=not save.reported)
                 if save.slots:
                     self._slots.give(save.slots)
                 if save.job.anonymous:
@@ -553,19 +561,39 @@ class WorkerSide:
                         COUNTERS.add("save_dropped_blocks", len(save.job.hashes) - kept)
                     COUNTERS.add("saved_blocks", kept)
                 COUNTERS.add("saved_bytes", stored * self._shape.block_bytes)
-                continue
-            # Host path: vLLM's blocks were copied out; past the timeout they go back to
-            # vLLM while the slots wait for the reply.
-            if (self._staged and not save.reported
-                    and (now - save.sent_s) * 1000.0 >= self._config.save_timeout_ms):
-                save.reported = True
-                self._finished_sending.add(save.job.request_id)
-                COUNTERS.add("save_timeouts")
         for entry in list(self._quarantined):
             pendings, slots = entry
             if all(p.done() for p in pendings):
                 self._quarantined.remove(entry)
                 self._slots.give(slots)
+
+    def wait_for_saves_answered(self, timeout_s: float) -> bool:
+        """Waits up to timeout_s for the replies to the Saves sent (they are counted
+        and reported by the next get_finished); True when none is left unanswered and
+        none waits to be sent."""
+        deadline = time.monotonic() + timeout_s
+        for save in list(self._saves):
+            for pending in save.pendings:
+                try:
+                    _wait(pending, max(0.0, deadline - time.monotonic()))
+                except (TimeoutError, KvtierError):
+                    pass
+        answered = all(p.done() for save in self._saves for p in save.pendings)
+        return answered and not self._save_backlog and not self._gpu_saves
+
+    def _save_over(self, request_id: str, report: bool = True) -> None:
+        """request_id's Save is over on this rank (answered, or dropped): vLLM gets its
+        blocks back (unless `report` is False: they were given back when copied) and the
+        scheduler hears of it through build_connector_worker_meta."""
+        if report:
+            self._finished_sending.add(request_id)
+        self._saves_over[request_id] = self._saves_over.get(request_id, 0) + 1
+
+    def build_connector_worker_meta(self) -> KvtierWorkerMetadata | None:
+        if not self._saves_over:
+            return None
+        over, self._saves_over = self._saves_over, {}
+        return KvtierWorkerMetadata(saves_over=over)
 
     def _close_session(self, session_id: str) -> None:
         client = self._link.get() if self._link else None
@@ -626,11 +654,11 @@ class WorkerSide:
         """Of the expected requests, those no Save in flight, in the backlog or in the
         next report accounts for (lost half-way through a failed call) are reported
         finished now: their Saves are dropped."""
-        held = {save.job.request_id for save in self._saves if not save.reported}
+        held = {save.job.request_id for save in self._saves}  # over once answered (_reap)
         held.update(job.request_id for job in self._save_backlog)
         held.update(job.request_id for _, jobs in self._gpu_saves for job in jobs)
         for request_id in expected - held - self._finished_sending:
-            self._finished_sending.add(request_id)
+            self._save_over(request_id)
             self._backlogged_since.pop(request_id, None)
             COUNTERS.add("save_errors")
 
@@ -658,7 +686,7 @@ class WorkerSide:
         backlog += [job for _, jobs in self._gpu_saves for job in jobs]  # not sent: nothing reads them
         self._gpu_saves = []
         for job in backlog:
-            self._finished_sending.add(job.request_id)
+            self._save_over(job.request_id)
             self._backlogged_since.pop(job.request_id, None)
             COUNTERS.add("save_dropped_blocks", len(job.hashes))
         for save in self._saves:
