@@ -38,7 +38,9 @@ class StorePlacementView final : public policy::PlacementView {
     // on their way out are gone in a moment too.
     const uint64_t going =
         store_.unconfirmed_release_bytes(tier) + usage.copy_bytes + leaving_bytes_(tier);
-    return {usage.capacity_bytes, usage.used_bytes - std::min(usage.used_bytes, going)};
+    const uint64_t used = usage.used_bytes - std::min(usage.used_bytes, going);
+    return {usage.capacity_bytes, used, std::min(usage.writing_bytes, used),
+            store_.moving_out_bytes(tier)};
   }
   void for_each_in_tier(
       Tier tier,

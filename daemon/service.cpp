@@ -157,6 +157,7 @@ Status Service::start() {
   ctx_.view = make_placement_view(
       *ctx_.store, [this](Tier tier) { return ctx_.mover ? ctx_.mover->leaving_bytes(tier) : 0; },
       [this](Tier tier) { return quota_standing(ctx_, tier); });
+  ctx_.planner.tell_capacities(*ctx_.view);
   make_mover();
   KVTIER_RETURN_IF_ERROR(journal_->recover_nvme());
   KVTIER_RETURN_IF_ERROR(remote_->open_remote());
@@ -369,6 +370,7 @@ void Service::apply_reloaded_config(const DaemonConfig& fresh) {
   ctx_.planner.set_config(planner_config(ctx_.config));
   // Another policy has another observer (a peer policy starts its history anew).
   if (ctx_.store != nullptr) ctx_.store->set_observer(ctx_.planner.observer());
+  if (ctx_.view != nullptr) ctx_.planner.tell_capacities(*ctx_.view);
 }
 
 std::string Service::status_line() const {

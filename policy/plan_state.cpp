@@ -49,6 +49,9 @@ PlanState::PlanState(const PlacementView& view) {
     const PlacementView::TierSpace space = view.space(tier);
     capacity_[index(tier)] = space.capacity_bytes;
     used_[index(tier)] = space.used_bytes;
+    arriving_[index(tier)] = std::min(space.arriving_bytes, space.used_bytes);
+    departing_[index(tier)] =
+        std::min(space.departing_bytes, space.used_bytes - arriving_[index(tier)]);
   }
   topology_ = TierTopology::of([&](Tier tier) { return capacity_[index(tier)] > 0; });
 }

@@ -45,6 +45,10 @@ class PlanState {
   bool configured(Tier tier) const { return topology_.configured(tier); }
   uint64_t capacity(Tier tier) const { return capacity_[index(tier)]; }
   uint64_t used(Tier tier) const { return used_[index(tier)]; }
+  // Of used(tier) when the plan began: blocks still being written (TierSpace).
+  uint64_t arriving(Tier tier) const { return arriving_[index(tier)]; }
+  // Of used(tier) when the plan began: blocks moving out (TierSpace).
+  uint64_t departing(Tier tier) const { return departing_[index(tier)]; }
   // The next configured tier below / above `tier`; kNone when there is none.
   Tier below(Tier tier) const { return topology_.below(tier); }
   Tier above(Tier tier) const { return topology_.above(tier); }
@@ -68,6 +72,8 @@ class PlanState {
   TierTopology topology_;
   std::array<uint64_t, kTierCount> capacity_{};
   std::array<uint64_t, kTierCount> used_{};
+  std::array<uint64_t, kTierCount> arriving_{};
+  std::array<uint64_t, kTierCount> departing_{};
   KeySet planned_;
   std::vector<Move> moves_;
 };

@@ -167,6 +167,15 @@ class PlacementView {
   struct TierSpace {
     uint64_t capacity_bytes = 0;  // 0: tier not configured
     uint64_t used_bytes = 0;
+    // Of used_bytes: blocks a Save is still writing. They hold room (a Save's room
+    // counts them) but are nobody's to judge yet: a watermark pass waits for them to
+    // land, so that it never sends an older block down in place of one still arriving
+    // that the policy would have given up first.
+    uint64_t arriving_bytes = 0;
+    // Of used_bytes: blocks moving out to another tier; their slots are free once the
+    // moves land. A watermark pass counts them gone (it planned them, or BeginTurn
+    // did): a pass while an earlier one's moves are still copying sheds nothing twice.
+    uint64_t departing_bytes = 0;
   };
   virtual TierSpace space(Tier tier) const = 0;
   // Visible blocks in `tier`, with their placements. Must cost what the tier holds,
@@ -250,13 +259,16 @@ class Planner {
   // What a peer policy learns from (the stores and request paths report to it);
   // nullptr in kvtier's own modes, which read all they need from the PlacementView.
   BlockObserver* observer() const { return peer_.get(); }
+  // Tells a peer policy its tier sizes (PeerPolicy::set_capacity) from the view. Every
+  // plan does; the daemon also does once its tiers exist (and after a reload), so that
+  // blocks saved before the first plan are judged against the real sizes, not admitted
+  // as into a tier of unknown size.
+  void tell_capacities(const PlacementView& view) const;
   // The last kRecentRecords summaries of planned moves, oldest first.
   const std::deque<PlanRecord>& recent_moves() const { return recent_; }
 
  private:
   std::vector<Move> record(std::vector<Move> moves) const;
-  // A peer policy's tier sizes (PeerPolicy::set_capacity), from the view.
-  void tell_capacities(const PlacementView& view) const;
   // LRU tiering and the peer policies: nothing happens between requests (no idle
   // demotion, nothing on BeginTurn).
   bool request_scoped() const {

@@ -180,7 +180,11 @@ void relieve_pressure(PlanContext& ctx, PlanState& plan) {
   const std::span<const Tier> tiers = plan.topology().local();
   for (Tier tier : tiers) {
     const Watermarks marks = watermarks_of(ctx.config, tier);
-    const uint64_t projected = plan.used(tier) + inflow;
+    // Blocks still arriving count once they landed (a plan or two later): until then
+    // the order of sacrifice cannot see them; blocks already moving out count as gone
+    // (PlacementView::TierSpace). (Rules before this one may have lowered used().)
+    const uint64_t unsettled = plan.arriving(tier) + plan.departing(tier);
+    const uint64_t projected = plan.used(tier) - std::min(plan.used(tier), unsettled) + inflow;
     const uint64_t high = fraction_of(marks.high, plan.capacity(tier));
     const uint64_t low = fraction_of(marks.low, plan.capacity(tier));
     const uint64_t amount = projected > high ? projected - std::min(low, projected) : 0;

@@ -48,6 +48,7 @@ BlockStore::BlockStore(std::vector<TierMemory> tiers)
                                0,
                                0,
                                0,
+                               0,
                                {},
                                tier.keep_copies && tier.confirm_release,
                                {},
@@ -111,6 +112,7 @@ Result<std::optional<PendingWrite>> BlockStore::reserve(const BlockKey& key,
     entry.set_location(BlockLocation{tier.tier, *offset});
     entry.last_access_ms = now_ms;
     entry.state = BlockState::kWriting;
+    tier.writing_bytes += table.block_bytes;
     add_resident(layout->first, entry);
     entered(key, tier.tier);
     change_pins(entry, +1);  // the writer's pin
@@ -130,6 +132,7 @@ void BlockStore::commit_write(const BlockKey& key) {
     return;
   }
   entry->state = BlockState::kReady;
+  tier_state(entry->tier)->writing_bytes -= block_bytes(key.layout);
   change_pins(*entry, -1);
 }
 
@@ -142,6 +145,7 @@ void BlockStore::abort_write(const BlockKey& key) {
   }
   change_pins(*entry, -static_cast<int>(entry->pins));
   auto layout = layouts_.find(key.layout);
+  tier_state(entry->tier)->writing_bytes -= layout->second.block_bytes;
   release_slot(key, entry->location(), layout->second.block_bytes);
   --tier_state(entry->tier)->blocks;
   --block_count_;
@@ -514,7 +518,8 @@ TierUsage BlockStore::usage(Tier tier) const {
                    state->slabs.used_bytes(),
                    state->blocks,
                    state->copy_bytes,
-                   state->copies.size()};
+                   state->copies.size(),
+                   state->writing_bytes};
 }
 
 bool BlockStore::has_room(Tier tier, uint64_t slot_bytes) const {

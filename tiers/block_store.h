@@ -230,6 +230,7 @@ struct TierUsage {
   uint64_t blocks;      // blocks living here (copies not included)
   uint64_t copy_bytes = 0;
   uint64_t copies = 0;
+  uint64_t writing_bytes = 0;  // of used_bytes: blocks reserve() placed, still being written
 };
 
 class BlockStore {
@@ -434,6 +435,7 @@ class BlockStore {
     uint64_t unconfirmed_bytes = 0;
     uint64_t moving_out_bytes = 0;
     uint64_t moving_in_bytes = 0;
+    uint64_t writing_bytes = 0;  // slots of kWriting blocks (reserve → commit/abort_write)
     // The blocks (any state) whose location is in this tier, in no order: enumeration
     // by tier costs what the tier holds, not what the store holds. The index moves
     // entries; it reports each move (relocated) and the pointer is updated.
