@@ -103,11 +103,35 @@ void SavePath::resume_parked_saves() {
   resuming_saves_ = false;
 }
 
+// A session holds one layout's blocks. The same id saved under another layout is the
+// conversation going on with another model (the operator replaced the weights, or
+// another fingerprint): while the session is between turns its engine has moved on,
+// and the new layout's Save replaces it (its blocks stay cached, held by no session,
+// and leave as the policy decides). In a turn of its own layout it is refused.
+Status SavePath::replace_session_of_another_layout(const EngineContext& engine,
+                                                   const policy::Session& session) {
+  if (session.state == policy::SessionState::kActive) {
+    return invalid_argument("session '{}' belongs to another layout, which is in a turn",
+                            session.id);
+  }
+  KVTIER_LOG_INFO(
+      "session '{}' (namespace {}) held {} blocks of layout {:016x}; a Save of layout {:016x} "
+      "(model {}) replaces it",
+      session.id, engine.namespace_name, session.blocks.size(), session.layout.layout_digest,
+      engine.layout_key.layout_digest, engine.layout.model_id);
+  const std::string id = session.id;  // `session` goes with the close
+  forget_cut(engine.namespace_id, id);
+  auto closed = ctx_.sessions.close(engine.namespace_id, id);
+  if (!closed.is_ok()) return closed.status();
+  ctx_.parts.journal->note_session_closed(engine.namespace_id, id);
+  return Status::ok();
+}
+
 Result<bool> SavePath::start_save(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
                                   BlockListRequest& request, bool last_try) {
   if (const policy::Session* session = ctx_.sessions.find(engine.namespace_id, request.session_id);
       session != nullptr && !(session->layout == engine.layout_key)) {
-    return invalid_argument("session '{}' belongs to another layout", request.session_id);
+    KVTIER_RETURN_IF_ERROR(replace_session_of_another_layout(engine, *session));
   }
   CopyBatch batch;
   batch.priority = CopyPriority::kForeground;  // an engine waits for it

@@ -52,6 +52,11 @@ class SavePath final : public Part {
   // finds no room keeps the prefix that fits instead (a partial Save, perhaps empty).
   Result<bool> start_save(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
                           BlockListRequest& request, bool last_try);
+  // A Save under the id of `session`, which holds another layout's blocks: closes it
+  // when it is between turns (the conversation goes on with another model), else
+  // InvalidArgument.
+  Status replace_session_of_another_layout(const EngineContext& engine,
+                                           const policy::Session& session);
   // Replies once the Save's copy and the blocks it waited for (written by another
   // Save) are done; records the session's blocks when every one landed.
   void finish_save(const ConnectionPtr& c, uint64_t id, const EngineContext& engine,

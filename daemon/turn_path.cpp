@@ -13,6 +13,12 @@ Status TurnPath::handle_begin_turn(const ConnectionPtr& c, EngineContext& engine
                                    const std::string& session_id) {
   ctx_.parts.saves->forget_cut(engine.namespace_id, session_id);  // a new turn
   policy::Session* session = ctx_.sessions.find(engine.namespace_id, session_id);
+  if (session != nullptr && !(session->layout == engine.layout_key)) {
+    // Another layout's (save_path.cpp): nothing of it is this engine's to load, and it
+    // stays between turns, so that this engine's Save may replace it.
+    return not_found("unknown session '{}' for this layout (it holds another layout's blocks)",
+                     session_id);
+  }
   if (session == nullptr) {
     if (!ctx_.parts.remote->enabled()) return not_found("unknown session '{}'", session_id);
     ctx_.parts.remote->resume_from_remote(c, engine, id,

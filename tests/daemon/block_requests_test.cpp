@@ -138,20 +138,39 @@ TEST_F(HandlerTest, SaveAndLoadRefuseBadBlockListsNamingTheEntry) {
       IsError(engine_->client->save(std::string(257, 's'), Engine::refs(hashes, 0), true).status(),
               StatusCode::kInvalidArgument, "sessionId is longer than 256 bytes"));
 
-  // A session keeps the layout it was first saved with.
+  // A session holds one layout's blocks: while it is in a turn, another layout's Save
+  // under its id is refused, and changes nothing; BeginTurn from another layout does
+  // not find it.
+  ASSERT_TRUE(engine_->client->begin_turn("bad-lists").is_ok());
   PagedCacheShape other_model = shape();
   other_model.model_id = "integration/another-model";
   auto other = Engine::connect(daemon_->socket_path(), other_model, "other-model");
   ASSERT_TRUE(other.is_ok()) << other.status().to_string();
   EXPECT_TRUE(IsError(save(*other, "bad-lists", 2).status(), StatusCode::kInvalidArgument,
-                      "session 'bad-lists' belongs to another layout"));
-  // Refused requests changed nothing.
+                      "session 'bad-lists' belongs to another layout, which is in a turn"));
+  EXPECT_TRUE(IsError(other->client->begin_turn("bad-lists").status(), StatusCode::kNotFound,
+                      "unknown session 'bad-lists' for this layout"));
   auto session = engine_->client->get_session("bad-lists");
   ASSERT_TRUE(session.is_ok()) << session.status().to_string();
   EXPECT_EQ(session->blocks, 2u);
+  EXPECT_TRUE(session->active) << "another layout's BeginTurn touched it";
   auto loaded = load(*engine_, "bad-lists", hashes, 8);
   ASSERT_TRUE(loaded.is_ok()) << loaded.status().to_string();
   EXPECT_EQ(loaded->verified, 2u);
+
+  // Between turns, the conversation going on with another model (a Save of its layout)
+  // replaces the session; the first layout's blocks stay cached, held by no session.
+  ASSERT_TRUE(save(*engine_, "bad-lists", 2).is_ok());  // ends the turn
+  auto replaced = save(*other, "bad-lists", 3);
+  ASSERT_TRUE(replaced.is_ok()) << replaced.status().to_string();
+  EXPECT_EQ(replaced->stored, 3u);
+  session = other->client->get_session("bad-lists");
+  ASSERT_TRUE(session.is_ok()) << session.status().to_string();
+  EXPECT_EQ(session->blocks, 3u);
+  EXPECT_EQ(session->layout_digest, other->hello.layout_digest);
+  auto cached = engine_->client->lookup(hashes);
+  ASSERT_TRUE(cached.is_ok()) << cached.status().to_string();
+  EXPECT_EQ(cached->hit_count, 2u);
 }
 
 // --- Lookup ----------------------------------------------------------------------------

@@ -255,20 +255,23 @@ TEST_F(BadRequest, UnknownSessionIsNotFound) {
                       "unknown session 'real-session'"));
 }
 
-TEST_F(BadRequest, SessionOfAnotherLayoutIsRefused) {
+TEST_F(BadRequest, SessionOfAnotherLayoutIsRefusedInItsTurnAndReplacedBetweenTurns) {
   auto engine = this->engine();
   ASSERT_TRUE(engine.is_ok()) << engine.status().to_string();
   const auto refs = Engine::refs(PagedCache::chain_hashes("one-layout", 2), 0);
   engine->fill(refs);
-  ASSERT_TRUE(engine->client->save("one-layout", refs, true).is_ok());
+  ASSERT_TRUE(engine->client->save("one-layout", refs, /*end_of_turn=*/false).is_ok());
   PagedCacheShape other_shape = small_shape(8);
   other_shape.model_id = "integration/other-model";
   auto other = Engine::connect(daemon_->socket_path(), other_shape, "other-model");
   ASSERT_TRUE(other.is_ok()) << other.status().to_string();
   other->fill(refs);
   EXPECT_TRUE(IsError(other->client->save("one-layout", refs, true).status(),
-                      StatusCode::kInvalidArgument, "belongs to another layout"));
+                      StatusCode::kInvalidArgument,
+                      "belongs to another layout, which is in a turn"));
   EXPECT_TRUE(other->client->save("its-own-session", refs, true).is_ok());
+  ASSERT_TRUE(engine->client->save("one-layout", refs, /*end_of_turn=*/true).is_ok());
+  EXPECT_TRUE(other->client->save("one-layout", refs, true).is_ok());
 }
 
 TEST_F(BadRequest, DuplicateRegionRegistrationIsRefused) {
