@@ -103,6 +103,18 @@ std::string tenants_json(const StatsInfo& s) {
   return "[" + out + "]";
 }
 
+std::string engines_json(const StatsInfo& s) {
+  std::string out;
+  for (const auto& e : s.engines) {
+    out += fmt::format(
+        R"({}{{"engine":{},"pid":{},"namespace":{},"model_id":{},"layout_digest":"{:016x}",)"
+        R"("tp_rank":{},"tp_size":{},"data_path":{}}})",
+        out.empty() ? "" : ",", json_quote(e.engine_name), e.pid, json_quote(e.namespace_name),
+        json_quote(e.model_id), e.layout_digest, e.tp_rank, e.tp_size, json_quote(e.data_path));
+  }
+  return "[" + out + "]";
+}
+
 }  // namespace
 
 std::string status_json(const StatsInfo& s) {
@@ -128,13 +140,13 @@ std::string status_json(const StatsInfo& s) {
       R"("bytes":{{"saved":{},"loaded":{},"demoted":{},"promoted":{}}},)"
       R"("pinned_blocks":{},"admin_pinned_blocks":{},"copies_in_flight":{},"connections":{},)"
       R"("blocks_evicted":{},"data_loss_blocks":{},"policy":{},"recent_moves":{},"remote":{},)"
-      R"("nvme":{},"tenants":{},"partial_saves":{},"blocks_not_saved":{}}})",
+      R"("nvme":{},"tenants":{},"partial_saves":{},"blocks_not_saved":{},"engines":{}}})",
       json_quote(s.device_name), s.uptime_ms, s.starting ? "true" : "false", s.fill_bytes, tiers,
       gpus, s.sessions_active, s.sessions_idle, s.pinned_sessions, s.lookup_hits, s.lookup_misses,
       s.bytes_saved, s.bytes_loaded, s.bytes_demoted, s.bytes_promoted, s.pinned_blocks,
       s.admin_pinned_blocks, s.copies_in_flight, s.connections, s.blocks_evicted,
       s.data_loss_blocks, json_quote(s.policy), recent_moves_json(s), remote_json(s.remote),
-      nvme_json(s.nvme), tenants_json(s), s.partial_saves, s.blocks_not_saved);
+      nvme_json(s.nvme), tenants_json(s), s.partial_saves, s.blocks_not_saved, engines_json(s));
 }
 
 std::string status_text(const StatsInfo& s) {
@@ -171,6 +183,17 @@ std::string status_text(const StatsInfo& s) {
         line += fmt::format(" {:>22}", format_bytes(t.used_bytes[i]) + " (" + quota + ")");
       }
       out += line + "\n";
+    }
+  }
+  if (!s.engines.empty()) {
+    // Who is connected, and what each one's blocks are keyed by (its layout's model id:
+    // engines share blocks only when model id and layout are equal).
+    out += fmt::format("\n{:<24} {:>8} {:<12} {:<6} {:<16} {}\n", "ENGINE", "PID", "NAMESPACE",
+                       "TP", "LAYOUT", "MODEL");
+    for (const auto& e : s.engines) {
+      out += fmt::format("{:<24} {:>8} {:<12} {:<6} {:016x} {}\n", e.engine_name, e.pid,
+                         e.namespace_name, fmt::format("{}/{}", e.tp_rank, e.tp_size),
+                         e.layout_digest, e.model_id);
     }
   }
   out += fmt::format("\nsessions   {} active, {} idle, {} pinned\n", s.sessions_active,

@@ -445,6 +445,14 @@ Result<StatsInfo> Client::stats(bool all_namespaces) {
           }
           info.tenants.push_back(std::move(t));
         }
+        for (auto e : r.getEngines()) {
+          const char* path = e.getDataPath() == wire::DataPath::STAGING_KERNELS ? "stagingKernels"
+                             : e.getDataPath() == wire::DataPath::STAGING_HOST  ? "stagingHost"
+                                                                                : "planeCopies";
+          info.engines.push_back({e.getEngineName().cStr(), e.getPid(), e.getNamespaceName().cStr(),
+                                  e.getModelId().cStr(), e.getLayoutDigest(), e.getTpRank(),
+                                  e.getTpSize(), path});
+        }
         return info;
       });
 }

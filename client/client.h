@@ -256,6 +256,17 @@ struct StatsInfo {
     std::array<uint64_t, 3> quota_bytes{};  // tenant-quota there; UINT64_MAX: none
   };
   std::vector<TenantStatsInfo> tenants;
+  // Connected engines that said Hello (an admin sees every namespace's, an engine its own).
+  struct EngineStatsInfo {
+    std::string engine_name;
+    uint32_t pid = 0;
+    std::string namespace_name;
+    std::string model_id;  // what its blocks are keyed by (the model fingerprint's id)
+    uint64_t layout_digest = 0;
+    uint32_t tp_rank = 0, tp_size = 1;
+    std::string data_path;  // "planeCopies", "stagingKernels" or "stagingHost"
+  };
+  std::vector<EngineStatsInfo> engines;
 };
 
 struct SessionInfo {

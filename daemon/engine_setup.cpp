@@ -275,6 +275,7 @@ void EngineSetup::reply_to_finished_unregisters() {
 
 void EngineSetup::forget(const ConnectionPtr& connection, EngineContext* engine) {
   if (engine != nullptr) {
+    engine->connected = false;
     // Closing a mapping can take long (munmap of GiBs): the region worker does it.
     for (auto& [region_id, memory] : engine->regions) close_region_off_thread(std::move(memory));
     engine->regions.clear();

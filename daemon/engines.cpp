@@ -68,7 +68,24 @@ std::shared_ptr<EngineContext> EngineRegistry::connect(const ipc::PeerCredential
       shared != config_.shared_namespaces.end() ? shared->second : fmt::format("uid:{}", peer.uid);
   engine->namespace_id = namespaces_.intern(engine->namespace_name);
   engine->is_admin = admin.has_value() ? *admin : is_admin(peer);
+  engine->pid = peer.pid;
+  std::erase_if(contexts_, [](const std::weak_ptr<EngineContext>& c) {
+    auto alive = c.lock();
+    return alive == nullptr || !alive->connected;
+  });
+  contexts_.push_back(engine);
   return engine;
+}
+
+std::vector<std::shared_ptr<const EngineContext>> EngineRegistry::introduced() {
+  std::vector<std::shared_ptr<const EngineContext>> out;
+  std::erase_if(contexts_, [&](const std::weak_ptr<EngineContext>& c) {
+    auto alive = c.lock();
+    if (alive == nullptr || !alive->connected) return true;
+    if (alive->hello_done) out.push_back(std::move(alive));
+    return false;
+  });
+  return out;
 }
 
 bool EngineRegistry::is_admin(const ipc::PeerCredentials& peer) const {

@@ -31,6 +31,8 @@ namespace kvtier::daemon {
 
 // What the daemon knows about one connected engine (or admin tool).
 struct EngineContext {
+  pid_t pid = 0;          // the peer's, from the socket's credentials
+  bool connected = true;  // false once its connection closed (EngineSetup::forget)
   uint32_t namespace_id = 0;
   std::string namespace_name;
   bool is_admin = false;
@@ -96,10 +98,13 @@ class EngineRegistry {
   bool is_admin(const ipc::PeerCredentials& peer) const;
   Namespaces& namespaces() { return namespaces_; }
   const Namespaces& namespaces() const { return namespaces_; }
+  // The connected engines that said Hello, oldest connection first (kvtierctl status).
+  std::vector<std::shared_ptr<const EngineContext>> introduced();
 
  private:
   const DaemonConfig& config_;
   Namespaces namespaces_;
+  std::vector<std::weak_ptr<EngineContext>> contexts_;  // pruned as connections go
 };
 
 }  // namespace kvtier::daemon

@@ -142,6 +142,24 @@ Status AdminService::handle_stats(const ConnectionPtr& c, EngineContext& engine,
         quota.set(t, tenants[i].quota_bytes[t].value_or(UINT64_MAX));
       }
     }
+    std::vector<std::shared_ptr<const EngineContext>> engines = ctx_.engines.introduced();
+    if (!every_namespace) {
+      std::erase_if(engines, [&](const std::shared_ptr<const EngineContext>& e) {
+        return e->namespace_id != engine.namespace_id;
+      });
+    }
+    auto engine_list = out.initEngines(static_cast<unsigned>(engines.size()));
+    for (unsigned i = 0; i < engines.size(); ++i) {
+      const EngineContext& e = *engines[i];
+      engine_list[i].setEngineName(e.engine_name);
+      engine_list[i].setPid(static_cast<uint32_t>(e.pid));
+      engine_list[i].setNamespaceName(e.namespace_name);
+      engine_list[i].setModelId(e.layout.model_id);
+      engine_list[i].setLayoutDigest(e.layout.digest);
+      engine_list[i].setTpRank(e.layout.tp_rank);
+      engine_list[i].setTpSize(e.layout.tp_size);
+      engine_list[i].setDataPath(e.data_path);
+    }
     if (const NvmeTier* nvme = ctx_.parts.journal->tier()) {
       const NvmeHealth health = nvme->health();
       auto stats = out.initNvme();

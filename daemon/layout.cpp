@@ -54,6 +54,8 @@ Result<EngineLayout> EngineLayout::from_wire(wire::Layout::Reader layout,
     return invalid_argument("layout.planes has {} entries; 1..{} allowed", planes.size(),
                             limits.max_planes);
   }
+  out.tp_rank = layout.getTpRank();
+  out.tp_size = layout.getTpSize();
   DigestInput digest;
   digest.add(out.model_id);
   digest.add(layout.getNumLayers());

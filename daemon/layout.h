@@ -32,6 +32,7 @@ struct LayoutLimits {
 
 struct EngineLayout {
   std::string model_id;
+  uint32_t tp_rank = 0, tp_size = 1;
   uint64_t num_blocks = 0;
   std::vector<PlaneLayout> planes;
   uint64_t block_bytes = 0;

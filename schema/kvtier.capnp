@@ -80,7 +80,9 @@ struct Plane {
 }
 
 struct Layout {
-  modelId @0 :Text;            # e.g. "meta-llama/Llama-3-8B"; part of the digest
+  modelId @0 :Text;            # names the KV's producer, not a path: everything that changes
+                               # a token's KV changes it (docs/vllm.md, the model
+                               # fingerprint); part of the digest
   numLayers @1 :UInt32;        # transformer layers
   numKvHeads @2 :UInt32;       # KV heads on this rank
   headDim @3 :UInt32;          # elements per head
@@ -307,6 +309,19 @@ struct StatsReply {
   partialSaves @26 :UInt64;    # Saves that stored only a prefix: the tiers a Save lands in
                                # were full of blocks sessions hold (SaveReply)
   blocksNotSaved @27 :UInt64;  # the blocks past those prefixes, left for engines to recompute
+  engines @28 :List(EngineInfo);  # connected engines (Hello done): an admin sees every one,
+                               # an engine those of its namespace
+}
+
+struct EngineInfo {
+  engineName @0 :Text;         # Hello.engineName
+  pid @1 :UInt32;              # the engine process (from the socket's credentials)
+  namespaceName @2 :Text;      # its namespace
+  modelId @3 :Text;            # Layout.modelId: what its blocks are keyed by
+  layoutDigest @4 :UInt64;     # the layout its blocks belong to
+  tpRank @5 :UInt32;           # Layout.tpRank
+  tpSize @6 :UInt32;           # Layout.tpSize
+  dataPath @7 :DataPath;       # Hello.dataPath
 }
 
 struct TenantUsage {

@@ -102,6 +102,43 @@ TEST_F(Kvtierctl, ReadCommandsForPeopleAndAsJson) {
   EXPECT_FALSE(config_json.at("config").as_array().empty());
 }
 
+TEST_F(Kvtierctl, StatusListsConnectedEnginesWithTheModelTheirBlocksAreKeyedBy) {
+  // The engines of SetUp have gone: none is listed.
+  EXPECT_TRUE(json({"status", "--json"}).at("engines").as_array().empty());
+  PagedCacheShape second = small_shape(4);
+  second.model_id = "operators-own-id";
+  auto b = Engine::connect(daemon_->socket_path(), second, "vllm-b");
+  ASSERT_TRUE(b.is_ok()) << b.status().to_string();
+  {
+    PagedCacheShape first = small_shape(4);
+    first.model_id = "kvtier-model:0123456789abcdef0123456789abcdef";
+    auto a = Engine::connect(daemon_->socket_path(), first, "vllm-a");
+    ASSERT_TRUE(a.is_ok()) << a.status().to_string();
+    auto engines = json({"status", "--json"}).at("engines").as_array();
+    ASSERT_EQ(engines.size(), 2u) << boost::json::serialize(engines);
+    EXPECT_EQ(engines[0].at("engine").as_string(), "vllm-b");
+    EXPECT_EQ(engines[0].at("model_id").as_string(), "operators-own-id");
+    EXPECT_EQ(engines[0].at("tp_rank").as_int64(), 0);
+    EXPECT_EQ(engines[0].at("tp_size").as_int64(), 1);
+    EXPECT_EQ(engines[1].at("engine").as_string(), "vllm-a");
+    EXPECT_EQ(engines[1].at("model_id").as_string(), first.model_id);
+    EXPECT_EQ(engines[1].at("pid").as_int64(), static_cast<int64_t>(getpid()));
+    EXPECT_EQ(engines[1].at("layout_digest").as_string(),
+              fmt::format("{:016x}", a->hello.layout_digest));
+    auto text = ctl({"status"}).stdout_text;
+    EXPECT_NE(text.find(first.model_id), std::string::npos) << text;
+    EXPECT_NE(text.find("vllm-b"), std::string::npos) << text;
+  }  // vllm-a's connection closes
+  boost::json::array engines;
+  for (int i = 0; i < 500; ++i) {  // the daemon sees the close a moment later
+    engines = json({"status", "--json"}).at("engines").as_array();
+    if (engines.size() == 1) break;
+    std::this_thread::sleep_for(milliseconds(10));
+  }
+  ASSERT_EQ(engines.size(), 1u) << boost::json::serialize(engines);
+  EXPECT_EQ(engines[0].at("engine").as_string(), "vllm-b");
+}
+
 TEST_F(Kvtierctl, PinUnpinAndEvict) {
   auto pinned = ctl({"pin", "chat-large"});
   EXPECT_NE(pinned.stdout_text.find("6 blocks"), std::string::npos) << pinned.stdout_text;
@@ -182,9 +219,13 @@ TEST_F(KvtierctlAsOthers, AdminCommandsAreRefusedForOtherUids) {
   EXPECT_NE(evict.stderr_text.find("evict is an admin command"), std::string::npos)
       << evict.stderr_text;
   // Read-only views of one's own namespace stay open.
+  auto here = Engine::connect(daemon_->socket_path(), small_shape(4), "root-engine");
+  ASSERT_TRUE(here.is_ok()) << here.status().to_string();
   auto own = as(kNobody, kNoGroup, {"status", "--json"});
   EXPECT_TRUE(own.status.ok()) << own.describe();
   EXPECT_TRUE(parse_json(own.stdout_text).is_ok());
+  EXPECT_NE(own.stdout_text.find("\"engines\":[]"), std::string::npos)
+      << "another namespace's engines are not visible: " << own.stdout_text;
   auto none = as(kNobody, kNoGroup, {"sessions", "--json"});
   EXPECT_TRUE(none.status.ok()) << none.describe();
   EXPECT_NE(none.stdout_text.find("\"sessions\":[]"), std::string::npos) << none.stdout_text;
