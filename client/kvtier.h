@@ -138,7 +138,13 @@ typedef struct kvtier_plane {
  * except dtype: NULL means "fp16". The daemon validates everything and names the bad
  * field (e.g. "layout.planes[2].bytesPerBlock") in KVTIER_INVALID_ARGUMENT. */
 typedef struct kvtier_layout {
-  const char* model_id;  /* e.g. "meta-llama/Llama-3-8B" */
+  /* Names the KV's producer, not the model's path: everything that changes a
+   * token's KV must change it (the weights, their quantization, the KV dtype, rope and
+   * position settings, the attention). The key scheme (client/python/kvtier/fingerprint.py):
+   * "kvtier-model:" and 32 hex digits of a SHA-256 over the checkpoint's digest and
+   * those settings. A name of the operator's own is a promise that every engine
+   * given it computes the same KV. */
+  const char* model_id;
   const char* dtype;     /* "fp16", "bf16", "fp8_e4m3", ... */
   const char* extra_key; /* anything else that makes blocks incompatible (LoRA id) */
   uint32_t num_layers;

@@ -2,7 +2,8 @@
 at a time over stdin/stdout: what tests/vllm and bench/vllm_ttft.py run.
 
     python engine_process.py MODEL_DIR [--kvtier SOCKET] [--whole-request] [--prefix-caching]
-        [--kv-transfer-config JSON] [--tensor-parallel-size N]
+        [--kv-transfer-config JSON] [--tensor-parallel-size N] [--hf-overrides JSON]
+        [--served-model-name NAME]
 
 Input lines: {"prompt": [token ids], "max_tokens": n, "session": "conv-1" | null,
 "priority": 1..100 | null}. Output lines: {"tokens": [...], "wall_s": seconds the
@@ -44,6 +45,9 @@ def main() -> None:
     parser.add_argument("--lookup-timeout-ms", type=float, default=None)
     parser.add_argument("--kv-transfer-config", default=None, metavar="JSON",
                         help="vLLM's kv_transfer_config, instead of the one --kvtier makes")
+    parser.add_argument("--hf-overrides", default=None, metavar="JSON",
+                        help="vLLM's hf_overrides: fields of the model's config replaced (rope, positions)")
+    parser.add_argument("--served-model-name", default=None)
     parser.add_argument("--background-saves", action="store_true",
                         help="leave a request's Saves to the next request's engine steps")
     args = parser.parse_args()
@@ -66,11 +70,16 @@ def main() -> None:
                                     kv_load_failure_policy="recompute")
     if args.kv_transfer_config:
         transfer = KVTransferConfig(**json.loads(args.kv_transfer_config))
+    optional = {}
+    if args.hf_overrides:
+        optional["hf_overrides"] = json.loads(args.hf_overrides)
+    if args.served_model_name:
+        optional["served_model_name"] = args.served_model_name
     llm = LLM(model=args.model, skip_tokenizer_init=True, dtype="float32", max_model_len=args.max_model_len,
               enforce_eager=True, block_size=args.block_size, kv_cache_memory_bytes=args.kv_cache_bytes,
               enable_prefix_caching=args.prefix_caching, kv_transfer_config=transfer, seed=0,
               max_num_batched_tokens=args.max_model_len, tensor_parallel_size=args.tensor_parallel_size,
-              distributed_executor_backend="mp" if args.tensor_parallel_size > 1 else None)
+              distributed_executor_backend="mp" if args.tensor_parallel_size > 1 else None, **optional)
     if args.kvtier:
         import kvtier.vllm
         counters, finish_saves = kvtier.vllm.counters, kvtier.vllm.finish_saves

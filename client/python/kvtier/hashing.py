@@ -14,7 +14,9 @@ prefixes and two conversations that share a system prompt share its blocks::
 - ``extra_keys`` are appended to every block's input unchanged: put there whatever
   makes the same tokens mean different KV (a LoRA id, image hashes, a cache salt).
   Layout fields (model, dtype, TP rank) need not go here: kvtierd keeps different
-  layouts apart by itself.
+  layouts apart by itself. The layout's model id must name everything that changes the
+  KV (the weights, their quantization, the KV dtype, rope and position settings): use
+  ``kvtier.fingerprint``'s ``model_id`` of a fingerprint, not a model's name or path.
 
 Each hash is 32 bytes (SHA-256), the most kvtierd accepts. The result depends on the
 inputs only, never on the process, platform or Python's hash seed.

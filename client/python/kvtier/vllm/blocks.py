@@ -16,19 +16,24 @@ so the scheduler's Lookups and the worker's Loads and Saves name the same blocks
   share blocks.
 
 Keys are ``kvtier.hashing`` chained SHA-256 over the token ids, with the model id,
-LoRA adapter and cache salt in ``extra_keys``.
+LoRA adapter and cache salt in ``extra_keys``. The model id is the model fingerprint's
+(kvtier.vllm.fingerprint: weights, quantization, KV dtype, configuration after
+overrides, attention), unless the operator names the model with ``model_id``; it is
+also the Layout's model id, which kvtierd keeps caches apart by.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import logging
 from typing import Sequence
 
 from .. import hashing
 from ..layout import Layout, Plane
 
 MAX_SESSION_BYTES = 256  # kvtierd's limit on a session id
+logger = logging.getLogger("kvtier.vllm")
 
 class UnsupportedModel(ValueError):
     """The model's KV cache is of a kind the connector does not store."""
@@ -37,7 +42,7 @@ class UnsupportedModel(ValueError):
 @dataclasses.dataclass(frozen=True)
 class BlockShape:
     """What the scheduler and the worker agree on, from vLLM's KVCacheConfig."""
-    model_id: str
+    model_id: str  # the fingerprint's (fingerprint.model_id), or the operator's model_id
     layer_names: tuple[str, ...]
     tokens_per_block: int
     num_kv_heads: int
@@ -103,7 +108,8 @@ class BlockShape:
 
 def block_shape(vllm_config, kv_cache_config, model_id: str | None) -> BlockShape:
     """The BlockShape of a vLLM engine; UnsupportedModel for caches it cannot store
-    (several KV cache groups: hybrid, sliding-window or Mamba layers)."""
+    (several KV cache groups: hybrid, sliding-window or Mamba layers). `model_id`: the
+    operator's (None: the model fingerprint's, computed here)."""
     from vllm.v1.kv_cache_interface import FullAttentionSpec
     from vllm.v1.kv_cache_layout import KVCacheLayout
 
@@ -135,8 +141,17 @@ def block_shape(vllm_config, kv_cache_config, model_id: str | None) -> BlockShap
 
     dtype = dtype_name(spec.dtype)  # InvalidArgument for a dtype kvtier does not know
     parallel = vllm_config.parallel_config
+    if not model_id:
+        from .fingerprint import model_fingerprint
+
+        fingerprint = model_fingerprint(vllm_config)
+        logger.info("kvtier.vllm: %s: blocks are keyed as %s", fingerprint.describe(), fingerprint.model_id)
+        model_id = fingerprint.model_id
+    else:
+        logger.info("kvtier.vllm: blocks are keyed by the model_id given, %r: every engine given it must "
+                    "compute the same KV (no fingerprint is taken)", model_id)
     return BlockShape(
-        model_id=model_id or str(vllm_config.model_config.model),
+        model_id=model_id,
         layer_names=tuple(groups[0].layer_names), tokens_per_block=int(spec.block_size),
         num_kv_heads=heads, head_dim=int(spec.head_size), dtype=dtype, layer_bytes=layer_bytes,
         planes_per_layer=planes_per_layer, layout_name=layout_name, cross_layer=cross_layer,
