@@ -540,6 +540,19 @@ kvtier_status kvtier_block_hashes(const int64_t* tokens, size_t count, uint32_t 
                                   const uint8_t* parent, uint8_t* out, size_t out_bytes,
                                   size_t* blocks_out);
 
+/* The checkpoint digest of the model fingerprint's key scheme
+ * (client/python/kvtier/fingerprint.py documents it; this computes the same digest byte
+ * for byte): of the weights folder's top level, every weight file's name and size, each
+ * safetensors file's header and 64 bytes at the start, middle and end of every tensor,
+ * 16 samples of 4 KiB across any other weight file, and the configuration and
+ * quantization files whole. Writes 64 lowercase hex digits and a NUL to digest_hex
+ * (digest_bytes >= 65) and, when tensors_sampled is not NULL, how many safetensors
+ * tensors were sampled. KVTIER_NOT_FOUND when folder is not a directory. Hash it with
+ * the settings that change the KV (see fingerprint.py) into the layout's model_id.
+ * Needs no connection; any thread. Added in version node KVTIER_0.8. */
+kvtier_status kvtier_checkpoint_digest(const char* folder, char* digest_hex, size_t digest_bytes,
+                                       uint64_t* tensors_sampled);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

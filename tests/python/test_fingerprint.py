@@ -172,3 +172,51 @@ def test_a_checkpoints_kv_cache_scales_change_it(tmp_path):
     scales["model.layers.3.self_attn.v_scale"] = struct.pack("<f", 3.75)
     write_safetensors(folder / "model.safetensors", {**tensors(0), **scales})
     assert digest(folder) != before
+
+
+def test_libkvtier_computes_the_same_checkpoint_digest(model, tmp_path):
+    """kvtier_checkpoint_digest (C ABI) against this module, byte for byte, over every
+    kind of folder above: the same scheme for engines that are not in Python."""
+    import ctypes
+
+    from kvtier import _lib
+
+    function = getattr(_lib.library(), "kvtier_checkpoint_digest", None)
+    assert function is not None
+
+    def native(folder: Path) -> tuple[str, int]:
+        out = ctypes.create_string_buffer(65)
+        tensors = ctypes.c_uint64(0)
+        _lib.check(function(os.fsencode(folder), out, len(out), ctypes.byref(tensors)))
+        return out.value.decode(), tensors.value
+
+    folders = [model]
+    opaque = tmp_path / "opaque"
+    opaque.mkdir()
+    (opaque / "pytorch_model.bin").write_bytes(os.urandom((1 << 20) + 333))
+    (opaque / "small.pt").write_bytes(b"tiny")
+    (opaque / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"a": "b"}}))
+    folders.append(opaque)
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "short.safetensors").write_bytes(b"\x01\x02")
+    (bad / "notjson.safetensors").write_bytes(struct.pack("<Q", 4) + b"nope" + b"x" * 100)
+    header = json.dumps({"t": {"dtype": "U8", "shape": [9], "data_offsets": [0, 1 << 40]},
+                         "u": {"dtype": "U8", "shape": [3], "data_offsets": [-5, 3]},
+                         "v": {"dtype": "U8", "shape": [2], "data_offsets": [1, 3]},
+                         "w": {"dtype": "U8", "shape": [1], "data_offsets": [True, 1]},
+                         "x": "not an entry"}).encode()
+    (bad / "odd.safetensors").write_bytes(struct.pack("<Q", len(header)) + header + b"0123456789")
+    (bad / "sub.safetensors").mkdir()  # a folder named like weights: skipped
+    folders.append(bad)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    folders.append(empty)
+    for folder in folders:
+        expected = fp.checkpoint_digest(folder)
+        assert native(folder) == (expected.digest, expected.tensors), folder
+    out = ctypes.create_string_buffer(65)
+    with pytest.raises(Exception, match="not a directory"):
+        _lib.check(function(os.fsencode(tmp_path / "missing"), out, len(out), None))
+    with pytest.raises(Exception, match="65 are needed"):
+        _lib.check(function(os.fsencode(model), out, 64, None))

@@ -159,6 +159,8 @@ _OPTIONAL_SIGNATURES = {
     "kvtier_connect_with_options": (_status, [c_char_p, POINTER(ClientOptions),
                                               POINTER(_client_p)]),
     "kvtier_reconnects": (c_uint64, [_client_p]),
+    # KVTIER_0.8: the model fingerprint's checkpoint digest (kvtier.fingerprint).
+    "kvtier_checkpoint_digest": (_status, [c_char_p, c_char_p, c_size_t, POINTER(c_uint64)]),
     "kvtier_save_with_retention_async": (_status, [_client_p, c_char_p, c_void_p, c_uint32,
                                                    c_int, POINTER(Retention),
                                                    POINTER(RangeRetention), c_uint32,

@@ -20,7 +20,8 @@ The same dict gives the same digest in any process (canonical JSON, SHA-256). An
 operator who knows two deployments compute the same KV may name them with one model id
 of their own instead: that is a promise kvtier cannot check.
 
-:func:`checkpoint_digest` reads no more than the checkpoint already records plus a few
+libkvtier's ``kvtier_checkpoint_digest`` (client/kvtier.h) computes the same checkpoint
+digest for engines in C or C++. :func:`checkpoint_digest` reads no more than the checkpoint already records plus a few
 bytes of every tensor: the name and size of every weight file; a safetensors file's
 header (names, dtypes, shapes, offsets, metadata) and 64 bytes at the start, middle and
 end of every tensor's data; 16 evenly spaced 4 KiB samples of any other weight file;
@@ -147,7 +148,8 @@ def _sample_safetensors(f, size: int, h) -> int | None:
     for name in sorted(k for k in header if k != "__metadata__"):
         entry = header[name]
         offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
-        if not (isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) for o in offsets)):
+        if not (isinstance(offsets, list) and len(offsets) == 2
+                and all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)):
             continue
         begin, end = data_start + offsets[0], data_start + offsets[1]
         if not data_start <= begin <= end <= size:
