@@ -12,6 +12,8 @@
 #include <algorithm>
 #include <array>
 #include <boost/json/src.hpp>
+#include <cctype>
+#include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <memory>
