@@ -229,6 +229,8 @@ def main() -> None:
     parser.add_argument("--tp", action="store_true",
                         help="turn N at tensor parallelism 2: kvtier against recompute (both TP 2)")
     args = parser.parse_args()
+    # This process's own client (the --pressure probe) uses the library just built too.
+    os.environ.setdefault("KVTIER_LIBRARY", str(Path(args.build) / "libkvtier.so.0"))
 
     from engine_client import EngineProcess as Engine
     from tiny_llama import write_tiny_llama

@@ -99,11 +99,20 @@ def finish_saves(llm, timeout_s: float = 30.0) -> bool:
     if not issued:
         return False
     try:
-        answered = llm.collective_rpc(_wait_for_worker_saves, args=(max(0.0, deadline - time.monotonic()),))
+        answered = all(llm.collective_rpc(_wait_for_worker_saves, args=(max(0.0, deadline - time.monotonic()),)))
     except Exception as error:  # noqa: BLE001 - an executor without RPCs to its workers
         logger.warning("kvtier.vllm: finish_saves could not reach the workers: %s", error)
         return False
-    return all(answered)
+    if answered:
+        # Every worker has kvtierd's replies; their acknowledgements reach the scheduler
+        # side with the next engine step, which an idle engine does not run: tell it now,
+        # so that the next request does not wait a step for Saves that are over.
+        core = getattr(getattr(engine, "engine_core", None), "engine_core", None)
+        connector = getattr(getattr(core, "scheduler", None), "connector", None)
+        for child in getattr(connector, "_connectors", None) or [connector]:
+            if isinstance(child, KvtierConnector) and child._scheduler is not None:
+                child._scheduler.forget_released_saves()
+    return answered
 
 
 def _wait_for_worker_saves(_worker, timeout_s: float) -> bool:

@@ -548,6 +548,12 @@ class SchedulerSide:
         self._requests.pop(request_id, None)
         self._bypass.discard(request_id)
 
+    def forget_released_saves(self) -> None:
+        """Every worker's Saves are answered (finish_saves made sure): the Saves vLLM has
+        its blocks back from are over, whether or not their acknowledgements came yet."""
+        for request_id in list(self._saving_released_s):
+            self._release_saving(request_id)
+
     def saves_in_flight(self) -> int:
         """Requests whose Save is not yet over on every rank (for tests and tools)."""
         return len(self._saving_by_request)
