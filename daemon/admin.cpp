@@ -108,10 +108,8 @@ Status AdminService::handle_evict(const ConnectionPtr& c, EngineContext& engine,
   uint64_t evicted = 0, kept = 0, bytes_freed = 0;
   for (const auto& [namespace_id, target_id] : targets) {
     const LayoutKey layout = ctx_.sessions.find(namespace_id, target_id)->layout;
-    admin_pins_.erase({namespace_id, target_id});  // unpins its blocks
-    auto closed = ctx_.sessions.close(namespace_id, target_id);
+    auto closed = ctx_.sessions.close(namespace_id, target_id);  // unpins it (session_closed)
     if (!closed.is_ok()) return closed.status();
-    ctx_.parts.journal->note_session_closed(namespace_id, target_id);
     for (const BlockHash& hash : *closed) released.insert({layout, hash});
   }
   for (const BlockKey& key : released) {

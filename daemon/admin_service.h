@@ -22,9 +22,13 @@
 
 namespace kvtier::daemon {
 
-class AdminService final : public Part {
+class AdminService final : public Part, public policy::SessionObserver {
  public:
   explicit AdminService(DaemonContext& ctx) : Part(ctx) {}
+  // The session's end: an admin's pins on it go (SessionObserver).
+  void session_closed(uint32_t namespace_id, const std::string& session_id) override {
+    admin_pins_.erase({namespace_id, session_id});
+  }
 
   // introspection.cpp
   Status handle_stats(const ConnectionPtr& c, EngineContext& engine, uint64_t id,

@@ -42,7 +42,7 @@
 
 namespace kvtier::daemon {
 
-class RemotePath final : public Part {
+class RemotePath final : public Part, public policy::SessionObserver {
  public:
   explicit RemotePath(DaemonContext& ctx);
   ~RemotePath();
@@ -56,7 +56,8 @@ class RemotePath final : public Part {
   // Writes behind again for sessions left with blocks to write (at most once a second).
   void sweep_write_behind();
   void note_remote_cut(const policy::Session& session);
-  void note_remote_closed(uint32_t namespace_id, const std::string& session_id);
+  // The session's end: its remote record is deleted (SessionObserver).
+  void session_closed(uint32_t namespace_id, const std::string& session_id) override;
 
   // remote_read_path.cpp
   // Reads `keys` from the remote tier into RAM (host HBM when there is no RAM tier),

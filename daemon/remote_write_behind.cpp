@@ -121,7 +121,7 @@ void RemotePath::note_remote_cut(const policy::Session& session) {
   }
 }
 
-void RemotePath::note_remote_closed(uint32_t namespace_id, const std::string& session_id) {
+void RemotePath::session_closed(uint32_t namespace_id, const std::string& session_id) {
   if (!remote_) return;
   // Closed for good: no node resumes it (a write-behind still queued for it writes its
   // blocks, and its completion finds the session gone and writes no record).

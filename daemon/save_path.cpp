@@ -119,12 +119,8 @@ Status SavePath::replace_session_of_another_layout(const EngineContext& engine,
       "(model {}) replaces it",
       session.id, engine.namespace_name, session.blocks.size(), session.layout.layout_digest,
       engine.layout_key.layout_digest, engine.layout.model_id);
-  const std::string id = session.id;  // `session` goes with the close
-  forget_cut(engine.namespace_id, id);
-  auto closed = ctx_.sessions.close(engine.namespace_id, id);
-  if (!closed.is_ok()) return closed.status();
-  ctx_.parts.journal->note_session_closed(engine.namespace_id, id);
-  return Status::ok();
+  const std::string id = session.id;                             // `session` goes with the close
+  return ctx_.sessions.close(engine.namespace_id, id).status();  // its observers hear of it
 }
 
 Result<bool> SavePath::start_save(const ConnectionPtr& c, EngineContext& engine, uint64_t id,

@@ -25,7 +25,7 @@
 
 namespace kvtier::daemon {
 
-class SavePath final : public Part {
+class SavePath final : public Part, public policy::SessionObserver {
  public:
   explicit SavePath(DaemonContext& ctx) : Part(ctx) {}
 
@@ -44,6 +44,10 @@ class SavePath final : public Part {
   // A new turn (BeginTurn) or the session's end: a Save cut short in it no longer
   // refuses the blocks that would follow the cut.
   void forget_cut(uint32_t namespace_id, const std::string& session_id);
+  // The session's end: its cut mark goes (SessionObserver).
+  void session_closed(uint32_t namespace_id, const std::string& session_id) override {
+    forget_cut(namespace_id, session_id);
+  }
 
  private:
   struct SaveInProgress;  // save_path.cpp

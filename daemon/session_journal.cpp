@@ -286,8 +286,7 @@ void SessionJournal::note_session_cut(const policy::Session& session) {
   nvme_->stored_blocks.erase({session.namespace_id, session.id});  // written whole next
 }
 
-void SessionJournal::note_session_closed(uint32_t namespace_id, const std::string& session_id) {
-  ctx_.parts.remote->note_remote_closed(namespace_id, session_id);
+void SessionJournal::session_closed(uint32_t namespace_id, const std::string& session_id) {
   if (!nvme_) return;
   nvme_->dirty_sessions.erase({namespace_id, session_id});
   nvme_->stored_blocks.erase({namespace_id, session_id});

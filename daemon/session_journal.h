@@ -75,7 +75,7 @@ struct NvmeState {
   bool jobs_in_flight() const { return release_jobs + session_jobs > 0; }
 };
 
-class SessionJournal final : public Part {
+class SessionJournal final : public Part, public policy::SessionObserver {
  public:
   explicit SessionJournal(DaemonContext& ctx) : Part(ctx) {}
 
@@ -93,7 +93,8 @@ class SessionJournal final : public Part {
   // The session lost blocks (cut at an evicted or lost one): its record is rewritten
   // whole at the next flush instead of appended to. The remote tier is told too.
   void note_session_cut(const policy::Session& session);
-  void note_session_closed(uint32_t namespace_id, const std::string& session_id);
+  // The session's end: its NVMe record is deleted at the next flush (SessionObserver).
+  void session_closed(uint32_t namespace_id, const std::string& session_id) override;
   // A Save added blocks to the session: nvme-copy-after-ms later, those of its blocks
   // still in HBM or RAM get a copy on NVMe (write_due_copies), so that a kill -9 loses
   // none of them — also a session a priority keeps in the fast tiers.

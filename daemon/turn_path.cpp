@@ -53,10 +53,9 @@ Status TurnPath::handle_close_session(const ConnectionPtr& c, EngineContext& eng
                                       const std::string& session_id) {
   const policy::Session* session = ctx_.sessions.find(engine.namespace_id, session_id);
   if (session == nullptr) return not_found("unknown session '{}'", session_id);
-  ctx_.parts.saves->forget_cut(engine.namespace_id, session_id);
-  auto closed = ctx_.sessions.close(engine.namespace_id, session_id);  // drops its references
+  // Drops its references; the parts that keep something per session hear of it.
+  auto closed = ctx_.sessions.close(engine.namespace_id, session_id);
   if (!closed.is_ok()) return closed.status();
-  ctx_.parts.journal->note_session_closed(engine.namespace_id, session_id);
   reply(c, id, [&](wire::Response::Builder response) {
     response.initCloseSession().setReleasedBlocks(static_cast<uint32_t>(closed->size()));
   });

@@ -345,7 +345,9 @@ Result<std::vector<BlockHash>> SessionTable::close(uint32_t namespace_id, const 
   it->second.blocks.entries_.clear();  // first: dropping the last holder frees the entry
   for (const BlockHash& hash : blocks) drop_holder(session, hash);
   count_in(session, -1);
+  const std::string closed_id = id;  // before the erase: `id` may be the session's own
   sessions_.erase(it);
+  for (SessionObserver* observer : observers_) observer->session_closed(namespace_id, closed_id);
   return blocks;
 }
 

@@ -223,9 +223,21 @@ class BlockReferences {
   virtual void drop_reference(const BlockKey& key) = 0;
 };
 
+// Told that a session has ended (CloseSession, an admin's Evict, a Save of another
+// layout replacing it), once, after it left the table: each part that keeps something
+// per session (its NVMe and remote records, admin pins, a Save's cut mark) subscribes
+// here instead of being told by every path that closes one. Called synchronously.
+class SessionObserver {
+ public:
+  virtual ~SessionObserver() = default;
+  virtual void session_closed(uint32_t namespace_id, const std::string& session_id) = 0;
+};
+
 class SessionTable {
  public:
   explicit SessionTable(const Clock& clock) : clock_(clock) {}
+  // `observer` (borrowed: it outlives the table's last close) hears of every close.
+  void subscribe(SessionObserver& observer) { observers_.push_back(&observer); }
   // From now on `references` (borrowed; nullptr: none) is told of every block a session
   // takes up or lets go of. Set it before the first session exists.
   void set_references(BlockReferences* references) { references_ = references; }
@@ -312,8 +324,9 @@ class SessionTable {
   const Census& idle_census(uint64_t now_ms) const;
   uint64_t census_ms() const { return census_ms_; }
 
-  // Removes the session; returns its blocks (each a reference dropped: set_references).
-  // Closing an idle session tells the GapModel it stayed away at least that long.
+  // Removes the session; returns its blocks (each a reference dropped: set_references);
+  // then tells every SessionObserver. Closing an idle session tells the GapModel it
+  // stayed away at least that long.
   // NotFound when absent.
   Result<std::vector<BlockHash>> close(uint32_t namespace_id, const std::string& id);
 
@@ -380,6 +393,7 @@ class SessionTable {
 
   const Clock& clock_;
   BlockReferences* references_ = nullptr;
+  std::vector<SessionObserver*> observers_;
   GapModel gap_model_;
   BlockReuse reuse_;
   std::unordered_map<SessionKey, Session, SessionKeyHasher> sessions_;

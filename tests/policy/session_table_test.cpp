@@ -83,6 +83,37 @@ TEST_F(SessionTableTest, APausedWalkVisitsEverySessionOnceAndSaysWhenTheTableGre
   EXPECT_TRUE(table_.walk_stale(old));
 }
 
+// Every part that keeps something per session hears of each close once, after the
+// session left the table, whichever path closed it; a close that found nothing is heard
+// by nobody.
+TEST_F(SessionTableTest, EveryObserverHearsEachCloseOnceAfterTheSessionLeft) {
+  struct Recorder : SessionObserver {
+    const SessionTable* table = nullptr;
+    std::vector<std::string> heard;
+    void session_closed(uint32_t namespace_id, const std::string& session_id) override {
+      EXPECT_EQ(table->find(namespace_id, session_id), nullptr) << "told before it left";
+      heard.push_back(std::to_string(namespace_id) + "/" + session_id);
+    }
+  };
+  Recorder first, second;
+  first.table = second.table = &table_;
+  table_.subscribe(first);
+  table_.subscribe(second);
+  for (const char* id : {"a", "b"}) ASSERT_TRUE(table_.get_or_create(7, id, kLayout).is_ok());
+  ASSERT_TRUE(table_.get_or_create(8, "a", kLayout).is_ok());
+  Session* b = table_.find(7, "b");
+  ASSERT_NE(b, nullptr);
+  table_.record_save(*b, hashes_of({1, 2}), /*end_of_turn=*/true);
+  ASSERT_TRUE(table_.close(7, "a").is_ok());
+  ASSERT_TRUE(table_.close(7, b->id).is_ok());  // the id the closed session itself holds
+  EXPECT_FALSE(table_.close(7, "a").is_ok());
+  EXPECT_FALSE(table_.close(9, "missing").is_ok());
+  const std::vector<std::string> expected = {"7/a", "7/b"};
+  EXPECT_EQ(first.heard, expected);
+  EXPECT_EQ(second.heard, expected);
+  EXPECT_NE(table_.find(8, "a"), nullptr);
+}
+
 TEST_F(SessionTableTest, CreateStartsActiveAndStampsNow) {
   auto created = table_.get_or_create(7, "s1", kLayout);
   ASSERT_TRUE(created.is_ok()) << created.status().to_string();
