@@ -265,13 +265,15 @@ void SessionJournal::write_due_copies() {
   // moved, mostly down to NVMe itself).
   ctx_.mover->copy_down(keys, Tier::kNvme);
   // A session with a block still in memory, without a copy and busy (being moved or
-  // written) is looked at again a planner period later: the block may stay where it is.
-  // (One NVMe had no room to spare for is not: a copy never takes room a block needs.)
+  // written, or its old slot still read after a move) is looked at again a planner
+  // period later: the block may stay where it is. (One NVMe had no room to spare for is
+  // not: a copy never takes room a block needs.)
   for (const policy::Session* session : due) {
     for (const BlockHash& hash : session->blocks) {
-      const auto info = ctx_.store->lookup({session->layout, hash});
-      if (info && info->state != BlockState::kReady && !info->has_copy &&
-          info->location.tier != Tier::kNvme) {
+      const BlockKey key{session->layout, hash};
+      const auto info = ctx_.store->lookup(key);
+      if (info && !info->has_copy && info->location.tier != Tier::kNvme &&
+          (info->state != BlockState::kReady || ctx_.store->old_slot_pinned(key))) {
         queue_copies(*session, now + ctx_.config.plan_interval_ms);
         break;
       }

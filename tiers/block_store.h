@@ -355,6 +355,9 @@ class BlockStore {
   // Bytes of the blocks moving out of `tier` (begin_move until finish_move): room that
   // comes back when their copies land (unless a reader still pins the old slot).
   uint64_t moving_out_bytes(Tier tier) const;
+  // The block moved while a reader pinned its old slot, which is not free yet: it cannot
+  // move again (nor get a copy) until that reader lets go.
+  bool old_slot_pinned(const BlockKey& key) const { return deferred_frees_.contains(key); }
   // Bytes of the blocks moving into `tier`: movable there once they land.
   uint64_t moving_in_bytes(Tier tier) const;
 

@@ -182,7 +182,7 @@ def wait_copied_to_nvme(daemon: Kvtierd, block_bytes: int, timeout_s: float = 30
         tiers = {tier["tier"]: tier for tier in status["tiers"]}
         if tiers["nvme"]["copy_bytes"] // block_bytes >= tiers["hbm"]["blocks"] + tiers["ram"]["blocks"]:
             return
-        assert time.monotonic() < deadline, status
+        assert time.monotonic() < deadline, (tiers, ctl(daemon, "sessions"))
         time.sleep(0.1)
 
 
