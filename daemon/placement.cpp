@@ -68,9 +68,8 @@ using KeySet = std::unordered_set<BlockKey, BlockKeyHasher>;
 // A session is a prefix: once one of its blocks is gone, the blocks after it can never
 // be loaded as part of that prefix, so the session is cut there and drops its
 // references to the rest. Only the sessions holding a removed block are visited (the
-// table's reverse index). `cut` is told about every session it shortened.
-void cut_sessions_at(const KeySet& removed, policy::SessionTable& sessions,
-                     const std::function<void(const policy::Session&)>& cut) {
+// table's reverse index). The table tells its observers of every session it cut.
+void cut_sessions_at(const KeySet& removed, policy::SessionTable& sessions) {
   std::vector<policy::Session*> holders;
   for (const BlockKey& key : removed) {
     const policy::BlockHolders* h = sessions.holders(key);
@@ -85,7 +84,6 @@ void cut_sessions_at(const KeySet& removed, policy::SessionTable& sessions,
     for (size_t i = 0; i < blocks.size(); ++i) {
       if (removed.count({session->layout, blocks[i]}) == 0) continue;
       sessions.truncate(*session, i);  // drops its references to the blocks after
-      cut(*session);
       break;
     }
   }
@@ -368,9 +366,7 @@ void Placement::run_planner(policy::Planner::PlanKind kind) {
 void Placement::on_blocks_removed(const std::vector<BlockKey>& keys, bool lost) {
   KeySet removed(keys.begin(), keys.end());
   if (lost) KVTIER_LOG_WARN("{} blocks dropped: their bytes were lost", keys.size());
-  cut_sessions_at(removed, ctx_.sessions, [this](const policy::Session& session) {
-    ctx_.parts.journal->note_session_cut(session);
-  });
+  cut_sessions_at(removed, ctx_.sessions);  // the table's observers hear of each cut
 }
 
 }  // namespace kvtier::daemon

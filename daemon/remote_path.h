@@ -55,7 +55,8 @@ class RemotePath final : public Part, public policy::SessionObserver {
   void write_behind(const policy::Session& session, bool sweeping = false);
   // Writes behind again for sessions left with blocks to write (at most once a second).
   void sweep_write_behind();
-  void note_remote_cut(const policy::Session& session);
+  // The session was cut: its blocks from the cut on are written behind again.
+  void session_cut(const policy::Session& session) override;
   // The session's end: its remote record is deleted (SessionObserver).
   void session_closed(uint32_t namespace_id, const std::string& session_id) override;
 

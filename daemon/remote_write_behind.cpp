@@ -13,7 +13,7 @@ void RemotePath::write_behind(const policy::Session& session, bool sweeping) {
   if (!remote_) return;
   const policy::SessionKey key{session.namespace_id, session.id};
   uint32_t& synced = remote_->synced[key];
-  if (synced > session.blocks.size()) synced = 0;  // defensive: cuts lower it (note_remote_cut)
+  if (synced > session.blocks.size()) synced = 0;  // defensive: cuts lower it (session_cut)
   const std::string& ns = ctx_.engines.namespaces().name(session.namespace_id);
   const uint32_t from = synced;
   std::vector<BlockKey> keys;
@@ -112,7 +112,7 @@ void RemotePath::sweep_write_behind() {
   }
 }
 
-void RemotePath::note_remote_cut(const policy::Session& session) {
+void RemotePath::session_cut(const policy::Session& session) {
   if (!remote_) return;
   auto it = remote_->synced.find({session.namespace_id, session.id});
   // Blocks from the cut on may come back as other blocks: written again from there.

@@ -185,7 +185,7 @@ Status SessionJournal::recover_nvme() {
     restore_from_record(restored, record, steady_now, wall_now);
     if (present.size() < record.blocks.size()) {
       ++cut_sessions;
-      note_session_cut(restored);
+      session_cut(restored);  // its record is rewritten whole
     } else {
       nvme_->stored_blocks[{namespace_id, record.session_id}] =
           static_cast<uint32_t>(present.size());
@@ -281,8 +281,7 @@ void SessionJournal::write_due_copies() {
   }
 }
 
-void SessionJournal::note_session_cut(const policy::Session& session) {
-  ctx_.parts.remote->note_remote_cut(session);
+void SessionJournal::session_cut(const policy::Session& session) {
   if (!nvme_) return;
   nvme_->dirty_sessions.insert({session.namespace_id, session.id});
   nvme_->stored_blocks.erase({session.namespace_id, session.id});  // written whole next

@@ -91,8 +91,9 @@ class SessionJournal final : public Part, public policy::SessionObserver {
   // The session's record is rewritten (or appended to) at the next flush.
   void note_session_changed(const policy::Session& session);
   // The session lost blocks (cut at an evicted or lost one): its record is rewritten
-  // whole at the next flush instead of appended to. The remote tier is told too.
-  void note_session_cut(const policy::Session& session);
+  // whole at the next flush instead of appended to (SessionObserver; recovery calls it
+  // for a restored session that lost blocks).
+  void session_cut(const policy::Session& session) override;
   // The session's end: its NVMe record is deleted at the next flush (SessionObserver).
   void session_closed(uint32_t namespace_id, const std::string& session_id) override;
   // A Save added blocks to the session: nvme-copy-after-ms later, those of its blocks

@@ -325,6 +325,7 @@ std::vector<BlockHash> SessionTable::truncate(Session& session, size_t length) {
                                  session.blocks.end());
   session.blocks.entries_.resize(length);  // first: dropping the last holder frees the entry
   for (const BlockHash& hash : dropped) drop_holder(session, hash);
+  for (SessionObserver* observer : observers_) observer->session_cut(session);
   return dropped;
 }
 

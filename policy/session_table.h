@@ -231,6 +231,9 @@ class SessionObserver {
  public:
   virtual ~SessionObserver() = default;
   virtual void session_closed(uint32_t namespace_id, const std::string& session_id) = 0;
+  // The session was cut short (a block it held was evicted or lost: truncate); it is
+  // still in the table, holding the blocks before the cut.
+  virtual void session_cut(const Session& session) { (void)session; }
 };
 
 class SessionTable {
@@ -286,7 +289,8 @@ class SessionTable {
   // Drops a block from a session (it was evicted or lost); returns whether it was there.
   bool forget_block(Session& session, const BlockHash& hash);
   // Cuts a session's prefix to its first `length` blocks; returns the blocks it no
-  // longer holds (each a reference dropped: set_references).
+  // longer holds (each a reference dropped: set_references). When it held more, every
+  // SessionObserver hears of the cut.
   std::vector<BlockHash> truncate(Session& session, size_t length);
 
   // One use of each of `hashes` (a Save naming them: its turn's prompt held them),

@@ -84,15 +84,18 @@ TEST_F(SessionTableTest, APausedWalkVisitsEverySessionOnceAndSaysWhenTheTableGre
 }
 
 // Every part that keeps something per session hears of each close once, after the
-// session left the table, whichever path closed it; a close that found nothing is heard
-// by nobody.
-TEST_F(SessionTableTest, EveryObserverHearsEachCloseOnceAfterTheSessionLeft) {
+// session left the table, whichever path closed it, and of each cut; a close that found
+// nothing, or a cut that cut nothing, is heard by nobody.
+TEST_F(SessionTableTest, EveryObserverHearsEachCloseOnceAfterTheSessionLeftAndEachCut) {
   struct Recorder : SessionObserver {
     const SessionTable* table = nullptr;
     std::vector<std::string> heard;
     void session_closed(uint32_t namespace_id, const std::string& session_id) override {
       EXPECT_EQ(table->find(namespace_id, session_id), nullptr) << "told before it left";
       heard.push_back(std::to_string(namespace_id) + "/" + session_id);
+    }
+    void session_cut(const Session& session) override {
+      heard.push_back("cut " + session.id + " to " + std::to_string(session.blocks.size()));
     }
   };
   Recorder first, second;
@@ -103,12 +106,14 @@ TEST_F(SessionTableTest, EveryObserverHearsEachCloseOnceAfterTheSessionLeft) {
   ASSERT_TRUE(table_.get_or_create(8, "a", kLayout).is_ok());
   Session* b = table_.find(7, "b");
   ASSERT_NE(b, nullptr);
-  table_.record_save(*b, hashes_of({1, 2}), /*end_of_turn=*/true);
+  table_.record_save(*b, hashes_of({1, 2, 3}), /*end_of_turn=*/true);
+  EXPECT_EQ(table_.truncate(*b, 1), hashes_of({2, 3}));
+  EXPECT_TRUE(table_.truncate(*b, 1).empty());  // nothing past 1: no cut
   ASSERT_TRUE(table_.close(7, "a").is_ok());
   ASSERT_TRUE(table_.close(7, b->id).is_ok());  // the id the closed session itself holds
   EXPECT_FALSE(table_.close(7, "a").is_ok());
   EXPECT_FALSE(table_.close(9, "missing").is_ok());
-  const std::vector<std::string> expected = {"7/a", "7/b"};
+  const std::vector<std::string> expected = {"cut b to 1", "7/a", "7/b"};
   EXPECT_EQ(first.heard, expected);
   EXPECT_EQ(second.heard, expected);
   EXPECT_NE(table_.find(8, "a"), nullptr);
