@@ -6,12 +6,13 @@ What it covers, from vLLM's config as the engine runs it:
   them from (``model_weights``, else ``model``; a hub name is looked up in the local
   hub cache at its revision); ``load_format``, and the seed when the weights are
   vLLM's dummy (random) ones;
-- the weights' dtype, the quantization method and its config (the checkpoint's and
-  any given to vLLM);
+- the weights' dtype, the quantization method and its config (the checkpoint's is in
+  its config.json, which the weights' digest reads whole; any given to vLLM);
 - the KV cache dtype and the layers it skips (their scales are checkpoint tensors);
-- the model configuration after ``--hf-overrides`` (architecture, rope, positions,
-  every field but its path and the library version that wrote it), the model
-  implementation and the attention backends chosen.
+- the model configuration: config.json (in the weights' digest), ``--hf-overrides``
+  (rope, positions, ...) and a config folder given apart (``hf_config_path``); the model
+  implementation and the attention backends chosen. Never vLLM's live config object:
+  a model's loading may amend it in a worker and not in the scheduler's process.
 
 Both sides of the connector compute it in their own process; the same config gives the
 same digest. ``kv_connector_extra_config["model_id"]`` replaces it: the operator's
@@ -29,9 +30,6 @@ from typing import Any
 from .. import fingerprint as fp
 
 logger = logging.getLogger("kvtier.vllm")
-
-# Fields of a Hugging Face config that say where it came from, not what the model is.
-_CONFIG_NOISE = ("_name_or_path", "transformers_version", "_commit_hash", "_attn_implementation_autoset")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,11 +66,13 @@ def model_fingerprint(vllm_config) -> ModelFingerprint:
         "dtype": str(model.dtype),
         "quantization": model.quantization,
         "quantization_config": _plain(getattr(model, "quantization_config", None)),
-        "checkpoint_quantization": _plain(getattr(model.hf_config, "quantization_config", None)),
         "kv_cache_dtype": str(cache.cache_dtype),
         "kv_cache_dtype_skip_layers": sorted(getattr(cache, "kv_cache_dtype_skip_layers", None) or []),
-        "config": _config_dict(model.hf_config),
-        "text_config": _config_dict(model.hf_text_config) if model.hf_text_config is not model.hf_config else None,
+        # The configuration as written (config.json is in the weights' digest) and what
+        # overrides it; never the live config object, which a model's loading may amend in
+        # one process and not in another (the scheduler's and the workers' ids would differ).
+        "hf_overrides": _plain(getattr(model, "hf_overrides", None)),
+        "hf_config_path": _config_folder(getattr(model, "hf_config_path", None)),
         "model_impl": str(getattr(model, "model_impl", "auto")),
         "attention_backend": str(getattr(attention, "backend", None)),
         "attention_backend_per_kind": _plain(getattr(attention, "backend_per_kind", None)),
@@ -98,10 +98,11 @@ def _weights_folder(model, load) -> str | None:
         return None
 
 
-def _config_dict(config) -> dict[str, Any]:
-    to_dict = getattr(config, "to_dict", None)
-    values = to_dict() if callable(to_dict) else dict(vars(config))
-    return {k: _plain(v) for k, v in values.items() if k not in _CONFIG_NOISE}
+def _config_folder(path: str | None) -> str | None:
+    """A config folder other than the weights' (hf_config_path): its digest, or its name."""
+    if not path:
+        return None
+    return fp.checkpoint_digest(path).digest if os.path.isdir(path) else str(path)
 
 
 def _plain(value: Any) -> Any:
