@@ -173,16 +173,24 @@ def sessions(daemon: Kvtierd) -> dict[str, dict]:
 
 
 def wait_copied_to_nvme(daemon: Kvtierd, block_bytes: int, timeout_s: float = 30) -> None:
-    """Until every block in HBM and RAM has its NVMe copy (written nvme-copy-after-ms,
-    1 s, after its Save): a block has at most one copy, so as many copies as blocks in
-    memory means all of them."""
+    """Until every block the sessions hold in HBM and RAM has its NVMe copy (written
+    nvme-copy-after-ms, 1 s, after its Save). Copies are written for sessions' blocks
+    only, at most one per block, and the chats share no block: as many copies as the
+    sessions' blocks in memory means all of them. (Blocks saved without a session, as
+    wait_reconnected's, get none: a restart need not keep them, and they may stay in
+    memory.)"""
     deadline = time.monotonic() + timeout_s
     while True:
         status = ctl(daemon, "status")
-        tiers = {tier["tier"]: tier for tier in status["tiers"]}
-        if tiers["nvme"]["copy_bytes"] // block_bytes >= tiers["hbm"]["blocks"] + tiers["ram"]["blocks"]:
+        copies = {tier["tier"]: tier["copy_bytes"] // block_bytes for tier in status["tiers"]}
+        rows = sessions(daemon)
+        in_memory = sum(row["blocks_per_tier"]["hbm"] + row["blocks_per_tier"]["ram"] for row in rows.values())
+        if copies["nvme"] >= in_memory:
             return
-        assert time.monotonic() < deadline, (tiers, ctl(daemon, "sessions"))
+        assert time.monotonic() < deadline, (
+            f"NVMe copies {copies['nvme']} of {in_memory} session blocks in memory; tiers "
+            f"{ {t['tier']: (t['blocks'], t['copy_bytes'] // block_bytes) for t in status['tiers']} }; sessions "
+            f"{ {k: v['blocks_per_tier'] for k, v in rows.items()} }")
         time.sleep(0.1)
 
 
