@@ -64,7 +64,8 @@ def main() -> None:
     use_built_client()
     daemon = None if args.socket else Kvtierd()
     try:
-        print(json.dumps(run(args.socket or daemon.socket_path, args.lookups, args.hashes)))
+        socket_path = args.socket if daemon is None else daemon.socket_path
+        print(json.dumps(run(socket_path, args.lookups, args.hashes)))
     finally:
         if daemon is not None:
             daemon.stop()

@@ -11,8 +11,11 @@ entry point has: none. The connector's recovery methods are never faulty.
 from __future__ import annotations
 
 import os
+from typing import cast
 
 from kvtier.vllm import KvtierConnector
+from kvtier.vllm.scheduler import SchedulerSide
+from kvtier.vllm.worker import WorkerSide
 
 FAULT_FILE = "KVTIER_TEST_FAULT_FILE"
 # The side-object methods KvtierConnector calls for vLLM's entry points of the same name.
@@ -61,7 +64,8 @@ class _Faulty:
 class FaultyKvtierConnector(KvtierConnector):
     def __init__(self, vllm_config, role, kv_cache_config=None):
         super().__init__(vllm_config, role, kv_cache_config)
+        # Each _Faulty stands in for its side, forwarding every call it does not fail.
         if self._scheduler is not None:
-            self._scheduler = _Faulty(self._scheduler, SCHEDULER_METHODS)
+            self._scheduler = cast(SchedulerSide, _Faulty(self._scheduler, SCHEDULER_METHODS))
         if self._worker is not None:
-            self._worker = _Faulty(self._worker, WORKER_METHODS)
+            self._worker = cast(WorkerSide, _Faulty(self._worker, WORKER_METHODS))

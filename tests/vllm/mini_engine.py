@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 from pathlib import Path
+from typing import Callable
 
 import torch
 from vllm import SamplingParams
@@ -25,6 +26,7 @@ from vllm.v1.structured_output import StructuredOutputManager
 from vllm.utils.hashing import sha256
 
 from kvtier.vllm import KvtierConnector
+from kvtier.vllm.metadata import KvtierConnectorMetadata, LoadJob, SaveJob
 
 LAYERS, HEADS, HEAD_DIM = 3, 2, 8
 BLOCK = 16
@@ -78,10 +80,11 @@ class MiniEngine:
         self.cache = physical.permute([order.index(axis) for axis in range(5)])
         self.worker.register_kv_caches({name: self.cache[i] for i, name in enumerate(self.layer_names)})
         self.requests: dict[str, Request] = {}
-        self.loads = []  # every LoadJob the scheduler sent, in order
-        self.saves = []  # every SaveJob
+        self.loads: list[LoadJob] = []  # every LoadJob the scheduler sent, in order
+        self.saves: list[SaveJob] = []  # every SaveJob
         self.failed_blocks: set[int] = set()  # every block a Load reported it could not fill
-        self.on_layer_loaded = None  # called (layer index, metadata) after each wait_for_layer_load
+        # Called (layer index, metadata) after each wait_for_layer_load.
+        self.on_layer_loaded: Callable[[int, KvtierConnectorMetadata], None] | None = None
 
     @property
     def connector(self) -> KvtierConnector:
@@ -163,7 +166,7 @@ class MiniEngine:
             # vLLM has its blocks back once a Save is staged; the Save is over once
             # kvtierd answered it (the scheduler side hears of it from the worker).
             if (request.is_finished() and not self.scheduler.has_requests()
-                    and self.connector._scheduler.saves_in_flight() == 0):
+                    and self.connector._scheduler_side.saves_in_flight() == 0):
                 return list(request.output_token_ids)
         raise AssertionError(f"{request.request_id} did not finish in {timeout_s} s")
 

@@ -12,7 +12,7 @@ from kvtier.vllm.metadata import TIERS, Counters
 PACKAGE = Path(kvtier.vllm.__file__).resolve().parent
 
 
-def counted_names() -> list[tuple[str, int, str]]:
+def counted_names() -> list[tuple[str, int, str | None]]:
     """(file, line, name) of every name COUNTERS.add(name, ...) and
     COUNTERS.add_by_tier(prefix, tiers) count in the package's sources."""
     found = []

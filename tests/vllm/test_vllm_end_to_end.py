@@ -78,7 +78,7 @@ def test_turns_reuse_their_history_locally_or_from_kvtier_and_answer_as_without_
                                                                                     path):
     engine = ChatEngine(tiny_llama, kvtierd.socket_path, *SMALL_CACHE, *PATHS[path])
 
-    kept = {1: None, 2: 1}
+    kept = {2: 1}  # turn -> blocks of the history vLLM keeps (turn 1: all of them)
 
     def between(turn, prompt_tokens):
         # Turn 1: vLLM still holds the history. Turn 2: another session's request

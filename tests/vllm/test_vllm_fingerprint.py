@@ -16,13 +16,14 @@ import random
 import shutil
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from conftest import HERE, ChatEngine, Kvtierd
 
 sys.path.insert(0, str(HERE.parent.parent / "examples" / "vllm"))
-from tiny_llama import write_tiny_llama  # noqa: E402
+from tiny_llama import write_tiny_llama
 
 BLOCK = 32  # engine_process.py's block size
 
@@ -66,7 +67,7 @@ def test_another_model_under_the_same_served_name_has_another_model_id(models):
                                                                                 served_model_name="prod-chat")
 
 
-OVERRIDES = {
+OVERRIDES: dict[str, dict[str, Any]] = {
     "rope theta": {"hf_overrides": {"rope_parameters": {"rope_theta": 500000.0, "rope_type": "default"}}},
     "rope scaling": {"hf_overrides": {"rope_parameters": {"rope_theta": 10000.0, "rope_type": "linear",
                                                           "factor": 2.0}}},

@@ -57,7 +57,7 @@ def test_the_plugin_registers_the_connector_name_once():
     assert KVConnectorFactory.get_connector_class_by_name("KvtierConnector") is kvtier.vllm.KvtierConnector
 
 
-def test_beside_vllms_example_connector_under_multiconnector(tiny_llama, kvtierd, baseline, tmp_path):  # noqa: F811
+def test_beside_vllms_example_connector_under_multiconnector(tiny_llama, kvtierd, baseline, tmp_path):  # noqa: F811 - the fixture imported above
     path = plugin_dist(tmp_path / "site")
     env = {"PYTHONPATH": os.pathsep.join([str(path), str(REPO / "client" / "python"),
                                           os.environ.get("PYTHONPATH", "")])}

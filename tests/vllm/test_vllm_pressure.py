@@ -30,6 +30,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -220,7 +221,7 @@ class Chat:
         self.prompts: list[list[int]] = []
 
     def params(self) -> dict:
-        params = {"kvtier_session": self.name}
+        params: dict[str, object] = {"kvtier_session": self.name}
         if self.priority is not None:
             params["kvtier_priority"] = self.priority
         return params
@@ -364,7 +365,7 @@ def play(servers, daemon: Kvtierd | None, conversation: list[Chat], rounds: int)
         replies = turn(servers, conversation)
         rows = wait_saved(daemon, conversation) if daemon else {}
         saves = kvtier_counters(start).get("saves", 0) + (len(conversation) if daemon else 0)
-        end = settled(served, lambda counters: counters.get("saves", 0) >= saves)  # every Save counted
+        end = settled(served, lambda counters, saves=saves: counters.get("saves", 0) >= saves)  # every Save counted
         out.append(Round(replies, grown(kvtier_counters(start), kvtier_counters(end)), grown(start, end), rows))
     return out
 
@@ -447,7 +448,7 @@ def test_saves_keep_every_block_while_nvme_has_room(main_flow, block_bytes):
 
 def test_later_turns_load_what_vllm_lost_without_a_failed_block(main_flow):
     conversation, rounds, _ = main_flow
-    for number, done in enumerate(rounds[1:], start=1):
+    for done in rounds[1:]:
         assert done.kvtier["loaded_blocks"] > 0, describe(rounds)
         assert done.kvtier["load_failed_blocks"] == 0 and done.kvtier["load_timeouts"] == 0, describe(rounds)
 
@@ -529,7 +530,7 @@ def test_after_kill_9_every_session_of_every_priority_reloads_from_nvme(servers,
 # ---- bad kv_transfer_params ----------------------------------------------------------
 
 # (name, request fields, raw JSON spliced into the body: values Python's json cannot write)
-BAD_PARAMS = [
+BAD_PARAMS: list[tuple[str, dict[str, Any] | None, str | None]] = [
     ("huge-session", {"kv_transfer_params": {"kvtier_session": "s" * 300_000, "kvtier_priority": 60}}, None),
     ("priority-abc", {"kv_transfer_params": {"kvtier_session": "bad-abc", "kvtier_priority": "abc"}}, None),
     ("priority-1e309", None, '"kv_transfer_params": {"kvtier_session": "bad-inf", "kvtier_priority": 1e309}'),

@@ -12,8 +12,11 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 import kvtier.vllm
 import kvtier.vllm.worker as worker_module
+from kvtier.pending import Pending
 from mini_engine import BLOCK, MiniEngine
 from test_vllm_scheduler import tokens
 
@@ -63,7 +66,11 @@ def test_a_cuda_save_waits_for_its_step_on_the_gpu_without_blocking(tiny_llama, 
     side._host = False  # the CUDA branch's Save rule over the staged path's copies
     started: list[int] = []  # the event's polls when each Save went out
     original = side._start_save
-    monkeypatch.setattr(side, "_start_save", lambda job: (started.append(events[-1].polls), original(job)))
+    def start_save(job):
+        started.append(events[-1].polls)
+        original(job)
+
+    monkeypatch.setattr(side, "_start_save", start_save)
     try:
         before = kvtier.vllm.counters()["saved_blocks"]
         engine.run(engine.add(tokens(63, 4 * BLOCK + 3), session="g"))
@@ -86,7 +93,8 @@ def test_a_late_load_into_vllms_blocks_is_never_given_up(tiny_llama, kvtierd, mo
     try:
         side._staged = False  # kvtierd writes vLLM's blocks itself (CUDA, zero copy)
         job = worker_module.LoadJob("late", "s", [bytes(32)], [5], asynchronous=True)
-        load = worker_module._Load(job, [(bytes(32), 5)], [Unanswered()], [False], 1, started_s=0.0)
+        pending = cast(Pending, Unanswered())  # a Pending kvtierd never answers
+        load = worker_module._Load(job, [(bytes(32), 5)], [pending], [False], 1, started_s=0.0)
         side._async_loads.append(load)
         before = kvtier.vllm.counters()["load_timeouts"]
         for _ in range(3):

@@ -135,8 +135,9 @@ def test_blocks_a_load_cannot_fill_are_reported_and_recomputed(tiny_llama, mode)
         prompt = tokens(9, 5 * BLOCK + 4)
         engine.run(engine.add(prompt, session="lost"))
         request = engine.add(prompt + tokens(10, 8), session="lost")
-        state = engine.connector._scheduler._requests[request.request_id]
-        state.lookup.result()  # the Lookup saw the blocks (the scheduler reads the same reply)...
+        lookup = engine.connector._scheduler_side._requests[request.request_id].lookup
+        assert lookup is not None
+        lookup.result()  # the Lookup saw the blocks (the scheduler reads the same reply)...
         daemon.kill()  # ... which die with the daemon
         daemon.restart()
         wait_until_serving(daemon)
@@ -334,7 +335,7 @@ def test_a_turn_whose_history_vllm_still_holds_never_waits_for_its_save(tiny_lla
             if second.num_computed_tokens > 0:
                 break
         assert second.num_computed_tokens > 4 * BLOCK, second.num_computed_tokens
-        assert engine.connector._scheduler._saving_by_request, "the Save was over: the case did not arise"
+        assert engine.connector._scheduler_side._saving_by_request, "the Save was over: the case did not arise"
         assert kvtier.vllm.counters()["lookup_waits_for_save"] == before["lookup_waits_for_save"]
         assert len(engine.run(second)) == 4
         assert not [j for j in engine.loads if j.request_id == second.request_id]
@@ -378,7 +379,8 @@ def test_a_staged_save_gives_vllm_its_blocks_back_before_kvtierd_answers(tiny_ll
             if first.is_finished() and not engine.scheduler.has_requests():
                 break
         assert pool.get_num_free_blocks() == free, "vLLM still holds the staged Save's blocks"
-        assert engine.connector._scheduler.saves_in_flight() == 1, "kvtierd answered already: the case did not arise"
+        assert engine.connector._scheduler_side.saves_in_flight() == 1, \
+            "kvtierd answered already: the case did not arise"
         # Another request takes (and writes) the blocks just released.
         other = engine.add(tokens(26, 12 * BLOCK), max_tokens=2)
         engine.run(other, timeout_s=120)

@@ -98,7 +98,7 @@ def test_a_conversation_hashed_on_the_hashing_thread_hits_and_loads_what_inline_
             request = engine.add(history, session="hashed")
             loads_before = len(engine.loads)
             output = engine.run(request)  # MiniEngine.step checks every block the model reads
-            assert engine.connector._scheduler._hasher is not None
+            assert engine.connector._scheduler_side._hasher is not None
             new_loads = engine.loads[loads_before:]
             hits.append(sum(len(j.hashes) for j in new_loads))
             for job in new_loads:

@@ -20,7 +20,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import kvtier
+import kvtier.vllm
 from kvtier import hashing
 from kvtier import torch as kvtier_torch
 from kvtier.vllm.blocks import MAX_SESSION_BYTES, BlockShape, rank_session_id, request_extra_keys, session_id_of
@@ -153,7 +153,7 @@ def _evict(engine: ChatEngine, seed: int) -> None:
 
 
 def test_every_rank_saves_and_loads_its_shard_and_vllm_answers_as_without_the_connector(
-        tp_daemon, tp_engine, baseline):  # noqa: F811
+        tp_daemon, tp_engine, baseline):  # noqa: F811 - the fixture imported above
     pieces = conversation(7, 4)
     history, replies = list(pieces[0]), []
     loaded = []  # bytes kvtierd loaded during each turn

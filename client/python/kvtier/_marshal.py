@@ -5,15 +5,16 @@ from __future__ import annotations
 import ctypes
 import sys
 from array import array
+from collections.abc import Iterable, Sequence
 from ctypes import c_int, c_uint32, c_void_p
 from itertools import accumulate
-from typing import Sequence, Tuple
+from typing import cast
 
 from . import _lib
 from .errors import InvalidArgument
 from .results import BeginTurnResult, BlockPriority, LoadResult, LookupResult, SaveResult
 
-Block = Tuple[bytes, int]  # (block hash, engine block id)
+Block = tuple[bytes, int]  # (block hash, engine block id)
 
 
 def text(name: str, value: str) -> bytes:
@@ -60,7 +61,7 @@ def hash_array(hashes: Sequence[bytes]):
         except TypeError:
             pass
     normalized = [_hash_bytes(h, f"hashes[{i}]") for i, h in enumerate(hashes)]
-    refs = (_lib.Hash * count)(*[(h, len(h)) for h in normalized])
+    refs = (_lib.Hash * count)(*[_lib.Hash(h, len(h)) for h in normalized])
     return refs, count, refs
 
 
@@ -96,14 +97,16 @@ def block_array(blocks: Sequence[Block]):
             raise InvalidArgument(
                 f"blocks[{i}] engine_block_id must be a non-negative int, got {block_id!r}")
         normalized.append((_hash_bytes(block_hash, f"blocks[{i}] hash"), block_id))
-    refs = (_lib.BlockRef * count)(*[(h, len(h), b) for h, b in normalized])
+    refs = (_lib.BlockRef * count)(*[_lib.BlockRef(h, len(h), b) for h, b in normalized])
     return refs, count, refs
 
 
-def check_int(name: str, value: object, low: int = 0, high: int = 2**64 - 1) -> None:
-    """ctypes would wrap a negative or oversized int silently: refuse it here."""
+def check_int(name: str, value: object, low: int = 0, high: int = 2**64 - 1) -> int:
+    """value, an int in low..high: ctypes would wrap a negative or oversized int silently,
+    so anything else is refused here."""
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
         raise InvalidArgument(f"{name} must be an int in {low}..{high}, got {value!r}")
+    return value
 
 
 def plane_range(planes: object) -> tuple[int, int] | None:
@@ -112,13 +115,12 @@ def plane_range(planes: object) -> tuple[int, int] | None:
     if planes is None:
         return None
     try:
-        begin, count = planes  # type: ignore[misc]
+        # Not iterable, or not two items: the TypeError or ValueError caught below.
+        begin, count = cast(Iterable[object], planes)
     except (TypeError, ValueError):
         raise InvalidArgument(
             f"planes must be a (begin, count) pair of ints or None, got {planes!r}") from None
-    check_int("planes begin", begin, 0, 2**32 - 1)
-    check_int("planes count", count, 0, 2**32 - 1)
-    return begin, count
+    return check_int("planes begin", begin, 0, 2**32 - 1), check_int("planes count", count, 0, 2**32 - 1)
 
 
 def check_region_id(region_id: int) -> None:
@@ -225,7 +227,7 @@ def range_retentions(ranges: Sequence[BlockPriority], count: int):
 def layout_struct(layout):
     """The kvtier_layout of ``layout``, and its plane array (keep it alive alongside)."""
     planes = (_lib.Plane * len(layout.planes))(*[
-        (p.region_id, 0, p.offset_bytes, p.stride_bytes, p.bytes_per_block)
+        _lib.Plane(p.region_id, 0, p.offset_bytes, p.stride_bytes, p.bytes_per_block)
         for p in layout.planes])
     wire = _lib.Layout(
         model_id=layout.model_id.encode(), dtype=layout.dtype.encode(),

@@ -28,7 +28,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from ctypes import byref, c_int, c_uint8, c_uint32, c_uint64, c_void_p
-from typing import Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 from . import _lib, _marshal, _memfd
 from ._marshal import Block
@@ -182,7 +182,7 @@ class Client:
                                retryable=False)
         handle = self._acquire()
         try:
-            if data_path == "plane-copies":
+            if data_path == "plane-copies" or with_data_path is None:  # None: plane-copies, see above
                 _lib.check(self._lib.kvtier_hello(handle, byref(wire), name,
                                                   _DEVICE_KINDS[device],
                                                   float(prefill_tokens_per_second), byref(out)))
@@ -399,7 +399,7 @@ class Client:
             self._release()
         tiers = {_lib.TIER_NAMES[i]: TierStats(t.capacity_bytes, t.used_bytes, t.blocks)
                  for i, t in enumerate(out.tiers)}
-        fields = {name: getattr(out, name) for name, _ in _lib.StatsInfo._fields_
+        fields = {name: getattr(out, name) for name, *_ in _lib.StatsInfo._fields_
                   if name not in ("tiers", "device_name", "policy")}
         return Stats(tiers=tiers, device_name=out.device_name.decode("utf-8", "replace"),
                      policy=out.policy.decode("utf-8", "replace"), **fields)

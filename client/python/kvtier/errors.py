@@ -13,6 +13,7 @@ UNAVAILABLE and RESOURCE_EXHAUSTED are retryable and every other code is not.
 from __future__ import annotations
 
 import enum
+from typing import Callable
 
 
 class StatusCode(enum.IntEnum):
@@ -146,7 +147,8 @@ class ClientClosed(KvtierError):
         super().__init__(StatusCode.UNAVAILABLE, message, retryable=False)
 
 
-_BY_CODE: dict[int, type[KvtierError]] = {
+# Each class here is built from (message, retryable): their codes are their own.
+_BY_CODE: dict[int, Callable[[str, bool | None], KvtierError]] = {
     StatusCode.INVALID_ARGUMENT: InvalidArgument,
     StatusCode.NOT_FOUND: NotFound,
     StatusCode.RESOURCE_EXHAUSTED: ResourceExhausted,

@@ -38,7 +38,8 @@ import json
 import os
 import struct
 import time
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 SCHEME = "kvtier-model-v1"
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".gguf", ".npz", ".h5", ".msgpack")

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import threading
 from ctypes import byref, c_uint32, c_uint64, c_void_p
-from typing import Sequence
+from collections.abc import Sequence
 
 from . import _lib, _marshal
 from .errors import ClientClosed, InvalidArgument, KvtierError, NotSupported

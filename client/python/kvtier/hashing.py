@@ -28,7 +28,7 @@ import array
 import ctypes
 import hashlib
 import struct
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 from .errors import InvalidArgument
 
@@ -108,7 +108,7 @@ def _native_block_hashes(tokens: list[int], tokens_per_block: int, extra: bytes,
     try:
         from . import _lib
         function = getattr(_lib.library(), "kvtier_block_hashes", None)
-    except Exception:  # noqa: BLE001 - no library: the reference loop below
+    except Exception:  # no library: the reference loop below
         return None
     if function is None:
         return None

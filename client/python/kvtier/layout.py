@@ -13,7 +13,7 @@ naming the bad field; the daemon validates again against the regions registered.
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from collections.abc import Sequence
 
 from .errors import InvalidArgument
 

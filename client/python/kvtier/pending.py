@@ -7,7 +7,7 @@ from ctypes import byref, c_int
 from typing import Callable, Generic, TypeVar
 
 from . import _lib
-from .errors import KvtierError
+from .errors import InvalidArgument
 
 T = TypeVar("T")
 
@@ -24,11 +24,12 @@ class Pending(Generic[T]):
     time; a lock keeps misuse safe.
     """
 
-    def __init__(self, handle: int, wait: Callable[[int], T]) -> None:
-        self._handle: int | None = handle  # the kvtier_pending*, None once waited for
+    def __init__(self, handle: int | None, wait: Callable[[int], T]) -> None:
+        self._handle = handle  # the kvtier_pending*, None once waited for
         self._wait = wait
         self._lock = threading.Lock()
-        self._outcome: tuple[bool, object] | None = None
+        # (the result,) or the error raised, once waited for: a 1-tuple, as T may be None.
+        self._outcome: tuple[T] | Exception | None = None
 
     def done(self) -> bool:
         """True when result() would return without waiting. Never blocks: False while
@@ -49,16 +50,19 @@ class Pending(Generic[T]):
         with self._lock:
             if self._outcome is None:
                 handle, self._handle = self._handle, None
+                if handle is None:  # an earlier result() was interrupted (KeyboardInterrupt)
+                    raise InvalidArgument("this reply is gone: an earlier result() was interrupted "
+                                          "while it waited")
                 try:
-                    self._outcome = (True, self._wait(handle))
-                except Exception as error:  # noqa: BLE001 - kept, so every call sees it
-                    self._outcome = (False, error)
+                    self._outcome = (self._wait(handle),)
+                except Exception as error:  # kept, so every call sees it
+                    self._outcome = error
                 finally:
                     _lib.library().kvtier_pending_free(handle)
-            succeeded, value = self._outcome
-        if succeeded:
-            return value  # type: ignore[return-value]
-        raise value  # type: ignore[misc]
+            outcome = self._outcome
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome[0]
 
     def __del__(self) -> None:
         handle = getattr(self, "_handle", None)

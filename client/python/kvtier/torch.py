@@ -21,7 +21,8 @@ block's bytes within a plane are contiguous, and that blocks do not overlap; it 
 from __future__ import annotations
 
 import math
-from typing import Mapping, Sequence, Union
+from collections.abc import Mapping, Sequence
+from typing import Union
 
 import torch
 
@@ -43,6 +44,7 @@ for _attr, _name in (("float8_e4m3fn", "fp8_e4m3"), ("float8_e5m2", "fp8_e5m2"))
 
 RegionIds = Union[int, Sequence[int]]
 Tensors = Union[torch.Tensor, Sequence[torch.Tensor]]
+RegionBase = Union[torch.Tensor, int]  # where a region starts: a tensor (its data_ptr) or an address
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -129,7 +131,7 @@ def _check_block_dense(layer: torch.Tensor, inner_dims: range, where: str) -> No
 
 
 def _region_base(region_id: int, layer_index: int, layer: torch.Tensor,
-                 region_bases: Mapping[int, object] | None, lowest: dict[int, int],
+                 region_bases: Mapping[int, RegionBase] | None, lowest: dict[int, int],
                  helper: str) -> int:
     if region_bases is not None and region_id in region_bases:
         base = region_bases[region_id]
@@ -146,7 +148,7 @@ def _region_base(region_id: int, layer_index: int, layer: torch.Tensor,
 
 
 def _planes(kv_caches: Tensors, region_ids: RegionIds, rank: int, layout_text: str,
-            helper: str, region_bases: Mapping[int, object] | None,
+            helper: str, region_bases: Mapping[int, RegionBase] | None,
             plane_dims: Sequence[int | None], block_dim: int) -> list[Plane]:
     """Shared by the layout helpers. plane_dims: for each plane of a layer, the dim
     that selects it (index = plane number) or None for a single-plane layout."""
@@ -197,7 +199,7 @@ def _planes(kv_caches: Tensors, region_ids: RegionIds, rank: int, layout_text: s
 
 
 def vllm_planes(kv_caches: Tensors, region_ids: RegionIds, *,
-                region_bases: Mapping[int, object] | None = None) -> list[Plane]:
+                region_bases: Mapping[int, RegionBase] | None = None) -> list[Plane]:
     """Planes of vLLM's flash-attention cache: per layer a tensor shaped
     ``[2, num_blocks, block_size, num_kv_heads, head_dim]`` (K then V). Returns the K
     plane then the V plane of each layer, in layer order. ``kv_caches``: the layer
@@ -213,7 +215,7 @@ def vllm_planes(kv_caches: Tensors, region_ids: RegionIds, *,
 
 
 def flashinfer_planes(kv_caches: Tensors, region_ids: RegionIds, *,
-                      region_bases: Mapping[int, object] | None = None) -> list[Plane]:
+                      region_bases: Mapping[int, RegionBase] | None = None) -> list[Plane]:
     """Planes of FlashInfer's cache: per layer ``[num_blocks, 2, block_size,
     num_kv_heads, head_dim]`` (NHD). K then V plane per layer, as vllm_planes."""
     layers = _layers(kv_caches, 5, "flashinfer_planes")
@@ -226,7 +228,7 @@ def flashinfer_planes(kv_caches: Tensors, region_ids: RegionIds, *,
 
 
 def mla_planes(kv_caches: Tensors, region_ids: RegionIds, *,
-               region_bases: Mapping[int, object] | None = None) -> list[Plane]:
+               region_bases: Mapping[int, RegionBase] | None = None) -> list[Plane]:
     """Planes of an MLA (DeepSeek) latent cache: per layer ``[num_blocks, block_size,
     latent_dim]``, one plane per layer."""
     return _planes(kv_caches, region_ids, 3, "[num_blocks, block_size, latent_dim]",
@@ -244,7 +246,7 @@ _KINDS = {
 def layout_from_tensors(model_id: str, kv_caches: Tensors, region_ids: RegionIds, *,
                         kind: str = "vllm", tp_rank: int = 0, tp_size: int = 1,
                         extra_key: str = "",
-                        region_bases: Mapping[int, object] | None = None) -> Layout:
+                        region_bases: Mapping[int, RegionBase] | None = None) -> Layout:
     """A complete Layout for a paged cache of the given kind ("vllm", "flashinfer" or
     "mla"): layers, heads (1 for MLA), head dim, dtype, tokens per block and block
     count from the tensors' shape, planes from the matching helper."""

@@ -32,6 +32,8 @@ error for others). Options (``kv_connector_extra_config``) are in ``kvtier.vllm.
 
 from __future__ import annotations
 
+import os as _os
+
 SUPPORTED_VLLM = ("0.32",)  # major.minor releases whose connector API this package implements
 
 
@@ -50,16 +52,15 @@ def _check_vllm_version() -> str:
     return version
 
 
-import os as _os  # noqa: E402
-
 if not _os.environ.get("KVTIER_VLLM_ANY_VERSION"):
     VLLM_VERSION = _check_vllm_version()
 else:
-    import vllm as _vllm  # noqa: E402
+    import vllm as _vllm
     VLLM_VERSION = getattr(_vllm, "__version__", "unknown")
 
-from .config import ConnectorConfig  # noqa: E402
-from .connector import KvtierConnector, KvtierConnectorMetadata, counters, finish_saves  # noqa: E402
+# After the version check: an unsupported vLLM fails there, with a clear message.
+from .config import ConnectorConfig  # noqa: E402 - see above
+from .connector import KvtierConnector, KvtierConnectorMetadata, counters, finish_saves  # noqa: E402 - see above
 
 __all__ = ["ConnectorConfig", "KvtierConnector", "KvtierConnectorMetadata", "SUPPORTED_VLLM",
            "VLLM_VERSION", "counters", "finish_saves"]

@@ -27,7 +27,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import logging
-from typing import Sequence
+from collections.abc import Sequence
 
 from .. import hashing
 from ..layout import Layout, Plane
@@ -171,7 +171,7 @@ def _tp_rank(parallel) -> int:
 
         if size > 1 and model_parallel_is_initialized():
             return int(get_tensor_model_parallel_rank())
-    except Exception:  # noqa: BLE001 - no TP group here: the rank vLLM gave the process
+    except Exception:  # no TP group here: the rank vLLM gave the process
         pass
     return int(getattr(parallel, "rank", 0)) % size
 

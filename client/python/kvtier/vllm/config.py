@@ -49,7 +49,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 
 @dataclasses.dataclass(frozen=True)

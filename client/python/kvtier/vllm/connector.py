@@ -23,6 +23,7 @@ import collections
 import contextlib
 import logging
 import sys
+from types import FrameType
 from typing import Any, Callable
 
 import torch
@@ -100,7 +101,7 @@ def finish_saves(llm, timeout_s: float = 30.0) -> bool:
         return False
     try:
         answered = all(llm.collective_rpc(_wait_for_worker_saves, args=(max(0.0, deadline - time.monotonic()),)))
-    except Exception as error:  # noqa: BLE001 - an executor without RPCs to its workers
+    except Exception as error:  # an executor without RPCs to its workers
         logger.warning("kvtier.vllm: finish_saves could not reach the workers: %s", error)
         return False
     if answered:
@@ -134,7 +135,7 @@ def scheduler_transfer_config(own):
         from vllm.distributed.kv_transfer.kv_connector.v1.multi_connector import MultiConnector
     except ImportError:
         return own
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None:
         owner = frame.f_locals.get("self")
         if isinstance(owner, MultiConnector):
@@ -187,7 +188,7 @@ class _Faults:
             else:
                 logger.debug("kvtier.vllm (%s): internal error %d in %s", self._role, self._seen[entry], entry,
                              exc_info=error)
-        except Exception:  # noqa: S110 - reporting must never be what fails
+        except Exception:  # reporting must never be what fails
             pass
 
 
@@ -222,10 +223,26 @@ class KvtierConnector(KVConnectorBase_V1):
                     role.name.lower(), len(self._shape.layer_names), self._shape.tokens_per_block,
                     self._shape.block_bytes, self._config.socket or "(default)")
 
+    @property
+    def _worker_side(self) -> WorkerSide:
+        """This connector's WorkerSide. vLLM calls the worker's methods only on a worker's
+        connector: on the scheduler's this raises, and the caller recovers as from any error."""
+        if self._worker is None:
+            raise RuntimeError("kvtier.vllm: a worker method called on the scheduler's connector")
+        return self._worker
+
+    @property
+    def _scheduler_side(self) -> SchedulerSide:
+        """This connector's SchedulerSide (the scheduler's methods, as _worker_side)."""
+        if self._scheduler is None:
+            raise RuntimeError("kvtier.vllm: a scheduler method called on a worker's connector")
+        return self._scheduler
+
     def _recover(self, entry: str, error: BaseException, fallback: Callable[[], Any] | None = None,
                  default: Any = None) -> Any:
         """Records the error, then runs fallback (what vLLM is owed); its result, or
-        default when there is none or it failed too."""
+        default when there is none or it failed too. A fallback that calls a side gets it
+        when it runs (``lambda: self._worker_side...``): a wrong role fails there too."""
         self._faults.record(entry, error)
         if fallback is None:
             return default
@@ -259,11 +276,11 @@ class KvtierConnector(KVConnectorBase_V1):
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]):
         try:
-            self._worker.register_kv_caches(kv_caches)
+            self._worker_side.register_kv_caches(kv_caches)
         except (InvalidArgument, UnsupportedModel):
             raise  # a KV cache kvtier cannot store: said at start-up, where it can be fixed
         except Exception as error:
-            self._recover("register_kv_caches", error, self._worker.disable)
+            self._recover("register_kv_caches", error, lambda: self._worker_side.disable())
             logger.error("kvtier.vllm: serving without kvtier (the worker could not be set up)")
 
     def _meta(self) -> KvtierConnectorMetadata | None:
@@ -276,15 +293,15 @@ class KvtierConnector(KVConnectorBase_V1):
             if meta is None:
                 raise TypeError(f"connector metadata {type(self._connector_metadata).__name__}, "
                                 f"not KvtierConnectorMetadata")
-            self._worker.start_load_kv(meta)
+            self._worker_side.start_load_kv(meta)
         except Exception as error:
-            self._recover("start_load_kv", error, lambda: self._worker.fail_step_loads(meta))
+            self._recover("start_load_kv", error, lambda: self._worker_side.fail_step_loads(meta))
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         try:
-            self._worker.wait_for_layer_load(layer_name)
+            self._worker_side.wait_for_layer_load(layer_name)
         except Exception as error:
-            self._recover("wait_for_layer_load", error, lambda: self._worker.fail_step_loads(self._meta()))
+            self._recover("wait_for_layer_load", error, lambda: self._worker_side.fail_step_loads(self._meta()))
 
     def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata, **kwargs: Any) -> None:
         return  # Saves go at request end, from wait_for_save, once every layer is written
@@ -292,30 +309,30 @@ class KvtierConnector(KVConnectorBase_V1):
     def wait_for_save(self):
         meta = self._meta()
         try:
-            expected = self._worker.saves_in_hand(meta)
+            expected = self._worker_side.saves_in_hand(meta)
         except Exception as error:
             expected = set()
             self._recover("wait_for_save", error)
         try:
-            self._worker.wait_for_save(meta)
+            self._worker_side.wait_for_save(meta)
         except Exception as error:
 
             def recover():
-                self._worker.end_loads_after_error()
-                self._worker.drop_saves_not_in_hand(expected)
+                self._worker_side.end_loads_after_error()
+                self._worker_side.drop_saves_not_in_hand(expected)
 
             self._recover("wait_for_save", error, recover)
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         try:
-            expected = self._worker.saves_in_hand(None)
+            expected = self._worker_side.saves_in_hand(None)
         except Exception as error:
             expected = set()
             self._recover("get_finished", error)
         try:
-            return self._worker.get_finished(finished_req_ids)
+            return self._worker_side.get_finished(finished_req_ids)
         except Exception as error:
-            return self._recover("get_finished", error, lambda: self._worker.salvage_finished(expected),
+            return self._recover("get_finished", error, lambda: self._worker_side.salvage_finished(expected),
                                  default=(None, None))
 
     def wait_for_saves_answered(self, timeout_s: float) -> bool:
@@ -334,10 +351,10 @@ class KvtierConnector(KVConnectorBase_V1):
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         try:
-            return self._worker.get_block_ids_with_load_errors()
+            return self._worker_side.get_block_ids_with_load_errors()
         except Exception as error:
-            return self._recover("get_block_ids_with_load_errors", error, self._worker.take_load_errors,
-                                 default=set())
+            return self._recover("get_block_ids_with_load_errors", error,
+                                 lambda: self._worker_side.take_load_errors(), default=set())
 
     def get_kv_connector_stats(self) -> KVConnectorStats | None:
         try:
@@ -385,51 +402,51 @@ class KvtierConnector(KVConnectorBase_V1):
 
     def on_new_request(self, request) -> None:
         try:
-            self._scheduler.on_new_request(request)
+            self._scheduler_side.on_new_request(request)
         except Exception as error:
-            self._recover("on_new_request", error, lambda: self._scheduler.forget(request.request_id))
+            self._recover("on_new_request", error, lambda: self._scheduler_side.forget(request.request_id))
 
     def get_num_new_matched_tokens(self, request, num_computed_tokens: int) -> tuple[int | None, bool]:
         if not self._loads:
             return 0, False
         try:
-            return self._scheduler.get_num_new_matched_tokens(request, num_computed_tokens)
+            return self._scheduler_side.get_num_new_matched_tokens(request, num_computed_tokens)
         except Exception as error:
-            self._recover("get_num_new_matched_tokens", error, lambda: self._scheduler.forget(request.request_id))
+            self._recover("get_num_new_matched_tokens", error, lambda: self._scheduler_side.forget(request.request_id))
             return 0, False
 
     def update_state_after_alloc(self, request, blocks, num_external_tokens: int):
         try:
-            self._scheduler.update_state_after_alloc(request, blocks, num_external_tokens)
+            self._scheduler_side.update_state_after_alloc(request, blocks, num_external_tokens)
         except Exception as error:
             # vLLM counts those tokens as loaded: the worker must report their blocks failed.
             self._recover("update_state_after_alloc", error,
-                          lambda: self._scheduler.abandon_load(request, blocks, num_external_tokens)
-                          if num_external_tokens > 0 else self._scheduler.forget(request.request_id))
+                          lambda: self._scheduler_side.abandon_load(request, blocks, num_external_tokens)
+                          if num_external_tokens > 0 else self._scheduler_side.forget(request.request_id))
 
     def build_connector_meta(self, scheduler_output) -> KVConnectorMetadata:
         try:
-            return self._scheduler.build_connector_meta(scheduler_output)
+            return self._scheduler_side.build_connector_meta(scheduler_output)
         except Exception as error:
-            return self._recover("build_connector_meta", error, self._scheduler.salvage_meta,
+            return self._recover("build_connector_meta", error, lambda: self._scheduler_side.salvage_meta(),
                                  default=KvtierConnectorMetadata())
 
     def update_connector_output(self, connector_output):
         try:
-            self._scheduler.update_connector_output(connector_output)
+            self._scheduler_side.update_connector_output(connector_output)
         except Exception as error:
-            self._recover("update_connector_output", error, self._scheduler.reset_saving)
+            self._recover("update_connector_output", error, lambda: self._scheduler_side.reset_saving())
 
     def request_finished(self, request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         if not self._saves:
             try:
-                self._scheduler.drop_save(request.request_id)  # forgets the request
+                self._scheduler_side.drop_save(request.request_id)  # forgets the request
             except Exception as error:
                 self._recover("request_finished", error)
             return False, None
         try:
-            return self._scheduler.request_finished(request, block_ids)
+            return self._scheduler_side.request_finished(request, block_ids)
         except Exception as error:
             # vLLM frees the blocks now: no Save of them may go out.
-            self._recover("request_finished", error, lambda: self._scheduler.drop_save(request.request_id))
+            self._recover("request_finished", error, lambda: self._scheduler_side.drop_save(request.request_id))
             return False, None

@@ -92,7 +92,7 @@ def _weights_folder(model, load) -> str | None:
         return snapshot_download(name, revision=model.revision, local_files_only=True,
                                  cache_dir=getattr(load, "download_dir", None),
                                  allow_patterns=["*.json", "*.safetensors", "*.bin", "*.pt", "*.pth"])
-    except Exception as error:  # noqa: BLE001 - not in the hub cache (or no hub): named only
+    except Exception as error:  # not in the hub cache (or no hub): named only
         logger.warning("kvtier.vllm: %s is neither a folder nor in the local hub cache (%s); its blocks are keyed "
                        "by its name and revision, not its weights", name, error)
         return None

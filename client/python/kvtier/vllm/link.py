@@ -29,7 +29,7 @@ class DaemonLink:
     if it raises, the client is closed and the link tries again ``reconnect_ms`` later."""
 
     def __init__(self, socket_path: str | None, reconnect_ms: float,
-                 setup: Callable[[Client], None], role: str) -> None:
+                 setup: Callable[[Client], object], role: str) -> None:
         self._socket_path = socket_path
         self._reconnect_s = reconnect_ms / 1000.0
         self._setup = setup
@@ -108,8 +108,8 @@ class LinkGroup:
         self.links = links
 
     def get(self) -> list[Client] | None:
-        clients = [link.get() for link in self.links]
-        return None if any(client is None for client in clients) else clients
+        clients = [client for client in (link.get() for link in self.links) if client is not None]
+        return clients if len(clients) == len(self.links) else None
 
     def wait_first_attempt(self, timeout_s: float) -> list[Client] | None:
         deadline = time.monotonic() + timeout_s

@@ -131,8 +131,9 @@ class KvtierPromMetrics(KVConnectorPromMetrics):
         for name, value in (transfer_stats_data or {}).items():
             if name in self._histograms:
                 metric = self._histograms[name].get(engine_idx)
-                for seconds in value if metric is not None else ():
-                    metric.observe(seconds)
+                if metric is not None:
+                    for seconds in value:
+                        metric.observe(seconds)
                 continue
             metric = (self._counters.get(name) or self._by_tier.get(name) or {}).get(engine_idx)
             if metric is not None and value:

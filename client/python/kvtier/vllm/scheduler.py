@@ -37,13 +37,14 @@ import math
 import queue
 import threading
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from .. import hashing
 from ..errors import KvtierError
 from ..pending import Pending
 from ..results import LookupResult
-from .blocks import MAX_SESSION_BYTES, BlockShape, request_extra_keys, request_hashes, session_id_of  # noqa: F401
+from .blocks import BlockShape, request_extra_keys, request_hashes, session_id_of
 from .config import ConnectorConfig
 from .link import DaemonLink, LinkGroup
 from .metadata import COUNTERS, TIERS, FailedLoad, KvtierConnectorMetadata, KvtierWorkerMetadata, LoadJob, SaveJob
@@ -135,7 +136,7 @@ class _Hasher:
                                                    extra_keys=job.extra_keys, parent=hashes[-1] if hashes else None)
                 lookup = _send_lookups(job.clients, hashes)
                 self.results.put(_Hashed(job.request_id, job.job_id, hashes, lookup, time.monotonic()))
-            except Exception as error:  # noqa: BLE001 - handed back: counted, 0 hits
+            except Exception as error:  # handed back: counted, 0 hits
                 self.results.put(_Hashed(job.request_id, job.job_id, hashes, None, 0.0, error))
 
 
@@ -344,14 +345,17 @@ class SchedulerSide:
             if state.hashing is not None:
                 return None, False
         if state.hits is None:
-            if not self._lookup_answered(state):
+            lookup = state.lookup
+            if lookup is None:  # not reached: _send_lookup sets hits, hashing or lookup
+                return 0, False
+            if not self._lookup_answered(lookup, state.lookup_sent_s):
                 if (time.monotonic() - state.lookup_sent_s) * 1000.0 < self._config.lookup_timeout_ms:
                     return None, False
                 COUNTERS.add("lookup_timeouts")
                 state.lookup, state.hits = None, 0  # dropped: its reply is discarded
                 return 0, False
             try:
-                result = state.lookup.result()
+                result = lookup.result()
                 state.hits, state.tiers = result.hit_count, list(result.tiers)
                 COUNTERS.add("lookup_hit_blocks", state.hits)
                 COUNTERS.add_by_tier("lookup_hit_blocks", state.tiers)
@@ -378,6 +382,8 @@ class SchedulerSide:
     def _still_waiting_for_save(self, state: _Request) -> bool:
         """A block past the last Lookup's hits and vLLM's own hit is still being saved,
         and the request has waited less than save_wait_ms for it."""
+        if state.waiting_for_save_since_s is None:
+            return False
         waited_ms = (time.monotonic() - state.waiting_for_save_since_s) * 1000.0
         return waited_ms < self._config.save_wait_ms and self._saving_past(state)
 
@@ -393,14 +399,14 @@ class SchedulerSide:
         digest = state.hashes[index]
         return any(len(saving) > index and saving[index] == digest for saving in self._saving_by_request.values())
 
-    def _lookup_answered(self, state: _Request) -> bool:
+    def _lookup_answered(self, lookup: Pending | _RankLookups, sent_s: float) -> bool:
         """Polls the Lookup, spinning for at most lookup_spin_us after it was sent: a
         reply is usually that close, and "ask again" costs the request an engine step."""
-        if state.lookup.done():
+        if lookup.done():
             return True
-        spin_until = min(state.lookup_sent_s + self._spin_s, time.monotonic() + self._spin_s)
+        spin_until = min(sent_s + self._spin_s, time.monotonic() + self._spin_s)
         while time.monotonic() < spin_until:
-            if state.lookup.done():
+            if lookup.done():
                 return True
         return False
 
@@ -482,9 +488,9 @@ class SchedulerSide:
                 if state.async_loading and not state.loading_block_ids.isdisjoint(invalid):
                     state.load_failed = True
         for request_id in connector_output.finished_recving or ():
-            state = self._requests.get(request_id)
-            if state is not None:
-                state.async_loading = False
+            received = self._requests.get(request_id)
+            if received is not None:
+                received.async_loading = False
         meta = getattr(connector_output, "kv_connector_worker_meta", None)
         for request_id, count in (meta.saves_over if isinstance(meta, KvtierWorkerMetadata) else {}).items():
             if request_id not in self._saving_by_request:

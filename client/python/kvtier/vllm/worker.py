@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from typing import Iterable
+from collections.abc import Iterable
 
 import torch
 
@@ -64,6 +64,7 @@ class SlotPool:
     """The staging buffer's block slots (host path)."""
 
     def __init__(self, count: int) -> None:
+        self.count = count  # slots in all, free or taken
         self._free = list(range(count - 1, -1, -1))
         self._is_free = set(self._free)
 
@@ -116,7 +117,7 @@ class WorkerSide:
         self._host = True  # vLLM's cache is in host memory
         self._staged = True  # ... and the daemon reaches it through the staging buffer
         self._staging: torch.Tensor | None = None
-        self._slots: SlotPool | None = None
+        self._slots = SlotPool(0)  # the staging buffer's: none until register_kv_caches makes it
         self._staging_planes: list[torch.Tensor] = []  # per plane: [slots, plane bytes] view
         self._cache_planes: list[torch.Tensor] = []  # per plane: [vLLM blocks, plane bytes]
         self._loads: list[_Load] = []  # this step's, waited for layer by layer
@@ -127,7 +128,7 @@ class WorkerSide:
         self._save_backlog: list[SaveJob] = []  # waiting for staging room
         # CUDA: Saves waiting for the step that wrote their KV to finish on the GPU (an
         # event recorded after it, polled: the step thread never waits for the GPU).
-        self._gpu_saves: list[tuple[object | None, list[SaveJob]]] = []
+        self._gpu_saves: list[tuple[torch.cuda.Event | None, list[SaveJob]]] = []
         self._overdue_loads: set[int] = set()  # id() of asynchronous Loads counted overdue
         self._backlogged_since: dict[str, float] = {}  # request id -> when it first found no room
         self._finished_sending: set[str] = set()
@@ -155,10 +156,10 @@ class WorkerSide:
         storages: dict[int, torch.Tensor] = {}
         planes: list[Plane] = []
         views: list[torch.Tensor] = []
-        per_layer = [(name, layer, _layer_planes(name, layer, shape)) for name, layer in zip(shape.layer_names, layers)]
+        per_layer = [(layer, _layer_planes(name, layer, shape)) for name, layer in zip(shape.layer_names, layers)]
         if shape.cross_layer:
-            per_layer = [(shape.layer_names[0], layers[0], _cross_layer_plane(layers, shape))]
-        for name, layer, layer_planes in per_layer:
+            per_layer = [(layers[0], _cross_layer_plane(layers, shape))]
+        for layer, layer_planes in per_layer:
             storage = layer.untyped_storage()
             region_id = storages.setdefault(storage.data_ptr(), len(storages)) if not self._host else 0
             base = torch.empty(0, dtype=torch.uint8, device=layer.device).set_(storage)
@@ -453,10 +454,10 @@ class WorkerSide:
         targets = job.block_ids
         if self._staged:
             if self._slots.free < count:
-                if count > len(self._staging):  # never fits: save the prefix that does
-                    COUNTERS.add("save_dropped_blocks", count - len(self._staging))
-                    job = dataclasses.replace(job, hashes=job.hashes[:len(self._staging)],
-                                              block_ids=job.block_ids[:len(self._staging)])
+                if count > self._slots.count:  # never fits: save the prefix that does
+                    COUNTERS.add("save_dropped_blocks", count - self._slots.count)
+                    job = dataclasses.replace(job, hashes=job.hashes[:self._slots.count],
+                                              block_ids=job.block_ids[:self._slots.count])
                     count = len(job.hashes)
                 if self._slots.free < count:
                     COUNTERS.add("staging_waits")
@@ -724,7 +725,7 @@ class WorkerSide:
             self._link.close()
 
 
-def _record_step_event():
+def _record_step_event() -> torch.cuda.Event | None:
     """An event recorded on vLLM's current CUDA stream (None without CUDA: nothing to
     wait for)."""
     if not torch.cuda.is_available():
