@@ -6,10 +6,12 @@ import re
 import threading
 
 import pytest
-import torch
 
 import kvtier
 from kvtier.hashing import block_hashes
+
+pytest.importorskip("torch", reason="needs torch (Debian: python3-torch)")
+import torch
 from kvtier.torch import layout_from_tensors, memfd_tensor
 
 SHAPE = (2, 16, 4, 2, 8)  # [2, blocks, block_size, heads, head_dim]

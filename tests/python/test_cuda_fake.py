@@ -15,6 +15,8 @@ import pytest
 
 from kvtierd_process import BUILD_DIR, REPO, Kvtierd
 
+pytest.importorskip("torch", reason="the engine scripts need torch (Debian: python3-torch)")
+
 # What both engine scripts start with: the fake driver's primary context made current
 # (its device pointers are host addresses the script can view as tensors).
 PREAMBLE = r'''

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 import kvtier
-from kvtierd_process import SMALL_SLABS, Kvtierd
 from kvtier.hashing import block_hashes
-from kvtier.torch import (flashinfer_planes, layout_from_tensors, memfd_tensor, mla_planes,
-                          vllm_planes)
+from kvtierd_process import SMALL_SLABS, Kvtierd
+
+pytest.importorskip("torch", reason="needs torch (Debian: python3-torch)")
+import torch
+from kvtier.torch import (flashinfer_planes, layout_from_tensors, memfd_tensor,
+                          mla_planes, vllm_planes)
 
 SHAPE = (2, 4, 4, 2, 8)  # [2, blocks, block_size, heads, head_dim]
 

@@ -4,10 +4,12 @@ save some engine blocks, wipe the cache, load them into other blocks, compare bi
 from __future__ import annotations
 
 import pytest
-import torch
 
 import kvtier
 from kvtier.hashing import block_hashes
+
+pytest.importorskip("torch", reason="needs torch (Debian: python3-torch)")
+import torch
 from kvtier.torch import layout_from_tensors, memfd_tensor
 
 LAYERS, BLOCKS, TOKENS_PER_BLOCK, HEADS, HEAD_DIM, LATENT = 3, 8, 4, 2, 16, 24

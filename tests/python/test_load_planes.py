@@ -6,10 +6,12 @@ from __future__ import annotations
 import re
 
 import pytest
-import torch
 
 import kvtier
 from kvtier.hashing import block_hashes
+
+pytest.importorskip("torch", reason="needs torch (Debian: python3-torch)")
+import torch
 from kvtier.torch import layout_from_tensors, memfd_tensor
 
 LAYERS = 3

@@ -8,12 +8,14 @@ import signal
 import time
 
 import pytest
-import torch
 
 import kvtier
 from kvtier.hashing import block_hashes
-from kvtier.torch import layout_from_tensors, memfd_tensor
 from kvtierd_process import SMALL_SLABS, Kvtierd
+
+pytest.importorskip("torch", reason="needs torch (Debian: python3-torch)")
+import torch
+from kvtier.torch import layout_from_tensors, memfd_tensor
 
 SHAPE = (2, 16, 4, 2, 8)  # [2, blocks, block_size, heads, head_dim]
 NVME = SMALL_SLABS + ["--nvme-bytes", "64MiB", "--hbm-idle-ms", "0", "--ram-idle-ms", "0",

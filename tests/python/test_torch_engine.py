@@ -26,15 +26,17 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 
 from kvtierd_process import BUILD_DIR, REPO, Kvtierd
+
+pytest.importorskip("torch", reason="needs torch (Debian: python3-torch)")
+import torch
 
 ENGINE_DIR = REPO / "examples" / "torch_engine"
 sys.path.insert(0, str(ENGINE_DIR))
 
-from engine import Conversation, Engine  # noqa: E402
-from model import LlamaModel, config_named  # noqa: E402
+from engine import Conversation, Engine  # noqa: E402 - from ENGINE_DIR, and imports torch
+from model import LlamaModel, config_named  # noqa: E402 - likewise
 
 MESSAGES = [
     "Hello! Which tiers does kvtier keep KV blocks in?",

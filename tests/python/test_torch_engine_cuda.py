@@ -15,15 +15,17 @@ import os
 import sys
 
 import pytest
-import torch
 
 from kvtierd_process import REPO, Kvtierd
 
+pytest.importorskip("torch", reason="needs torch (Debian: python3-torch)")
+import torch
+
 sys.path.insert(0, str(REPO / "examples" / "torch_engine"))
 
-from engine import Conversation, Engine  # noqa: E402
-from model import LlamaModel, config_named  # noqa: E402
-from test_torch_engine import MESSAGES, NEW_TOKENS, wait_until_on_nvme  # noqa: E402
+from engine import Conversation, Engine
+from model import LlamaModel, config_named
+from test_torch_engine import MESSAGES, NEW_TOKENS, wait_until_on_nvme
 
 
 def _gpu_required() -> bool:
