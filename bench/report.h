@@ -16,6 +16,8 @@
 #include <variant>
 #include <vector>
 
+#include "common/sample_stats.h"  // percentile_of_sorted, median: what the reports take
+
 namespace kvtier::bench {
 
 using ConfigValue = std::variant<std::string, int64_t, double, bool>;
@@ -53,10 +55,5 @@ class BenchReport {
   std::vector<Target> targets_;
   std::vector<std::string> notes_;
 };
-
-// Percentile by nearest rank of an ascending-sorted sample; `fraction` in [0, 1].
-double percentile_of_sorted(const std::vector<double>& sorted, double fraction);
-// Median of an unsorted sample (mean of the middle two for even sizes); 0 when empty.
-double median(std::vector<double> values);
 
 }  // namespace kvtier::bench

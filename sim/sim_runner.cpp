@@ -9,7 +9,7 @@
 #include <queue>
 #include <unordered_map>
 
-#include "bench/report.h"
+#include "common/sample_stats.h"
 #include "policy/clock.h"
 #include "policy/session_table.h"
 #include "sim/sim_optimum.h"
