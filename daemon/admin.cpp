@@ -154,9 +154,9 @@ Status AdminService::handle_pin(const ConnectionPtr& c, EngineContext& engine, u
   const std::pair<uint32_t, std::string> key{(*session)->namespace_id, (*session)->id};
   uint32_t held = 0;
   if (pin) {
-    admin_pins_[key];  // refresh_admin_pins() pins its blocks
-    refresh_admin_pins();
-    held = static_cast<uint32_t>(admin_pins_[key].size());
+    std::vector<PinnedBlock>& pins = admin_pins_[key];
+    if (pins.empty()) pin_blocks(**session, (*session)->blocks.hashes(), pins);
+    held = static_cast<uint32_t>(pins.size());
   } else {
     admin_pins_.erase(key);  // unpins its blocks
   }
@@ -225,24 +225,32 @@ Status AdminService::handle_get_config(const ConnectionPtr& c, EngineContext& en
   return Status::ok();
 }
 
-void AdminService::refresh_admin_pins() {
-  for (auto it = admin_pins_.begin(); it != admin_pins_.end();) {
-    const policy::Session* session = ctx_.sessions.find(it->first.first, it->first.second);
-    if (session == nullptr) {
-      it = admin_pins_.erase(it);  // closed: its pins go
-      continue;
+void AdminService::pin_blocks(const policy::Session& session, std::span<const BlockHash> blocks,
+                              std::vector<PinnedBlock>& held) {
+  for (const BlockHash& hash : blocks) {
+    PinnedBlock pin = ctx_.store->pin({session.layout, hash}, now_ms());
+    if (pin) {
+      held.push_back(std::move(pin));
+    } else {
+      KVTIER_LOG_WARN(
+          "pin: block {} of session '{}' could not be pinned (not stored, or being "
+          "written)",
+          hash.to_hex(), session.id);
     }
-    std::vector<PinnedBlock>& held = it->second;
-    std::unordered_set<BlockKey, BlockKeyHasher> wanted;
-    for (const BlockHash& hash : session->blocks) wanted.insert({session->layout, hash});
-    // Pins on blocks the session no longer has are released; the rest stay.
-    std::erase_if(held, [&](const PinnedBlock& pin) { return wanted.erase(pin.key()) == 0; });
-    for (const BlockKey& block : wanted) {
-      // A block still being written is not visible yet; the next refresh pins it.
-      if (PinnedBlock pin = ctx_.store->pin(block, now_ms())) held.push_back(std::move(pin));
-    }
-    ++it;
   }
+}
+
+void AdminService::session_grew(const policy::Session& session, std::span<const BlockHash> added) {
+  auto pinned = admin_pins_.find({session.namespace_id, session.id});
+  if (pinned != admin_pins_.end()) pin_blocks(session, added, pinned->second);
+}
+
+void AdminService::session_cut(const policy::Session& session) {
+  auto pinned = admin_pins_.find({session.namespace_id, session.id});
+  if (pinned == admin_pins_.end()) return;
+  std::unordered_set<BlockHash, BlockHashHasher> kept(session.blocks.begin(), session.blocks.end());
+  std::erase_if(pinned->second,
+                [&](const PinnedBlock& pin) { return !kept.contains(pin.key().hash); });
 }
 
 uint64_t AdminService::admin_pinned_blocks() const {

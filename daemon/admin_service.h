@@ -13,6 +13,7 @@
 
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -29,6 +30,11 @@ class AdminService final : public Part, public policy::SessionObserver {
   void session_closed(uint32_t namespace_id, const std::string& session_id) override {
     admin_pins_.erase({namespace_id, session_id});
   }
+  // A pinned session's new blocks are pinned as they join it (SessionObserver; a
+  // session's blocks are written before they join it, so each can be pinned).
+  void session_grew(const policy::Session& session, std::span<const BlockHash> added) override;
+  // A pinned session's pins on the blocks past its cut go (SessionObserver).
+  void session_cut(const policy::Session& session) override;
 
   // introspection.cpp
   Status handle_stats(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
@@ -51,9 +57,6 @@ class AdminService final : public Part, public policy::SessionObserver {
   Status handle_drain(const ConnectionPtr& c, EngineContext& engine, uint64_t id);
   Status handle_get_config(const ConnectionPtr& c, EngineContext& engine, uint64_t id);
 
-  // Makes the admin pins match the pinned sessions' current blocks (new blocks get
-  // pinned, blocks a session no longer has and closed sessions get unpinned).
-  void refresh_admin_pins();
   uint64_t pinned_sessions() const { return admin_pins_.size(); }
   uint64_t admin_pinned_blocks() const;
   // Blocks pinned by copies in flight only (admin pins left out).
@@ -64,6 +67,9 @@ class AdminService final : public Part, public policy::SessionObserver {
   // when that is empty (NotFound / InvalidArgument when absent or ambiguous).
   Result<policy::Session*> find_session_for_admin(const std::string& session_id,
                                                   const std::string& namespace_name);
+  // Pins each of `blocks` of `session` into `held`.
+  void pin_blocks(const policy::Session& session, std::span<const BlockHash> blocks,
+                  std::vector<PinnedBlock>& held);
   struct Listing;  // a page being listed (introspection.cpp)
   // One slice of `listing`'s walk or description; posts the next, or replies.
   void continue_listing(const std::shared_ptr<Listing>& listing);

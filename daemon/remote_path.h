@@ -57,6 +57,8 @@ class RemotePath final : public Part, public policy::SessionObserver {
   void sweep_write_behind();
   // The session was cut: its blocks from the cut on are written behind again.
   void session_cut(const policy::Session& session) override;
+  // A Save ended its turn: its blocks not in the cluster yet are written behind.
+  void turn_ended(const policy::Session& session) override { write_behind(session); }
   // The session's end: its remote record is deleted (SessionObserver).
   void session_closed(uint32_t namespace_id, const std::string& session_id) override;
 

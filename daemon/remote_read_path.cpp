@@ -172,7 +172,6 @@ void RemotePath::resume_from_remote(const ConnectionPtr& c, const EngineContext&
           }
           policy::Session* session = ctx_.sessions.find(key.namespace_id, key.id);
           if (session == nullptr) return;
-          bool grew = false;
           while (growth->next < growth->limit && growth->landed[growth->next]) {
             const BlockKey& block = rest[growth->next];
             const std::optional<BlockHash> last =
@@ -195,9 +194,7 @@ void RemotePath::resume_from_remote(const ConnectionPtr& c, const EngineContext&
               ++synced->second;
             }
             ++growth->next;
-            grew = true;
           }
-          if (grew) ctx_.parts.journal->note_session_changed(*session);
         };
         fetch_remote(rest, std::move(grow));
       });

@@ -119,10 +119,6 @@ void Replies::record_reply(const ConnectionPtr& c, uint64_t id, wire::Response::
     const size_t loaded = std::min<size_t>(response.getLoad().getLoadedCount(), tiers.size());
     for (size_t i = 0; i < loaded; ++i) metrics_.count_hit(tiers[i]);
   }
-  if (ctx_.parts.admin->pinned_sessions() > 0 && (response.isSave() || response.isCloseSession())) {
-    // A pinned session may have new blocks (pin them) or be gone (unpin).
-    ctx_.parts.admin->refresh_admin_pins();
-  }
   engine->pending_requests.erase(pending);
 }
 

@@ -251,9 +251,9 @@ void SavePath::finish_save(const ConnectionPtr& c, uint64_t id, const EngineCont
     ctx_.sessions.record_uses(engine.layout_key, request.hashes);
     ctx_.sessions.record_save(**session, request.hashes, request.end_of_turn);
     apply_retention(**session, request);
+    // Its new blocks' NVMe copies, the remote write-behind at a turn's end and an
+    // admin's pins follow from record_save (SessionObserver); a priority changes the record.
     ctx_.parts.journal->note_session_changed(**session);
-    if (stored > 0) ctx_.parts.journal->note_saved(**session);
-    if (request.end_of_turn) ctx_.parts.remote->write_behind(**session);  // remote_write_behind.cpp
   }
   reply(c, id, [&](wire::Response::Builder response) {
     auto out = response.initSave();

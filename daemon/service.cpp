@@ -111,8 +111,8 @@ Service::Service(asio::io_context& io, DaemonConfig config, std::unique_ptr<Devi
   ctx_.parts = {replies_.get(), copies_.get(),  placement_.get(), saves_.get(),
                 loads_.get(),   turns_.get(),   setup_.get(),     admin_.get(),
                 startup_.get(), journal_.get(), remote_.get()};
-  // Whoever keeps something per session hears of its end from the table, whichever
-  // path closed it (CloseSession, Evict, a Save of another layout).
+  // Whoever keeps something per session hears from the table of its growth, its cuts,
+  // its turns' ends and its end, whichever path changed it (policy::SessionObserver).
   for (policy::SessionObserver* part : std::initializer_list<policy::SessionObserver*>{
            saves_.get(), admin_.get(), journal_.get(), remote_.get()}) {
     ctx_.sessions.subscribe(*part);

@@ -70,6 +70,9 @@ class Service final : public ipc::RequestHandler {
   // the caller logs what else changed and needs a restart.
   void apply_reloaded_config(const DaemonConfig& fresh);
   const DaemonConfig& config() const { return ctx_.config; }
+  // One more subscriber to the session table's notices, besides the parts (borrowed: it
+  // outlives the Service).
+  void subscribe(policy::SessionObserver& observer) { ctx_.sessions.subscribe(observer); }
   // One line for systemd's STATUS=: tier occupancy, sessions, connections.
   std::string status_line() const;
   // service_metrics.cpp: the Prometheus text for /metrics. Aggregates only: no

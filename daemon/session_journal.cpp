@@ -181,7 +181,9 @@ Status SessionJournal::recover_nvme() {
       present.push_back(hash);
     }
     policy::Session& restored = **session;
+    recovering_ = true;
     ctx_.sessions.record_save(restored, present, false);
+    recovering_ = false;
     restore_from_record(restored, record, steady_now, wall_now);
     if (present.size() < record.blocks.size()) {
       ++cut_sessions;
@@ -224,8 +226,10 @@ void SessionJournal::note_session_changed(const policy::Session& session) {
   if (nvme_) nvme_->dirty_sessions.insert({session.namespace_id, session.id});
 }
 
-void SessionJournal::note_saved(const policy::Session& session) {
-  if (!nvme_ || ctx_.config.nvme_copy_after_ms == 0) return;
+void SessionJournal::session_grew(const policy::Session& session, std::span<const BlockHash>) {
+  if (!nvme_ || recovering_) return;  // recovered blocks are on NVMe, their records too
+  nvme_->dirty_sessions.insert({session.namespace_id, session.id});
+  if (ctx_.config.nvme_copy_after_ms == 0) return;
   queue_copies(session, ctx_.sessions.now_ms() + ctx_.config.nvme_copy_after_ms);
 }
 

@@ -20,6 +20,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
@@ -96,10 +97,11 @@ class SessionJournal final : public Part, public policy::SessionObserver {
   void session_cut(const policy::Session& session) override;
   // The session's end: its NVMe record is deleted at the next flush (SessionObserver).
   void session_closed(uint32_t namespace_id, const std::string& session_id) override;
-  // A Save added blocks to the session: nvme-copy-after-ms later, those of its blocks
-  // still in HBM or RAM get a copy on NVMe (write_due_copies), so that a kill -9 loses
-  // none of them — also a session a priority keeps in the fast tiers.
-  void note_saved(const policy::Session& session);
+  // Blocks were added to the session (a Save, the remote tier): its record is written
+  // at the next flush and, nvme-copy-after-ms later, those of its blocks still in HBM or
+  // RAM get a copy on NVMe (write_due_copies), so that a kill -9 loses none of them —
+  // also a session a priority keeps in the fast tiers (SessionObserver).
+  void session_grew(const policy::Session& session, std::span<const BlockHash> added) override;
   // Writes the copies that are due (the planner's runs call it): the sessions of the
   // highest retention priority first, while NVMe has room to spare.
   void write_due_copies();
@@ -125,6 +127,8 @@ class SessionJournal final : public Part, public policy::SessionObserver {
  private:
   // Queues the session's copies for `due_ms` (once: a queued session keeps its turn).
   void queue_copies(const policy::Session& session, uint64_t due_ms);
+  // recover_nvme is putting a stored session back: its growth is what NVMe holds.
+  bool recovering_ = false;
 
   std::unique_ptr<NvmeState> nvme_;
 };

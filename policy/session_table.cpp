@@ -55,6 +55,9 @@ std::vector<BlockHash> SessionTable::record_save(Session& session,
     session.turn_begun = false;
   }
   change(session, end_of_turn ? SessionState::kIdle : SessionState::kActive, clock_.now_ms());
+  if (end_of_turn) {
+    for (SessionObserver* observer : observers_) observer->turn_ended(session);
+  }
   return appended;
 }
 
@@ -81,6 +84,9 @@ std::vector<BlockHash> SessionTable::append_blocks(Session& session,
   }
   for (const BlockHash& hash : appended) {
     entries.push_back(add_holder(session, hash, static_cast<uint32_t>(entries.size())));
+  }
+  if (!appended.empty()) {
+    for (SessionObserver* observer : observers_) observer->session_grew(session, appended);
   }
   return appended;
 }

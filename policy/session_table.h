@@ -22,6 +22,7 @@
 #include <map>
 #include <memory>
 #include <set>
+#include <span>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -223,23 +224,34 @@ class BlockReferences {
   virtual void drop_reference(const BlockKey& key) = 0;
 };
 
-// Told that a session has ended (CloseSession, an admin's Evict, a Save of another
-// layout replacing it), once, after it left the table: each part that keeps something
-// per session (its NVMe and remote records, admin pins, a Save's cut mark) subscribes
-// here instead of being told by every path that closes one. Called synchronously.
+// Told what happens to sessions, by the table, as it happens: each part that keeps
+// something per session (its NVMe and remote records, admin pins, a Save's cut mark)
+// subscribes here instead of being told by every path that changes one. Called
+// synchronously, from the table's methods, after the change (a subscriber may read the
+// table, never change it from inside a notice).
 class SessionObserver {
  public:
   virtual ~SessionObserver() = default;
+  // The session has ended (CloseSession, an admin's Evict, idle expiry, a Save of another
+  // layout replacing it), once, after it left the table.
   virtual void session_closed(uint32_t namespace_id, const std::string& session_id) = 0;
   // The session was cut short (a block it held was evicted or lost: truncate); it is
   // still in the table, holding the blocks before the cut.
   virtual void session_cut(const Session& session) { (void)session; }
+  // Blocks were appended to the session (a Save, blocks read for it from elsewhere, a
+  // recovery): `added`, now the last of session.blocks. Never empty.
+  virtual void session_grew(const Session& session, std::span<const BlockHash> added) {
+    (void)session;
+    (void)added;
+  }
+  // A Save ended the session's turn: it is idle, with that turn's blocks.
+  virtual void turn_ended(const Session& session) { (void)session; }
 };
 
 class SessionTable {
  public:
   explicit SessionTable(const Clock& clock) : clock_(clock) {}
-  // `observer` (borrowed: it outlives the table's last close) hears of every close.
+  // `observer` (borrowed: it outlives the table's last notice) hears of every change.
   void subscribe(SessionObserver& observer) { observers_.push_back(&observer); }
   // From now on `references` (borrowed; nullptr: none) is told of every block a session
   // takes up or lets go of. Set it before the first session exists.

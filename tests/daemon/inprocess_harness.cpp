@@ -120,6 +120,10 @@ std::string InProcessDaemon::metrics_text() {
   return text;
 }
 
+void InProcessDaemon::subscribe_to_sessions(policy::SessionObserver& observer) {
+  run_on_control_thread([&] { service_->subscribe(observer); });
+}
+
 void InProcessDaemon::advance_clock_ms(uint64_t millis) {
   run_on_control_thread([&] { clock_.advance_ms(millis); });
 }

@@ -71,6 +71,9 @@ class InProcessDaemon {
   // Runs `work` on the control thread and returns once it has run.
   void run_on_control_thread(const std::function<void()>& work);
   void advance_clock_ms(uint64_t millis);
+  // `observer` hears of every session change from now on, on the control thread (it
+  // outlives the daemon; read what it recorded through run_on_control_thread).
+  void subscribe_to_sessions(policy::SessionObserver& observer);
   // The Prometheus text /metrics would serve now.
   std::string metrics_text();
   uint64_t now_ms();
