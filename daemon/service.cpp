@@ -155,7 +155,8 @@ Status Service::start() {
   }
   KVTIER_RETURN_IF_ERROR(journal_->open_nvme(tiers));
   ctx_.store = std::make_unique<BlockStore>(std::move(tiers));
-  ctx_.store->set_observer(ctx_.planner.observer());  // a peer policy learns from the store
+  // A peer policy learns from the store's block events.
+  if (policy::BlockObserver* peer = ctx_.planner.observer()) ctx_.store->subscribe(*peer);
   ctx_.topology = TierTopology::of([this](Tier tier) {
     // The remote tier joins when open_remote() connects it.
     return !TierTopology::traits(tier).key_addressed && ctx_.store->configured(tier);
@@ -373,9 +374,13 @@ void Service::stop(std::function<void()> stopped) {
 
 void Service::apply_reloaded_config(const DaemonConfig& fresh) {
   ctx_.config = with_reloadable_settings(ctx_.config, fresh);
+  // Another policy has another observer (a peer policy starts its history anew): the
+  // old one unsubscribes before the planner lets it go.
+  policy::BlockObserver* old_peer = ctx_.planner.observer();
+  if (ctx_.store != nullptr && old_peer != nullptr) ctx_.store->unsubscribe(*old_peer);
   ctx_.planner.set_config(planner_config(ctx_.config));
-  // Another policy has another observer (a peer policy starts its history anew).
-  if (ctx_.store != nullptr) ctx_.store->set_observer(ctx_.planner.observer());
+  policy::BlockObserver* peer = ctx_.planner.observer();
+  if (ctx_.store != nullptr && peer != nullptr) ctx_.store->subscribe(*peer);
   if (ctx_.view != nullptr) ctx_.planner.tell_capacities(*ctx_.view);
 }
 

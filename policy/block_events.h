@@ -38,7 +38,9 @@ class BlockListener {
   virtual ~BlockListener() = default;
   // The block (`bytes` long) is now held in `tier`: a Save's new block (from its
   // reservation on), a move that landed, a copy written below it, a block recovered from
-  // disk. A block with a copy is held in both tiers.
+  // disk. A block with a copy is held in both tiers; one that moves back down onto its
+  // copy leaves the tier above and enters the copy's tier again (a listener that keeps
+  // where blocks are sees no change there).
   virtual void block_entered(const BlockKey& key, Tier tier, uint64_t bytes) = 0;
   // It no longer is, for the reason given.
   virtual void block_left(const BlockKey& key, Tier tier, Departure why) = 0;

@@ -100,11 +100,11 @@ class PerTierPolicy : public PeerPolicy {
     tiers_[tier_index(tier)].entered(entries_.get(key));
     release_dropped(tier);
   }
-  void block_left(const BlockKey& key, Tier tier, bool sacrificed) override {
+  void block_left(const BlockKey& key, Tier tier, Departure why) override {
     if (static_cast<size_t>(tier) >= kLocalTierCount) return;
     const uint32_t id = entries_.find(key);
     if (id == kNil) return;
-    tiers_[tier_index(tier)].left(id, sacrificed);
+    tiers_[tier_index(tier)].left(id, sacrificed(why));
     release_dropped(tier);
     entries_.release_if_unused(id);
   }
@@ -211,7 +211,7 @@ class WorkloadAware final : public PeerPolicy {
     blocks_[key].tiers |= tier_bit(tier);
     block_bytes_ = std::max(block_bytes_, bytes);
   }
-  void block_left(const BlockKey& key, Tier tier, bool) override {
+  void block_left(const BlockKey& key, Tier tier, Departure) override {
     auto it = blocks_.find(key);
     if (it == blocks_.end() || it->second.tiers == 0) return;
     if ((it->second.tiers &= ~tier_bit(tier)) == 0) {

@@ -38,9 +38,10 @@
 // is a new block there). Every other rule is LRU tiering's (kLru): watermarks, room for
 // Saves, lowest retention priority first, no idle demotion, nothing on BeginTurn.
 //
-// They learn from what happens to blocks (BlockObserver): the daemon's BlockStore and
-// the simulator's store report blocks entering and leaving tiers, the Save and Load
-// paths report requests.
+// They learn from what happens to blocks: each subscribes to its store's block events
+// (policy/block_events.h: the daemon's BlockStore and the simulator's store tell of
+// blocks entering and leaving tiers), and the Save and Load paths tell it of requests
+// (BlockObserver).
 //
 // Thread-safety: none; owned by the planner, on the control thread.
 #pragma once
@@ -50,22 +51,18 @@
 #include <vector>
 
 #include "common/block_key.h"
+#include "policy/block_events.h"
 
 namespace kvtier::policy {
 
 enum class PolicyMode : uint8_t;
 struct PlannerConfig;
 
-// What the stores and request paths tell a policy that learns from blocks' history.
-class BlockObserver {
+// What a policy that learns from blocks' history hears: the store's block events
+// (BlockListener, from the store it subscribes to) and the requests (from the Save and
+// Load paths).
+class BlockObserver : public BlockListener {
  public:
-  virtual ~BlockObserver() = default;
-  // The block (`bytes` long) is now resident in `tier` (a Save's new block, or a move
-  // that landed).
-  virtual void block_entered(const BlockKey& key, Tier tier, uint64_t bytes) = 0;
-  // It no longer is: `sacrificed` when it was demoted or evicted (what a policy's order
-  // of sacrifice chose, or room for a Save), not when it moved up to a faster tier.
-  virtual void block_left(const BlockKey& key, Tier tier, bool sacrificed) = 0;
   // A Save named it at `position` in its prefix (stored now or already held).
   virtual void block_saved(const BlockKey& key, uint32_t position, uint64_t now_ms) = 0;
   // A Load read it (a hit) at `position`.

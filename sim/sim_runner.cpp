@@ -42,7 +42,7 @@ class Simulation {
                trace.distinct_blocks, config.inclusive_nvme) {
     planner_.set_layout_cost(kLayout, {trace.tokens_per_block, config.prefill_tokens_per_s});
     if (policy == SimPolicy::kClairvoyant) clairvoyant_.emplace(trace, store_);
-    store_.set_observer(planner_.observer());
+    if (policy::BlockObserver* peer = planner_.observer()) store_.subscribe(*peer);
     save_lowest_ = store_.space(Tier::kRam).capacity_bytes > 0 ? Tier::kRam : Tier::kNvme;
     result_.policy = policy;
     result_.budget = budget.name;

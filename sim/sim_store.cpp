@@ -52,18 +52,26 @@ void SimStore::place(uint64_t id, Tier tier) {
   block.tier = tier;
   block.position = static_cast<uint32_t>(residents.size());
   residents.push_back(static_cast<uint32_t>(id));
-  if (observer_ != nullptr) observer_->block_entered(key_of(id), tier, block_bytes_);
+  listeners_.entered(key_of(id), tier, block_bytes_);
 }
+
+namespace {
+
+// Why a block leaves `from` for `to` (kNone: the store).
+policy::Departure departure(Tier from, Tier to, bool given_back) {
+  if (given_back) return policy::Departure::kReleased;
+  if (to == Tier::kNone) return policy::Departure::kEvicted;
+  return to > from ? policy::Departure::kDemoted : policy::Departure::kPromoted;
+}
+
+}  // namespace
 
 void SimStore::unplace(uint64_t id, Tier to, bool given_back) {
   Block& block = blocks_[id];
   // A promotion out of NVMe that keeps its copy there leaves the block in NVMe's
   // history: a read of the copy is a hit in that tier; it leaves when the copy goes.
   const bool copy_kept = block.tier == Tier::kNvme && block.nvme_copy;
-  if (observer_ != nullptr && !copy_kept) {
-    observer_->block_left(key_of(id), block.tier,
-                          !given_back && (to == Tier::kNone || to > block.tier));
-  }
+  if (!copy_kept) listeners_.left(key_of(id), block.tier, departure(block.tier, to, given_back));
   auto& residents = residents_[index(block.tier)];
   const uint32_t last = residents.back();
   residents[block.position] = last;
@@ -111,7 +119,7 @@ void SimStore::drop_copy(uint64_t id) {
   copy_order_.erase(block.copy_at);
   block.nvme_copy = false;
   used_[index(Tier::kNvme)] -= block_bytes_;
-  if (observer_ != nullptr) observer_->block_left(key_of(id), Tier::kNvme, true);
+  listeners_.left(key_of(id), Tier::kNvme, policy::Departure::kCopyDropped);
 }
 
 void SimStore::for_each_in_tier(

@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "common/block_key.h"
+#include "policy/block_events.h"
 #include "policy/planner.h"
 
 namespace kvtier::bench {
@@ -95,8 +96,10 @@ class SimStore final : public policy::PlacementView {
     return landings_.empty() ? UINT64_MAX : landings_.top().at_ms;
   }
 
-  // Told of every block entering and leaving a tier (a peer policy's history).
-  void set_observer(policy::BlockObserver* observer) { observer_ = observer; }
+  // `listener` (borrowed: it outlives the store) hears of every block entering and
+  // leaving a tier, with why it left (policy/block_events.h), as the daemon's BlockStore
+  // tells it: a peer policy learns its order from them.
+  void subscribe(policy::BlockListener& listener) { listeners_.subscribe(listener); }
 
   uint64_t now_ms() const { return now_ms_; }
   void set_now(uint64_t now_ms) { now_ms_ = now_ms; }
@@ -162,7 +165,7 @@ class SimStore final : public policy::PlacementView {
   std::array<uint64_t, kLocalTierCount> moving_out_{};
   std::array<uint64_t, kLocalTierCount> moving_in_{};
   bool inclusive_nvme_;
-  policy::BlockObserver* observer_ = nullptr;
+  policy::BlockListeners listeners_;
   std::list<uint32_t> copy_order_;  // ids with an NVMe copy, oldest made first
   uint64_t nvme_written_bytes_ = 0;
   uint64_t demoted_onto_copy_bytes_ = 0;

@@ -149,7 +149,7 @@ void BlockStore::abort_write(const BlockKey& key) {
   release_slot(key, entry->location(), layout->second.block_bytes);
   --tier_state(entry->tier)->blocks;
   --block_count_;
-  left(key, entry->tier, false);
+  left(key, entry->tier, policy::Departure::kReleased);
   remove_resident(*entry);
   layout->second.blocks.erase(entry, relocated(layout->first));
 }
@@ -197,8 +197,19 @@ void BlockStore::unpin(const BlockKey& key) {
   if (entry->pins > 0 || deferred_frees_.empty()) return;
   auto deferred = deferred_frees_.find(key);
   if (deferred == deferred_frees_.end()) return;
-  release_slot(key, deferred->second, block_bytes(key.layout));
+  const BlockLocation old = deferred->second;
   deferred_frees_.erase(deferred);
+  // The old slot of a promotion out of a tier that keeps copies becomes the block's copy
+  // once its last reader is gone, as it would have at once without readers (finish_move):
+  // otherwise a block read while it was promoted would lose its copy below.
+  const TierState* below = tier_state(old.tier);
+  if (below->keep_copies && old.tier > entry->tier && !entry->has_copy &&
+      entry->state == BlockState::kReady) {
+    add_copy(key, *entry, old, block_bytes(key.layout));
+    entered(key, old.tier);
+    return;
+  }
+  release_slot(key, old, block_bytes(key.layout));
 }
 
 Result<PendingMove> BlockStore::begin_move(const BlockKey& key, Tier to, int preferred_part) {
@@ -297,7 +308,10 @@ void BlockStore::finish_move(const BlockKey& key, bool ok) {
   add_resident(layouts_.find(key.layout)->first, *entry);
   const bool copy_kept =
       old_tier->keep_copies && target.tier < old.tier && !entry->has_copy && entry->pins == 0;
-  if (!copy_kept) left(key, old.tier, target.tier > old.tier);
+  if (!copy_kept) {
+    left(key, old.tier,
+         target.tier > old.tier ? policy::Departure::kDemoted : policy::Departure::kPromoted);
+  }
   entered(key, target.tier);
   // A copy is kept only when no reader pins the old slot: then no handle ever names a
   // copy's slot (pins taken from now on name the new place), and a copy may be dropped
@@ -326,12 +340,12 @@ bool BlockStore::evict(const BlockKey& key) {
   release_slot(key, entry->location(), layout->second.block_bytes);
   if (entry->has_copy) {
     const BlockLocation copy = take_copy(key, *entry, layout->second.block_bytes);
-    left(key, copy.tier, true);
+    left(key, copy.tier, policy::Departure::kEvicted);
     release_slot(key, copy, layout->second.block_bytes);
   }
   --tier_state(entry->tier)->blocks;
   --block_count_;
-  left(key, entry->tier, true);
+  left(key, entry->tier, policy::Departure::kEvicted);
   remove_resident(*entry);
   layout->second.blocks.erase(entry, relocated(layout->first));
   return true;
@@ -362,7 +376,7 @@ Result<BlockLocation> BlockStore::demote_onto_copy(const BlockKey& key) {
   remove_resident(*entry);
   entry->set_location(copy);
   add_resident(layouts_.find(key.layout)->first, *entry);
-  left(key, old.tier, true);
+  left(key, old.tier, policy::Departure::kDemoted);
   entered(key, copy.tier);
   if (entry->pins > 0) {
     deferred_frees_[key] = old;
@@ -381,7 +395,7 @@ uint64_t BlockStore::drop_copies(Tier tier, uint64_t bytes) {
     Entry* entry = find(key);
     const uint64_t block = block_bytes(key.layout);
     release_slot(key, take_copy(key, *entry, block), block);
-    left(key, tier, true);
+    left(key, tier, policy::Departure::kCopyDropped);
     dropped += block;
   }
   return dropped;

@@ -67,7 +67,7 @@
 #include "common/block_key.h"
 #include "common/status.h"
 #include "device/device.h"
-#include "policy/peer_policy.h"
+#include "policy/block_events.h"
 #include "tiers/block_table.h"
 #include "tiers/slab_allocator.h"
 
@@ -376,10 +376,13 @@ class BlockStore {
   using NamespaceBytes = std::array<uint64_t, kLocalTierCount>;
   const std::vector<NamespaceBytes>& namespace_bytes() const { return namespace_bytes_; }
 
-  // Told of every block entering and leaving a tier (a peer policy's history,
-  // policy/peer_policy.h); nullptr: nobody. A promotion that keeps the block's copy in
-  // the tier below leaves it there for the observer, until the copy goes.
-  void set_observer(policy::BlockObserver* observer) { observer_ = observer; }
+  // `listener` (borrowed: it unsubscribes before it goes) hears of every block entering
+  // and leaving a tier from now on, with why it left (policy/block_events.h): a peer
+  // policy learns its order from them. A block with a copy is held in both tiers: a
+  // promotion that keeps the block's copy in the tier below leaves it there for the
+  // listeners, until the copy goes.
+  void subscribe(policy::BlockListener& listener) { listeners_.subscribe(listener); }
+  void unsubscribe(policy::BlockListener& listener) { listeners_.unsubscribe(listener); }
   std::vector<TierUsage> usage() const;  // configured tiers, fastest first
   TierUsage usage(Tier tier) const;
   bool has_room(Tier tier, uint64_t slot_bytes) const;
@@ -491,12 +494,12 @@ class BlockStore {
   std::unordered_map<BlockKey, Copy, BlockKeyHasher> copies_;
   uint64_t pinned_blocks_ = 0;
   std::vector<NamespaceBytes> namespace_bytes_;
-  policy::BlockObserver* observer_ = nullptr;
+  policy::BlockListeners listeners_;
   void entered(const BlockKey& key, Tier tier) const {
-    if (observer_ != nullptr) observer_->block_entered(key, tier, block_bytes(key.layout));
+    listeners_.entered(key, tier, block_bytes(key.layout));
   }
-  void left(const BlockKey& key, Tier tier, bool sacrificed) const {
-    if (observer_ != nullptr) observer_->block_left(key, tier, sacrificed);
+  void left(const BlockKey& key, Tier tier, policy::Departure why) const {
+    listeners_.left(key, tier, why);
   }  // kept by add/remove_resident
   uint64_t block_count_ = 0;
   // Shared with the handles; handed to them if the store goes first (~BlockStore).

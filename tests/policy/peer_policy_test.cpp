@@ -36,8 +36,8 @@ class Peer {
   void use(int n, uint32_t position = 0) {
     policy_->block_loaded(key_of(static_cast<uint8_t>(n)), position, now_ += 1000);
   }
-  void leave(int n, bool sacrificed = true) {
-    policy_->block_left(key_of(static_cast<uint8_t>(n)), Tier::kHbm, sacrificed);
+  void leave(int n, Departure why = Departure::kEvicted) {
+    policy_->block_left(key_of(static_cast<uint8_t>(n)), Tier::kHbm, why);
   }
   void wait(uint64_t ms) { now_ += ms; }
   // The blocks `held`, first to go first.
@@ -105,7 +105,7 @@ TEST(S3FifoTest, UsedInSmallMovesToMainAndMainIsAClock) {
 TEST(S3FifoTest, MovedUpIsNoGhost) {
   Peer p(PolicyMode::kS3Fifo, 30);
   for (int n = 1; n <= 5; ++n) p.enter(n);
-  p.leave(1, /*sacrificed=*/false);  // promoted to a faster tier: not an eviction
+  p.leave(1, Departure::kPromoted);  // to a faster tier: not an eviction
   p.enter(1);                        // comes back down: new to this tier again
   EXPECT_EQ(p.order({1, 2, 3, 4, 5}), (Order{2, 3, 4, 5, 1}));
 }

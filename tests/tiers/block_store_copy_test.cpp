@@ -6,6 +6,7 @@
 
 #include <random>
 #include <set>
+#include <string>
 #include <vector>
 
 #include "tests/tiers/test_memory.h"
@@ -207,22 +208,98 @@ TEST_F(BlockStoreCopyTest, CopiesAreDroppedOldestFirstWhenTheTierNeedsRoom) {
 }
 
 // A reader that pinned the block on NVMe may still read the old slot when the block
-// lands in RAM: that slot is given up as before (once the reader is gone), never kept as
-// a copy that could later be dropped and reused under the reader.
-TEST_F(BlockStoreCopyTest, APromotionUnderAReaderOfTheOldSlotKeepsNoCopy) {
+// lands in RAM: while it does, the slot is no copy (a copy may be dropped and its slot
+// reused whenever room is needed); once the reader is gone, it becomes the block's copy,
+// as it would have at once without the reader, index entry and all (nothing released).
+TEST_F(BlockStoreCopyTest, APromotionUnderAReaderKeepsTheOldSlotAsACopyOnceTheReaderIsGone) {
   put_on_nvme(1);
+  const uint64_t nvme_slot = store_.lookup(key(1))->location.offset;
   PinnedBlock reader = store_.pin(key(1), 5);
   ASSERT_TRUE(reader);
   EXPECT_EQ(reader.location().tier, Tier::kNvme);
   move(1, Tier::kRam);
   EXPECT_FALSE(store_.copy_of(key(1)).has_value());
+  EXPECT_EQ(store_.usage(Tier::kNvme).copies, 0u);
   EXPECT_EQ(store_.usage(Tier::kNvme).used_bytes, kBlock);  // the reader's slot stays
-  EXPECT_TRUE(store_.take_pending_releases().empty());
+  // A second reader, of the new place, keeps the old slot from becoming a copy too.
+  PinnedBlock late = store_.pin(key(1), 6);
+  ASSERT_TRUE(late);
+  EXPECT_EQ(late.location().tier, Tier::kRam);
   reader.reset();
-  auto released = confirm_all();
-  ASSERT_EQ(released.size(), 1u);
-  EXPECT_EQ(released[0].key, key(1));
-  EXPECT_EQ(store_.usage(Tier::kNvme).used_bytes, 0u);
+  EXPECT_FALSE(store_.copy_of(key(1)).has_value());
+  late.reset();
+  auto copy = store_.copy_of(key(1));
+  ASSERT_TRUE(copy.has_value());
+  EXPECT_EQ(copy->tier, Tier::kNvme);
+  EXPECT_EQ(copy->offset, nvme_slot);
+  EXPECT_TRUE(confirm_all().empty());
+  EXPECT_EQ(store_.usage(Tier::kNvme).copies, 1u);
+  EXPECT_EQ(store_.usage(Tier::kNvme).blocks, 0u);
+  // It serves as any copy: the block moves back down onto it.
+  ASSERT_TRUE(store_.demote_onto_copy(key(1)).is_ok());
+  EXPECT_EQ(store_.lookup(key(1))->location.offset, nvme_slot);
+}
+
+// A demotion's old slot (RAM keeps no copies) is given up once its reader is gone.
+TEST_F(BlockStoreCopyTest, ADemotionUnderAReaderFreesTheOldSlotOnceTheReaderIsGone) {
+  auto reserved = store_.reserve(key(1), std::vector<Tier>{Tier::kRam}, 1);
+  ASSERT_TRUE(reserved.is_ok() && reserved->has_value());
+  (*reserved)->commit();
+  PinnedBlock reader = store_.pin(key(1), 5);
+  ASSERT_TRUE(reader);
+  move(1, Tier::kNvme);
+  EXPECT_EQ(store_.usage(Tier::kRam).used_bytes, kBlock);  // the reader's slot stays
+  reader.reset();
+  EXPECT_EQ(store_.usage(Tier::kRam).used_bytes, 0u);
+  EXPECT_FALSE(store_.copy_of(key(1)).has_value());
+  EXPECT_EQ(store_.lookup(key(1))->location.tier, Tier::kNvme);
+}
+
+// Every subscriber hears each block enter and leave each tier, with why it left, in the
+// order it happened; one that unsubscribed hears nothing more.
+TEST_F(BlockStoreCopyTest, EveryListenerHearsEachBlockEnterAndLeaveWithWhy) {
+  struct Recorder final : policy::BlockListener {
+    void block_entered(const BlockKey& k, Tier tier, uint64_t bytes) override {
+      heard.push_back(fmt(k, "+", tier, bytes == kBlock ? "" : "?"));
+    }
+    void block_left(const BlockKey& k, Tier tier, policy::Departure why) override {
+      static constexpr const char* kWhy[] = {"promoted", "demoted", "copy dropped", "evicted",
+                                             "released"};
+      heard.push_back(fmt(k, "-", tier, kWhy[static_cast<int>(why)]));
+    }
+    static std::string fmt(const BlockKey& k, const char* sign, Tier tier, const char* why) {
+      std::string line = std::string(sign) + std::to_string(k.hash.bytes()[0]) + " " +
+                         std::string(tier_name(tier));
+      if (*why != 0) line += std::string(" ") + why;
+      return line;
+    }
+    std::vector<std::string> heard;
+  };
+  Recorder first, second;
+  store_.subscribe(first);
+  store_.subscribe(second);
+
+  put_on_nvme(1);
+  move(1, Tier::kRam);  // a promotion that keeps its copy: NVMe still holds it
+  ASSERT_TRUE(store_.demote_onto_copy(key(1)).is_ok());  // back onto it: NVMe again
+  auto aborted = store_.reserve(key(2), std::vector<Tier>{Tier::kHbm}, 1);
+  ASSERT_TRUE(aborted.is_ok() && aborted->has_value());
+  (*aborted)->abort();  // a write that failed
+  move(1, Tier::kRam);
+  EXPECT_GT(store_.drop_copies(Tier::kNvme, kBlock), 0u);  // the copy goes for room
+  store_.unsubscribe(second);
+  EXPECT_TRUE(store_.evict(key(1)));
+
+  const std::vector<std::string> expected = {
+      "+1 ram",        "-1 ram demoted",
+      "+1 nvme",  // saved, moved down
+      "+1 ram",        "-1 ram demoted",
+      "+1 nvme",                                // up (keeping its copy), back onto the copy
+      "+2 hbm",        "-2 hbm released",       // the failed write
+      "+1 ram",        "-1 nvme copy dropped",  // up again; the copy goes
+      "-1 ram evicted"};
+  EXPECT_EQ(first.heard, expected);
+  EXPECT_EQ(second.heard, std::vector<std::string>(expected.begin(), expected.end() - 1));
 }
 
 TEST_F(BlockStoreCopyTest, AFailedPromotionKeepsNoCopy) {
