@@ -171,7 +171,7 @@ Status AdminService::handle_pin(const ConnectionPtr& c, EngineContext& engine, u
 // tier writes from host memory).
 Status AdminService::handle_drain(const ConnectionPtr& c, EngineContext& engine, uint64_t id) {
   KVTIER_RETURN_IF_ERROR(require_admin(engine, c->peer(), ctx_.config, "drain"));
-  if (!ctx_.parts.journal->enabled()) {
+  if (!journal_.enabled()) {
     return invalid_argument(
         "drain moves every RAM/HBM block to the NVMe tier, and no NVMe tier is configured "
         "(nvme-bytes is 0); nothing was moved");

@@ -23,9 +23,17 @@
 
 namespace kvtier::daemon {
 
+class SessionJournal;  // session_journal.h
+class StartupGate;     // startup_gate.h
+class RemotePath;      // remote_path.h
+
 class AdminService final : public Part, public policy::SessionObserver {
  public:
-  explicit AdminService(DaemonContext& ctx) : Part(ctx) {}
+  // What Stats reports and Drain uses of the NVMe tier (`journal`), the memory fill
+  // (`startup`) and the remote tier (`remote`).
+  AdminService(DaemonContext& ctx, Replies& replies, SessionJournal& journal, StartupGate& startup,
+               RemotePath& remote)
+      : Part(ctx, replies), journal_(journal), startup_(startup), remote_(remote) {}
   // The session's end: an admin's pins on it go (SessionObserver).
   void session_closed(uint32_t namespace_id, const std::string& session_id) override {
     admin_pins_.erase({namespace_id, session_id});
@@ -81,6 +89,9 @@ class AdminService final : public Part, public policy::SessionObserver {
   // Admin-pinned sessions → one pin on each of their blocks. Released before the store
   // is destroyed (the Service's order).
   std::map<std::pair<uint32_t, std::string>, std::vector<PinnedBlock>> admin_pins_;
+  SessionJournal& journal_;
+  StartupGate& startup_;
+  RemotePath& remote_;
 };
 
 }  // namespace kvtier::daemon

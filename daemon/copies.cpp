@@ -6,12 +6,10 @@
 
 #include "common/log.h"
 #include "daemon/copy_delay.h"
-#include "daemon/engine_setup.h"
-#include "daemon/save_path.h"
 
 namespace kvtier::daemon {
 
-Copies::Copies(DaemonContext& ctx) : Part(ctx) {
+Copies::Copies(DaemonContext& ctx, Replies& replies) : Part(ctx, replies) {
   if (ctx_.config.fault_copy_delay_ms > 0) {  // fault-copy-delay-ms (tests only)
     KVTIER_LOG_INFO("every Save and Load copy completes {} ms late, one at a time (tests only)",
                     ctx_.config.fault_copy_delay_ms);
@@ -78,10 +76,9 @@ Status Copies::submit_copy(CopyBatch batch, std::function<void(Status)> done) {
   auto finish = [this, guard, done = std::move(done)](Status status) {
     --ctx_.counters.copies_in_flight;
     done(status);
-    // The device let go of the batch's memories before it called us: a region
-    // being unregistered may have lost its last copy.
-    ctx_.parts.setup->reply_to_finished_unregisters();
-    ctx_.parts.saves->resume_parked_saves();  // its pins are gone: their blocks may move or go
+    // The device let go of the batch's memories before it called us, and its pins are
+    // gone: whoever waited for that looks again.
+    for (const std::function<void()>& then : after_each_copy_) then();
   };
   // fault-copy-delay-ms (tests only): an engine's copies complete later, in order.
   CopyCompletionDelay* delay =

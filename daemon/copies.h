@@ -1,9 +1,10 @@
 // Copies: the one way a batch of block copies reaches the Device (device/device.h), for
 // Saves, Loads and the executor's moves alike.
 //
-// A copy's completion runs on the control thread, after which the daemon looks again at
-// what copies may have held up: Unregisters waiting for their region (EngineSetup) and
-// Saves waiting for room (SavePath). An executor work guard rides with every copy, so
+// A copy's completion runs on the control thread, after which what copies may have held
+// up looks again (after_each_copy: the Service subscribes Unregisters waiting for their
+// region, EngineSetup, and Saves waiting for room, SavePath). An executor work guard
+// rides with every copy, so
 // io_context::run() returns only after the last copy finished. With
 // fault-copy-delay-ms (tests only) foreground copies complete late, in order.
 //
@@ -12,6 +13,7 @@
 
 #include <functional>
 #include <memory>
+#include <vector>
 
 #include "daemon/daemon_context.h"
 #include "daemon/requests.h"
@@ -22,8 +24,11 @@ class CopyCompletionDelay;  // copy_delay.h
 
 class Copies final : public Part {
  public:
-  explicit Copies(DaemonContext& ctx);
+  Copies(DaemonContext& ctx, Replies& replies);
   ~Copies();
+
+  // `then` runs after every copy's own completion, in the order subscribed.
+  void after_each_copy(std::function<void()> then) { after_each_copy_.push_back(std::move(then)); }
 
   // Submits `batch`; `done` runs later on the control thread. A refused batch returns
   // the reason and `done` never runs.
@@ -52,6 +57,7 @@ class Copies final : public Part {
   // fault-copy-delay-ms (tests only; nullptr when 0). The completions it holds carry
   // pins and pending writes: destroyed before the store (the Service's order).
   std::unique_ptr<CopyCompletionDelay> copy_delay_;
+  std::vector<std::function<void()>> after_each_copy_;
 };
 
 }  // namespace kvtier::daemon

@@ -1,6 +1,5 @@
 // What kvtierd's parts share: the block index, the tiers' executor, the session table,
-// the planner, the clock and the connected engines, plus a table of the parts
-// themselves so that one can ask another for what it owns.
+// the planner, the clock and the connected engines.
 //
 // The daemon is a Service (dispatch and wiring, service.h) and these parts, each with
 // its own header and its own fields (docs/architecture.md draws who calls whom):
@@ -16,7 +15,11 @@
 //   SessionJournal  session_journal.h the NVMe tier's index, session records, the drain
 //   RemotePath      remote_path.h     the Redis Cluster tier: write-behind, fetch, spill
 // A part reads and changes the shared state below and its own fields; another part's
-// state it reaches only through that part's methods (ctx.parts).
+// state it reaches only through that part's methods, by a reference its constructor
+// takes (the Service builds the parts in the order of those references: no part uses
+// one built after it, and no two use each other). What a part must hear from one it does
+// not use (a copy finished, a plan ran, a session changed) it hears through a
+// subscription the Service makes.
 //
 // Thread-safety: none. Every field, and every part, belongs to the control thread (the
 // io_context's one thread); Device and tier workers post their results back to it.
@@ -49,31 +52,6 @@ namespace kvtier::daemon {
 namespace asio = boost::asio;
 
 class Replies;
-class Copies;
-class Placement;
-class SavePath;
-class LoadPath;
-class TurnPath;
-class EngineSetup;
-class AdminService;
-class StartupGate;
-class SessionJournal;
-class RemotePath;
-
-// The Service's parts, borrowed (the Service owns them). Set once, before start().
-struct Parts {
-  Replies* replies = nullptr;
-  Copies* copies = nullptr;
-  Placement* placement = nullptr;
-  SavePath* saves = nullptr;
-  LoadPath* loads = nullptr;
-  TurnPath* turns = nullptr;
-  EngineSetup* setup = nullptr;
-  AdminService* admin = nullptr;
-  StartupGate* startup = nullptr;
-  SessionJournal* journal = nullptr;
-  RemotePath* remote = nullptr;
-};
 
 struct Counters {
   uint64_t lookup_hits = 0;
@@ -143,11 +121,10 @@ struct DaemonContext {
   const ipc::Server* server = nullptr;
   bool ready = false;     // the tier memory is filled: data requests are served
   bool stopping = false;  // stop() was called, or the device was lost
-
-  Parts parts;
 };
 
-// What every part is built on: the context, and the replies its handlers send.
+// What every part is built on: the context, and the Replies its handlers answer through
+// (borrowed; Replies itself passes itself).
 class Part {
  public:
   Part(const Part&) = delete;
@@ -157,7 +134,7 @@ class Part {
   using ConnectionPtr = std::shared_ptr<ipc::Connection>;
   using Fill = std::function<void(wire::Response::Builder)>;
 
-  explicit Part(DaemonContext& ctx) : ctx_(ctx) {}
+  Part(DaemonContext& ctx, Replies& replies) : ctx_(ctx), replies_(replies) {}
   ~Part() = default;
 
   // Replies::reply and Replies::reply_error (replies.h).
@@ -166,6 +143,7 @@ class Part {
   uint64_t now_ms() const { return ctx_.now_ms(); }
 
   DaemonContext& ctx_;
+  Replies& replies_;
 };
 
 }  // namespace kvtier::daemon

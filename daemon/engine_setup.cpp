@@ -50,8 +50,8 @@ std::string uuid_list(const std::vector<GpuInfo>& gpus) {
 
 }  // namespace
 
-EngineSetup::EngineSetup(DaemonContext& ctx)
-    : Part(ctx), region_worker_(std::make_unique<RegionWorker>(2)) {}
+EngineSetup::EngineSetup(DaemonContext& ctx, Replies& replies, StartupGate& startup)
+    : Part(ctx, replies), startup_(startup), region_worker_(std::make_unique<RegionWorker>(2)) {}
 
 EngineSetup::~EngineSetup() = default;
 
@@ -218,7 +218,7 @@ void EngineSetup::finish_register_region(const ConnectionPtr& c, uint64_t id, ui
       response.initRegisterRegion().setRegionId(region_id);
     });
   }
-  ctx_.parts.startup->resume_deferred(c);  // requests sent after this one waited for it
+  startup_.resume_deferred(c);  // requests sent after this one waited for it
 }
 
 void EngineSetup::close_region_off_thread(std::shared_ptr<Memory> memory,

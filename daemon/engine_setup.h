@@ -34,9 +34,12 @@ namespace kvtier::daemon {
 
 class RegionWorker;  // region_worker.h
 
+class StartupGate;  // startup_gate.h
+
 class EngineSetup final : public Part {
  public:
-  explicit EngineSetup(DaemonContext& ctx);
+  // `startup`: a Hello's later requests wait for it there.
+  EngineSetup(DaemonContext& ctx, Replies& replies, StartupGate& startup);
   ~EngineSetup();
 
   Status handle_hello(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
@@ -63,6 +66,7 @@ class EngineSetup final : public Part {
   void finish_register_region(const ConnectionPtr& c, uint64_t id, uint32_t region_id,
                               int gpu_index, Result<std::shared_ptr<Memory>> memory);
 
+  StartupGate& startup_;
   // Two threads: closing one engine's big region does not hold up opening another's.
   std::unique_ptr<RegionWorker> region_worker_;
   // Unregisters waiting for copies that still use their region; the entry holds the

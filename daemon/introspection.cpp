@@ -114,7 +114,7 @@ Status AdminService::handle_stats(const ConnectionPtr& c, EngineContext& engine,
     out.setDeviceName(std::string(ctx_.device->name()));
     out.setUptimeMs(now_ms() - ctx_.started_ms);
     out.setStarting(!ctx_.ready);
-    if (!ctx_.ready) out.setFillBytes(ctx_.parts.startup->fill_bytes());
+    if (!ctx_.ready) out.setFillBytes(startup_.fill_bytes());
     out.setPolicy(std::string(policy::policy_mode_name(ctx_.planner.config().mode)));
     // The arena's parts follow Device::gpus() order.
     const std::vector<uint64_t> hbm_parts = ctx_.store->part_used_bytes(Tier::kHbm);
@@ -126,7 +126,7 @@ Status AdminService::handle_stats(const ConnectionPtr& c, EngineContext& engine,
       gpus[i].setHbmCapacityBytes(has_part ? ctx_.store->part_capacity_bytes(Tier::kHbm) : 0);
       gpus[i].setHbmUsedBytes(has_part ? hbm_parts[i] : 0);
     }
-    ctx_.parts.remote->fill_remote_stats(out.initRemote());
+    remote_.fill_remote_stats(out.initRemote());
     std::vector<TenantUsage> tenants = tenant_usage(ctx_);
     if (!every_namespace) {
       std::erase_if(tenants,
@@ -160,7 +160,7 @@ Status AdminService::handle_stats(const ConnectionPtr& c, EngineContext& engine,
       engine_list[i].setTpSize(e.layout.tp_size);
       engine_list[i].setDataPath(e.data_path);
     }
-    if (const NvmeTier* nvme = ctx_.parts.journal->tier()) {
+    if (const NvmeTier* nvme = journal_.tier()) {
       const NvmeHealth health = nvme->health();
       auto stats = out.initNvme();
       stats.setConfigured(true);
@@ -327,7 +327,7 @@ void AdminService::continue_listing(const std::shared_ptr<Listing>& listing) {
         capnp::Data::Reader(reinterpret_cast<const capnp::byte*>(next.data()), next.size()));
   }
   out.setTotal(l.total);
-  ctx_.parts.replies->send_built(l.reply, l.connection, l.id);
+  replies_.send_built(l.reply, l.connection, l.id);
 }
 
 void AdminService::fill_session_info(const policy::Session& session,

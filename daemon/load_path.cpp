@@ -65,7 +65,7 @@ Status LoadPath::handle_load(const ConnectionPtr& c, EngineContext& engine, uint
   for (size_t i = 0; i < request.hashes.size(); ++i) {
     BlockKey key{engine.layout_key, request.hashes[i]};
     auto info = ctx_.store->lookup(key);
-    if (!info && ctx_.parts.remote->enabled()) {
+    if (!info && remote_.enabled()) {
       remote_entries.push_back(load->entries.size());
       from_remote.push_back(key);
       ++load->waiting;
@@ -133,9 +133,9 @@ Status LoadPath::handle_load(const ConnectionPtr& c, EngineContext& engine, uint
     batch.priority = CopyPriority::kForeground;  // an engine waits for it
     for (size_t i = 0; i < loaded->size(); ++i) {
       const PendingLoad::Entry& entry = (*loaded)[i];
-      ctx_.parts.copies->add_request_segments(batch, *engine_ref, staging, served + i,
-                                              entry.engine_block_id, entry.pinned.location(),
-                                              /*to_engine=*/true, planes);
+      copies_.add_request_segments(batch, *engine_ref, staging, served + i, entry.engine_block_id,
+                                   entry.pinned.location(),
+                                   /*to_engine=*/true, planes);
     }
     uint64_t range_bytes = 0;  // of one block: what the engine gets per block loaded
     for (const PlaneLayout& plane : planes.of(engine_ref->layout))
@@ -179,7 +179,7 @@ Status LoadPath::handle_load(const ConnectionPtr& c, EngineContext& engine, uint
       done(Status::ok());
       return;
     }
-    Status submitted = ctx_.parts.copies->submit_copy(std::move(batch), done);
+    Status submitted = copies_.submit_copy(std::move(batch), done);
     // Refused: the pins go as `loaded` and `done` do, when this returns.
     if (!submitted.is_ok()) reply_error(c, id, submitted);
   };
@@ -202,14 +202,14 @@ Status LoadPath::handle_load(const ConnectionPtr& c, EngineContext& engine, uint
     auto pins = std::make_shared<std::vector<PinnedBlock>>();
     for (size_t i = load->served; i < end; ++i) {
       PendingLoad::Entry& entry = load->entries[i];
-      ctx_.parts.copies->add_request_segments(batch, *engine_ref, staging, i, entry.engine_block_id,
-                                              entry.pinned.location(),
-                                              /*to_engine=*/true, planes);
+      copies_.add_request_segments(batch, *engine_ref, staging, i, entry.engine_block_id,
+                                   entry.pinned.location(),
+                                   /*to_engine=*/true, planes);
       pins->push_back(std::move(entry.pinned));
     }
     load->scattering = true;
-    Status submitted = ctx_.parts.copies->submit_copy(
-        std::move(batch), [this, load, finish, pins, end](Status status) {
+    Status submitted =
+        copies_.submit_copy(std::move(batch), [this, load, finish, pins, end](Status status) {
           pins->clear();  // on the control thread: the room they held is free
           load->scattering = false;
           if (status.is_ok()) {
@@ -271,7 +271,7 @@ Status LoadPath::handle_load(const ConnectionPtr& c, EngineContext& engine, uint
         });
   }
   if (!from_remote.empty()) {
-    ctx_.parts.remote->fetch_remote(
+    remote_.fetch_remote(
         from_remote, [this, load, finish, remote_entries](size_t j, const Status& status) {
           if (load->finished) return;
           PendingLoad::Entry& entry = load->entries[remote_entries[j]];
@@ -297,9 +297,12 @@ Status LoadPath::handle_lookup(const ConnectionPtr& c, EngineContext& engine, ui
     if (!info) break;
     tiers.push_back(info->location.tier);
   }
-  if (ctx_.parts.remote->enabled() && tiers.size() < hashes.size()) {
-    ctx_.parts.remote->lookup_remote(c, engine, id, hashes,
-                                     std::move(tiers));  // answers when the cluster did
+  if (remote_.enabled() && tiers.size() < hashes.size()) {
+    // Answered when the cluster did.
+    remote_.lookup_remote(engine, hashes, std::move(tiers),
+                          [this, c, id, asked = hashes.size()](const std::vector<Tier>& found) {
+                            reply_lookup(c, id, asked, found);
+                          });
     return Status::ok();
   }
   reply_lookup(c, id, hashes.size(), tiers);

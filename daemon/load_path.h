@@ -28,9 +28,14 @@
 
 namespace kvtier::daemon {
 
+class Copies;      // copies.h
+class RemotePath;  // remote_path.h
+
 class LoadPath final : public Part {
  public:
-  explicit LoadPath(DaemonContext& ctx) : Part(ctx) {}
+  // `copies` carries its Loads' bytes; `remote` answers for blocks only the cluster has.
+  LoadPath(DaemonContext& ctx, Replies& replies, Copies& copies, RemotePath& remote)
+      : Part(ctx, replies), copies_(copies), remote_(remote) {}
 
   Status handle_lookup(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
                        const std::vector<BlockHash>& hashes);
@@ -39,6 +44,10 @@ class LoadPath final : public Part {
                     const std::vector<Tier>& tiers);
   Status handle_load(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
                      BlockListRequest request);
+
+ private:
+  Copies& copies_;
+  RemotePath& remote_;
 };
 
 }  // namespace kvtier::daemon

@@ -7,9 +7,6 @@
 #include <unordered_set>
 
 #include "common/log.h"
-#include "daemon/remote_path.h"
-#include "daemon/save_path.h"
-#include "daemon/session_journal.h"
 
 namespace kvtier::daemon {
 
@@ -336,7 +333,7 @@ void Placement::plan_soon() {
   });
 }
 
-std::vector<policy::Move> Placement::room_for_read(Tier tier, uint64_t bytes) {
+std::vector<policy::Move> Placement::room_by_demotion(Tier tier, uint64_t bytes) {
   ctx_.sessions.expire_priorities(ctx_.sessions.now_ms());
   // A read out of NVMe into RAM: RAM's coldest blocks go down, as for a Save; the read
   // waits for the room (the executor retries its room waiters as moves settle). A
@@ -351,10 +348,7 @@ void Placement::run_planner(policy::Planner::PlanKind kind) {
   if (ctx_.stopping || ctx_.store == nullptr) return;
   ctx_.sessions.expire_priorities(ctx_.sessions.now_ms());
   ctx_.mover->apply(ctx_.planner.plan_demotions(ctx_.sessions, *ctx_.view, kind));
-  ctx_.parts.journal->write_due_copies();
-  ctx_.parts.journal->flush_sessions(/*sync=*/false);
-  ctx_.parts.remote->sweep_write_behind();  // remote_write_behind.cpp
-  ctx_.parts.saves->resume_parked_saves();  // also answers those whose wait is over
+  for (const std::function<void()>& then : after_each_plan_) then();
   // The period is kept whatever Saves do: a stream of them does not postpone it.
   if (kind != policy::Planner::PlanKind::kPeriodic) return;
   plan_timer_.expires_after(std::chrono::milliseconds(ctx_.config.plan_interval_ms));

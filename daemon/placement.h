@@ -1,7 +1,9 @@
 // Placement: where blocks go when the daemon decides — room for a new block (a Save's,
 // or a block read up from NVMe or the remote tier), and the planner's runs (periodic,
 // and after Saves). The plans are policy/planner.h's; this part applies them through the
-// executor (tiers/move_executor.h), which also frees the slots blocks leave.
+// executor (tiers/move_executor.h), which also frees the slots blocks leave. It uses no
+// other part: what follows a plan (NVMe copies, session records, the remote write-behind,
+// parked Saves) subscribes with after_each_plan.
 //
 // Thread-safety: control thread only (daemon_context.h).
 #pragma once
@@ -41,7 +43,11 @@ std::vector<policy::PlacementView::QuotaStanding> quota_standing(const DaemonCon
 
 class Placement final : public Part {
  public:
-  explicit Placement(DaemonContext& ctx) : Part(ctx), plan_timer_(ctx.io) {}
+  Placement(DaemonContext& ctx, Replies& replies) : Part(ctx, replies), plan_timer_(ctx.io) {}
+
+  // `then` runs after every plan's moves were handed to the executor, in the order
+  // subscribed.
+  void after_each_plan(std::function<void()> then) { after_each_plan_.push_back(std::move(then)); }
 
   // Reserves a slot for a new block, evicting cold blocks if every tier is full: room
   // for `room_bytes` (the rest of the request) at once when it can be had.
@@ -62,8 +68,11 @@ class Placement final : public Part {
   // Room in the tiers above RAM by sending their blocks past it to NVMe (RAM holds only
   // blocks that cannot move now); none without a durable tier below RAM taking writes.
   DemotionRoom plan_room_past_landing(uint64_t wanted_bytes, uint64_t least_bytes);
-  // The executor's make_room: room in `tier` for a block being read into it.
-  std::vector<policy::Move> room_for_read(Tier tier, uint64_t bytes);
+  // Room in `tier` for `bytes` coming into it (a block read up into RAM, blocks written
+  // into a full NVMe): RAM's coldest go down to NVMe as for a Save, and the room comes
+  // when they land (empty: it is coming already); where nothing can go down, the
+  // planner's evictions. The executor's room_by_demotion hook.
+  std::vector<policy::Move> room_by_demotion(Tier tier, uint64_t bytes);
   // Plans and applies the moves; a periodic plan also arms the next one.
   void run_planner(policy::Planner::PlanKind kind);
   // Runs the planner once the current handlers are done (coalesces post-Save plans).
@@ -86,6 +95,7 @@ class Placement final : public Part {
 
   asio::steady_timer plan_timer_;
   bool plan_posted_ = false;  // plan_soon() has a run queued
+  std::vector<std::function<void()>> after_each_plan_;
 };
 
 }  // namespace kvtier::daemon

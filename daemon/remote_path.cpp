@@ -13,7 +13,8 @@
 
 namespace kvtier::daemon {
 
-RemotePath::RemotePath(DaemonContext& ctx) : Part(ctx) {}
+RemotePath::RemotePath(DaemonContext& ctx, Replies& replies, SessionJournal& journal)
+    : Part(ctx, replies), journal_(journal) {}
 
 RemotePath::~RemotePath() = default;
 

@@ -42,9 +42,12 @@
 
 namespace kvtier::daemon {
 
+class SessionJournal;  // session_journal.h
+
 class RemotePath final : public Part, public policy::SessionObserver {
  public:
-  explicit RemotePath(DaemonContext& ctx);
+  // `journal`: where a session resumed from its remote record is restored and recorded.
+  RemotePath(DaemonContext& ctx, Replies& replies, SessionJournal& journal);
   ~RemotePath();
 
   // Starts the worker (remote-nodes set); it connects in the background.
@@ -69,12 +72,18 @@ class RemotePath final : public Part, public policy::SessionObserver {
   void fetch_remote(const std::vector<BlockKey>& keys,
                     std::function<void(size_t, const Status&)> done);
   // Lookup's tail: how many of `hashes` from `tiers.size()` on the cluster holds, in a
-  // row; answers the Lookup.
-  void lookup_remote(const ConnectionPtr& c, const EngineContext& engine, uint64_t id,
-                     std::vector<BlockHash> hashes, std::vector<Tier> tiers);
-  // BeginTurn of a session not known here: its record from the remote tier, then the turn.
+  // row; `answer` gets `tiers` with a kRemote for each (at once when not connected; at
+  // the remote-timeout with none).
+  using Found = std::function<void(const std::vector<Tier>& tiers)>;
+  void lookup_remote(const EngineContext& engine, std::vector<BlockHash> hashes,
+                     std::vector<Tier> tiers, Found answer);
+  // BeginTurn of a session not known here: its record from the remote tier, then
+  // `begin_turn` with the session and the blocks being read for it (BeginTurn of a
+  // session known by then: with 0). Answers the request with an error itself when there
+  // is no record to resume from.
+  using Resumed = std::function<void(policy::Session& session, uint32_t fetching)>;
   void resume_from_remote(const ConnectionPtr& c, const EngineContext& engine, uint64_t id,
-                          const std::string& session_id);
+                          const std::string& session_id, Resumed begin_turn);
 
   // remote_path.cpp: what Stats and /metrics say of it.
   void render_remote_metrics(PrometheusText& out) const;
@@ -120,6 +129,7 @@ class RemotePath final : public Part, public policy::SessionObserver {
   void on_written_behind(const policy::SessionKey& key, const std::string& ns, uint32_t from,
                          size_t taken, MoveExecutor::CopyOutResult result);
 
+  SessionJournal& journal_;
   std::unique_ptr<RemoteState> remote_;  // null without remote-nodes
 };
 

@@ -8,9 +8,7 @@
 #include <optional>
 
 #include "common/log.h"
-#include "daemon/load_path.h"
 #include "daemon/session_journal.h"
-#include "daemon/turn_path.h"
 
 namespace kvtier::daemon {
 
@@ -37,11 +35,8 @@ struct RemoteWait {
 
 }  // namespace
 
-void RemotePath::lookup_remote(const ConnectionPtr& c, const EngineContext& engine, uint64_t id,
-                               std::vector<BlockHash> hashes, std::vector<Tier> tiers) {
-  auto answer = [this, c, id, total = hashes.size()](const std::vector<Tier>& found) {
-    ctx_.parts.loads->reply_lookup(c, id, total, found);
-  };
+void RemotePath::lookup_remote(const EngineContext& engine, std::vector<BlockHash> hashes,
+                               std::vector<Tier> tiers, Found answer) {
   // Blocks being read from the cluster already (a BeginTurn's prefetch) need no question.
   while (tiers.size() < hashes.size() &&
          ctx_.mover->copying_in({engine.layout_key, hashes[tiers.size()]})) {
@@ -75,7 +70,8 @@ void RemotePath::lookup_remote(const ConnectionPtr& c, const EngineContext& engi
 }
 
 void RemotePath::resume_from_remote(const ConnectionPtr& c, const EngineContext& engine,
-                                    uint64_t id, const std::string& session_id) {
+                                    uint64_t id, const std::string& session_id,
+                                    Resumed begin_turn) {
   if (!remote_->worker->connected()) {
     reply_error(c, id,
                 not_found("unknown session '{}' (the remote tier is not connected)", session_id));
@@ -93,12 +89,12 @@ void RemotePath::resume_from_remote(const ConnectionPtr& c, const EngineContext&
   });
   remote_->worker->get_session(
       engine.namespace_name, session_id,
-      [this, wait, c, id, engine_ref, session_id](Result<std::string> value) {
+      [this, wait, c, id, engine_ref, session_id, begin_turn](Result<std::string> value) {
         if (!wait->take()) return;
         EngineContext& engine = *engine_ref;
         // A Save may have created the session meanwhile: then it is simply known.
         if (policy::Session* known = ctx_.sessions.find(engine.namespace_id, session_id)) {
-          ctx_.parts.turns->begin_turn(c, engine, id, *known, 0);
+          begin_turn(*known, 0);
           return;
         }
         if (!value.is_ok()) {
@@ -138,7 +134,7 @@ void RemotePath::resume_from_remote(const ConnectionPtr& c, const EngineContext&
         std::vector<BlockHash> present(record->blocks.begin(),
                                        record->blocks.begin() + static_cast<std::ptrdiff_t>(held));
         ctx_.sessions.record_save(session, present, false);
-        ctx_.parts.journal->restore_from_record(session, *record, now_ms(), wall_now_ms());
+        journal_.restore_from_record(session, *record, now_ms(), wall_now_ms());
         ++remote_->resumed_sessions;
         std::vector<BlockKey> rest;
         for (size_t i = held; i < record->blocks.size(); ++i) {
@@ -146,7 +142,7 @@ void RemotePath::resume_from_remote(const ConnectionPtr& c, const EngineContext&
         }
         const auto fetching = static_cast<uint32_t>(rest.size());
         if (held == 0) remote_->synced[{engine.namespace_id, session_id}] = 0;
-        ctx_.parts.journal->note_session_changed(session);  // its NVMe record, when there is a tier
+        journal_.note_session_changed(session);  // its NVMe record, when there is a tier
         // The blocks as they land: the session grows by each once it and all before it
         // are here, up to the first that is not, and only while it is still the
         // session this record made (its last block the record's block before).
@@ -160,7 +156,7 @@ void RemotePath::resume_from_remote(const ConnectionPtr& c, const EngineContext&
         growth->limit = rest.size();
         const policy::SessionKey key{engine.namespace_id, session_id};
         // Before the turn is answered, so that the waits below see a live session.
-        ctx_.parts.turns->begin_turn(c, engine, id, session, fetching);
+        begin_turn(session, fetching);
         auto grow = [this, growth, rest, key, held,
                      before = held == 0 ? std::optional<BlockHash>()
                                         : std::optional<BlockHash>(record->blocks[held - 1])](

@@ -5,7 +5,7 @@
 
 #include <algorithm>
 
-#include "daemon/session_journal.h"
+#include "daemon/session_journal.h"  // a session's record: to_record, encode_session_value
 
 namespace kvtier::daemon {
 

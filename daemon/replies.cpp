@@ -123,11 +123,11 @@ void Replies::record_reply(const ConnectionPtr& c, uint64_t id, wire::Response::
 }
 
 void Part::reply(const ConnectionPtr& connection, uint64_t id, const Fill& fill) const {
-  ctx_.parts.replies->reply(connection, id, fill);
+  replies_.reply(connection, id, fill);
 }
 
 void Part::reply_error(const ConnectionPtr& connection, uint64_t id, const Status& status) const {
-  ctx_.parts.replies->reply_error(connection, id, status);
+  replies_.reply_error(connection, id, status);
 }
 
 }  // namespace kvtier::daemon

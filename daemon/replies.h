@@ -25,7 +25,7 @@ void set_wire_error(wire::Error::Builder out, const Status& status);
 
 class Replies final : public Part {
  public:
-  explicit Replies(DaemonContext& ctx) : Part(ctx) {}
+  explicit Replies(DaemonContext& ctx) : Part(ctx, *this) {}
 
   // Builds the response (`fill` sets its body), records it, sends it, and frees the
   // request's in-flight slot on its connection.

@@ -6,7 +6,6 @@
 #include "common/log.h"
 #include "daemon/copies.h"
 #include "daemon/placement.h"
-#include "daemon/remote_path.h"
 #include "daemon/session_journal.h"
 
 namespace kvtier::daemon {
@@ -138,8 +137,7 @@ Result<bool> SavePath::start_save(const ConnectionPtr& c, EngineContext& engine,
   for (size_t i = 0; i < request.hashes.size(); ++i) {
     BlockKey key{engine.layout_key, request.hashes[i]};
     const uint64_t rest = (request.hashes.size() - i) * engine.layout.block_bytes;
-    auto slot =
-        ctx_.parts.placement->reserve_block(key, engine.layout.block_bytes, engine.gpu_part, rest);
+    auto slot = placement_.reserve_block(key, engine.layout.block_bytes, engine.gpu_part, rest);
     if (!slot.is_ok() && slot.status().code() == StatusCode::kResourceExhausted &&
         (!slot.status().retryable() || last_try)) {
       // The tiers are full of blocks sessions hold, and waiting would not change that
@@ -174,17 +172,17 @@ Result<bool> SavePath::start_save(const ConnectionPtr& c, EngineContext& engine,
       }
       continue;
     }
-    ctx_.parts.copies->add_request_segments(batch, engine, request.staging, i,
-                                            request.engine_block_ids[i], (*slot)->location(),
-                                            /*to_engine=*/false);
+    copies_.add_request_segments(batch, engine, request.staging, i, request.engine_block_ids[i],
+                                 (*slot)->location(),
+                                 /*to_engine=*/false);
     save->writes.push_back(std::move(**slot));
   }
   save->request = std::move(request);
   save->waiting = being_written.size() + (save->writes.empty() ? 0 : 1);
   auto engine_ref = std::static_pointer_cast<EngineContext>(c->user_state);
   if (!save->writes.empty()) {
-    KVTIER_RETURN_IF_ERROR(ctx_.parts.copies->submit_copy(
-        std::move(batch), [this, c, id, engine_ref, save](Status status) {
+    KVTIER_RETURN_IF_ERROR(
+        copies_.submit_copy(std::move(batch), [this, c, id, engine_ref, save](Status status) {
           // Published (or dropped) at once, so that Saves waiting for these blocks go on.
           const bool ok = status.is_ok();
           for (PendingWrite& write : save->writes) {
@@ -253,7 +251,7 @@ void SavePath::finish_save(const ConnectionPtr& c, uint64_t id, const EngineCont
     apply_retention(**session, request);
     // Its new blocks' NVMe copies, the remote write-behind at a turn's end and an
     // admin's pins follow from record_save (SessionObserver); a priority changes the record.
-    ctx_.parts.journal->note_session_changed(**session);
+    journal_.note_session_changed(**session);
   }
   reply(c, id, [&](wire::Response::Builder response) {
     auto out = response.initSave();
@@ -264,7 +262,7 @@ void SavePath::finish_save(const ConnectionPtr& c, uint64_t id, const EngineCont
     KVTIER_LOG_WARN("save: {}", session.status().to_string());
   }
   save.kept.clear();  // the session holds them now (or the Save failed)
-  ctx_.parts.placement->plan_soon();
+  placement_.plan_soon();
 }
 
 namespace {

@@ -25,9 +25,17 @@
 
 namespace kvtier::daemon {
 
+class Placement;       // placement.h
+class Copies;          // copies.h
+class SessionJournal;  // session_journal.h
+
 class SavePath final : public Part, public policy::SessionObserver {
  public:
-  explicit SavePath(DaemonContext& ctx) : Part(ctx) {}
+  // `placement` finds room for new blocks, `copies` carries their bytes, `journal`
+  // records a session's retention priority.
+  SavePath(DaemonContext& ctx, Replies& replies, Placement& placement, Copies& copies,
+           SessionJournal& journal)
+      : Part(ctx, replies), placement_(placement), copies_(copies), journal_(journal) {}
 
   // Starts the Save, or parks it (behind the Saves already parked) while every tier is
   // full of blocks being copied or read: a copy finishing makes room.
@@ -87,6 +95,9 @@ class SavePath final : public Part, public policy::SessionObserver {
   // such a Save keeps nothing.
   std::unordered_map<policy::SessionKey, BlockHash, policy::SessionKeyHasher> cut_sessions_;
   bool resuming_saves_ = false;  // resume_parked_saves() is running (no re-entry)
+  Placement& placement_;
+  Copies& copies_;
+  SessionJournal& journal_;
 };
 
 }  // namespace kvtier::daemon

@@ -86,31 +86,41 @@ DaemonContext::DaemonContext(asio::io_context& io_context, DaemonConfig daemon_c
 
 Service::Service(asio::io_context& io, DaemonConfig config, std::unique_ptr<Device> device,
                  const policy::Clock* clock)
-    : ctx_(io, std::move(config), std::move(device), clock),
-      replies_(std::make_unique<Replies>(ctx_)),
-      copies_(std::make_unique<Copies>(ctx_)),
-      placement_(std::make_unique<Placement>(ctx_)),
-      saves_(std::make_unique<SavePath>(ctx_)),
-      loads_(std::make_unique<LoadPath>(ctx_)),
-      turns_(std::make_unique<TurnPath>(ctx_)),
-      admin_(std::make_unique<AdminService>(ctx_)),
-      setup_(std::make_unique<EngineSetup>(ctx_)),
-      startup_(std::make_unique<StartupGate>(
-          ctx_,
-          [this](const ConnectionPtr& c, EngineContext& engine, wire::Request::Reader request,
-                 std::vector<UniqueFd> fds) {
-            return dispatch(c, engine, request, std::move(fds));
-          },
-          [this](const Status&) { on_cannot_start(); },
-          [this] {
-            placement_->run_planner(policy::Planner::PlanKind::kPeriodic);  // and every period
-            if (ready_callback_) ready_callback_();
-          })),
-      journal_(std::make_unique<SessionJournal>(ctx_)),
-      remote_(std::make_unique<RemotePath>(ctx_)) {
-  ctx_.parts = {replies_.get(), copies_.get(),  placement_.get(), saves_.get(),
-                loads_.get(),   turns_.get(),   setup_.get(),     admin_.get(),
-                startup_.get(), journal_.get(), remote_.get()};
+    : ctx_(io, std::move(config), std::move(device), clock) {
+  // Each part takes the parts it uses, so they are built in that order (the members'
+  // order is their teardown's); docs/architecture.md draws the graph.
+  replies_ = std::make_unique<Replies>(ctx_);
+  copies_ = std::make_unique<Copies>(ctx_, *replies_);
+  placement_ = std::make_unique<Placement>(ctx_, *replies_);
+  journal_ = std::make_unique<SessionJournal>(ctx_, *replies_);
+  remote_ = std::make_unique<RemotePath>(ctx_, *replies_, *journal_);
+  startup_ = std::make_unique<StartupGate>(
+      ctx_, *replies_, *journal_,
+      [this](const ConnectionPtr& c, EngineContext& engine, wire::Request::Reader request,
+             std::vector<UniqueFd> fds) { return dispatch(c, engine, request, std::move(fds)); },
+      [this](const Status&) { on_cannot_start(); },
+      [this] {
+        placement_->run_planner(policy::Planner::PlanKind::kPeriodic);  // and every period
+        if (ready_callback_) ready_callback_();
+      });
+  saves_ = std::make_unique<SavePath>(ctx_, *replies_, *placement_, *copies_, *journal_);
+  loads_ = std::make_unique<LoadPath>(ctx_, *replies_, *copies_, *remote_);
+  turns_ = std::make_unique<TurnPath>(ctx_, *replies_, *saves_, *remote_);
+  setup_ = std::make_unique<EngineSetup>(ctx_, *replies_, *startup_);
+  admin_ = std::make_unique<AdminService>(ctx_, *replies_, *journal_, *startup_, *remote_);
+
+  // What a part hears from parts it does not use: after each copy, Unregisters waiting
+  // for their region and Saves waiting for room look again (the copy's pins are gone);
+  // after each plan, NVMe copies that are due are written, session records flushed, the
+  // remote write-behind swept and parked Saves looked at (answering those whose wait is over).
+  copies_->after_each_copy([this] { setup_->reply_to_finished_unregisters(); });
+  copies_->after_each_copy([this] { saves_->resume_parked_saves(); });
+  placement_->after_each_plan([this] {
+    journal_->write_due_copies();
+    journal_->flush_sessions(/*sync=*/false);
+  });
+  placement_->after_each_plan([this] { remote_->sweep_write_behind(); });
+  placement_->after_each_plan([this] { saves_->resume_parked_saves(); });
   // Whoever keeps something per session hears from the table of its growth, its cuts,
   // its turns' ends and its end, whichever path changed it (policy::SessionObserver).
   for (policy::SessionObserver* part : std::initializer_list<policy::SessionObserver*>{
@@ -422,8 +432,8 @@ void Service::make_mover() {
     auto guard = asio::make_work_guard(ctx_.io);
     return [this, guard](std::function<void()> fn) { asio::post(ctx_.io, [guard, fn] { fn(); }); };
   };
-  hooks.make_room = [this](Tier tier, uint64_t bytes) {
-    return placement_->room_for_read(tier, bytes);
+  hooks.room_by_demotion = [this](Tier tier, uint64_t bytes) {
+    return placement_->room_by_demotion(tier, bytes);
   };
   hooks.not_moved = [this](const BlockKey& key) { ctx_.planner.revisit(ctx_.sessions, key); };
   hooks.removed = [this](const std::vector<BlockKey>& keys, bool lost) {
@@ -434,7 +444,7 @@ void Service::make_mover() {
     journal_->check_drain();
     saves_->resume_parked_saves();
   };
-  hooks.evict_for = [this](Tier tier, uint64_t bytes) {
+  hooks.room_by_eviction = [this](Tier tier, uint64_t bytes) {
     ctx_.sessions.expire_priorities(ctx_.sessions.now_ms());
     return ctx_.planner.make_room(tier, bytes, ctx_.sessions, *ctx_.view);
   };

@@ -19,6 +19,19 @@
 
 namespace kvtier::daemon {
 
+// The parts (daemon_context.h lists them).
+class Replies;
+class Copies;
+class Placement;
+class SavePath;
+class LoadPath;
+class TurnPath;
+class EngineSetup;
+class AdminService;
+class StartupGate;
+class SessionJournal;
+class RemotePath;
+
 // The server's per-connection and connection-count limits from the configuration.
 ipc::ConnectionLimits connection_limits(const DaemonConfig& config);
 

@@ -139,7 +139,7 @@ std::string Service::render_metrics() const {
   out.sample("kvtier_pinned_blocks", "reason=\"copy\"", admin_->copy_pinned_blocks());
   out.sample("kvtier_pinned_blocks", "reason=\"admin\"", admin_->admin_pinned_blocks());
   replies_->metrics().render(out);
-  if (const NvmeTier* nvme = ctx_.parts.journal ? ctx_.parts.journal->tier() : nullptr) {
+  if (const NvmeTier* nvme = journal_->tier()) {
     const NvmeHealth health = nvme->health();
     out.family("kvtier_nvme_degraded", "gauge",
                "1 while the NVMe tier is read-only after a write failed (until it heals).");

@@ -78,7 +78,7 @@ struct NvmeState {
 
 class SessionJournal final : public Part, public policy::SessionObserver {
  public:
-  explicit SessionJournal(DaemonContext& ctx) : Part(ctx) {}
+  SessionJournal(DaemonContext& ctx, Replies& replies) : Part(ctx, replies) {}
 
   bool enabled() const { return nvme_ != nullptr; }
   // The tier; nullptr without one.

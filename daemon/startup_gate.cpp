@@ -35,9 +35,11 @@ constexpr auto kExpiryCheck = std::chrono::milliseconds(50);
 
 }  // namespace
 
-StartupGate::StartupGate(DaemonContext& ctx, Dispatch dispatch,
-                         std::function<void(const Status&)> failed, std::function<void()> filled)
-    : Part(ctx),
+StartupGate::StartupGate(DaemonContext& ctx, Replies& replies, SessionJournal& journal,
+                         Dispatch dispatch, std::function<void(const Status&)> failed,
+                         std::function<void()> filled)
+    : Part(ctx, replies),
+      journal_(journal),
       dispatch_(std::move(dispatch)),
       failed_(std::move(failed)),
       filled_(std::move(filled)),
@@ -67,7 +69,7 @@ void StartupGate::start_fill(std::vector<UnfilledMemory> fills) {
   // registering pins the pages, so it comes after the fill (on the same thread, before
   // any I/O can be asked for: nothing reaches the NVMe slab file before ctx_.ready).
   std::vector<std::span<std::byte>> io_buffers;
-  NvmeTier* nvme_tier = ctx_.parts.journal->tier();
+  NvmeTier* nvme_tier = journal_.tier();
   if (nvme_tier != nullptr) {
     for (const UnfilledMemory& fill : fills) {
       if (fill.memory->host_data() != nullptr) {

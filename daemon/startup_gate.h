@@ -34,6 +34,8 @@ namespace kvtier::daemon {
 // Daemon-wide bound on requests waiting for the fill (each holds its frame).
 inline constexpr uint64_t kMaxDeferredRequests = 4096;
 
+class SessionJournal;  // session_journal.h
+
 class StartupGate final : public Part {
  public:
   // Serves a request now (Service::dispatch).
@@ -41,8 +43,9 @@ class StartupGate final : public Part {
                                         std::vector<UniqueFd>)>;
   // `dispatch` serves deferred requests; `failed` runs when the fill fails (the daemon
   // must stop); `filled` when it is done, before the deferred requests are served.
-  StartupGate(DaemonContext& ctx, Dispatch dispatch, std::function<void(const Status&)> failed,
-              std::function<void()> filled);
+  // `journal`: its NVMe tier registers the filled pools as its I/O buffers.
+  StartupGate(DaemonContext& ctx, Replies& replies, SessionJournal& journal, Dispatch dispatch,
+              std::function<void(const Status&)> failed, std::function<void()> filled);
   ~StartupGate();
 
   // Fills `fills` on background threads; returns at once. ctx.ready turns true when
@@ -67,6 +70,7 @@ class StartupGate final : public Part {
   void resume_all_deferred();
   void arm_deferred_expiry();
 
+  SessionJournal& journal_;
   Dispatch dispatch_;
   std::function<void(const Status&)> failed_;
   std::function<void()> filled_;

@@ -2,16 +2,16 @@
 #include "daemon/turn_path.h"
 
 #include <algorithm>
+#include <memory>
 
 #include "daemon/remote_path.h"
 #include "daemon/save_path.h"
-#include "daemon/session_journal.h"
 
 namespace kvtier::daemon {
 
 Status TurnPath::handle_begin_turn(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
                                    const std::string& session_id) {
-  ctx_.parts.saves->forget_cut(engine.namespace_id, session_id);  // a new turn
+  saves_.forget_cut(engine.namespace_id, session_id);  // a new turn
   policy::Session* session = ctx_.sessions.find(engine.namespace_id, session_id);
   if (session != nullptr && !(session->layout == engine.layout_key)) {
     // Another layout's (save_path.cpp): nothing of it is this engine's to load, and it
@@ -20,9 +20,14 @@ Status TurnPath::handle_begin_turn(const ConnectionPtr& c, EngineContext& engine
                      session_id);
   }
   if (session == nullptr) {
-    if (!ctx_.parts.remote->enabled()) return not_found("unknown session '{}'", session_id);
-    ctx_.parts.remote->resume_from_remote(c, engine, id,
-                                          session_id);  // answers when the record came (or not)
+    if (!remote_.enabled()) return not_found("unknown session '{}'", session_id);
+    // Answered when the record came (or not).
+    remote_.resume_from_remote(
+        c, engine, id, session_id,
+        [this, c, id, engine_ref = std::static_pointer_cast<const EngineContext>(c->user_state)](
+            policy::Session& session, uint32_t fetching) {
+          begin_turn(c, *engine_ref, id, session, fetching);
+        });
     return Status::ok();
   }
   begin_turn(c, engine, id, *session, 0);

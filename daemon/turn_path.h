@@ -12,9 +12,15 @@
 
 namespace kvtier::daemon {
 
+class SavePath;    // save_path.h
+class RemotePath;  // remote_path.h
+
 class TurnPath final : public Part {
  public:
-  explicit TurnPath(DaemonContext& ctx) : Part(ctx) {}
+  // `saves`: a new turn forgets the last one's cut; `remote`: a session not known here
+  // resumes from its remote record.
+  TurnPath(DaemonContext& ctx, Replies& replies, SavePath& saves, RemotePath& remote)
+      : Part(ctx, replies), saves_(saves), remote_(remote) {}
 
   Status handle_begin_turn(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
                            const std::string& session_id);
@@ -24,6 +30,10 @@ class TurnPath final : public Part {
                   policy::Session& session, uint32_t fetching);
   Status handle_close_session(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
                               const std::string& session_id);
+
+ private:
+  SavePath& saves_;
+  RemotePath& remote_;
 };
 
 }  // namespace kvtier::daemon

@@ -293,7 +293,7 @@ void MoveExecutor::write_into(StorageTier& to, const std::vector<BlockKey>& keys
       release_slots();
     }
     if (being_freed + dropped < wanted) {
-      auto victims = hooks_.make_room(to.id(), wanted);
+      auto victims = hooks_.room_by_demotion(to.id(), wanted);
       if (!victims.empty()) apply(victims);
     }
   }
@@ -484,7 +484,7 @@ void MoveExecutor::await_readable(const BlockKey& key, std::function<void(const 
     if (!reads_.contains(key) && store_.lookup(key)) {
       // An engine is waiting: make room in RAM as a save would (coldest blocks first;
       // the blocks this Load already pinned are not candidates).
-      auto victims = hooks_.make_room(Tier::kRam, store_.block_bytes(key.layout));
+      auto victims = hooks_.room_by_demotion(Tier::kRam, store_.block_bytes(key.layout));
       if (!victims.empty()) {
         apply(victims);
         (void)read_into_memory({key});

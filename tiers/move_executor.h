@@ -53,7 +53,7 @@
 //    frees the old slot (counted as bytes_demoted_onto_copy, not bytes_demoted).
 //  - Capacity: copies are redundant, so they go before any block that lives only in
 //    the tier. A write that finds no room first drops copies (durable releases, as for
-//    evictions), then asks make_room for what is still missing; the daemon's planner
+//    evictions), then asks room_by_demotion for what is still missing; the daemon's planner
 //    view counts copy bytes as free, so its watermark plans never evict a block for
 //    room that dropping copies would give.
 //  - Evicting a block gives up its copy too (durably).
@@ -96,9 +96,11 @@ class MoveExecutor {
     // Returns a function that runs its argument on the control thread, keeping the
     // event loop alive until it has (call it when the work starts, not when it ends).
     std::function<std::function<void(std::function<void()>)>()> control_thread;
-    // Moves out of `tier` so that `bytes` fit (the planner's make_room): evictions, or
-    // demotions whose room comes when they land (RAM with NVMe below).
-    std::function<std::vector<policy::Move>(Tier, uint64_t)> make_room;
+    // Moves out of `tier` so that `bytes` fit, room that may come later: demotions whose
+    // room comes when they land (RAM with NVMe below), evictions where nothing can go
+    // down (the daemon's Placement::room_by_demotion). For a block read up into RAM, and
+    // for writes into a full tier.
+    std::function<std::vector<policy::Move>(Tier, uint64_t)> room_by_demotion;
     // A planned move of the block did not happen (the planner revisits its holders).
     std::function<void(const BlockKey&)> not_moved;
     // Blocks that left the store: evicted (lost = false) or dropped because their bytes
@@ -109,9 +111,9 @@ class MoveExecutor {
     std::function<void()> before_persistent_write;
     // After any move, read or release finished (drain and unregister bookkeeping).
     std::function<void()> settled;
-    // Moves out of `tier` that make `bytes` of room at once (the planner's make_room,
-    // evicting): for a block copy_in reads.
-    std::function<std::vector<policy::Move>(Tier, uint64_t)> evict_for;
+    // Moves out of `tier` that make `bytes` of room at once, evicting (the planner's
+    // make_room): for a block copy_in reads from the remote tier.
+    std::function<std::vector<policy::Move>(Tier, uint64_t)> room_by_eviction;
     // A block copy_in had reserved was published (ok) or given up: what waits for a
     // block being written (a Save of it) goes on.
     std::function<void(const BlockKey&, bool ok)> inserted;

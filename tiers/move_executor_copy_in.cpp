@@ -58,7 +58,7 @@ Result<std::optional<PendingWrite>> MoveExecutor::reserve_for_copy_in(const Bloc
     return reserved;
   }
   for (Tier tier : into) {
-    auto moves = hooks_.evict_for(tier, bytes);
+    auto moves = hooks_.room_by_eviction(tier, bytes);
     if (moves.empty()) continue;
     apply(moves);
     return store_.reserve(key, into, hooks_.now_ms());

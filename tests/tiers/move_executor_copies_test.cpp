@@ -92,7 +92,7 @@ class MoveExecutorCopyOutTest : public ::testing::Test {
       return Status::ok();
     };
     hooks.control_thread = [this] { return control_.poster(); };
-    hooks.make_room = [](Tier, uint64_t) { return std::vector<policy::Move>{}; };
+    hooks.room_by_demotion = [](Tier, uint64_t) { return std::vector<policy::Move>{}; };
     hooks.not_moved = [](const BlockKey&) {};
     hooks.removed = [this](const std::vector<BlockKey>& keys, bool lost) {
       for (const BlockKey& key : keys) (lost ? lost_ : removed_).push_back(key);
@@ -100,7 +100,7 @@ class MoveExecutorCopyOutTest : public ::testing::Test {
     hooks.before_persistent_write = [] {};
     hooks.settled = [] {};
     // Room for a copy in: the oldest block of the tier that has one, evicted.
-    hooks.evict_for = [this](Tier tier, uint64_t bytes) {
+    hooks.room_by_eviction = [this](Tier tier, uint64_t bytes) {
       std::vector<policy::Move> moves;
       store_.for_each_in_tier(tier, [&](const BlockKey& key, const BlockInfo&) {
         if (moves.empty()) {

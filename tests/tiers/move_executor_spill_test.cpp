@@ -49,7 +49,7 @@ class MoveExecutorSpillTest : public ::testing::Test {
       return internal_error("no copies here");
     };
     hooks.control_thread = [this] { return control_.poster(); };
-    hooks.make_room = [](Tier, uint64_t) {
+    hooks.room_by_demotion = [](Tier, uint64_t) {
       ADD_FAILURE() << "an eviction asked for room";
       return std::vector<policy::Move>{};
     };
