@@ -117,7 +117,7 @@ Result<HelloInfo> Client::hello(const LayoutSpec& layout, const std::string& eng
       },
       decode_hello);
   if (info.is_ok()) {
-    std::lock_guard lock(send_mutex_);
+    MutexLock lock(send_mutex_);
     hello_ = HelloRecord{layout,
                          engine_name,
                          prefill_tokens_per_second,
@@ -133,7 +133,7 @@ Result<HelloInfo> Client::hello(const LayoutSpec& layout, const std::string& eng
 }
 
 Status Client::require_feature(bool HelloRecord::*feature, const char* missing) {
-  std::lock_guard lock(send_mutex_);
+  MutexLock lock(send_mutex_);
   if (hello_ && !((*hello_).*feature)) return not_supported("{}", missing).with_retryable(false);
   return Status::ok();
 }
@@ -167,7 +167,7 @@ Status Client::register_region(uint32_t region_id,
     }
     record.fds.push_back(std::move(copy));
   }
-  std::lock_guard lock(send_mutex_);
+  MutexLock lock(send_mutex_);
   regions_[region_id] = std::move(record);
   return registered;
 }
@@ -231,7 +231,7 @@ Status Client::register_cuda_vmm_region(uint32_t region_id, std::span<const VmmC
 Pending<uint32_t> Client::unregister_region_async(uint32_t region_id) {
   {
     // Not registered again after a reconnect, whatever the reply says.
-    std::lock_guard lock(send_mutex_);
+    MutexLock lock(send_mutex_);
     const bool kept = regions_.erase(region_id) > 0;
     // kvtierd dropped the region with the connection: nothing left to tell it.
     if (kept && !connected()) return Pending<uint32_t>(region_id);

@@ -41,12 +41,10 @@
 #include <array>
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <set>
 #include <span>
@@ -54,6 +52,7 @@
 #include <vector>
 
 #include "common/block_key.h"
+#include "common/mutex.h"
 #include "common/status.h"
 #include "common/unique_fd.h"
 #include "ipc/client_transport.h"
@@ -371,7 +370,7 @@ class Client {
   Result<HelloInfo> hello(const LayoutSpec& layout, const std::string& engine_name = "engine",
                           double prefill_tokens_per_second = 0,
                           DeviceKind device_kind = DeviceKind::kHost,
-                          DataPath data_path = DataPath::kPlaneCopies);
+                          DataPath data_path = DataPath::kPlaneCopies) KVTIER_EXCLUDES(send_mutex_);
   Status register_memfd_region(uint32_t region_id, int memfd, uint64_t size_bytes);
   // GPU regions for a daemon on the CUDA backend. `gpu_uuid` names the GPU ("GPU-…");
   // empty means the daemon's only GPU (InvalidArgument when it serves several). The
@@ -450,12 +449,12 @@ class Client {
   Pending<BeginTurnResult> begin_turn_async(const std::string& session_id);
   Pending<uint32_t> close_session_async(const std::string& session_id);
   // The reply's value is the region id.
-  Pending<uint32_t> unregister_region_async(uint32_t region_id);
+  Pending<uint32_t> unregister_region_async(uint32_t region_id) KVTIER_EXCLUDES(send_mutex_);
 
   // Connections made again after the daemon went away.
   uint64_t reconnects() const { return reconnects_.load(); }
   // Whether the connection is up (false from a break until the next reconnect).
-  bool connected();
+  bool connected() KVTIER_EXCLUDES(receive_mutex_);
 
  private:
   // What a reconnect repeats: the engine's Hello and its regions.
@@ -481,58 +480,66 @@ class Client {
   Client(ipc::ClientTransport transport, std::string socket_path, const ClientOptions& options)
       : transport_(std::move(transport)), socket_path_(std::move(socket_path)), options_(options) {}
 
-  // Under send_mutex_: OK when the connection is up, else reconnects when the backoff
-  // allows (Unavailable when it does not, or the attempt's failure).
-  Status ensure_connected_locked();
-  Status reconnect_locked();
+  // OK when the connection is up, else reconnects when the backoff allows (Unavailable
+  // when it does not, or the attempt's failure).
+  Status ensure_connected_locked() KVTIER_REQUIRES(send_mutex_) KVTIER_EXCLUDES(receive_mutex_);
+  Status reconnect_locked() KVTIER_REQUIRES(send_mutex_) KVTIER_EXCLUDES(receive_mutex_);
   // The stream broke (a failed send): replies still owed fail with `why`.
-  void mark_broken(const Status& why);
+  void mark_broken(const Status& why) KVTIER_EXCLUDES(receive_mutex_);
   // Sends a request built by `fill` (which gets the Request builder with its id set).
   Result<uint64_t> send(const std::function<void(wire::Request::Builder)>& fill,
-                        std::span<const int> fds = {});
+                        std::span<const int> fds = {}) KVTIER_EXCLUDES(send_mutex_, receive_mutex_);
   // Blocks until the reply to `id` arrives.
-  Result<ipc::Frame> wait_for(uint64_t id);
+  Result<ipc::Frame> wait_for(uint64_t id) KVTIER_EXCLUDES(receive_mutex_);
   // Reads what has arrived without blocking; true when wait_for(id) would not block.
-  bool reply_ready(uint64_t id);
+  bool reply_ready(uint64_t id) KVTIER_EXCLUDES(receive_mutex_);
   // The reply to `id` will not be waited for: drop it (now or when it arrives).
-  void abandon_reply(uint64_t id);
-  // Files one received frame (or the stream's failure) under receive_mutex_.
-  void file_frame_locked(Result<ipc::Frame> frame);
+  void abandon_reply(uint64_t id) KVTIER_EXCLUDES(receive_mutex_);
+  // Files one received frame (or the stream's failure).
+  void file_frame_locked(Result<ipc::Frame> frame) KVTIER_REQUIRES(receive_mutex_);
   // OK, or NotSupported (`missing`) when the daemon joined lacks `feature`.
-  Status require_feature(bool HelloRecord::*feature, const char* missing);
+  Status require_feature(bool HelloRecord::*feature, const char* missing)
+      KVTIER_EXCLUDES(send_mutex_);
   // `fill` must own what it writes: it is kept to register the region again.
   Status register_region(uint32_t region_id,
                          std::function<void(wire::RegisterRegion::Builder)> fill,
-                         std::span<const int> fds);
+                         std::span<const int> fds) KVTIER_EXCLUDES(send_mutex_);
   template <typename T>
   Result<T> call(const std::function<void(wire::Request::Builder)>& fill,
                  const std::function<Result<T>(wire::Response::Reader)>& decode,
                  std::span<const int> fds = {});
 
-  ipc::ClientTransport transport_;  // replaced by a reconnect (send_mutex_ and receive_mutex_)
+  // Replaced by a reconnect, with send_mutex_ and receive_mutex_ held and no reader
+  // active. Sends hold send_mutex_; the reader (reader_active_) receives with neither
+  // held. A field one thread reads by holding a role rather than a mutex is beyond the
+  // analysis, so this one carries no annotation.
+  ipc::ClientTransport transport_;
   const std::string socket_path_;
   const ClientOptions options_;
-  std::mutex send_mutex_;
-  uint64_t next_id_ = 1;  // guarded by send_mutex_
-  // Reconnecting; guarded by send_mutex_.
-  std::optional<HelloRecord> hello_;
-  std::map<uint32_t, RegionRecord> regions_;
-  std::chrono::steady_clock::time_point next_attempt_{};
-  std::chrono::milliseconds backoff_{0};
-  uint64_t jitter_state_ = 0x9e3779b97f4a7c15ull;
+  Mutex send_mutex_;
+  uint64_t next_id_ KVTIER_GUARDED_BY(send_mutex_) = 1;
+  // Reconnecting.
+  std::optional<HelloRecord> hello_ KVTIER_GUARDED_BY(send_mutex_);
+  std::map<uint32_t, RegionRecord> regions_ KVTIER_GUARDED_BY(send_mutex_);
+  std::chrono::steady_clock::time_point next_attempt_ KVTIER_GUARDED_BY(send_mutex_) = {};
+  std::chrono::milliseconds backoff_ KVTIER_GUARDED_BY(send_mutex_) = std::chrono::milliseconds{0};
+  uint64_t jitter_state_ KVTIER_GUARDED_BY(send_mutex_) = 0x9e3779b97f4a7c15ull;
   std::atomic<uint64_t> reconnects_{0};
   // Replies are read by one thread at a time (the reader, `reader_active_`), which
   // reads the socket without holding receive_mutex_, files what it read, and wakes
   // the others; waiters not reading sleep on reply_filed_.
-  std::mutex receive_mutex_;
-  std::condition_variable reply_filed_;
-  bool reader_active_ = false;              // receive_mutex_
-  std::map<uint64_t, ipc::Frame> arrived_;  // replies not yet claimed; receive_mutex_
-  std::set<uint64_t> abandoned_;            // replies nobody will claim; receive_mutex_
-  Status connection_error_;                 // sticky once the stream broke; receive_mutex_
+  Mutex receive_mutex_;
+  CondVar reply_filed_;
+  bool reader_active_ KVTIER_GUARDED_BY(receive_mutex_) = false;
+  // Replies not yet claimed.
+  std::map<uint64_t, ipc::Frame> arrived_ KVTIER_GUARDED_BY(receive_mutex_);
+  // Replies nobody will claim.
+  std::set<uint64_t> abandoned_ KVTIER_GUARDED_BY(receive_mutex_);
+  // Sticky once the stream broke.
+  Status connection_error_ KVTIER_GUARDED_BY(receive_mutex_);
   // Replies to ids below this were owed by an earlier connection; they fail with lost_.
-  uint64_t first_live_id_ = 1;  // receive_mutex_
-  Status lost_;                 // receive_mutex_
+  uint64_t first_live_id_ KVTIER_GUARDED_BY(receive_mutex_) = 1;
+  Status lost_ KVTIER_GUARDED_BY(receive_mutex_);
 };
 
 // Converts an Error reply into a Status: its code, message and retryable flag. A code

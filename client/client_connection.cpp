@@ -35,7 +35,7 @@ Result<uint64_t> Client::send(const std::function<void(wire::Request::Builder)>&
                               std::span<const int> fds) {
   capnp::MallocMessageBuilder message;
   auto request = message.initRoot<wire::Request>();
-  std::lock_guard lock(send_mutex_);
+  MutexLock lock(send_mutex_);
   KVTIER_RETURN_IF_ERROR(ensure_connected_locked());
   uint64_t id = next_id_++;
   request.setId(id);
@@ -58,20 +58,20 @@ Result<uint64_t> Client::send(const std::function<void(wire::Request::Builder)>&
 }
 
 void Client::mark_broken(const Status& why) {
-  std::lock_guard lock(receive_mutex_);
+  MutexLock lock(receive_mutex_);
   if (connection_error_.is_ok()) connection_error_ = why;
   reply_filed_.notify_all();
 }
 
 bool Client::connected() {
-  std::lock_guard lock(receive_mutex_);
+  MutexLock lock(receive_mutex_);
   return connection_error_.is_ok();
 }
 
 Status Client::ensure_connected_locked() {
   Status broken;
   {
-    std::lock_guard lock(receive_mutex_);
+    MutexLock lock(receive_mutex_);
     if (connection_error_.is_ok()) return Status::ok();
     broken = connection_error_;
     // A reader is still on the old socket (a failed send saw the break first).
@@ -158,7 +158,7 @@ Result<ipc::Frame> exchange(ipc::ClientTransport& transport, uint64_t id,
 // Wakes every thread waiting for a reply when it goes out of scope, even if filing the
 // replies threw (out of memory): otherwise they would sleep forever.
 struct WakeWaitersOnExit {
-  std::condition_variable& filed;
+  CondVar& filed;
   ~WakeWaitersOnExit() { filed.notify_all(); }
 };
 
@@ -183,11 +183,14 @@ Status Client::reconnect_locked() {
                   fmt::format("kvtierd is back but refused {}: {}", what, status.message()), false);
   };
   if (hello_) {
+    // Named here, where send_mutex_ is known to be held: the lambda below is analysed
+    // as a function of its own.
+    const HelloRecord& hello = *hello_;
     auto reply = exchange(
         *transport, next_id_++,
         [&](wire::Request::Builder request) {
-          fill_hello(request, hello_->layout, hello_->engine_name,
-                     hello_->prefill_tokens_per_second, hello_->device_kind, hello_->data_path);
+          fill_hello(request, hello.layout, hello.engine_name, hello.prefill_tokens_per_second,
+                     hello.device_kind, hello.data_path);
         },
         {}, deadline);
     if (!reply.is_ok()) return replay_failed("the engine's Hello", reply.status());
@@ -238,7 +241,7 @@ Status Client::reconnect_locked() {
     return unavailable("kvtierd is back but the new connection cannot block again: {}",
                        unbounded.message());
   }
-  std::lock_guard lock(receive_mutex_);
+  MutexLock lock(receive_mutex_);
   lost_ = unavailable("the connection to kvtierd was lost before this reply came: {}",
                       connection_error_.message());
   first_live_id_ = next_id_;
@@ -279,7 +282,7 @@ void Client::file_frame_locked(Result<ipc::Frame> frame) {
 }
 
 Result<ipc::Frame> Client::wait_for(uint64_t id) {
-  std::unique_lock lock(receive_mutex_);
+  MutexLock lock(receive_mutex_);
   while (true) {
     if (id < first_live_id_) return lost_;
     if (auto it = arrived_.find(id); it != arrived_.end()) {
@@ -311,7 +314,7 @@ Result<ipc::Frame> Client::wait_for(uint64_t id) {
 }
 
 bool Client::reply_ready(uint64_t id) {
-  std::unique_lock lock(receive_mutex_);
+  MutexLock lock(receive_mutex_);
   if (id < first_live_id_ || arrived_.contains(id) || !connection_error_.is_ok()) return true;
   // A reader is blocked on the socket: it will file our reply when it comes.
   if (reader_active_) return false;
@@ -344,7 +347,7 @@ bool Client::reply_ready(uint64_t id) {
 }
 
 void Client::abandon_reply(uint64_t id) {
-  std::lock_guard lock(receive_mutex_);
+  MutexLock lock(receive_mutex_);
   if (id < first_live_id_) return;
   if (arrived_.erase(id) == 0) abandoned_.insert(id);
 }

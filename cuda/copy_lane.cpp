@@ -83,7 +83,7 @@ Status CopyLane::start(int priority) {
 
 void CopyLane::stop() {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     stopping_ = true;
   }
   ready_.notify_all();
@@ -112,7 +112,7 @@ void CopyLane::enqueue(std::shared_ptr<BatchState> batch, LaneRun run) {
     job.run = std::move(run);
   }
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     queue_.push_back(std::move(job));
   }
   ready_.notify_one();
@@ -241,14 +241,14 @@ void CopyLane::finish(Job& job, const Status& status) {
   BatchState& state = *job.batch;
   if (!status.is_ok()) {
     if (status.code() == StatusCode::kDataLoss) owner_.context_lost(status);
-    std::lock_guard lock(state.mu);
+    MutexLock lock(state.mu);
     if (state.error.is_ok()) state.error = status;
   }
   if (state.parts_left.fetch_sub(1, std::memory_order_acq_rel) == 1) {
     CopyDone done = std::move(state.done);
     Status error;
     {
-      std::lock_guard lock(state.mu);
+      MutexLock lock(state.mu);
       error = state.error;
     }
     state.batch = CopyBatch();  // let go of the memories before `done` (device/device.h)
@@ -264,8 +264,8 @@ void CopyLane::loop() {
   while (true) {
     Job job;
     {
-      std::unique_lock lock(mu_);
-      ready_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+      MutexLock lock(mu_);
+      while (!stopping_ && queue_.empty()) ready_.wait(lock);
       if (queue_.empty()) return;
       job = std::move(queue_.front());
       queue_.pop_front();

@@ -20,14 +20,13 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <deque>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "common/mutex.h"
 #include "cuda/cuda_memory.h"
 
 namespace kvtier::cuda {
@@ -39,8 +38,8 @@ struct BatchState {
   CopyBatch batch;  // holds the memories until the last part finished
   CopyDone done;
   std::atomic<int> parts_left;
-  std::mutex mu;  // protects error
-  Status error;
+  Mutex mu;
+  Status error KVTIER_GUARDED_BY(mu);  // the first part's failure
 };
 
 // The copies of one batch for one lane. Copy i is `rows[i]` rows of `sizes[i]` bytes,
@@ -112,8 +111,8 @@ class CopyLane {
   // Creates the stream (non-blocking, `priority`) and starts the thread.
   Status start(int priority);
   // Finishes the queued work, joins the thread and destroys the stream.
-  void stop();
-  void enqueue(std::shared_ptr<BatchState> batch, LaneRun run);
+  void stop() KVTIER_EXCLUDES(mu_);
+  void enqueue(std::shared_ptr<BatchState> batch, LaneRun run) KVTIER_EXCLUDES(mu_);
 
  private:
   struct Job {
@@ -134,7 +133,7 @@ class CopyLane {
   Status wait(CUevent event);
   void run_background(Job& job);
   void finish(Job& job, const Status& status);
-  void loop();
+  void loop() KVTIER_EXCLUDES(mu_);
 
   LaneOwner& owner_;
   const GpuSetPtr gpus_;
@@ -144,11 +143,11 @@ class CopyLane {
   const std::string name_;
   CUstream stream_ = nullptr;
 
-  std::mutex mu_;  // protects the fields below
-  std::condition_variable ready_;
-  std::deque<Job> queue_;
-  bool stopping_ = false;
-  std::thread thread_;
+  Mutex mu_;
+  CondVar ready_;  // a job was queued, or stopping_
+  std::deque<Job> queue_ KVTIER_GUARDED_BY(mu_);
+  bool stopping_ KVTIER_GUARDED_BY(mu_) = false;
+  std::thread thread_;  // the owner's: started by start(), joined by stop()
 };
 
 }  // namespace kvtier::cuda

@@ -3,15 +3,14 @@
 #include <algorithm>
 #include <atomic>
 #include <cctype>
-#include <condition_variable>
 #include <deque>
 #include <fstream>
-#include <mutex>
 #include <set>
 #include <thread>
 
 #include "common/gpu_uuid.h"
 #include "common/log.h"
+#include "common/mutex.h"
 #include "cuda/copy_lane.h"
 #include "cuda/cuda_memory.h"
 
@@ -111,7 +110,7 @@ class CudaDevice final : public Device, public LaneOwner {
     return cuda::reserve_pinned_pool(gpus_, bytes, pool_numa_nodes());
   }
 
-  Status submit(CopyBatch batch, CopyDone done) override {
+  Status submit(CopyBatch batch, CopyDone done) override KVTIER_EXCLUDES(mu_) {
     if (lost_.load(std::memory_order_acquire)) {
       return unavailable("the GPU context is lost (a sticky CUDA error); kvtierd must restart");
     }
@@ -174,7 +173,7 @@ class CudaDevice final : public Device, public LaneOwner {
     auto state =
         std::make_shared<BatchState>(std::move(batch), std::move(done), std::max(parts, 1));
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       ++in_flight_;
     }
     if (parts == 0) {  // nothing to copy: complete through a lane all the same
@@ -187,27 +186,28 @@ class CudaDevice final : public Device, public LaneOwner {
     return Status::ok();
   }
 
-  void drain() override {
-    std::unique_lock lock(mu_);
-    all_done_.wait(lock, [this] { return in_flight_ == 0; });
+  void drain() override KVTIER_EXCLUDES(mu_) {
+    MutexLock lock(mu_);
+    while (in_flight_ != 0) all_done_.wait(lock);
   }
 
-  void set_fatal_error_handler(std::function<void(const Status&)> handler) override {
-    std::lock_guard lock(mu_);
+  void set_fatal_error_handler(std::function<void(const Status&)> handler) override
+      KVTIER_EXCLUDES(mu_) {
+    MutexLock lock(mu_);
     fatal_handler_ = std::move(handler);
   }
 
   // LaneOwner: called on lane threads.
-  void batch_finished() override {
-    std::lock_guard lock(mu_);
+  void batch_finished() override KVTIER_EXCLUDES(mu_) {
+    MutexLock lock(mu_);
     if (--in_flight_ == 0) all_done_.notify_all();
   }
-  void context_lost(const Status& error) override {
+  void context_lost(const Status& error) override KVTIER_EXCLUDES(mu_) {
     if (lost_.exchange(true, std::memory_order_acq_rel)) return;
     KVTIER_LOG_ERROR("GPU context lost: {}", error.to_string());
     std::function<void(const Status&)> handler;
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       handler = fatal_handler_;
     }
     if (handler) handler(error);
@@ -246,10 +246,10 @@ class CudaDevice final : public Device, public LaneOwner {
   std::vector<std::unique_ptr<CopyLane>> lanes_;  // [gpu][priority][direction]
   std::atomic<bool> lost_{false};
 
-  std::mutex mu_;  // protects the fields below
-  std::condition_variable all_done_;
-  uint64_t in_flight_ = 0;
-  std::function<void(const Status&)> fatal_handler_;
+  Mutex mu_;
+  CondVar all_done_;  // in_flight_ reached 0
+  uint64_t in_flight_ KVTIER_GUARDED_BY(mu_) = 0;
+  std::function<void(const Status&)> fatal_handler_ KVTIER_GUARDED_BY(mu_);
 };
 
 std::string describe_gpus(const std::vector<GpuContext>& gpus) {

@@ -12,7 +12,7 @@ RegionWorker::RegionWorker(int threads) {
 
 RegionWorker::~RegionWorker() {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     stopping_ = true;
   }
   job_ready_.notify_all();
@@ -21,7 +21,7 @@ RegionWorker::~RegionWorker() {
 
 void RegionWorker::post(std::function<void()> job) {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     jobs_.push_back(std::move(job));
   }
   job_ready_.notify_one();
@@ -31,8 +31,8 @@ void RegionWorker::run() {
   for (;;) {
     std::function<void()> job;
     {
-      std::unique_lock lock(mu_);
-      job_ready_.wait(lock, [this] { return stopping_ || !jobs_.empty(); });
+      MutexLock lock(mu_);
+      while (!stopping_ && jobs_.empty()) job_ready_.wait(lock);
       // Queued jobs still run when stopping: a close must happen, and an open's result
       // is dropped harmlessly once the control loop is gone.
       if (jobs_.empty()) return;

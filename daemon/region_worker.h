@@ -13,12 +13,12 @@
 // still queued, then joins the threads.
 #pragma once
 
-#include <condition_variable>
 #include <deque>
 #include <functional>
-#include <mutex>
 #include <thread>
 #include <vector>
+
+#include "common/mutex.h"
 
 namespace kvtier::daemon {
 
@@ -29,15 +29,15 @@ class RegionWorker {
   RegionWorker(const RegionWorker&) = delete;
   RegionWorker& operator=(const RegionWorker&) = delete;
 
-  void post(std::function<void()> job);
+  void post(std::function<void()> job) KVTIER_EXCLUDES(mu_);
 
  private:
-  void run();
+  void run() KVTIER_EXCLUDES(mu_);
 
-  std::mutex mu_;  // protects the fields below
-  std::condition_variable job_ready_;
-  std::deque<std::function<void()>> jobs_;
-  bool stopping_ = false;
+  Mutex mu_;
+  CondVar job_ready_;  // a job was queued, or stopping_
+  std::deque<std::function<void()>> jobs_ KVTIER_GUARDED_BY(mu_);
+  bool stopping_ KVTIER_GUARDED_BY(mu_) = false;
 
   std::vector<std::thread> threads_;  // constant after construction
 };

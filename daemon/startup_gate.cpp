@@ -7,10 +7,9 @@
 #include <boost/asio/post.hpp>
 
 #include <chrono>
-#include <condition_variable>
-#include <mutex>
 
 #include "common/log.h"
+#include "common/mutex.h"
 #include "common/units.h"
 #include "daemon/session_journal.h"
 #include "device/page_fill.h"
@@ -104,10 +103,13 @@ void StartupGate::start_fill(std::vector<UnfilledMemory> fills) {
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
     if (status.is_ok() && delay_ms > 0) {  // fault-fill-delay-ms (tests only)
-      std::mutex mu;
-      std::condition_variable_any never;
-      std::unique_lock lock(mu);
-      never.wait_for(lock, stop, std::chrono::milliseconds(delay_ms), [] { return false; });
+      Mutex mu;
+      InterruptibleCondVar never;  // never notified: the wait ends at the deadline or a stop
+      MutexLock lock(mu);
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(delay_ms);
+      while (!stop.stop_requested() && std::chrono::steady_clock::now() < deadline) {
+        never.wait_until(lock, stop, deadline);
+      }
     }
     fills.clear();  // the store holds the memory; this thread lets go before reporting
     asio::post(ctx_.io, [this, status, seconds, guard = std::move(guard)]() mutable {

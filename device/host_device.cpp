@@ -200,7 +200,7 @@ HostDevice::HostDevice(int copy_threads) {
 HostDevice::~HostDevice() {
   drain();
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     stopping_ = true;
   }
   work_ready_.notify_all();
@@ -275,7 +275,7 @@ Status HostDevice::submit(CopyBatch batch, CopyDone done) {
   const size_t shard_count = state->shards.size();
   state->shards_left.store(shard_count, std::memory_order_relaxed);
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     ++batches_in_flight_;
     for (size_t shard = 0; shard < shard_count; ++shard) queue_.push_back({state, shard});
   }
@@ -288,16 +288,16 @@ Status HostDevice::submit(CopyBatch batch, CopyDone done) {
 }
 
 void HostDevice::drain() {
-  std::unique_lock<std::mutex> lock(mu_);
-  all_done_.wait(lock, [this] { return batches_in_flight_ == 0; });
+  MutexLock lock(mu_);
+  while (batches_in_flight_ != 0) all_done_.wait(lock);
 }
 
 void HostDevice::run_worker() {
   for (;;) {
     Task task;
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      work_ready_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+      MutexLock lock(mu_);
+      while (!stopping_ && queue_.empty()) work_ready_.wait(lock);
       if (queue_.empty()) return;  // stopping, and drained by the destructor
       task = std::move(queue_.front());
       queue_.pop_front();
@@ -307,7 +307,7 @@ void HostDevice::run_worker() {
     // drain() returns the batch's memories are no longer held by the device.
     task.batch.reset();
     if (finished_batch) {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       if (--batches_in_flight_ == 0) all_done_.notify_all();
     }
   }

@@ -19,16 +19,15 @@
 // already sealed against shrinking is rejected with InvalidArgument.
 #pragma once
 
-#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
 #include <memory>
-#include <mutex>
 #include <span>
 #include <thread>
 #include <vector>
 
+#include "common/mutex.h"
 #include "device/device.h"
 
 namespace kvtier {
@@ -56,8 +55,8 @@ class HostDevice final : public Device {
   // of range, a null or non-host memory, a segment outside either memory, a segment
   // whose source and destination overlap in one memory, and segments whose
   // destinations overlap each other. An empty batch is valid and completes OK.
-  Status submit(CopyBatch batch, CopyDone done) override;
-  void drain() override;
+  Status submit(CopyBatch batch, CopyDone done) override KVTIER_EXCLUDES(mu_);
+  void drain() override KVTIER_EXCLUDES(mu_);
 
   int copy_threads() const { return static_cast<int>(workers_.size()); }
 
@@ -68,17 +67,16 @@ class HostDevice final : public Device {
     size_t shard;
   };
 
-  void run_worker();
+  void run_worker() KVTIER_EXCLUDES(mu_);
   // Copies one shard; true when it was the batch's last and `done` has been called.
   bool run_task(const Task& task);
 
-  // Protected by mu_.
-  std::mutex mu_;
-  std::condition_variable work_ready_;  // queue_ non-empty or stopping_
-  std::condition_variable all_done_;    // batches_in_flight_ reached 0
-  std::deque<Task> queue_;
-  uint64_t batches_in_flight_ = 0;
-  bool stopping_ = false;
+  Mutex mu_;
+  CondVar work_ready_;  // queue_ non-empty or stopping_
+  CondVar all_done_;    // batches_in_flight_ reached 0
+  std::deque<Task> queue_ KVTIER_GUARDED_BY(mu_);
+  uint64_t batches_in_flight_ KVTIER_GUARDED_BY(mu_) = 0;
+  bool stopping_ KVTIER_GUARDED_BY(mu_) = false;
 
   // Constant after construction.
   std::vector<std::thread> workers_;

@@ -130,9 +130,17 @@ Result<std::unique_ptr<NvmeIndex>> NvmeIndex::open(const std::string& dir, uint6
       }
     }
   }
-  KVTIER_RETURN_IF_ERROR(index->open_db());
+  {
+    // No other thread can reach the index yet: the lock is uncontended.
+    WriterLock db_lock(index->db_mutex_);
+    KVTIER_RETURN_IF_ERROR(index->open_db());
+  }
   KVTIER_RETURN_IF_ERROR(index->load_or_init_meta(new_slab_bytes, dir));
   return index;
+}
+
+NvmeIndex::WriterView NvmeIndex::writer_view() const {
+  return {db_.get(), blocks_, sessions_, meta_};
 }
 
 Status NvmeIndex::open_db() {
@@ -190,7 +198,7 @@ Status NvmeIndex::check_room(std::string_view what) const {
 }
 
 Status NvmeIndex::stop_reason() const {
-  std::lock_guard lock(failure_mutex_);
+  MutexLock lock(failure_mutex_);
   return write_failure_;
 }
 
@@ -199,14 +207,14 @@ Status NvmeIndex::write(const rocksdb::WriteOptions& options, rocksdb::WriteBatc
   if (Status stopped = stop_reason(); !stopped.is_ok()) return stopped;
   KVTIER_RETURN_IF_ERROR(check_room(what));
   count_operation();
-  std::shared_lock db_lock(db_mutex_);
+  ReaderLock db_lock(db_mutex_);
   if (!db_) return unavailable("{}: the NVMe index {} is closed until it heals", what, dir_);
   rocksdb::Status written = db_->Write(options, &batch);
   Status status = rocksdb_status(written, std::string(what));
   // Any failed write: RocksDB keeps refusing writes after most of them (its background
   // error), and heal() resumes or reopens whatever the cause.
   if (!written.ok()) {
-    std::lock_guard lock(failure_mutex_);
+    MutexLock lock(failure_mutex_);
     if (write_failure_.is_ok()) {
       KVTIER_LOG_ERROR("NVMe index {}: {}; it writes nothing more until it heals", dir_,
                        status.message());
@@ -226,7 +234,7 @@ Status NvmeIndex::heal() {
   count_operation();
   Status resumed;
   {
-    std::shared_lock db_lock(db_mutex_);
+    ReaderLock db_lock(db_mutex_);
     if (db_) {
       // Busy: RocksDB is recovering by itself (no space); give it a moment.
       rocksdb::Status status = db_->Resume();
@@ -243,7 +251,7 @@ Status NvmeIndex::heal() {
     // RocksDB will not resume after errors it cannot tell are passing (an EIO in its
     // log): start again from what is durable, as a restart would.
     KVTIER_LOG_INFO("NVMe index {}: {}; reopening it", dir_, resumed.message());
-    std::unique_lock db_lock(db_mutex_);
+    WriterLock db_lock(db_mutex_);
     close_db();
     resumed = open_db();
     if (!resumed.is_ok()) {
@@ -251,36 +259,38 @@ Status NvmeIndex::heal() {
       return resumed;
     }
   }
-  std::lock_guard lock(failure_mutex_);
+  MutexLock lock(failure_mutex_);
   write_failure_ = Status::ok();
   return Status::ok();
 }
 
 NvmeIndex::~NvmeIndex() {
-  std::unique_lock db_lock(db_mutex_);
+  WriterLock db_lock(db_mutex_);
   close_db();
 }
 
 Status NvmeIndex::load_or_init_meta(uint64_t new_slab_bytes, const std::string& dir) {
+  const WriterView store = writer_view();
   std::string version_bytes;
   rocksdb::Status got =
-      db_->Get(rocksdb::ReadOptions(), meta_, kNvmeFormatVersionKey, &version_bytes);
+      store.db->Get(rocksdb::ReadOptions(), store.meta, kNvmeFormatVersionKey, &version_bytes);
   if (got.IsNotFound()) {
     // No version: a fresh store, or one whose creation was interrupted before the meta
     // write. Anything else without a version is not ours to interpret.
-    std::unique_ptr<rocksdb::Iterator> blocks(db_->NewIterator(rocksdb::ReadOptions(), blocks_));
+    std::unique_ptr<rocksdb::Iterator> blocks(
+        store.db->NewIterator(rocksdb::ReadOptions(), store.blocks));
     blocks->SeekToFirst();
     std::unique_ptr<rocksdb::Iterator> sessions(
-        db_->NewIterator(rocksdb::ReadOptions(), sessions_));
+        store.db->NewIterator(rocksdb::ReadOptions(), store.sessions));
     sessions->SeekToFirst();
     if (blocks->Valid() || sessions->Valid()) {
       return data_loss("NVMe index {} has records but no format version; refusing to use it", dir);
     }
     rocksdb::WriteBatch batch;
-    (void)batch.Put(meta_, kNvmeFormatVersionKey, encode_u32(kNvmeFormatVersion));
-    (void)batch.Put(meta_, kNvmeSlabBytesKey, encode_u64(new_slab_bytes));
+    (void)batch.Put(store.meta, kNvmeFormatVersionKey, encode_u32(kNvmeFormatVersion));
+    (void)batch.Put(store.meta, kNvmeSlabBytesKey, encode_u64(new_slab_bytes));
     KVTIER_RETURN_IF_ERROR(
-        rocksdb_status(db_->Write(durable(), &batch), "write the NVMe index format version"));
+        rocksdb_status(store.db->Write(durable(), &batch), "write the NVMe index format version"));
     slab_bytes_ = new_slab_bytes;
     created_ = true;
     return Status::ok();
@@ -291,7 +301,7 @@ Status NvmeIndex::load_or_init_meta(uint64_t new_slab_bytes, const std::string& 
   if (*version == kNvmeUpgradableFormatVersion) {
     // Version 1 is version 2 without session deltas: every record reads the same.
     KVTIER_RETURN_IF_ERROR(rocksdb_status(
-        db_->Put(durable(), meta_, kNvmeFormatVersionKey, encode_u32(kNvmeFormatVersion)),
+        store.db->Put(durable(), store.meta, kNvmeFormatVersionKey, encode_u32(kNvmeFormatVersion)),
         "upgrade the NVMe index format version"));
     KVTIER_LOG_INFO("NVMe index {}: format version {} upgraded to {} (session deltas)", dir,
                     *version, kNvmeFormatVersion);
@@ -307,7 +317,8 @@ Status NvmeIndex::load_or_init_meta(uint64_t new_slab_bytes, const std::string& 
   }
   std::string slab_bytes;
   KVTIER_RETURN_IF_ERROR(rocksdb_status(
-      db_->Get(rocksdb::ReadOptions(), meta_, kNvmeSlabBytesKey, &slab_bytes), "read slab_bytes"));
+      store.db->Get(rocksdb::ReadOptions(), store.meta, kNvmeSlabBytesKey, &slab_bytes),
+      "read slab_bytes"));
   auto parsed = decode_u64(slab_bytes);
   if (!parsed || *parsed == 0) return data_loss("NVMe index {}: slab_bytes is malformed", dir);
   slab_bytes_ = *parsed;
@@ -315,7 +326,8 @@ Status NvmeIndex::load_or_init_meta(uint64_t new_slab_bytes, const std::string& 
 }
 
 Status NvmeIndex::for_each_layout(const std::function<void(const NvmeLayoutRecord&)>& fn) const {
-  return scan(db_.get(), meta_, nvme_layout_prefix(), "scan layouts",
+  const WriterView store = writer_view();
+  return scan(store.db, store.meta, nvme_layout_prefix(), "scan layouts",
               [&](std::string_view key, std::string_view value) {
                 if (auto record = decode_layout(key, value)) fn(*record);
               });
@@ -324,7 +336,8 @@ Status NvmeIndex::for_each_layout(const std::function<void(const NvmeLayoutRecor
 Status NvmeIndex::for_each_block(
     const std::function<void(NvmeBlockKey&&, const NvmeBlockRecord&)>& fn,
     std::vector<std::string>* malformed) const {
-  return scan(db_.get(), blocks_, "", "scan blocks",
+  const WriterView store = writer_view();
+  return scan(store.db, store.blocks, "", "scan blocks",
               [&](std::string_view key, std::string_view value) {
                 auto decoded_key = decode_block_key(key);
                 auto record = decode_block_record(value);
@@ -338,7 +351,8 @@ Status NvmeIndex::for_each_block(
 
 Status NvmeIndex::for_each_session(const std::function<void(NvmeSessionRecord&&)>& fn,
                                    std::vector<std::string>* malformed) const {
-  return scan(db_.get(), sessions_, "", "scan sessions",
+  const WriterView store = writer_view();
+  return scan(store.db, store.sessions, "", "scan sessions",
               [&](std::string_view key, std::string_view value) {
                 if (auto record = decode_session(key, value)) {
                   fn(std::move(*record));
@@ -349,7 +363,7 @@ Status NvmeIndex::for_each_session(const std::function<void(NvmeSessionRecord&&)
 }
 
 uint64_t NvmeIndex::estimated_blocks() const {
-  std::shared_lock db_lock(db_mutex_);
+  ReaderLock db_lock(db_mutex_);
   uint64_t keys = 0;
   if (!db_) return 0;
   if (!db_->GetIntProperty(blocks_, "rocksdb.estimate-num-keys", &keys)) return 0;
@@ -357,7 +371,7 @@ uint64_t NvmeIndex::estimated_blocks() const {
 }
 
 Result<std::optional<NvmeBlockRecord>> NvmeIndex::get_block(const NvmeBlockKey& key) const {
-  std::shared_lock db_lock(db_mutex_);
+  ReaderLock db_lock(db_mutex_);
   if (!db_) return unavailable("the NVMe index {} is closed until it heals", dir_);
   std::string value;
   rocksdb::Status got = db_->Get(rocksdb::ReadOptions(), blocks_, encode_block_key(key), &value);
@@ -368,13 +382,14 @@ Result<std::optional<NvmeBlockRecord>> NvmeIndex::get_block(const NvmeBlockKey& 
 
 Status NvmeIndex::commit_blocks(std::span<const std::pair<NvmeBlockKey, NvmeBlockRecord>> blocks,
                                 std::span<const NvmeLayoutRecord> layouts) {
+  const WriterView store = writer_view();
   rocksdb::WriteBatch batch;
   for (const NvmeLayoutRecord& layout : layouts) {
-    (void)batch.Put(meta_, encode_layout_key(layout.namespace_name, layout.layout_digest),
+    (void)batch.Put(store.meta, encode_layout_key(layout.namespace_name, layout.layout_digest),
                     encode_u64(layout.block_bytes));
   }
   for (const auto& [key, record] : blocks) {
-    (void)batch.Put(blocks_, encode_block_key(key), encode_block_record(record));
+    (void)batch.Put(store.blocks, encode_block_key(key), encode_block_record(record));
   }
   return write(durable(), batch, "commit block records");
 }
@@ -383,6 +398,7 @@ Status NvmeIndex::delete_blocks_at(std::span<const std::pair<NvmeBlockKey, uint6
   // Stopped: the release waits for the heal (the caller retries it), since what a write
   // that failed left in the log may come back when the index reopens.
   if (Status stopped = stop_reason(); !stopped.is_ok()) return stopped;
+  const WriterView store = writer_view();
   rocksdb::WriteBatch batch;
   for (const auto& [key, offset] : blocks) {
     auto record = get_block(key);
@@ -390,32 +406,34 @@ Status NvmeIndex::delete_blocks_at(std::span<const std::pair<NvmeBlockKey, uint6
     if (record->has_value() && (*record)->offset != offset) continue;
     // No record: deleted anyway. A commit whose WAL sync failed is in the log though
     // never acknowledged, and a later reopen replays it; the delete outranks it.
-    (void)batch.Delete(blocks_, encode_block_key(key));
+    (void)batch.Delete(store.blocks, encode_block_key(key));
   }
   if (batch.Count() == 0) return Status::ok();
   return write(durable(), batch, "delete block records");
 }
 
 Status NvmeIndex::delete_raw_block_keys(std::span<const std::string> keys) {
+  const WriterView store = writer_view();
   rocksdb::WriteBatch batch;
-  for (const std::string& key : keys) (void)batch.Delete(blocks_, key);
+  for (const std::string& key : keys) (void)batch.Delete(store.blocks, key);
   return write(durable(), batch, "delete unusable block records");
 }
 
 Status NvmeIndex::write_sessions(std::span<const NvmeSessionRecord> puts,
                                  std::span<const std::pair<std::string, std::string>> deletes,
                                  bool sync) {
+  const WriterView store = writer_view();
   rocksdb::WriteBatch batch;
   for (const NvmeSessionRecord& record : puts) {
     const std::string key = encode_session_key(record.namespace_name, record.session_id);
     if (record.append_from && *record.append_from <= record.blocks.size()) {
-      (void)batch.Merge(sessions_, key, encode_session_delta(record, *record.append_from));
+      (void)batch.Merge(store.sessions, key, encode_session_delta(record, *record.append_from));
     } else {
-      (void)batch.Put(sessions_, key, encode_session_value(record));
+      (void)batch.Put(store.sessions, key, encode_session_value(record));
     }
   }
   for (const auto& [namespace_name, session_id] : deletes) {
-    (void)batch.Delete(sessions_, encode_session_key(namespace_name, session_id));
+    (void)batch.Delete(store.sessions, encode_session_key(namespace_name, session_id));
   }
   rocksdb::WriteOptions options;
   options.sync = sync;
@@ -428,9 +446,9 @@ Status NvmeIndex::overwrite_format_version(const std::string& dir, uint32_t vers
     return index.status();
   }
   if (!index.is_ok()) return invalid_argument("{} cannot be opened to rewrite", dir);
-  NvmeIndex& opened = **index;
+  const WriterView store = (*index)->writer_view();
   return rocksdb_status(
-      opened.db_->Put(durable(), opened.meta_, kNvmeFormatVersionKey, encode_u32(version)),
+      store.db->Put(durable(), store.meta, kNvmeFormatVersionKey, encode_u32(version)),
       "overwrite the format version");
 }
 

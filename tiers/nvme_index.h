@@ -16,7 +16,9 @@
 // (RocksDB's own guarantees; heal()'s reopen waits for reads in progress).
 // delete_blocks_at's check-then-delete is atomic only against other writers that go
 // through one thread; NvmeTier calls every writing method, and heal(), from its one
-// writer thread.
+// writer thread (and the recovery visits from the thread that opens it, before that
+// writer starts). The writing methods and the visits read the store without the lock
+// that guards its replacement, so they must not overlap heal().
 // Errors: every rocksdb::Status goes through rocksdb_status() (tiers/rocksdb_status.h).
 #pragma once
 
@@ -24,14 +26,13 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
-#include <shared_mutex>
 #include <span>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "common/mutex.h"
 #include "common/status.h"
 #include "tiers/nvme_format.h"
 #include "tiers/nvme_index_env.h"
@@ -72,10 +73,11 @@ class NvmeIndex {
                           std::vector<std::string>* malformed) const;
 
   // RocksDB's estimate of the number of block records (to size containers).
-  uint64_t estimated_blocks() const;
+  uint64_t estimated_blocks() const KVTIER_EXCLUDES(db_mutex_);
 
   // nullopt when there is no (well-formed) record for `key`.
-  Result<std::optional<NvmeBlockRecord>> get_block(const NvmeBlockKey& key) const;
+  Result<std::optional<NvmeBlockRecord>> get_block(const NvmeBlockKey& key) const
+      KVTIER_EXCLUDES(db_mutex_);
 
   // ---- durable writes (WAL synced) ----
   //
@@ -86,46 +88,63 @@ class NvmeIndex {
   static constexpr uint64_t kMinFreeBytes = 32ull << 20;
 
   // OK while writing; the error that stopped writes otherwise.
-  Status stop_reason() const;
+  Status stop_reason() const KVTIER_EXCLUDES(failure_mutex_);
   // Brings a stopped index back: Resume(), or a reopen when RocksDB will not resume.
   // OK when it writes again (or was not stopped) and its file system has kMinFreeBytes;
   // the error otherwise (short of room, the error persisting). A failed reopen leaves the index
   // closed: reads are then Unavailable until a later heal() opens it.
-  Status heal();
+  Status heal() KVTIER_EXCLUDES(db_mutex_, failure_mutex_);
 
   // Puts the block records and layout records in one atomic batch.
   Status commit_blocks(std::span<const std::pair<NvmeBlockKey, NvmeBlockRecord>> blocks,
-                       std::span<const NvmeLayoutRecord> layouts);
+                       std::span<const NvmeLayoutRecord> layouts)
+      KVTIER_EXCLUDES(db_mutex_, failure_mutex_);
   // Deletes each block record that still names the given slot offset (a record that
   // names another slot belongs to a later write of the same key and stays), and writes a
   // delete for a key with no record (a failed commit's record, still in the log, would
   // come back on a reopen). While stopped: the stop reason, nothing deleted.
-  Status delete_blocks_at(std::span<const std::pair<NvmeBlockKey, uint64_t>> blocks);
+  Status delete_blocks_at(std::span<const std::pair<NvmeBlockKey, uint64_t>> blocks)
+      KVTIER_EXCLUDES(db_mutex_, failure_mutex_);
   // Deletes block records by raw key (malformed or unusable records found at start-up).
-  Status delete_raw_block_keys(std::span<const std::string> keys);
+  Status delete_raw_block_keys(std::span<const std::string> keys)
+      KVTIER_EXCLUDES(db_mutex_, failure_mutex_);
 
   // Session records: puts (a record with append_from is written as a session delta,
   // merged into the stored one), then deletes (namespace name, session id), one batch.
   Status write_sessions(std::span<const NvmeSessionRecord> puts,
-                        std::span<const std::pair<std::string, std::string>> deletes, bool sync);
+                        std::span<const std::pair<std::string, std::string>> deletes, bool sync)
+      KVTIER_EXCLUDES(db_mutex_, failure_mutex_);
 
   // Rewrites the stored format version. For tests of the version check (and a
   // future migration tool); never called by the daemon.
   static Status overwrite_format_version(const std::string& dir, uint32_t version);
 
  private:
+  // The store and its families as the writing thread reads them, without db_mutex_ (see
+  // the top of this file): that thread is the only one that replaces them (open_db from
+  // open() and heal()), so its own reads cannot race a replacement. writer_view() is not
+  // analysed: a field written under a lock but read without it by the one thread that
+  // writes it is beyond what the analysis can state.
+  struct WriterView {
+    rocksdb::DB* db;
+    rocksdb::ColumnFamilyHandle* blocks;
+    rocksdb::ColumnFamilyHandle* sessions;
+    rocksdb::ColumnFamilyHandle* meta;
+  };
+
   NvmeIndex() = default;
+  WriterView writer_view() const KVTIER_NO_THREAD_SAFETY_ANALYSIS;
   Status load_or_init_meta(uint64_t new_slab_bytes, const std::string& dir);
   // Opens the store (creating it when missing); the families and handles.
-  Status open_db();
-  void close_db();
+  Status open_db() KVTIER_REQUIRES(db_mutex_);
+  void close_db() KVTIER_REQUIRES(db_mutex_);
   // The room check of every write and heal.
   Status check_room(std::string_view what) const;
   // Counts an index operation and arms the injected fault that applies to it, if any.
   void count_operation();
   // Every write goes through here (the room check and the stop after an I/O error).
   Status write(const rocksdb::WriteOptions& options, rocksdb::WriteBatch& batch,
-               std::string_view what);
+               std::string_view what) KVTIER_EXCLUDES(db_mutex_, failure_mutex_);
 
   // Constant after open. Declared before db_: the DB must go first.
   std::shared_ptr<IndexFaultFileSystem> file_system_;
@@ -134,20 +153,25 @@ class NvmeIndex {
   std::vector<SlabIoFault> faults_;  // kIndex ones
   std::atomic<uint64_t> operations_{0};
 
-  // Replaced only by heal()'s reopen, under the unique lock; every use holds it shared.
-  mutable std::shared_mutex db_mutex_;
-  std::unique_ptr<rocksdb::DB> db_;
-  std::vector<rocksdb::ColumnFamilyHandle*> handles_;  // owned by db_; destroyed before it
-  rocksdb::ColumnFamilyHandle* blocks_ = nullptr;
-  rocksdb::ColumnFamilyHandle* sessions_ = nullptr;
-  rocksdb::ColumnFamilyHandle* meta_ = nullptr;
+  // Replaced only by open_db (open(), heal()'s reopen), under the unique lock; other
+  // threads hold it shared, the writing thread reads through writer_view().
+  mutable SharedMutex db_mutex_;
+  std::unique_ptr<rocksdb::DB> db_ KVTIER_GUARDED_BY(db_mutex_);
+  // Owned by db_; destroyed before it.
+  std::vector<rocksdb::ColumnFamilyHandle*> handles_ KVTIER_GUARDED_BY(db_mutex_);
+  rocksdb::ColumnFamilyHandle* blocks_ KVTIER_GUARDED_BY(db_mutex_) = nullptr;
+  rocksdb::ColumnFamilyHandle* sessions_ KVTIER_GUARDED_BY(db_mutex_) = nullptr;
+  rocksdb::ColumnFamilyHandle* meta_ KVTIER_GUARDED_BY(db_mutex_) = nullptr;
+
+  // Constant after open.
   uint64_t slab_bytes_ = 0;
   bool created_ = false;
   std::string dir_;
   std::vector<std::string> family_names_;
 
-  mutable std::mutex failure_mutex_;
-  Status write_failure_;  // the error that stopped writes; OK while writing
+  mutable Mutex failure_mutex_;
+  // The error that stopped writes; OK while writing.
+  Status write_failure_ KVTIER_GUARDED_BY(failure_mutex_);
 };
 
 }  // namespace kvtier

@@ -284,7 +284,7 @@ uint64_t NvmeTier::degraded_ms_locked() const {
 }
 
 NvmeHealth NvmeTier::health() const {
-  std::lock_guard lock(health_mutex_);
+  MutexLock lock(health_mutex_);
   NvmeHealth health = health_;
   if (health.degraded) health.degraded_ms = degraded_ms_locked();
   return health;
@@ -293,7 +293,7 @@ NvmeHealth NvmeTier::health() const {
 void NvmeTier::degrade(const Status& why) {
   if (degraded()) return;
   {
-    std::lock_guard lock(health_mutex_);
+    MutexLock lock(health_mutex_);
     health_.degraded = true;
     health_.reason = why;
     ++health_.degradations;
@@ -310,7 +310,7 @@ void NvmeTier::degrade(const Status& why) {
 
 void NvmeTier::try_heal() {
   {
-    std::lock_guard lock(health_mutex_);
+    MutexLock lock(health_mutex_);
     ++health_.heal_attempts;
   }
   // The index (with the room it needs), then the slab file: each must write again.
@@ -319,7 +319,7 @@ void NvmeTier::try_heal() {
   if (!healed.is_ok()) {
     heal_delay_ms_ = std::min(heal_delay_ms_ * 2, heal_max_delay_ms_);
     {
-      std::lock_guard lock(health_mutex_);
+      MutexLock lock(health_mutex_);
       health_.reason = healed;
     }
     KVTIER_LOG_WARN("NVMe tier {} is still degraded: {}; trying again in {} ms", dir_,
@@ -329,7 +329,7 @@ void NvmeTier::try_heal() {
   }
   uint64_t degraded_ms = 0;
   {
-    std::lock_guard lock(health_mutex_);
+    MutexLock lock(health_mutex_);
     degraded_ms = degraded_ms_locked();
     health_.degraded = false;
     health_.reason = Status::ok();

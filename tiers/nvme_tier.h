@@ -38,13 +38,13 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <set>
 #include <span>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "common/mutex.h"
 #include "common/status.h"
 #include "tiers/nvme_format.h"
 #include "tiers/nvme_index.h"
@@ -166,17 +166,17 @@ class NvmeTier {
   void flush();
 
   bool degraded() const { return degraded_.load(std::memory_order_acquire); }
-  NvmeHealth health() const;
+  NvmeHealth health() const KVTIER_EXCLUDES(health_mutex_);
 
  private:
   NvmeTier() = default;
   void run_write(std::vector<WriteItem>& items, std::vector<Status>& results);
   void run_read(std::vector<ReadItem>& items, std::vector<ReadOutcome>& outcomes);
   // On the writer: makes the tier read-only for `why` and schedules healing.
-  void degrade(const Status& why);
+  void degrade(const Status& why) KVTIER_EXCLUDES(health_mutex_);
   // On the writer: one try at healing; schedules the next when it fails.
-  void try_heal();
-  uint64_t degraded_ms_locked() const;  // REQUIRES health_mutex_ held
+  void try_heal() KVTIER_EXCLUDES(health_mutex_);
+  uint64_t degraded_ms_locked() const KVTIER_REQUIRES(health_mutex_);
 
   // Constant after open.
   std::unique_ptr<NvmeIndex> index_;
@@ -190,9 +190,9 @@ class NvmeTier {
   uint64_t heal_delay_ms_ = 0;  // writer thread only: the wait before the next try
 
   std::atomic<bool> degraded_{false};
-  mutable std::mutex health_mutex_;
-  NvmeHealth health_;  // protected by health_mutex_ (its degraded_ms is filled on read)
-  std::chrono::steady_clock::time_point degraded_since_;  // protected by health_mutex_
+  mutable Mutex health_mutex_;
+  NvmeHealth health_ KVTIER_GUARDED_BY(health_mutex_);  // its degraded_ms is filled on read
+  std::chrono::steady_clock::time_point degraded_since_ KVTIER_GUARDED_BY(health_mutex_);
   // Declared last: destroyed first, so no job runs while the members above go away.
   std::unique_ptr<NvmeWorker> writer_;
   std::unique_ptr<NvmeWorker> reader_;

@@ -12,7 +12,7 @@ NvmeWorker::~NvmeWorker() {
 
 void NvmeWorker::stop() {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     stopping_ = true;
   }
   changed_.notify_all();
@@ -21,7 +21,7 @@ void NvmeWorker::stop() {
 
 void NvmeWorker::post(std::function<void()> job) {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     jobs_.push_back(std::move(job));
     ++queued_;
   }
@@ -30,7 +30,7 @@ void NvmeWorker::post(std::function<void()> job) {
 
 void NvmeWorker::post_after(std::chrono::milliseconds delay, std::function<void()> job) {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     delayed_ = std::move(job);
     delayed_at_ = std::chrono::steady_clock::now() + delay;
   }
@@ -38,14 +38,14 @@ void NvmeWorker::post_after(std::chrono::milliseconds delay, std::function<void(
 }
 
 void NvmeWorker::flush() {
-  std::unique_lock lock(mu_);
+  MutexLock lock(mu_);
   const uint64_t target = queued_;
-  changed_.wait(lock, [&] { return finished_ >= target || stopping_; });
+  while (finished_ < target && !stopping_) changed_.wait(lock);
 }
 
 void NvmeWorker::run() {
   (void)::pthread_setname_np(::pthread_self(), name_.substr(0, 15).c_str());
-  std::unique_lock lock(mu_);
+  MutexLock lock(mu_);
   while (true) {
     if (stopping_) {
       std::function<void()> delayed = std::move(delayed_);

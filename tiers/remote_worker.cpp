@@ -24,7 +24,7 @@ RemoteWorker::~RemoteWorker() {
   // first: a completion `post` runs inline may queue more (which then also fails).
   std::deque<Job> left;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     left.swap(jobs_);
   }
   for (Job& job : left) {
@@ -36,7 +36,7 @@ RemoteWorker::~RemoteWorker() {
 
 bool RemoteWorker::enqueue(Job job, bool bounded) {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     // Reads and writes each have the bound: a backlog of write-behind never declines
     // the reads an engine waits on.
     uint64_t& in_flight = job.write ? in_flight_write_bytes_ : in_flight_read_bytes_;
@@ -203,7 +203,7 @@ void RemoteWorker::get_session(std::string namespace_name, std::string session_i
 }
 
 RemoteWorker::Snapshot RemoteWorker::snapshot() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   Snapshot out = snapshot_;
   out.in_flight_bytes = in_flight_read_bytes_ + in_flight_write_bytes_;
   out.queued = jobs_.size();
@@ -239,7 +239,7 @@ void RemoteWorker::maybe_connect() {
 }
 
 void RemoteWorker::publish() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   snapshot_.connected = store_ != nullptr;
   connected_.store(snapshot_.connected, std::memory_order_relaxed);
   snapshot_.degraded = store_ == nullptr || store_->degraded();
@@ -255,12 +255,14 @@ void RemoteWorker::loop(std::stop_token stop) {
     publish();
     Job job;
     {
-      std::unique_lock lock(mu_);
+      MutexLock lock(mu_);
       // Wakes for work, for a stop, or to retry connecting.
-      if (!wake_.wait_for(lock, stop, options_.reconnect_interval,
-                          [this] { return !jobs_.empty(); })) {
-        continue;
+      const auto deadline = std::chrono::steady_clock::now() + options_.reconnect_interval;
+      while (jobs_.empty() && !stop.stop_requested() &&
+             std::chrono::steady_clock::now() < deadline) {
+        wake_.wait_until(lock, stop, deadline);
       }
+      if (jobs_.empty()) continue;
       job = std::move(jobs_.front());
       jobs_.pop_front();
     }
@@ -271,7 +273,7 @@ void RemoteWorker::loop(std::stop_token stop) {
     // the completion to the caller's thread, never released here.
     job.run = nullptr;
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       (job.write ? in_flight_write_bytes_ : in_flight_read_bytes_) -= job.bytes;
       if (job.write && !pending_writes_.empty()) pending_writes_.pop_front();
     }

@@ -28,17 +28,16 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <span>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "common/mutex.h"
 #include "common/status.h"
 #include "tiers/remote_store.h"
 
@@ -97,7 +96,7 @@ class RemoteWorker {
     size_t masters = 0;                      // masters in the slot map (not all need be reachable)
     RemoteStore::Stats store;
   };
-  Snapshot snapshot() const;
+  Snapshot snapshot() const KVTIER_EXCLUDES(mu_);
   // snapshot().connected without the copy (for checks on every request).
   bool connected() const { return connected_.load(std::memory_order_relaxed); }
 
@@ -111,11 +110,11 @@ class RemoteWorker {
     // completion to post.
     std::function<std::function<void()>(RemoteStore*)> run;
   };
-  bool enqueue(Job job, bool bounded);
-  void loop(std::stop_token stop);
+  bool enqueue(Job job, bool bounded) KVTIER_EXCLUDES(mu_);
+  void loop(std::stop_token stop) KVTIER_EXCLUDES(mu_);
   // Connects when not connected and the retry interval has passed.
   void maybe_connect();
-  void publish();  // copies the store's state into snapshot_ (under mu_)
+  void publish() KVTIER_EXCLUDES(mu_);  // copies the store's state into snapshot_
 
   const RemoteWorkerOptions options_;
   const Post post_;
@@ -123,14 +122,15 @@ class RemoteWorker {
   std::chrono::steady_clock::time_point last_attempt_{};
   uint64_t failed_attempts_ = 0;  // connection attempts failed in a row
 
-  mutable std::mutex mu_;
-  std::condition_variable_any wake_;
-  std::deque<Job> jobs_;
-  Snapshot snapshot_;
-  std::atomic<bool> connected_{false};  // snapshot_.connected
-  uint64_t in_flight_read_bytes_ = 0;   // each bounded by max_in_flight_bytes
-  uint64_t in_flight_write_bytes_ = 0;
-  std::deque<std::chrono::steady_clock::time_point> pending_writes_;  // queued_at, in order
+  mutable Mutex mu_;
+  InterruptibleCondVar wake_;  // a job was queued, or the thread is asked to stop
+  std::deque<Job> jobs_ KVTIER_GUARDED_BY(mu_);
+  Snapshot snapshot_ KVTIER_GUARDED_BY(mu_);
+  std::atomic<bool> connected_{false};                        // snapshot_.connected
+  uint64_t in_flight_read_bytes_ KVTIER_GUARDED_BY(mu_) = 0;  // each bounded by max_in_flight_bytes
+  uint64_t in_flight_write_bytes_ KVTIER_GUARDED_BY(mu_) = 0;
+  // queued_at of each queued or running write, in order.
+  std::deque<std::chrono::steady_clock::time_point> pending_writes_ KVTIER_GUARDED_BY(mu_);
   std::jthread thread_;  // last: started once everything above exists
 };
 
