@@ -475,6 +475,69 @@ void GpuStager::send_next_piece(uint64_t offset) {
   ++s.next_unsent;
 }
 
+Result<bool> GpuStager::release_oldest(bool wait) {
+  State& s = *s_;
+  if (s.ring_pieces.empty()) return false;
+  Piece* oldest = s.ring_pieces.front();
+  if (!oldest->done) return false;
+  if (oldest->event != nullptr) {
+    CUresult query =
+        wait ? s.api->event_synchronize(oldest->event) : s.api->event_query(oldest->event);
+    if (query == CUDA_ERROR_NOT_READY) return false;
+    KVTIER_RETURN_IF_ERROR(driver_status(query, "staging scatter"));
+    s.spare_events.push_back(std::exchange(oldest->event, nullptr));
+  }
+  s.release_front();
+  return true;
+}
+
+Status GpuStager::send_ahead(size_t upto, bool wait) {
+  State& s = *s_;
+  while (s.next_unsent < s.pieces.size()) {
+    Piece& piece = *s.pieces[s.next_unsent];
+    if (piece.skipped) {
+      ++s.next_unsent;
+      continue;
+    }
+    auto offset = s.fit(piece.bytes);
+    if (!offset) {
+      auto released = release_oldest(wait && s.next_unsent <= upto);
+      if (!released.is_ok()) return released.status();
+      if (!*released) {
+        if (wait && s.next_unsent <= upto) {
+          return internal_error("staging ring: no piece to release before piece {}", upto);
+        }
+        return Status::ok();
+      }
+      continue;
+    }
+    send_next_piece(*offset);
+  }
+  return Status::ok();
+}
+
+Status GpuStager::scatter_piece(Piece& piece, size_t range, size_t loaded, CUstream stream) {
+  State& s = *s_;
+  const auto chunk = std::span<const BlockRef>(s.blocks).subspan(piece.first, loaded);
+  Status launched =
+      s.launch(s.ranges[range], s.row_bytes[range], chunk, piece.offset, staging::kScatter, stream);
+  if (launched.is_ok()) {
+    // The ring space is free again once the scatter has read it: an event marks
+    // that; without one, wait for the stream now.
+    auto event = s.take_event();
+    Status recorded = event.is_ok()
+                          ? driver_status(s.api->event_record(*event, stream), "cuEventRecord")
+                          : event.status();
+    if (recorded.is_ok()) {
+      piece.event = *event;
+    } else {
+      if (event.is_ok()) s.spare_events.push_back(*event);
+      launched = driver_status(s.api->stream_synchronize(stream), "staging scatter");
+    }
+  }
+  return launched;
+}
+
 Result<LoadResult> GpuStager::finish_range(size_t range, CUstream stream) {
   State& s = *s_;
   if (!s.loading) return invalid_argument("no layer-wise Load is in progress");
@@ -485,46 +548,6 @@ Result<LoadResult> GpuStager::finish_range(size_t range, CUstream stream) {
   if (!s.broken.is_ok()) return s.broken;
   auto scope = ContextScope::enter(*s.api, s.context);
   if (!scope.is_ok()) return scope.status();
-  // Frees the oldest ring space: its piece is done (earlier ranges, or earlier in this
-  // one); `wait` blocks for its scatter, else only a finished one goes.
-  auto release_oldest = [&](bool wait) -> Result<bool> {
-    if (s.ring_pieces.empty()) return false;
-    Piece* oldest = s.ring_pieces.front();
-    if (!oldest->done) return false;
-    if (oldest->event != nullptr) {
-      CUresult query =
-          wait ? s.api->event_synchronize(oldest->event) : s.api->event_query(oldest->event);
-      if (query == CUDA_ERROR_NOT_READY) return false;
-      KVTIER_RETURN_IF_ERROR(driver_status(query, "staging scatter"));
-      s.spare_events.push_back(std::exchange(oldest->event, nullptr));
-    }
-    s.release_front();
-    return true;
-  };
-  // Sends unsent pieces while the ring has room; with `wait`, until piece `upto` is sent.
-  auto send_ahead = [&](size_t upto, bool wait) -> Status {
-    while (s.next_unsent < s.pieces.size()) {
-      Piece& piece = *s.pieces[s.next_unsent];
-      if (piece.skipped) {
-        ++s.next_unsent;
-        continue;
-      }
-      auto offset = s.fit(piece.bytes);
-      if (!offset) {
-        auto released = release_oldest(wait && s.next_unsent <= upto);
-        if (!released.is_ok()) return released.status();
-        if (!*released) {
-          if (wait && s.next_unsent <= upto) {
-            return internal_error("staging ring: no piece to release before piece {}", upto);
-          }
-          return Status::ok();
-        }
-        continue;
-      }
-      send_next_piece(*offset);
-    }
-    return Status::ok();
-  };
 
   LoadResult result{0, Status::ok()};
   bool stopped = false;
@@ -552,24 +575,7 @@ Result<LoadResult> GpuStager::finish_range(size_t range, CUstream stream) {
     }
     const size_t loaded = std::min<size_t>(reply->loaded_count, piece.count);
     if (loaded > 0) {
-      const auto chunk = std::span<const BlockRef>(s.blocks).subspan(piece.first, loaded);
-      Status launched = s.launch(s.ranges[range], s.row_bytes[range], chunk, piece.offset,
-                                 staging::kScatter, stream);
-      if (launched.is_ok()) {
-        // The ring space is free again once the scatter has read it: an event marks
-        // that; without one, wait for the stream now.
-        auto event = s.take_event();
-        Status recorded = event.is_ok()
-                              ? driver_status(s.api->event_record(*event, stream), "cuEventRecord")
-                              : event.status();
-        if (recorded.is_ok()) {
-          piece.event = *event;
-        } else {
-          if (event.is_ok()) s.spare_events.push_back(*event);
-          launched = driver_status(s.api->stream_synchronize(stream), "staging scatter");
-        }
-      }
-      if (!launched.is_ok()) {
+      if (Status launched = scatter_piece(piece, range, loaded, stream); !launched.is_ok()) {
         error = launched;
         stopped = true;
         continue;

@@ -111,6 +111,15 @@ class GpuStager {
   GpuStager(Client& client, std::unique_ptr<State> state);
   // Sends the load's next unsent piece as a staged Load into the ring at `offset`.
   void send_next_piece(uint64_t offset);
+  // Frees the oldest ring space: its piece is done (earlier ranges, or earlier in this
+  // one); `wait` blocks for its scatter, else only a finished one goes. Returns whether
+  // it freed any.
+  Result<bool> release_oldest(bool wait);
+  // Sends unsent pieces while the ring has room; with `wait`, until piece `upto` is sent.
+  Status send_ahead(size_t upto, bool wait);
+  // Queues the scatter of the first `loaded` blocks of `piece` (of range `range`) out of
+  // the ring on `stream`, and marks when its ring space is free again.
+  Status scatter_piece(Piece& piece, size_t range, size_t loaded, CUstream stream);
 
   Client& client_;
   std::unique_ptr<State> s_;

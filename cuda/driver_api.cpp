@@ -49,6 +49,88 @@ class Loader {
   Status status_;
 };
 
+// The entry points past cuInit and cuDriverGetVersion, in DriverApi's groups; the loader
+// remembers the first one missing.
+void resolve_devices_and_contexts(Loader& loader, DriverApi& api) {
+  loader.resolve("cuDeviceGetCount", 2000, api.device_get_count);
+  loader.resolve("cuDeviceGet", 2000, api.device_get);
+  loader.resolve("cuDeviceGetName", 2000, api.device_get_name);
+  loader.resolve("cuDeviceGetUuid", 11040, api.device_get_uuid);
+  loader.resolve("cuDeviceGetAttribute", 2000, api.device_get_attribute);
+  loader.resolve("cuDeviceTotalMem", 3020, api.device_total_mem);
+  loader.resolve("cuDeviceCanAccessPeer", 4000, api.device_can_access_peer);
+  loader.resolve("cuDeviceGetPCIBusId", 4010, api.device_get_pci_bus_id);
+  loader.resolve("cuDevicePrimaryCtxRetain", 7000, api.primary_ctx_retain);
+  loader.resolve("cuDevicePrimaryCtxRelease", 11000, api.primary_ctx_release);
+  loader.resolve("cuCtxSetCurrent", 4000, api.ctx_set_current);
+  loader.resolve("cuCtxGetCurrent", 4000, api.ctx_get_current);
+  loader.resolve("cuCtxGetDevice", 2000, api.ctx_get_device);
+  loader.resolve("cuCtxSynchronize", 2000, api.ctx_synchronize);
+  loader.resolve("cuCtxGetStreamPriorityRange", 5050, api.ctx_get_stream_priority_range);
+  loader.resolve("cuGetErrorName", 6000, api.get_error_name);
+  loader.resolve("cuGetErrorString", 6000, api.get_error_string);
+}
+
+void resolve_memory(Loader& loader, DriverApi& api) {
+  loader.resolve("cuMemAlloc", 3020, api.mem_alloc);
+  loader.resolve("cuMemFree", 3020, api.mem_free);
+  loader.resolve("cuMemGetAddressRange", 3020, api.mem_get_address_range);
+  loader.resolve("cuPointerGetAttribute", 4000, api.pointer_get_attribute);
+  loader.resolve("cuMemHostRegister", 6050, api.mem_host_register);
+  loader.resolve("cuMemHostUnregister", 4000, api.mem_host_unregister);
+  loader.resolve("cuMemcpyHtoD", 3020, api.memcpy_htod);
+  loader.resolve("cuMemcpyDtoH", 3020, api.memcpy_dtoh);
+  loader.resolve("cuMemsetD8", 3020, api.memset_d8);
+}
+
+void resolve_ipc(Loader& loader, DriverApi& api) {
+  loader.resolve("cuIpcGetMemHandle", 4010, api.ipc_get_mem_handle);
+  loader.resolve("cuIpcOpenMemHandle", 11000, api.ipc_open_mem_handle);
+  loader.resolve("cuIpcCloseMemHandle", 4010, api.ipc_close_mem_handle);
+}
+
+void resolve_virtual_memory(Loader& loader, DriverApi& api) {
+  loader.resolve("cuMemCreate", 10020, api.mem_create);
+  loader.resolve("cuMemRelease", 10020, api.mem_release);
+  loader.resolve("cuMemExportToShareableHandle", 10020, api.mem_export_to_shareable_handle);
+  loader.resolve("cuMemImportFromShareableHandle", 10020, api.mem_import_from_shareable_handle);
+  loader.resolve("cuMemGetAllocationGranularity", 10020, api.mem_get_allocation_granularity);
+  loader.resolve("cuMemGetAllocationPropertiesFromHandle", 10020,
+                 api.mem_get_allocation_properties);
+  loader.resolve("cuMemAddressReserve", 10020, api.mem_address_reserve);
+  loader.resolve("cuMemAddressFree", 10020, api.mem_address_free);
+  loader.resolve("cuMemMap", 10020, api.mem_map);
+  loader.resolve("cuMemUnmap", 10020, api.mem_unmap);
+  loader.resolve("cuMemSetAccess", 10020, api.mem_set_access);
+  loader.resolve("cuMemRetainAllocationHandle", 11000, api.mem_retain_allocation_handle);
+}
+
+// Needs api.driver_version: which cuMemcpyBatchAsync to resolve depends on it.
+void resolve_streams_copies_and_launches(Loader& loader, DriverApi& api) {
+  loader.resolve("cuStreamCreateWithPriority", 5050, api.stream_create_with_priority);
+  loader.resolve("cuStreamDestroy", 4000, api.stream_destroy);
+  loader.resolve("cuStreamSynchronize", 2000, api.stream_synchronize);
+  loader.resolve("cuEventCreate", 2000, api.event_create);
+  loader.resolve("cuEventRecord", 2000, api.event_record);
+  loader.resolve("cuEventSynchronize", 2000, api.event_synchronize);
+  loader.resolve("cuEventQuery", 2000, api.event_query);
+  loader.resolve("cuEventDestroy", 4000, api.event_destroy);
+  loader.resolve("cuMemcpyAsync", 4000, api.memcpy_async);
+  loader.resolve("cuMemcpyPeerAsync", 4000, api.memcpy_peer_async);
+  loader.resolve("cuMemcpy2DAsync", 3020, api.memcpy_2d_async);
+  loader.resolve("cuModuleLoadData", 2000, api.module_load_data);
+  loader.resolve("cuModuleUnload", 2000, api.module_unload);
+  loader.resolve("cuModuleGetFunction", 2000, api.module_get_function);
+  loader.resolve("cuLaunchKernel", 4000, api.launch_kernel);
+  // By version, not by trying: the 12.8 and 13.0 signatures differ, and calling one
+  // through the other's type would pass garbage.
+  if (api.driver_version >= 13000) {
+    loader.resolve("cuMemcpyBatchAsync", 13000, api.memcpy_batch_v13000);
+  } else if (api.driver_version >= 12080) {
+    loader.resolve("cuMemcpyBatchAsync", 12080, api.memcpy_batch_v12080);
+  }
+}
+
 Status load_into(DriverApi& api) {
   // Never dlclose'd: see the header.
   void* library = ::dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
@@ -73,74 +155,11 @@ Status load_into(DriverApi& api) {
                        api.driver_version / 1000, api.driver_version % 1000 / 10);
   }
 
-  loader.resolve("cuDeviceGetCount", 2000, api.device_get_count);
-  loader.resolve("cuDeviceGet", 2000, api.device_get);
-  loader.resolve("cuDeviceGetName", 2000, api.device_get_name);
-  loader.resolve("cuDeviceGetUuid", 11040, api.device_get_uuid);
-  loader.resolve("cuDeviceGetAttribute", 2000, api.device_get_attribute);
-  loader.resolve("cuDeviceTotalMem", 3020, api.device_total_mem);
-  loader.resolve("cuDeviceCanAccessPeer", 4000, api.device_can_access_peer);
-  loader.resolve("cuDeviceGetPCIBusId", 4010, api.device_get_pci_bus_id);
-  loader.resolve("cuDevicePrimaryCtxRetain", 7000, api.primary_ctx_retain);
-  loader.resolve("cuDevicePrimaryCtxRelease", 11000, api.primary_ctx_release);
-  loader.resolve("cuCtxSetCurrent", 4000, api.ctx_set_current);
-  loader.resolve("cuCtxGetCurrent", 4000, api.ctx_get_current);
-  loader.resolve("cuCtxGetDevice", 2000, api.ctx_get_device);
-  loader.resolve("cuCtxSynchronize", 2000, api.ctx_synchronize);
-  loader.resolve("cuCtxGetStreamPriorityRange", 5050, api.ctx_get_stream_priority_range);
-  loader.resolve("cuGetErrorName", 6000, api.get_error_name);
-  loader.resolve("cuGetErrorString", 6000, api.get_error_string);
-
-  loader.resolve("cuMemAlloc", 3020, api.mem_alloc);
-  loader.resolve("cuMemFree", 3020, api.mem_free);
-  loader.resolve("cuMemGetAddressRange", 3020, api.mem_get_address_range);
-  loader.resolve("cuPointerGetAttribute", 4000, api.pointer_get_attribute);
-  loader.resolve("cuMemHostRegister", 6050, api.mem_host_register);
-  loader.resolve("cuMemHostUnregister", 4000, api.mem_host_unregister);
-  loader.resolve("cuMemcpyHtoD", 3020, api.memcpy_htod);
-  loader.resolve("cuMemcpyDtoH", 3020, api.memcpy_dtoh);
-  loader.resolve("cuMemsetD8", 3020, api.memset_d8);
-
-  loader.resolve("cuIpcGetMemHandle", 4010, api.ipc_get_mem_handle);
-  loader.resolve("cuIpcOpenMemHandle", 11000, api.ipc_open_mem_handle);
-  loader.resolve("cuIpcCloseMemHandle", 4010, api.ipc_close_mem_handle);
-
-  loader.resolve("cuMemCreate", 10020, api.mem_create);
-  loader.resolve("cuMemRelease", 10020, api.mem_release);
-  loader.resolve("cuMemExportToShareableHandle", 10020, api.mem_export_to_shareable_handle);
-  loader.resolve("cuMemImportFromShareableHandle", 10020, api.mem_import_from_shareable_handle);
-  loader.resolve("cuMemGetAllocationGranularity", 10020, api.mem_get_allocation_granularity);
-  loader.resolve("cuMemGetAllocationPropertiesFromHandle", 10020,
-                 api.mem_get_allocation_properties);
-  loader.resolve("cuMemAddressReserve", 10020, api.mem_address_reserve);
-  loader.resolve("cuMemAddressFree", 10020, api.mem_address_free);
-  loader.resolve("cuMemMap", 10020, api.mem_map);
-  loader.resolve("cuMemUnmap", 10020, api.mem_unmap);
-  loader.resolve("cuMemSetAccess", 10020, api.mem_set_access);
-  loader.resolve("cuMemRetainAllocationHandle", 11000, api.mem_retain_allocation_handle);
-
-  loader.resolve("cuStreamCreateWithPriority", 5050, api.stream_create_with_priority);
-  loader.resolve("cuStreamDestroy", 4000, api.stream_destroy);
-  loader.resolve("cuStreamSynchronize", 2000, api.stream_synchronize);
-  loader.resolve("cuEventCreate", 2000, api.event_create);
-  loader.resolve("cuEventRecord", 2000, api.event_record);
-  loader.resolve("cuEventSynchronize", 2000, api.event_synchronize);
-  loader.resolve("cuEventQuery", 2000, api.event_query);
-  loader.resolve("cuEventDestroy", 4000, api.event_destroy);
-  loader.resolve("cuMemcpyAsync", 4000, api.memcpy_async);
-  loader.resolve("cuMemcpyPeerAsync", 4000, api.memcpy_peer_async);
-  loader.resolve("cuMemcpy2DAsync", 3020, api.memcpy_2d_async);
-  loader.resolve("cuModuleLoadData", 2000, api.module_load_data);
-  loader.resolve("cuModuleUnload", 2000, api.module_unload);
-  loader.resolve("cuModuleGetFunction", 2000, api.module_get_function);
-  loader.resolve("cuLaunchKernel", 4000, api.launch_kernel);
-  // By version, not by trying: the 12.8 and 13.0 signatures differ, and calling one
-  // through the other's type would pass garbage.
-  if (api.driver_version >= 13000) {
-    loader.resolve("cuMemcpyBatchAsync", 13000, api.memcpy_batch_v13000);
-  } else if (api.driver_version >= 12080) {
-    loader.resolve("cuMemcpyBatchAsync", 12080, api.memcpy_batch_v12080);
-  }
+  resolve_devices_and_contexts(loader, api);
+  resolve_memory(loader, api);
+  resolve_ipc(loader, api);
+  resolve_virtual_memory(loader, api);
+  resolve_streams_copies_and_launches(loader, api);
   KVTIER_RETURN_IF_ERROR(loader.status());
   return status_from(&api, api.init(0), "cuInit");
 }

@@ -205,47 +205,45 @@ std::vector<Candidate> peer_order(PlanContext& ctx, const PlanState& plan, Tier 
   return out;
 }
 
-std::vector<Candidate> policy_order(PlanContext& ctx, const PlanState& plan, Tier tier,
-                                    Sacrifice kind) {
-  std::vector<Candidate> blocks = movable_in_tier(ctx, tier);
-  switch (ctx.config.mode) {
-    case PolicyMode::kLru:
-      std::sort(blocks.begin(), blocks.end(), [](const Candidate& a, const Candidate& b) {
-        if (a.priority() != b.priority()) return a.priority() < b.priority();
-        return lru_less(a, b);
-      });
-      return blocks;
-    case PolicyMode::kSessionAware: {
-      // Leaving the daemon altogether: the blocks no session holds go first (the
-      // prefix cache, and the tails of sessions cut by earlier evictions).
-      auto rank = [&](const Candidate& c) {
-        const int group = session_group(c);
-        return kind == Sacrifice::kEvict && group == 1 ? -1 : group;
-      };
-      std::sort(blocks.begin(), blocks.end(), [&](const Candidate& a, const Candidate& b) {
-        if (a.kept() != b.kept()) return b.kept();
-        if (a.priority() != b.priority()) return a.priority() < b.priority();
-        const int ra = rank(a), rb = rank(b);
-        if (ra != rb) return ra < rb;
-        if (a.holders == nullptr || b.holders == nullptr) return lru_less(a, b);
-        if (a.holders->hot_seq != b.holders->hot_seq) {
-          return a.holders->hot_seq < b.holders->hot_seq;
-        }
-        // One session's blocks: tail first.
-        if (a.depth() != b.depth()) return a.depth() > b.depth();
-        return lru_less(a, b);
-      });
-      return blocks;
+// Lowest retention priority first, then least recently used.
+std::vector<Candidate> lru_order(std::vector<Candidate> blocks) {
+  std::sort(blocks.begin(), blocks.end(), [](const Candidate& a, const Candidate& b) {
+    if (a.priority() != b.priority()) return a.priority() < b.priority();
+    return lru_less(a, b);
+  });
+  return blocks;
+}
+
+// Kept blocks last; lowest retention priority first; then by session group (session_group);
+// then the least recently active holder first, each session's tail first; then block LRU.
+std::vector<Candidate> session_aware_order(std::vector<Candidate> blocks, Sacrifice kind) {
+  // Leaving the daemon altogether: the blocks no session holds go first (the
+  // prefix cache, and the tails of sessions cut by earlier evictions).
+  auto rank = [&](const Candidate& c) {
+    const int group = session_group(c);
+    return kind == Sacrifice::kEvict && group == 1 ? -1 : group;
+  };
+  std::sort(blocks.begin(), blocks.end(), [&](const Candidate& a, const Candidate& b) {
+    if (a.kept() != b.kept()) return b.kept();
+    if (a.priority() != b.priority()) return a.priority() < b.priority();
+    const int ra = rank(a), rb = rank(b);
+    if (ra != rb) return ra < rb;
+    if (a.holders == nullptr || b.holders == nullptr) return lru_less(a, b);
+    if (a.holders->hot_seq != b.holders->hot_seq) {
+      return a.holders->hot_seq < b.holders->hot_seq;
     }
-    case PolicyMode::kPredictive:
-      break;
-    case PolicyMode::kS3Fifo:
-    case PolicyMode::kSlru:
-    case PolicyMode::kArc:
-    case PolicyMode::kTinyLfuLru:
-    case PolicyMode::kWorkloadAware:
-      return peer_order(ctx, plan, tier, std::move(blocks));
-  }
+    // One session's blocks: tail first.
+    if (a.depth() != b.depth()) return a.depth() > b.depth();
+    return lru_less(a, b);
+  });
+  return blocks;
+}
+
+// Kept blocks last; lowest retention priority first; then the smallest loss per byte: the
+// block's value to its holders (PlanContext::value) times how much slower their next turn
+// gets where it goes.
+std::vector<Candidate> predictive_order(PlanContext& ctx, const PlanState& plan, Tier tier,
+                                        Sacrifice kind, const std::vector<Candidate>& blocks) {
   struct Ranked {
     uint8_t priority;
     bool kept;
@@ -288,6 +286,26 @@ std::vector<Candidate> policy_order(PlanContext& ctx, const PlanState& plan, Tie
   out.reserve(ranked.size());
   for (const Ranked& r : ranked) out.push_back(blocks[r.at]);
   return out;
+}
+
+std::vector<Candidate> policy_order(PlanContext& ctx, const PlanState& plan, Tier tier,
+                                    Sacrifice kind) {
+  std::vector<Candidate> blocks = movable_in_tier(ctx, tier);
+  switch (ctx.config.mode) {
+    case PolicyMode::kLru:
+      return lru_order(std::move(blocks));
+    case PolicyMode::kSessionAware:
+      return session_aware_order(std::move(blocks), kind);
+    case PolicyMode::kPredictive:
+      break;
+    case PolicyMode::kS3Fifo:
+    case PolicyMode::kSlru:
+    case PolicyMode::kArc:
+    case PolicyMode::kTinyLfuLru:
+    case PolicyMode::kWorkloadAware:
+      return peer_order(ctx, plan, tier, std::move(blocks));
+  }
+  return predictive_order(ctx, plan, tier, kind, blocks);
 }
 
 }  // namespace

@@ -67,108 +67,124 @@ void MoveExecutor::set_draining(bool draining) {
   if (!draining) drain_failed_.clear();
 }
 
-void MoveExecutor::apply(const std::vector<policy::Move>& moves, int hbm_part) {
+// A move whose bytes the Device copies, its destination reserved (step 1).
+struct MoveExecutor::DeviceMove {
+  PendingMove move;
+  policy::MoveKind kind;
+  uint64_t bytes;
+  Tier to;
+  Tier onward;  // kNone, or where the block goes next (second hop)
+};
+
+// apply()'s moves, sorted by the way their bytes go (step 2).
+struct MoveExecutor::MoveRoutes {
   CopyBatch batch;
-  // The policy's moves never hold up an engine's Save or Load.
-  batch.priority = CopyPriority::kBackground;
-  struct Started {
-    PendingMove move;
-    policy::MoveKind kind;
-    uint64_t bytes;
-    Tier to;
-    Tier onward;  // kNone, or where the block goes next (second hop)
-  };
-  std::vector<Started> copying;
+  std::vector<DeviceMove> copying;
   std::vector<BlockKey> evictions;
   bool demoted_onto_copy = false;  // freed slots above: reads waiting for room may go
   std::array<std::vector<BlockKey>, kTierCount> writes{};                         // by destination
   std::array<std::array<std::vector<BlockKey>, kTierCount>, kTierCount> reads{};  // [from][to]
-  for (const policy::Move& move : moves) {
-    if (move.kind == policy::MoveKind::kEvict) {
-      // Room a Save or a read needs: a block with a copy below frees its slot just as
-      // well by moving onto the copy, and stays cached (nothing is written).
-      if (move.reason == policy::MoveReason::kMakeRoom && store_.copy_of(move.block) &&
-          store_.demote_onto_copy(move.block).is_ok()) {
-        counters_.bytes_demoted_onto_copy += store_.block_bytes(move.block.layout);
-        continue;
-      }
-      evictions.push_back(move.block);
-      continue;
-    }
-    auto info = store_.lookup(move.block);
-    if (!info || tier(move.to) == nullptr) continue;
-    const Tier from = info->location.tier;
-    if (from == move.to) continue;  // already there
-    if (info->has_copy && move_onto_copy(move.block, move.to)) {
-      demoted_onto_copy = true;
-      continue;
-    }
-    Tier to = move.to;
-    Tier onward = Tier::kNone;
-    if (!copies_by_device(to)) {
-      if (in_host_memory(from)) {
-        writes[static_cast<size_t>(to)].push_back(move.block);
-        continue;
-      }
-      // GPU memory → a tier written from host memory: through RAM.
-      if (!in_host_memory(Tier::kRam) || !copies_by_device(from)) {
-        hooks_.not_moved(move.block);
-        continue;
-      }
-      onward = to;
-      to = Tier::kRam;
-    } else if (!copies_by_device(from)) {
-      reads[static_cast<size_t>(from)][static_cast<size_t>(to)].push_back(move.block);
-      continue;
-    }
-    auto pending =
-        store_.begin_move(move.block, to, to == Tier::kHbm ? hbm_part : SlabAllocator::kAnyPart);
-    if (!pending.is_ok()) {
-      KVTIER_LOG_DEBUG("move of {} skipped: {}", move.block.hash.to_hex(),
-                       pending.status().to_string());
-      hooks_.not_moved(move.block);
-      continue;
-    }
-    const uint64_t bytes = store_.block_bytes(move.block.layout);
-    batch.segments.push_back({batch.memory_index(tier(from)->memory()),
-                              batch.memory_index(tier(to)->memory()), pending->from().offset,
-                              pending->location().offset, bytes});
-    copying.push_back({std::move(*pending), move.kind, bytes, to, onward});
-  }
-  if (!evictions.empty() && spill_tier_ != nullptr) {
-    // Blocks leaving the node's last local tier: written to the spill tier first.
-    std::vector<BlockKey> leaving;
-    std::erase_if(evictions, [&](const BlockKey& key) {
-      const auto info = store_.lookup(key);
-      if (!info || copies_by_device(info->location.tier)) return false;
-      leaving.push_back(key);
-      return true;
-    });
-    if (!leaving.empty()) {
-      std::vector<BlockKey> rest = spill(std::move(leaving));
-      evictions.insert(evictions.end(), rest.begin(), rest.end());
-    }
-  }
-  if (!evictions.empty()) evict(evictions);
+};
+
+void MoveExecutor::apply(const std::vector<policy::Move>& moves, int hbm_part) {
+  MoveRoutes routes;
+  // The policy's moves never hold up an engine's Save or Load.
+  routes.batch.priority = CopyPriority::kBackground;
+  for (const policy::Move& move : moves) route_move(move, hbm_part, routes);
+  if (!routes.evictions.empty() && spill_tier_ != nullptr) spill_leaving(routes.evictions);
+  if (!routes.evictions.empty()) evict(routes.evictions);
   for (size_t to = 0; to < kTierCount; ++to) {
-    if (!writes[to].empty()) write_into(*tiers_[to], writes[to]);
+    if (!routes.writes[to].empty()) write_into(*tiers_[to], routes.writes[to]);
   }
   for (size_t from = 0; from < kTierCount; ++from) {
     for (size_t to = 0; to < kTierCount; ++to) {
-      if (!reads[from][to].empty())
-        read_from(*tiers_[from], reads[from][to], static_cast<Tier>(to));
+      if (!routes.reads[from][to].empty())
+        read_from(*tiers_[from], routes.reads[from][to], static_cast<Tier>(to));
     }
   }
   release_slots();
-  if (demoted_onto_copy) retry_room_waiters();
-  if (copying.empty()) return;
+  if (routes.demoted_onto_copy) retry_room_waiters();
+  if (routes.copying.empty()) return;
+  submit_device_moves(std::move(routes.batch), std::move(routes.copying));
+}
+
+void MoveExecutor::route_move(const policy::Move& move, int hbm_part, MoveRoutes& routes) {
+  if (move.kind == policy::MoveKind::kEvict) {
+    // Room a Save or a read needs: a block with a copy below frees its slot just as
+    // well by moving onto the copy, and stays cached (nothing is written).
+    if (move.reason == policy::MoveReason::kMakeRoom && store_.copy_of(move.block) &&
+        store_.demote_onto_copy(move.block).is_ok()) {
+      counters_.bytes_demoted_onto_copy += store_.block_bytes(move.block.layout);
+      return;
+    }
+    routes.evictions.push_back(move.block);
+    return;
+  }
+  auto info = store_.lookup(move.block);
+  if (!info || tier(move.to) == nullptr) return;
+  const Tier from = info->location.tier;
+  if (from == move.to) return;  // already there
+  if (info->has_copy && move_onto_copy(move.block, move.to)) {
+    routes.demoted_onto_copy = true;
+    return;
+  }
+  Tier to = move.to;
+  Tier onward = Tier::kNone;
+  if (!copies_by_device(to)) {
+    if (in_host_memory(from)) {
+      routes.writes[static_cast<size_t>(to)].push_back(move.block);
+      return;
+    }
+    // GPU memory → a tier written from host memory: through RAM.
+    if (!in_host_memory(Tier::kRam) || !copies_by_device(from)) {
+      hooks_.not_moved(move.block);
+      return;
+    }
+    onward = to;
+    to = Tier::kRam;
+  } else if (!copies_by_device(from)) {
+    routes.reads[static_cast<size_t>(from)][static_cast<size_t>(to)].push_back(move.block);
+    return;
+  }
+  auto pending =
+      store_.begin_move(move.block, to, to == Tier::kHbm ? hbm_part : SlabAllocator::kAnyPart);
+  if (!pending.is_ok()) {
+    KVTIER_LOG_DEBUG("move of {} skipped: {}", move.block.hash.to_hex(),
+                     pending.status().to_string());
+    hooks_.not_moved(move.block);
+    return;
+  }
+  const uint64_t bytes = store_.block_bytes(move.block.layout);
+  CopyBatch& batch = routes.batch;
+  batch.segments.push_back({batch.memory_index(tier(from)->memory()),
+                            batch.memory_index(tier(to)->memory()), pending->from().offset,
+                            pending->location().offset, bytes});
+  routes.copying.push_back({std::move(*pending), move.kind, bytes, to, onward});
+}
+
+void MoveExecutor::spill_leaving(std::vector<BlockKey>& evictions) {
+  // Blocks leaving the node's last local tier: written to the spill tier first.
+  std::vector<BlockKey> leaving;
+  std::erase_if(evictions, [&](const BlockKey& key) {
+    const auto info = store_.lookup(key);
+    if (!info || copies_by_device(info->location.tier)) return false;
+    leaving.push_back(key);
+    return true;
+  });
+  if (!leaving.empty()) {
+    std::vector<BlockKey> rest = spill(std::move(leaving));
+    evictions.insert(evictions.end(), rest.begin(), rest.end());
+  }
+}
+
+void MoveExecutor::submit_device_moves(CopyBatch batch, std::vector<DeviceMove> copying) {
   // Shared: the copy's completion is a std::function, which must be copyable.
-  auto started = std::make_shared<std::vector<Started>>(std::move(copying));
+  auto started = std::make_shared<std::vector<DeviceMove>>(std::move(copying));
   ++copies_;
   Status submitted = hooks_.copy(std::move(batch), [this, started](Status status) {
     --copies_;
     std::vector<BlockKey> onward[kTierCount];
-    for (Started& move : *started) {
+    for (DeviceMove& move : *started) {
       const BlockKey key = move.move.key();
       if (!status.is_ok()) {
         move.move.abort();
@@ -190,7 +206,7 @@ void MoveExecutor::apply(const std::vector<policy::Move>& moves, int hbm_part) {
   });
   if (!submitted.is_ok()) {
     --copies_;
-    for (Started& move : *started) {
+    for (DeviceMove& move : *started) {
       const BlockKey key = move.move.key();
       move.move.abort();
       hooks_.not_moved(key);

@@ -238,11 +238,27 @@ class MoveExecutor {
   StorageTier* tier(Tier id) const;
 
  private:
+  struct DeviceMove;  // move_executor.cpp
+  struct MoveRoutes;  // move_executor.cpp
+  // Sorts one of apply()'s moves into `routes` by the way its bytes go (step 2): an
+  // eviction, a move onto its copy, a tier's write or read, or a Device copy, whose
+  // destination slot it reserves (step 1). Skips a move whose block is gone or already
+  // there, or whose destination tier is not configured.
+  void route_move(const policy::Move& move, int hbm_part, MoveRoutes& routes);
+  // Spills the blocks of `evictions` that leave the node's last local tier (one that is
+  // not memory): they leave `evictions`, and those to evict at once come back at its end.
+  void spill_leaving(std::vector<BlockKey>& evictions);
+  // Submits apply()'s Device copies as one batch; each move is committed when its copy
+  // lands (going on to its second hop), or aborted and reported not moved (step 3).
+  void submit_device_moves(CopyBatch batch, std::vector<DeviceMove> copying);
   struct Spill;    // move_executor_spill.cpp
   struct CopyOut;  // move_executor_copy_out.cpp
   // A stage of the copy out ended (the staging copy, a read); after the last one the
   // blocks it could read are written.
   void copy_out_staged(const std::shared_ptr<CopyOut>& batch);
+  // Copies the batch's blocks in GPU memory into their staging slots (`staging_copy`,
+  // parallel to its staged) by the Device.
+  void stage_for_copy_out(const std::shared_ptr<CopyOut>& batch, CopyBatch staging_copy);
   // Reads the batch's blocks in `from` (`reads`, parallel to its buffered) into a buffer.
   void read_for_copy_out(const std::shared_ptr<CopyOut>& batch, StorageTier& from,
                          std::vector<StorageTier::ReadItem> reads);

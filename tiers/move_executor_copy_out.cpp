@@ -92,31 +92,34 @@ size_t MoveExecutor::copy_out(std::span<const BlockKey> keys,
   batch->done = std::move(done);
 
   batch->waiting = 1;  // this function's own: released by the call at its end
-  if (!staging_copy.segments.empty()) {
-    ++batch->waiting;
-    // Segments are not merged: adjacent GPU offsets may lie in different parts of the
-    // pool, and the Device merges what it can.
-    Status submitted = hooks_.copy(std::move(staging_copy), [this, batch](Status copied) {
-      if (copied.is_ok()) {
-        counters_.staged_blocks += batch->staged.size();
-      } else {
-        KVTIER_LOG_WARN("staging {} blocks out of GPU memory to copy them out failed: {}",
-                        batch->staged.size(), copied.to_string());
-        batch->readable = std::min(batch->readable, batch->staged.front());
-      }
-      for (size_t i : batch->staged) batch->pins[i].reset();  // the bytes are staged (or lost)
-      copy_out_staged(batch);
-    });
-    if (!submitted.is_ok()) {
-      KVTIER_LOG_WARN("staging {} blocks out of GPU memory to copy them out failed: {}",
-                      batch->staged.size(), submitted.to_string());
-      batch->readable = std::min(batch->readable, batch->staged.front());
-      --batch->waiting;
-    }
-  }
+  if (!staging_copy.segments.empty()) stage_for_copy_out(batch, std::move(staging_copy));
   if (!reads.empty()) read_for_copy_out(batch, *read_from, std::move(reads));
   copy_out_staged(batch);
   return batch->blocks;
+}
+
+void MoveExecutor::stage_for_copy_out(const std::shared_ptr<CopyOut>& batch,
+                                      CopyBatch staging_copy) {
+  ++batch->waiting;
+  // Segments are not merged: adjacent GPU offsets may lie in different parts of the
+  // pool, and the Device merges what it can.
+  Status submitted = hooks_.copy(std::move(staging_copy), [this, batch](Status copied) {
+    if (copied.is_ok()) {
+      counters_.staged_blocks += batch->staged.size();
+    } else {
+      KVTIER_LOG_WARN("staging {} blocks out of GPU memory to copy them out failed: {}",
+                      batch->staged.size(), copied.to_string());
+      batch->readable = std::min(batch->readable, batch->staged.front());
+    }
+    for (size_t i : batch->staged) batch->pins[i].reset();  // the bytes are staged (or lost)
+    copy_out_staged(batch);
+  });
+  if (!submitted.is_ok()) {
+    KVTIER_LOG_WARN("staging {} blocks out of GPU memory to copy them out failed: {}",
+                    batch->staged.size(), submitted.to_string());
+    batch->readable = std::min(batch->readable, batch->staged.front());
+    --batch->waiting;
+  }
 }
 
 void MoveExecutor::read_for_copy_out(const std::shared_ptr<CopyOut>& batch, StorageTier& from,

@@ -372,6 +372,71 @@ Result<Reply> RemoteCluster::command(const std::vector<std::string_view>& argv, 
   return unavailable("slot {}: more than {} redirects", slot, options_.max_redirects);
 }
 
+namespace {
+
+// One node's share of a pipeline: the commands sent to it and its connection.
+struct SentToNode {
+  const std::string* name;
+  const Endpoint* at;
+  const std::vector<size_t>* indexes;
+  redisContext* context = nullptr;
+  bool broken = false;
+};
+
+// Appends the node's commands to its connection and writes them out; `broken` when the
+// connection failed.
+void send_to_node(SentToNode& node_sent, const std::vector<RemoteCluster::Argv>& commands) {
+  redisContext* context = node_sent.context;
+  std::vector<const char*> args;
+  std::vector<size_t> lens;
+  for (size_t i : *node_sent.indexes) {
+    args.clear();
+    lens.clear();
+    for (std::string_view arg : commands[i]) {
+      args.push_back(arg.data());
+      lens.push_back(arg.size());
+    }
+    if (redisAppendCommandArgv(context, static_cast<int>(args.size()), args.data(), lens.data()) !=
+        REDIS_OK) {
+      node_sent.broken = true;
+      break;
+    }
+  }
+  // Written out now (bounded by the command timeout, as a read is).
+  for (int done = 0; !node_sent.broken && !done;) {
+    if (redisBufferWrite(context, &done) != REDIS_OK) node_sent.broken = true;
+  }
+}
+
+// Reads the node's replies into `results`; a redirected command goes into `retry`, and
+// every command after the connection broke is Unavailable.
+void read_from_node(SentToNode& node_sent, std::vector<Result<Reply>>& results,
+                    std::vector<size_t>& retry) {
+  redisContext* context = node_sent.context;
+  bool& broken = node_sent.broken;
+  const std::string& name = *node_sent.name;
+  bool reported = false;  // the first failure says why; the others that it happened
+  for (size_t i : *node_sent.indexes) {
+    void* raw = nullptr;
+    if (broken || redisGetReply(context, &raw) != REDIS_OK || raw == nullptr) {
+      broken = true;
+      results[i] = reported ? unavailable("Redis node {}: connection lost in a pipeline", name)
+                            : unavailable("Redis node {}: {}", name, context->errstr);
+      reported = true;
+      continue;
+    }
+    OwnedReply reply(static_cast<redisReply*>(raw));
+    Reply decoded = Reply::from(*reply);
+    if (decoded.kind == Reply::Kind::kError && parse_redirect(decoded.str)) {
+      retry.push_back(i);
+      continue;
+    }
+    results[i] = std::move(decoded);
+  }
+}
+
+}  // namespace
+
 std::vector<Result<Reply>> RemoteCluster::pipeline(const std::vector<Argv>& commands,
                                                    size_t key_index) {
   refresh_if_suspect();
@@ -396,14 +461,7 @@ std::vector<Result<Reply>> RemoteCluster::pipeline(const std::vector<Argv>& comm
   std::vector<size_t> retry = unrouted;
   // Every node's commands are sent before any reply is read, so the masters work at
   // the same time: while one node's replies are read the others' are on their way.
-  struct Sent {
-    const std::string* name;
-    const Endpoint* at;
-    const std::vector<size_t>* indexes;
-    redisContext* context = nullptr;
-    bool broken = false;
-  };
-  std::vector<Sent> sent;
+  std::vector<SentToNode> sent;
   sent.reserve(by_node.size());
   for (auto& [name, entry] : by_node) {
     const auto& [at, indexes] = entry;
@@ -413,51 +471,13 @@ std::vector<Result<Reply>> RemoteCluster::pipeline(const std::vector<Argv>& comm
       for (size_t i : indexes) results[i] = connection.status();
       continue;
     }
-    Sent& node_sent = sent.emplace_back(Sent{&name, &at, &indexes, (*connection)->context});
-    redisContext* context = node_sent.context;
-    std::vector<const char*> args;
-    std::vector<size_t> lens;
-    for (size_t i : indexes) {
-      args.clear();
-      lens.clear();
-      for (std::string_view arg : commands[i]) {
-        args.push_back(arg.data());
-        lens.push_back(arg.size());
-      }
-      if (redisAppendCommandArgv(context, static_cast<int>(args.size()), args.data(),
-                                 lens.data()) != REDIS_OK) {
-        node_sent.broken = true;
-        break;
-      }
-    }
-    // Written out now (bounded by the command timeout, as a read is).
-    for (int done = 0; !node_sent.broken && !done;) {
-      if (redisBufferWrite(context, &done) != REDIS_OK) node_sent.broken = true;
-    }
+    SentToNode& node_sent =
+        sent.emplace_back(SentToNode{&name, &at, &indexes, (*connection)->context});
+    send_to_node(node_sent, commands);
   }
-  for (Sent& node_sent : sent) {
-    redisContext* context = node_sent.context;
-    bool& broken = node_sent.broken;
-    const std::string& name = *node_sent.name;
-    bool reported = false;  // the first failure says why; the others that it happened
-    for (size_t i : *node_sent.indexes) {
-      void* raw = nullptr;
-      if (broken || redisGetReply(context, &raw) != REDIS_OK || raw == nullptr) {
-        broken = true;
-        results[i] = reported ? unavailable("Redis node {}: connection lost in a pipeline", name)
-                              : unavailable("Redis node {}: {}", name, context->errstr);
-        reported = true;
-        continue;
-      }
-      OwnedReply reply(static_cast<redisReply*>(raw));
-      Reply decoded = Reply::from(*reply);
-      if (decoded.kind == Reply::Kind::kError && parse_redirect(decoded.str)) {
-        retry.push_back(i);
-        continue;
-      }
-      results[i] = std::move(decoded);
-    }
-    if (broken) drop(*node_sent.at);
+  for (SentToNode& node_sent : sent) {
+    read_from_node(node_sent, results, retry);
+    if (node_sent.broken) drop(*node_sent.at);
   }
   for (size_t i : retry) results[i] = command(commands[i], key_index);
   return results;
