@@ -21,6 +21,9 @@
 // Thread-safety: control thread only (daemon_context.h).
 #pragma once
 
+#include <functional>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "daemon/daemon_context.h"
@@ -46,6 +49,36 @@ class LoadPath final : public Part {
                      BlockListRequest request);
 
  private:
+  struct PendingLoad;   // load_path.cpp
+  struct LoadScan;      // load_path.cpp
+  struct LoadTarget;    // load_path.cpp
+  struct FinishedLoad;  // load_path.cpp
+  // finish_load bound to one Load, shared by its waits and its deadline.
+  using Finish = std::shared_ptr<std::function<void()>>;
+
+  // Records the named session's activity and, for the first Load after BeginTurn, how
+  // long its promotions had to land.
+  void record_load_activity(const EngineContext& engine, const std::string& session_id);
+  // Pins each block of the prefix held in memory; counts the blocks to wait for (on
+  // NVMe, or only in the remote tier) and stops at the first that cannot be loaded.
+  LoadScan scan_prefix(const EngineContext& engine, const BlockListRequest& request);
+  // Starts the scan's NVMe reads and remote fetches and the Load's deadline; `finish`
+  // runs on the last answer or at the deadline.
+  void wait_for_blocks(const LoadScan& scan, const Finish& finish, const LoadTarget& target);
+  // The read of the Load's block `i` ended: pinned, or why not.
+  void pin_landed_block(PendingLoad& load, size_t i, const Status& status);
+  // While reads wait for room, scatters the leading blocks already read and not yet
+  // served, and lets go of them.
+  void scatter_ready_blocks(const std::shared_ptr<PendingLoad>& load, const Finish& finish,
+                            const LoadTarget& target);
+  // Scatters the leading readable blocks not yet served and replies; during a partial
+  // scatter it only marks the Load to finish once that copy is done.
+  void finish_load(const ConnectionPtr& c, uint64_t id, const std::shared_ptr<PendingLoad>& load,
+                   const LoadTarget& target, size_t total);
+  // The Load's last copy ended: its pins go, the blocks are counted, and the Load answered.
+  void reply_load(const ConnectionPtr& c, uint64_t id, const FinishedLoad& finished,
+                  const Status& status);
+
   Copies& copies_;
   RemotePath& remote_;
 };

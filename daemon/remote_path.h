@@ -37,6 +37,7 @@
 #include "daemon/metrics.h"
 #include "daemon/requests.h"
 #include "policy/session_table.h"
+#include "tiers/nvme_format.h"
 #include "tiers/remote_tier.h"
 #include "tiers/remote_worker.h"
 
@@ -123,6 +124,23 @@ class RemotePath final : public Part, public policy::SessionObserver {
     uint64_t lookup_hits = 0;       // blocks a Lookup found only in the remote tier
     uint64_t resumed_sessions = 0;  // sessions a BeginTurn created from a remote record
   };
+
+  struct ResumedGrowth;  // remote_read_path.cpp
+  // resume_from_remote's answer from the cluster: `value` is the session's record, or
+  // why there is none. A session known by now begins its turn as it is; one the record
+  // resumes is created and restored (restore_resumed_session); else the request is
+  // answered with the error.
+  void resume_from_record(const ConnectionPtr& c, const EngineContext& engine, uint64_t id,
+                          const std::string& session_id, const Resumed& begin_turn,
+                          Result<std::string> value);
+  // Grows `session` by the record's blocks held here, restores its statistics, begins
+  // its turn, and reads the rest of its blocks from the cluster.
+  void restore_resumed_session(const EngineContext& engine, policy::Session& session,
+                               const NvmeSessionRecord& record, const Resumed& begin_turn);
+  // The read of the resumed session's block `i` of `growth.rest` ended: the session grows
+  // by the leading blocks that landed.
+  void grow_resumed_session(ResumedGrowth& growth, size_t i, const Status& status);
+
   // A write-behind of the session's blocks from `from` on (`taken` of them) ended:
   // counted, the session's mark lowered to the first not written (the sweep tries
   // again), its record written after its blocks, and the next batch started.

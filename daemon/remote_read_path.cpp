@@ -69,6 +69,20 @@ void RemotePath::lookup_remote(const EngineContext& engine, std::vector<BlockHas
                        });
 }
 
+// A session resumed from its remote record, growing by the record's blocks read from the
+// cluster as they land: each once it and all before it are here, up to the first that is
+// not, and only while it is still the session this record made (its last block the
+// record's block before).
+struct RemotePath::ResumedGrowth {
+  policy::SessionKey key;
+  std::vector<BlockKey> rest;       // the record's blocks after those held here
+  size_t held = 0;                  // the record's blocks held here when it was resumed
+  std::optional<BlockHash> before;  // the last of those (none when `held` is 0)
+  std::vector<char> landed;
+  size_t next = 0;
+  size_t limit = 0;  // the first block that did not land (rest.size(): none yet)
+};
+
 void RemotePath::resume_from_remote(const ConnectionPtr& c, const EngineContext& engine,
                                     uint64_t id, const std::string& session_id,
                                     Resumed begin_turn) {
@@ -91,109 +105,112 @@ void RemotePath::resume_from_remote(const ConnectionPtr& c, const EngineContext&
       engine.namespace_name, session_id,
       [this, wait, c, id, engine_ref, session_id, begin_turn](Result<std::string> value) {
         if (!wait->take()) return;
-        EngineContext& engine = *engine_ref;
-        // A Save may have created the session meanwhile: then it is simply known.
-        if (policy::Session* known = ctx_.sessions.find(engine.namespace_id, session_id)) {
-          begin_turn(*known, 0);
-          return;
-        }
-        if (!value.is_ok()) {
-          reply_error(c, id,
-                      not_found("unknown session '{}' (the remote tier: {})", session_id,
-                                value.status().to_string()));
-          return;
-        }
-        auto record = decode_session(encode_session_key(engine.namespace_name, session_id), *value);
-        if (!record || record->namespace_name != engine.namespace_name ||
-            record->session_id != session_id) {
-          reply_error(c, id, data_loss("session '{}': its remote record is malformed", session_id));
-          return;
-        }
-        if (record->layout_digest != engine.layout_key.layout_digest) {
-          reply_error(c, id,
-                      not_found("unknown session '{}' (the remote tier has it for another KV "
-                                "layout)",
-                                session_id));
-          return;
-        }
-        auto created =
-            ctx_.sessions.get_or_create(engine.namespace_id, session_id, engine.layout_key);
-        if (!created.is_ok()) {
-          reply_error(c, id, created.status());
-          return;
-        }
-        policy::Session& session = **created;
-        const LayoutKey layout = engine.layout_key;
-        // The blocks held here already, then the rest read from the cluster: the session
-        // grows by each block once it and all before it are here, and stops at the first
-        // that is not.
-        size_t held = 0;
-        while (held < record->blocks.size() && ctx_.store->lookup({layout, record->blocks[held]})) {
-          ++held;
-        }
-        std::vector<BlockHash> present(record->blocks.begin(),
-                                       record->blocks.begin() + static_cast<std::ptrdiff_t>(held));
-        ctx_.sessions.record_save(session, present, false);
-        journal_.restore_from_record(session, *record, now_ms(), wall_now_ms());
-        ++remote_->resumed_sessions;
-        std::vector<BlockKey> rest;
-        for (size_t i = held; i < record->blocks.size(); ++i) {
-          rest.push_back({layout, record->blocks[i]});
-        }
-        const auto fetching = static_cast<uint32_t>(rest.size());
-        if (held == 0) remote_->synced[{engine.namespace_id, session_id}] = 0;
-        journal_.note_session_changed(session);  // its NVMe record, when there is a tier
-        // The blocks as they land: the session grows by each once it and all before it
-        // are here, up to the first that is not, and only while it is still the
-        // session this record made (its last block the record's block before).
-        struct Growth {
-          std::vector<char> landed;
-          size_t next = 0;
-          size_t limit = 0;  // the first block that did not land (rest.size(): none yet)
-        };
-        auto growth = std::make_shared<Growth>();
-        growth->landed.assign(rest.size(), 0);
-        growth->limit = rest.size();
-        const policy::SessionKey key{engine.namespace_id, session_id};
-        // Before the turn is answered, so that the waits below see a live session.
-        begin_turn(session, fetching);
-        auto grow = [this, growth, rest, key, held,
-                     before = held == 0 ? std::optional<BlockHash>()
-                                        : std::optional<BlockHash>(record->blocks[held - 1])](
-                        size_t i, const Status& status) {
-          if (status.is_ok()) {
-            growth->landed[i] = 1;
-          } else {
-            growth->limit = std::min(growth->limit, i);
-          }
-          policy::Session* session = ctx_.sessions.find(key.namespace_id, key.id);
-          if (session == nullptr) return;
-          while (growth->next < growth->limit && growth->landed[growth->next]) {
-            const BlockKey& block = rest[growth->next];
-            const std::optional<BlockHash> last =
-                growth->next == 0 ? before : std::optional<BlockHash>(rest[growth->next - 1].hash);
-            // Cut, closed and made again, or grown by a Save meanwhile: not this
-            // record's session any more; and a block evicted again ends it here.
-            if (session->blocks.size() != held + growth->next ||
-                (last.has_value() &&
-                 (session->blocks.empty() || session->blocks.back() != *last)) ||
-                !ctx_.store->lookup(block)) {
-              growth->limit = growth->next;
-              break;
-            }
-            // Appended without touching the session's state: a block landing after the
-            // turn's end must not make it active again.
-            ctx_.sessions.append_blocks(*session, {block.hash});
-            // Read from the cluster: there already, nothing to write behind.
-            auto synced = remote_->synced.find(key);
-            if (synced != remote_->synced.end() && held == 0 && synced->second == growth->next) {
-              ++synced->second;
-            }
-            ++growth->next;
-          }
-        };
-        fetch_remote(rest, std::move(grow));
+        resume_from_record(c, *engine_ref, id, session_id, begin_turn, std::move(value));
       });
+}
+
+void RemotePath::resume_from_record(const ConnectionPtr& c, const EngineContext& engine,
+                                    uint64_t id, const std::string& session_id,
+                                    const Resumed& begin_turn, Result<std::string> value) {
+  // A Save may have created the session meanwhile: then it is simply known.
+  if (policy::Session* known = ctx_.sessions.find(engine.namespace_id, session_id)) {
+    begin_turn(*known, 0);
+    return;
+  }
+  if (!value.is_ok()) {
+    reply_error(c, id,
+                not_found("unknown session '{}' (the remote tier: {})", session_id,
+                          value.status().to_string()));
+    return;
+  }
+  auto record = decode_session(encode_session_key(engine.namespace_name, session_id), *value);
+  if (!record || record->namespace_name != engine.namespace_name ||
+      record->session_id != session_id) {
+    reply_error(c, id, data_loss("session '{}': its remote record is malformed", session_id));
+    return;
+  }
+  if (record->layout_digest != engine.layout_key.layout_digest) {
+    reply_error(c, id,
+                not_found("unknown session '{}' (the remote tier has it for another KV "
+                          "layout)",
+                          session_id));
+    return;
+  }
+  auto created = ctx_.sessions.get_or_create(engine.namespace_id, session_id, engine.layout_key);
+  if (!created.is_ok()) {
+    reply_error(c, id, created.status());
+    return;
+  }
+  restore_resumed_session(engine, **created, *record, begin_turn);
+}
+
+void RemotePath::restore_resumed_session(const EngineContext& engine, policy::Session& session,
+                                         const NvmeSessionRecord& record,
+                                         const Resumed& begin_turn) {
+  const std::string& session_id = record.session_id;  // the request's (resume_from_record)
+  const LayoutKey layout = engine.layout_key;
+  // The blocks held here already, then the rest read from the cluster: the session
+  // grows by each block once it and all before it are here, and stops at the first
+  // that is not.
+  size_t held = 0;
+  while (held < record.blocks.size() && ctx_.store->lookup({layout, record.blocks[held]})) {
+    ++held;
+  }
+  std::vector<BlockHash> present(record.blocks.begin(),
+                                 record.blocks.begin() + static_cast<std::ptrdiff_t>(held));
+  ctx_.sessions.record_save(session, present, false);
+  journal_.restore_from_record(session, record, now_ms(), wall_now_ms());
+  ++remote_->resumed_sessions;
+  auto growth = std::make_shared<ResumedGrowth>();
+  for (size_t i = held; i < record.blocks.size(); ++i) {
+    growth->rest.push_back({layout, record.blocks[i]});
+  }
+  const auto fetching = static_cast<uint32_t>(growth->rest.size());
+  if (held == 0) remote_->synced[{engine.namespace_id, session_id}] = 0;
+  journal_.note_session_changed(session);  // its NVMe record, when there is a tier
+  growth->landed.assign(growth->rest.size(), 0);
+  growth->limit = growth->rest.size();
+  growth->key = {engine.namespace_id, session_id};
+  growth->held = held;
+  if (held != 0) growth->before = record.blocks[held - 1];
+  // Before the turn is answered, so that the waits below see a live session.
+  begin_turn(session, fetching);
+  fetch_remote(growth->rest, [this, growth](size_t i, const Status& status) {
+    grow_resumed_session(*growth, i, status);
+  });
+}
+
+void RemotePath::grow_resumed_session(ResumedGrowth& growth, size_t i, const Status& status) {
+  if (status.is_ok()) {
+    growth.landed[i] = 1;
+  } else {
+    growth.limit = std::min(growth.limit, i);
+  }
+  policy::Session* session = ctx_.sessions.find(growth.key.namespace_id, growth.key.id);
+  if (session == nullptr) return;
+  while (growth.next < growth.limit && growth.landed[growth.next]) {
+    const BlockKey& block = growth.rest[growth.next];
+    const std::optional<BlockHash> last =
+        growth.next == 0 ? growth.before
+                         : std::optional<BlockHash>(growth.rest[growth.next - 1].hash);
+    // Cut, closed and made again, or grown by a Save meanwhile: not this
+    // record's session any more; and a block evicted again ends it here.
+    if (session->blocks.size() != growth.held + growth.next ||
+        (last.has_value() && (session->blocks.empty() || session->blocks.back() != *last)) ||
+        !ctx_.store->lookup(block)) {
+      growth.limit = growth.next;
+      break;
+    }
+    // Appended without touching the session's state: a block landing after the
+    // turn's end must not make it active again.
+    ctx_.sessions.append_blocks(*session, {block.hash});
+    // Read from the cluster: there already, nothing to write behind.
+    auto synced = remote_->synced.find(growth.key);
+    if (synced != remote_->synced.end() && growth.held == 0 && synced->second == growth.next) {
+      ++synced->second;
+    }
+    ++growth.next;
+  }
 }
 
 }  // namespace kvtier::daemon

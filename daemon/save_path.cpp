@@ -143,18 +143,7 @@ Result<bool> SavePath::start_save(const ConnectionPtr& c, EngineContext& engine,
       // The tiers are full of blocks sessions hold, and waiting would not change that
       // (or the Save waited as long as it may): the Save stores the prefix before this
       // block (perhaps none of it) and says so; the engine recomputes the rest next turn.
-      ++ctx_.counters.partial_saves;
-      ctx_.counters.blocks_not_saved += request.hashes.size() - i;
-      KVTIER_LOG_DEBUG("save of session '{}': {} of {} blocks fit ({})", request.session_id, i,
-                       request.hashes.size(), slot.status().message());
-      // The session's first block: its own when it has blocks, else this Save's.
-      const policy::Session* existing = ctx_.sessions.find(engine.namespace_id, request.session_id);
-      const BlockHash first = existing != nullptr && existing->blocks.size() > 0
-                                  ? *existing->blocks.begin()
-                                  : request.hashes.front();
-      cut_sessions_[{engine.namespace_id, request.session_id}] = first;
-      request.hashes.resize(i);
-      request.engine_block_ids.resize(i);
+      keep_prefix_that_fits(engine, request, i, slot.status());
       save->cut = true;
       break;
     }
@@ -206,6 +195,22 @@ Result<bool> SavePath::start_save(const ConnectionPtr& c, EngineContext& engine,
   }
   if (save->waiting == 0) finish_save(c, id, *engine_ref, *save);
   return true;
+}
+
+void SavePath::keep_prefix_that_fits(const EngineContext& engine, BlockListRequest& request,
+                                     size_t fit, const Status& no_room) {
+  ++ctx_.counters.partial_saves;
+  ctx_.counters.blocks_not_saved += request.hashes.size() - fit;
+  KVTIER_LOG_DEBUG("save of session '{}': {} of {} blocks fit ({})", request.session_id, fit,
+                   request.hashes.size(), no_room.message());
+  // The session's first block: its own when it has blocks, else this Save's.
+  const policy::Session* existing = ctx_.sessions.find(engine.namespace_id, request.session_id);
+  const BlockHash first = existing != nullptr && existing->blocks.size() > 0
+                              ? *existing->blocks.begin()
+                              : request.hashes.front();
+  cut_sessions_[{engine.namespace_id, request.session_id}] = first;
+  request.hashes.resize(fit);
+  request.engine_block_ids.resize(fit);
 }
 
 void SavePath::wake_write_waiters(const BlockKey& key, bool landed) {

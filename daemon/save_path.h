@@ -64,6 +64,11 @@ class SavePath final : public Part, public policy::SessionObserver {
   // finds no room keeps the prefix that fits instead (a partial Save, perhaps empty).
   Result<bool> start_save(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
                           BlockListRequest& request, bool last_try);
+  // No room for blocks[fit] on, and no more waiting: the Save keeps the prefix before it
+  // (`request` is cut there), counts the rest as not saved, and marks the session cut
+  // for the turn's later pieces (cut_sessions_).
+  void keep_prefix_that_fits(const EngineContext& engine, BlockListRequest& request, size_t fit,
+                             const Status& no_room);
   // A Save under the id of `session`, which holds another layout's blocks: closes it
   // when it is between turns (the conversation goes on with another model), else
   // InvalidArgument.

@@ -301,41 +301,16 @@ Status Service::dispatch(const ConnectionPtr& c, EngineContext& engine,
     case wire::Request::UNREGISTER_REGION:
       return setup_->handle_unregister_region(c, engine, id,
                                               request.getUnregisterRegion().getRegionId());
-    case wire::Request::SAVE: {
-      auto save = request.getSave();
-      auto parsed =
-          decode_block_list(engine, ctx_.config.max_blocks_per_request, save.getSessionId(),
-                            save.getBlocks(), BlockListKind::kSave, save.hasStaging());
-      if (!parsed.is_ok()) return parsed.status();
-      parsed->end_of_turn = save.getEndOfTurn();
-      KVTIER_RETURN_IF_ERROR(decode_save_retention(save, *parsed));
-      if (save.hasStaging()) {
-        KVTIER_RETURN_IF_ERROR(
-            decode_staging(engine, save.getStaging(), *parsed, BlockListKind::kSave));
-        ++ctx_.counters.staged_saves;
-      }
-      return saves_->handle_save(c, engine, id, std::move(*parsed));
-    }
+    case wire::Request::SAVE:
+      return dispatch_save(c, engine, id, request.getSave());
     case wire::Request::LOOKUP: {
       auto hashes =
           decode_lookup(ctx_.config.max_blocks_per_request, request.getLookup().getHashes());
       if (!hashes.is_ok()) return hashes.status();
       return loads_->handle_lookup(c, engine, id, *hashes);
     }
-    case wire::Request::LOAD: {
-      auto load = request.getLoad();
-      auto parsed =
-          decode_block_list(engine, ctx_.config.max_blocks_per_request, load.getSessionId(),
-                            load.getBlocks(), BlockListKind::kLoad, load.hasStaging());
-      if (!parsed.is_ok()) return parsed.status();
-      KVTIER_RETURN_IF_ERROR(decode_load_planes(engine.layout, load, *parsed));
-      if (load.hasStaging()) {
-        KVTIER_RETURN_IF_ERROR(
-            decode_staging(engine, load.getStaging(), *parsed, BlockListKind::kLoad));
-        ++ctx_.counters.staged_loads;
-      }
-      return loads_->handle_load(c, engine, id, std::move(*parsed));
-    }
+    case wire::Request::LOAD:
+      return dispatch_load(c, engine, id, request.getLoad());
     case wire::Request::BEGIN_TURN:
       return turns_->handle_begin_turn(c, engine, id, request.getBeginTurn().getSessionId().cStr());
     case wire::Request::CLOSE_SESSION:
@@ -358,6 +333,35 @@ Status Service::dispatch(const ConnectionPtr& c, EngineContext& engine,
       return admin_->handle_get_config(c, engine, id);
   }
   return invalid_argument("unknown request kind {} (newer client?)", static_cast<int>(which));
+}
+
+Status Service::dispatch_save(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
+                              wire::Save::Reader save) {
+  auto parsed = decode_block_list(engine, ctx_.config.max_blocks_per_request, save.getSessionId(),
+                                  save.getBlocks(), BlockListKind::kSave, save.hasStaging());
+  if (!parsed.is_ok()) return parsed.status();
+  parsed->end_of_turn = save.getEndOfTurn();
+  KVTIER_RETURN_IF_ERROR(decode_save_retention(save, *parsed));
+  if (save.hasStaging()) {
+    KVTIER_RETURN_IF_ERROR(
+        decode_staging(engine, save.getStaging(), *parsed, BlockListKind::kSave));
+    ++ctx_.counters.staged_saves;
+  }
+  return saves_->handle_save(c, engine, id, std::move(*parsed));
+}
+
+Status Service::dispatch_load(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
+                              wire::Load::Reader load) {
+  auto parsed = decode_block_list(engine, ctx_.config.max_blocks_per_request, load.getSessionId(),
+                                  load.getBlocks(), BlockListKind::kLoad, load.hasStaging());
+  if (!parsed.is_ok()) return parsed.status();
+  KVTIER_RETURN_IF_ERROR(decode_load_planes(engine.layout, load, *parsed));
+  if (load.hasStaging()) {
+    KVTIER_RETURN_IF_ERROR(
+        decode_staging(engine, load.getStaging(), *parsed, BlockListKind::kLoad));
+    ++ctx_.counters.staged_loads;
+  }
+  return loads_->handle_load(c, engine, id, std::move(*parsed));
 }
 
 void Service::stop(std::function<void()> stopped) {

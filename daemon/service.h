@@ -104,6 +104,12 @@ class Service final : public ipc::RequestHandler {
                            std::vector<UniqueFd>& fds);
   Status dispatch(const ConnectionPtr& connection, EngineContext& engine,
                   wire::Request::Reader request, std::vector<UniqueFd> fds);
+  // A Save or a Load: its blocks (and staging, a Save's retention, a Load's planes)
+  // decoded against the engine's layout, then handed to SavePath or LoadPath.
+  Status dispatch_save(const ConnectionPtr& connection, EngineContext& engine, uint64_t id,
+                       wire::Save::Reader save);
+  Status dispatch_load(const ConnectionPtr& connection, EngineContext& engine, uint64_t id,
+                       wire::Load::Reader load);
   // The device hit an error that leaves it unusable (device/device.h): log, write the session
   // table, and stop with kExitDeviceLost. RAM and HBM are not drained: after a lost
   // context their bytes cannot be trusted.

@@ -104,6 +104,25 @@ Status SessionJournal::recover_nvme() {
     Status registered = ctx_.store->register_layout(key, layout.block_bytes);
     if (!registered.is_ok()) KVTIER_LOG_WARN("NVMe layout record: {}", registered.message());
   }
+  const uint64_t recovered_bytes = recover_blocks(recovery, steady_now, wall_now);
+  const size_t cut_sessions = recover_sessions(recovery, steady_now, wall_now);
+  // The recovery's temporaries (a record per block) are gone; hand their pages back so
+  // the daemon's footprint is what it keeps, not what it once read.
+  const size_t session_count = recovery.sessions.size();
+  recovery = NvmeRecovery();
+  (void)::malloc_trim(0);
+  const auto elapsed = std::chrono::steady_clock::now() - started;
+  KVTIER_LOG_INFO(
+      "NVMe tier {}/nvme ({}, {}): recovered {} blocks ({}) and {} sessions ({} cut short) in "
+      "{} ms",
+      ctx_.config.data_dir, format_bytes(ctx_.config.nvme_bytes), nvme_->tier->describe(),
+      ctx_.store->usage(Tier::kNvme).blocks, format_bytes(recovered_bytes), session_count,
+      cut_sessions, std::chrono::duration_cast<std::chrono::milliseconds>(elapsed).count());
+  return Status::ok();
+}
+
+uint64_t SessionJournal::recover_blocks(NvmeRecovery& recovery, uint64_t steady_now,
+                                        uint64_t wall_now) {
   // Ascending offsets make rebuilding the slot allocator linear (sorting small
   // (offset, index) pairs rather than the records themselves).
   std::vector<std::pair<uint64_t, uint32_t>> order;
@@ -166,7 +185,11 @@ Status SessionJournal::recover_nvme() {
                                   }
                                 }));
   }
+  return recovered_bytes;
+}
 
+size_t SessionJournal::recover_sessions(const NvmeRecovery& recovery, uint64_t steady_now,
+                                        uint64_t wall_now) {
   size_t cut_sessions = 0;
   for (const NvmeSessionRecord& record : recovery.sessions) {
     const uint32_t namespace_id = ctx_.engines.namespaces().intern(record.namespace_name);
@@ -193,19 +216,7 @@ Status SessionJournal::recover_nvme() {
           static_cast<uint32_t>(present.size());
     }
   }
-  // The recovery's temporaries (a record per block) are gone; hand their pages back so
-  // the daemon's footprint is what it keeps, not what it once read.
-  const size_t session_count = recovery.sessions.size();
-  recovery = NvmeRecovery();
-  (void)::malloc_trim(0);
-  const auto elapsed = std::chrono::steady_clock::now() - started;
-  KVTIER_LOG_INFO(
-      "NVMe tier {}/nvme ({}, {}): recovered {} blocks ({}) and {} sessions ({} cut short) in "
-      "{} ms",
-      ctx_.config.data_dir, format_bytes(ctx_.config.nvme_bytes), nvme_->tier->describe(),
-      ctx_.store->usage(Tier::kNvme).blocks, format_bytes(recovered_bytes), session_count,
-      cut_sessions, std::chrono::duration_cast<std::chrono::milliseconds>(elapsed).count());
-  return Status::ok();
+  return cut_sessions;
 }
 
 void SessionJournal::restore_from_record(policy::Session& session, const NvmeSessionRecord& record,

@@ -125,6 +125,13 @@ class SessionJournal final : public Part, public policy::SessionObserver {
   void write_before_exit();
 
  private:
+  // recover_nvme's steps. Puts the recovered blocks into the store (their layouts
+  // registered, room reserved per layout) and releases the index entries this
+  // configuration cannot use; returns the bytes recovered.
+  uint64_t recover_blocks(NvmeRecovery& recovery, uint64_t steady_now, uint64_t wall_now);
+  // Restores the recovered sessions, each up to its first block that did not survive;
+  // returns how many were cut short.
+  size_t recover_sessions(const NvmeRecovery& recovery, uint64_t steady_now, uint64_t wall_now);
   // Queues the session's copies for `due_ms` (once: a queued session keeps its turn).
   void queue_copies(const policy::Session& session, uint64_t due_ms);
   // recover_nvme is putting a stored session back: its growth is what NVMe holds.
