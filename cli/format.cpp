@@ -115,6 +115,117 @@ std::string engines_json(const StatsInfo& s) {
   return "[" + out + "]";
 }
 
+// The tier table, with each GPU's part of the HBM arena under it.
+std::string tiers_text(const StatsInfo& s) {
+  std::string out = fmt::format("{:<6} {:>12} {:>12} {:>6} {:>10} {:>12} {:>12}\n", "TIER",
+                                "CAPACITY", "USED", "USE%", "BLOCKS", "COPIES", "WRITTEN");
+  for (const auto& t : s.tiers) {
+    out += fmt::format("{:<6} {:>12} {:>12} {:>5.1f}% {:>10} {:>12} {:>12}\n", tier_name(t.tier),
+                       format_bytes(t.capacity_bytes), format_bytes(t.used_bytes),
+                       percent(t.used_bytes, t.capacity_bytes), t.blocks,
+                       format_bytes(t.copy_bytes), format_bytes(t.written_bytes));
+  }
+  for (const auto& g : s.gpus) {
+    out += fmt::format("  hbm on {} ({}): {} of {} ({:.1f}%)\n", g.uuid, g.name,
+                       format_bytes(g.hbm_used_bytes), format_bytes(g.hbm_capacity_bytes),
+                       percent(g.hbm_used_bytes, g.hbm_capacity_bytes));
+  }
+  return out;
+}
+
+// What each tenant holds of each tier, and its quota there (tenant-quota).
+std::string tenants_text(const StatsInfo& s) {
+  std::string out = fmt::format("\n{:<20} {:>22} {:>22} {:>22}\n", "TENANT", "HBM (QUOTA)",
+                                "RAM (QUOTA)", "NVME (QUOTA)");
+  for (const auto& t : s.tenants) {
+    std::string line = fmt::format("{:<20}", t.tenant);
+    for (size_t i = 0; i < t.used_bytes.size(); ++i) {
+      const std::string quota =
+          t.quota_bytes[i] == UINT64_MAX ? "-" : format_bytes(t.quota_bytes[i]);
+      line += fmt::format(" {:>22}", format_bytes(t.used_bytes[i]) + " (" + quota + ")");
+    }
+    out += line + "\n";
+  }
+  return out;
+}
+
+// Who is connected, and what each one's blocks are keyed by (its layout's model id:
+// engines share blocks only when model id and layout are equal).
+std::string engines_text(const StatsInfo& s) {
+  std::string out = fmt::format("\n{:<24} {:>8} {:<12} {:<6} {:<16} {}\n", "ENGINE", "PID",
+                                "NAMESPACE", "TP", "LAYOUT", "MODEL");
+  for (const auto& e : s.engines) {
+    out += fmt::format("{:<24} {:>8} {:<12} {:<6} {:016x} {}\n", e.engine_name, e.pid,
+                       e.namespace_name, fmt::format("{}/{}", e.tp_rank, e.tp_size),
+                       e.layout_digest, e.model_id);
+  }
+  return out;
+}
+
+// The counters: sessions, lookups, bytes moved, copies in flight, blocks dropped, and
+// partial Saves when there were any.
+std::string counters_text(const StatsInfo& s) {
+  std::string out = fmt::format("\nsessions   {} active, {} idle, {} pinned\n", s.sessions_active,
+                                s.sessions_idle, s.pinned_sessions);
+  out += fmt::format("lookups    {} hits, {} misses\n", s.lookup_hits, s.lookup_misses);
+  out += fmt::format("moved      {} saved, {} loaded, {} demoted, {} promoted\n",
+                     format_bytes(s.bytes_saved), format_bytes(s.bytes_loaded),
+                     format_bytes(s.bytes_demoted), format_bytes(s.bytes_promoted));
+  out += fmt::format("in flight  {} copies, {} pinned blocks; {} blocks held by admin pins\n",
+                     s.copies_in_flight, s.pinned_blocks, s.admin_pinned_blocks);
+  out += fmt::format("dropped    {} evicted, {} lost to corruption\n", s.blocks_evicted,
+                     s.data_loss_blocks);
+  if (s.partial_saves > 0) {
+    out += fmt::format("partial    {} Saves kept a prefix ({} blocks not saved: no room)\n",
+                       s.partial_saves, s.blocks_not_saved);
+  }
+  return out;
+}
+
+// The NVMe tier's health, for a tier that has degraded at least once.
+std::string nvme_text(const StatsInfo::NvmeStatsInfo& n) {
+  std::string out;
+  if (n.degraded) {
+    out += fmt::format("nvme       DEGRADED for {}: read-only until it heals ({})\n",
+                       format_duration_ms(n.degraded_ms), n.reason);
+  } else {
+    out += "nvme       healthy\n";
+  }
+  out += fmt::format("           degraded {} times, healed {} times ({} tries)\n", n.degradations,
+                     n.heals, n.heal_attempts);
+  return out;
+}
+
+// The remote tier: its cluster, what it stores, and what went there and back.
+std::string remote_text(const StatsInfo::RemoteStatsInfo& r) {
+  std::string out = fmt::format(
+      "remote     {}, {} masters{}; {} of {} stored, write-behind lag {}\n",
+      r.connected ? "connected" : "not connected", r.masters,
+      r.degraded ? ", DEGRADED (a node is down or failing)" : "", format_bytes(r.stored_bytes),
+      format_bytes(r.budget_bytes), format_duration_ms(r.write_lag_ms));
+  out += fmt::format(
+      "           {} blocks written, {} read, {} lookup hits, {} sessions resumed, {} corrupt "
+      "values, {} errors, {} blocks deferred\n",
+      r.written_blocks, r.fetched_blocks, r.lookup_hits, r.resumed_sessions, r.corrupt_values,
+      r.errors, r.deferred_blocks);
+  out += fmt::format("           NVMe evictions: {} written there on their way out, {} not\n",
+                     r.spilled_blocks, r.spill_unwritten);
+  return out;
+}
+
+// The policy and the planner's recent moves, newest last.
+std::string planner_text(const StatsInfo& s) {
+  std::string out = fmt::format("\nplanner    {} policy; recent moves, newest last:\n",
+                                s.policy.empty() ? "?" : s.policy);
+  if (s.recent_moves.empty()) out += "  (none yet)\n";
+  for (const auto& m : s.recent_moves) {
+    out += fmt::format("  {:>8} ago  {:<7} {:>4} -> {:<4} {:>6} blocks {:>10}  {}\n",
+                       format_duration_ms(m.ago_ms), m.kind, tier_name(m.from), tier_name(m.to),
+                       m.blocks, format_bytes(m.bytes), m.reason);
+  }
+  return out;
+}
+
 }  // namespace
 
 std::string status_json(const StatsInfo& s) {
@@ -158,92 +269,13 @@ std::string status_text(const StatsInfo& s) {
         format_bytes(s.fill_bytes));
   }
   out += "\n";
-  out += fmt::format("{:<6} {:>12} {:>12} {:>6} {:>10} {:>12} {:>12}\n", "TIER", "CAPACITY", "USED",
-                     "USE%", "BLOCKS", "COPIES", "WRITTEN");
-  for (const auto& t : s.tiers) {
-    out += fmt::format("{:<6} {:>12} {:>12} {:>5.1f}% {:>10} {:>12} {:>12}\n", tier_name(t.tier),
-                       format_bytes(t.capacity_bytes), format_bytes(t.used_bytes),
-                       percent(t.used_bytes, t.capacity_bytes), t.blocks,
-                       format_bytes(t.copy_bytes), format_bytes(t.written_bytes));
-  }
-  for (const auto& g : s.gpus) {
-    out += fmt::format("  hbm on {} ({}): {} of {} ({:.1f}%)\n", g.uuid, g.name,
-                       format_bytes(g.hbm_used_bytes), format_bytes(g.hbm_capacity_bytes),
-                       percent(g.hbm_used_bytes, g.hbm_capacity_bytes));
-  }
-  if (!s.tenants.empty()) {
-    // What each tenant holds of each tier, and its quota there (tenant-quota).
-    out += fmt::format("\n{:<20} {:>22} {:>22} {:>22}\n", "TENANT", "HBM (QUOTA)", "RAM (QUOTA)",
-                       "NVME (QUOTA)");
-    for (const auto& t : s.tenants) {
-      std::string line = fmt::format("{:<20}", t.tenant);
-      for (size_t i = 0; i < t.used_bytes.size(); ++i) {
-        const std::string quota =
-            t.quota_bytes[i] == UINT64_MAX ? "-" : format_bytes(t.quota_bytes[i]);
-        line += fmt::format(" {:>22}", format_bytes(t.used_bytes[i]) + " (" + quota + ")");
-      }
-      out += line + "\n";
-    }
-  }
-  if (!s.engines.empty()) {
-    // Who is connected, and what each one's blocks are keyed by (its layout's model id:
-    // engines share blocks only when model id and layout are equal).
-    out += fmt::format("\n{:<24} {:>8} {:<12} {:<6} {:<16} {}\n", "ENGINE", "PID", "NAMESPACE",
-                       "TP", "LAYOUT", "MODEL");
-    for (const auto& e : s.engines) {
-      out += fmt::format("{:<24} {:>8} {:<12} {:<6} {:016x} {}\n", e.engine_name, e.pid,
-                         e.namespace_name, fmt::format("{}/{}", e.tp_rank, e.tp_size),
-                         e.layout_digest, e.model_id);
-    }
-  }
-  out += fmt::format("\nsessions   {} active, {} idle, {} pinned\n", s.sessions_active,
-                     s.sessions_idle, s.pinned_sessions);
-  out += fmt::format("lookups    {} hits, {} misses\n", s.lookup_hits, s.lookup_misses);
-  out += fmt::format("moved      {} saved, {} loaded, {} demoted, {} promoted\n",
-                     format_bytes(s.bytes_saved), format_bytes(s.bytes_loaded),
-                     format_bytes(s.bytes_demoted), format_bytes(s.bytes_promoted));
-  out += fmt::format("in flight  {} copies, {} pinned blocks; {} blocks held by admin pins\n",
-                     s.copies_in_flight, s.pinned_blocks, s.admin_pinned_blocks);
-  out += fmt::format("dropped    {} evicted, {} lost to corruption\n", s.blocks_evicted,
-                     s.data_loss_blocks);
-  if (s.partial_saves > 0) {
-    out += fmt::format("partial    {} Saves kept a prefix ({} blocks not saved: no room)\n",
-                       s.partial_saves, s.blocks_not_saved);
-  }
-  if (s.nvme.configured && (s.nvme.degraded || s.nvme.degradations > 0)) {
-    const auto& n = s.nvme;
-    if (n.degraded) {
-      out += fmt::format("nvme       DEGRADED for {}: read-only until it heals ({})\n",
-                         format_duration_ms(n.degraded_ms), n.reason);
-    } else {
-      out += "nvme       healthy\n";
-    }
-    out += fmt::format("           degraded {} times, healed {} times ({} tries)\n", n.degradations,
-                       n.heals, n.heal_attempts);
-  }
-  if (s.remote.configured) {
-    const auto& r = s.remote;
-    out += fmt::format("remote     {}, {} masters{}; {} of {} stored, write-behind lag {}\n",
-                       r.connected ? "connected" : "not connected", r.masters,
-                       r.degraded ? ", DEGRADED (a node is down or failing)" : "",
-                       format_bytes(r.stored_bytes), format_bytes(r.budget_bytes),
-                       format_duration_ms(r.write_lag_ms));
-    out += fmt::format(
-        "           {} blocks written, {} read, {} lookup hits, {} sessions resumed, {} corrupt "
-        "values, {} errors, {} blocks deferred\n",
-        r.written_blocks, r.fetched_blocks, r.lookup_hits, r.resumed_sessions, r.corrupt_values,
-        r.errors, r.deferred_blocks);
-    out += fmt::format("           NVMe evictions: {} written there on their way out, {} not\n",
-                       r.spilled_blocks, r.spill_unwritten);
-  }
-  out += fmt::format("\nplanner    {} policy; recent moves, newest last:\n",
-                     s.policy.empty() ? "?" : s.policy);
-  if (s.recent_moves.empty()) out += "  (none yet)\n";
-  for (const auto& m : s.recent_moves) {
-    out += fmt::format("  {:>8} ago  {:<7} {:>4} -> {:<4} {:>6} blocks {:>10}  {}\n",
-                       format_duration_ms(m.ago_ms), m.kind, tier_name(m.from), tier_name(m.to),
-                       m.blocks, format_bytes(m.bytes), m.reason);
-  }
+  out += tiers_text(s);
+  if (!s.tenants.empty()) out += tenants_text(s);
+  if (!s.engines.empty()) out += engines_text(s);
+  out += counters_text(s);
+  if (s.nvme.configured && (s.nvme.degraded || s.nvme.degradations > 0)) out += nvme_text(s.nvme);
+  if (s.remote.configured) out += remote_text(s.remote);
+  out += planner_text(s);
   return out;
 }
 

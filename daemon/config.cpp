@@ -8,6 +8,7 @@
 #include <cctype>
 #include <charconv>
 #include <cstdlib>
+#include <initializer_list>
 
 #include "common/json.h"
 #include "common/units.h"
@@ -161,13 +162,14 @@ Status check_policy(std::string_view text) {
       text);
 }
 
-}  // namespace
-
 // THE SETTINGS TABLE. One line per setting; --help, --check-config, `kvtierctl config`
-// and SIGHUP all follow it.
-const std::vector<Setting>& settings() {
+// and SIGHUP all follow it. The table is the groups below, in the order settings() lists
+// them.
+
+// Where kvtierd listens and keeps its data, and the copy backend with its GPUs.
+std::vector<Setting> socket_and_device_settings() {
   using C = DaemonConfig;
-  static const std::vector<Setting> table = {
+  return {
       text_setting("socket", &C::socket_path, kRestart,
                    "Unix socket path (ignored when systemd "
                    "passes a listening socket)",
@@ -180,6 +182,13 @@ const std::vector<Setting>& settings() {
                    "cuda backend: GPUs to serve, \"all\" or comma-separated UUIDs "
                    "(GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx, as nvidia-smi -L prints them)",
                    check_gpus),
+  };
+}
+
+// The local tiers' sizes, the NVMe tier's I/O, and how long requests wait on the tiers.
+std::vector<Setting> tier_settings() {
+  using C = DaemonConfig;
+  return {
       size_setting("hbm-bytes", &C::hbm_bytes, kRestart,
                    "daemon HBM arena size per GPU (e.g. 8GiB; every GPU served gets this much)"),
       size_setting("ram-bytes", &C::ram_bytes, kRestart, "pinned RAM pool size (e.g. 64GiB)"),
@@ -196,6 +205,13 @@ const std::vector<Setting>& settings() {
                        "how long a Load waits for blocks being read from NVMe (e.g. 10s)"),
       duration_setting("drain-timeout", &C::drain_timeout_ms, kLive,
                        "on SIGTERM, time allowed to drain RAM/HBM blocks to NVMe (e.g. 30s)"),
+  };
+}
+
+// The remote tier (a Redis Cluster).
+std::vector<Setting> remote_tier_settings() {
+  using C = DaemonConfig;
+  return {
       text_setting("remote-nodes", &C::remote_nodes, kRestart,
                    "remote tier: seed nodes of the Redis Cluster, host:port,host:port "
                    "(empty: no remote tier)",
@@ -213,7 +229,13 @@ const std::vector<Setting>& settings() {
       size_setting("remote-max-in-flight", &C::remote_max_in_flight_bytes, kRestart,
                    "remote tier: payload bytes being read (and, separately, written) at "
                    "once; a longer prefix is read in turn"),
-      tenant_quota_setting(),
+  };
+}
+
+// How long data requests wait for the memory fill, and the faults tests inject.
+std::vector<Setting> startup_and_fault_settings() {
+  using C = DaemonConfig;
+  return {
       fault_nvme_setting(),
       duration_setting("startup-wait-ms", &C::startup_wait_ms, kLive,
                        "how long a Save/Load/BeginTurn/Drain that arrives while the memory "
@@ -227,6 +249,14 @@ const std::vector<Setting>& settings() {
       duration_setting("fault-copy-delay-ms", &C::fault_copy_delay_ms, kRestart,
                        "TESTS ONLY: complete each Save/Load copy this much later, one at a "
                        "time in submission order (the copy itself runs as usual)"),
+  };
+}
+
+// How slots are carved and what the planner keeps where: idle times, watermarks, the
+// policy and its cost model.
+std::vector<Setting> placement_settings() {
+  using C = DaemonConfig;
+  return {
       size_setting("slab-bytes", &C::slab_bytes, kRestart,
                    "slot carving unit; the largest block a layout may have"),
       duration_setting("hbm-idle-ms", &C::hbm_idle_ms, kLive,
@@ -262,6 +292,13 @@ const std::vector<Setting>& settings() {
       fraction_setting("prefetch-probability", &C::prefetch_probability, 0.0, 1.0, kLive,
                        "predictive policy: P(return within a tier's idle time) that keeps a "
                        "session in, or prefetches it into, that tier"),
+  };
+}
+
+// Copy threads, and what one request, one connection and all of them may take.
+std::vector<Setting> resource_limit_settings() {
+  using C = DaemonConfig;
+  return {
       integer_setting("copy-threads", &C::copy_threads, 1, 64, kRestart,
                       "host backend copy threads"),
       integer_setting("max-blocks-per-request", &C::max_blocks_per_request, 1, 1 << 20, kRestart,
@@ -291,6 +328,14 @@ const std::vector<Setting>& settings() {
       duration_setting("hello-timeout", &C::hello_timeout_ms, kRestart,
                        "a connection must send its first request (Hello, or an operator "
                        "request) within this or it is closed (0: no deadline)"),
+  };
+}
+
+// Who may use admin requests and which uids share a namespace; /metrics and the log
+// level.
+std::vector<Setting> access_and_monitoring_settings() {
+  using C = DaemonConfig;
+  return {
       admin_group_setting(),
       shared_namespace_setting(),
       text_setting("metrics-addr", &C::metrics_addr, kRestart,
@@ -298,6 +343,30 @@ const std::vector<Setting>& settings() {
                    check_metrics_addr),
       log_level_setting(),
   };
+}
+
+// The groups' settings, in the groups' order.
+std::vector<Setting> concatenate(std::initializer_list<std::vector<Setting>> groups) {
+  std::vector<Setting> table;
+  for (const std::vector<Setting>& group : groups) {
+    table.insert(table.end(), group.begin(), group.end());
+  }
+  return table;
+}
+
+}  // namespace
+
+const std::vector<Setting>& settings() {
+  static const std::vector<Setting> table = concatenate({
+      socket_and_device_settings(),
+      tier_settings(),
+      remote_tier_settings(),
+      {tenant_quota_setting()},
+      startup_and_fault_settings(),
+      placement_settings(),
+      resource_limit_settings(),
+      access_and_monitoring_settings(),
+  });
   return table;
 }
 

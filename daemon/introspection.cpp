@@ -66,6 +66,108 @@ Result<ListingKey> decode_cursor(wire::SessionOrder order, const std::string& cu
   return key;
 }
 
+// One entry per configured tier, with what the policy's moves wrote into it.
+void fill_tier_stats(wire::StatsReply::Builder out, const std::vector<TierUsage>& tiers,
+                     const DaemonContext& ctx) {
+  auto list = out.initTiers(static_cast<unsigned>(tiers.size()));
+  for (size_t i = 0; i < tiers.size(); ++i) {
+    list[i].setTier(to_wire(tiers[i].tier));
+    list[i].setCapacityBytes(tiers[i].capacity_bytes);
+    list[i].setUsedBytes(tiers[i].used_bytes);
+    list[i].setBlocks(tiers[i].blocks);
+    list[i].setCopyBytes(tiers[i].copy_bytes);
+    list[i].setWrittenBytes(
+        ctx.mover->counters().bytes_written[static_cast<size_t>(tiers[i].tier)]);
+  }
+}
+
+// Each served GPU's part of the HBM arena.
+void fill_gpu_stats(wire::StatsReply::Builder out, const DaemonContext& ctx) {
+  // The arena's parts follow Device::gpus() order.
+  const std::vector<uint64_t> hbm_parts = ctx.store->part_used_bytes(Tier::kHbm);
+  auto gpus = out.initGpus(static_cast<unsigned>(ctx.gpus.size()));
+  for (unsigned i = 0; i < ctx.gpus.size(); ++i) {
+    gpus[i].setUuid(ctx.gpus[i].uuid);
+    gpus[i].setName(ctx.gpus[i].name);
+    const bool has_part = hbm_parts.size() == ctx.gpus.size();
+    gpus[i].setHbmCapacityBytes(has_part ? ctx.store->part_capacity_bytes(Tier::kHbm) : 0);
+    gpus[i].setHbmUsedBytes(has_part ? hbm_parts[i] : 0);
+  }
+}
+
+// What each tenant holds of each tier, and its quota there; only `namespace_id`'s unless
+// `every_namespace`.
+void fill_tenant_stats(wire::StatsReply::Builder out, std::vector<TenantUsage> tenants,
+                       bool every_namespace, uint32_t namespace_id) {
+  if (!every_namespace) {
+    std::erase_if(tenants, [&](const TenantUsage& t) { return t.namespace_id != namespace_id; });
+  }
+  auto tenant_list = out.initTenants(static_cast<unsigned>(tenants.size()));
+  for (unsigned i = 0; i < tenants.size(); ++i) {
+    tenant_list[i].setTenant(tenants[i].tenant);
+    auto used = tenant_list[i].initUsedBytes(kLocalTierCount);
+    auto quota = tenant_list[i].initQuotaBytes(kLocalTierCount);
+    for (unsigned t = 0; t < static_cast<unsigned>(kLocalTierCount); ++t) {
+      used.set(t, tenants[i].used_bytes[t]);
+      quota.set(t, tenants[i].quota_bytes[t].value_or(UINT64_MAX));
+    }
+  }
+}
+
+// The engines that said Hello; only those of `namespace_id` unless `every_namespace`.
+void fill_engine_stats(wire::StatsReply::Builder out,
+                       std::vector<std::shared_ptr<const EngineContext>> engines,
+                       bool every_namespace, uint32_t namespace_id) {
+  if (!every_namespace) {
+    std::erase_if(engines, [&](const std::shared_ptr<const EngineContext>& e) {
+      return e->namespace_id != namespace_id;
+    });
+  }
+  auto engine_list = out.initEngines(static_cast<unsigned>(engines.size()));
+  for (unsigned i = 0; i < engines.size(); ++i) {
+    const EngineContext& e = *engines[i];
+    engine_list[i].setEngineName(e.engine_name);
+    engine_list[i].setPid(static_cast<uint32_t>(e.pid));
+    engine_list[i].setNamespaceName(e.namespace_name);
+    engine_list[i].setModelId(e.layout.model_id);
+    engine_list[i].setLayoutDigest(e.layout.digest);
+    engine_list[i].setTpRank(e.layout.tp_rank);
+    engine_list[i].setTpSize(e.layout.tp_size);
+    engine_list[i].setDataPath(e.data_path);
+  }
+}
+
+// The NVMe tier's health.
+void fill_nvme_stats(wire::StatsReply::Builder out, const NvmeTier& nvme) {
+  const NvmeHealth health = nvme.health();
+  auto stats = out.initNvme();
+  stats.setConfigured(true);
+  stats.setDegraded(health.degraded);
+  if (health.degraded) stats.setReason(health.reason.message());
+  stats.setDegradedMs(health.degraded_ms);
+  stats.setDegradations(health.degradations);
+  stats.setHeals(health.heals);
+  stats.setHealAttempts(health.heal_attempts);
+}
+
+// The planner's latest decisions, oldest first, each with how long ago it was made.
+void fill_recent_moves(wire::StatsReply::Builder out, const DaemonContext& ctx) {
+  const auto& recent = ctx.planner.recent_moves();
+  auto moves = out.initRecentMoves(static_cast<unsigned>(recent.size()));
+  const uint64_t now = ctx.now_ms();
+  for (size_t i = 0; i < recent.size(); ++i) {
+    const policy::PlanRecord& r = recent[i];
+    auto move = moves[static_cast<unsigned>(i)];
+    move.setAgoMs(now > r.at_ms ? now - r.at_ms : 0);
+    move.setKind(static_cast<wire::MoveKind>(static_cast<uint16_t>(r.kind)));
+    move.setFromTier(to_wire(r.from));
+    move.setToTier(to_wire(r.to));
+    move.setReason(std::string(policy::move_reason_name(r.reason)));
+    move.setBlocks(r.blocks);
+    move.setBytes(r.bytes);
+  }
+}
+
 }  // namespace
 
 Status AdminService::handle_stats(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
@@ -84,16 +186,7 @@ Status AdminService::handle_stats(const ConnectionPtr& c, EngineContext& engine,
                             : ctx_.sessions.count(engine.namespace_id, policy::SessionState::kIdle);
   reply(c, id, [&](wire::Response::Builder response) {
     auto out = response.initStats();
-    auto list = out.initTiers(static_cast<unsigned>(tiers.size()));
-    for (size_t i = 0; i < tiers.size(); ++i) {
-      list[i].setTier(to_wire(tiers[i].tier));
-      list[i].setCapacityBytes(tiers[i].capacity_bytes);
-      list[i].setUsedBytes(tiers[i].used_bytes);
-      list[i].setBlocks(tiers[i].blocks);
-      list[i].setCopyBytes(tiers[i].copy_bytes);
-      list[i].setWrittenBytes(
-          ctx_.mover->counters().bytes_written[static_cast<size_t>(tiers[i].tier)]);
-    }
+    fill_tier_stats(out, tiers, ctx_);
     out.setSessionsActive(active);
     out.setSessionsIdle(idle);
     out.setLookupHits(ctx_.counters.lookup_hits);
@@ -116,75 +209,12 @@ Status AdminService::handle_stats(const ConnectionPtr& c, EngineContext& engine,
     out.setStarting(!ctx_.ready);
     if (!ctx_.ready) out.setFillBytes(startup_.fill_bytes());
     out.setPolicy(std::string(policy::policy_mode_name(ctx_.planner.config().mode)));
-    // The arena's parts follow Device::gpus() order.
-    const std::vector<uint64_t> hbm_parts = ctx_.store->part_used_bytes(Tier::kHbm);
-    auto gpus = out.initGpus(static_cast<unsigned>(ctx_.gpus.size()));
-    for (unsigned i = 0; i < ctx_.gpus.size(); ++i) {
-      gpus[i].setUuid(ctx_.gpus[i].uuid);
-      gpus[i].setName(ctx_.gpus[i].name);
-      const bool has_part = hbm_parts.size() == ctx_.gpus.size();
-      gpus[i].setHbmCapacityBytes(has_part ? ctx_.store->part_capacity_bytes(Tier::kHbm) : 0);
-      gpus[i].setHbmUsedBytes(has_part ? hbm_parts[i] : 0);
-    }
+    fill_gpu_stats(out, ctx_);
     remote_.fill_remote_stats(out.initRemote());
-    std::vector<TenantUsage> tenants = tenant_usage(ctx_);
-    if (!every_namespace) {
-      std::erase_if(tenants,
-                    [&](const TenantUsage& t) { return t.namespace_id != engine.namespace_id; });
-    }
-    auto tenant_list = out.initTenants(static_cast<unsigned>(tenants.size()));
-    for (unsigned i = 0; i < tenants.size(); ++i) {
-      tenant_list[i].setTenant(tenants[i].tenant);
-      auto used = tenant_list[i].initUsedBytes(kLocalTierCount);
-      auto quota = tenant_list[i].initQuotaBytes(kLocalTierCount);
-      for (unsigned t = 0; t < static_cast<unsigned>(kLocalTierCount); ++t) {
-        used.set(t, tenants[i].used_bytes[t]);
-        quota.set(t, tenants[i].quota_bytes[t].value_or(UINT64_MAX));
-      }
-    }
-    std::vector<std::shared_ptr<const EngineContext>> engines = ctx_.engines.introduced();
-    if (!every_namespace) {
-      std::erase_if(engines, [&](const std::shared_ptr<const EngineContext>& e) {
-        return e->namespace_id != engine.namespace_id;
-      });
-    }
-    auto engine_list = out.initEngines(static_cast<unsigned>(engines.size()));
-    for (unsigned i = 0; i < engines.size(); ++i) {
-      const EngineContext& e = *engines[i];
-      engine_list[i].setEngineName(e.engine_name);
-      engine_list[i].setPid(static_cast<uint32_t>(e.pid));
-      engine_list[i].setNamespaceName(e.namespace_name);
-      engine_list[i].setModelId(e.layout.model_id);
-      engine_list[i].setLayoutDigest(e.layout.digest);
-      engine_list[i].setTpRank(e.layout.tp_rank);
-      engine_list[i].setTpSize(e.layout.tp_size);
-      engine_list[i].setDataPath(e.data_path);
-    }
-    if (const NvmeTier* nvme = journal_.tier()) {
-      const NvmeHealth health = nvme->health();
-      auto stats = out.initNvme();
-      stats.setConfigured(true);
-      stats.setDegraded(health.degraded);
-      if (health.degraded) stats.setReason(health.reason.message());
-      stats.setDegradedMs(health.degraded_ms);
-      stats.setDegradations(health.degradations);
-      stats.setHeals(health.heals);
-      stats.setHealAttempts(health.heal_attempts);
-    }
-    const auto& recent = ctx_.planner.recent_moves();
-    auto moves = out.initRecentMoves(static_cast<unsigned>(recent.size()));
-    const uint64_t now = now_ms();
-    for (size_t i = 0; i < recent.size(); ++i) {
-      const policy::PlanRecord& r = recent[i];
-      auto move = moves[static_cast<unsigned>(i)];
-      move.setAgoMs(now > r.at_ms ? now - r.at_ms : 0);
-      move.setKind(static_cast<wire::MoveKind>(static_cast<uint16_t>(r.kind)));
-      move.setFromTier(to_wire(r.from));
-      move.setToTier(to_wire(r.to));
-      move.setReason(std::string(policy::move_reason_name(r.reason)));
-      move.setBlocks(r.blocks);
-      move.setBytes(r.bytes);
-    }
+    fill_tenant_stats(out, tenant_usage(ctx_), every_namespace, engine.namespace_id);
+    fill_engine_stats(out, ctx_.engines.introduced(), every_namespace, engine.namespace_id);
+    if (const NvmeTier* nvme = journal_.tier()) fill_nvme_stats(out, *nvme);
+    fill_recent_moves(out, ctx_);
   });
   return Status::ok();
 }

@@ -14,7 +14,8 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <functional>
+#include <optional>
+#include <string>
 #include <thread>
 
 #include "common/log.h"
@@ -103,6 +104,157 @@ void reload(int argc, char** argv, daemon::Service& service, daemon::ServiceNoti
   notifier.reloaded();
 }
 
+// Binds /metrics unless metrics-addr is "off". False when the configured address
+// cannot be served: the daemon then exits before any engine could connect to it.
+bool start_metrics(daemon::MetricsServer& metrics, const daemon::DaemonConfig& config) {
+  if (config.metrics_addr == "off") return true;
+  if (Status bound = metrics.listen(config.metrics_addr); bound.is_ok()) {
+    KVTIER_LOG_INFO("metrics at http://{}/metrics", metrics.address());
+  } else if (config.metrics_addr == daemon::kDefaultMetricsAddr) {
+    // Only the default may be taken (another kvtierd, a test): say so and go on.
+    KVTIER_LOG_WARN("metrics: {}; running without /metrics (set metrics-addr)", bound.message());
+  } else {
+    KVTIER_LOG_ERROR("metrics-addr {}: {}", config.metrics_addr, bound.message());
+    return false;
+  }
+  return true;
+}
+
+// Adopts the socket systemd passed, or listens on the configured path. Where the daemon
+// listens, for the start-up log line; nothing (the error logged) when it cannot.
+std::optional<std::string> start_listening(ipc::Server& server, UniqueFd& activation_socket,
+                                           const daemon::DaemonConfig& config) {
+  std::string listening_on = config.socket_path;
+  if (activation_socket.valid()) {
+    listening_on = "the socket systemd passed (socket activation)";
+    if (Status adopted = server.adopt(std::move(activation_socket)); !adopted.is_ok()) {
+      KVTIER_LOG_ERROR("cannot use the socket systemd passed: {}", adopted.message());
+      return std::nullopt;
+    }
+  } else if (Status listening = server.listen(config.socket_path); !listening.is_ok()) {
+    KVTIER_LOG_ERROR("cannot listen on {}: {}", config.socket_path, listening.message());
+    return std::nullopt;
+  }
+  return listening_on;
+}
+
+// The loop's signal handling: SIGINT/SIGTERM shut the daemon down (a second one gives up
+// the drain), SIGHUP reloads the configuration, and a lost device closes everything that
+// serves. It borrows all it names, which run() keeps alive until the loop has returned.
+class SignalHandlers {
+ public:
+  SignalHandlers(int argc, char** argv, boost::asio::signal_set& stop_signals,
+                 boost::asio::signal_set& reload_signals, daemon::Service& service,
+                 daemon::ServiceNotifier& notifier, daemon::MetricsServer& metrics,
+                 ipc::Server& server)
+      : argc_(argc),
+        argv_(argv),
+        stop_signals_(stop_signals),
+        reload_signals_(reload_signals),
+        service_(service),
+        notifier_(notifier),
+        metrics_(metrics),
+        server_(server) {}
+
+  // Waits for the stop and reload signals, and sets what the service does when the
+  // device is lost.
+  void arm() {
+    wait_for_stop();
+    wait_for_hangup();
+    // A lost GPU context: the service wrote what it can and stops the loop; close
+    // everything else so that nothing is served until systemd starts a fresh daemon.
+    service_.set_fatal_exit([this](int) {
+      ending_ = true;
+      notifier_.stopping();
+      stop_signals_.cancel();
+      reload_signals_.cancel();
+      metrics_.stop();
+      server_.stop();
+    });
+  }
+
+ private:
+  void shut_down(int signal_number) {
+    KVTIER_LOG_INFO("signal {}: shutting down", signal_number);
+    ending_ = true;
+    notifier_.stopping();
+    reload_signals_.cancel();
+    metrics_.stop();
+    // Closing the acceptor and connections and stopping the timers leaves only
+    // in-flight copies as work; run() returns when they are done.
+    server_.stop();
+    // With an NVMe tier the service first drains RAM/HBM to it (up to drain-timeout);
+    // the signal set stays armed until then so that a second signal can cut it short.
+    service_.stop([&stop_signals = stop_signals_] { stop_signals.cancel(); });
+  }
+
+  void wait_for_stop() {
+    stop_signals_.async_wait([this](const boost::system::error_code& ec, int signal_number) {
+      if (ec || (ending_ && stop_requests_ == 0)) return;  // the device was lost meanwhile
+      if (++stop_requests_ > 1) {
+        KVTIER_LOG_WARN("signal {} again: exiting now", signal_number);
+        service_.stop();  // a second stop gives up the drain
+        return;
+      }
+      wait_for_stop();  // armed before stop(), which may cancel it at once
+      shut_down(signal_number);
+    });
+  }
+
+  void wait_for_hangup() {
+    reload_signals_.async_wait([this](const boost::system::error_code& ec, int) {
+      if (ec || ending_) return;
+      reload(argc_, argv_, service_, notifier_);
+      wait_for_hangup();
+    });
+  }
+
+  int argc_;
+  char** argv_;
+  boost::asio::signal_set& stop_signals_;
+  boost::asio::signal_set& reload_signals_;
+  daemon::Service& service_;
+  daemon::ServiceNotifier& notifier_;
+  daemon::MetricsServer& metrics_;
+  ipc::Server& server_;
+  // Set once the loop is winding down (a stop signal or a lost device). A signal whose
+  // wait completed in the same turn of the loop is handled after that: cancel() cannot
+  // take back a completed wait, so the handlers look here and do not re-arm.
+  bool ending_ = false;
+  int stop_requests_ = 0;
+};
+
+// The signal handlers are gone with the loop: a late SIGTERM while the daemon winds
+// down must not turn a clean exit into death by signal. The sets are emptied first:
+// Asio puts back the default action (death) when a signal's last set lets it go,
+// which would otherwise happen when they are destroyed, before ~Service (joining
+// the fill and region threads, draining the device) has run.
+void ignore_signals_after_loop(boost::asio::signal_set& stop_signals,
+                               boost::asio::signal_set& reload_signals) {
+  boost::system::error_code ignored;
+  stop_signals.clear(ignored);
+  reload_signals.clear(ignored);
+  ::signal(SIGTERM, SIG_IGN);
+  ::signal(SIGINT, SIG_IGN);
+  ::signal(SIGHUP, SIG_IGN);
+}
+
+// Logs why the loop ended and returns kvtierd's exit code.
+int stopped_exit_code(const daemon::Service& service) {
+  if (service.exit_code() == daemon::Service::kExitCannotStart) {
+    KVTIER_LOG_ERROR("kvtierd stopped: it could not fill its tier memory (exit code {})",
+                     service.exit_code());
+    return service.exit_code();
+  }
+  if (service.exit_code() != 0) {
+    KVTIER_LOG_ERROR("kvtierd stopped after a fatal device error (exit code {})",
+                     service.exit_code());
+    return service.exit_code();
+  }
+  KVTIER_LOG_INFO("kvtierd stopped");
+  return 0;
+}
+
 int run(int argc, char** argv) {
   auto command_line = daemon::parse_command_line(argc, argv);
   if (!command_line.is_ok()) {
@@ -150,17 +302,7 @@ int run(int argc, char** argv) {
   // before the socket listens, so a daemon that cannot serve its configured metrics
   // address exits before any engine could connect to it.
   daemon::MetricsServer metrics(io, [&service] { return service.render_metrics(); });
-  if (config.metrics_addr != "off") {
-    if (Status bound = metrics.listen(config.metrics_addr); bound.is_ok()) {
-      KVTIER_LOG_INFO("metrics at http://{}/metrics", metrics.address());
-    } else if (config.metrics_addr == daemon::kDefaultMetricsAddr) {
-      // Only the default may be taken (another kvtierd, a test): say so and go on.
-      KVTIER_LOG_WARN("metrics: {}; running without /metrics (set metrics-addr)", bound.message());
-    } else {
-      KVTIER_LOG_ERROR("metrics-addr {}: {}", config.metrics_addr, bound.message());
-      return 1;
-    }
-  }
+  if (!start_metrics(metrics, config)) return 1;
 
   if (config.fault_start_delay_ms > 0) {  // fault-start-delay-ms (tests only)
     KVTIER_LOG_INFO("holding the start for {} ms before listening", config.fault_start_delay_ms);
@@ -168,99 +310,24 @@ int run(int argc, char** argv) {
   }
   ipc::Server server(io, service, connection_limits(config));
   service.attach_server(&server);
-  std::string listening_on = config.socket_path;
-  if (activation_socket->valid()) {
-    listening_on = "the socket systemd passed (socket activation)";
-    if (Status adopted = server.adopt(std::move(*activation_socket)); !adopted.is_ok()) {
-      KVTIER_LOG_ERROR("cannot use the socket systemd passed: {}", adopted.message());
-      return 1;
-    }
-  } else if (Status listening = server.listen(config.socket_path); !listening.is_ok()) {
-    KVTIER_LOG_ERROR("cannot listen on {}: {}", config.socket_path, listening.message());
-    return 1;
-  }
+  const std::optional<std::string> listening_on =
+      start_listening(server, *activation_socket, config);
+  if (!listening_on) return 1;
 
   daemon::ServiceNotifier notifier(io, [&service] { return service.status_line(); });
-  // Set once the loop is winding down (a stop signal or a lost device). A signal whose
-  // wait completed in the same turn of the loop is handled after that: cancel() cannot
-  // take back a completed wait, so the handlers look here and do not re-arm.
-  bool ending = false;
-  auto shut_down = [&](int signal_number) {
-    KVTIER_LOG_INFO("signal {}: shutting down", signal_number);
-    ending = true;
-    notifier.stopping();
-    reload_signals.cancel();
-    metrics.stop();
-    // Closing the acceptor and connections and stopping the timers leaves only
-    // in-flight copies as work; run() returns when they are done.
-    server.stop();
-    // With an NVMe tier the service first drains RAM/HBM to it (up to drain-timeout);
-    // the signal set stays armed until then so that a second signal can cut it short.
-    service.stop([&stop_signals] { stop_signals.cancel(); });
-  };
-  int stop_requests = 0;
-  std::function<void()> wait_for_stop = [&] {
-    stop_signals.async_wait([&](const boost::system::error_code& ec, int signal_number) {
-      if (ec || (ending && stop_requests == 0)) return;  // the device was lost meanwhile
-      if (++stop_requests > 1) {
-        KVTIER_LOG_WARN("signal {} again: exiting now", signal_number);
-        service.stop();  // a second stop gives up the drain
-        return;
-      }
-      wait_for_stop();  // armed before stop(), which may cancel it at once
-      shut_down(signal_number);
-    });
-  };
-  wait_for_stop();
-  std::function<void()> wait_for_hangup = [&] {
-    reload_signals.async_wait([&](const boost::system::error_code& ec, int) {
-      if (ec || ending) return;
-      reload(argc, argv, service, notifier);
-      wait_for_hangup();
-    });
-  };
-  wait_for_hangup();
-  // A lost GPU context: the service wrote what it can and stops the loop; close
-  // everything else so that nothing is served until systemd starts a fresh daemon.
-  service.set_fatal_exit([&](int) {
-    ending = true;
-    notifier.stopping();
-    stop_signals.cancel();
-    reload_signals.cancel();
-    metrics.stop();
-    server.stop();
-  });
+  SignalHandlers signal_handlers(argc, argv, stop_signals, reload_signals, service, notifier,
+                                 metrics, server);
+  signal_handlers.arm();
 
-  KVTIER_LOG_INFO("kvtierd listening on {} (hbm {}, ram {}, device {})", listening_on,
+  KVTIER_LOG_INFO("kvtierd listening on {} (hbm {}, ram {}, device {})", *listening_on,
                   format_bytes(config.hbm_bytes), format_bytes(config.ram_bytes), device_name);
   // systemd's READY=1 means "serving data": sent once the tier memory is filled (a
   // filled service calls this from its first run of the loop).
   service.set_ready_callback([&notifier] { notifier.ready(); });
   notifier.starting();
   io.run();
-  // The signal handlers are gone with the loop: a late SIGTERM while the daemon winds
-  // down must not turn a clean exit into death by signal. The sets are emptied first:
-  // Asio puts back the default action (death) when a signal's last set lets it go,
-  // which would otherwise happen when they are destroyed, before ~Service (joining
-  // the fill and region threads, draining the device) has run.
-  boost::system::error_code ignored;
-  stop_signals.clear(ignored);
-  reload_signals.clear(ignored);
-  ::signal(SIGTERM, SIG_IGN);
-  ::signal(SIGINT, SIG_IGN);
-  ::signal(SIGHUP, SIG_IGN);
-  if (service.exit_code() == daemon::Service::kExitCannotStart) {
-    KVTIER_LOG_ERROR("kvtierd stopped: it could not fill its tier memory (exit code {})",
-                     service.exit_code());
-    return service.exit_code();
-  }
-  if (service.exit_code() != 0) {
-    KVTIER_LOG_ERROR("kvtierd stopped after a fatal device error (exit code {})",
-                     service.exit_code());
-    return service.exit_code();
-  }
-  KVTIER_LOG_INFO("kvtierd stopped");
-  return 0;
+  ignore_signals_after_loop(stop_signals, reload_signals);
+  return stopped_exit_code(service);
 }
 
 }  // namespace

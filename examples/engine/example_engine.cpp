@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <span>
 
@@ -271,58 +272,75 @@ void pause_until_sigusr1() {
   }
 }
 
-// Saves and/or loads the session through the registered cache; the exit status.
-int save_and_load(const Options& options, EngineCache& cache, kvtier::Client& client,
-                  const kvtier::HelloInfo& hello) {
-  const uint64_t total_blocks = uint64_t{options.turns} * options.blocks_per_turn;
-  auto hashes = kvtier::PagedCache::chain_hashes(options.session, total_blocks);
+// The session's blocks: their hashes, where the engine keeps them while it saves them,
+// and where the load restores them.
+struct SessionBlocks {
+  std::vector<kvtier::BlockHash> hashes;
+  std::vector<BlockRef> saved_refs;
+  std::vector<BlockRef> load_refs;
+};
+
+SessionBlocks place_session_blocks(const Options& options, uint64_t total_blocks) {
+  SessionBlocks blocks;
+  blocks.hashes = kvtier::PagedCache::chain_hashes(options.session, total_blocks);
   // Blocks live at scattered engine block ids, as they do in a paged cache; the load
   // restores them into a different set of ids.
   std::vector<uint64_t> ids(options.shape.num_blocks);
   std::iota(ids.begin(), ids.end(), 0);
   std::shuffle(ids.begin(), ids.end(), std::mt19937_64(std::hash<std::string>()(options.session)));
-  std::vector<BlockRef> saved_refs, load_refs;
   for (uint64_t i = 0; i < total_blocks; ++i) {
-    saved_refs.push_back({hashes[i], ids[i]});
-    load_refs.push_back({hashes[i], ids[total_blocks + i]});
+    blocks.saved_refs.push_back({blocks.hashes[i], ids[i]});
+    blocks.load_refs.push_back({blocks.hashes[i], ids[total_blocks + i]});
   }
+  return blocks;
+}
 
-  if (!options.verify_only) {
-    uint64_t stored = 0;
-    uint32_t unsaved_turns = 0;
-    for (uint32_t turn = 0; turn < options.turns; ++turn) {
-      size_t end = size_t{turn + 1} * options.blocks_per_turn;
-      for (size_t i = size_t{turn} * options.blocks_per_turn; i < end; ++i) {
-        auto filled = cache.fill(saved_refs[i].engine_block_id, saved_refs[i].hash);
-        if (!filled.is_ok()) return fail("fill block", filled);
-      }
-      // The engine's writes must be complete before the daemon reads the blocks.
-      if (auto synced = cache.synchronize(); !synced.is_ok()) return fail("synchronize", synced);
-      // An engine saves the whole prefix at each turn's end; the daemon dedups.
-      auto saved = cache.save(client, options.session, std::span(saved_refs).first(end));
-      if (!saved.is_ok()) {
-        if (recompute_instead(fmt::format("save turn {}", turn + 1), saved.status())) {
-          ++unsaved_turns;
-          continue;
-        }
-        return fail(fmt::format("save turn {}", turn + 1), saved.status());
-      }
-      stored += saved->stored;
-      if (saved->saved() < end) {
-        // A partial Save: kvtierd's tiers were full of blocks sessions hold, and it kept
-        // the prefix that fit. The rest would be recomputed at the next turn.
-        std::fprintf(stderr, "example-engine: save turn %u kept %u of %zu blocks (no room)\n",
-                     turn + 1, saved->saved(), end);
-        ++unsaved_turns;
-      }
+// Fills and saves the session turn by turn. The exit status when the run ends here (a
+// failure, or --save-only); nothing when it goes on to the load.
+std::optional<int> save_turns(const Options& options, EngineCache& cache, kvtier::Client& client,
+                              const kvtier::HelloInfo& hello,
+                              const std::vector<BlockRef>& saved_refs) {
+  uint64_t stored = 0;
+  uint32_t unsaved_turns = 0;
+  for (uint32_t turn = 0; turn < options.turns; ++turn) {
+    size_t end = size_t{turn + 1} * options.blocks_per_turn;
+    for (size_t i = size_t{turn} * options.blocks_per_turn; i < end; ++i) {
+      auto filled = cache.fill(saved_refs[i].engine_block_id, saved_refs[i].hash);
+      if (!filled.is_ok()) return fail("fill block", filled);
     }
-    std::printf("saved session '%s': %u turns, %llu blocks of %s (digest %016llx)\n",
-                options.session.c_str(), options.turns, static_cast<unsigned long long>(stored),
-                kvtier::format_bytes(hello.block_bytes).c_str(),
-                static_cast<unsigned long long>(hello.layout_digest));
-    if (options.save_only) return unsaved_turns == 0 ? 0 : 1;
+    // The engine's writes must be complete before the daemon reads the blocks.
+    if (auto synced = cache.synchronize(); !synced.is_ok()) return fail("synchronize", synced);
+    // An engine saves the whole prefix at each turn's end; the daemon dedups.
+    auto saved = cache.save(client, options.session, std::span(saved_refs).first(end));
+    if (!saved.is_ok()) {
+      if (recompute_instead(fmt::format("save turn {}", turn + 1), saved.status())) {
+        ++unsaved_turns;
+        continue;
+      }
+      return fail(fmt::format("save turn {}", turn + 1), saved.status());
+    }
+    stored += saved->stored;
+    if (saved->saved() < end) {
+      // A partial Save: kvtierd's tiers were full of blocks sessions hold, and it kept
+      // the prefix that fit. The rest would be recomputed at the next turn.
+      std::fprintf(stderr, "example-engine: save turn %u kept %u of %zu blocks (no room)\n",
+                   turn + 1, saved->saved(), end);
+      ++unsaved_turns;
+    }
   }
+  std::printf("saved session '%s': %u turns, %llu blocks of %s (digest %016llx)\n",
+              options.session.c_str(), options.turns, static_cast<unsigned long long>(stored),
+              kvtier::format_bytes(hello.block_bytes).c_str(),
+              static_cast<unsigned long long>(hello.layout_digest));
+  if (options.save_only) return unsaved_turns == 0 ? 0 : 1;
+  return std::nullopt;
+}
 
+// Wipes the cache, looks the session up, loads it into `blocks.load_refs` and checks
+// every byte; the exit status.
+int load_and_verify(const Options& options, EngineCache& cache, kvtier::Client& client,
+                    const SessionBlocks& blocks, uint64_t total_blocks) {
+  const std::vector<BlockRef>& load_refs = blocks.load_refs;
   if (options.pause_before_load) pause_until_sigusr1();
   if (auto wiped = cache.wipe(); !wiped.is_ok()) return fail("wipe", wiped);
   if (auto synced = cache.synchronize(); !synced.is_ok()) return fail("synchronize", synced);
@@ -330,7 +348,7 @@ int save_and_load(const Options& options, EngineCache& cache, kvtier::Client& cl
   if (!begun.is_ok() && !recompute_instead("begin turn", begun.status())) {
     return fail("begin turn", begun.status());
   }
-  auto found = client.lookup(hashes);
+  auto found = client.lookup(blocks.hashes);
   kvtier::Result<kvtier::LoadResult> loaded = kvtier::LoadResult{0, kvtier::Status::ok()};
   if (found.is_ok()) {
     loaded = cache.load(client, options.session, load_refs, options.layer_wise);
@@ -361,6 +379,19 @@ int save_and_load(const Options& options, EngineCache& cache, kvtier::Client& cl
   bool ok = matched == total_blocks && loaded->loaded_count == total_blocks;
   std::printf("%s\n", ok ? "OK: every byte matched" : "FAILED: the session did not round-trip");
   return ok ? 0 : 1;
+}
+
+// Saves and/or loads the session through the registered cache; the exit status.
+int save_and_load(const Options& options, EngineCache& cache, kvtier::Client& client,
+                  const kvtier::HelloInfo& hello) {
+  const uint64_t total_blocks = uint64_t{options.turns} * options.blocks_per_turn;
+  const SessionBlocks blocks = place_session_blocks(options, total_blocks);
+  if (!options.verify_only) {
+    const std::optional<int> exit_status =
+        save_turns(options, cache, client, hello, blocks.saved_refs);
+    if (exit_status) return *exit_status;
+  }
+  return load_and_verify(options, cache, client, blocks, total_blocks);
 }
 
 int run(const Options& options) {
