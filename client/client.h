@@ -484,6 +484,13 @@ class Client {
   // when it does not, or the attempt's failure).
   Status ensure_connected_locked() KVTIER_REQUIRES(send_mutex_) KVTIER_EXCLUDES(receive_mutex_);
   Status reconnect_locked() KVTIER_REQUIRES(send_mutex_) KVTIER_EXCLUDES(receive_mutex_);
+  // reconnect_locked's replay on the new `transport`, before `deadline`: the engine's
+  // Hello (the daemon must answer with the same layout and namespace), then each region.
+  Status replay_hello(ipc::ClientTransport& transport,
+                      std::chrono::steady_clock::time_point deadline) KVTIER_REQUIRES(send_mutex_);
+  Status replay_regions(ipc::ClientTransport& transport,
+                        std::chrono::steady_clock::time_point deadline)
+      KVTIER_REQUIRES(send_mutex_);
   // The stream broke (a failed send): replies still owed fail with `why`.
   void mark_broken(const Status& why) KVTIER_EXCLUDES(receive_mutex_);
   // Sends a request built by `fill` (which gets the Request builder with its id set).

@@ -162,6 +162,17 @@ struct WakeWaitersOnExit {
   ~WakeWaitersOnExit() { filed.notify_all(); }
 };
 
+// A replay's failure as reconnect_locked reports it: the daemon refusing for now
+// (starting, too many connections) or going away again is Unavailable to the caller; any
+// other refusal is the daemon's answer.
+Status replay_failed(std::string_view what, const Status& status) {
+  if (status.code() == StatusCode::kUnavailable || status.retryable()) {
+    return unavailable("kvtierd is back but {} failed: {}", what, status.message());
+  }
+  return Status(status.code(),
+                fmt::format("kvtierd is back but refused {}: {}", what, status.message()), false);
+}
+
 }  // namespace
 
 Status Client::reconnect_locked() {
@@ -173,67 +184,8 @@ Status Client::reconnect_locked() {
   // The replay goes out before any other request on the new connection. On any failure
   // below the new transport is dropped on return, as when connect() failed.
   const auto deadline = std::chrono::steady_clock::now() + kReplayDeadline;
-  auto replay_failed = [](std::string_view what, const Status& status) {
-    // The daemon refusing for now (starting, too many connections) or going away again
-    // is Unavailable to the caller; any other refusal is the daemon's answer.
-    if (status.code() == StatusCode::kUnavailable || status.retryable()) {
-      return unavailable("kvtierd is back but {} failed: {}", what, status.message());
-    }
-    return Status(status.code(),
-                  fmt::format("kvtierd is back but refused {}: {}", what, status.message()), false);
-  };
-  if (hello_) {
-    // Named here, where send_mutex_ is known to be held: the lambda below is analysed
-    // as a function of its own.
-    const HelloRecord& hello = *hello_;
-    auto reply = exchange(
-        *transport, next_id_++,
-        [&](wire::Request::Builder request) {
-          fill_hello(request, hello.layout, hello.engine_name, hello.prefill_tokens_per_second,
-                     hello.device_kind, hello.data_path);
-        },
-        {}, deadline);
-    if (!reply.is_ok()) return replay_failed("the engine's Hello", reply.status());
-    Result<HelloInfo> info = internal_error("Hello reply not decoded");
-    Status decoded = ipc::catch_malformed("Hello reply", [&] {
-      info = decode_hello(reply->reader().getRoot<wire::Response>());
-      return Status::ok();
-    });
-    if (!decoded.is_ok()) return replay_failed("the engine's Hello", decoded);
-    if (!info.is_ok()) return replay_failed("the engine's Hello", info.status());
-    if (info->layout_digest != hello_->layout_digest) {
-      return replay_failed("the engine's Hello",
-                           invalid_argument("the layout digest is {:016x} where it was {:016x}",
-                                            info->layout_digest, hello_->layout_digest));
-    }
-    if (info->namespace_name != hello_->namespace_name) {
-      return replay_failed("the engine's Hello",
-                           permission_denied("the engine is now in namespace '{}', not '{}' "
-                                             "where its blocks are",
-                                             info->namespace_name, hello_->namespace_name));
-    }
-    hello_->retention_priorities = info->retention_priorities;  // the daemon may be another
-    hello_->load_plane_ranges = info->load_plane_ranges;
-    hello_->staging = info->staging;
-  }
-  for (const auto& entry : regions_) {
-    const uint32_t region_id = entry.first;
-    const RegionRecord& region = entry.second;
-    std::vector<int> fds;
-    for (const UniqueFd& fd : region.fds) fds.push_back(fd.get());
-    auto reply = exchange(
-        *transport, next_id_++,
-        [&](wire::Request::Builder request) {
-          auto out = request.initRegisterRegion();
-          out.setRegionId(region_id);
-          out.setFdCount(static_cast<uint32_t>(fds.size()));
-          region.fill(out);
-        },
-        fds, deadline);
-    if (!reply.is_ok()) {
-      return replay_failed(fmt::format("registering region {} again", region_id), reply.status());
-    }
-  }
+  if (hello_) KVTIER_RETURN_IF_ERROR(replay_hello(*transport, deadline));
+  KVTIER_RETURN_IF_ERROR(replay_regions(*transport, deadline));
   // The live connection blocks as before: replies to later calls may take as long as
   // their work does (a Load waiting for NVMe).
   Status unbounded = transport->set_timeout(std::chrono::milliseconds{0});
@@ -250,6 +202,66 @@ Status Client::reconnect_locked() {
   arrived_.clear();
   abandoned_.clear();
   ++reconnects_;
+  return Status::ok();
+}
+
+Status Client::replay_hello(ipc::ClientTransport& transport,
+                            std::chrono::steady_clock::time_point deadline) {
+  // Named here, where send_mutex_ is known to be held: the lambda below is analysed
+  // as a function of its own.
+  const HelloRecord& hello = *hello_;
+  auto reply = exchange(
+      transport, next_id_++,
+      [&](wire::Request::Builder request) {
+        fill_hello(request, hello.layout, hello.engine_name, hello.prefill_tokens_per_second,
+                   hello.device_kind, hello.data_path);
+      },
+      {}, deadline);
+  if (!reply.is_ok()) return replay_failed("the engine's Hello", reply.status());
+  Result<HelloInfo> info = internal_error("Hello reply not decoded");
+  Status decoded = ipc::catch_malformed("Hello reply", [&] {
+    info = decode_hello(reply->reader().getRoot<wire::Response>());
+    return Status::ok();
+  });
+  if (!decoded.is_ok()) return replay_failed("the engine's Hello", decoded);
+  if (!info.is_ok()) return replay_failed("the engine's Hello", info.status());
+  if (info->layout_digest != hello_->layout_digest) {
+    return replay_failed("the engine's Hello",
+                         invalid_argument("the layout digest is {:016x} where it was {:016x}",
+                                          info->layout_digest, hello_->layout_digest));
+  }
+  if (info->namespace_name != hello_->namespace_name) {
+    return replay_failed("the engine's Hello",
+                         permission_denied("the engine is now in namespace '{}', not '{}' "
+                                           "where its blocks are",
+                                           info->namespace_name, hello_->namespace_name));
+  }
+  hello_->retention_priorities = info->retention_priorities;  // the daemon may be another
+  hello_->load_plane_ranges = info->load_plane_ranges;
+  hello_->staging = info->staging;
+  return Status::ok();
+}
+
+Status Client::replay_regions(ipc::ClientTransport& transport,
+                              std::chrono::steady_clock::time_point deadline) {
+  for (const auto& entry : regions_) {
+    const uint32_t region_id = entry.first;
+    const RegionRecord& region = entry.second;
+    std::vector<int> fds;
+    for (const UniqueFd& fd : region.fds) fds.push_back(fd.get());
+    auto reply = exchange(
+        transport, next_id_++,
+        [&](wire::Request::Builder request) {
+          auto out = request.initRegisterRegion();
+          out.setRegionId(region_id);
+          out.setFdCount(static_cast<uint32_t>(fds.size()));
+          region.fill(out);
+        },
+        fds, deadline);
+    if (!reply.is_ok()) {
+      return replay_failed(fmt::format("registering region {} again", region_id), reply.status());
+    }
+  }
   return Status::ok();
 }
 
