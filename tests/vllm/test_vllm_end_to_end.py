@@ -7,12 +7,14 @@ vLLM's without the connector."""
 
 from __future__ import annotations
 
+import json
 import random
+import subprocess
 import time
 
 import pytest
-
 from conftest import ChatEngine, Kvtierd, reference_replies
+from kvtierd_process import BUILD_DIR
 
 BLOCK = 32  # engine_process.py's block size
 BLOCK_BYTES = 64 << 10  # one block of the tiny Llama: 4 layers x 2 KV heads x 32 tokens x 32 x 2 x fp32
@@ -109,14 +111,21 @@ def test_turns_reuse_their_history_locally_or_from_kvtier_and_answer_as_without_
                 (turn, expected, kept, grew)
 
 
-def _wait_until_on_nvme(daemon, timeout_s: float = 20.0) -> None:
-    import kvtier
-
+def _wait_until_on_nvme(daemon, session: str, blocks: int, timeout_s: float = 20.0) -> None:
+    """Until the session holds `blocks` blocks, all of them on NVMe. The last turn's Save
+    lands after its reply and idle demotion moves it down a tenth of a second later: a
+    kill -9 before that loses the blocks still in memory, as it should. (Waiting for any
+    block on NVMe would pass at once from the second turn on, on the earlier turns'.)"""
     deadline = time.monotonic() + timeout_s
-    with kvtier.Client(daemon.socket_path, reconnect=False) as client:
-        while client.stats().tiers["nvme"].blocks == 0:
-            assert time.monotonic() < deadline, "no block reached NVMe"
-            time.sleep(0.05)
+    while True:
+        out = subprocess.run([str(BUILD_DIR / "kvtierctl"), "--socket", daemon.socket_path, "--json", "sessions"],
+                             check=False, capture_output=True, text=True, timeout=30)
+        assert out.returncode == 0, (out.stdout, out.stderr)
+        row = {r["id"]: r for r in json.loads(out.stdout)["sessions"]}.get(session, {})
+        if row.get("blocks", 0) >= blocks and row["blocks_per_tier"]["nvme"] == row["blocks"]:
+            return
+        assert time.monotonic() < deadline, (f"{session} not on NVMe", blocks, row)
+        time.sleep(0.05)
 
 
 def _wait_until_serving(daemon) -> None:
@@ -148,14 +157,17 @@ def nvme_engine(tiny_llama, nvme_daemon):
 
 
 def test_a_killed_and_restarted_daemon_still_serves_the_next_turn_from_nvme(nvme_daemon, nvme_engine, baseline):
+    pieces = conversation(7, 4)
+
     def crash_and_restart(turn, prompt_tokens):
         evict(nvme_engine, 200 + turn, keep=1)  # vLLM keeps the first block: NVMe has the rest
-        _wait_until_on_nvme(nvme_daemon)
+        computed = prompt_tokens - len(pieces[turn + 1]) - 1  # the last turn's KV: all but its last token
+        _wait_until_on_nvme(nvme_daemon, "conv-7", computed // BLOCK)
         nvme_daemon.kill()  # SIGKILL: nothing flushed on the way out
         nvme_daemon.restart()
         _wait_until_serving(nvme_daemon)  # a Lookup made while it fills its memory times out: a miss
 
-    replies = run_chat(nvme_engine, conversation(7, 4), "conv-7", between=crash_and_restart)
+    replies = run_chat(nvme_engine, pieces, "conv-7", between=crash_and_restart)
     assert [r["tokens"] for r in replies] == baseline
     for turn in (1, 2, 3):
         grew, expected = grown(replies, turn), history_blocks(replies, turn)
