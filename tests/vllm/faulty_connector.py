@@ -20,7 +20,8 @@ from kvtier.vllm.worker import WorkerSide
 FAULT_FILE = "KVTIER_TEST_FAULT_FILE"
 # The side-object methods KvtierConnector calls for vLLM's entry points of the same name.
 SCHEDULER_METHODS = ("on_new_request", "get_num_new_matched_tokens", "update_state_after_alloc",
-                     "build_connector_meta", "update_connector_output", "request_finished", "shutdown")
+                     "build_connector_meta", "update_connector_output", "request_finished", "take_events",
+                     "has_pending_push_work", "shutdown")
 WORKER_METHODS = ("register_kv_caches", "start_load_kv", "wait_for_layer_load", "wait_for_save", "get_finished",
                   "get_block_ids_with_load_errors", "build_connector_worker_meta", "shutdown")
 FAULT = ""

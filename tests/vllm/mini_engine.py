@@ -14,7 +14,8 @@ from typing import Callable
 
 import torch
 from vllm import SamplingParams
-from vllm.config import CacheConfig, DeviceConfig, KVTransferConfig, ModelConfig, SchedulerConfig, VllmConfig
+from vllm.config import (CacheConfig, DeviceConfig, KVEventsConfig, KVTransferConfig, ModelConfig, SchedulerConfig,
+                         VllmConfig)
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
 from vllm.v1.core.sched.scheduler import Scheduler
@@ -47,7 +48,7 @@ class MiniEngine:
     def __init__(self, model_dir: Path, socket: str, num_blocks: int = 64, prefix_caching: bool = False,
                  model_id: str | None = None, max_num_batched_tokens: int = 1024, kv_cache_layout: str = "LBHNC",
                  connector: str = "KvtierConnector", module: str = "kvtier.vllm", kv_role: str = "kv_both",
-                 **extra) -> None:
+                 kv_events: bool = False, **extra) -> None:
         extra = {"socket": socket, "reconnect_ms": 100, "layerwise": True, **extra}
         if model_id:
             extra["model_id"] = model_id
@@ -60,7 +61,8 @@ class MiniEngine:
             kv_transfer_config=KVTransferConfig(kv_connector=connector, kv_connector_module_path=module,
                                                 kv_role=kv_role, kv_connector_extra_config=extra,
                                                 kv_load_failure_policy="recompute"),
-            device_config=DeviceConfig("cpu"))
+            device_config=DeviceConfig("cpu"),
+            kv_events_config=KVEventsConfig(enable_kv_cache_events=kv_events, publisher="null"))
         self.layer_names = [f"model.layers.{i}.self_attn.attn" for i in range(LAYERS)]
         self.kv_cache_config = KVCacheConfig(
             num_blocks=num_blocks, kv_cache_tensors=[],
@@ -72,6 +74,9 @@ class MiniEngine:
                                    log_stats=True, structured_output_manager=StructuredOutputManager(self.config),
                                    block_size=BLOCK)
         self.worker = type(self.scheduler.connector)(self.config, KVConnectorRole.WORKER, self.kv_cache_config)
+        # Every KV event the scheduler publishes (vLLM's own and the connector's), in order.
+        self.events: list = []
+        self.scheduler.kv_event_publisher.publish = lambda batch: self.events.extend(batch.events)
         # self.cache is always indexed [layer, block, head, token, K|V]; its memory is laid
         # out in the physical order kv_cache_layout names (LBHNC: vLLM's CPU default).
         order = KVCacheLayout[kv_cache_layout].stride_order

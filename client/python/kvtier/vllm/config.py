@@ -43,6 +43,9 @@ Every key is optional:
   the attention share the same cores and memory bandwidth and layer-wise measured 0.95
   to 1.14 x the TTFT of whole-request Loads (docs/vllm.md); on CUDA Loads are
   asynchronous by default.
+- ``kv_events_max_blocks`` (262144): with vLLM's KV events on (``--kv-events-config``),
+  the most blocks the connector announces at once (kvtier.vllm.events; about 200 bytes
+  each in the scheduler's process); past it the oldest is announced removed.
 """
 
 from __future__ import annotations
@@ -67,6 +70,7 @@ class ConnectorConfig:
     host_zero_copy: bool = False
     async_load: bool | None = None  # None: "auto"
     layerwise: bool | None = None  # None: "auto"
+    kv_events_max_blocks: int = 1 << 18
 
     @classmethod
     def from_extra_config(cls, extra: Mapping[str, Any] | None) -> ConnectorConfig:
@@ -99,7 +103,7 @@ class ConnectorConfig:
                 raise ValueError(f"kvtier.vllm: kv_connector_extra_config[{name!r}] = {value!r} "
                                  f"is not a {type(default).__name__}") from None
         for name in ("lookup_timeout_ms", "lookup_spin_us", "load_timeout_ms", "save_timeout_ms", "save_wait_ms",
-                     "reconnect_ms", "staging_bytes"):
+                     "reconnect_ms", "staging_bytes", "kv_events_max_blocks"):
             if name in values and values[name] < 0:
                 raise ValueError(f"kvtier.vllm: {name} must not be negative, got {values[name]}")
         if values.get("socket") is None:

@@ -23,12 +23,14 @@ import collections
 import contextlib
 import logging
 import sys
+from collections.abc import Iterable
 from types import FrameType
 from typing import Any, Callable
 
 import torch
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorBase_V1, KVConnectorMetadata,
                                                                KVConnectorRole, KVConnectorWorkerMetadata)
+from vllm.distributed.kv_events import KVCacheEvent
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
 
 from ..errors import InvalidArgument
@@ -192,6 +194,16 @@ class _Faults:
             pass
 
 
+def _cache_kind(kv_cache_config) -> str | None:
+    """The kind vLLM's own KV events name the cache group by ("full_attention"), for ours."""
+    try:
+        from vllm.v1.kv_cache_interface import get_kv_cache_spec_kind
+
+        return str(get_kv_cache_spec_kind(kv_cache_config.kv_cache_groups[0].kv_cache_spec).value)
+    except Exception:  # a vLLM without it: the events go without
+        return None
+
+
 class KvtierConnector(KVConnectorBase_V1):
     def __init__(self, vllm_config, role: KVConnectorRole, kv_cache_config=None):
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
@@ -216,7 +228,10 @@ class KvtierConnector(KVConnectorBase_V1):
         if role == KVConnectorRole.SCHEDULER:
             check_load_failure_policy(scheduler_transfer_config(self._kv_transfer_config),
                                       own=self._kv_transfer_config)
-            self._scheduler = SchedulerSide(self._config, self._shape, device)
+            events = getattr(vllm_config, "kv_events_config", None)
+            self._scheduler = SchedulerSide(self._config, self._shape, device,
+                                            kv_events=bool(getattr(events, "enable_kv_cache_events", False)),
+                                            cache_kind=_cache_kind(kv_cache_config))
         else:
             self._worker = WorkerSide(self._config, self._shape)
         logger.info("kvtier.vllm: %s side, %d layers, %d tokens a block, %d bytes a block, socket %s",
@@ -436,6 +451,20 @@ class KvtierConnector(KVConnectorBase_V1):
             self._scheduler_side.update_connector_output(connector_output)
         except Exception as error:
             self._recover("update_connector_output", error, lambda: self._scheduler_side.reset_saving())
+
+    def has_pending_push_work(self) -> bool:
+        if self._scheduler is None:
+            return False
+        try:
+            return self._scheduler.has_pending_push_work()
+        except Exception as error:
+            return bool(self._recover("has_pending_push_work", error, default=False))
+
+    def take_events(self) -> Iterable[KVCacheEvent]:
+        try:
+            return self._scheduler_side.take_events()
+        except Exception as error:
+            return self._recover("take_events", error, default=())
 
     def request_finished(self, request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         if not self._saves:

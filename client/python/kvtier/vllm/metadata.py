@@ -53,19 +53,25 @@ class KvtierConnectorMetadata(KVConnectorMetadata):
 @dataclasses.dataclass
 class KvtierWorkerMetadata(KVConnectorWorkerMetadata):
     """What the workers tell the scheduler side each step: the requests whose Save is
-    over on a rank (kvtierd answered it, or it was dropped), one count per rank.
+    over on a rank (kvtierd answered it, or it was dropped), one count per rank, and how
+    many of the request's first blocks kvtierd kept (the fewest of the ranks reporting).
 
     On the staged path a request is reported finished sending as soon as its blocks
     are copied into the staging buffer (vLLM reuses them at once), before kvtierd has
     the bytes; until every rank's Save is over, a next turn of the same prefix waits for
-    it (SchedulerSide.update_connector_output). vLLM sums these over the ranks of a step."""
+    it (SchedulerSide.update_connector_output). vLLM merges these over the ranks of a
+    step: counts add up, kept blocks take the smallest."""
     saves_over: dict[str, int] = dataclasses.field(default_factory=dict)
+    saves_kept: dict[str, int] = dataclasses.field(default_factory=dict)
 
     def aggregate(self, other: KVConnectorWorkerMetadata) -> KVConnectorWorkerMetadata:
         merged = dict(self.saves_over)
         for request_id, count in getattr(other, "saves_over", {}).items():
             merged[request_id] = merged.get(request_id, 0) + count
-        return KvtierWorkerMetadata(saves_over=merged)
+        kept = dict(self.saves_kept)
+        for request_id, blocks in getattr(other, "saves_kept", {}).items():
+            kept[request_id] = min(blocks, kept.get(request_id, blocks))
+        return KvtierWorkerMetadata(saves_over=merged, saves_kept=kept)
 
 
 TIERS = ("hbm", "ram", "nvme", "remote")  # where kvtierd's Lookup says a block is

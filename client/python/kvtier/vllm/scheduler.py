@@ -47,6 +47,7 @@ from ..results import LookupResult
 from .blocks import BlockShape, request_extra_keys, request_hashes, session_id_of
 from .config import ConnectorConfig
 from .link import DaemonLink, LinkGroup
+from .events import BlockEvents
 from .metadata import COUNTERS, TIERS, FailedLoad, KvtierConnectorMetadata, KvtierWorkerMetadata, LoadJob, SaveJob
 
 logger = logging.getLogger("kvtier.vllm")
@@ -199,7 +200,8 @@ def _cacheable(request) -> bool:
 
 
 class SchedulerSide:
-    def __init__(self, config: ConnectorConfig, shape: BlockShape, device: str) -> None:
+    def __init__(self, config: ConnectorConfig, shape: BlockShape, device: str, kv_events: bool = False,
+                 cache_kind: str | None = None) -> None:
         self._config = config
         self._shape = shape
         self._block = shape.tokens_per_block
@@ -226,6 +228,9 @@ class SchedulerSide:
         # Requests the connector gave up on after an internal error: 0 hits, no Save.
         self._bypass: set[str] = set()
         self.lookup_seconds: list[float] = []  # Lookup latencies since the last stats report
+        # kvtier's blocks on vLLM's KV-event stream, when vLLM publishes one.
+        self._events = BlockEvents(self._block, max(1, shape.tp_size), config.kv_events_max_blocks,
+                                   cache_kind) if kv_events else None
 
     def _rank_link(self, rank: BlockShape, device: str) -> DaemonLink:
         layout = rank.staging_layout(1)
@@ -479,6 +484,8 @@ class SchedulerSide:
         self._saves.append(SaveJob(request.request_id, session, anonymous, state.priority, hashes,
                                    list(block_ids[:count])))
         self._saving_by_request[request.request_id] = hashes
+        if self._events is not None:
+            self._events.capture(request.request_id, request, hashes)
         return True, None
 
     def update_connector_output(self, connector_output) -> None:
@@ -492,6 +499,9 @@ class SchedulerSide:
             if received is not None:
                 received.async_loading = False
         meta = getattr(connector_output, "kv_connector_worker_meta", None)
+        if self._events is not None and isinstance(meta, KvtierWorkerMetadata):
+            for request_id, count in meta.saves_over.items():
+                self._events.save_over(request_id, count, meta.saves_kept.get(request_id, 0))
         for request_id, count in (meta.saves_over if isinstance(meta, KvtierWorkerMetadata) else {}).items():
             if request_id not in self._saving_by_request:
                 continue
@@ -550,6 +560,8 @@ class SchedulerSide:
     def drop_save(self, request_id: str) -> None:
         """request_finished failed (vLLM frees the blocks now): no Save of them may go out."""
         self._saves[:] = [job for job in self._saves if job.request_id != request_id]
+        if self._events is not None:
+            self._events.drop(request_id)
         self._release_saving(request_id)
         self._requests.pop(request_id, None)
         self._bypass.discard(request_id)
@@ -559,6 +571,15 @@ class SchedulerSide:
         its blocks back from are over, whether or not their acknowledgements came yet."""
         for request_id in list(self._saving_released_s):
             self._release_saving(request_id)
+
+    def has_pending_push_work(self) -> bool:
+        """True while a Save whose blocks are to be announced awaits its answers, for at
+        most save_timeout_ms (vLLM steps, and publishes the events, only while it has work)."""
+        return self._events is not None and self._events.awaiting(self._config.save_timeout_ms / 1000.0)
+
+    def take_events(self) -> list:
+        """The KV events since the last call (vLLM publishes them with its own)."""
+        return self._events.take() if self._events is not None else []
 
     def saves_in_flight(self) -> int:
         """Requests whose Save is not yet over on every rank (for tests and tools)."""

@@ -136,6 +136,7 @@ class WorkerSide:
         # build_connector_worker_meta: the scheduler's next turns wait for these, not for
         # finished_sending (a staged Save is reported finished once copied).
         self._saves_over: dict[str, int] = {}
+        self._saves_kept: dict[str, int] = {}  # of those, the first blocks kvtierd kept
         self._quarantined: list[tuple[list[Pending], list[int]]] = []  # (replies awaited, slots)
         self._supports_planes = True
         self._layerwise = False  # decided in register_kv_caches, by where vLLM's cache is
@@ -561,6 +562,7 @@ class WorkerSide:
                         COUNTERS.add("save_partial")
                         COUNTERS.add("save_dropped_blocks", len(save.job.hashes) - kept)
                     COUNTERS.add("saved_blocks", kept)
+                    self._saves_kept[save.job.request_id] = kept
                 COUNTERS.add("saved_bytes", stored * self._shape.block_bytes)
         for entry in list(self._quarantined):
             pendings, slots = entry
@@ -589,12 +591,14 @@ class WorkerSide:
         if report:
             self._finished_sending.add(request_id)
         self._saves_over[request_id] = self._saves_over.get(request_id, 0) + 1
+        self._saves_kept[request_id] = 0  # until _reap counts what the answer kept
 
     def build_connector_worker_meta(self) -> KvtierWorkerMetadata | None:
         if not self._saves_over:
             return None
         over, self._saves_over = self._saves_over, {}
-        return KvtierWorkerMetadata(saves_over=over)
+        kept, self._saves_kept = self._saves_kept, {}
+        return KvtierWorkerMetadata(saves_over=over, saves_kept=kept)
 
     def _close_session(self, session_id: str) -> None:
         client = self._link.get() if self._link else None

@@ -1,0 +1,235 @@
+"""kvtier's blocks on vLLM's KV-event stream (kvtier.vllm.events), under vLLM's own
+Scheduler (tests/vllm/mini_engine.py) with prefix caching and KV events on, against a
+real kvtierd: what a router reading the stream learns of the blocks kvtierd holds."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import threading
+import time
+
+import kvtier
+import pytest
+from vllm.distributed.kv_events import BlockRemoved, BlockStored
+
+from conftest import Kvtierd
+from kvtierd_process import BUILD_DIR
+from mini_engine import BLOCK, MiniEngine
+
+
+def tokens(seed: int, count: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(1, 500) for _ in range(count)]
+
+
+def stored(events: list, ownership: str | None) -> list[BlockStored]:
+    return [e for e in events if isinstance(e, BlockStored) and e.ownership == ownership]
+
+
+def hashes_of(events: list) -> list:
+    return [h for e in events for h in e.block_hashes]
+
+
+def session_blocks(daemon: Kvtierd, session: str) -> int:
+    out = subprocess.run([str(BUILD_DIR / "kvtierctl"), "--socket", daemon.socket_path, "--json", "sessions"],
+                         check=True, capture_output=True, text=True).stdout
+    return {row["id"]: row["blocks"] for row in json.loads(out)["sessions"]}.get(session, 0)
+
+
+def announced_count(engine: MiniEngine) -> int:
+    events = engine.connector._scheduler_side._events
+    assert events is not None
+    return events.announced()
+
+
+def test_saved_blocks_are_announced_with_vllms_own_hashes_once_kvtierd_has_them(tiny_llama, kvtierd):
+    engine = MiniEngine(tiny_llama, kvtierd.socket_path, prefix_caching=True, kv_events=True)
+    try:
+        prompt = tokens(1, 5 * BLOCK + 3)
+        output = engine.run(engine.add(prompt, session="ev-1"))
+        gpu = [e for e in engine.events if isinstance(e, BlockStored) and e.medium == "GPU"]
+        ours = stored(engine.events, "kvtier")
+        saved = len(engine.saves[-1].hashes)
+        assert saved == (len(prompt) + len(output) - 1) // BLOCK
+        # Every block kvtierd holds for the session, announced once, in chain order.
+        assert session_blocks(kvtierd, "ev-1") == saved
+        assert len(hashes_of(ours)) == saved
+        # vLLM's own hashes for the same blocks: a router joins the two.
+        assert hashes_of(ours) == hashes_of(gpu)[:saved]
+        assert ours[0].parent_block_hash is None
+        assert {(e.medium, e.locality, e.block_size, e.lora_name) for e in ours} == {("CPU", "LOCAL", BLOCK, None)}
+        assert [t for e in ours for t in e.token_ids] == (prompt + output)[:saved * BLOCK]
+    finally:
+        engine.close()
+
+
+def test_each_block_is_announced_once_across_turns_and_sessions(tiny_llama, kvtierd):
+    engine = MiniEngine(tiny_llama, kvtierd.socket_path, prefix_caching=True, kv_events=True)
+    try:
+        system = tokens(2, 4 * BLOCK)
+        history = system + tokens(3, BLOCK + 5)
+        for turn in range(3):
+            history = history + engine.run(engine.add(history, session="ev-2")) + tokens(10 + turn, BLOCK)
+        engine.run(engine.add(system + tokens(4, 2 * BLOCK), session="ev-3"))  # shares the system prompt
+        announced = hashes_of(stored(engine.events, "kvtier"))
+        assert len(announced) == len(set(announced))
+        # Each later announcement continues the chain: its parent is an announced block.
+        for event in stored(engine.events, "kvtier")[1:]:
+            assert event.parent_block_hash in announced, event
+        assert announced_count(engine) == len(announced)
+        assert not [e for e in engine.events if isinstance(e, BlockRemoved) and e.ownership == "kvtier"]
+    finally:
+        engine.close()
+
+
+def test_a_partial_save_announces_only_the_prefix_kvtierd_kept(tiny_llama):
+    # 6 KiB blocks, 128 KiB of memory in all and no NVMe: a 30-block Save keeps a prefix.
+    daemon = Kvtierd(["--hbm-bytes", "64KiB", "--ram-bytes", "64KiB", "--nvme-bytes", "0", "--slab-bytes", "64KiB",
+                      "--save-room-wait-ms", "100ms"])
+    engine = MiniEngine(tiny_llama, daemon.socket_path, prefix_caching=True, kv_events=True)
+    try:
+        before = kvtier.vllm.counters()
+        engine.run(engine.add(tokens(5, 30 * BLOCK + 1), session="ev-partial"))
+        after = kvtier.vllm.counters()
+        assert after["save_partial"] == before["save_partial"] + 1
+        kept = after["saved_blocks"] - before["saved_blocks"]  # what the Save's answer kept
+        assert 0 < kept < 30
+        assert len(hashes_of(stored(engine.events, "kvtier"))) == kept
+    finally:
+        engine.close()
+        daemon.stop()
+
+
+def test_past_its_bound_the_oldest_announced_block_is_withdrawn(tiny_llama, kvtierd):
+    engine = MiniEngine(tiny_llama, kvtierd.socket_path, prefix_caching=True, kv_events=True, kv_events_max_blocks=4)
+    try:
+        engine.run(engine.add(tokens(6, 3 * BLOCK + 1), session="ev-a"))
+        engine.run(engine.add(tokens(7, 3 * BLOCK + 1), session="ev-b"))
+        first, second = (hashes_of(stored([e], "kvtier")) for e in stored(engine.events, "kvtier"))
+        removed = [e for e in engine.events if isinstance(e, BlockRemoved) and e.ownership == "kvtier"]
+        assert hashes_of(removed) == first[:2]  # 6 announced, 4 kept: the two oldest go
+        assert {(e.medium, e.locality) for e in removed} == {("CPU", "LOCAL")}
+        assert announced_count(engine) == 4
+        assert len(second) == 3
+    finally:
+        engine.close()
+
+
+def test_with_kv_events_off_the_connector_keeps_nothing(tiny_llama, kvtierd):
+    engine = MiniEngine(tiny_llama, kvtierd.socket_path, prefix_caching=True)
+    try:
+        engine.run(engine.add(tokens(8, 3 * BLOCK + 1), session="ev-off"))
+        assert engine.connector._scheduler_side._events is None
+        assert list(engine.connector.take_events()) == []
+    finally:
+        engine.close()
+
+
+# ---- through vLLM's OpenAI server, as a router subscribes to it ----------------------
+
+
+class Subscriber:
+    """A router's end of vLLM's KV-event stream: a ZMQ SUB socket decoding each batch
+    with vLLM's own KVEventBatch decoder, on a thread of its own."""
+
+    def __init__(self, endpoint: str, topic: str) -> None:
+        import msgspec
+        import zmq
+        from vllm.distributed.kv_events import KVEventBatch
+
+        self._decoder = msgspec.msgpack.Decoder(type=KVEventBatch)
+        self._context = zmq.Context()
+        self._socket = self._context.socket(zmq.SUB)
+        self._socket.setsockopt(zmq.SUBSCRIBE, topic.encode())
+        self._socket.setsockopt(zmq.RCVTIMEO, 100)
+        self._socket.connect(endpoint)
+        self.events: list = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        import zmq
+
+        while not self._stop.is_set():
+            try:
+                _topic, _seq, payload = self._socket.recv_multipart()
+            except zmq.Again:
+                continue
+            batch = self._decoder.decode(payload)
+            with self._lock:
+                self.events.extend(batch.events)
+
+    def wait_for(self, what, timeout_s: float = 20.0):
+        """Until what(events) is truthy; its value."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            with self._lock:
+                value = what(list(self.events))
+            if value:
+                return value
+            assert time.monotonic() < deadline, f"not seen in {timeout_s} s; events: {self.events[-10:]}"
+            time.sleep(0.05)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._socket.close(linger=0)
+        self._context.term()
+
+
+@pytest.fixture(scope="module")
+def kv_events_server(tiny_llama, tmp_path_factory):
+    """(kvtierd, vLLM's OpenAI server with the connector and KV events on, a subscriber)."""
+    from test_vllm_pressure import Server, free_port
+
+    # Each copy answered 300 ms late: vLLM has its blocks back (they are staged) and is
+    # idle long before kvtierd answers the Save.
+    daemon = Kvtierd(["--fault-copy-delay-ms", "300ms"])
+    logs = tmp_path_factory.mktemp("kv-events-logs")
+    port = free_port()
+    connector = {"kv_connector": "KvtierConnector", "kv_connector_module_path": "kvtier.vllm", "kv_role": "kv_both",
+                 "kv_load_failure_policy": "recompute",
+                 "kv_connector_extra_config": {"socket": daemon.socket_path, "reconnect_ms": 200}}
+    events = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{port}", "topic": "kv"}
+    server = Server("vllm-kv-events", tiny_llama, logs, "--kv-cache-memory-bytes", str(16 * SERVER_BLOCK_BYTES),
+                    "--kv-transfer-config", json.dumps(connector), "--kv-events-config", json.dumps(events))
+    subscriber = None
+    try:
+        server.wait_ready()
+        subscriber = Subscriber(f"tcp://127.0.0.1:{port}", "kv")
+        time.sleep(0.5)  # a SUB socket hears only what is published after it joined
+        yield daemon, server, subscriber
+    finally:
+        if subscriber is not None:
+            subscriber.close()
+        server.close()
+        daemon.stop()
+
+
+SERVER_BLOCK = 32  # test_vllm_pressure.Server's block size
+SERVER_BLOCK_BYTES = 64 << 10  # one block of the tiny Llama (test_vllm_end_to_end.BLOCK_BYTES)
+
+
+def test_through_the_openai_server_a_router_sees_kvtiers_blocks_under_vllms_hashes(kv_events_server):
+    daemon, server, subscriber = kv_events_server
+    prompt = tokens(20, 5 * SERVER_BLOCK + 7)
+    reply = server.complete(prompt, max_tokens=8, kv_transfer_params={"kvtier_session": "routed-1"})
+    assert reply["status"] == 200, reply
+    saved = (len(prompt) + len(reply["tokens"]) - 1) // SERVER_BLOCK
+    # The engine is idle once it answered: the announcement still comes (it steps until
+    # the Save is answered), with every block kvtierd holds, under vLLM's own hashes.
+    ours = subscriber.wait_for(lambda events: stored(events, "kvtier")
+                               if len(hashes_of(stored(events, "kvtier"))) >= saved else None)
+    assert session_blocks(daemon, "routed-1") == saved == len(hashes_of(ours))
+    gpu = {h: e for e in subscriber.events if isinstance(e, BlockStored) and e.medium == "GPU"
+           for h in e.block_hashes}
+    history = prompt + reply["tokens"]
+    for index, block_hash in enumerate(hashes_of(ours)):
+        assert block_hash in gpu, f"block {index}: no GPU event of vLLM carries its hash"
+    assert [t for e in ours for t in e.token_ids] == history[:saved * SERVER_BLOCK]
+    assert {(e.medium, e.locality, e.ownership, e.kv_cache_spec_kind) for e in ours} == \
+        {("CPU", "LOCAL", "kvtier", "full_attention")}
