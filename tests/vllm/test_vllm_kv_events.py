@@ -127,6 +127,66 @@ def test_with_kv_events_off_the_connector_keeps_nothing(tiny_llama, kvtierd):
         engine.close()
 
 
+def replay(events: list) -> dict:
+    """What a router believes kvtier holds after the stream: vLLM hash -> medium."""
+    held: dict = {}
+    for event in events:
+        if isinstance(event, BlockStored) and event.ownership == "kvtier":
+            for block_hash in event.block_hashes:
+                held[block_hash] = event.medium
+        elif isinstance(event, BlockRemoved) and event.ownership == "kvtier":
+            for block_hash in event.block_hashes:
+                assert held.get(block_hash) == event.medium, ("removed what was not announced", event)
+                del held[block_hash]
+    return held
+
+
+def on_nvme(daemon: Kvtierd, session: str) -> bool:
+    out = subprocess.run([str(BUILD_DIR / "kvtierctl"), "--socket", daemon.socket_path, "--json", "sessions"],
+                         check=True, capture_output=True, text=True).stdout
+    row = {r["id"]: r for r in json.loads(out)["sessions"]}.get(session)
+    return row is not None and row["blocks"] > 0 and row["blocks_per_tier"]["nvme"] == row["blocks"]
+
+
+def test_after_a_kill_and_restart_the_stream_claims_exactly_what_kvtierd_kept(tiny_llama):
+    # Idle sessions reach NVMe within a tenth of a second; a request without a session
+    # gets no NVMe copy and stays in memory: a kill -9 loses it.
+    daemon = Kvtierd(["--nvme-bytes", "64MiB", "--hbm-idle-ms", "50ms", "--ram-idle-ms", "100ms"])
+    engine = MiniEngine(tiny_llama, daemon.socket_path, prefix_caching=True, kv_events=True)
+    try:
+        kept_prompt, lost_prompt = tokens(30, 4 * BLOCK + 2), tokens(31, 3 * BLOCK + 2)
+        engine.run(engine.add(kept_prompt, session="ev-kept"))
+        engine.run(engine.add(lost_prompt))
+        kept = hashes_of(stored(engine.events, "kvtier"))[:4]
+        lost = hashes_of(stored(engine.events, "kvtier"))[4:]
+        assert len(lost) == 3 and set(replay(engine.events).values()) == {"CPU"}
+        deadline = time.monotonic() + 20
+        while not on_nvme(daemon, "ev-kept"):
+            assert time.monotonic() < deadline, "the session never reached NVMe"
+            time.sleep(0.05)
+        daemon.kill()  # SIGKILL: what was only in memory is gone
+        daemon.restart()
+        events = engine.connector._scheduler_side._events
+        assert events is not None
+        deadline = time.monotonic() + 30
+        while replay(engine.events) != {h: "STORAGE" for h in kept}:
+            assert time.monotonic() < deadline, (replay(engine.events), kept, lost)
+            engine.step()  # vLLM's steps carry the connector's events
+            time.sleep(0.02)
+        assert not events.resynchronising()
+        assert events.announced() == len(kept)
+        # What the stream claims is what kvtierd holds: the session's blocks on NVMe, the
+        # request's without a session nowhere.
+        clients = engine.connector._scheduler_side._link.get()
+        assert clients is not None
+        held = clients[0].lookup(engine.saves[0].hashes)
+        assert (held.hit_count, held.tiers) == (4, ["nvme"] * 4)
+        assert clients[0].lookup(engine.saves[1].hashes).hit_count == 0
+    finally:
+        engine.close()
+        daemon.stop()
+
+
 # ---- through vLLM's OpenAI server, as a router subscribes to it ----------------------
 
 

@@ -21,6 +21,12 @@ with vLLM's own blocks of the same hash, whose removal would then retract kvtier
 claim), NVMe is ``STORAGE``, the remote tier (shared by every node) is ``STORAGE`` with
 locality ``REMOTE``, which routers ignore when ranking nodes. ``ownership`` is "kvtier".
 
+When what was announced may be stale (kvtierd restarted or crashed, the connection
+was lost), the connector looks every announced block up again once connected and
+corrects the stream: removed what kvtierd lost, moved what it holds elsewhere (a kill -9
+keeps what reached NVMe). The stream is corrected at the engine's next step: vLLM
+publishes only when it steps, and an idle engine does not.
+
 Memory is bounded: at most ``max_blocks`` announced blocks are remembered (their hashes
 and token ids, about 200 bytes each); past that the oldest is announced removed and
 forgotten, so nothing is ever claimed that cannot be withdrawn. Blocks of another
@@ -33,8 +39,10 @@ import array
 import collections
 import dataclasses
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
+
+from ..errors import KvtierError
 
 MEDIUM_CPU = "CPU"
 MEDIUM_STORAGE = "STORAGE"
@@ -49,6 +57,7 @@ PLACES: dict[str, tuple[str, str]] = {
     "remote": (MEDIUM_STORAGE, REMOTE),
 }
 SAVED = "ram"  # where a Save's blocks are when it is answered: kvtierd's memory tiers
+RESYNC_TIMEOUT_S = 10.0  # a resynchronisation's Lookups not all answered by then: again
 MAX_SAVES_HEARD = 4096  # Saves awaiting their answers, at most (the oldest are given up)
 
 
@@ -61,6 +70,8 @@ class _Block:
     lora_id: int | None
     lora_name: str | None
     extra_keys: Any  # vLLM's per-block event extra keys (untagged), or None
+    chain: list[bytes]  # the kvtier keys of the Save that announced it: it is chain[index]
+    index: int
     place: tuple[str, str] | None = None  # (medium, locality) announced; None: not yet
 
 
@@ -78,6 +89,10 @@ class BlockEvents:
         # when it was captured).
         self._saving: dict[str, tuple[list[bytes], list[_Block | None], int, int, float]] = {}
         self._events: list[Any] = []
+        # A resynchronisation: its Lookups (chain, pending) while they are out.
+        self._resync: list[tuple[list[bytes], Any]] | None = None
+        self._resync_started_s = 0.0
+        self._resync_wanted = False
 
     def capture(self, request_id: str, request, keys: Sequence[bytes]) -> None:
         """Snapshots what a Save of keys (the request's first blocks) would announce,
@@ -97,6 +112,7 @@ class BlockEvents:
 
         tokens = request.all_token_ids
         lora = getattr(request, "lora_request", None)
+        chain = list(keys[:count])
         blocks: list[_Block | None] = []
         mm_index = 0
         for i in range(count):
@@ -112,9 +128,9 @@ class BlockEvents:
                 tokens=array.array("l", tokens[start:start + self._block_size]),
                 lora_id=lora.adapter_id if lora else None,
                 lora_name=lora.name if lora else None,
-                extra_keys=event_extra[0] if event_extra else None))
+                extra_keys=event_extra[0] if event_extra else None, chain=chain, index=i))
         if any(block is not None for block in blocks):
-            self._saving[request_id] = (list(keys[:count]), blocks, 0, count, time.monotonic())
+            self._saving[request_id] = (chain, blocks, 0, count, time.monotonic())
             while len(self._saving) > MAX_SAVES_HEARD:  # answers that never came (a worker gone)
                 del self._saving[next(iter(self._saving))]
 
@@ -144,6 +160,69 @@ class BlockEvents:
             return False
         now = time.monotonic()
         return any(now - entry[4] < within_s for entry in self._saving.values())
+
+    # ---- resynchronising: what kvtierd holds now, after a restart or a reconnect ----
+
+    def want_resync(self) -> None:
+        """What was announced may be stale (kvtierd restarted, the connection was lost):
+        the next step_resync looks every announced block up again."""
+        self._resync_wanted = True
+
+    def step_resync(self, send: Callable[[list[bytes]], Any]) -> None:
+        """Runs a resynchronisation one step on. First call: one Lookup per chain of
+        announced blocks (send(keys) returns a pending Lookup of that prefix). Once every
+        one is answered: each block kvtierd no longer holds (or holds only past a hole in
+        its chain) is announced removed, each it holds elsewhere moved. A Lookup that
+        fails or is not answered in RESYNC_TIMEOUT_S starts it over."""
+        if self._resync is None:
+            if not self._resync_wanted:
+                return
+            self._resync_wanted = False
+            longest: dict[int, tuple[list[bytes], int]] = {}
+            for block in self._announced.values():
+                seen = longest.get(id(block.chain))
+                if seen is None or seen[1] <= block.index:
+                    longest[id(block.chain)] = (block.chain, block.index + 1)
+            if not longest:
+                return
+            try:
+                self._resync = [(chain, send(chain[:length])) for chain, length in longest.values()]
+            except KvtierError:
+                self._resync_wanted = True  # kvtierd not reachable yet: the next step tries again
+                return
+            self._resync_started_s = time.monotonic()
+            return
+        if not all(pending.done() for _, pending in self._resync):
+            if time.monotonic() - self._resync_started_s > RESYNC_TIMEOUT_S:
+                self._resync, self._resync_wanted = None, True
+            return
+        found: dict[int, Any] = {}
+        for chain, pending in self._resync:
+            try:
+                found[id(chain)] = pending.result()
+            except KvtierError:
+                self._resync, self._resync_wanted = None, True
+                return
+        self._resync = None
+        for key, block in list(self._announced.items()):
+            result = found.get(id(block.chain))
+            if result is None:  # announced after the Lookups went out: its own Save said so
+                continue
+            place = PLACES.get(result.tiers[block.index]) if block.index < result.hit_count else None
+            if place == block.place:
+                continue
+            self._removed([block.block_hash], block.place)
+            if place is None:
+                del self._announced[key]
+            else:
+                block.place = place
+                self._stored([block], place)
+
+    def newest_key(self) -> bytes:
+        return next(reversed(self._announced))
+
+    def resynchronising(self) -> bool:
+        return self._resync is not None or self._resync_wanted
 
     def take(self) -> list[Any]:
         events, self._events = self._events, []

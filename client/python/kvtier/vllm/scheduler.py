@@ -61,6 +61,7 @@ MAX_LATENCIES = 4096  # latency observations kept between two stats reports
 # conversion to int64 (about 0.25 ms).
 INLINE_HASH_TOKENS = 8192
 HASH_CHUNK_TOKENS = 8192
+PROBE_S = 1.0  # with blocks announced, kvtierd is asked something at least this often
 MAX_SPIN_US = 100.0  # the longest get_num_new_matched_tokens polls a Lookup
 
 
@@ -231,6 +232,8 @@ class SchedulerSide:
         # kvtier's blocks on vLLM's KV-event stream, when vLLM publishes one.
         self._events = BlockEvents(self._block, max(1, shape.tp_size), config.kv_events_max_blocks,
                                    cache_kind) if kv_events else None
+        self._link_marks: tuple | None = None  # (client, reconnects) per rank, at the last step
+        self._probed_s = 0.0
 
     def _rank_link(self, rank: BlockShape, device: str) -> DaemonLink:
         layout = rank.staging_layout(1)
@@ -578,8 +581,45 @@ class SchedulerSide:
         return self._events is not None and self._events.awaiting(self._config.save_timeout_ms / 1000.0)
 
     def take_events(self) -> list:
-        """The KV events since the last call (vLLM publishes them with its own)."""
-        return self._events.take() if self._events is not None else []
+        """The KV events since the last call (vLLM publishes them with its own). A
+        connection kvtierd dropped (a restart, a crash) makes what was announced suspect:
+        once connected again, every announced block is looked up and the stream corrected."""
+        if self._events is None:
+            return []
+        clients = self._link.get()
+        if clients is not None:
+            self._probe(clients)
+            marks = tuple((id(client), client.reconnects) for client in clients)
+            if marks != self._link_marks:
+                if self._link_marks is not None:
+                    self._events.want_resync()
+                self._link_marks = marks
+            if self._events.resynchronising():
+                limit = self._max_hashes(clients)
+                self._events.step_resync(lambda keys: _send_lookups(clients, keys[:limit]))
+        return self._events.take()
+
+    def _probe(self, clients) -> None:
+        """The client library notices a lost connection, and connects again, only when it
+        is used: with blocks announced, it is used at least every PROBE_S (a Lookup of
+        one announced block, its answer not needed), so a kvtierd that restarted while
+        the engine only decodes is noticed too."""
+        assert self._events is not None
+        now = time.monotonic()
+        if now - self._probed_s < PROBE_S or not self._events.announced():
+            return
+        self._probed_s = now
+        for client in clients:
+            try:
+                client.lookup_async([self._events.newest_key()])  # its reply is not needed: dropped
+            except KvtierError:
+                pass
+
+    @staticmethod
+    def _max_hashes(clients) -> int:
+        """The most hashes kvtierd takes in one request (blocks past it are not looked up)."""
+        limits = [getattr(getattr(client, "hello_info", None), "max_blocks_per_request", 0) for client in clients]
+        return min([limit for limit in limits if limit] or [1 << 30])
 
     def saves_in_flight(self) -> int:
         """Requests whose Save is not yet over on every rank (for tests and tools)."""
