@@ -43,7 +43,8 @@ use_built_client()
 
 import torch  # noqa: E402
 from vllm import SamplingParams  # noqa: E402
-from vllm.config import CacheConfig, DeviceConfig, KVTransferConfig, ModelConfig, SchedulerConfig, VllmConfig  # noqa: E402
+from vllm.config import (CacheConfig, DeviceConfig, KVEventsConfig, KVTransferConfig, ModelConfig,  # noqa: E402
+                         SchedulerConfig, VllmConfig)
 from vllm.utils.hashing import sha256  # noqa: E402
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash  # noqa: E402
 from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
@@ -56,10 +57,11 @@ import kvtier  # noqa: E402
 from kvtier import hashing  # noqa: E402
 from kvtier import torch as kvtier_torch  # noqa: E402
 from kvtier.vllm.blocks import request_extra_keys  # noqa: E402
+from kvtier.vllm.metadata import KvtierWorkerMetadata  # noqa: E402
 
 BLOCK = 16
 METHODS = ("on_new_request", "get_num_new_matched_tokens", "update_state_after_alloc", "build_connector_meta",
-           "request_finished", "update_connector_output")
+           "request_finished", "update_connector_output", "take_events", "has_pending_push_work")
 init_none_hash(sha256)
 
 
@@ -76,7 +78,8 @@ def scheduler_module_at(revision: str) -> types.ModuleType:
 class Engine:
     """vLLM's Scheduler with the connector; the model and the worker are stand-ins."""
 
-    def __init__(self, model_dir: Path, socket: str, max_tokens: int, side=None, step_s: float = 0.0) -> None:
+    def __init__(self, model_dir: Path, socket: str, max_tokens: int, side=None, step_s: float = 0.0,
+                 kv_events: bool = False) -> None:
         self.step_s = step_s
         extra = {"socket": socket, "reconnect_ms": 100}
         self.config = VllmConfig(
@@ -84,7 +87,8 @@ class Engine:
                                      skip_tokenizer_init=True),
             scheduler_config=SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=8192,
                                              max_model_len=max_tokens + 64, is_encoder_decoder=False),
-            cache_config=CacheConfig(block_size=BLOCK, enable_prefix_caching=False),
+            cache_config=CacheConfig(block_size=BLOCK, enable_prefix_caching=kv_events),
+            kv_events_config=KVEventsConfig(enable_kv_cache_events=kv_events, publisher="null"),
             kv_transfer_config=KVTransferConfig(kv_connector="KvtierConnector", kv_connector_module_path="kvtier.vllm",
                                                 kv_role="kv_both", kv_connector_extra_config=extra,
                                                 kv_load_failure_policy="recompute"),
@@ -102,10 +106,15 @@ class Engine:
         if side is not None:  # another revision's scheduler side in the same connector
             connector._scheduler.shutdown()
             connector._scheduler = side(connector._config, connector._shape)
+            # What the connector asks of a side that revision may not have: vLLM's defaults.
+            connector.take_events = lambda: ()
+            connector.has_pending_push_work = lambda: False
         self.shape = connector._shape
         self.spent: list[float] = []  # seconds of each connector call since the last reset
         for name in METHODS:
-            method = getattr(connector, name)
+            method = getattr(connector, name, None)
+            if method is None:  # a revision without it
+                continue
 
             def timed(*args, _method=method, _name=name, **kwargs):
                 started = time.perf_counter()
@@ -116,7 +125,7 @@ class Engine:
                     self.by_method.append((_name, self.spent[-1]))
 
             setattr(connector, name, timed)
-        self.sent_saves: list[str] = []
+        self.sent_saves: list[tuple[str, int]] = []
         self.by_method: list[tuple[str, float]] = []
 
     def run(self, prompt: list[int]) -> tuple[float, float, int, float]:
@@ -139,13 +148,17 @@ class Engine:
                 scheduled_s = time.perf_counter() - arrived
             if self.step_s:
                 time.sleep(self.step_s)  # the model's forward pass
-            finished_sending = set(self.sent_saves)
-            self.sent_saves = [job.request_id for job in output.kv_connector_metadata.saves]
+            # The Saves sent last step are answered now, every block kept.
+            finished_sending = {request_id for request_id, _ in self.sent_saves}
+            worker_meta = KvtierWorkerMetadata(saves_over={r: 1 for r, _ in self.sent_saves},
+                                               saves_kept=dict(self.sent_saves))
+            self.sent_saves = [(job.request_id, len(job.hashes)) for job in output.kv_connector_metadata.saves]
             ids = list(output.num_scheduled_tokens)
             sampled = [[7] if request.num_computed_tokens >= request.num_tokens else [] for _ in ids]
             self.scheduler.update_from_output(output, ModelRunnerOutput(
                 req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)}, sampled_token_ids=sampled,
-                kv_connector_output=KVConnectorOutput(finished_sending=finished_sending or None)))
+                kv_connector_output=KVConnectorOutput(finished_sending=finished_sending or None,
+                                                      kv_connector_worker_meta=worker_meta)))
         return sum(self.spent), max(self.spent), waited, scheduled_s or 0.0
 
     def close(self) -> None:
@@ -193,9 +206,13 @@ def main() -> None:
             "before": lambda config, shape: before.SchedulerSide(dataclasses.replace(config, lookup_spin_us=500.0),
                                                                  shape, "host"),
             "after": None,
+            # The working tree with vLLM's prefix caching and KV events on: kvtier's blocks
+            # announced on the stream (kvtier.vllm.events).
+            "after+events": None,
         }
         for name, side in variants.items():
-            engine = Engine(model, daemon.socket_path, max(sizes), side, args.step_ms / 1000.0)
+            engine = Engine(model, daemon.socket_path, max(sizes), side, args.step_ms / 1000.0,
+                            kv_events=name == "after+events")
             try:
                 engine.run([rng.randrange(1, 500) for _ in range(4 * BLOCK + 1)])  # warm: connections, imports
                 for size in sizes:
@@ -224,6 +241,12 @@ def main() -> None:
         print(f"{size:>8} {b['connector_ms']:>10.3f} {a['connector_ms']:>9.3f} {row['ratio']:>12} "
               f"{b['longest_call_ms']:>14.3f} / {a['longest_call_ms']:<13.3f} {b['steps_waited']:>8} / {a['steps_waited']:<8} "
               f"{b['scheduled_after_ms']:>10.3f} / {a['scheduled_after_ms']:.3f}")
+    print(f"{'tokens':>8} {'events off ms':>14} {'events on ms':>13} {'on/off':>7} {'longest call off/on ms':>24}")
+    for size, row in results.items():
+        a, e = row["after"], row["after+events"]
+        row["events_ratio"] = round(e["connector_ms"] / a["connector_ms"], 3) if a["connector_ms"] else None
+        print(f"{size:>8} {a['connector_ms']:>14.3f} {e['connector_ms']:>13.3f} {row['events_ratio']:>7} "
+              f"{a['longest_call_ms']:>11.3f} / {e['longest_call_ms']:<11.3f}")
     if args.json:
         Path(args.json).write_text(json.dumps({"before": args.before, "block": BLOCK, "reps": args.reps,
                                                "results": results}, indent=1) + "\n")

@@ -21,23 +21,29 @@ with vLLM's own blocks of the same hash, whose removal would then retract kvtier
 claim), NVMe is ``STORAGE``, the remote tier (shared by every node) is ``STORAGE`` with
 locality ``REMOTE``, which routers ignore when ranking nodes. ``ownership`` is "kvtier".
 
-When what was announced may be stale (kvtierd restarted or crashed, the connection
-was lost), the connector looks every announced block up again once connected and
-corrects the stream: removed what kvtierd lost, moved what it holds elsewhere (a kill -9
-keeps what reached NVMe). The stream is corrected at the engine's next step: vLLM
-publishes only when it steps, and an idle engine does not.
+When what was announced may be stale (kvtierd restarted or crashed, the connection was
+lost), the connector looks every announced block up again once connected and corrects
+the stream: removed what kvtierd lost, moved what it holds elsewhere (a kill -9 keeps
+what reached NVMe). The stream is corrected at the engine's next step: vLLM publishes
+only when it steps, and an idle engine does not.
 
-Memory is bounded: at most ``max_blocks`` announced blocks are remembered (their hashes
-and token ids, about 200 bytes each); past that the oldest is announced removed and
-forgotten, so nothing is ever claimed that cannot be withdrawn. Blocks of another
-process of the same model are not announced here (each engine announces what it saved).
+Cost on vLLM's scheduler thread: a Save is recorded as references to the request's own
+lists (its tokens, vLLM's block hashes) and the chain of kvtier keys, never copied; the
+per-block work (vLLM's hash in the form its events use, the once-only check) is done
+when the events are taken, at most ANNOUNCE_BLOCKS_PER_STEP blocks a step, so a long
+prompt's announcement is spread over steps instead of stalling one.
+
+Memory is bounded: at most ``max_blocks`` announced blocks are remembered (past that
+the oldest are announced removed and forgotten, so nothing is ever claimed that cannot
+be withdrawn); each Save announced keeps its request's token list alive while any of its
+blocks is. Blocks of another process of the same model are not announced here (each
+engine announces what it saved).
 """
 
 from __future__ import annotations
 
-import array
-import collections
 import dataclasses
+import itertools
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -56,83 +62,114 @@ PLACES: dict[str, tuple[str, str]] = {
     "nvme": (MEDIUM_STORAGE, LOCAL),
     "remote": (MEDIUM_STORAGE, REMOTE),
 }
-SAVED = "ram"  # where a Save's blocks are when it is answered: kvtierd's memory tiers
+SAVED = PLACES["ram"]  # where a Save's blocks are when it is answered: kvtierd's memory tiers
 RESYNC_TIMEOUT_S = 10.0  # a resynchronisation's Lookups not all answered by then: again
 MAX_SAVES_HEARD = 4096  # Saves awaiting their answers, at most (the oldest are given up)
+ANNOUNCE_BLOCKS_PER_STEP = 1024  # blocks made into events per take(), at most
 
 
-@dataclasses.dataclass(slots=True)
-class _Block:
-    """What a BlockStored of one block says, kept to announce it again elsewhere."""
-    block_hash: Any  # vLLM's ExternalBlockHash (bytes, or int with VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES)
-    parent: Any
-    tokens: array.array
+def _hash_converter() -> Callable[[bytes], Any]:
+    """vLLM's maybe_convert_block_hash (the form its events carry a BlockHash in), with
+    the environment read once: vLLM reads it on every call, which cost 5 µs a block."""
+    from vllm import envs
+
+    if not envs.VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES:
+        return lambda block_hash: block_hash
+    mask = (1 << 64) - 1
+    from_bytes = int.from_bytes
+    return lambda block_hash: from_bytes(block_hash, "big") & mask
+
+
+@dataclasses.dataclass(eq=False, slots=True)
+class _Segment:
+    """A Save as announced: blocks start..end-1 of a request's chain. Lists are the
+    request's own (vLLM does not change them once the request finished)."""
+    keys: Sequence[bytes]  # kvtier keys of the request's blocks 0..count-1
+    block_hashes: Sequence[Any]  # vLLM's hashes of the request's blocks (BlockHash bytes)
+    tokens: Sequence[int]  # the request's token ids
+    start: int  # the first block not announced when the Save was recorded
+    count: int  # blocks the Save covers
     lora_id: int | None
     lora_name: str | None
-    extra_keys: Any  # vLLM's per-block event extra keys (untagged), or None
-    chain: list[bytes]  # the kvtier keys of the Save that announced it: it is chain[index]
-    index: int
-    place: tuple[str, str] | None = None  # (medium, locality) announced; None: not yet
+    first_extra: Any  # block 0's event extra keys (cache salt, LoRA), or None
+    extra: Any  # every later block's (LoRA only: no multimodal or embeds are saved)
+    end: int = 0  # blocks start..end-1 were kept: announced, or being announced
+    done: int = 0  # blocks start..done-1 went into events
+    places: dict[int, tuple[str, str]] = dataclasses.field(default_factory=dict)  # index -> place, if not SAVED
+    positions: dict[bytes, int] | None = None  # key -> index, built when first needed
+
+    def index_of(self, key: bytes) -> int:
+        if self.positions is None:
+            self.positions = {k: i for i, k in enumerate(self.keys[:self.count])}
+        return self.positions[key]
+
+    def place(self, index: int) -> tuple[str, str]:
+        return self.places.get(index, SAVED)
 
 
 class BlockEvents:
     """The announced blocks and the events not yet taken (scheduler thread only)."""
 
     def __init__(self, block_size: int, ranks: int, max_blocks: int, cache_kind: str | None = None) -> None:
+        self._convert = _hash_converter()
         self._block_size = block_size
-        self._cache_kind = cache_kind  # as vLLM's own events name the cache group
         self._ranks = ranks
         self._max_blocks = max(1, max_blocks)
-        # kvtier key -> block, announced ones, least recently announced first.
-        self._announced: collections.OrderedDict[bytes, _Block] = collections.OrderedDict()
-        # request -> (its Save's keys and blocks, ranks whose Save is over, fewest kept,
-        # when it was captured).
-        self._saving: dict[str, tuple[list[bytes], list[_Block | None], int, int, float]] = {}
+        self._cache_kind = cache_kind  # as vLLM's own events name the cache group
+        # kvtier key -> the segment that announced it, oldest first.
+        self._announced: dict[bytes, _Segment] = {}
+        # request -> (its segment, ranks whose Save is over, fewest kept, when recorded).
+        self._saving: dict[str, tuple[_Segment, int, int, float]] = {}
+        self._announcing: list[_Segment] = []  # answered, not all in events yet
         self._events: list[Any] = []
-        # A resynchronisation: its Lookups (chain, pending) while they are out.
-        self._resync: list[tuple[list[bytes], Any]] | None = None
+        # A resynchronisation: its Lookups (segment, pending) while they are out.
+        self._resync: list[tuple[_Segment, Any]] | None = None
         self._resync_started_s = 0.0
         self._resync_wanted = False
 
+    # ---- Saves ------------------------------------------------------------------
+
     def capture(self, request_id: str, request, keys: Sequence[bytes]) -> None:
-        """Snapshots what a Save of keys (the request's first blocks) would announce,
-        while the request is alive. Blocks already announced are skipped. Needs vLLM's
-        block hashes (prefix caching on): without them nothing is announced, as vLLM
-        then announces nothing of its own either."""
+        """Records what a Save of keys (the request's first blocks) would announce, while
+        the request is alive: references, no copies. Needs vLLM's block hashes (prefix
+        caching on): without them nothing is announced, as vLLM then announces nothing
+        of its own either."""
         hashes = getattr(request, "block_hashes", None) or ()
         count = min(len(keys), len(hashes))
         if count == 0:
             return
-        # Imported here: kvtier.vllm's pure parts load without vLLM.
-        from vllm.v1.core.kv_cache_utils import (
-            generate_block_hash_extra_keys,
-            maybe_convert_block_hash,
-            to_event_extra_keys,
-        )
+        start = self._announced_prefix(keys, count)
+        if start == count:
+            return
+        from vllm.v1.core.kv_cache_utils import generate_block_hash_extra_keys, to_event_extra_keys
 
-        tokens = request.all_token_ids
+        def extra_of(block: int) -> Any:
+            first = block * self._block_size
+            extra, _ = generate_block_hash_extra_keys(request, first, first + self._block_size, 0)
+            converted = to_event_extra_keys([extra])
+            return converted[0] if converted else None
+
         lora = getattr(request, "lora_request", None)
-        chain = list(keys[:count])
-        blocks: list[_Block | None] = []
-        mm_index = 0
-        for i in range(count):
-            if keys[i] in self._announced:
-                blocks.append(None)
-                continue
-            start = i * self._block_size
-            extra, mm_index = generate_block_hash_extra_keys(request, start, start + self._block_size, mm_index)
-            event_extra = to_event_extra_keys([extra])
-            blocks.append(_Block(
-                block_hash=maybe_convert_block_hash(hashes[i]),
-                parent=maybe_convert_block_hash(hashes[i - 1]) if i > 0 else None,
-                tokens=array.array("l", tokens[start:start + self._block_size]),
-                lora_id=lora.adapter_id if lora else None,
-                lora_name=lora.name if lora else None,
-                extra_keys=event_extra[0] if event_extra else None, chain=chain, index=i))
-        if any(block is not None for block in blocks):
-            self._saving[request_id] = (chain, blocks, 0, count, time.monotonic())
-            while len(self._saving) > MAX_SAVES_HEARD:  # answers that never came (a worker gone)
-                del self._saving[next(iter(self._saving))]
+        segment = _Segment(keys=keys, block_hashes=hashes, tokens=request.all_token_ids, start=start, count=count,
+                           lora_id=lora.adapter_id if lora else None, lora_name=lora.name if lora else None,
+                           first_extra=extra_of(0) if start == 0 else None,
+                           extra=extra_of(1) if count > 1 else None)
+        self._saving[request_id] = (segment, 0, count, time.monotonic())
+        while len(self._saving) > MAX_SAVES_HEARD:  # answers that never came (a worker gone)
+            del self._saving[next(iter(self._saving))]
+
+    def _announced_prefix(self, keys: Sequence[bytes], count: int) -> int:
+        """How many leading blocks are announced already, found by bisection: a chain's
+        announced blocks are nearly always a prefix of it (the blocks of the turns before).
+        Where they are not, a block found announced later is skipped then."""
+        low, high = 0, count
+        while low < high:
+            middle = (low + high) // 2
+            if keys[middle] in self._announced:
+                low = middle + 1
+            else:
+                high = middle
+        return low
 
     def save_over(self, request_id: str, ranks: int, kept: int) -> None:
         """ranks more ranks answered the request's Save, the fewest of them keeping the
@@ -140,26 +177,104 @@ class BlockEvents:
         entry = self._saving.get(request_id)
         if entry is None:
             return
-        keys, blocks, over, fewest, since_s = entry
+        segment, over, fewest, since_s = entry
         over, fewest = over + ranks, min(fewest, kept)
         if over < self._ranks:
-            self._saving[request_id] = (keys, blocks, over, fewest, since_s)
+            self._saving[request_id] = (segment, over, fewest, since_s)
             return
         del self._saving[request_id]
-        self._announce(keys[:fewest], blocks[:fewest])
+        if fewest > segment.start:
+            segment.end, segment.done = fewest, segment.start
+            self._announcing.append(segment)
 
     def drop(self, request_id: str) -> None:
         """The request's Save will not be heard of (dropped, or its outcome unknown)."""
         self._saving.pop(request_id, None)
 
     def awaiting(self, within_s: float) -> bool:
-        """Whether a Save captured less than within_s ago awaits its answers (vLLM keeps
-        stepping while the connector says so, and publishes only when it steps: without
-        this an idle engine would announce a Save's blocks only at its next request)."""
+        """Whether events are still to come soon: a Save recorded less than within_s ago
+        awaits its answers, or answered blocks wait to be announced. vLLM keeps stepping
+        while the connector says so, and publishes only when it steps: without this an
+        idle engine would announce a Save's blocks only at its next request."""
+        if self._announcing or self._resync is not None:
+            return True
         if not self._saving:
             return False
         now = time.monotonic()
-        return any(now - entry[4] < within_s for entry in self._saving.values())
+        return any(now - entry[3] < within_s for entry in self._saving.values())
+
+    def take(self) -> list[Any]:
+        """The events so far, after announcing up to ANNOUNCE_BLOCKS_PER_STEP more blocks."""
+        budget = ANNOUNCE_BLOCKS_PER_STEP
+        while self._announcing and budget > 0:
+            segment = self._announcing[0]
+            budget -= self._announce(segment, min(segment.end, segment.done + budget))
+            if segment.done >= segment.end:
+                self._announcing.pop(0)
+        if len(self._announced) > self._max_blocks:
+            self._withdraw_oldest(len(self._announced) - self._max_blocks)
+        events, self._events = self._events, []
+        return events
+
+    def announced(self) -> int:
+        return len(self._announced)
+
+    def newest_key(self) -> bytes:
+        return next(reversed(self._announced))
+
+    def _announce(self, segment: _Segment, until: int) -> int:
+        """Blocks segment.done..until-1 into BlockStored events (runs of blocks not
+        announced by then); returns how many were looked at."""
+        first = segment.done
+        keys = segment.keys[first:until]
+        announced = self._announced
+        fresh = [key not in announced for key in keys]
+        announced.update(dict.fromkeys(itertools.compress(keys, fresh), segment))
+        index = first
+        for is_fresh, run in itertools.groupby(fresh):
+            length = sum(1 for _ in run)
+            if is_fresh:
+                self._stored(segment, index, index + length, SAVED)
+            index += length
+        segment.done = until
+        return until - first
+
+    def _withdraw_oldest(self, count: int) -> None:
+        """The `count` oldest announced blocks are announced removed and forgotten."""
+        count = max(count, self._max_blocks // 16)  # in batches: iterating a dict's front is not free
+        victims = list(itertools.islice(self._announced.items(), count))
+        for key, _ in victims:
+            del self._announced[key]
+        by_place: dict[tuple[str, str], list[Any]] = {}
+        for key, segment in victims:
+            index = segment.index_of(key)
+            by_place.setdefault(segment.place(index), []).append(self._convert(segment.block_hashes[index]))
+            segment.places.pop(index, None)
+        for place, hashes in by_place.items():
+            self._removed(hashes, place)
+
+    def _stored(self, segment: _Segment, begin: int, end: int, place: tuple[str, str]) -> None:
+        """One BlockStored for blocks begin..end-1 of a segment's chain, as vLLM sends."""
+        from vllm.distributed.kv_events import BlockStored
+
+        convert = self._convert
+        size = self._block_size
+        extra = [segment.first_extra if i == 0 else segment.extra for i in range(begin, end)]
+        self._events.append(BlockStored(
+            block_hashes=[convert(h) for h in segment.block_hashes[begin:end]],
+            parent_block_hash=convert(segment.block_hashes[begin - 1]) if begin > 0 else None,
+            token_ids=list(segment.tokens[begin * size:end * size]), block_size=size, lora_id=segment.lora_id,
+            medium=place[0], lora_name=segment.lora_name,
+            extra_keys=extra if any(e is not None for e in extra) else None,
+            group_idx=0, kv_cache_spec_kind=self._cache_kind, locality=place[1], ownership=OWNERSHIP))
+
+    def _removed(self, block_hashes: list[Any], place: tuple[str, str]) -> None:
+        if not block_hashes:
+            return
+        from vllm.distributed.kv_events import BlockRemoved
+
+        self._events.append(BlockRemoved(block_hashes=block_hashes, medium=place[0], group_idx=0,
+                                         locality=place[1], ownership=OWNERSHIP))
 
     # ---- resynchronising: what kvtierd holds now, after a restart or a reconnect ----
 
@@ -168,9 +283,12 @@ class BlockEvents:
         the next step_resync looks every announced block up again."""
         self._resync_wanted = True
 
+    def resynchronising(self) -> bool:
+        return self._resync is not None or self._resync_wanted
+
     def step_resync(self, send: Callable[[list[bytes]], Any]) -> None:
-        """Runs a resynchronisation one step on. First call: one Lookup per chain of
-        announced blocks (send(keys) returns a pending Lookup of that prefix). Once every
+        """Runs a resynchronisation one step on. First call: one Lookup per announced
+        Save (send(keys) returns a pending Lookup of that prefix of its chain). Once every
         one is answered: each block kvtierd no longer holds (or holds only past a hole in
         its chain) is announced removed, each it holds elsewhere moved. A Lookup that
         fails or is not answered in RESYNC_TIMEOUT_S starts it over."""
@@ -178,15 +296,11 @@ class BlockEvents:
             if not self._resync_wanted:
                 return
             self._resync_wanted = False
-            longest: dict[int, tuple[list[bytes], int]] = {}
-            for block in self._announced.values():
-                seen = longest.get(id(block.chain))
-                if seen is None or seen[1] <= block.index:
-                    longest[id(block.chain)] = (block.chain, block.index + 1)
-            if not longest:
+            segments = list({id(s): s for s in self._announced.values()}.values())
+            if not segments:
                 return
             try:
-                self._resync = [(chain, send(chain[:length])) for chain, length in longest.values()]
+                self._resync = [(s, send(list(s.keys[:s.done]))) for s in segments]
             except KvtierError:
                 self._resync_wanted = True  # kvtierd not reachable yet: the next step tries again
                 return
@@ -196,78 +310,31 @@ class BlockEvents:
             if time.monotonic() - self._resync_started_s > RESYNC_TIMEOUT_S:
                 self._resync, self._resync_wanted = None, True
             return
-        found: dict[int, Any] = {}
-        for chain, pending in self._resync:
+        answers = []
+        for segment, pending in self._resync:
             try:
-                found[id(chain)] = pending.result()
+                answers.append((segment, pending.result()))
             except KvtierError:
                 self._resync, self._resync_wanted = None, True
                 return
         self._resync = None
-        for key, block in list(self._announced.items()):
-            result = found.get(id(block.chain))
-            if result is None:  # announced after the Lookups went out: its own Save said so
+        for segment, result in answers:
+            self._correct(segment, result)
+
+    def _correct(self, segment: _Segment, result) -> None:
+        """Each block the segment announced and still owns, where the Lookup says it is."""
+        for index in range(segment.start, segment.done):
+            key = segment.keys[index]
+            if self._announced.get(key) is not segment:
                 continue
-            place = PLACES.get(result.tiers[block.index]) if block.index < result.hit_count else None
-            if place == block.place:
+            place = PLACES.get(result.tiers[index]) if index < result.hit_count else None
+            old = segment.place(index)
+            if place == old:
                 continue
-            self._removed([block.block_hash], block.place)
+            self._removed([self._convert(segment.block_hashes[index])], old)
             if place is None:
                 del self._announced[key]
-            else:
-                block.place = place
-                self._stored([block], place)
-
-    def newest_key(self) -> bytes:
-        return next(reversed(self._announced))
-
-    def resynchronising(self) -> bool:
-        return self._resync is not None or self._resync_wanted
-
-    def take(self) -> list[Any]:
-        events, self._events = self._events, []
-        return events
-
-    def announced(self) -> int:
-        return len(self._announced)
-
-    def _announce(self, keys: list[bytes], blocks: list[_Block | None]) -> None:
-        place = PLACES[SAVED]
-        run: list[_Block] = []
-        for key, block in zip(keys, blocks):
-            if block is None or key in self._announced:  # announced meanwhile (another request)
-                self._stored(run, place)
-                run = []
+                segment.places.pop(index, None)
                 continue
-            block.place = place
-            self._announced[key] = block
-            run.append(block)
-        self._stored(run, place)
-        while len(self._announced) > self._max_blocks:
-            _, oldest = self._announced.popitem(last=False)
-            self._removed([oldest.block_hash], oldest.place)
-
-    def _stored(self, run: list[_Block], place: tuple[str, str]) -> None:
-        """One BlockStored for consecutive blocks of a chain (same LoRA), as vLLM sends."""
-        if not run:
-            return
-        from vllm.distributed.kv_events import BlockStored
-
-        extra = [block.extra_keys for block in run]
-        tokens: list[int] = []
-        for block in run:
-            tokens.extend(block.tokens)
-        self._events.append(BlockStored(
-            block_hashes=[block.block_hash for block in run], parent_block_hash=run[0].parent,
-            token_ids=tokens, block_size=self._block_size, lora_id=run[0].lora_id,
-            medium=place[0], lora_name=run[0].lora_name,
-            extra_keys=extra if any(e is not None for e in extra) else None,
-            group_idx=0, kv_cache_spec_kind=self._cache_kind, locality=place[1], ownership=OWNERSHIP))
-
-    def _removed(self, block_hashes: list[Any], place: tuple[str, str] | None) -> None:
-        if not block_hashes or place is None:
-            return
-        from vllm.distributed.kv_events import BlockRemoved
-
-        self._events.append(BlockRemoved(block_hashes=block_hashes, medium=place[0], group_idx=0,
-                                         locality=place[1], ownership=OWNERSHIP))
+            segment.places[index] = place
+            self._stored(segment, index, index + 1, place)
