@@ -80,6 +80,14 @@ def test_each_block_is_announced_once_across_turns_and_sessions(tiny_llama, kvti
             assert event.parent_block_hash in announced, event
         assert announced_count(engine) == len(announced)
         assert not [e for e in engine.events if isinstance(e, BlockRemoved) and e.ownership == "kvtier"]
+        # What stays in memory is each block once, compactly: no Save keeps its request's
+        # token list or the blocks of the turns before it (they would add up turn by turn).
+        events = engine.connector._scheduler_side._events
+        assert events is not None
+        segments = {id(s): s for s in events._announced.values()}.values()
+        assert sum(len(s.keys) for s in segments) == len(announced)
+        assert sum(len(s.tokens) for s in segments) == len(announced) * BLOCK
+        assert all(s.source_tokens == () and s.source_keys == () for s in segments)
     finally:
         engine.close()
 

@@ -29,19 +29,20 @@ only when it steps, and an idle engine does not.
 
 Cost on vLLM's scheduler thread: a Save is recorded as references to the request's own
 lists (its tokens, vLLM's block hashes) and the chain of kvtier keys, never copied; the
-per-block work (vLLM's hash in the form its events use, the once-only check) is done
-when the events are taken, at most ANNOUNCE_BLOCKS_PER_STEP blocks a step, so a long
-prompt's announcement is spread over steps instead of stalling one.
+per-block work (vLLM's hash in the form its events use, the once-only check, the
+compact copy) is done when the events are taken, at most ANNOUNCE_BLOCKS_PER_STEP blocks
+a step, so a long prompt's announcement is spread over steps instead of stalling one.
 
 Memory is bounded: at most ``max_blocks`` announced blocks are remembered (past that
 the oldest are announced removed and forgotten, so nothing is ever claimed that cannot
-be withdrawn); each Save announced keeps its request's token list alive while any of its
-blocks is. Blocks of another process of the same model are not announced here (each
+be withdrawn), each once, by the Save that announced it (its key, vLLM's hash and its
+token ids: about 220 bytes with 16-token blocks). Blocks of another process of the same model are not announced here (each
 engine announces what it saved).
 """
 
 from __future__ import annotations
 
+import array
 import dataclasses
 import itertools
 import time
@@ -65,7 +66,8 @@ PLACES: dict[str, tuple[str, str]] = {
 SAVED = PLACES["ram"]  # where a Save's blocks are when it is answered: kvtierd's memory tiers
 RESYNC_TIMEOUT_S = 10.0  # a resynchronisation's Lookups not all answered by then: again
 MAX_SAVES_HEARD = 4096  # Saves awaiting their answers, at most (the oldest are given up)
-ANNOUNCE_BLOCKS_PER_STEP = 1024  # blocks made into events per take(), at most
+ANNOUNCE_BLOCKS_PER_STEP = 512  # blocks made into events per take(), at most
+TOKEN_TYPE = "l" if array.array("i").itemsize < 4 else "i"  # 4 bytes a token id (vocabularies < 2**31)
 
 
 def _hash_converter() -> Callable[[bytes], Any]:
@@ -82,29 +84,41 @@ def _hash_converter() -> Callable[[bytes], Any]:
 
 @dataclasses.dataclass(eq=False, slots=True)
 class _Segment:
-    """A Save as announced: blocks start..end-1 of a request's chain. Lists are the
-    request's own (vLLM does not change them once the request finished)."""
-    keys: Sequence[bytes]  # kvtier keys of the request's blocks 0..count-1
-    block_hashes: Sequence[Any]  # vLLM's hashes of the request's blocks (BlockHash bytes)
-    tokens: Sequence[int]  # the request's token ids
+    """A Save as announced: blocks start..end-1 of a request. Until they are all in
+    events it refers to the request's own lists (vLLM does not change them once the
+    request finished); as they go into events it keeps its own compact copy of those
+    blocks alone, and lets the request's lists go once done."""
+    source_keys: Sequence[bytes]  # the request's kvtier keys, blocks 0..count-1
+    source_hashes: Sequence[Any]  # vLLM's hashes of the request's blocks (BlockHash bytes)
+    source_tokens: Sequence[int]  # the request's token ids
     start: int  # the first block not announced when the Save was recorded
     count: int  # blocks the Save covers
     lora_id: int | None
     lora_name: str | None
     first_extra: Any  # block 0's event extra keys (cache salt, LoRA), or None
     extra: Any  # every later block's (LoRA only: no multimodal or embeds are saved)
+    parent: Any  # vLLM's hash of block start-1 in event form, None for block 0
     end: int = 0  # blocks start..end-1 were kept: announced, or being announced
     done: int = 0  # blocks start..done-1 went into events
-    places: dict[int, tuple[str, str]] = dataclasses.field(default_factory=dict)  # index -> place, if not SAVED
-    positions: dict[bytes, int] | None = None  # key -> index, built when first needed
+    keys: list[bytes] = dataclasses.field(default_factory=list)  # blocks start..done-1's
+    hashes: list[Any] = dataclasses.field(default_factory=list)  # theirs, in event form
+    tokens: array.array = dataclasses.field(default_factory=lambda: array.array(TOKEN_TYPE))  # theirs
+    places: dict[int, tuple[str, str]] = dataclasses.field(default_factory=dict)  # block -> place, if not SAVED
+    positions: dict[bytes, int] | None = None  # key -> block, built when first needed
 
     def index_of(self, key: bytes) -> int:
         if self.positions is None:
-            self.positions = {k: i for i, k in enumerate(self.keys[:self.count])}
+            self.positions = {k: self.start + i for i, k in enumerate(self.keys)}
         return self.positions[key]
 
     def place(self, index: int) -> tuple[str, str]:
         return self.places.get(index, SAVED)
+
+    def hash_of(self, index: int) -> Any:
+        return self.hashes[index - self.start]
+
+    def parent_of(self, index: int) -> Any:
+        return self.parent if index == self.start else self.hashes[index - self.start - 1]
 
 
 class BlockEvents:
@@ -150,10 +164,12 @@ class BlockEvents:
             return converted[0] if converted else None
 
         lora = getattr(request, "lora_request", None)
-        segment = _Segment(keys=keys, block_hashes=hashes, tokens=request.all_token_ids, start=start, count=count,
+        segment = _Segment(source_keys=keys, source_hashes=hashes, source_tokens=request.all_token_ids,
+                           start=start, count=count,
                            lora_id=lora.adapter_id if lora else None, lora_name=lora.name if lora else None,
                            first_extra=extra_of(0) if start == 0 else None,
-                           extra=extra_of(1) if count > 1 else None)
+                           extra=extra_of(1) if count > 1 else None,
+                           parent=self._convert(hashes[start - 1]) if start > 0 else None)
         self._saving[request_id] = (segment, 0, count, time.monotonic())
         while len(self._saving) > MAX_SAVES_HEARD:  # answers that never came (a worker gone)
             del self._saving[next(iter(self._saving))]
@@ -224,9 +240,15 @@ class BlockEvents:
 
     def _announce(self, segment: _Segment, until: int) -> int:
         """Blocks segment.done..until-1 into BlockStored events (runs of blocks not
-        announced by then); returns how many were looked at."""
-        first = segment.done
-        keys = segment.keys[first:until]
+        announced by then) and into the segment's own copy; returns how many."""
+        first, size = segment.done, self._block_size
+        keys = segment.source_keys[first:until]
+        tokens = segment.source_tokens[first * size:until * size]
+        segment.keys.extend(keys)
+        convert = self._convert
+        segment.hashes.extend(convert(h) for h in segment.source_hashes[first:until])
+        segment.tokens.extend(tokens)
+        segment.done = until
         announced = self._announced
         fresh = [key not in announced for key in keys]
         announced.update(dict.fromkeys(itertools.compress(keys, fresh), segment))
@@ -234,9 +256,11 @@ class BlockEvents:
         for is_fresh, run in itertools.groupby(fresh):
             length = sum(1 for _ in run)
             if is_fresh:
-                self._stored(segment, index, index + length, SAVED)
+                offset = (index - first) * size
+                self._stored(segment, index, index + length, SAVED, tokens[offset:offset + length * size])
             index += length
-        segment.done = until
+        if until >= segment.end:  # all in events: the request's lists may go
+            segment.source_keys = segment.source_hashes = segment.source_tokens = ()
         return until - first
 
     def _withdraw_oldest(self, count: int) -> None:
@@ -248,23 +272,26 @@ class BlockEvents:
         by_place: dict[tuple[str, str], list[Any]] = {}
         for key, segment in victims:
             index = segment.index_of(key)
-            by_place.setdefault(segment.place(index), []).append(self._convert(segment.block_hashes[index]))
+            by_place.setdefault(segment.place(index), []).append(segment.hash_of(index))
             segment.places.pop(index, None)
         for place, hashes in by_place.items():
             self._removed(hashes, place)
 
-    def _stored(self, segment: _Segment, begin: int, end: int, place: tuple[str, str]) -> None:
-        """One BlockStored for blocks begin..end-1 of a segment's chain, as vLLM sends."""
+    def _stored(self, segment: _Segment, begin: int, end: int, place: tuple[str, str],
+                tokens: Sequence[int] | None = None) -> None:
+        """One BlockStored for blocks begin..end-1 of a segment's chain, as vLLM sends
+        (tokens: theirs, when the caller has them at hand)."""
         from vllm.distributed.kv_events import BlockStored
 
-        convert = self._convert
         size = self._block_size
+        if tokens is None:
+            offset = (begin - segment.start) * size
+            tokens = segment.tokens[offset:offset + (end - begin) * size].tolist()
         extra = [segment.first_extra if i == 0 else segment.extra for i in range(begin, end)]
         self._events.append(BlockStored(
-            block_hashes=[convert(h) for h in segment.block_hashes[begin:end]],
-            parent_block_hash=convert(segment.block_hashes[begin - 1]) if begin > 0 else None,
-            token_ids=list(segment.tokens[begin * size:end * size]), block_size=size, lora_id=segment.lora_id,
-            medium=place[0], lora_name=segment.lora_name,
+            block_hashes=segment.hashes[begin - segment.start:end - segment.start],
+            parent_block_hash=segment.parent_of(begin), token_ids=list(tokens), block_size=size,
+            lora_id=segment.lora_id, medium=place[0], lora_name=segment.lora_name,
             extra_keys=extra if any(e is not None for e in extra) else None,
             group_idx=0, kv_cache_spec_kind=self._cache_kind, locality=place[1], ownership=OWNERSHIP))
 
@@ -300,7 +327,9 @@ class BlockEvents:
             if not segments:
                 return
             try:
-                self._resync = [(s, send(list(s.keys[:s.done]))) for s in segments]
+                # kvtierd answers for each key in turn until the first it does not hold:
+                # a segment's own blocks need not start at block 0.
+                self._resync = [(s, send(list(s.keys))) for s in segments if s.keys]
             except KvtierError:
                 self._resync_wanted = True  # kvtierd not reachable yet: the next step tries again
                 return
@@ -323,15 +352,15 @@ class BlockEvents:
 
     def _correct(self, segment: _Segment, result) -> None:
         """Each block the segment announced and still owns, where the Lookup says it is."""
-        for index in range(segment.start, segment.done):
-            key = segment.keys[index]
+        for offset, key in enumerate(segment.keys):
             if self._announced.get(key) is not segment:
                 continue
-            place = PLACES.get(result.tiers[index]) if index < result.hit_count else None
+            index = segment.start + offset
+            place = PLACES.get(result.tiers[offset]) if offset < result.hit_count else None
             old = segment.place(index)
             if place == old:
                 continue
-            self._removed([self._convert(segment.block_hashes[index])], old)
+            self._removed([segment.hash_of(index)], old)
             if place is None:
                 del self._announced[key]
                 segment.places.pop(index, None)
