@@ -36,8 +36,8 @@ a step, so a long prompt's announcement is spread over steps instead of stalling
 Memory is bounded: at most ``max_blocks`` announced blocks are remembered (past that
 the oldest are announced removed and forgotten, so nothing is ever claimed that cannot
 be withdrawn), each once, by the Save that announced it (its key, vLLM's hash and its
-token ids: about 220 bytes with 16-token blocks). Blocks of another process of the same model are not announced here (each
-engine announces what it saved).
+token ids: about 220 bytes with 16-token blocks). Blocks of another process of the
+same model are not announced here (each engine announces what it saved).
 """
 
 from __future__ import annotations
