@@ -72,6 +72,7 @@ Status AdminService::handle_get_session(const ConnectionPtr& c, EngineContext& e
   auto session = find_session_for_admin(session_id, namespace_name);
   if (!session.is_ok()) return session.status();
   reply(c, id, [&](wire::Response::Builder response) {
+    assert_control_thread();
     fill_session_info(**session, response.initGetSession().initSession());
   });
   return Status::ok();
@@ -92,6 +93,7 @@ Status AdminService::handle_evict(const ConnectionPtr& c, EngineContext& engine,
     if (idle_over_ms == 0) return invalid_argument("give a sessionId or an idleOverMs above 0");
     const uint64_t now = now_ms();
     ctx_.sessions.for_each([&](const policy::Session& session) {
+      assert_control_thread();
       if (!namespace_name.empty() &&
           ctx_.engines.namespaces().name(session.namespace_id) != namespace_name)
         return;
@@ -193,6 +195,7 @@ Status AdminService::handle_drain(const ConnectionPtr& c, EngineContext& engine,
   ctx_.mover->apply(to_nvme);
   uint64_t blocks = 0, bytes = 0;
   auto count_moving = [&](const BlockKey& key) {
+    assert_control_thread();
     auto info = ctx_.store->lookup(key);
     // A block that had an NVMe copy is there already: it moved onto the copy.
     if (info && (info->state == BlockState::kMoving || info->location.tier == durable)) {

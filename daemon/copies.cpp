@@ -74,6 +74,7 @@ Status Copies::submit_copy(CopyBatch batch, std::function<void(Status)> done) {
   // The work guard keeps io_context::run() alive until this completion has run.
   auto guard = asio::make_work_guard(ctx_.io);
   auto finish = [this, guard, done = std::move(done)](Status status) {
+    assert_control_thread();
     --ctx_.counters.copies_in_flight;
     done(status);
     // The device let go of the batch's memories before it called us, and its pins are
@@ -87,6 +88,7 @@ Status Copies::submit_copy(CopyBatch batch, std::function<void(Status)> done) {
   Status submitted = ctx_.device->submit(
       std::move(batch), [this, guard, place, finish = std::move(finish)](Status status) {
         asio::post(ctx_.io, [this, guard, place, finish, status]() {
+          assert_control_thread();
           if (place != nullptr) {
             copy_delay_->copied(place, [finish, status] { finish(status); });
           } else {

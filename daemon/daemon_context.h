@@ -21,8 +21,10 @@
 // not use (a copy finished, a plan ran, a session changed) it hears through a
 // subscription the Service makes.
 //
-// Thread-safety: none. Every field, and every part, belongs to the control thread (the
-// io_context's one thread); Device and tier workers post their results back to it.
+// Thread-safety: every field, and every part's, belongs to the control thread (the
+// io_context's one thread); Device and tier workers post their results back to it. A
+// clang build checks this (common/control_thread.h): the fields are
+// KVTIER_GUARDED_BY(control_thread), and what touches them requires it.
 #pragma once
 
 #include <array>
@@ -34,6 +36,7 @@
 #include <memory>
 #include <vector>
 
+#include "common/control_thread.h"
 #include "common/tier_topology.h"
 #include "daemon/config.h"
 #include "daemon/engines.h"
@@ -94,33 +97,41 @@ struct DaemonContext {
 
   uint64_t now_ms() const { return clock.now_ms(); }
 
-  // Constant after construction (config's reloadable settings change on SIGHUP).
+  // Constant after construction, and not guarded: workers post through `io` and call
+  // `device` (device/device.h: any thread).
   asio::io_context& io;
-  DaemonConfig config;
+  // Its reloadable settings change on SIGHUP (Service::apply_reloaded_config).
+  DaemonConfig config KVTIER_GUARDED_BY(control_thread);
   std::unique_ptr<Device> device;
   policy::SteadyClock steady_clock;
   const policy::Clock& clock;  // steady_clock unless the constructor was given one
 
   // Set by Service::start(): the backend engines must match (Hello), the GPUs regions
   // may name, the tiers, the planner's window on them, and the executor of moves.
-  wire::DeviceKind backend_kind = wire::DeviceKind::HOST;
-  std::vector<GpuInfo> gpus;
-  std::unique_ptr<BlockStore> store;
-  TierTopology topology;  // the tiers that run (remote from open_remote), what each can do
-  std::unique_ptr<policy::PlacementView> view;
-  std::vector<std::unique_ptr<StorageTier>> storage_tiers;  // as the executor sees them
-  std::unique_ptr<MoveExecutor> mover;
-  uint64_t started_ms = 0;
+  wire::DeviceKind backend_kind KVTIER_GUARDED_BY(control_thread) = wire::DeviceKind::HOST;
+  std::vector<GpuInfo> gpus KVTIER_GUARDED_BY(control_thread);
+  std::unique_ptr<BlockStore> store KVTIER_GUARDED_BY(control_thread);
+  // The tiers that run (remote from open_remote), what each can do.
+  TierTopology topology KVTIER_GUARDED_BY(control_thread);
+  std::unique_ptr<policy::PlacementView> view KVTIER_GUARDED_BY(control_thread);
+  // As the executor sees them.
+  std::vector<std::unique_ptr<StorageTier>> storage_tiers KVTIER_GUARDED_BY(control_thread);
+  std::unique_ptr<MoveExecutor> mover KVTIER_GUARDED_BY(control_thread);
+  uint64_t started_ms KVTIER_GUARDED_BY(control_thread) = 0;
 
   StoreReferences store_references{store};
-  policy::SessionTable sessions;  // tells store_references of every reference it changes
-  policy::Planner planner;
-  EngineRegistry engines{config};  // connections' contexts and the namespaces
-  Counters counters;
+  // Tells store_references of every reference it changes.
+  policy::SessionTable sessions KVTIER_GUARDED_BY(control_thread);
+  policy::Planner planner KVTIER_GUARDED_BY(control_thread);
+  // Connections' contexts and the namespaces.
+  EngineRegistry engines KVTIER_GUARDED_BY(control_thread){config};
+  Counters counters KVTIER_GUARDED_BY(control_thread);
   // The server whose connections Stats, status and /metrics count (Service::attach_server).
-  const ipc::Server* server = nullptr;
-  bool ready = false;     // the tier memory is filled: data requests are served
-  bool stopping = false;  // stop() was called, or the device was lost
+  const ipc::Server* server KVTIER_GUARDED_BY(control_thread) = nullptr;
+  // The tier memory is filled: data requests are served.
+  bool ready KVTIER_GUARDED_BY(control_thread) = false;
+  // stop() was called, or the device was lost.
+  bool stopping KVTIER_GUARDED_BY(control_thread) = false;
 };
 
 // What every part is built on: the context, and the Replies its handlers answer through
@@ -138,8 +149,10 @@ class Part {
   ~Part() = default;
 
   // Replies::reply and Replies::reply_error (replies.h).
-  void reply(const ConnectionPtr& connection, uint64_t id, const Fill& fill) const;
-  void reply_error(const ConnectionPtr& connection, uint64_t id, const Status& status) const;
+  void reply(const ConnectionPtr& connection, uint64_t id, const Fill& fill) const
+      KVTIER_REQUIRES(control_thread);
+  void reply_error(const ConnectionPtr& connection, uint64_t id, const Status& status) const
+      KVTIER_REQUIRES(control_thread);
   uint64_t now_ms() const { return ctx_.now_ms(); }
 
   DaemonContext& ctx_;

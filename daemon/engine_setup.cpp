@@ -103,6 +103,7 @@ Status EngineSetup::handle_hello(const ConnectionPtr& c, EngineContext& engine, 
       engine.engine_name, c->peer().pid, engine.namespace_name, engine.layout.model_id,
       engine.layout.planes.size(), engine.layout.block_bytes, data_path_name(engine.data_path));
   reply(c, id, [&](wire::Response::Builder response) {
+    assert_control_thread();
     auto out = response.initHello();
     out.setProtocolVersion(wire::PROTOCOL_VERSION);
     out.setLayoutDigest(engine.layout.digest);
@@ -195,6 +196,7 @@ Status EngineSetup::handle_register_region(const ConnectionPtr& c, EngineContext
     auto memory = ctx_.device->open_region(std::move(*opening));
     asio::post(ctx_.io, [this, c, id, region_id, gpu_index, memory = std::move(memory),
                          guard = std::move(guard)]() mutable {
+      assert_control_thread();
       finish_register_region(c, id, region_id, gpu_index, std::move(memory));
     });
   });
@@ -227,7 +229,10 @@ void EngineSetup::close_region_off_thread(std::shared_ptr<Memory> memory,
                         guard = asio::make_work_guard(ctx_.io)]() mutable {
     memory.reset();  // the daemon's last reference: unmaps / closes the IPC handle here
     if (!closed) return;
-    asio::post(ctx_.io, [closed = std::move(closed), guard = std::move(guard)] { closed(); });
+    asio::post(ctx_.io, [closed = std::move(closed), guard = std::move(guard)] {
+      assert_control_thread();
+      closed();
+    });
   });
 }
 
@@ -247,6 +252,7 @@ Status EngineSetup::handle_unregister_region(const ConnectionPtr& c, EngineConte
   }
   // The reply goes out once the mapping is closed (on the region worker).
   close_region_off_thread(std::move(memory), [this, c, id, region_id] {
+    assert_control_thread();
     reply(c, id, [&](wire::Response::Builder response) {
       response.initUnregisterRegion().setRegionId(region_id);
     });
@@ -266,6 +272,7 @@ void EngineSetup::reply_to_finished_unregisters() {
     close_region_off_thread(
         std::move(finished.memory),
         [this, c = finished.connection, id = finished.request_id, region_id = finished.region_id] {
+          assert_control_thread();
           reply(c, id, [&](wire::Response::Builder response) {
             response.initUnregisterRegion().setRegionId(region_id);
           });

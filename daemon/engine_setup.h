@@ -43,32 +43,36 @@ class EngineSetup final : public Part {
   ~EngineSetup();
 
   Status handle_hello(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
-                      HelloRequest hello);
+                      HelloRequest hello) KVTIER_REQUIRES(control_thread);
   Status handle_register_region(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
-                                uint32_t region_id, RegionHandle region);
+                                uint32_t region_id, RegionHandle region)
+      KVTIER_REQUIRES(control_thread);
   // Replies once the daemon's mapping of the region is closed: at once when no copy
   // holds it, else when the last copy that does has completed.
   Status handle_unregister_region(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
-                                  uint32_t region_id);
+                                  uint32_t region_id) KVTIER_REQUIRES(control_thread);
   // Runs after every copy completion: replies to the Unregisters whose region is no
   // longer held by any copy.
-  void reply_to_finished_unregisters();
+  void reply_to_finished_unregisters() KVTIER_REQUIRES(control_thread);
   // The connection closed: its regions (and those its parked Unregisters hold) are
   // closed on the region worker; nobody is told.
-  void forget(const ConnectionPtr& connection, EngineContext* engine);
+  void forget(const ConnectionPtr& connection, EngineContext* engine)
+      KVTIER_REQUIRES(control_thread);
   // Runs the closes still queued and stops the worker (the Service's destructor).
-  void stop_worker();
+  void stop_worker() KVTIER_REQUIRES(control_thread);
 
  private:
   // Hands a region's last daemon reference to the region worker, which closes the
   // mapping there; `closed` then runs on the control thread.
-  void close_region_off_thread(std::shared_ptr<Memory> memory, std::function<void()> closed = {});
+  void close_region_off_thread(std::shared_ptr<Memory> memory, std::function<void()> closed = {})
+      KVTIER_REQUIRES(control_thread);
   void finish_register_region(const ConnectionPtr& c, uint64_t id, uint32_t region_id,
-                              int gpu_index, Result<std::shared_ptr<Memory>> memory);
+                              int gpu_index, Result<std::shared_ptr<Memory>> memory)
+      KVTIER_REQUIRES(control_thread);
 
   StartupGate& startup_;
   // Two threads: closing one engine's big region does not hold up opening another's.
-  std::unique_ptr<RegionWorker> region_worker_;
+  std::unique_ptr<RegionWorker> region_worker_ KVTIER_GUARDED_BY(control_thread);
   // Unregisters waiting for copies that still use their region; the entry holds the
   // daemon's last reference, dropped (closing the mapping) just before the reply.
   struct ParkedUnregister {
@@ -77,7 +81,7 @@ class EngineSetup final : public Part {
     uint64_t request_id;
     uint32_t region_id;
   };
-  std::vector<ParkedUnregister> parked_unregisters_;
+  std::vector<ParkedUnregister> parked_unregisters_ KVTIER_GUARDED_BY(control_thread);
 };
 
 }  // namespace kvtier::daemon

@@ -68,7 +68,7 @@ Result<ListingKey> decode_cursor(wire::SessionOrder order, const std::string& cu
 
 // One entry per configured tier, with what the policy's moves wrote into it.
 void fill_tier_stats(wire::StatsReply::Builder out, const std::vector<TierUsage>& tiers,
-                     const DaemonContext& ctx) {
+                     const DaemonContext& ctx) KVTIER_REQUIRES(control_thread) {
   auto list = out.initTiers(static_cast<unsigned>(tiers.size()));
   for (size_t i = 0; i < tiers.size(); ++i) {
     list[i].setTier(to_wire(tiers[i].tier));
@@ -82,7 +82,8 @@ void fill_tier_stats(wire::StatsReply::Builder out, const std::vector<TierUsage>
 }
 
 // Each served GPU's part of the HBM arena.
-void fill_gpu_stats(wire::StatsReply::Builder out, const DaemonContext& ctx) {
+void fill_gpu_stats(wire::StatsReply::Builder out, const DaemonContext& ctx)
+    KVTIER_REQUIRES(control_thread) {
   // The arena's parts follow Device::gpus() order.
   const std::vector<uint64_t> hbm_parts = ctx.store->part_used_bytes(Tier::kHbm);
   auto gpus = out.initGpus(static_cast<unsigned>(ctx.gpus.size()));
@@ -151,7 +152,8 @@ void fill_nvme_stats(wire::StatsReply::Builder out, const NvmeTier& nvme) {
 }
 
 // The planner's latest decisions, oldest first, each with how long ago it was made.
-void fill_recent_moves(wire::StatsReply::Builder out, const DaemonContext& ctx) {
+void fill_recent_moves(wire::StatsReply::Builder out, const DaemonContext& ctx)
+    KVTIER_REQUIRES(control_thread) {
   const auto& recent = ctx.planner.recent_moves();
   auto moves = out.initRecentMoves(static_cast<unsigned>(recent.size()));
   const uint64_t now = ctx.now_ms();
@@ -185,6 +187,7 @@ Status AdminService::handle_stats(const ConnectionPtr& c, EngineContext& engine,
                             ? ctx_.sessions.count(policy::SessionState::kIdle)
                             : ctx_.sessions.count(engine.namespace_id, policy::SessionState::kIdle);
   reply(c, id, [&](wire::Response::Builder response) {
+    assert_control_thread();
     auto out = response.initStats();
     fill_tier_stats(out, tiers, ctx_);
     out.setSessionsActive(active);
@@ -298,6 +301,7 @@ void AdminService::continue_listing(const std::shared_ptr<Listing>& listing) {
       l.total = 0;
     }
     l.walk = ctx_.sessions.walk_some(l.walk, kListingWalkSlice, [&](const policy::Session& s) {
+      assert_control_thread();
       if (!l.all_namespaces && s.namespace_id != l.namespace_id) return;
       ++l.total;
       ListingKey key{s.last_active_ms, s.namespace_id, s.id};
@@ -319,7 +323,10 @@ void AdminService::continue_listing(const std::shared_ptr<Listing>& listing) {
       l.phase = Listing::Phase::kSort;
       l.unsorted = l.page.size();
     }
-    asio::post(ctx_.io, [this, listing] { continue_listing(listing); });
+    asio::post(ctx_.io, [this, listing] {
+      assert_control_thread();
+      continue_listing(listing);
+    });
     return;
   }
   if (l.phase == Listing::Phase::kSort) {
@@ -333,7 +340,10 @@ void AdminService::continue_listing(const std::shared_ptr<Listing>& listing) {
           static_cast<unsigned>(l.page.size()));
       l.predictor.emplace(ctx_.planner.return_predictor(ctx_.sessions));
     }
-    asio::post(ctx_.io, [this, listing] { continue_listing(listing); });
+    asio::post(ctx_.io, [this, listing] {
+      assert_control_thread();
+      continue_listing(listing);
+    });
     return;
   }
   auto sessions = l.sessions.get();
@@ -345,7 +355,10 @@ void AdminService::continue_listing(const std::shared_ptr<Listing>& listing) {
     fill_session_info(*session, sessions[l.described++], *l.predictor);
   }
   if (l.next_to_describe < l.page.size()) {
-    asio::post(ctx_.io, [this, listing] { continue_listing(listing); });
+    asio::post(ctx_.io, [this, listing] {
+      assert_control_thread();
+      continue_listing(listing);
+    });
     return;
   }
   if (l.described < l.page.size()) l.sessions.truncate(l.described);

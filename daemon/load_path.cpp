@@ -82,6 +82,7 @@ Status LoadPath::handle_load(const ConnectionPtr& c, EngineContext& engine, uint
   // Scatters the leading readable blocks and replies (finish_load).
   auto finish = std::make_shared<std::function<void()>>();
   *finish = [this, c, id, load, target, total = request.hashes.size()]() {
+    assert_control_thread();
     finish_load(c, id, load, target, total);
   };
   if (load->waiting == 0) {
@@ -148,6 +149,7 @@ void LoadPath::wait_for_blocks(const LoadScan& scan, const Finish& finish,
   // rest can land. Without it a Load of more NVMe blocks than RAM holds would wait out
   // nvme-load-wait-ms for room its own pins keep.
   auto scatter_ready = [this, load, finish, target]() {
+    assert_control_thread();
     scatter_ready_blocks(load, finish, target);
   };
 
@@ -161,6 +163,7 @@ void LoadPath::wait_for_blocks(const LoadScan& scan, const Finish& finish,
   load->deadline = std::make_unique<asio::steady_timer>(ctx_.io);
   load->deadline->expires_after(std::chrono::milliseconds(wait_ms));
   load->deadline->async_wait([load, finish, wait_ms](const boost::system::error_code& ec) {
+    assert_control_thread();
     if (ec || load->finished) return;
     for (PendingLoad::Entry& entry : load->entries) {
       if (!entry.pinned && entry.failure.is_ok()) {
@@ -174,6 +177,7 @@ void LoadPath::wait_for_blocks(const LoadScan& scan, const Finish& finish,
     if (load->entries[i].pinned || load->entries[i].remote) continue;
     ctx_.mover->await_readable(load->entries[i].key,
                                [this, load, finish, scatter_ready, i](const Status& status) {
+                                 assert_control_thread();
                                  if (load->finished) return;
                                  pin_landed_block(*load, i, status);
                                  if (--load->waiting == 0) {
@@ -187,6 +191,7 @@ void LoadPath::wait_for_blocks(const LoadScan& scan, const Finish& finish,
     remote_.fetch_remote(
         scan.from_remote,
         [this, load, finish, remote_entries = scan.remote_entries](size_t j, const Status& status) {
+          assert_control_thread();
           if (load->finished) return;
           pin_landed_block(*load, remote_entries[j], status);
           if (--load->waiting == 0) (*finish)();
@@ -228,6 +233,7 @@ void LoadPath::scatter_ready_blocks(const std::shared_ptr<PendingLoad>& load, co
   load->scattering = true;
   Status submitted =
       copies_.submit_copy(std::move(batch), [this, load, finish, pins, end](Status status) {
+        assert_control_thread();
         pins->clear();  // on the control thread: the room they held is free
         load->scattering = false;
         if (status.is_ok()) {
@@ -302,7 +308,10 @@ void LoadPath::finish_load(const ConnectionPtr& c, uint64_t id,
                               .range_bytes = range_bytes,
                               .served = served,
                               .counts_lookups = counts_lookups};
-  auto done = [this, c, id, finished](Status status) { reply_load(c, id, finished, status); };
+  auto done = [this, c, id, finished](Status status) {
+    assert_control_thread();
+    reply_load(c, id, finished, status);
+  };
   if (loaded->empty()) {
     done(Status::ok());
     return;
@@ -359,6 +368,7 @@ Status LoadPath::handle_lookup(const ConnectionPtr& c, EngineContext& engine, ui
     // Answered when the cluster did.
     remote_.lookup_remote(engine, hashes, std::move(tiers),
                           [this, c, id, asked = hashes.size()](const std::vector<Tier>& found) {
+                            assert_control_thread();
                             reply_lookup(c, id, asked, found);
                           });
     return Status::ok();

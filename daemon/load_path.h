@@ -41,12 +41,12 @@ class LoadPath final : public Part {
       : Part(ctx, replies), copies_(copies), remote_(remote) {}
 
   Status handle_lookup(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
-                       const std::vector<BlockHash>& hashes);
+                       const std::vector<BlockHash>& hashes) KVTIER_REQUIRES(control_thread);
   // Lookup's reply: `tiers` (where each block of the prefix found is), of `asked`.
   void reply_lookup(const ConnectionPtr& c, uint64_t id, size_t asked,
-                    const std::vector<Tier>& tiers);
+                    const std::vector<Tier>& tiers) KVTIER_REQUIRES(control_thread);
   Status handle_load(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
-                     BlockListRequest request);
+                     BlockListRequest request) KVTIER_REQUIRES(control_thread);
 
  private:
   struct PendingLoad;   // load_path.cpp
@@ -58,26 +58,30 @@ class LoadPath final : public Part {
 
   // Records the named session's activity and, for the first Load after BeginTurn, how
   // long its promotions had to land.
-  void record_load_activity(const EngineContext& engine, const std::string& session_id);
+  void record_load_activity(const EngineContext& engine, const std::string& session_id)
+      KVTIER_REQUIRES(control_thread);
   // Pins each block of the prefix held in memory; counts the blocks to wait for (on
   // NVMe, or only in the remote tier) and stops at the first that cannot be loaded.
-  LoadScan scan_prefix(const EngineContext& engine, const BlockListRequest& request);
+  LoadScan scan_prefix(const EngineContext& engine, const BlockListRequest& request)
+      KVTIER_REQUIRES(control_thread);
   // Starts the scan's NVMe reads and remote fetches and the Load's deadline; `finish`
   // runs on the last answer or at the deadline.
-  void wait_for_blocks(const LoadScan& scan, const Finish& finish, const LoadTarget& target);
+  void wait_for_blocks(const LoadScan& scan, const Finish& finish, const LoadTarget& target)
+      KVTIER_REQUIRES(control_thread);
   // The read of the Load's block `i` ended: pinned, or why not.
-  void pin_landed_block(PendingLoad& load, size_t i, const Status& status);
+  void pin_landed_block(PendingLoad& load, size_t i, const Status& status)
+      KVTIER_REQUIRES(control_thread);
   // While reads wait for room, scatters the leading blocks already read and not yet
   // served, and lets go of them.
   void scatter_ready_blocks(const std::shared_ptr<PendingLoad>& load, const Finish& finish,
-                            const LoadTarget& target);
+                            const LoadTarget& target) KVTIER_REQUIRES(control_thread);
   // Scatters the leading readable blocks not yet served and replies; during a partial
   // scatter it only marks the Load to finish once that copy is done.
   void finish_load(const ConnectionPtr& c, uint64_t id, const std::shared_ptr<PendingLoad>& load,
-                   const LoadTarget& target, size_t total);
+                   const LoadTarget& target, size_t total) KVTIER_REQUIRES(control_thread);
   // The Load's last copy ended: its pins go, the blocks are counted, and the Load answered.
   void reply_load(const ConnectionPtr& c, uint64_t id, const FinishedLoad& finished,
-                  const Status& status);
+                  const Status& status) KVTIER_REQUIRES(control_thread);
 
   Copies& copies_;
   RemotePath& remote_;

@@ -18,6 +18,7 @@
 #include <string>
 #include <thread>
 
+#include "common/control_thread.h"
 #include "common/log.h"
 #include "common/units.h"
 #ifdef KVTIER_HAVE_CUDA
@@ -75,7 +76,8 @@ void raise_descriptor_limit() {
 // SIGHUP: re-read the same --config file and flags. Reloadable settings take effect
 // now; every other change is logged as needing a restart. A bad file keeps the
 // running configuration.
-void reload(int argc, char** argv, daemon::Service& service, daemon::ServiceNotifier& notifier) {
+void reload(int argc, char** argv, daemon::Service& service, daemon::ServiceNotifier& notifier)
+    KVTIER_REQUIRES(control_thread) {
   notifier.reloading();
   auto fresh = daemon::parse_command_line(argc, argv);
   if (!fresh.is_ok()) {
@@ -158,12 +160,13 @@ class SignalHandlers {
 
   // Waits for the stop and reload signals, and sets what the service does when the
   // device is lost.
-  void arm() {
+  void arm() KVTIER_REQUIRES(control_thread) {
     wait_for_stop();
     wait_for_hangup();
     // A lost GPU context: the service wrote what it can and stops the loop; close
     // everything else so that nothing is served until systemd starts a fresh daemon.
     service_.set_fatal_exit([this](int) {
+      assert_control_thread();
       ending_ = true;
       notifier_.stopping();
       stop_signals_.cancel();
@@ -174,7 +177,7 @@ class SignalHandlers {
   }
 
  private:
-  void shut_down(int signal_number) {
+  void shut_down(int signal_number) KVTIER_REQUIRES(control_thread) {
     KVTIER_LOG_INFO("signal {}: shutting down", signal_number);
     ending_ = true;
     notifier_.stopping();
@@ -188,8 +191,9 @@ class SignalHandlers {
     service_.stop([&stop_signals = stop_signals_] { stop_signals.cancel(); });
   }
 
-  void wait_for_stop() {
+  void wait_for_stop() KVTIER_REQUIRES(control_thread) {
     stop_signals_.async_wait([this](const boost::system::error_code& ec, int signal_number) {
+      assert_control_thread();
       if (ec || (ending_ && stop_requests_ == 0)) return;  // the device was lost meanwhile
       if (++stop_requests_ > 1) {
         KVTIER_LOG_WARN("signal {} again: exiting now", signal_number);
@@ -201,8 +205,9 @@ class SignalHandlers {
     });
   }
 
-  void wait_for_hangup() {
+  void wait_for_hangup() KVTIER_REQUIRES(control_thread) {
     reload_signals_.async_wait([this](const boost::system::error_code& ec, int) {
+      assert_control_thread();
       if (ec || ending_) return;
       reload(argc_, argv_, service_, notifier_);
       wait_for_hangup();
@@ -220,8 +225,8 @@ class SignalHandlers {
   // Set once the loop is winding down (a stop signal or a lost device). A signal whose
   // wait completed in the same turn of the loop is handled after that: cancel() cannot
   // take back a completed wait, so the handlers look here and do not re-arm.
-  bool ending_ = false;
-  int stop_requests_ = 0;
+  bool ending_ KVTIER_GUARDED_BY(control_thread) = false;
+  int stop_requests_ KVTIER_GUARDED_BY(control_thread) = 0;
 };
 
 // The signal handlers are gone with the loop: a late SIGTERM while the daemon winds
@@ -285,6 +290,8 @@ int run(int argc, char** argv) {
     return 2;
   }
   boost::asio::io_context io(1);
+  // This thread runs the loop (io.run() below): it is the control thread from here on.
+  assert_control_thread();
   // Signals are caught from here on, before anything could connect: a SIGTERM that
   // arrives while kvtierd starts (a test or systemd stopping it as soon as the socket
   // answers) is queued and handled by the loop, never the default death by signal.
@@ -301,7 +308,10 @@ int run(int argc, char** argv) {
   // /metrics on the control thread: rendering reads the Service's state directly. Bound
   // before the socket listens, so a daemon that cannot serve its configured metrics
   // address exits before any engine could connect to it.
-  daemon::MetricsServer metrics(io, [&service] { return service.render_metrics(); });
+  daemon::MetricsServer metrics(io, [&service] {
+    assert_control_thread();  // a scrape's handler
+    return service.render_metrics();
+  });
   if (!start_metrics(metrics, config)) return 1;
 
   if (config.fault_start_delay_ms > 0) {  // fault-start-delay-ms (tests only)
@@ -323,7 +333,10 @@ int run(int argc, char** argv) {
                   format_bytes(config.hbm_bytes), format_bytes(config.ram_bytes), device_name);
   // systemd's READY=1 means "serving data": sent once the tier memory is filled (a
   // filled service calls this from its first run of the loop).
-  service.set_ready_callback([&notifier] { notifier.ready(); });
+  service.set_ready_callback([&notifier] {
+    assert_control_thread();
+    notifier.ready();
+  });
   notifier.starting();
   io.run();
   ignore_signals_after_loop(stop_signals, reload_signals);

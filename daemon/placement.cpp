@@ -328,6 +328,7 @@ void Placement::plan_soon() {
   if (plan_posted_ || ctx_.stopping) return;
   plan_posted_ = true;
   asio::post(ctx_.io, [this] {
+    assert_control_thread();
     plan_posted_ = false;
     run_planner(policy::Planner::PlanKind::kAfterSave);
   });
@@ -353,6 +354,7 @@ void Placement::run_planner(policy::Planner::PlanKind kind) {
   if (kind != policy::Planner::PlanKind::kPeriodic) return;
   plan_timer_.expires_after(std::chrono::milliseconds(ctx_.config.plan_interval_ms));
   plan_timer_.async_wait([this](const boost::system::error_code& ec) {
+    assert_control_thread();
     if (!ec) run_planner(policy::Planner::PlanKind::kPeriodic);
   });
 }

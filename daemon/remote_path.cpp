@@ -66,6 +66,7 @@ Status RemotePath::open_remote() {
   remote_->tier = std::make_unique<RemoteStorageTier>(
       *remote_->worker,
       [this](const BlockKey& key) {
+        assert_control_thread();
         return remote::RemoteBlockId{ctx_.engines.namespaces().name(key.layout.namespace_id),
                                      key.layout.layout_digest, key.hash};
       },
@@ -73,8 +74,10 @@ Status RemotePath::open_remote() {
   // The bottom of the topology; NVMe evictions go to it first and write-behinds copy
   // blocks out to it, at most remote-max-in-flight of either at once.
   const TierTopology local = ctx_.topology;
-  ctx_.topology = TierTopology::of(
-      [&](Tier tier) { return local.configured(tier) || tier == remote_->tier->id(); });
+  ctx_.topology = TierTopology::of([&](Tier tier) {
+    assert_control_thread();
+    return local.configured(tier) || tier == remote_->tier->id();
+  });
   ctx_.mover->attach_spill_tier(*remote_->tier, ctx_.config.remote_max_in_flight_bytes,
                                 std::move(staging), ctx_.config.slab_bytes);
   KVTIER_LOG_INFO("remote tier: Redis Cluster at {} (connecting in the background)",

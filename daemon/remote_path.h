@@ -52,43 +52,49 @@ class RemotePath final : public Part, public policy::SessionObserver {
   ~RemotePath();
 
   // Starts the worker (remote-nodes set); it connects in the background.
-  Status open_remote();
-  bool enabled() const { return remote_ != nullptr; }
+  Status open_remote() KVTIER_REQUIRES(control_thread);
+  bool enabled() const KVTIER_REQUIRES(control_thread) { return remote_ != nullptr; }
 
   // remote_write_behind.cpp
-  void write_behind(const policy::Session& session, bool sweeping = false);
+  void write_behind(const policy::Session& session, bool sweeping = false)
+      KVTIER_REQUIRES(control_thread);
   // Writes behind again for sessions left with blocks to write (at most once a second).
-  void sweep_write_behind();
+  void sweep_write_behind() KVTIER_REQUIRES(control_thread);
   // The session was cut: its blocks from the cut on are written behind again.
-  void session_cut(const policy::Session& session) override;
+  void session_cut(const policy::Session& session) override KVTIER_REQUIRES(control_thread);
   // A Save ended its turn: its blocks not in the cluster yet are written behind.
-  void turn_ended(const policy::Session& session) override { write_behind(session); }
+  void turn_ended(const policy::Session& session) override KVTIER_REQUIRES(control_thread) {
+    write_behind(session);
+  }
   // The session's end: its remote record is deleted (SessionObserver).
-  void session_closed(uint32_t namespace_id, const std::string& session_id) override;
+  void session_closed(uint32_t namespace_id, const std::string& session_id) override
+      KVTIER_REQUIRES(control_thread);
 
   // remote_read_path.cpp
   // Reads `keys` from the remote tier into RAM (host HBM when there is no RAM tier),
   // joining reads already running: the executor's copy_in (tiers/move_executor.h), whose
   // contract `done` has.
   void fetch_remote(const std::vector<BlockKey>& keys,
-                    std::function<void(size_t, const Status&)> done);
+                    std::function<void(size_t, const Status&)> done)
+      KVTIER_REQUIRES(control_thread);
   // Lookup's tail: how many of `hashes` from `tiers.size()` on the cluster holds, in a
   // row; `answer` gets `tiers` with a kRemote for each (at once when not connected; at
   // the remote-timeout with none).
   using Found = std::function<void(const std::vector<Tier>& tiers)>;
   void lookup_remote(const EngineContext& engine, std::vector<BlockHash> hashes,
-                     std::vector<Tier> tiers, Found answer);
+                     std::vector<Tier> tiers, Found answer) KVTIER_REQUIRES(control_thread);
   // BeginTurn of a session not known here: its record from the remote tier, then
   // `begin_turn` with the session and the blocks being read for it (BeginTurn of a
   // session known by then: with 0). Answers the request with an error itself when there
   // is no record to resume from.
   using Resumed = std::function<void(policy::Session& session, uint32_t fetching)>;
   void resume_from_remote(const ConnectionPtr& c, const EngineContext& engine, uint64_t id,
-                          const std::string& session_id, Resumed begin_turn);
+                          const std::string& session_id, Resumed begin_turn)
+      KVTIER_REQUIRES(control_thread);
 
   // remote_path.cpp: what Stats and /metrics say of it.
-  void render_remote_metrics(PrometheusText& out) const;
-  void fill_remote_stats(wire::RemoteStats::Builder out) const;
+  void render_remote_metrics(PrometheusText& out) const KVTIER_REQUIRES(control_thread);
+  void fill_remote_stats(wire::RemoteStats::Builder out) const KVTIER_REQUIRES(control_thread);
 
  private:
   struct RemoteState {
@@ -132,23 +138,27 @@ class RemotePath final : public Part, public policy::SessionObserver {
   // answered with the error.
   void resume_from_record(const ConnectionPtr& c, const EngineContext& engine, uint64_t id,
                           const std::string& session_id, const Resumed& begin_turn,
-                          Result<std::string> value);
+                          Result<std::string> value) KVTIER_REQUIRES(control_thread);
   // Grows `session` by the record's blocks held here, restores its statistics, begins
   // its turn, and reads the rest of its blocks from the cluster.
   void restore_resumed_session(const EngineContext& engine, policy::Session& session,
-                               const NvmeSessionRecord& record, const Resumed& begin_turn);
+                               const NvmeSessionRecord& record, const Resumed& begin_turn)
+      KVTIER_REQUIRES(control_thread);
   // The read of the resumed session's block `i` of `growth.rest` ended: the session grows
   // by the leading blocks that landed.
-  void grow_resumed_session(ResumedGrowth& growth, size_t i, const Status& status);
+  void grow_resumed_session(ResumedGrowth& growth, size_t i, const Status& status)
+      KVTIER_REQUIRES(control_thread);
 
   // A write-behind of the session's blocks from `from` on (`taken` of them) ended:
   // counted, the session's mark lowered to the first not written (the sweep tries
   // again), its record written after its blocks, and the next batch started.
   void on_written_behind(const policy::SessionKey& key, const std::string& ns, uint32_t from,
-                         size_t taken, MoveExecutor::CopyOutResult result);
+                         size_t taken, MoveExecutor::CopyOutResult result)
+      KVTIER_REQUIRES(control_thread);
 
   SessionJournal& journal_;
-  std::unique_ptr<RemoteState> remote_;  // null without remote-nodes
+  std::unique_ptr<RemoteState> remote_
+      KVTIER_GUARDED_BY(control_thread);  // null without remote-nodes
 };
 
 }  // namespace kvtier::daemon

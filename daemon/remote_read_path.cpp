@@ -55,10 +55,12 @@ void RemotePath::lookup_remote(const EngineContext& engine, std::vector<BlockHas
   wait->deadline = std::make_unique<asio::steady_timer>(ctx_.io);
   wait->deadline->expires_after(std::chrono::milliseconds(ctx_.config.remote_timeout_ms));
   wait->deadline->async_wait([wait, answer, tiers](const boost::system::error_code& ec) {
+    assert_control_thread();
     if (!ec && wait->take()) answer(tiers);  // what is held here
   });
   remote_->tier->probe(std::move(asked),
                        [this, wait, answer, tiers](std::vector<Result<bool>> found) mutable {
+                         assert_control_thread();
                          if (!wait->take()) return;
                          for (Result<bool>& exists : found) {
                            if (!exists.is_ok() || !*exists) break;
@@ -96,6 +98,7 @@ void RemotePath::resume_from_remote(const ConnectionPtr& c, const EngineContext&
   wait->deadline = std::make_unique<asio::steady_timer>(ctx_.io);
   wait->deadline->expires_after(std::chrono::milliseconds(ctx_.config.remote_timeout_ms));
   wait->deadline->async_wait([this, wait, c, id, session_id](const boost::system::error_code& ec) {
+    assert_control_thread();
     if (ec || !wait->take()) return;
     reply_error(c, id,
                 not_found("unknown session '{}' (the remote tier did not answer within {} ms)",
@@ -104,6 +107,7 @@ void RemotePath::resume_from_remote(const ConnectionPtr& c, const EngineContext&
   remote_->worker->get_session(
       engine.namespace_name, session_id,
       [this, wait, c, id, engine_ref, session_id, begin_turn](Result<std::string> value) {
+        assert_control_thread();
         if (!wait->take()) return;
         resume_from_record(c, *engine_ref, id, session_id, begin_turn, std::move(value));
       });
@@ -176,6 +180,7 @@ void RemotePath::restore_resumed_session(const EngineContext& engine, policy::Se
   // Before the turn is answered, so that the waits below see a live session.
   begin_turn(session, fetching);
   fetch_remote(growth->rest, [this, growth](size_t i, const Status& status) {
+    assert_control_thread();
     grow_resumed_session(*growth, i, status);
   });
 }

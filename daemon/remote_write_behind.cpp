@@ -25,6 +25,7 @@ void RemotePath::write_behind(const policy::Session& session, bool sweeping) {
   auto taken_by_batch = std::make_shared<size_t>(0);
   const size_t taken = ctx_.mover->copy_out(
       keys, [this, key, ns, from, taken_by_batch](MoveExecutor::CopyOutResult result) {
+        assert_control_thread();
         on_written_behind(key, ns, from, *taken_by_batch, result);
       });
   *taken_by_batch = taken;

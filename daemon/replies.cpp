@@ -40,7 +40,7 @@ void Replies::reply(const ConnectionPtr& connection, uint64_t id, const Fill& fi
   // Most replies fit the reused first segment, which saves allocating and zeroing one per
   // reply (the builder zeroes what it used when it goes).
   building_ = true;
-  KJ_DEFER(building_ = false);
+  KJ_DEFER(assert_control_thread(); building_ = false);  // a lambda, analysed on its own
   capnp::MallocMessageBuilder message(kj::arrayPtr(first_segment_.data(), first_segment_.size()));
   send_reply(message, connection, id, fill);
 }

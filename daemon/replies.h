@@ -29,27 +29,33 @@ class Replies final : public Part {
 
   // Builds the response (`fill` sets its body), records it, sends it, and frees the
   // request's in-flight slot on its connection.
-  void reply(const ConnectionPtr& connection, uint64_t id, const Fill& fill);
+  void reply(const ConnectionPtr& connection, uint64_t id, const Fill& fill)
+      KVTIER_REQUIRES(control_thread);
   // A reply built over time in a message of its own (a listing described a slice at a
   // time), whose root is the Response: sets its id, then records and sends it as reply().
-  void send_built(capnp::MessageBuilder& message, const ConnectionPtr& connection, uint64_t id);
+  void send_built(capnp::MessageBuilder& message, const ConnectionPtr& connection, uint64_t id)
+      KVTIER_REQUIRES(control_thread);
   // An error reply: logged (Internal as an error, the rest at debug).
-  void reply_error(const ConnectionPtr& connection, uint64_t id, const Status& status);
+  void reply_error(const ConnectionPtr& connection, uint64_t id, const Status& status)
+      KVTIER_REQUIRES(control_thread);
   // A request arrived: its kind and start time (and a Load's hit tiers) are noted.
-  void record_request(EngineContext& engine, uint64_t id, wire::Request::Reader request);
+  void record_request(EngineContext& engine, uint64_t id, wire::Request::Reader request)
+      KVTIER_REQUIRES(control_thread);
 
-  RequestMetrics& metrics() { return metrics_; }
-  const RequestMetrics& metrics() const { return metrics_; }
+  RequestMetrics& metrics() KVTIER_REQUIRES(control_thread) { return metrics_; }
+  const RequestMetrics& metrics() const KVTIER_REQUIRES(control_thread) { return metrics_; }
 
  private:
   void send_reply(capnp::MessageBuilder& message, const ConnectionPtr& connection, uint64_t id,
-                  const Fill& fill);
-  void record_reply(const ConnectionPtr& c, uint64_t id, wire::Response::Reader response);
+                  const Fill& fill) KVTIER_REQUIRES(control_thread);
+  void record_reply(const ConnectionPtr& c, uint64_t id, wire::Response::Reader response)
+      KVTIER_REQUIRES(control_thread);
 
-  RequestMetrics metrics_;
+  RequestMetrics metrics_ KVTIER_GUARDED_BY(control_thread);
   // The first segment of every reply's message (zero between replies), 4 KiB.
-  std::array<capnp::word, 512> first_segment_{};
-  bool building_ = false;  // a reply is being built in first_segment_
+  std::array<capnp::word, 512> first_segment_ KVTIER_GUARDED_BY(control_thread){};
+  // A reply is being built in first_segment_.
+  bool building_ KVTIER_GUARDED_BY(control_thread) = false;
 };
 
 }  // namespace kvtier::daemon

@@ -172,6 +172,7 @@ Result<bool> SavePath::start_save(const ConnectionPtr& c, EngineContext& engine,
   if (!save->writes.empty()) {
     KVTIER_RETURN_IF_ERROR(
         copies_.submit_copy(std::move(batch), [this, c, id, engine_ref, save](Status status) {
+          assert_control_thread();
           // Published (or dropped) at once, so that Saves waiting for these blocks go on.
           const bool ok = status.is_ok();
           for (PendingWrite& write : save->writes) {
@@ -187,6 +188,7 @@ Result<bool> SavePath::start_save(const ConnectionPtr& c, EngineContext& engine,
   for (size_t i : being_written) {
     write_waiters_[{engine_ref->layout_key, save->request.hashes[i]}].push_back(
         [this, c, id, engine_ref, save, i](bool landed) {
+          assert_control_thread();
           if (!landed && (!save->lost_duplicate || i < *save->lost_duplicate)) {
             save->lost_duplicate = i;
           }

@@ -40,20 +40,22 @@ class SavePath final : public Part, public policy::SessionObserver {
   // Starts the Save, or parks it (behind the Saves already parked) while every tier is
   // full of blocks being copied or read: a copy finishing makes room.
   Status handle_save(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
-                     BlockListRequest request);
+                     BlockListRequest request) KVTIER_REQUIRES(control_thread);
   // Starts the parked Saves that fit now, in arrival order; answers those whose wait
   // (save-room-wait-ms) is over, and all of them once the daemon is stopping.
-  void resume_parked_saves();
+  void resume_parked_saves() KVTIER_REQUIRES(control_thread);
   // A Save's copy, or a read from the remote tier, of `key` ended: Saves that found it
   // being written go on.
-  void wake_write_waiters(const BlockKey& key, bool landed);
+  void wake_write_waiters(const BlockKey& key, bool landed) KVTIER_REQUIRES(control_thread);
   // The connection closed: its parked Saves are dropped unanswered.
-  void forget(const ConnectionPtr& connection);
+  void forget(const ConnectionPtr& connection) KVTIER_REQUIRES(control_thread);
   // A new turn (BeginTurn) or the session's end: a Save cut short in it no longer
   // refuses the blocks that would follow the cut.
-  void forget_cut(uint32_t namespace_id, const std::string& session_id);
+  void forget_cut(uint32_t namespace_id, const std::string& session_id)
+      KVTIER_REQUIRES(control_thread);
   // The session's end: its cut mark goes (SessionObserver).
-  void session_closed(uint32_t namespace_id, const std::string& session_id) override {
+  void session_closed(uint32_t namespace_id, const std::string& session_id) override
+      KVTIER_REQUIRES(control_thread) {
     forget_cut(namespace_id, session_id);
   }
 
@@ -63,27 +65,29 @@ class SavePath final : public Part, public policy::SessionObserver {
   // (nothing reserved then; `request` is left as it was). On the `last_try` a Save that
   // finds no room keeps the prefix that fits instead (a partial Save, perhaps empty).
   Result<bool> start_save(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
-                          BlockListRequest& request, bool last_try);
+                          BlockListRequest& request, bool last_try) KVTIER_REQUIRES(control_thread);
   // No room for blocks[fit] on, and no more waiting: the Save keeps the prefix before it
   // (`request` is cut there), counts the rest as not saved, and marks the session cut
   // for the turn's later pieces (cut_sessions_).
   void keep_prefix_that_fits(const EngineContext& engine, BlockListRequest& request, size_t fit,
-                             const Status& no_room);
+                             const Status& no_room) KVTIER_REQUIRES(control_thread);
   // A Save under the id of `session`, which holds another layout's blocks: closes it
   // when it is between turns (the conversation goes on with another model), else
   // InvalidArgument.
   Status replace_session_of_another_layout(const EngineContext& engine,
-                                           const policy::Session& session);
+                                           const policy::Session& session)
+      KVTIER_REQUIRES(control_thread);
   // Replies once the Save's copy and the blocks it waited for (written by another
   // Save) are done; records the session's blocks when every one landed.
   void finish_save(const ConnectionPtr& c, uint64_t id, const EngineContext& engine,
-                   SaveInProgress& save);
+                   SaveInProgress& save) KVTIER_REQUIRES(control_thread);
   // A Save's retention priorities, for its session and ranges of its blocks.
-  void apply_retention(policy::Session& session, const BlockListRequest& request);
+  void apply_retention(policy::Session& session, const BlockListRequest& request)
+      KVTIER_REQUIRES(control_thread);
 
   // Blocks a Save is writing that other Saves also named: those wait for the bytes.
   std::unordered_map<BlockKey, std::vector<std::function<void(bool landed)>>, BlockKeyHasher>
-      write_waiters_;
+      write_waiters_ KVTIER_GUARDED_BY(control_thread);
   // Saves waiting for room, oldest first (handle_save).
   struct ParkedSave {
     ConnectionPtr connection;
@@ -91,15 +95,17 @@ class SavePath final : public Part, public policy::SessionObserver {
     BlockListRequest request;
     std::chrono::steady_clock::time_point deadline;
   };
-  std::deque<ParkedSave> parked_saves_;
+  std::deque<ParkedSave> parked_saves_ KVTIER_GUARDED_BY(control_thread);
   // Sessions whose Save was cut short this turn, and the first block of their prefix.
   // An engine that sends a turn's Save in several pieces (pipelined) has later pieces on
   // their way when an earlier one is cut: their blocks would follow a hole, never be
   // loaded, and hold room. Until the turn ends (a Save with endOfTurn, which still ends
   // it; BeginTurn; CloseSession) or a Save starts again from the session's first block,
   // such a Save keeps nothing.
-  std::unordered_map<policy::SessionKey, BlockHash, policy::SessionKeyHasher> cut_sessions_;
-  bool resuming_saves_ = false;  // resume_parked_saves() is running (no re-entry)
+  std::unordered_map<policy::SessionKey, BlockHash, policy::SessionKeyHasher> cut_sessions_
+      KVTIER_GUARDED_BY(control_thread);
+  // resume_parked_saves() is running (no re-entry).
+  bool resuming_saves_ KVTIER_GUARDED_BY(control_thread) = false;
   Placement& placement_;
   Copies& copies_;
   SessionJournal& journal_;

@@ -87,6 +87,9 @@ DaemonContext::DaemonContext(asio::io_context& io_context, DaemonConfig daemon_c
 Service::Service(asio::io_context& io, DaemonConfig config, std::unique_ptr<Device> device,
                  const policy::Clock* clock)
     : ctx_(io, std::move(config), std::move(device), clock) {
+  // Built on the thread that will run the loop, before it runs: nothing else can reach
+  // the parts yet.
+  assert_control_thread();
   // Each part takes the parts it uses, so they are built in that order (the members'
   // order is their teardown's); docs/architecture.md draws the graph.
   replies_ = std::make_unique<Replies>(ctx_);
@@ -97,9 +100,16 @@ Service::Service(asio::io_context& io, DaemonConfig config, std::unique_ptr<Devi
   startup_ = std::make_unique<StartupGate>(
       ctx_, *replies_, *journal_,
       [this](const ConnectionPtr& c, EngineContext& engine, wire::Request::Reader request,
-             std::vector<UniqueFd> fds) { return dispatch(c, engine, request, std::move(fds)); },
-      [this](const Status&) { on_cannot_start(); },
+             std::vector<UniqueFd> fds) {
+        assert_control_thread();
+        return dispatch(c, engine, request, std::move(fds));
+      },
+      [this](const Status&) {
+        assert_control_thread();
+        on_cannot_start();
+      },
       [this] {
+        assert_control_thread();
         placement_->run_planner(policy::Planner::PlanKind::kPeriodic);  // and every period
         if (ready_callback_) ready_callback_();
       });
@@ -113,14 +123,27 @@ Service::Service(asio::io_context& io, DaemonConfig config, std::unique_ptr<Devi
   // for their region and Saves waiting for room look again (the copy's pins are gone);
   // after each plan, NVMe copies that are due are written, session records flushed, the
   // remote write-behind swept and parked Saves looked at (answering those whose wait is over).
-  copies_->after_each_copy([this] { setup_->reply_to_finished_unregisters(); });
-  copies_->after_each_copy([this] { saves_->resume_parked_saves(); });
+  copies_->after_each_copy([this] {
+    assert_control_thread();
+    setup_->reply_to_finished_unregisters();
+  });
+  copies_->after_each_copy([this] {
+    assert_control_thread();
+    saves_->resume_parked_saves();
+  });
   placement_->after_each_plan([this] {
+    assert_control_thread();
     journal_->write_due_copies();
     journal_->flush_sessions(/*sync=*/false);
   });
-  placement_->after_each_plan([this] { remote_->sweep_write_behind(); });
-  placement_->after_each_plan([this] { saves_->resume_parked_saves(); });
+  placement_->after_each_plan([this] {
+    assert_control_thread();
+    remote_->sweep_write_behind();
+  });
+  placement_->after_each_plan([this] {
+    assert_control_thread();
+    saves_->resume_parked_saves();
+  });
   // Whoever keeps something per session hears from the table of its growth, its cuts,
   // its turns' ends and its end, whichever path changed it (policy::SessionObserver).
   for (policy::SessionObserver* part : std::initializer_list<policy::SessionObserver*>{
@@ -130,6 +153,9 @@ Service::Service(asio::io_context& io, DaemonConfig config, std::unique_ptr<Devi
 }
 
 Service::~Service() {
+  // The loop has returned, or never ran: only device and worker threads are left, and
+  // they touch none of the parts' state.
+  assert_control_thread();
   remote_.reset();  // its thread may be reading pinned tier memory: stopped first
   startup_->join();
   setup_->stop_worker();  // runs the closes still queued
@@ -137,11 +163,15 @@ Service::~Service() {
 }
 
 Status Service::start() {
+  assert_control_thread();
   ctx_.gpus = ctx_.device->gpus();
   ctx_.backend_kind = ctx_.gpus.empty() ? wire::DeviceKind::HOST : wire::DeviceKind::CUDA;
   // The device calls this on one of its threads; everything it does happens here.
   ctx_.device->set_fatal_error_handler([this](const Status& status) {
-    asio::post(ctx_.io, [this, status] { on_device_lost(status); });
+    asio::post(ctx_.io, [this, status] {
+      assert_control_thread();
+      on_device_lost(status);
+    });
   });
   std::vector<BlockStore::TierMemory> tiers;
   // Reserved now, filled on background threads (StartupGate) while the socket serves.
@@ -168,12 +198,20 @@ Status Service::start() {
   // A peer policy learns from the store's block events.
   if (policy::BlockObserver* peer = ctx_.planner.observer()) ctx_.store->subscribe(*peer);
   ctx_.topology = TierTopology::of([this](Tier tier) {
+    assert_control_thread();
     // The remote tier joins when open_remote() connects it.
     return !TierTopology::traits(tier).key_addressed && ctx_.store->configured(tier);
   });
   ctx_.view = make_placement_view(
-      *ctx_.store, [this](Tier tier) { return ctx_.mover ? ctx_.mover->leaving_bytes(tier) : 0; },
-      [this](Tier tier) { return quota_standing(ctx_, tier); });
+      *ctx_.store,
+      [this](Tier tier) {
+        assert_control_thread();
+        return ctx_.mover ? ctx_.mover->leaving_bytes(tier) : 0;
+      },
+      [this](Tier tier) {
+        assert_control_thread();
+        return quota_standing(ctx_, tier);
+      });
   ctx_.planner.tell_capacities(*ctx_.view);
   make_mover();
   KVTIER_RETURN_IF_ERROR(journal_->recover_nvme());
@@ -204,6 +242,7 @@ void Service::on_cannot_start() {
 }
 
 void Service::on_connect(const ConnectionPtr& connection) {
+  assert_control_thread();
   // With a server attached its admin check (ours) already ran at accept: no second
   // /proc read.
   auto engine = ctx_.engines.connect(
@@ -214,6 +253,7 @@ void Service::on_connect(const ConnectionPtr& connection) {
 }
 
 void Service::on_disconnect(const ConnectionPtr& connection) {
+  assert_control_thread();
   // Regions stay mapped while copies that use them are in flight (the batches hold
   // them); dropping the context releases the daemon's own references.
   auto engine = std::static_pointer_cast<EngineContext>(connection->user_state);
@@ -228,6 +268,7 @@ void Service::on_disconnect(const ConnectionPtr& connection) {
 }
 
 void Service::on_frame(const ConnectionPtr& connection, ipc::Frame frame) {
+  assert_control_thread();
   auto engine = std::static_pointer_cast<EngineContext>(connection->user_state);
   uint64_t id = 0;
   Status status;
@@ -365,6 +406,7 @@ Status Service::dispatch_load(const ConnectionPtr& c, EngineContext& engine, uin
 }
 
 void Service::stop(std::function<void()> stopped) {
+  assert_control_thread();
   if (journal_->draining()) {
     // A second stop: the operator does not want to wait. Whatever was not written
     // is lost like after a crash, which the on-disk order makes harmless.
@@ -387,6 +429,7 @@ void Service::stop(std::function<void()> stopped) {
 }
 
 void Service::apply_reloaded_config(const DaemonConfig& fresh) {
+  assert_control_thread();
   ctx_.config = with_reloadable_settings(ctx_.config, fresh);
   // Another policy has another observer (a peer policy starts its history anew): the
   // old one unsubscribes before the planner lets it go.
@@ -399,6 +442,7 @@ void Service::apply_reloaded_config(const DaemonConfig& fresh) {
 }
 
 std::string Service::status_line() const {
+  assert_control_thread();
   if (ctx_.store == nullptr) return "starting";
   if (!ctx_.ready) {
     return fmt::format("starting: filling {} of memory pools; data requests wait",
@@ -423,36 +467,58 @@ void Service::make_mover() {
     ctx_.storage_tiers.push_back(std::make_unique<MemoryTier>(tier, ctx_.store->memory(tier)));
   }
   if (journal_->enabled()) {
-    ctx_.storage_tiers.push_back(std::make_unique<NvmeStorageTier>(
-        *journal_->tier(), [this](const BlockKey& key) { return journal_->nvme_key(key); }));
+    ctx_.storage_tiers.push_back(
+        std::make_unique<NvmeStorageTier>(*journal_->tier(), [this](const BlockKey& key) {
+          assert_control_thread();
+          return journal_->nvme_key(key);
+        }));
   }
   std::vector<StorageTier*> tiers;
   for (const auto& tier : ctx_.storage_tiers) tiers.push_back(tier.get());
   MoveExecutor::Hooks hooks;
   hooks.copy = [this](CopyBatch batch, std::function<void(Status)> done) {
+    assert_control_thread();
     return copies_->submit_copy(std::move(batch), std::move(done));
   };
   hooks.control_thread = [this]() -> std::function<void(std::function<void()>)> {
     auto guard = asio::make_work_guard(ctx_.io);
-    return [this, guard](std::function<void()> fn) { asio::post(ctx_.io, [guard, fn] { fn(); }); };
+    return [this, guard](std::function<void()> fn) {
+      asio::post(ctx_.io, [guard, fn] {
+        assert_control_thread();
+        fn();
+      });
+    };
   };
   hooks.room_by_demotion = [this](Tier tier, uint64_t bytes) {
+    assert_control_thread();
     return placement_->room_by_demotion(tier, bytes);
   };
-  hooks.not_moved = [this](const BlockKey& key) { ctx_.planner.revisit(ctx_.sessions, key); };
+  hooks.not_moved = [this](const BlockKey& key) {
+    assert_control_thread();
+    ctx_.planner.revisit(ctx_.sessions, key);
+  };
   hooks.removed = [this](const std::vector<BlockKey>& keys, bool lost) {
+    assert_control_thread();
     placement_->on_blocks_removed(keys, lost);
   };
-  hooks.before_persistent_write = [this] { journal_->flush_sessions(/*sync=*/false); };
+  hooks.before_persistent_write = [this] {
+    assert_control_thread();
+    journal_->flush_sessions(/*sync=*/false);
+  };
   hooks.settled = [this] {
+    assert_control_thread();
     journal_->check_drain();
     saves_->resume_parked_saves();
   };
   hooks.room_by_eviction = [this](Tier tier, uint64_t bytes) {
+    assert_control_thread();
     ctx_.sessions.expire_priorities(ctx_.sessions.now_ms());
     return ctx_.planner.make_room(tier, bytes, ctx_.sessions, *ctx_.view);
   };
-  hooks.inserted = [this](const BlockKey& key, bool ok) { saves_->wake_write_waiters(key, ok); };
+  hooks.inserted = [this](const BlockKey& key, bool ok) {
+    assert_control_thread();
+    saves_->wake_write_waiters(key, ok);
+  };
   hooks.now_ms = [this] { return ctx_.now_ms(); };
   hooks.wall_ms_of = [this](uint64_t steady_ms) {
     return steady_to_wall_ms(steady_ms, ctx_.now_ms(), wall_now_ms());

@@ -6,6 +6,8 @@
 // thread). Device copies run on device threads; their completions are posted back
 // here, so no state is ever touched from two threads. An executor work guard rides
 // with every copy, so io_context::run() returns only after the last copy finished.
+// The public methods are where the control thread enters the daemon (main, the ipc
+// server, the tests): each asserts the control thread (common/control_thread.h).
 #pragma once
 
 #include <boost/asio/io_context.hpp>
@@ -56,9 +58,15 @@ class Service final : public ipc::RequestHandler {
   // the control thread) and the planner starts. A failed fill stops the daemon with
   // kExitCannotStart.
   Status start();
-  void set_ready_callback(std::function<void()> ready) { ready_callback_ = std::move(ready); }
+  void set_ready_callback(std::function<void()> ready) {
+    assert_control_thread();
+    ready_callback_ = std::move(ready);
+  }
   // The tiers' memory is filled: data requests are served.
-  bool ready() const { return ctx_.ready; }
+  bool ready() const {
+    assert_control_thread();
+    return ctx_.ready;
+  }
   // Stops the planner timer; in-flight copies still complete. With an NVMe tier it
   // first drains the RAM/HBM blocks of live sessions to NVMe and writes the session
   // table, for at most drain-timeout; `stopped` runs once that is over (at once
@@ -68,24 +76,40 @@ class Service final : public ipc::RequestHandler {
   // Service's serving (main and the in-process harness stop it first).
   // The server whose connections Stats count; it learns who is an admin from here.
   void attach_server(ipc::Server* server) {
-    server->set_admin_check(
-        [this](const ipc::PeerCredentials& peer) { return ctx_.engines.is_admin(peer); });
+    assert_control_thread();
+    // The server asks at accept, in its acceptor's handler.
+    server->set_admin_check([this](const ipc::PeerCredentials& peer) {
+      assert_control_thread();
+      return ctx_.engines.is_admin(peer);
+    });
     ctx_.server = server;
   }
   // What main does when the device is lost (stop the server, the metrics endpoint,
   // the signal handlers); called on the control thread with the exit code, after the
   // session table was written and before the event loop is stopped.
-  void set_fatal_exit(std::function<void(int exit_code)> exit) { fatal_exit_ = std::move(exit); }
+  void set_fatal_exit(std::function<void(int exit_code)> exit) {
+    assert_control_thread();
+    fatal_exit_ = std::move(exit);
+  }
   // 0, kExitCannotStart when the tier memory could not be filled, or kExitDeviceLost
   // once the device was lost.
-  int exit_code() const { return exit_code_; }
+  int exit_code() const {
+    assert_control_thread();
+    return exit_code_;
+  }
   // Takes the reloadable settings (thresholds, watermarks, planner period) of `fresh`;
   // the caller logs what else changed and needs a restart.
   void apply_reloaded_config(const DaemonConfig& fresh);
-  const DaemonConfig& config() const { return ctx_.config; }
+  const DaemonConfig& config() const {
+    assert_control_thread();
+    return ctx_.config;
+  }
   // One more subscriber to the session table's notices, besides the parts (borrowed: it
   // outlives the Service).
-  void subscribe(policy::SessionObserver& observer) { ctx_.sessions.subscribe(observer); }
+  void subscribe(policy::SessionObserver& observer) {
+    assert_control_thread();
+    ctx_.sessions.subscribe(observer);
+  }
   // One line for systemd's STATUS=: tier occupancy, sessions, connections.
   std::string status_line() const;
   // service_metrics.cpp: the Prometheus text for /metrics. Aggregates only: no
@@ -103,22 +127,23 @@ class Service final : public ipc::RequestHandler {
   Status claim_descriptors(const ConnectionPtr& connection, wire::Request::Reader request,
                            std::vector<UniqueFd>& fds);
   Status dispatch(const ConnectionPtr& connection, EngineContext& engine,
-                  wire::Request::Reader request, std::vector<UniqueFd> fds);
+                  wire::Request::Reader request, std::vector<UniqueFd> fds)
+      KVTIER_REQUIRES(control_thread);
   // A Save or a Load: its blocks (and staging, a Save's retention, a Load's planes)
   // decoded against the engine's layout, then handed to SavePath or LoadPath.
   Status dispatch_save(const ConnectionPtr& connection, EngineContext& engine, uint64_t id,
-                       wire::Save::Reader save);
+                       wire::Save::Reader save) KVTIER_REQUIRES(control_thread);
   Status dispatch_load(const ConnectionPtr& connection, EngineContext& engine, uint64_t id,
-                       wire::Load::Reader load);
+                       wire::Load::Reader load) KVTIER_REQUIRES(control_thread);
   // The device hit an error that leaves it unusable (device/device.h): log, write the session
   // table, and stop with kExitDeviceLost. RAM and HBM are not drained: after a lost
   // context their bytes cannot be trusted.
-  void on_device_lost(const Status& status);
+  void on_device_lost(const Status& status) KVTIER_REQUIRES(control_thread);
   // The fill failed: stop with kExitCannotStart.
-  void on_cannot_start();
+  void on_cannot_start() KVTIER_REQUIRES(control_thread);
   // The tiers behind the executor, and the executor with its hooks into the parts;
   // built once the store exists (start()).
-  void make_mover();
+  void make_mover() KVTIER_REQUIRES(control_thread);
 
   // Declared first, destroyed last: the parts below borrow it.
   DaemonContext ctx_;
@@ -137,9 +162,9 @@ class Service final : public ipc::RequestHandler {
   std::unique_ptr<SessionJournal> journal_;
   std::unique_ptr<RemotePath> remote_;
 
-  std::function<void(int)> fatal_exit_;
-  std::function<void()> ready_callback_;
-  int exit_code_ = 0;
+  std::function<void(int)> fatal_exit_ KVTIER_GUARDED_BY(control_thread);
+  std::function<void()> ready_callback_ KVTIER_GUARDED_BY(control_thread);
+  int exit_code_ KVTIER_GUARDED_BY(control_thread) = 0;
 };
 
 }  // namespace kvtier::daemon

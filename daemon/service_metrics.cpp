@@ -16,7 +16,8 @@ namespace kvtier::daemon {
 namespace {
 
 // What is running, and for how long.
-void render_build_info(PrometheusText& out, const DaemonContext& ctx) {
+void render_build_info(PrometheusText& out, const DaemonContext& ctx)
+    KVTIER_REQUIRES(control_thread) {
   out.family("kvtier_build_info", "gauge", "Always 1; the labels say what is running.");
   out.sample("kvtier_build_info",
              fmt::format("version=\"{}\",device=\"{}\"", KVTIER_VERSION, ctx.device->name()),
@@ -48,7 +49,7 @@ void render_tier_usage(PrometheusText& out, const std::vector<TierUsage>& tiers)
 
 // Sessions and the clients connected, refused and timed out.
 void render_sessions_and_connections(PrometheusText& out, const DaemonContext& ctx,
-                                     const AdminService& admin) {
+                                     const AdminService& admin) KVTIER_REQUIRES(control_thread) {
   out.family("kvtier_sessions", "gauge", "Open sessions by state.");
   out.sample("kvtier_sessions", "state=\"active\"",
              static_cast<uint64_t>(ctx.sessions.count(policy::SessionState::kActive)));
@@ -111,7 +112,8 @@ void render_request_counters(PrometheusText& out, const Counters& counters) {
 // The bytes the requests and the policy's moves carried, what the moves dropped, and the
 // copies and pins in flight.
 void render_moves_and_copies(PrometheusText& out, const DaemonContext& ctx,
-                             const std::vector<TierUsage>& tiers, const AdminService& admin) {
+                             const std::vector<TierUsage>& tiers, const AdminService& admin)
+    KVTIER_REQUIRES(control_thread) {
   out.family("kvtier_moved_bytes_total", "counter",
              "Bytes moved: save (engine to daemon), load (daemon to engine), demote (down a "
              "tier, a policy move), promote (up a tier, a policy move).");
@@ -172,6 +174,7 @@ void render_nvme_health(PrometheusText& out, const NvmeTier& nvme) {
 }  // namespace
 
 std::string Service::render_metrics() const {
+  assert_control_thread();
   PrometheusText out;
   render_build_info(out, ctx_);
   const auto tiers = ctx_.store ? ctx_.store->usage() : std::vector<TierUsage>{};
@@ -190,6 +193,7 @@ std::string Service::render_metrics() const {
 namespace kvtier::daemon {
 
 void Service::count_config_reload(bool ok) {
+  assert_control_thread();
   replies_->metrics().count_reload(ok);
 }
 

@@ -179,6 +179,7 @@ uint64_t SessionJournal::recover_blocks(NvmeRecovery& recovery, uint64_t steady_
     ++nvme_->release_jobs;
     nvme_->tier->release_blocks(std::move(unusable),
                                 on_control_thread<Status>(ctx_.io, [this](Status status) {
+                                  assert_control_thread();
                                   --nvme_->release_jobs;
                                   if (!status.is_ok()) {
                                     KVTIER_LOG_WARN("NVMe tier: {}", status.to_string());
@@ -334,6 +335,7 @@ void SessionJournal::flush_sessions(bool sync) {
   nvme_->tier->write_sessions(
       std::move(puts), std::exchange(nvme_->closed_sessions, {}), sync,
       on_control_thread<Status>(ctx_.io, [this, written](Status status) {
+        assert_control_thread();
         --nvme_->session_jobs;
         uint64_t held_back = 0;
         if (!status.is_ok() && nvme_->session_write_warnings.allow(&held_back)) {
@@ -362,6 +364,7 @@ void SessionJournal::start_drain(std::function<void()> stopped) {
   nvme_->drain_deadline = std::make_unique<asio::steady_timer>(ctx_.io);
   nvme_->drain_deadline->expires_after(std::chrono::milliseconds(ctx_.config.drain_timeout_ms));
   nvme_->drain_deadline->async_wait([this](const boost::system::error_code& ec) {
+    assert_control_thread();
     if (ec || !nvme_->draining()) return;
     KVTIER_LOG_WARN("drain to NVMe did not finish within {}; exiting with the rest unwritten",
                     format_duration_ms(ctx_.config.drain_timeout_ms));
@@ -384,6 +387,7 @@ void SessionJournal::check_drain() {
     std::vector<policy::Move> to_nvme;
     std::unordered_set<BlockKey, BlockKeyHasher> seen;
     ctx_.sessions.for_each([&](const policy::Session& session) {
+      assert_control_thread();
       for (const BlockHash& hash : session.blocks) {
         const BlockKey key{session.layout, hash};
         auto info = ctx_.store->lookup(key);
@@ -405,6 +409,7 @@ void SessionJournal::check_drain() {
   }
   size_t left = 0;
   ctx_.sessions.for_each([&](const policy::Session& session) {
+    assert_control_thread();
     for (const BlockHash& hash : session.blocks) {
       auto info = ctx_.store->lookup({session.layout, hash});
       if (info && info->location.tier != Tier::kNvme) ++left;

@@ -45,6 +45,7 @@ StartupGate::StartupGate(DaemonContext& ctx, Replies& replies, SessionJournal& j
       expiry_timer_(ctx.io) {}
 
 StartupGate::~StartupGate() {
+  assert_control_thread();  // as the Service's destructor (service.cpp)
   join();
 }
 
@@ -113,6 +114,7 @@ void StartupGate::start_fill(std::vector<UnfilledMemory> fills) {
     }
     fills.clear();  // the store holds the memory; this thread lets go before reporting
     asio::post(ctx_.io, [this, status, seconds, guard = std::move(guard)]() mutable {
+      assert_control_thread();
       on_fill_done(status, seconds);
       guard.reset();
     });
@@ -229,6 +231,7 @@ void StartupGate::arm_deferred_expiry() {
   expiry_armed_ = true;
   expiry_timer_.expires_after(kExpiryCheck);
   expiry_timer_.async_wait([this](const boost::system::error_code& ec) {
+    assert_control_thread();
     expiry_armed_ = false;
     if (ec || ctx_.ready) return;
     resume_all_deferred();

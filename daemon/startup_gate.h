@@ -50,38 +50,42 @@ class StartupGate final : public Part {
 
   // Fills `fills` on background threads; returns at once. ctx.ready turns true when
   // that is done (then `filled` runs and the waiting requests are served).
-  void start_fill(std::vector<UnfilledMemory> fills);
+  void start_fill(std::vector<UnfilledMemory> fills) KVTIER_REQUIRES(control_thread);
   // A stop while the tier memory is filling: the fill gives up.
-  void cancel_fill();
+  void cancel_fill() KVTIER_REQUIRES(control_thread);
   // cancel_fill, and waits for the filler thread (the Service's destructor).
-  void join();
+  void join() KVTIER_REQUIRES(control_thread);
   // Whether a request of `which` arriving now must queue behind earlier work.
-  bool must_defer(const EngineContext& engine, wire::Request::Which which) const;
+  bool must_defer(const EngineContext& engine, wire::Request::Which which) const
+      KVTIER_REQUIRES(control_thread);
   Status defer_request(const ConnectionPtr& c, EngineContext& engine, ipc::Frame frame,
-                       std::vector<UniqueFd> fds);
+                       std::vector<UniqueFd> fds) KVTIER_REQUIRES(control_thread);
   // Serves `c`'s deferred requests, in order, until one must still wait.
-  void resume_deferred(const ConnectionPtr& c);
+  void resume_deferred(const ConnectionPtr& c) KVTIER_REQUIRES(control_thread);
   // The connection closed: its deferred requests are dropped unanswered.
-  void forget(EngineContext& engine);
-  uint64_t fill_bytes() const { return fill_bytes_; }
+  void forget(EngineContext& engine) KVTIER_REQUIRES(control_thread);
+  uint64_t fill_bytes() const KVTIER_REQUIRES(control_thread) { return fill_bytes_; }
 
  private:
-  void on_fill_done(const Status& status, double seconds);
-  void resume_all_deferred();
-  void arm_deferred_expiry();
+  void on_fill_done(const Status& status, double seconds) KVTIER_REQUIRES(control_thread);
+  void resume_all_deferred() KVTIER_REQUIRES(control_thread);
+  void arm_deferred_expiry() KVTIER_REQUIRES(control_thread);
 
   SessionJournal& journal_;
   Dispatch dispatch_;
   std::function<void(const Status&)> failed_;
   std::function<void()> filled_;
-  std::jthread filler_;      // fills the tier memory; joined when done or on stop
-  uint64_t fill_bytes_ = 0;  // bytes being filled (Stats while starting)
+  // Fills the tier memory; joined when done or on stop.
+  std::jthread filler_ KVTIER_GUARDED_BY(control_thread);
+  // Bytes being filled (Stats while starting).
+  uint64_t fill_bytes_ KVTIER_GUARDED_BY(control_thread) = 0;
   // Connections whose EngineContext::deferred is not empty (may hold closed ones).
-  std::vector<std::weak_ptr<ipc::Connection>> deferred_connections_;
-  uint64_t deferred_requests_ = 0;  // across connections
+  std::vector<std::weak_ptr<ipc::Connection>> deferred_connections_
+      KVTIER_GUARDED_BY(control_thread);
+  uint64_t deferred_requests_ KVTIER_GUARDED_BY(control_thread) = 0;  // across connections
   // While not ready: wakes up to answer waiting requests whose startup-wait-ms is over.
-  asio::steady_timer expiry_timer_;
-  bool expiry_armed_ = false;
+  asio::steady_timer expiry_timer_ KVTIER_GUARDED_BY(control_thread);
+  bool expiry_armed_ KVTIER_GUARDED_BY(control_thread) = false;
 };
 
 }  // namespace kvtier::daemon

@@ -104,6 +104,7 @@ void ServiceNotifier::tick() {
   if (!message.empty()) notify(message);
   timer_.expires_after(period_);
   timer_.async_wait([this](const boost::system::error_code& ec) {
+    assert_control_thread();
     if (!ec) tick();
   });
 }

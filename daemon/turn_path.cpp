@@ -26,6 +26,7 @@ Status TurnPath::handle_begin_turn(const ConnectionPtr& c, EngineContext& engine
         c, engine, id, session_id,
         [this, c, id, engine_ref = std::static_pointer_cast<const EngineContext>(c->user_state)](
             policy::Session& session, uint32_t fetching) {
+          assert_control_thread();
           begin_turn(c, *engine_ref, id, session, fetching);
         });
     return Status::ok();

@@ -23,13 +23,13 @@ class TurnPath final : public Part {
       : Part(ctx, replies), saves_(saves), remote_(remote) {}
 
   Status handle_begin_turn(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
-                           const std::string& session_id);
+                           const std::string& session_id) KVTIER_REQUIRES(control_thread);
   // BeginTurn of a known session: active, promotions planned, answered. `fetching`:
   // blocks being read from the remote tier for it (reported as known and promoted).
   void begin_turn(const ConnectionPtr& c, const EngineContext& engine, uint64_t id,
-                  policy::Session& session, uint32_t fetching);
+                  policy::Session& session, uint32_t fetching) KVTIER_REQUIRES(control_thread);
   Status handle_close_session(const ConnectionPtr& c, EngineContext& engine, uint64_t id,
-                              const std::string& session_id);
+                              const std::string& session_id) KVTIER_REQUIRES(control_thread);
 
  private:
   SavePath& saves_;
