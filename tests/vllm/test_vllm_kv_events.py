@@ -269,7 +269,14 @@ def kv_events_server(tiny_llama, tmp_path_factory):
     try:
         server.wait_ready()
         subscriber = Subscriber(f"tcp://127.0.0.1:{port}", "kv")
-        time.sleep(0.5)  # a SUB socket hears only what is published after it joined
+        # A SUB socket hears only what is published after it joined: requests until one's
+        # events arrive (the tests then see every event of their own requests).
+        deadline, seed = time.monotonic() + 60, 1000
+        while not subscriber.events:  # fresh tokens each time: vLLM announces new blocks only
+            seed += 1
+            assert server.complete(tokens(seed, SERVER_BLOCK + 1), max_tokens=1)["status"] == 200
+            assert time.monotonic() < deadline, "the subscriber never heard vLLM's KV events"
+            time.sleep(0.2)
         yield daemon, server, subscriber
     finally:
         if subscriber is not None:
@@ -288,14 +295,20 @@ def test_through_the_openai_server_a_router_sees_kvtiers_blocks_under_vllms_hash
     reply = server.complete(prompt, max_tokens=8, kv_transfer_params={"kvtier_session": "routed-1"})
     assert reply["status"] == 200, reply
     saved = (len(prompt) + len(reply["tokens"]) - 1) // SERVER_BLOCK
+    history = prompt + reply["tokens"]
+
+    def this_session(events: list) -> list[BlockStored]:
+        """kvtier's announcements that start with this chat's first block (other requests'
+        Saves are announced too)."""
+        return [e for e in stored(events, "kvtier") if e.token_ids[:SERVER_BLOCK] == history[:SERVER_BLOCK]]
+
     # The engine is idle once it answered: the announcement still comes (it steps until
     # the Save is answered), with every block kvtierd holds, under vLLM's own hashes.
-    ours = subscriber.wait_for(lambda events: stored(events, "kvtier")
-                               if len(hashes_of(stored(events, "kvtier"))) >= saved else None)
+    ours = subscriber.wait_for(lambda events: this_session(events)
+                               if len(hashes_of(this_session(events))) >= saved else None)
     assert session_blocks(daemon, "routed-1") == saved == len(hashes_of(ours))
     gpu = {h: e for e in subscriber.events if isinstance(e, BlockStored) and e.medium == "GPU"
            for h in e.block_hashes}
-    history = prompt + reply["tokens"]
     for index, block_hash in enumerate(hashes_of(ours)):
         assert block_hash in gpu, f"block {index}: no GPU event of vLLM carries its hash"
     assert [t for e in ours for t in e.token_ids] == history[:saved * SERVER_BLOCK]

@@ -46,8 +46,8 @@ from ..pending import Pending
 from ..results import LookupResult
 from .blocks import BlockShape, request_extra_keys, request_hashes, session_id_of
 from .config import ConnectorConfig
-from .link import DaemonLink, LinkGroup
 from .events import BlockEvents
+from .link import DaemonLink, LinkGroup
 from .metadata import COUNTERS, TIERS, FailedLoad, KvtierConnectorMetadata, KvtierWorkerMetadata, LoadJob, SaveJob
 
 logger = logging.getLogger("kvtier.vllm")
@@ -195,6 +195,12 @@ def _session_of(request) -> tuple[str, int | None]:
     return session, priority
 
 
+def _request_limit(clients) -> int:
+    """The most blocks kvtierd takes in one request, the smallest any rank's Hello named."""
+    limits = [getattr(getattr(client, "hello_info", None), "max_blocks_per_request", 0) for client in clients]
+    return min([limit for limit in limits if limit] or [1 << 30])
+
+
 def _cacheable(request) -> bool:
     """False when the request's KV depends on more than its token ids."""
     return not getattr(request, "mm_features", None) and getattr(request, "prompt_embeds", None) is None
@@ -244,12 +250,7 @@ class SchedulerSide:
     def _max_blocks(self, request) -> int:
         """Blocks a hit may cover: whole blocks, at least one prompt token left to compute,
         and no more than the daemon takes in one request."""
-        blocks = max(0, (request.num_tokens - 1) // self._block)
-        for client in self._link.get() or ():
-            limit = getattr(getattr(client, "hello_info", None), "max_blocks_per_request", 0)
-            if limit:
-                blocks = min(blocks, limit)
-        return blocks
+        return min(max(0, (request.num_tokens - 1) // self._block), _request_limit(self._link.get() or ()))
 
     # ---- arrival ----------------------------------------------------------------
 
@@ -502,10 +503,11 @@ class SchedulerSide:
             if received is not None:
                 received.async_loading = False
         meta = getattr(connector_output, "kv_connector_worker_meta", None)
-        if self._events is not None and isinstance(meta, KvtierWorkerMetadata):
-            for request_id, count in meta.saves_over.items():
+        if not isinstance(meta, KvtierWorkerMetadata):
+            meta = KvtierWorkerMetadata()
+        for request_id, count in meta.saves_over.items():
+            if self._events is not None:
                 self._events.save_over(request_id, count, meta.saves_kept.get(request_id, 0))
-        for request_id, count in (meta.saves_over if isinstance(meta, KvtierWorkerMetadata) else {}).items():
             if request_id not in self._saving_by_request:
                 continue
             count += self._saves_over.get(request_id, 0)
@@ -595,7 +597,7 @@ class SchedulerSide:
                     self._events.want_resync()
                 self._link_marks = marks
             if self._events.resynchronising():
-                limit = self._max_hashes(clients)
+                limit = _request_limit(clients)  # blocks past it are not looked up: withdrawn
                 self._events.step_resync(lambda keys: _send_lookups(clients, keys[:limit]))
         return self._events.take()
 
@@ -614,12 +616,6 @@ class SchedulerSide:
                 client.lookup_async([self._events.newest_key()])  # its reply is not needed: dropped
             except KvtierError:
                 pass
-
-    @staticmethod
-    def _max_hashes(clients) -> int:
-        """The most hashes kvtierd takes in one request (blocks past it are not looked up)."""
-        limits = [getattr(getattr(client, "hello_info", None), "max_blocks_per_request", 0) for client in clients]
-        return min([limit for limit in limits if limit] or [1 << 30])
 
     def saves_in_flight(self) -> int:
         """Requests whose Save is not yet over on every rank (for tests and tools)."""
