@@ -48,8 +48,19 @@ struct ListingResult {
   uint32_t page_limit = 0;  // sessions per page asked for (0: the daemon's 1000)
 };
 
+// Tier notices at the largest size (scale_bench.h).
+struct NoticeResult {
+  std::vector<double> save_off_us;  // kSave samples without a subscriber, sorted
+  std::vector<double> save_on_us;   // ... with one
+  uint64_t changes = 0;             // blocks told to the subscriber
+  uint64_t answers = 0;             // its WatchTiers answered
+  uint64_t resyncs = 0;
+  double watched_seconds = 0;       // time the subscriber was connected
+};
+
 struct ModeResult {
   std::optional<ListingResult> listing;  // at the largest size, when asked for
+  std::optional<NoticeResult> notices;   // likewise
   std::vector<SizeResult> sizes;
   // At the largest size, once grown (before its measured rounds).
   uint64_t rss_start_bytes = 0;
@@ -106,6 +117,58 @@ Result<ListingResult> measure_listing(ScaleDaemon& d, uint32_t lookups, uint32_t
   return result;
 }
 
+
+// Wire bytes of a WatchTiersReply of `changes` 32-byte hashes: per change a list element
+// (one data word, one pointer) and its hash (4 words); per answer the Response, the
+// reply struct, the list's tag and the frame header (about 8 words).
+constexpr uint64_t kNoticeChangeBytes = 48;
+constexpr uint64_t kNoticeAnswerBytes = 64;
+
+Result<NoticeResult> measure_tier_notices(ScaleDaemon& d, uint32_t rounds, uint32_t phases) {
+  NoticeResult result;
+  for (uint32_t phase = 0; phase < phases; ++phase) {
+    const bool watched = phase % 2 == 1;
+    std::unique_ptr<Client> watcher;
+    std::atomic<bool> stop{false};
+    Status watcher_status;
+    std::thread thread;
+    const auto start = Clock::now();
+    if (watched) {
+      auto client = Client::connect(d.socket_path());
+      if (!client.is_ok()) return client.status();
+      watcher = std::move(*client);
+      auto hello = watcher->hello(d.layout(), "kvtier-bench-watcher");
+      if (!hello.is_ok()) return hello.status();
+      thread = std::thread([&] {
+        while (!stop.load()) {
+          auto notices = watcher->watch_tiers_async(100).wait();
+          if (!notices.is_ok()) {
+            watcher_status = notices.status();
+            return;
+          }
+          result.changes += notices->changes.size();
+          result.resyncs += notices->resync ? 1 : 0;
+          ++result.answers;
+        }
+      });
+    }
+    ScaleSamples samples;
+    Status ran;
+    for (uint32_t i = 0; i < rounds && ran.is_ok(); ++i) ran = d.run_round(&samples);
+    stop = true;
+    if (thread.joinable()) thread.join();
+    if (watched) result.watched_seconds += seconds_since(start);
+    KVTIER_RETURN_IF_ERROR(ran);
+    KVTIER_RETURN_IF_ERROR(watcher_status);
+    auto& saves = samples[static_cast<size_t>(ScaleOp::kSave)];
+    auto& into = watched ? result.save_on_us : result.save_off_us;
+    into.insert(into.end(), saves.begin(), saves.end());
+  }
+  std::sort(result.save_off_us.begin(), result.save_off_us.end());
+  std::sort(result.save_on_us.begin(), result.save_on_us.end());
+  return result;
+}
+
 Result<ModeResult> run_mode(const CommonOptions& common, const ScaleBenchOptions& options,
                             const Mode& mode, const std::string& config_dir) {
   ScaleDaemonSpec spec;
@@ -156,6 +219,11 @@ Result<ModeResult> run_mode(const CommonOptions& common, const ScaleBenchOptions
       KVTIER_RETURN_IF_ERROR(d.run_round(&at.samples));
     }
     for (auto& samples : at.samples) std::sort(samples.begin(), samples.end());
+    if (size == options.sizes.back() && options.notice_rounds > 0) {
+      auto notices = measure_tier_notices(d, options.notice_rounds, options.notice_phases);
+      if (!notices.is_ok()) return notices.status();
+      result.notices = std::move(*notices);
+    }
     if (size == options.sizes.back() && options.listing_lookups > 0) {
       auto listing = measure_listing(d, options.listing_lookups, options.listing_page);
       if (!listing.is_ok()) return listing.status();
@@ -231,6 +299,32 @@ void report_mode(BenchReport& report, const std::string& name, const ModeResult&
         last.sessions, l.page_limit == 0 ? 1000 : l.page_limit, p(l.page_ms, 0.5),
         p(l.page_ms, 0.99), l.listings, l.listing_seconds));
   }
+  if (mode.notices) {
+    const NoticeResult& n = *mode.notices;
+    const double per_s = static_cast<double>(n.changes) / n.watched_seconds;
+    const double bytes_per_s =
+        static_cast<double>(n.changes * kNoticeChangeBytes + n.answers * kNoticeAnswerBytes) /
+        n.watched_seconds;
+    const double off50 = p(n.save_off_us, 0.5), on50 = p(n.save_on_us, 0.5);
+    const double off99 = p(n.save_off_us, 0.99), on99 = p(n.save_on_us, 0.99);
+    report.result(name + "_tier_notices_per_s", per_s);
+    report.result(name + "_tier_notice_bytes_per_s", bytes_per_s);
+    report.result(name + "_tier_notice_answers_per_s",
+                  static_cast<double>(n.answers) / n.watched_seconds);
+    report.result(name + "_tier_notice_resyncs", static_cast<double>(n.resyncs));
+    report.result(name + "_save_p50_us_unwatched", off50);
+    report.result(name + "_save_p50_us_watched", on50);
+    report.result(name + "_save_p99_us_unwatched", off99);
+    report.result(name + "_save_p99_us_watched", on99);
+    report.result(name + "_save_p50_watched_over_unwatched", on50 / off50);
+    report.result(name + "_save_p99_watched_over_unwatched", on99 / off99);
+    report.note(fmt::format(
+        "  {}: a subscriber of the engine's layout was told {:.0f} blocks/s ({:.0f} B/s on "
+        "the wire, {:.1f} answers/s, {} resyncs); Save p50 {:.1f} us unwatched, {:.1f} us "
+        "watched ({:.2f}x), p99 {:.1f} / {:.1f} us ({:.2f}x)",
+        name, per_s, bytes_per_s, static_cast<double>(n.answers) / n.watched_seconds, n.resyncs,
+        off50, on50, on50 / off50, off99, on99, on99 / off99));
+  }
   report.result(name + "_blocks_demoted", static_cast<double>(mode.bytes_demoted / kBlockBytes));
   report.result(name + "_blocks_promoted", static_cast<double>(mode.bytes_promoted / kBlockBytes));
   report.result(name + "_blocks_evicted", static_cast<double>(mode.blocks_evicted));
@@ -288,6 +382,13 @@ CLI::App* add_scale_subcommand(CLI::App& app, ScaleBenchOptions& options) {
       ->add_option("--listing-page", options.listing_page,
                    "sessions per page the listing asks for (0: the daemon's default, 1000)")
       ->check(CLI::Range(0u, 10'000u));
+  scale
+      ->add_option("--notice-rounds", options.notice_rounds,
+                   "at the largest size, rounds per phase without and with a tier-notice "
+                   "subscriber (0: skip)")
+      ->check(CLI::Range(0u, 1'000'000u));
+  scale->add_option("--notice-phases", options.notice_phases, "phases, alternating, unwatched first")
+      ->check(CLI::Range(2u, 100u));
   scale->add_flag("--grow-as-measured", options.grow_as_measured,
                   "grow under the measured policy settings too (slow before issue 11)");
   return scale;

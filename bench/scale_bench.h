@@ -16,6 +16,11 @@
 //    trigger demotions to RAM and BeginTurn displaces idle sessions' blocks.
 // In both, idle demotion is off (hbm-idle-ms 1h) and RAM never fills: no evictions.
 //
+// With --notice-rounds, at the largest size: tier notices (WatchTiers) told to a
+// subscribed connection of the engine's layout per second (changes, and their bytes on
+// the wire), and the Save's p50/p99 with and without that subscriber (target: within
+// noise), in alternating phases on the same daemon.
+//
 // Targets: each op's p50 and p99 at the largest size within 2× of its value at the
 // smallest; the daemon's RSS growth from start to the largest size (before its
 // measured rounds) within 1 KiB per session + 8 B per session reference + 128 B per
@@ -50,6 +55,11 @@ struct ScaleBenchOptions {
   // pages through the whole session listing, over and over (0: skip).
   uint32_t listing_lookups = 0;
   uint32_t listing_page = 0;  // sessions per listing page (0: the daemon's default)
+  // At the largest size: rounds in phases without and with a second connection of the
+  // engine's layout subscribed to tier notices (WatchTiers), alternating; what the
+  // subscriber is told per second, and the Save's latency in either phase (0: skip).
+  uint32_t notice_rounds = 0;
+  uint32_t notice_phases = 6;
 };
 
 Result<BenchReport> run_scale_bench(const CommonOptions& common, const ScaleBenchOptions& options);

@@ -85,6 +85,8 @@ class ScaleDaemon {
   // appended to `out` (microseconds).
   Status time_lookups(uint32_t count, std::vector<double>& out);
   const std::string& socket_path() const { return daemon_.socket_path(); }
+  // The engine's layout: another connection saying Hello with it sees the same blocks.
+  const LayoutSpec& layout() const { return cache_.layout(); }
 
   uint64_t sessions() const { return turns_.size(); }
   // Σ over sessions of the blocks each references.

@@ -1,5 +1,5 @@
 // The C boundary of the data path: Save, Lookup, Load, BeginTurn, CloseSession, each
-// blocking and as a kvtier_pending.
+// blocking and as a kvtier_pending, and tier notices (a kvtier_pending only).
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -113,7 +113,7 @@ Status wait_pending(kvtier_pending* pending, std::string_view kind, Write&& writ
   if (reply == nullptr) {
     // In the order of kvtier_pending::reply's alternatives.
     static constexpr const char* kKinds[] = {"save", "lookup", "load", "begin_turn",
-                                             "close_session"};
+                                             "close_session", "tier_notices"};
     const char* actual = kKinds[pending->reply.index()];
     return invalid_argument("pending is a {0}, not a {1}: wait with kvtier_pending_wait_{0}",
                             actual, kind);
@@ -308,6 +308,17 @@ KVTIER_EXPORT kvtier_status kvtier_close_session_async(kvtier_client* client,
   });
 }
 
+KVTIER_EXPORT kvtier_status kvtier_watch_tiers_async(kvtier_client* client, uint32_t max_wait_ms,
+                                                     uint32_t max_changes, kvtier_pending** out) {
+  if (out != nullptr) *out = nullptr;
+  return guarded([&]() -> Status {
+    KVTIER_RETURN_IF_ERROR(require(client, "client"));
+    KVTIER_RETURN_IF_ERROR(require(out, "out"));
+    return make_pending(client, client->client->watch_tiers_async(max_wait_ms, max_changes),
+                        max_changes, out);
+  });
+}
+
 KVTIER_EXPORT kvtier_status kvtier_pending_poll(kvtier_pending* pending, int* ready) {
   return guarded([&]() -> Status {
     KVTIER_RETURN_IF_ERROR(require(pending, "pending"));
@@ -332,6 +343,31 @@ KVTIER_EXPORT kvtier_status kvtier_pending_wait_lookup(kvtier_pending* pending, 
     KVTIER_RETURN_IF_ERROR(require(hit_count, "hit_count"));
     return wait_pending<LookupResult>(pending, "lookup", [&](const LookupResult& r) {
       write_lookup_result(r, pending->count, hit_count, tiers_out);
+    });
+  });
+}
+
+KVTIER_EXPORT kvtier_status kvtier_pending_wait_tier_notices(kvtier_pending* pending,
+                                                             kvtier_tier_change* changes_out,
+                                                             uint32_t capacity, uint32_t* count,
+                                                             int* resync) {
+  return guarded([&]() -> Status {
+    KVTIER_RETURN_IF_ERROR(require(count, "count"));
+    KVTIER_RETURN_IF_ERROR(require(resync, "resync"));
+    KVTIER_RETURN_IF_ERROR(require_array(changes_out, capacity, "changes_out"));
+    return wait_pending<TierNotices>(pending, "tier_notices", [&](const TierNotices& notices) {
+      // Changes past `capacity` cannot be told: the caller must look its blocks up again.
+      const size_t written = std::min<size_t>(notices.changes.size(), capacity);
+      for (size_t i = 0; i < written; ++i) {
+        const TierChange& change = notices.changes[i];
+        kvtier_tier_change& out = changes_out[i];
+        std::memset(out.hash, 0, sizeof(out.hash));
+        std::memcpy(out.hash, change.hash.bytes().data(), change.hash.size());
+        out.hash_len = static_cast<uint32_t>(change.hash.size());
+        out.tier = c_tier(change.tier);
+      }
+      *count = static_cast<uint32_t>(written);
+      *resync = notices.resync || written < notices.changes.size() ? 1 : 0;
     });
   });
 }

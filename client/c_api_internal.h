@@ -29,7 +29,8 @@ struct kvtier_pending {
   std::shared_ptr<kvtier::Client> client;  // keeps the connection the reply comes on
   std::variant<kvtier::Pending<kvtier::SaveResult>, kvtier::Pending<kvtier::LookupResult>,
                kvtier::Pending<kvtier::LoadResult>, kvtier::Pending<kvtier::BeginTurnResult>,
-               kvtier::Pending<uint32_t>>  // CloseSession: released blocks
+               kvtier::Pending<uint32_t>,  // CloseSession: released blocks
+               kvtier::Pending<kvtier::TierNotices>>
       reply;
   uint32_t count = 0;   // hashes asked (Lookup): how many tiers_out entries to write
   bool waited = false;  // the one wait has happened

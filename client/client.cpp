@@ -315,6 +315,32 @@ Pending<LookupResult> Client::lookup_async(std::span<const BlockHash> hashes) {
                                });
 }
 
+Pending<TierNotices> Client::watch_tiers_async(uint32_t max_wait_ms, uint32_t max_changes) {
+  auto id = send([&](wire::Request::Builder request) {
+    auto watch = request.initWatchTiers();
+    watch.setMaxWaitMs(max_wait_ms);
+    watch.setMaxChanges(max_changes);
+  });
+  return Pending<TierNotices>(
+      this, std::move(id), [](wire::Response::Reader response) -> Result<TierNotices> {
+        if (!response.isWatchTiers()) return unexpected_reply(response, "WatchTiers");
+        auto reply = response.getWatchTiers();
+        TierNotices notices;
+        notices.resync = reply.getResync();
+        notices.changes.reserve(reply.getChanges().size());
+        for (auto change : reply.getChanges()) {
+          auto hash = change.getHash();
+          if (hash.size() == 0 || hash.size() > BlockHash::kMaxBytes) {
+            return internal_error("WatchTiers reply carries a hash of {} bytes", hash.size());
+          }
+          notices.changes.push_back(
+              {BlockHash(std::span<const uint8_t>(hash.begin(), hash.size())),
+               from_wire(change.getTier())});
+        }
+        return notices;
+      });
+}
+
 Pending<LoadResult> Client::load_async(const std::string& session_id,
                                        std::span<const BlockRef> blocks, PlaneRange planes,
                                        std::optional<StagingRef> staging) {
@@ -563,6 +589,7 @@ Result<std::vector<ConfigEntryInfo>> Client::get_config() {
 
 template class Pending<SaveResult>;
 template class Pending<LookupResult>;
+template class Pending<TierNotices>;
 template class Pending<LoadResult>;
 template class Pending<BeginTurnResult>;
 template class Pending<uint32_t>;

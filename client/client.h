@@ -165,6 +165,17 @@ struct LookupResult {
   std::vector<Tier> tiers;  // of the first hit_count blocks
 };
 
+// Tier notices (schema: WatchTiers): blocks of this engine's layout that changed place,
+// each with where it is now (Tier::kNone: no longer on this node).
+struct TierChange {
+  BlockHash hash;
+  Tier tier = Tier::kNone;
+};
+struct TierNotices {
+  std::vector<TierChange> changes;
+  bool resync = false;  // notices were dropped: look the blocks up again
+};
+
 // Which of the layout's planes a Load copies into each engine block: planes
 // [begin, begin + count) of LayoutSpec::planes. count 0 (the default) is every plane
 // (begin must then be 0). A layer-wise load pipelines one range per layer for the same
@@ -448,6 +459,12 @@ class Client {
                                  std::optional<StagingRef> staging = std::nullopt);
   Pending<BeginTurnResult> begin_turn_async(const std::string& session_id);
   Pending<uint32_t> close_session_async(const std::string& session_id);
+  // Tier notices: the first call subscribes this connection (a reconnect's new one is
+  // not: call again, and look up what was believed, since notices were lost with the
+  // old one). Answered at once with what changed since the last answer, else at the
+  // first change, else empty after max_wait_ms (at most 60000). One may wait at a time.
+  // max_changes 0: the daemon's maxBlocksPerRequest.
+  Pending<TierNotices> watch_tiers_async(uint32_t max_wait_ms, uint32_t max_changes = 0);
   // The reply's value is the region id.
   Pending<uint32_t> unregister_region_async(uint32_t region_id) KVTIER_EXCLUDES(send_mutex_);
 

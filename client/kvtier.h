@@ -502,6 +502,22 @@ kvtier_status kvtier_begin_turn_async(kvtier_client* client, const char* session
 kvtier_status kvtier_close_session_async(kvtier_client* client, const char* session_id,
                                          kvtier_pending** out);
 
+/* Tier notices (schema: WatchTiers), for an engine that tells routers where its blocks
+ * are: blocks of its layout that changed place on this node, each with where it is now
+ * (KVTIER_TIER_NONE: no longer on this node). The first call subscribes the connection
+ * (after a reconnect, call again and look up what you believed: notices were lost).
+ * Answered at once with what changed since the last answer, else at the first change,
+ * else empty after max_wait_ms (at most 60000); one may wait per connection. At most
+ * max_changes a reply (0: the daemon's max_blocks_per_request). Wait with
+ * kvtier_pending_wait_tier_notices. Added in version node KVTIER_0.9. */
+typedef struct kvtier_tier_change {
+  uint8_t hash[32]; /* the block's hash, hash_len bytes (the rest zero) */
+  uint32_t hash_len;
+  kvtier_tier tier;
+} kvtier_tier_change;
+kvtier_status kvtier_watch_tiers_async(kvtier_client* client, uint32_t max_wait_ms,
+                                       uint32_t max_changes, kvtier_pending** out);
+
 /* Never blocks: *ready = 1 when the matching kvtier_pending_wait_* would return
  * without waiting (the reply, or the connection's failure, has arrived), else 0. */
 kvtier_status kvtier_pending_poll(kvtier_pending* pending, int* ready);
@@ -518,6 +534,12 @@ kvtier_status kvtier_pending_wait_load(kvtier_pending* pending, kvtier_load_resu
 kvtier_status kvtier_pending_wait_begin_turn(kvtier_pending* pending,
                                              kvtier_begin_turn_result* out);
 kvtier_status kvtier_pending_wait_close_session(kvtier_pending* pending, uint32_t* released_blocks);
+/* Writes at most `capacity` changes into changes_out and their number into *count;
+ * *resync = 1 when notices were dropped (by the daemon, or past `capacity`): look up
+ * again what was believed of every block. Added in version node KVTIER_0.9. */
+kvtier_status kvtier_pending_wait_tier_notices(kvtier_pending* pending,
+                                               kvtier_tier_change* changes_out, uint32_t capacity,
+                                               uint32_t* count, int* resync);
 
 /* Frees a pending, waited for or not (a reply not waited for is discarded when it
  * arrives; the request itself still runs). NULL is a no-op. */

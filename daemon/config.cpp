@@ -307,6 +307,10 @@ std::vector<Setting> resource_limit_settings() {
                       kRestart, "KV regions one connection may register"),
       integer_setting("max-in-flight-per-connection", &C::max_in_flight_per_connection, 1, 4096,
                       kRestart, "requests one connection may have in flight"),
+      integer_setting("max-tier-notices-per-connection", &C::max_tier_notices_per_connection, 1,
+                      1 << 24, kRestart,
+                      "blocks noted for a connection's tier notices (WatchTiers) until it asks; "
+                      "past it they are dropped and it is told to look its blocks up again"),
       size_setting("max-request-bytes-per-connection", &C::max_request_bytes_per_connection,
                    kRestart,
                    "received requests one connection may have being handled, in bytes; reading "

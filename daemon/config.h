@@ -82,6 +82,9 @@ struct DaemonConfig {
   uint32_t max_blocks_per_request = 4096;
   uint32_t max_regions_per_connection = 64;
   uint32_t max_in_flight_per_connection = 64;
+  // Blocks noted for one connection's tier notices (daemon/tier_watch.h) before they are
+  // dropped and the engine told to resynchronise.
+  uint32_t max_tier_notices_per_connection = 65536;
   uint64_t max_request_bytes_per_connection = 64ull << 20;  // received frames being handled
   uint64_t max_reply_bytes_per_connection = 32ull << 20;    // replies the engine has not read
   uint32_t max_connections = 512;

@@ -18,6 +18,7 @@
 #include "daemon/save_path.h"
 #include "daemon/session_journal.h"
 #include "daemon/startup_gate.h"
+#include "daemon/tier_watch.h"
 #include "daemon/turn_path.h"
 
 namespace kvtier::daemon {
@@ -118,6 +119,7 @@ Service::Service(asio::io_context& io, DaemonConfig config, std::unique_ptr<Devi
   turns_ = std::make_unique<TurnPath>(ctx_, *replies_, *saves_, *remote_);
   setup_ = std::make_unique<EngineSetup>(ctx_, *replies_, *startup_);
   admin_ = std::make_unique<AdminService>(ctx_, *replies_, *journal_, *startup_, *remote_);
+  watch_ = std::make_unique<TierWatch>(ctx_, *replies_);
 
   // What a part hears from parts it does not use: after each copy, Unregisters waiting
   // for their region and Saves waiting for room look again (the copy's pins are gone);
@@ -197,6 +199,7 @@ Status Service::start() {
   ctx_.store = std::make_unique<BlockStore>(std::move(tiers));
   // A peer policy learns from the store's block events.
   if (policy::BlockObserver* peer = ctx_.planner.observer()) ctx_.store->subscribe(*peer);
+  ctx_.store->subscribe(*watch_);  // tier notices (WatchTiers)
   ctx_.topology = TierTopology::of([this](Tier tier) {
     assert_control_thread();
     // The remote tier joins when open_remote() connects it.
@@ -229,6 +232,7 @@ void Service::on_device_lost(const Status& status) {
       status.to_string());
   ctx_.stopping = true;
   placement_->stop();
+  watch_->stop();
   journal_->write_before_exit();
   if (fatal_exit_) fatal_exit_(exit_code_);
   ctx_.io.stop();
@@ -264,6 +268,7 @@ void Service::on_disconnect(const ConnectionPtr& connection) {
   setup_->forget(connection, engine.get());
   if (engine) startup_->forget(*engine);
   saves_->forget(connection);
+  watch_->forget(engine.get());
   connection->user_state.reset();
 }
 
@@ -372,6 +377,10 @@ Status Service::dispatch(const ConnectionPtr& c, EngineContext& engine,
       return admin_->handle_drain(c, engine, id);
     case wire::Request::GET_CONFIG:
       return admin_->handle_get_config(c, engine, id);
+    case wire::Request::WATCH_TIERS: {
+      auto watch = request.getWatchTiers();
+      return watch_->handle_watch(c, engine, id, watch.getMaxWaitMs(), watch.getMaxChanges());
+    }
   }
   return invalid_argument("unknown request kind {} (newer client?)", static_cast<int>(which));
 }

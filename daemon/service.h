@@ -33,6 +33,7 @@ class AdminService;
 class StartupGate;
 class SessionJournal;
 class RemotePath;
+class TierWatch;
 
 // The server's per-connection and connection-count limits from the configuration.
 ipc::ConnectionLimits connection_limits(const DaemonConfig& config);
@@ -161,6 +162,7 @@ class Service final : public ipc::RequestHandler {
   std::unique_ptr<StartupGate> startup_;
   std::unique_ptr<SessionJournal> journal_;
   std::unique_ptr<RemotePath> remote_;
+  std::unique_ptr<TierWatch> watch_;
 
   std::function<void(int)> fatal_exit_ KVTIER_GUARDED_BY(control_thread);
   std::function<void()> ready_callback_ KVTIER_GUARDED_BY(control_thread);

@@ -7,6 +7,7 @@
 #include "daemon/replies.h"
 #include "daemon/service.h"
 #include "daemon/session_journal.h"
+#include "daemon/tier_watch.h"
 
 #ifndef KVTIER_VERSION
 #define KVTIER_VERSION "unknown"
@@ -171,6 +172,21 @@ void render_nvme_health(PrometheusText& out, const NvmeTier& nvme) {
   out.sample("kvtier_nvme_heals_total", "", health.heals);
 }
 
+// Tier notices (WatchTiers): who listens, what was told, what was dropped.
+void render_tier_notices(PrometheusText& out, const TierWatch& watch)
+    KVTIER_REQUIRES(control_thread) {
+  out.family("kvtier_tier_watchers", "gauge",
+             "Connections subscribed to tier notices (engines announcing blocks to routers).");
+  out.sample("kvtier_tier_watchers", "", static_cast<uint64_t>(watch.watchers()));
+  out.family("kvtier_tier_notices_total", "counter",
+             "Blocks told to subscribed connections as having changed place.");
+  out.sample("kvtier_tier_notices_total", "", watch.notices_sent());
+  out.family("kvtier_tier_notice_resyncs_total", "counter",
+             "Times a connection's noted blocks passed max-tier-notices-per-connection and "
+             "were dropped (it is told to look its blocks up again).");
+  out.sample("kvtier_tier_notice_resyncs_total", "", watch.resyncs());
+}
+
 }  // namespace
 
 std::string Service::render_metrics() const {
@@ -185,6 +201,7 @@ std::string Service::render_metrics() const {
   replies_->metrics().render(out);
   if (const NvmeTier* nvme = journal_->tier()) render_nvme_health(out, *nvme);
   remote_->render_remote_metrics(out);  // remote_path.cpp; nothing without remote-nodes
+  render_tier_notices(out, *watch_);
   return out.text();
 }
 

@@ -245,6 +245,36 @@ struct LoadReply {
   stopReason @1 :Error;        # why it ended early (notFound, dataLoss, ...); ok if complete
 }
 
+# Tier notices: where this connection's layout's blocks went (a router-facing engine
+# keeps its announcements true with them). The first WatchTiers on a connection
+# subscribes it: from then on the daemon notes every block of the engine's layout (its
+# namespace and layout digest) that enters or leaves one of this node's tiers, keeping
+# each block once however often it moved (coalesced). A WatchTiers is answered at once
+# when changes are noted, else with the first ones to come (a few milliseconds later, so
+# that a planner run's moves go in one answer) or empty after maxWaitMs. One WatchTiers
+# may wait per connection. For a connection that does not ask, the daemon notes at most
+# max-tier-notices-per-connection blocks; past that it forgets them and says `resync`
+# (look up what you announced again) instead of holding its memory or the daemon back.
+struct WatchTiers {
+  maxWaitMs @0 :UInt32;        # answer empty after this long without a change; at most
+                               # 60000 (0: answer at once)
+  maxChanges @1 :UInt32;       # changes per answer, at most (0: maxBlocksPerRequest); the
+                               # rest wait for the next WatchTiers
+}
+
+struct TierChange {
+  hash @0 :Data;               # the block (as Save named it)
+  tier @1 :Tier;               # its tier now: the fastest of this node's tiers holding it,
+                               # or none when this node no longer does (evicted, or left
+                               # only in the remote tier)
+}
+
+struct WatchTiersReply {
+  changes @0 :List(TierChange);  # blocks whose place changed since the last answer
+  resync @1 :Bool;             # notices were dropped (too many waited): what the engine
+                               # believes of its blocks may be stale; look them up
+}
+
 struct BeginTurn {
   sessionId @0 :Text;          # the session whose next turn arrived
 }
@@ -505,6 +535,7 @@ struct Request {
     drain @13 :Drain;                     # admin
     getConfig @14 :GetConfig;             # admin
     unregisterRegion @15 :UnregisterRegion;  # stop sharing a region (reply: safe to free)
+    watchTiers @16 :WatchTiers;           # tier notices of this layout's blocks (long poll)
   }
 }
 
@@ -527,5 +558,6 @@ struct Response {
     drain @14 :DrainReply;
     getConfig @15 :GetConfigReply;
     unregisterRegion @16 :UnregisterRegionReply;
+    watchTiers @17 :WatchTiersReply;
   }
 }

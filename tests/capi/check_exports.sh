@@ -41,6 +41,12 @@ for name in kvtier_hello_with_data_path kvtier_gpu_stager_probe kvtier_gpu_stage
     exit 1
   fi
 done
+for name in kvtier_watch_tiers_async kvtier_pending_wait_tier_notices; do
+  if ! printf '%s\n' "$symbols" | grep -q " $name@@KVTIER_0\.9\$"; then
+    echo "$name is not in version node KVTIER_0.9" >&2
+    exit 1
+  fi
+done
 count=$(printf '%s\n' "$symbols" | grep -c ' T kvtier_')
 if [ "$count" -lt 20 ]; then
   echo "only $count kvtier_* functions exported:" >&2

@@ -197,3 +197,44 @@ def test_bad_retention_is_refused_before_sending(client, unique, kwargs, message
         client.save(session, blocks, **kwargs)
     with pytest.raises(kvtier.NotFound):  # nothing was saved
         client.begin_turn(session)
+
+
+def test_tier_notices_tell_where_saved_blocks_went(unique):
+    """watch_tiers_async: a drain to NVMe, then an eviction, are told block by block with
+    each block's tier; a bad max_changes is refused before anything is sent."""
+    import subprocess
+    import time
+
+    from kvtierd_process import BUILD_DIR, Kvtierd
+
+    import grp
+    import os
+
+    admin = grp.getgrgid(os.getegid()).gr_name  # drain and evict are admin requests
+    daemon = Kvtierd(["--slab-bytes", "1MiB", "--nvme-bytes", "16MiB", "--admin-group", admin])
+    try:
+        with kvtier.Client(daemon.socket_path) as client:
+            engine(client, unique("notices"))
+            assert client.watch_tiers_async(0, 64).result() == kvtier.TierNotices(changes=[], resync=False)
+            session = unique("session")
+            hashes = block_hashes(range(16), 4, session)  # 4 blocks
+            assert client.save(session, list(zip(hashes, range(4)))).saved == 4
+            ctl = [str(BUILD_DIR / "kvtierctl"), "--socket", daemon.socket_path]
+
+            def told_until(expected: dict[bytes, str]) -> None:
+                seen: dict[bytes, str] = {}
+                deadline = time.monotonic() + 10
+                while {h: seen.get(h) for h in expected} != expected:
+                    assert time.monotonic() < deadline, seen
+                    notices = client.watch_tiers_async(200, 64).result()
+                    assert not notices.resync
+                    seen.update(notices.changes)
+
+            subprocess.run([*ctl, "drain"], check=True, capture_output=True)
+            told_until({h: "nvme" for h in hashes})
+            subprocess.run([*ctl, "evict", session], check=True, capture_output=True)
+            told_until({h: "none" for h in hashes})
+            with pytest.raises(kvtier.InvalidArgument, match="max_changes must be 1..4096"):
+                client.watch_tiers_async(0, 0)
+    finally:
+        daemon.stop()

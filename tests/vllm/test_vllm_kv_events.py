@@ -4,7 +4,9 @@ real kvtierd: what a router reading the stream learns of the blocks kvtierd hold
 
 from __future__ import annotations
 
+import grp
 import json
+import os
 import random
 import subprocess
 import threading
@@ -195,6 +197,84 @@ def test_after_a_kill_and_restart_the_stream_claims_exactly_what_kvtierd_kept(ti
         daemon.stop()
 
 
+# kvtierctl's drain and evict are admin requests: the test process's group is the admin group.
+ADMIN = ["--admin-group", grp.getgrgid(os.getegid()).gr_name]
+
+
+def kvtierctl(daemon: Kvtierd, *args: str) -> None:
+    subprocess.run([str(BUILD_DIR / "kvtierctl"), "--socket", daemon.socket_path, *args], check=True,
+                   capture_output=True, text=True)
+
+
+def test_kvtierds_own_moves_reach_the_stream_demoted_then_evicted(tiny_llama):
+    """Tier notices: kvtierd drains the session to NVMe, then evicts it; the stream follows
+    each move (BlockRemoved CPU + BlockStored STORAGE, then BlockRemoved STORAGE) without
+    a resynchronisation."""
+    daemon = Kvtierd(["--nvme-bytes", "64MiB", *ADMIN])
+    engine = MiniEngine(tiny_llama, daemon.socket_path, prefix_caching=True, kv_events=True)
+    try:
+        engine.run(engine.add(tokens(40, 4 * BLOCK + 2), session="ev-moved"))
+        engine.run(engine.add(tokens(41, 3 * BLOCK + 2), session="ev-stays"))
+        session = hashes_of(stored(engine.events, "kvtier"))[:4]
+        other = hashes_of(stored(engine.events, "kvtier"))[4:]
+        assert len(other) == 3 and replay(engine.events) == {h: "CPU" for h in session + other}
+        kvtierctl(daemon, "drain")
+        deadline = time.monotonic() + 20
+        while replay(engine.events) != {h: "STORAGE" for h in session + other}:
+            assert time.monotonic() < deadline, replay(engine.events)
+            engine.step()
+            time.sleep(0.02)
+        kvtierctl(daemon, "evict", "ev-moved")
+        while replay(engine.events) != {h: "STORAGE" for h in other}:
+            assert time.monotonic() < deadline, replay(engine.events)
+            engine.step()
+            time.sleep(0.02)
+        events = engine.connector._scheduler_side._events
+        assert events is not None and not events.resynchronising()
+        assert events.announced() == len(other)
+        clients = engine.connector._scheduler_side._link.get()
+        assert clients is not None
+        assert clients[0].lookup(engine.saves[0].hashes).hit_count == 0
+        held = clients[0].lookup(engine.saves[1].hashes)
+        assert (held.hit_count, held.tiers) == (3, ["nvme"] * 3)
+    finally:
+        engine.close()
+        daemon.stop()
+
+
+def test_with_two_ranks_a_block_is_where_its_slowest_shard_is():
+    """Tier notices of two TP ranks combine: a block is announced where its slowest
+    rank's shard is, and withdrawn once any rank's shard is gone; a notice that comes
+    before the Save is announced is applied when it is."""
+    import types
+
+    from kvtier.vllm.events import BlockEvents
+
+    keys = [bytes([i]) * 32 for i in range(4)]
+    request = types.SimpleNamespace(block_hashes=[bytes([100 + i]) * 32 for i in range(4)],
+                                    all_token_ids=tokens(50, 4 * BLOCK + 1), lora_request=None,
+                                    cache_salt=None, prompt_embeds=None, mm_features=[])
+    events = BlockEvents(BLOCK, ranks=2, max_blocks=100)
+    events.capture("r", request, keys)
+    events.tiers_changed(0, [(keys[3], "nvme")])  # before the announcement: kept
+    events.save_over("r", 2, 4)
+    taken = events.take()
+    assert replay(taken) == {h: "CPU" for h in request.block_hashes[:3]} | {request.block_hashes[3]: "STORAGE"}
+    events.tiers_changed(0, [(keys[0], "nvme"), (keys[1], "nvme")])  # rank 1's shards still in RAM
+    events.tiers_changed(1, [(keys[1], "nvme"), (keys[2], "none")])
+    taken += events.take()
+    assert replay(taken) == {request.block_hashes[0]: "STORAGE", request.block_hashes[1]: "STORAGE",
+                             request.block_hashes[3]: "STORAGE"}
+    events.tiers_changed(0, [(keys[0], "ram")])  # rank 0 back in RAM, rank 1 never left: CPU again
+    taken += events.take()
+    assert replay(taken)[request.block_hashes[0]] == "CPU"
+    events.tiers_changed(1, [(keys[1], "remote")])  # only the remote tier: no node is warmer
+    taken += events.take()
+    assert request.block_hashes[1] not in replay(taken)
+    assert events.announced() == 2
+
+
+# ---- through vLLM's OpenAI server, as a router subscribes to it ----------------------
 # ---- through vLLM's OpenAI server, as a router subscribes to it ----------------------
 
 
@@ -256,7 +336,7 @@ def kv_events_server(tiny_llama, tmp_path_factory):
 
     # Each copy answered 300 ms late: vLLM has its blocks back (they are staged) and is
     # idle long before kvtierd answers the Save.
-    daemon = Kvtierd(["--fault-copy-delay-ms", "300ms"])
+    daemon = Kvtierd(["--fault-copy-delay-ms", "300ms", "--nvme-bytes", "64MiB", *ADMIN])
     logs = tmp_path_factory.mktemp("kv-events-logs")
     port = free_port()
     connector = {"kv_connector": "KvtierConnector", "kv_connector_module_path": "kvtier.vllm", "kv_role": "kv_both",
@@ -314,3 +394,42 @@ def test_through_the_openai_server_a_router_sees_kvtiers_blocks_under_vllms_hash
     assert [t for e in ours for t in e.token_ids] == history[:saved * SERVER_BLOCK]
     assert {(e.medium, e.locality, e.ownership, e.kv_cache_spec_kind) for e in ours} == \
         {("CPU", "LOCAL", "kvtier", "full_attention")}
+
+
+def test_through_the_openai_server_kvtiers_moves_reach_the_router(kv_events_server):
+    """kvtierd drains a session to NVMe, then evicts it: while vLLM serves another
+    request (it publishes only when it steps), the router hears the session's blocks
+    move to STORAGE, then leave."""
+    daemon, server, subscriber = kv_events_server
+    prompt = tokens(60, 3 * SERVER_BLOCK + 5)
+    reply = server.complete(prompt, max_tokens=4, kv_transfer_params={"kvtier_session": "routed-moves"})
+    assert reply["status"] == 200, reply
+    first_block = prompt[:SERVER_BLOCK]
+
+    def believed(events: list) -> dict:
+        """What the router believes of this chat's blocks: their hash -> medium."""
+        ours = {h for e in stored(events, "kvtier") if e.token_ids[:SERVER_BLOCK] == first_block
+                for h in e.block_hashes}
+        return {h: medium for h, medium in replay(events).items() if h in ours}
+
+    announced = subscriber.wait_for(lambda events: believed(events) if len(believed(events)) >= 3 else None)
+    assert set(announced.values()) == {"CPU"}
+    kvtierctl(daemon, "drain")
+    seed = 2000
+
+    def busy_until(what) -> dict:
+        nonlocal seed
+        deadline = time.monotonic() + 30
+        while True:
+            seed += 1  # vLLM steps, and publishes, while it serves this
+            assert server.complete(tokens(seed, SERVER_BLOCK // 2), max_tokens=4)["status"] == 200
+            with subscriber._lock:
+                value = what(list(subscriber.events))
+            if value is not None:
+                return value
+            assert time.monotonic() < deadline, f"not seen; events: {subscriber.events[-10:]}"
+
+    moved = busy_until(lambda events: believed(events) if set(believed(events).values()) == {"STORAGE"} else None)
+    assert moved.keys() == announced.keys()
+    kvtierctl(daemon, "evict", "routed-moves")
+    busy_until(lambda events: True if not believed(events) else None)

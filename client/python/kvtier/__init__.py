@@ -19,7 +19,7 @@ from .errors import (ClientClosed, DataLoss, Internal, InvalidArgument, KvtierEr
 from .layout import Layout, Plane
 from .pending import Pending
 from .results import (BeginTurnResult, BlockPriority, HelloInfo, LoadResult, LookupResult, SaveResult, Stats,
-                      TierStats)
+                      TierNotices, TierStats)
 
 __version__ = "0.1.0"
 
@@ -35,5 +35,5 @@ __all__ = [
     "BeginTurnResult", "Block", "BlockPriority", "Client", "ClientClosed", "DataLoss", "HelloInfo", "Internal",
     "InvalidArgument", "KvtierError", "Layout", "LoadResult", "LookupResult", "NotFound",
     "NotSupported", "Pending", "PermissionDenied", "Plane", "ResourceExhausted", "SaveResult",
-    "Session", "Stats", "StatusCode", "TierStats", "Unavailable", "hashing", "library_version",
+    "Session", "Stats", "StatusCode", "TierNotices", "TierStats", "Unavailable", "hashing", "library_version",
 ]

@@ -65,6 +65,11 @@ class Hash(Structure):
     _fields_ = [("hash", c_char_p), ("hash_len", c_uint32)]  # bytes: ctypes keeps them alive
 
 
+class TierChange(Structure):
+    """kvtier_tier_change (ABI 0.9)."""
+    _fields_ = [("hash", c_uint8 * 32), ("hash_len", c_uint32), ("tier", c_int)]
+
+
 class BlockRef(Structure):
     _fields_ = [("hash", c_char_p), ("hash_len", c_uint32), ("engine_block_id", c_uint64)]
 
@@ -184,6 +189,10 @@ _OPTIONAL_SIGNATURES = {
                                                  POINTER(LoadResult)]),
     "kvtier_gpu_stager_end_load": (_status, [c_void_p]),
     "kvtier_gpu_stager_destroy": (None, [c_void_p]),
+    # KVTIER_0.9: tier notices (Client.watch_tiers_async).
+    "kvtier_watch_tiers_async": (_status, [_client_p, c_uint32, c_uint32, POINTER(_pending_p)]),
+    "kvtier_pending_wait_tier_notices": (_status, [_pending_p, c_void_p, c_uint32,
+                                                   POINTER(c_uint32), POINTER(c_int)]),
 }
 
 DATA_PATHS = {"plane-copies": 0, "staging-kernels": 1, "staging-host": 2}

@@ -36,7 +36,7 @@ from .errors import ClientClosed, InvalidArgument, KvtierError, NotFound, NotSup
 from .layout import Layout
 from .pending import Pending
 from .results import (BeginTurnResult, BlockPriority, HelloInfo, LoadResult, LookupResult, SaveResult, Stats,
-                      TierStats)
+                      TierNotices, TierStats)
 
 _DEVICE_KINDS = {"host": _lib.DEVICE_HOST, "cuda": _lib.DEVICE_CUDA}
 
@@ -492,6 +492,30 @@ class Client:
         begin, plane_count = plane_range
         return self._pending(lambda h, out: load_planes(
             h, session, refs, count, begin, plane_count, out), wait, keep)
+
+    def watch_tiers_async(self, max_wait_ms: int, max_changes: int) -> Pending[TierNotices]:
+        """Tier notices: blocks of this engine's layout that changed place on the daemon's
+        node (see :class:`TierNotices`). The first call subscribes the connection; after
+        a reconnect (``reconnects`` grew) call again and look up what you believed, since
+        notices were lost with the old connection. Answered at once with what changed
+        since the last answer, else at the first change, else empty after max_wait_ms (at
+        most 60000). One may wait per connection; at most max_changes (1..4096) a reply."""
+        watch = getattr(self._lib, "kvtier_watch_tiers_async", None)
+        if watch is None:
+            raise NotSupported("this libkvtier.so.0 predates tier notices (ABI 0.9)", retryable=False)
+        if not 1 <= max_changes <= 4096:
+            raise InvalidArgument(f"max_changes must be 1..4096, got {max_changes}")
+        names = _lib.TIER_NAMES
+
+        def wait(pending: int) -> TierNotices:
+            out = (_lib.TierChange * max_changes)()
+            count, resync = c_uint32(), c_int()
+            _lib.check(self._lib.kvtier_pending_wait_tier_notices(pending, out, max_changes,
+                                                                  byref(count), byref(resync)))
+            changes = [(bytes(c.hash[:c.hash_len]), names[c.tier]) for c in out[:count.value]]
+            return TierNotices(changes=changes, resync=bool(resync.value))
+
+        return self._pending(lambda h, out: watch(h, max_wait_ms, max_changes, out), wait)
 
     def begin_turn_async(self, session_id: str) -> Pending[BeginTurnResult]:
         """begin_turn() without waiting: send it as soon as the message arrives."""

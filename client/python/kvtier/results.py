@@ -60,6 +60,17 @@ class LookupResult:
 
 
 @dataclasses.dataclass(frozen=True)
+class TierNotices:
+    """Blocks of this engine's layout that changed place on the daemon's node since the
+    last answer (Client.watch_tiers_async), each with where it is now: "hbm", "ram",
+    "nvme", or "none" (no longer on this node). ``resync``: notices were dropped (the
+    engine asked too seldom): look up again every block you keep a belief about."""
+
+    changes: list[tuple[bytes, str]]
+    resync: bool
+
+
+@dataclasses.dataclass(frozen=True)
 class LoadResult:
     """How much of the prefix was restored. Blocks past loaded_count hold unspecified
     bytes: the engine computes those tokens."""

@@ -18,14 +18,23 @@ own events, once per step):
 Where a block is, as vLLM's media name it: kvtierd's HBM arena and RAM are ``CPU``
 (host-memory weight in the routers: the arena is faster still, but ``GPU`` would mix
 with vLLM's own blocks of the same hash, whose removal would then retract kvtier's
-claim), NVMe is ``STORAGE``, the remote tier (shared by every node) is ``STORAGE`` with
-locality ``REMOTE``, which routers ignore when ranking nodes. ``ownership`` is "kvtier".
+claim), NVMe is ``STORAGE``, locality ``LOCAL``. A block left only in the remote tier is
+withdrawn: every node can read it, so it makes no node warmer. ``ownership`` is "kvtier".
+With tensor parallelism a block is where its slowest rank's shard is, and withdrawn once
+any rank's shard is gone (the engine can load it only whole).
+
+kvtierd's own moves (demotion, promotion, eviction, drain) reach the stream through tier
+notices (Client.watch_tiers_async, one long poll per rank): each block that changed place
+is announced removed from its old medium and stored in its new one, or only removed
+when it left the node. A notice for a block whose Save is not announced yet is kept (at
+most MAX_EARLY, for EARLY_S) and applied when it is.
 
 When what was announced may be stale (kvtierd restarted or crashed, the connection was
-lost), the connector looks every announced block up again once connected and corrects
-the stream: removed what kvtierd lost, moved what it holds elsewhere (a kill -9 keeps
-what reached NVMe). The stream is corrected at the engine's next step: vLLM publishes
-only when it steps, and an idle engine does not.
+lost, kvtierd dropped notices because they were not taken in time), the connector looks
+every announced block up again once connected and corrects the stream: removed what
+kvtierd lost, moved what it holds elsewhere (a kill -9 keeps what reached NVMe). The
+stream is corrected at the engine's next step: vLLM publishes only when it steps, and
+an idle engine does not.
 
 Cost on vLLM's scheduler thread: a Save is recorded as references to the request's own
 lists (its tokens, vLLM's block hashes) and the chain of kvtier keys, never copied; the
@@ -54,19 +63,22 @@ from ..errors import KvtierError
 MEDIUM_CPU = "CPU"
 MEDIUM_STORAGE = "STORAGE"
 LOCAL = "LOCAL"
-REMOTE = "REMOTE"
 OWNERSHIP = "kvtier"
-# kvtierd's tiers (as a Lookup names them) -> (medium, locality) on vLLM's stream.
+# kvtierd's tiers (as a Lookup or a tier notice names them) -> (medium, locality) on
+# vLLM's stream. The remote tier is not there: it is every node's, so a block held only
+# there makes no node warmer than another, and it is withdrawn like one not held.
 PLACES: dict[str, tuple[str, str]] = {
     "hbm": (MEDIUM_CPU, LOCAL),
     "ram": (MEDIUM_CPU, LOCAL),
     "nvme": (MEDIUM_STORAGE, LOCAL),
-    "remote": (MEDIUM_STORAGE, REMOTE),
 }
+_PREFERENCE = {(MEDIUM_CPU, LOCAL): 0, (MEDIUM_STORAGE, LOCAL): 1}  # the slower, the higher
 SAVED = PLACES["ram"]  # where a Save's blocks are when it is answered: kvtierd's memory tiers
 RESYNC_TIMEOUT_S = 10.0  # a resynchronisation's Lookups not all answered by then: again
 MAX_SAVES_HEARD = 4096  # Saves awaiting their answers, at most (the oldest are given up)
 ANNOUNCE_BLOCKS_PER_STEP = 512  # blocks made into events per take(), at most
+MAX_EARLY = 65536  # tier notices kept for blocks not announced yet, at most
+EARLY_S = 30.0  # ... for this long: a Save is announced well within it
 TOKEN_TYPE = "l" if array.array("i").itemsize < 4 else "i"  # 4 bytes a token id (vocabularies < 2**31)
 
 
@@ -104,12 +116,14 @@ class _Segment:
     hashes: list[Any] = dataclasses.field(default_factory=list)  # theirs, in event form
     tokens: array.array = dataclasses.field(default_factory=lambda: array.array(TOKEN_TYPE))  # theirs
     places: dict[int, tuple[str, str]] = dataclasses.field(default_factory=dict)  # block -> place, if not SAVED
-    positions: dict[bytes, int] | None = None  # key -> block, built when first needed
 
-    def index_of(self, key: bytes) -> int:
-        if self.positions is None:
-            self.positions = {k: self.start + i for i, k in enumerate(self.keys)}
-        return self.positions[key]
+    def index_of(self, key: bytes, positions: dict[int, dict[bytes, int]]) -> int:
+        """The block `key` is; `positions` caches each segment's key -> block for the
+        caller's one pass (not kept: it would cost as much memory as the keys)."""
+        mine = positions.get(id(self))
+        if mine is None:
+            mine = positions[id(self)] = {k: self.start + i for i, k in enumerate(self.keys)}
+        return mine[key]
 
     def place(self, index: int) -> tuple[str, str]:
         return self.places.get(index, SAVED)
@@ -119,6 +133,13 @@ class _Segment:
 
     def parent_of(self, index: int) -> Any:
         return self.parent if index == self.start else self.hashes[index - self.start - 1]
+
+
+def _slowest(places: Sequence[tuple[str, str] | None]) -> tuple[str, str] | None:
+    """Where a block is, given each rank's shard's place: the slowest, None if any is gone."""
+    if None in places:
+        return None
+    return max(places, key=lambda place: _PREFERENCE[place])  # type: ignore[index]
 
 
 class BlockEvents:
@@ -140,6 +161,11 @@ class BlockEvents:
         self._resync: list[tuple[_Segment, Any]] | None = None
         self._resync_started_s = 0.0
         self._resync_wanted = False
+        # TP > 1: blocks whose ranks' shards are not all where the block was announced
+        # (key -> each rank's place, None: gone), for the blocks tier notices moved.
+        self._rank_places: dict[bytes, list[tuple[str, str] | None]] = {}
+        # Tier notices of blocks not announced yet: key -> (each rank's place, when).
+        self._early: dict[bytes, tuple[list[tuple[str, str] | None], float]] = {}
 
     # ---- Saves ------------------------------------------------------------------
 
@@ -251,17 +277,100 @@ class BlockEvents:
         segment.done = until
         announced = self._announced
         fresh = [key not in announced for key in keys]
+        places: list[tuple[str, str] | None] = [SAVED] * len(keys)
+        if self._early:  # kvtierd moved some before they were announced
+            self._apply_early(segment, first, keys, fresh, places)
         announced.update(dict.fromkeys(itertools.compress(keys, fresh), segment))
         index = first
-        for is_fresh, run in itertools.groupby(fresh):
+        for (is_fresh, place), run in itertools.groupby(zip(fresh, places)):
             length = sum(1 for _ in run)
-            if is_fresh:
+            if is_fresh and place is not None:
                 offset = (index - first) * size
-                self._stored(segment, index, index + length, SAVED, tokens[offset:offset + length * size])
+                self._stored(segment, index, index + length, place, tokens[offset:offset + length * size])
             index += length
         if until >= segment.end:  # all in events: the request's lists may go
             segment.source_keys = segment.source_hashes = segment.source_tokens = ()
         return until - first
+
+    def _apply_early(self, segment: _Segment, first: int, keys: Sequence[bytes], fresh: list[bool],
+                     places: list[tuple[str, str] | None]) -> None:
+        """Blocks first.. of a segment about to be announced, as tier notices that came
+        before the announcement left them: elsewhere (announced there), or gone (not
+        announced)."""
+        now = time.monotonic()
+        for offset, key in enumerate(keys):
+            entry = self._early.pop(key, None) if fresh[offset] else None
+            if entry is None or now - entry[1] > EARLY_S:
+                continue
+            ranks = entry[0]
+            place = _slowest(ranks)
+            places[offset] = place
+            if place is None:
+                fresh[offset] = False  # gone before it was announced
+                continue
+            if place != SAVED:
+                segment.places[first + offset] = place
+            if self._ranks > 1 and any(r != place for r in ranks):
+                self._rank_places[key] = ranks
+
+    # ---- tier notices: kvtierd moved blocks ---------------------------------------
+
+    def tiers_changed(self, rank: int, changes: Sequence[tuple[bytes, str]]) -> None:
+        """A rank's tier notices (key, tier now) into events: each announced block that
+        changed place is announced removed from its old place and stored in the new one,
+        or only removed once it is gone; runs of one Save's blocks go in one event."""
+        removed: dict[tuple[str, str], list[Any]] = {}
+        stored: list[tuple[_Segment, int, tuple[str, str]]] = []
+        positions: dict[int, dict[bytes, int]] = {}
+        for key, tier in changes:
+            place = PLACES.get(tier)
+            segment = self._announced.get(key)
+            if segment is None:
+                self._note_early(rank, key, place)
+                continue
+            index = segment.index_of(key, positions)
+            old = segment.place(index)
+            if self._ranks > 1:
+                ranks = self._rank_places.get(key) or [old] * self._ranks
+                ranks[rank] = place
+                place = _slowest(ranks)
+                if all(r == place for r in ranks):
+                    self._rank_places.pop(key, None)
+                else:
+                    self._rank_places[key] = ranks
+            if place == old:
+                continue
+            removed.setdefault(old, []).append(segment.hash_of(index))
+            if place is None:
+                del self._announced[key]
+                segment.places.pop(index, None)
+                self._rank_places.pop(key, None)
+                continue
+            if place == SAVED:
+                segment.places.pop(index, None)
+            else:
+                segment.places[index] = place
+            stored.append((segment, index, place))
+        for old, hashes in removed.items():
+            self._removed(hashes, old)
+        stored.sort(key=lambda entry: (id(entry[0]), entry[1]))
+        run_start = 0
+        for i in range(1, len(stored) + 1):
+            if i < len(stored):
+                (segment, index, place), (last_segment, last_index, last_place) = stored[i], stored[i - 1]
+                if segment is last_segment and index == last_index + 1 and place == last_place:
+                    continue
+            segment, begin, place = stored[run_start]
+            self._stored(segment, begin, stored[i - 1][1] + 1, place)
+            run_start = i
+
+    def _note_early(self, rank: int, key: bytes, place: tuple[str, str] | None) -> None:
+        entry = self._early.get(key)
+        ranks: list[tuple[str, str] | None] = entry[0] if entry is not None else [SAVED] * self._ranks
+        ranks[rank] = place
+        self._early[key] = (ranks, time.monotonic())
+        if len(self._early) > MAX_EARLY:  # most are blocks that will never be announced
+            del self._early[next(iter(self._early))]
 
     def _withdraw_oldest(self, count: int) -> None:
         """The `count` oldest announced blocks are announced removed and forgotten."""
@@ -269,9 +378,11 @@ class BlockEvents:
         victims = list(itertools.islice(self._announced.items(), count))
         for key, _ in victims:
             del self._announced[key]
+            self._rank_places.pop(key, None)
         by_place: dict[tuple[str, str], list[Any]] = {}
+        positions: dict[int, dict[bytes, int]] = {}
         for key, segment in victims:
-            index = segment.index_of(key)
+            index = segment.index_of(key, positions)
             by_place.setdefault(segment.place(index), []).append(segment.hash_of(index))
             segment.places.pop(index, None)
         for place, hashes in by_place.items():
@@ -357,6 +468,7 @@ class BlockEvents:
                 continue
             index = segment.start + offset
             place = PLACES.get(result.tiers[offset]) if offset < result.hit_count else None
+            self._rank_places.pop(key, None)  # the Lookup asked every rank
             old = segment.place(index)
             if place == old:
                 continue

@@ -41,7 +41,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .. import hashing
-from ..errors import KvtierError
+from ..errors import InvalidArgument, KvtierError, NotSupported
 from ..pending import Pending
 from ..results import LookupResult
 from .blocks import BlockShape, request_extra_keys, request_hashes, session_id_of
@@ -62,6 +62,8 @@ MAX_LATENCIES = 4096  # latency observations kept between two stats reports
 INLINE_HASH_TOKENS = 8192
 HASH_CHUNK_TOKENS = 8192
 PROBE_S = 1.0  # with blocks announced, kvtierd is asked something at least this often
+WATCH_WAIT_MS = 1000  # a tier notice poll waits this long for a change, then is sent again
+WATCH_CHANGES = 1024  # tier notices a poll takes, at most (the rest come with the next)
 MAX_SPIN_US = 100.0  # the longest get_num_new_matched_tokens polls a Lookup
 
 
@@ -240,6 +242,9 @@ class SchedulerSide:
                                    cache_kind) if kv_events else None
         self._link_marks: tuple | None = None  # (client, reconnects) per rank, at the last step
         self._probed_s = 0.0
+        # Each rank's tier notice poll (None: to send), False once kvtierd said it has none.
+        self._watches: list[Pending | None] = [None] * len(self._ranks)
+        self._watching = True
 
     def _rank_link(self, rank: BlockShape, device: str) -> DaemonLink:
         layout = rank.staging_layout(1)
@@ -579,8 +584,13 @@ class SchedulerSide:
 
     def has_pending_push_work(self) -> bool:
         """True while a Save whose blocks are to be announced awaits its answers, for at
-        most save_timeout_ms (vLLM steps, and publishes the events, only while it has work)."""
-        return self._events is not None and self._events.awaiting(self._config.save_timeout_ms / 1000.0)
+        most save_timeout_ms, or tier notices are in (vLLM steps, and publishes the
+        events, only while it has work)."""
+        if self._events is None:
+            return False
+        if self._events.awaiting(self._config.save_timeout_ms / 1000.0):
+            return True
+        return any(watch is not None and watch.done() for watch in self._watches)
 
     def take_events(self) -> list:
         """The KV events since the last call (vLLM publishes them with its own). A
@@ -590,16 +600,50 @@ class SchedulerSide:
             return []
         clients = self._link.get()
         if clients is not None:
-            self._probe(clients)
             marks = tuple((id(client), client.reconnects) for client in clients)
             if marks != self._link_marks:
                 if self._link_marks is not None:
                     self._events.want_resync()
                 self._link_marks = marks
+                self._watches = [None] * len(clients)  # a new connection: subscribe again
+            if self._watching:
+                self._watch(clients)  # first: subscribed before a resynchronisation looks
+            else:
+                self._probe(clients)
             if self._events.resynchronising():
                 limit = _request_limit(clients)  # blocks past it are not looked up: withdrawn
                 self._events.step_resync(lambda keys: _send_lookups(clients, keys[:limit]))
         return self._events.take()
+
+    def _watch(self, clients) -> None:
+        """Each rank's tier notices into events, and its poll sent again. A poll that
+        failed (the connection broke) is sent again, which connects again (a resync
+        follows); a kvtierd without tier notices leaves the probe to notice restarts."""
+        assert self._events is not None
+        for rank, client in enumerate(clients):
+            watch = self._watches[rank]
+            if watch is not None:
+                if not watch.done():
+                    continue
+                self._watches[rank] = None
+                try:
+                    notices = watch.result()
+                except (NotSupported, InvalidArgument):  # a kvtierd that predates WatchTiers
+                    self._watching = False
+                    return
+                except KvtierError:
+                    notices = None
+                if notices is not None:
+                    if notices.resync:
+                        self._events.want_resync()
+                    self._events.tiers_changed(rank, notices.changes)
+            try:
+                self._watches[rank] = client.watch_tiers_async(WATCH_WAIT_MS, WATCH_CHANGES)
+            except NotSupported:
+                self._watching = False
+                return
+            except KvtierError:
+                pass  # not connected: the next step tries again
 
     def _probe(self, clients) -> None:
         """The client library notices a lost connection, and connects again, only when it
