@@ -64,7 +64,9 @@ void TierWatch::answer(Watcher& watcher) {
   hashes.reserve(std::min<size_t>(watcher.noted.size(), watcher.max_changes));
   for (auto it = watcher.noted.begin();
        it != watcher.noted.end() && hashes.size() < watcher.max_changes;) {
-    hashes.push_back(*it);
+    // Being written again (it left, and a Save stores it anew): that Save's answer
+    // tells of it; "none" now would withdraw what the Save is about to keep.
+    if (!ctx_.store->being_written({watcher.layout, *it})) hashes.push_back(*it);
     it = watcher.noted.erase(it);
   }
   const bool resync = watcher.resync;
@@ -109,8 +111,8 @@ void TierWatch::note(const BlockKey& key) {
 void TierWatch::block_entered(const BlockKey& key, Tier, uint64_t) {
   assert_control_thread();
   if (by_layout_.empty()) return;
-  // A Save's block being written is not visible yet: the Save's answer tells of it.
-  if (!ctx_.store->lookup(key)) return;
+  // A Save's block being written: the Save's answer tells of it.
+  if (ctx_.store->being_written(key)) return;
   note(key);
 }
 

@@ -8,7 +8,7 @@
 // connection it keeps the hashes of its layout's blocks that entered or left a tier
 // since its last answer, each once (a block demoted, then promoted, is one notice), and
 // looks each one's tier up only when it answers: what it says is where the block is
-// then, never a history. A Save's own blocks are not noted while they are being written
+// then, never a history. A Save's own blocks are not told of while they are being written
 // (the Save's answer says they were kept); every later move, copy, eviction and drop is.
 //
 // Bounded per connection: at most max-tier-notices-per-connection blocks wait for an

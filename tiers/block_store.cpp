@@ -167,6 +167,11 @@ std::optional<BlockInfo> BlockStore::lookup(const BlockKey& key) const {
                    entry->session_refs, entry->last_access_ms, entry->has_copy};
 }
 
+bool BlockStore::being_written(const BlockKey& key) const {
+  const Entry* entry = find(key);
+  return entry != nullptr && entry->state == BlockState::kWriting;
+}
+
 PinnedBlock BlockStore::pin(const BlockKey& key, uint64_t now_ms) {
   return pin_entry(key, now_ms);
 }

@@ -279,6 +279,8 @@ class BlockStore {
 
   // Ready or moving blocks only (kWriting is invisible). nullopt when absent.
   std::optional<BlockInfo> lookup(const BlockKey& key) const;
+  // Reserved, its bytes still being written (lookup() does not see it yet).
+  bool being_written(const BlockKey& key) const;
   // Starts loading what lookup/pin of these blocks read first, so a request naming many
   // blocks waits for its cache misses together rather than one after another.
   void prefetch(const LayoutKey& layout, std::span<const BlockHash> hashes) const;

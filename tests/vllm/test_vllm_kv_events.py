@@ -26,8 +26,12 @@ def tokens(seed: int, count: int) -> list[int]:
     return [rng.randrange(1, 500) for _ in range(count)]
 
 
-def stored(events: list, ownership: str | None) -> list[BlockStored]:
-    return [e for e in events if isinstance(e, BlockStored) and e.ownership == ownership]
+KVTIER_MEDIA = {"CPU", "STORAGE"}  # kvtier's; vLLM's own blocks are GPU
+
+
+def stored(events: list) -> list[BlockStored]:
+    """kvtier's announcements (vLLM's own are medium GPU)."""
+    return [e for e in events if isinstance(e, BlockStored) and e.medium in KVTIER_MEDIA]
 
 
 def hashes_of(events: list) -> list:
@@ -52,7 +56,7 @@ def test_saved_blocks_are_announced_with_vllms_own_hashes_once_kvtierd_has_them(
         prompt = tokens(1, 5 * BLOCK + 3)
         output = engine.run(engine.add(prompt, session="ev-1"))
         gpu = [e for e in engine.events if isinstance(e, BlockStored) and e.medium == "GPU"]
-        ours = stored(engine.events, "kvtier")
+        ours = stored(engine.events)
         saved = len(engine.saves[-1].hashes)
         assert saved == (len(prompt) + len(output) - 1) // BLOCK
         # Every block kvtierd holds for the session, announced once, in chain order.
@@ -75,13 +79,13 @@ def test_each_block_is_announced_once_across_turns_and_sessions(tiny_llama, kvti
         for turn in range(3):
             history = history + engine.run(engine.add(history, session="ev-2")) + tokens(10 + turn, BLOCK)
         engine.run(engine.add(system + tokens(4, 2 * BLOCK), session="ev-3"))  # shares the system prompt
-        announced = hashes_of(stored(engine.events, "kvtier"))
+        announced = hashes_of(stored(engine.events))
         assert len(announced) == len(set(announced))
         # Each later announcement continues the chain: its parent is an announced block.
-        for event in stored(engine.events, "kvtier")[1:]:
+        for event in stored(engine.events)[1:]:
             assert event.parent_block_hash in announced, event
         assert announced_count(engine) == len(announced)
-        assert not [e for e in engine.events if isinstance(e, BlockRemoved) and e.ownership == "kvtier"]
+        assert not [e for e in engine.events if isinstance(e, BlockRemoved) and e.medium in KVTIER_MEDIA]
         # What stays in memory is each block once, compactly: no Save keeps its request's
         # token list or the blocks of the turns before it (they would add up turn by turn).
         events = engine.connector._scheduler_side._events
@@ -106,7 +110,7 @@ def test_a_partial_save_announces_only_the_prefix_kvtierd_kept(tiny_llama):
         assert after["save_partial"] == before["save_partial"] + 1
         kept = after["saved_blocks"] - before["saved_blocks"]  # what the Save's answer kept
         assert 0 < kept < 30
-        assert len(hashes_of(stored(engine.events, "kvtier"))) == kept
+        assert len(hashes_of(stored(engine.events))) == kept
     finally:
         engine.close()
         daemon.stop()
@@ -117,8 +121,8 @@ def test_past_its_bound_the_oldest_announced_block_is_withdrawn(tiny_llama, kvti
     try:
         engine.run(engine.add(tokens(6, 3 * BLOCK + 1), session="ev-a"))
         engine.run(engine.add(tokens(7, 3 * BLOCK + 1), session="ev-b"))
-        first, second = (hashes_of(stored([e], "kvtier")) for e in stored(engine.events, "kvtier"))
-        removed = [e for e in engine.events if isinstance(e, BlockRemoved) and e.ownership == "kvtier"]
+        first, second = (hashes_of(stored([e])) for e in stored(engine.events))
+        removed = [e for e in engine.events if isinstance(e, BlockRemoved) and e.medium in KVTIER_MEDIA]
         assert hashes_of(removed) == first[:2]  # 6 announced, 4 kept: the two oldest go
         assert {(e.medium, e.locality) for e in removed} == {("CPU", "LOCAL")}
         assert announced_count(engine) == 4
@@ -141,10 +145,10 @@ def replay(events: list) -> dict:
     """What a router believes kvtier holds after the stream: vLLM hash -> medium."""
     held: dict = {}
     for event in events:
-        if isinstance(event, BlockStored) and event.ownership == "kvtier":
+        if isinstance(event, BlockStored) and event.medium in KVTIER_MEDIA:
             for block_hash in event.block_hashes:
                 held[block_hash] = event.medium
-        elif isinstance(event, BlockRemoved) and event.ownership == "kvtier":
+        elif isinstance(event, BlockRemoved) and event.medium in KVTIER_MEDIA:
             for block_hash in event.block_hashes:
                 assert held.get(block_hash) == event.medium, ("removed what was not announced", event)
                 del held[block_hash]
@@ -167,8 +171,8 @@ def test_after_a_kill_and_restart_the_stream_claims_exactly_what_kvtierd_kept(ti
         kept_prompt, lost_prompt = tokens(30, 4 * BLOCK + 2), tokens(31, 3 * BLOCK + 2)
         engine.run(engine.add(kept_prompt, session="ev-kept"))
         engine.run(engine.add(lost_prompt))
-        kept = hashes_of(stored(engine.events, "kvtier"))[:4]
-        lost = hashes_of(stored(engine.events, "kvtier"))[4:]
+        kept = hashes_of(stored(engine.events))[:4]
+        lost = hashes_of(stored(engine.events))[4:]
         assert len(lost) == 3 and set(replay(engine.events).values()) == {"CPU"}
         deadline = time.monotonic() + 20
         while not on_nvme(daemon, "ev-kept"):
@@ -215,8 +219,8 @@ def test_kvtierds_own_moves_reach_the_stream_demoted_then_evicted(tiny_llama):
     try:
         engine.run(engine.add(tokens(40, 4 * BLOCK + 2), session="ev-moved"))
         engine.run(engine.add(tokens(41, 3 * BLOCK + 2), session="ev-stays"))
-        session = hashes_of(stored(engine.events, "kvtier"))[:4]
-        other = hashes_of(stored(engine.events, "kvtier"))[4:]
+        session = hashes_of(stored(engine.events))[:4]
+        other = hashes_of(stored(engine.events))[4:]
         assert len(other) == 3 and replay(engine.events) == {h: "CPU" for h in session + other}
         kvtierctl(daemon, "drain")
         deadline = time.monotonic() + 20
@@ -244,9 +248,11 @@ def test_kvtierds_own_moves_reach_the_stream_demoted_then_evicted(tiny_llama):
 
 def test_with_two_ranks_a_block_is_where_its_slowest_shard_is():
     """Tier notices of two TP ranks combine: a block is announced where its slowest
-    rank's shard is, and withdrawn once any rank's shard is gone; a notice that comes
-    before the Save is announced is applied when it is."""
+    rank's shard is, and withdrawn once any rank's shard is gone; a Save one of whose
+    blocks was told of before it was announced is looked up again and corrected."""
     import types
+
+    from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash
 
     from kvtier.vllm.events import BlockEvents
 
@@ -254,23 +260,43 @@ def test_with_two_ranks_a_block_is_where_its_slowest_shard_is():
     request = types.SimpleNamespace(block_hashes=[bytes([100 + i]) * 32 for i in range(4)],
                                     all_token_ids=tokens(50, 4 * BLOCK + 1), lora_request=None,
                                     cache_salt=None, prompt_embeds=None, mm_features=[])
+    hashes = [maybe_convert_block_hash(h) for h in request.block_hashes]  # as events carry them
     events = BlockEvents(BLOCK, ranks=2, max_blocks=100)
     events.capture("r", request, keys)
-    events.tiers_changed(0, [(keys[3], "nvme")])  # before the announcement: kept
+    events.tiers_changed(0, [(keys[3], "nvme")])  # before the announcement: looked up after it
     events.save_over("r", 2, 4)
     taken = events.take()
-    assert replay(taken) == {h: "CPU" for h in request.block_hashes[:3]} | {request.block_hashes[3]: "STORAGE"}
+    assert replay(taken) == {h: "CPU" for h in hashes}
+    assert events.verifying()
+    asked: list = []
+
+    class Answered:
+        def done(self) -> bool:
+            return True
+
+        def result(self) -> kvtier.LookupResult:
+            return kvtier.LookupResult(hit_count=4, tiers=["ram", "ram", "ram", "nvme"])
+
+    def send(hashes: list[bytes]) -> Answered:
+        asked.append(hashes)
+        return Answered()
+
+    events.step_verify(send)  # the Lookup goes out
+    events.step_verify(send)  # and is answered
+    assert asked == [keys] and not events.verifying()
+    taken += events.take()
+    assert replay(taken) == {h: "CPU" for h in hashes[:3]} | {hashes[3]: "STORAGE"}
     events.tiers_changed(0, [(keys[0], "nvme"), (keys[1], "nvme")])  # rank 1's shards still in RAM
     events.tiers_changed(1, [(keys[1], "nvme"), (keys[2], "none")])
     taken += events.take()
-    assert replay(taken) == {request.block_hashes[0]: "STORAGE", request.block_hashes[1]: "STORAGE",
-                             request.block_hashes[3]: "STORAGE"}
+    assert replay(taken) == {hashes[0]: "STORAGE", hashes[1]: "STORAGE",
+                             hashes[3]: "STORAGE"}
     events.tiers_changed(0, [(keys[0], "ram")])  # rank 0 back in RAM, rank 1 never left: CPU again
     taken += events.take()
-    assert replay(taken)[request.block_hashes[0]] == "CPU"
+    assert replay(taken)[hashes[0]] == "CPU"
     events.tiers_changed(1, [(keys[1], "remote")])  # only the remote tier: no node is warmer
     taken += events.take()
-    assert request.block_hashes[1] not in replay(taken)
+    assert hashes[1] not in replay(taken)
     assert events.announced() == 2
 
 
@@ -380,7 +406,7 @@ def test_through_the_openai_server_a_router_sees_kvtiers_blocks_under_vllms_hash
     def this_session(events: list) -> list[BlockStored]:
         """kvtier's announcements that start with this chat's first block (other requests'
         Saves are announced too)."""
-        return [e for e in stored(events, "kvtier") if e.token_ids[:SERVER_BLOCK] == history[:SERVER_BLOCK]]
+        return [e for e in stored(events) if e.token_ids[:SERVER_BLOCK] == history[:SERVER_BLOCK]]
 
     # The engine is idle once it answered: the announcement still comes (it steps until
     # the Save is answered), with every block kvtierd holds, under vLLM's own hashes.
@@ -393,7 +419,7 @@ def test_through_the_openai_server_a_router_sees_kvtiers_blocks_under_vllms_hash
         assert block_hash in gpu, f"block {index}: no GPU event of vLLM carries its hash"
     assert [t for e in ours for t in e.token_ids] == history[:saved * SERVER_BLOCK]
     assert {(e.medium, e.locality, e.ownership, e.kv_cache_spec_kind) for e in ours} == \
-        {("CPU", "LOCAL", "kvtier", "full_attention")}
+        {("CPU", "LOCAL", None, "full_attention")}
 
 
 def test_through_the_openai_server_kvtiers_moves_reach_the_router(kv_events_server):
@@ -408,7 +434,7 @@ def test_through_the_openai_server_kvtiers_moves_reach_the_router(kv_events_serv
 
     def believed(events: list) -> dict:
         """What the router believes of this chat's blocks: their hash -> medium."""
-        ours = {h for e in stored(events, "kvtier") if e.token_ids[:SERVER_BLOCK] == first_block
+        ours = {h for e in stored(events) if e.token_ids[:SERVER_BLOCK] == first_block
                 for h in e.block_hashes}
         return {h: medium for h, medium in replay(events).items() if h in ours}
 

@@ -19,15 +19,19 @@ Where a block is, as vLLM's media name it: kvtierd's HBM arena and RAM are ``CPU
 (host-memory weight in the routers: the arena is faster still, but ``GPU`` would mix
 with vLLM's own blocks of the same hash, whose removal would then retract kvtier's
 claim), NVMe is ``STORAGE``, locality ``LOCAL``. A block left only in the remote tier is
-withdrawn: every node can read it, so it makes no node warmer. ``ownership`` is "kvtier".
+withdrawn: every node can read it, so it makes no node warmer. ``ownership`` is None, as
+for vLLM's own offloading connector's CPU tier (vLLM names only a secondary offloading
+tier there; NVIDIA Dynamo's indexer drops every event that names one).
 With tensor parallelism a block is where its slowest rank's shard is, and withdrawn once
 any rank's shard is gone (the engine can load it only whole).
 
 kvtierd's own moves (demotion, promotion, eviction, drain) reach the stream through tier
 notices (Client.watch_tiers_async, one long poll per rank): each block that changed place
 is announced removed from its old medium and stored in its new one, or only removed
-when it left the node. A notice for a block whose Save is not announced yet is kept (at
-most MAX_EARLY, for EARLY_S) and applied when it is.
+when it left the node. A notice for a block whose Save is not announced yet (kvtierd
+moved it, or gave a Save's write up to retry it, before the Save's answer reached the
+scheduler) cannot be ordered against that answer: its Save is announced, then looked
+up again and corrected (at most MAX_EARLY such blocks remembered, for EARLY_S).
 
 When what was announced may be stale (kvtierd restarted or crashed, the connection was
 lost, kvtierd dropped notices because they were not taken in time), the connector looks
@@ -63,7 +67,7 @@ from ..errors import KvtierError
 MEDIUM_CPU = "CPU"
 MEDIUM_STORAGE = "STORAGE"
 LOCAL = "LOCAL"
-OWNERSHIP = "kvtier"
+OWNERSHIP = None  # the engine's offloading tier itself, not a secondary one
 # kvtierd's tiers (as a Lookup or a tier notice names them) -> (medium, locality) on
 # vLLM's stream. The remote tier is not there: it is every node's, so a block held only
 # there makes no node warmer than another, and it is withdrawn like one not held.
@@ -116,6 +120,7 @@ class _Segment:
     hashes: list[Any] = dataclasses.field(default_factory=list)  # theirs, in event form
     tokens: array.array = dataclasses.field(default_factory=lambda: array.array(TOKEN_TYPE))  # theirs
     places: dict[int, tuple[str, str]] = dataclasses.field(default_factory=dict)  # block -> place, if not SAVED
+    verify: bool = False  # tier notices of its blocks came before it was announced
 
     def index_of(self, key: bytes, positions: dict[int, dict[bytes, int]]) -> int:
         """The block `key` is; `positions` caches each segment's key -> block for the
@@ -164,8 +169,12 @@ class BlockEvents:
         # TP > 1: blocks whose ranks' shards are not all where the block was announced
         # (key -> each rank's place, None: gone), for the blocks tier notices moved.
         self._rank_places: dict[bytes, list[tuple[str, str] | None]] = {}
-        # Tier notices of blocks not announced yet: key -> (each rank's place, when).
-        self._early: dict[bytes, tuple[list[tuple[str, str] | None], float]] = {}
+        # Tier notices of blocks not announced yet: key -> when. A Save announced with
+        # one of them is looked up again (_verifying, then its Lookups while out).
+        self._early: dict[bytes, float] = {}
+        self._verifying: list[_Segment] = []
+        self._verify: list[tuple[_Segment, Any]] | None = None
+        self._verify_started_s = 0.0
 
     # ---- Saves ------------------------------------------------------------------
 
@@ -238,7 +247,7 @@ class BlockEvents:
         awaits its answers, or answered blocks wait to be announced. vLLM keeps stepping
         while the connector says so, and publishes only when it steps: without this an
         idle engine would announce a Save's blocks only at its next request."""
-        if self._announcing or self._resync is not None:
+        if self._announcing or self._resync is not None or self.verifying():
             return True
         if not self._saving:
             return False
@@ -277,41 +286,23 @@ class BlockEvents:
         segment.done = until
         announced = self._announced
         fresh = [key not in announced for key in keys]
-        places: list[tuple[str, str] | None] = [SAVED] * len(keys)
-        if self._early:  # kvtierd moved some before they were announced
-            self._apply_early(segment, first, keys, fresh, places)
+        if self._early and not segment.verify:  # kvtierd told of some before this answer
+            now, early = time.monotonic(), self._early
+            told = [early.pop(key, None) for key in itertools.compress(keys, fresh)]
+            segment.verify = any(at is not None and now - at <= EARLY_S for at in told)
         announced.update(dict.fromkeys(itertools.compress(keys, fresh), segment))
         index = first
-        for (is_fresh, place), run in itertools.groupby(zip(fresh, places)):
+        for is_fresh, run in itertools.groupby(fresh):
             length = sum(1 for _ in run)
-            if is_fresh and place is not None:
+            if is_fresh:
                 offset = (index - first) * size
-                self._stored(segment, index, index + length, place, tokens[offset:offset + length * size])
+                self._stored(segment, index, index + length, SAVED, tokens[offset:offset + length * size])
             index += length
         if until >= segment.end:  # all in events: the request's lists may go
             segment.source_keys = segment.source_hashes = segment.source_tokens = ()
+            if segment.verify:
+                self._verifying.append(segment)
         return until - first
-
-    def _apply_early(self, segment: _Segment, first: int, keys: Sequence[bytes], fresh: list[bool],
-                     places: list[tuple[str, str] | None]) -> None:
-        """Blocks first.. of a segment about to be announced, as tier notices that came
-        before the announcement left them: elsewhere (announced there), or gone (not
-        announced)."""
-        now = time.monotonic()
-        for offset, key in enumerate(keys):
-            entry = self._early.pop(key, None) if fresh[offset] else None
-            if entry is None or now - entry[1] > EARLY_S:
-                continue
-            ranks = entry[0]
-            place = _slowest(ranks)
-            places[offset] = place
-            if place is None:
-                fresh[offset] = False  # gone before it was announced
-                continue
-            if place != SAVED:
-                segment.places[first + offset] = place
-            if self._ranks > 1 and any(r != place for r in ranks):
-                self._rank_places[key] = ranks
 
     # ---- tier notices: kvtierd moved blocks ---------------------------------------
 
@@ -326,7 +317,7 @@ class BlockEvents:
             place = PLACES.get(tier)
             segment = self._announced.get(key)
             if segment is None:
-                self._note_early(rank, key, place)
+                self._note_early(key)
                 continue
             index = segment.index_of(key, positions)
             old = segment.place(index)
@@ -364,13 +355,42 @@ class BlockEvents:
             self._stored(segment, begin, stored[i - 1][1] + 1, place)
             run_start = i
 
-    def _note_early(self, rank: int, key: bytes, place: tuple[str, str] | None) -> None:
-        entry = self._early.get(key)
-        ranks: list[tuple[str, str] | None] = entry[0] if entry is not None else [SAVED] * self._ranks
-        ranks[rank] = place
-        self._early[key] = (ranks, time.monotonic())
+    def _note_early(self, key: bytes) -> None:
+        self._early.pop(key, None)  # the newest last
+        self._early[key] = time.monotonic()
         if len(self._early) > MAX_EARLY:  # most are blocks that will never be announced
             del self._early[next(iter(self._early))]
+
+    def verifying(self) -> bool:
+        return bool(self._verifying) or self._verify is not None
+
+    def step_verify(self, send: Callable[[list[bytes]], Any]) -> None:
+        """Looks up again the Saves announced while tier notices of their blocks had come
+        first, and corrects what they announced (as a resynchronisation does, for them)."""
+        if self._verify is None:
+            if not self._verifying:
+                return
+            segments, self._verifying = self._verifying, []
+            try:
+                self._verify = [(s, send(list(s.keys))) for s in segments if s.keys]
+            except KvtierError:
+                self._verifying = segments + self._verifying  # not connected: the next step
+                return
+            self._verify_started_s = time.monotonic()
+            return
+        if not all(pending.done() for _, pending in self._verify):
+            if time.monotonic() - self._verify_started_s > RESYNC_TIMEOUT_S:
+                self._verifying += [segment for segment, _ in self._verify]
+                self._verify = None
+            return
+        out, self._verify = self._verify, None
+        for segment, pending in out:
+            try:
+                result = pending.result()
+            except KvtierError:
+                self._verifying.append(segment)
+                continue
+            self._correct(segment, result)
 
     def _withdraw_oldest(self, count: int) -> None:
         """The `count` oldest announced blocks are announced removed and forgotten."""

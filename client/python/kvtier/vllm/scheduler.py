@@ -613,6 +613,9 @@ class SchedulerSide:
             if self._events.resynchronising():
                 limit = _request_limit(clients)  # blocks past it are not looked up: withdrawn
                 self._events.step_resync(lambda keys: _send_lookups(clients, keys[:limit]))
+            if self._events.verifying():
+                limit = _request_limit(clients)
+                self._events.step_verify(lambda keys: _send_lookups(clients, keys[:limit]))
         return self._events.take()
 
     def _watch(self, clients) -> None:
