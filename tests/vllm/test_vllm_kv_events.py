@@ -319,6 +319,7 @@ class Subscriber:
         self._socket.setsockopt(zmq.SUBSCRIBE, topic.encode())
         self._socket.setsockopt(zmq.RCVTIMEO, 100)
         self._socket.connect(endpoint)
+        self.endpoint = endpoint
         self.events: list = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -459,3 +460,67 @@ def test_through_the_openai_server_kvtiers_moves_reach_the_router(kv_events_serv
     assert moved.keys() == announced.keys()
     kvtierctl(daemon, "evict", "routed-moves")
     busy_until(lambda events: True if not believed(events) else None)
+
+
+def _http_json(method: str, url: str, body: dict | None = None) -> tuple[int, dict]:
+    import urllib.error
+    import urllib.request
+
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=5) as reply:
+            text = reply.read().decode()
+            return reply.status, json.loads(text) if text.strip().startswith("{") else {}
+    except (urllib.error.URLError, ConnectionError, OSError):
+        return 0, {}
+
+
+def test_dynamos_kv_indexer_ranks_the_node_where_kvtier_holds_the_session_above_a_cold_one(kv_events_server):
+    """NVIDIA Dynamo's standalone KV indexer (ai-dynamo-runtime, from PyPI, no GPU) reads
+    the OpenAI server's stream as worker 1 and a silent endpoint as worker 2 (a cold
+    node). Once vLLM evicted a chat's blocks from its GPU cache, only kvtier's claims
+    are left, and the indexer still matches the whole prefix on worker 1, none on 2."""
+    import sys
+
+    from test_vllm_pressure import free_port
+
+    daemon, server, subscriber = kv_events_server
+    http_port, cold_port = free_port(), free_port()
+    warm = subscriber.endpoint
+    indexer = subprocess.Popen([sys.executable, "-m", "dynamo.indexer", "--port", str(http_port), "--block-size",
+                                str(SERVER_BLOCK), "--threads", "1", "--workers",
+                                f"1={warm},2=tcp://127.0.0.1:{cold_port}"],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    base = f"http://127.0.0.1:{http_port}"
+    try:
+        deadline = time.monotonic() + 60
+        while _http_json("GET", base + "/health")[0] != 200:
+            assert indexer.poll() is None, "the indexer exited"
+            assert time.monotonic() < deadline, "the indexer never answered /health"
+            time.sleep(0.2)
+        time.sleep(1.0)  # its subscribers join (a SUB socket hears only what comes after)
+        prompt = tokens(70, 4 * SERVER_BLOCK + 5)
+        reply = server.complete(prompt, max_tokens=4, kv_transfer_params={"kvtier_session": "routed-dynamo"})
+        assert reply["status"] == 200, reply
+        chat = (prompt + reply["tokens"])[:4 * SERVER_BLOCK]
+
+        def ranked() -> dict:
+            status, body = _http_json("POST", base + "/query", {"token_ids": chat, "model_name": "default"})
+            return body.get("instances", {}) if status == 200 else {}
+
+        seed = 3000
+        deadline = time.monotonic() + 90
+        while True:  # vLLM evicts the chat from its GPU cache (16 blocks) for other requests
+            instances = ranked()
+            warm_node = instances.get("1", {})
+            if warm_node.get("longest_matched", 0) >= len(chat) and warm_node.get("gpu", len(chat)) == 0:
+                break
+            assert time.monotonic() < deadline, instances
+            seed += 1
+            assert server.complete(tokens(seed, 5 * SERVER_BLOCK), max_tokens=1)["status"] == 200
+        assert instances.get("2", {}).get("longest_matched", 0) == 0, instances
+        assert warm_node.get("cpu", 0) + warm_node.get("disk", 0) >= len(chat), warm_node
+    finally:
+        indexer.kill()
+        indexer.wait()
