@@ -427,6 +427,7 @@ void Service::stop(std::function<void()> stopped) {
   }
   ctx_.stopping = true;
   placement_->stop();
+  watch_->stop();  // waiting WatchTiers answered: no timer holds the loop
   if (ctx_.mover) ctx_.mover->stop_spills();  // NVMe room they held is the drain's
   saves_->resume_parked_saves();              // answers them: nothing new starts now
   startup_->cancel_fill();  // a stop while the tier memory is filling: nothing was served yet
@@ -527,6 +528,7 @@ void Service::make_mover() {
   hooks.inserted = [this](const BlockKey& key, bool ok) {
     assert_control_thread();
     saves_->wake_write_waiters(key, ok);
+    if (ok) watch_->block_written(key);  // read back from the remote tier: warm here again
   };
   hooks.now_ms = [this] { return ctx_.now_ms(); };
   hooks.wall_ms_of = [this](uint64_t steady_ms) {

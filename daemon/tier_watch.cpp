@@ -108,16 +108,23 @@ void TierWatch::note(const BlockKey& key) {
   }
 }
 
-void TierWatch::block_entered(const BlockKey& key, Tier, uint64_t) {
+void TierWatch::block_entered(const BlockKey& key, Tier tier, uint64_t) {
   assert_control_thread();
   if (by_layout_.empty()) return;
-  // A Save's block being written: the Save's answer tells of it.
-  if (ctx_.store->being_written(key)) return;
+  // A Save's block being written: the Save's answer tells of it. A copy written below
+  // the block changes nothing a subscriber sees (its fastest tier).
+  auto info = ctx_.store->lookup(key);
+  if (!info || info->location.tier != tier) return;
   note(key);
 }
 
-void TierWatch::block_left(const BlockKey& key, Tier, Departure) {
+void TierWatch::block_left(const BlockKey& key, Tier, Departure why) {
   assert_control_thread();
+  if (by_layout_.empty() || why == Departure::kCopyDropped) return;  // its copy only
+  note(key);
+}
+
+void TierWatch::block_written(const BlockKey& key) {
   if (by_layout_.empty()) return;
   note(key);
 }

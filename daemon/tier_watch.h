@@ -55,6 +55,10 @@ class TierWatch final : public Part, public policy::BlockListener {
   uint64_t notices_sent() const KVTIER_REQUIRES(control_thread) { return notices_sent_; }
   uint64_t resyncs() const KVTIER_REQUIRES(control_thread) { return resyncs_; }
 
+  // A block the executor wrote in (read back from the remote tier) is readable now: the
+  // store tells of its reservation, not of its commit.
+  void block_written(const BlockKey& key) KVTIER_REQUIRES(control_thread);
+
   // policy::BlockListener (the store's notices, on the control thread).
   void block_entered(const BlockKey& key, Tier tier, uint64_t bytes) override;
   void block_left(const BlockKey& key, Tier tier, Departure why) override;

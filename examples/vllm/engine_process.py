@@ -3,7 +3,7 @@ at a time over stdin/stdout: what tests/vllm and bench/vllm_ttft.py run.
 
     python engine_process.py MODEL_DIR [--kvtier SOCKET] [--whole-request] [--prefix-caching]
         [--kv-transfer-config JSON] [--tensor-parallel-size N] [--hf-overrides JSON]
-        [--served-model-name NAME]
+        [--served-model-name NAME] [--kv-events-config JSON]
 
 Input lines: {"prompt": [token ids], "max_tokens": n, "session": "conv-1" | null,
 "priority": 1..100 | null}. Output lines: {"tokens": [...], "wall_s": seconds the
@@ -48,6 +48,8 @@ def main() -> None:
     parser.add_argument("--hf-overrides", default=None, metavar="JSON",
                         help="vLLM's hf_overrides: fields of the model's config replaced (rope, positions)")
     parser.add_argument("--served-model-name", default=None)
+    parser.add_argument("--kv-events-config", default=None, metavar="JSON",
+                        help="vLLM's kv_events_config: publish KV events (ZMQ) for routers")
     parser.add_argument("--background-saves", action="store_true",
                         help="leave a request's Saves to the next request's engine steps")
     args = parser.parse_args()
@@ -75,6 +77,10 @@ def main() -> None:
         optional["hf_overrides"] = json.loads(args.hf_overrides)
     if args.served_model_name:
         optional["served_model_name"] = args.served_model_name
+    if args.kv_events_config:
+        from vllm.config import KVEventsConfig
+
+        optional["kv_events_config"] = KVEventsConfig(**json.loads(args.kv_events_config))
     llm = LLM(model=args.model, skip_tokenizer_init=True, dtype="float32", max_model_len=args.max_model_len,
               enforce_eager=True, block_size=args.block_size, kv_cache_memory_bytes=args.kv_cache_bytes,
               enable_prefix_caching=args.prefix_caching, kv_transfer_config=transfer, seed=0,

@@ -28,6 +28,7 @@ from kvtier.vllm.config import ConnectorConfig
 from kvtier.vllm.scheduler import SchedulerSide
 
 from conftest import ChatEngine, Kvtierd
+from test_vllm_kv_events import ADMIN
 from test_vllm_end_to_end import BLOCK, MAX_TOKENS, baseline, conversation, history_blocks  # noqa: F401 (a fixture)
 
 REPO = Path(__file__).resolve().parents[2]
@@ -131,17 +132,27 @@ def _sessions(daemon) -> dict[str, dict]:
 
 @pytest.fixture(scope="module")
 def tp_daemon():
-    daemon = Kvtierd(["--nvme-bytes", "256MiB"])
+    daemon = Kvtierd(["--nvme-bytes", "256MiB", *ADMIN])
     yield daemon
     daemon.stop()
 
 
 @pytest.fixture(scope="module")
-def tp_engine(tiny_llama, tp_daemon):
-    # One thread a rank, each on its own core (vLLM's CPU backend binds them).
+def tp_events_port() -> int:
+    from test_vllm_pressure import free_port
+
+    return free_port()
+
+
+@pytest.fixture(scope="module")
+def tp_engine(tiny_llama, tp_daemon, tp_events_port):
+    # One thread a rank, each on its own core (vLLM's CPU backend binds them). KV events
+    # on, as a routed deployment runs it.
     env = {"OMP_NUM_THREADS": "1", "VLLM_CPU_OMP_THREADS_BIND": "0|1"}
+    events = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{tp_events_port}",
+              "topic": "kv"}
     engine = ChatEngine(tiny_llama, tp_daemon.socket_path, *TP_SMALL_CACHE, "--tensor-parallel-size", str(RANKS),
-                        env=env)
+                        "--kv-events-config", json.dumps(events), env=env)
     yield engine
     engine.close()
 
@@ -190,3 +201,52 @@ def test_every_rank_saves_and_loads_its_shard_and_vllm_answers_as_without_the_co
     for rank in range(RANKS):
         row = listing[f"tp-chat@tp{rank}of{RANKS}"]
         assert row["blocks"] == computed and row.get("priority") == 70, (rank, row)
+
+
+def test_at_tp_2_the_stream_follows_every_ranks_shards(tp_daemon, tp_engine, tp_events_port):
+    """KV events at TP 2: a chat's blocks are announced once both ranks' Saves are
+    answered; kvtierd drains both ranks' shards to NVMe and the blocks move to STORAGE;
+    one rank's shards evicted (its session alone) withdraws them, though the other
+    rank still holds its own: vLLM can load a block only whole."""
+    from test_vllm_kv_events import Subscriber, replay, stored, tokens
+
+    subscriber = Subscriber(f"tcp://127.0.0.1:{tp_events_port}", "kv")
+    seed = 900
+
+    def step_until(what, timeout_s: float = 60.0):
+        """Short requests (the offline engine steps, and publishes, only while it serves
+        one) until what(events) is not None."""
+        nonlocal seed
+        deadline = time.monotonic() + timeout_s
+        while True:
+            with subscriber._lock:
+                value = what(list(subscriber.events))
+            if value is not None:
+                return value
+            assert time.monotonic() < deadline, f"not seen; last events: {subscriber.events[-6:]}"
+            seed += 1
+            tp_engine.turn(tokens(seed, BLOCK + 8), max_tokens=2)  # a full block: vLLM announces it
+
+    try:
+        step_until(lambda events: True if events else None)  # the subscriber has joined
+        prompt = tokens(91, 4 * BLOCK + 5)
+        tp_engine.turn(prompt, max_tokens=4, session="tp-events")
+
+        def believed(events: list) -> dict:
+            ours = {h for e in stored(events) if e.token_ids[:BLOCK] == prompt[:BLOCK] for h in e.block_hashes}
+            return {h: medium for h, medium in replay(events, joined_late=True).items() if h in ours}
+
+        announced = step_until(lambda events: believed(events) if len(believed(events)) >= 4 else None)
+        assert set(announced.values()) == {"CPU"}
+        kvtierctl = [str(REPO / "build" / "kvtierctl"), "--socket", tp_daemon.socket_path]
+        subprocess.run([*kvtierctl, "drain"], check=True, capture_output=True)
+        moved = step_until(lambda events: believed(events) if set(believed(events).values()) == {"STORAGE"}
+                           and believed(events).keys() == announced.keys() else None)
+        assert len(moved) == len(announced)
+        subprocess.run([*kvtierctl, "evict", f"tp-events@tp0of{RANKS}"], check=True, capture_output=True)
+        step_until(lambda events: True if not believed(events) else None)
+        # Rank 1 still holds its shards: the block is gone for vLLM, not for kvtierd.
+        listing = _sessions(tp_daemon)
+        assert listing[f"tp-events@tp1of{RANKS}"]["blocks"] >= len(announced), listing
+    finally:
+        subscriber.close()

@@ -512,7 +512,8 @@ class Client:
             count, resync = c_uint32(), c_int()
             _lib.check(self._lib.kvtier_pending_wait_tier_notices(pending, out, max_changes,
                                                                   byref(count), byref(resync)))
-            changes = [(bytes(c.hash[:c.hash_len]), names[c.tier]) for c in out[:count.value]]
+            changes = [(bytes(c.hash[:c.hash_len]), names[c.tier] if 0 <= c.tier < len(names) else "none")
+                       for c in out[:count.value]]
             return TierNotices(changes=changes, resync=bool(resync.value))
 
         return self._pending(lambda h, out: watch(h, max_wait_ms, max_changes, out), wait)

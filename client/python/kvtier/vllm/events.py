@@ -83,6 +83,7 @@ MAX_SAVES_HEARD = 4096  # Saves awaiting their answers, at most (the oldest are 
 ANNOUNCE_BLOCKS_PER_STEP = 512  # blocks made into events per take(), at most
 MAX_EARLY = 65536  # tier notices kept for blocks not announced yet, at most
 EARLY_S = 30.0  # ... for this long: a Save is announced well within it
+_SEGMENT_SEQ = itertools.count()
 TOKEN_TYPE = "l" if array.array("i").itemsize < 4 else "i"  # 4 bytes a token id (vocabularies < 2**31)
 
 
@@ -121,6 +122,7 @@ class _Segment:
     tokens: array.array = dataclasses.field(default_factory=lambda: array.array(TOKEN_TYPE))  # theirs
     places: dict[int, tuple[str, str]] = dataclasses.field(default_factory=dict)  # block -> place, if not SAVED
     verify: bool = False  # tier notices of its blocks came before it was announced
+    seq: int = dataclasses.field(default_factory=lambda: next(_SEGMENT_SEQ))  # the order of Saves
 
     def index_of(self, key: bytes, positions: dict[int, dict[bytes, int]]) -> int:
         """The block `key` is; `positions` caches each segment's key -> block for the
@@ -175,6 +177,9 @@ class BlockEvents:
         self._verifying: list[_Segment] = []
         self._verify: list[tuple[_Segment, Any]] | None = None
         self._verify_started_s = 0.0
+        # While Lookups of a resynchronisation or a verification are out: the keys tier
+        # notices told of since (newer than what those Lookups answer).
+        self._noticed: set[bytes] | None = None
 
     # ---- Saves ------------------------------------------------------------------
 
@@ -286,10 +291,10 @@ class BlockEvents:
         segment.done = until
         announced = self._announced
         fresh = [key not in announced for key in keys]
-        if self._early and not segment.verify:  # kvtierd told of some before this answer
+        if self._early:  # kvtierd told of some before this answer
             now, early = time.monotonic(), self._early
             told = [early.pop(key, None) for key in itertools.compress(keys, fresh)]
-            segment.verify = any(at is not None and now - at <= EARLY_S for at in told)
+            segment.verify = segment.verify or any(at is not None and now - at <= EARLY_S for at in told)
         announced.update(dict.fromkeys(itertools.compress(keys, fresh), segment))
         index = first
         for is_fresh, run in itertools.groupby(fresh):
@@ -313,7 +318,10 @@ class BlockEvents:
         removed: dict[tuple[str, str], list[Any]] = {}
         stored: list[tuple[_Segment, int, tuple[str, str]]] = []
         positions: dict[int, dict[bytes, int]] = {}
+        noticed = self._noticed
         for key, tier in changes:
+            if noticed is not None:
+                noticed.add(key)
             place = PLACES.get(tier)
             segment = self._announced.get(key)
             if segment is None:
@@ -344,7 +352,7 @@ class BlockEvents:
             stored.append((segment, index, place))
         for old, hashes in removed.items():
             self._removed(hashes, old)
-        stored.sort(key=lambda entry: (id(entry[0]), entry[1]))
+        stored.sort(key=lambda entry: (entry[0].seq, entry[1]))  # a chain's parents first
         run_start = 0
         for i in range(1, len(stored) + 1):
             if i < len(stored):
@@ -374,23 +382,27 @@ class BlockEvents:
             try:
                 self._verify = [(s, send(list(s.keys))) for s in segments if s.keys]
             except KvtierError:
-                self._verifying = segments + self._verifying  # not connected: the next step
+                # Not connected: the resynchronisation once it is looks them up anyway
+                # (and the engine does not step for them meanwhile).
+                self.want_resync()
                 return
+            self._noticed = set()
             self._verify_started_s = time.monotonic()
             return
         if not all(pending.done() for _, pending in self._verify):
             if time.monotonic() - self._verify_started_s > RESYNC_TIMEOUT_S:
-                self._verifying += [segment for segment, _ in self._verify]
                 self._verify = None
+                self.want_resync()
             return
         out, self._verify = self._verify, None
         for segment, pending in out:
             try:
                 result = pending.result()
             except KvtierError:
-                self._verifying.append(segment)
+                self.want_resync()
                 continue
             self._correct(segment, result)
+        self._forget_noticed()
 
     def _withdraw_oldest(self, count: int) -> None:
         """The `count` oldest announced blocks are announced removed and forgotten."""
@@ -465,6 +477,7 @@ class BlockEvents:
                 self._resync_wanted = True  # kvtierd not reachable yet: the next step tries again
                 return
             self._resync_started_s = time.monotonic()
+            self._noticed = set()
             return
         if not all(pending.done() for _, pending in self._resync):
             if time.monotonic() - self._resync_started_s > RESYNC_TIMEOUT_S:
@@ -480,11 +493,18 @@ class BlockEvents:
         self._resync = None
         for segment, result in answers:
             self._correct(segment, result)
+        self._forget_noticed()
+
+    def _forget_noticed(self) -> None:
+        if self._resync is None and self._verify is None:
+            self._noticed = None
 
     def _correct(self, segment: _Segment, result) -> None:
-        """Each block the segment announced and still owns, where the Lookup says it is."""
+        """Each block the segment announced and still owns, where the Lookup says it is
+        (unless a tier notice told of it after the Lookup went out: that is newer)."""
+        noticed = self._noticed or ()
         for offset, key in enumerate(segment.keys):
-            if self._announced.get(key) is not segment:
+            if self._announced.get(key) is not segment or key in noticed:
                 continue
             index = segment.start + offset
             place = PLACES.get(result.tiers[offset]) if offset < result.hit_count else None

@@ -242,8 +242,10 @@ class SchedulerSide:
                                    cache_kind) if kv_events else None
         self._link_marks: tuple | None = None  # (client, reconnects) per rank, at the last step
         self._probed_s = 0.0
-        # Each rank's tier notice poll (None: to send), False once kvtierd said it has none.
-        self._watches: list[Pending | None] = [None] * len(self._ranks)
+        # Each rank's tier notice poll and the connection it went out on (its client's
+        # reconnects then), None: to send; _watching is False once kvtierd said it has
+        # no tier notices (until the next connection: it may have been upgraded).
+        self._watches: list[tuple[Pending, int] | None] = [None] * len(self._ranks)
         self._watching = True
 
     def _rank_link(self, rank: BlockShape, device: str) -> DaemonLink:
@@ -590,7 +592,7 @@ class SchedulerSide:
             return False
         if self._events.awaiting(self._config.save_timeout_ms / 1000.0):
             return True
-        return any(watch is not None and watch.done() for watch in self._watches)
+        return self._watching and any(watch is not None and watch[0].done() for watch in self._watches)
 
     def take_events(self) -> list:
         """The KV events since the last call (vLLM publishes them with its own). A
@@ -605,7 +607,11 @@ class SchedulerSide:
                 if self._link_marks is not None:
                     self._events.want_resync()
                 self._link_marks = marks
-                self._watches = [None] * len(clients)  # a new connection: subscribe again
+                self._watching = True  # a new connection: perhaps a kvtierd with notices
+                # A poll sent on an older connection is lost with it: subscribe again.
+                self._watches = [w if w is not None and len(self._watches) == len(clients)
+                                 and w[1] == client.reconnects else None
+                                 for w, client in zip(self._watches, clients)]
             if self._watching:
                 self._watch(clients)  # first: subscribed before a resynchronisation looks
             else:
@@ -626,14 +632,19 @@ class SchedulerSide:
         for rank, client in enumerate(clients):
             watch = self._watches[rank]
             if watch is not None:
-                if not watch.done():
+                if not watch[0].done():
                     continue
                 self._watches[rank] = None
                 try:
-                    notices = watch.result()
-                except (NotSupported, InvalidArgument):  # a kvtierd that predates WatchTiers
-                    self._watching = False
+                    notices = watch[0].result()
+                except NotSupported:
+                    self._stop_watching()
                     return
+                except InvalidArgument as error:
+                    if "unknown request kind" in str(error):  # a kvtierd that predates WatchTiers
+                        self._stop_watching()
+                        return
+                    notices = None
                 except KvtierError:
                     notices = None
                 if notices is not None:
@@ -641,12 +652,18 @@ class SchedulerSide:
                         self._events.want_resync()
                     self._events.tiers_changed(rank, notices.changes)
             try:
-                self._watches[rank] = client.watch_tiers_async(WATCH_WAIT_MS, WATCH_CHANGES)
+                pending = client.watch_tiers_async(WATCH_WAIT_MS, WATCH_CHANGES)
             except NotSupported:
-                self._watching = False
+                self._stop_watching()
                 return
             except KvtierError:
-                pass  # not connected: the next step tries again
+                continue  # not connected: the next step tries again
+            self._watches[rank] = (pending, client.reconnects)
+
+    def _stop_watching(self) -> None:
+        """kvtierd has no tier notices: the probe notices restarts instead."""
+        self._watching = False
+        self._watches = [None] * len(self._watches)
 
     def _probe(self, clients) -> None:
         """The client library notices a lost connection, and connects again, only when it
