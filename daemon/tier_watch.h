@@ -8,8 +8,11 @@
 // connection it keeps the hashes of its layout's blocks that entered or left a tier
 // since its last answer, each once (a block demoted, then promoted, is one notice), and
 // looks each one's tier up only when it answers: what it says is where the block is
-// then, never a history. A Save's own blocks are not told of while they are being written
-// (the Save's answer says they were kept); every later move, copy, eviction and drop is.
+// then, never a history. Noted: a block whose fastest tier changed (a move landed, a
+// demotion onto its copy, a block recovered or read back from the remote tier) or that
+// left the store. Not noted: a Save's own blocks while they are written (the Save's
+// answer says they were kept; one being written when the answer is built is left out),
+// and copies written or dropped below a block (its place did not change).
 //
 // Bounded per connection: at most max-tier-notices-per-connection blocks wait for an
 // engine that does not ask; past that the part forgets them and the next answer says `resync`, so a slow
