@@ -528,3 +528,38 @@ def test_dynamos_kv_indexer_ranks_the_node_where_kvtier_holds_the_session_above_
     finally:
         indexer.kill()
         indexer.wait()
+
+
+def test_through_the_openai_server_after_a_kill_the_router_believes_what_kvtierd_kept(kv_events_server):
+    """kvtierd is killed (-9) and restarted under the server: what reached NVMe survives
+    (the first chat, drained there by an earlier test), what was only in memory does not
+    (a request without a session: no NVMe copy is made for it). Once vLLM steps again,
+    the router's view is exactly that: the chat on STORAGE, block for block, the
+    request's blocks withdrawn."""
+    daemon, server, subscriber = kv_events_server
+
+    def view(events: list, first_block: list[int]) -> dict:
+        ours = {h for e in stored(events) if e.token_ids[:SERVER_BLOCK] == first_block for h in e.block_hashes}
+        return {h: medium for h, medium in replay(events, joined_late=True).items() if h in ours}
+
+    def current(first_block: list[int]) -> dict:
+        with subscriber._lock:
+            return view(list(subscriber.events), first_block)
+
+    kept_first = tokens(20, 5 * SERVER_BLOCK + 7)[:SERVER_BLOCK]  # routed-1's chat
+    assert set(current(kept_first).values()) == {"STORAGE"}, current(kept_first)
+    on_nvme = session_blocks(daemon, "routed-1")
+    assert len(current(kept_first)) == on_nvme
+    lost_prompt = tokens(80, 3 * SERVER_BLOCK + 5)
+    assert server.complete(lost_prompt, max_tokens=2)["status"] == 200
+    subscriber.wait_for(lambda events: len(view(events, lost_prompt[:SERVER_BLOCK])) >= 3)
+    daemon.kill()
+    daemon.restart()
+    seed, deadline = 5000, time.monotonic() + 60
+    while True:
+        kept, lost = current(kept_first), current(lost_prompt[:SERVER_BLOCK])
+        if not lost and len(kept) == on_nvme and set(kept.values()) == {"STORAGE"}:
+            break
+        assert time.monotonic() < deadline, (kept, lost, on_nvme)
+        seed += 1  # vLLM steps, and publishes the corrections, while it serves this
+        assert server.complete(tokens(seed, SERVER_BLOCK // 2), max_tokens=2)["status"] == 200
