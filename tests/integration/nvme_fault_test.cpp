@@ -197,8 +197,17 @@ TEST(NvmeFaults, AnIndexIoErrorDegradesTheTierAndItHealsWithoutARestart) {
   for (const std::string& session : sessions) {
     ASSERT_TRUE(save_session(*engine, session, kBlocks).is_ok());
   }
-  auto degraded = (*daemon)->wait_for_stats(
-      [](const StatsInfo& s) { return s.nvme.configured && s.nvme.degradations >= 1; });
+  // The faults count RocksDB's file writes, and how many the demotions take depends on
+  // how they batch (on a loaded machine one write may carry them all): more idle
+  // sessions go down until the third write has failed.
+  const auto is_degraded = [](const StatsInfo& s) {
+    return s.nvme.configured && s.nvme.degradations >= 1;
+  };
+  auto degraded = (*daemon)->wait_for_stats(is_degraded, std::chrono::seconds(5));
+  for (int more = 0; !degraded.is_ok() && more < 8; ++more) {
+    ASSERT_TRUE(save_session(*engine, "more-" + std::to_string(more), kBlocks).is_ok());
+    degraded = (*daemon)->wait_for_stats(is_degraded, std::chrono::seconds(5));
+  }
   ASSERT_TRUE(degraded.is_ok()) << degraded.status().to_string() << (*daemon)->log();
   // While it is degraded or after: every acknowledged block loads bit-exact (from
   // whichever tier holds it); none is lost.
