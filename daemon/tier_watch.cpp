@@ -72,7 +72,9 @@ void TierWatch::answer(Watcher& watcher) {
   const bool resync = watcher.resync;
   watcher.resync = false;
   notices_sent_ += hashes.size();
-  const LayoutKey layout = watcher.layout;
+  std::vector<Tier> tiers;
+  tiers.reserve(hashes.size());
+  for (const BlockHash& hash : hashes) tiers.push_back(tier_now({watcher.layout, hash}));
   reply(connection, id, [&](wire::Response::Builder response) {
     auto out = response.initWatchTiers();
     out.setResync(resync);
@@ -80,7 +82,7 @@ void TierWatch::answer(Watcher& watcher) {
     for (unsigned i = 0; i < hashes.size(); ++i) {
       auto bytes = hashes[i].bytes();
       changes[i].setHash(capnp::Data::Reader(bytes.data(), bytes.size()));
-      changes[i].setTier(to_wire(tier_now({layout, hashes[i]})));
+      changes[i].setTier(to_wire(tiers[i]));
     }
   });
 }
