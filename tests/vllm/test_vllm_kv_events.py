@@ -503,20 +503,31 @@ def test_dynamos_kv_indexer_ranks_the_node_where_kvtier_holds_the_session_above_
             assert indexer.poll() is None, "the indexer exited"
             assert time.monotonic() < deadline, "the indexer never answered /health"
             time.sleep(0.2)
-        time.sleep(1.0)  # its subscribers join (a SUB socket hears only what comes after)
+
+        def ranked(token_ids: list[int]) -> dict:
+            status, body = _http_json("POST", base + "/query", {"token_ids": token_ids, "model_name": "default"})
+            return body.get("instances", {}) if status == 200 else {}
+
+        # Its subscriber hears only what is published after it joined: requests until the
+        # indexer knows one of them (vLLM's own GPU events suffice for that).
+        probe_seed = 7000
+        while True:
+            probe_seed += 1
+            probe = tokens(probe_seed, SERVER_BLOCK + 3)
+            assert server.complete(probe, max_tokens=1)["status"] == 200
+            time.sleep(0.5)
+            if "1" in ranked(probe[:SERVER_BLOCK]):
+                break
+            assert time.monotonic() < deadline, "the indexer never heard the server's stream"
         prompt = tokens(70, 4 * SERVER_BLOCK + 5)
         reply = server.complete(prompt, max_tokens=4, kv_transfer_params={"kvtier_session": "routed-dynamo"})
         assert reply["status"] == 200, reply
         chat = (prompt + reply["tokens"])[:4 * SERVER_BLOCK]
 
-        def ranked() -> dict:
-            status, body = _http_json("POST", base + "/query", {"token_ids": chat, "model_name": "default"})
-            return body.get("instances", {}) if status == 200 else {}
-
         seed = 3000
         deadline = time.monotonic() + 90
         while True:  # vLLM evicts the chat from its GPU cache (16 blocks) for other requests
-            instances = ranked()
+            instances = ranked(chat)
             warm_node = instances.get("1", {})
             if warm_node.get("longest_matched", 0) >= len(chat) and warm_node.get("gpu", len(chat)) == 0:
                 break
