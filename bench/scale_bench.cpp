@@ -55,7 +55,7 @@ struct NoticeResult {
   uint64_t changes = 0;             // blocks told to the subscriber
   uint64_t answers = 0;             // its WatchTiers answered
   uint64_t resyncs = 0;
-  double watched_seconds = 0;       // time the subscriber was connected
+  double watched_seconds = 0;  // time the subscriber was connected
 };
 
 struct ModeResult {
@@ -116,7 +116,6 @@ Result<ListingResult> measure_listing(ScaleDaemon& d, uint32_t lookups, uint32_t
   }
   return result;
 }
-
 
 // Wire bytes of a WatchTiersReply of `changes` 32-byte hashes: per change a list element
 // (one data word, one pointer) and its hash (4 words); per answer the Response, the
@@ -387,7 +386,8 @@ CLI::App* add_scale_subcommand(CLI::App& app, ScaleBenchOptions& options) {
                    "at the largest size, rounds per phase without and with a tier-notice "
                    "subscriber (0: skip)")
       ->check(CLI::Range(0u, 1'000'000u));
-  scale->add_option("--notice-phases", options.notice_phases, "phases, alternating, unwatched first")
+  scale
+      ->add_option("--notice-phases", options.notice_phases, "phases, alternating, unwatched first")
       ->check(CLI::Range(2u, 100u));
   scale->add_flag("--grow-as-measured", options.grow_as_measured,
                   "grow under the measured policy settings too (slow before issue 11)");

@@ -112,8 +112,8 @@ Status wait_pending(kvtier_pending* pending, std::string_view kind, Write&& writ
   auto* reply = std::get_if<Pending<T>>(&pending->reply);
   if (reply == nullptr) {
     // In the order of kvtier_pending::reply's alternatives.
-    static constexpr const char* kKinds[] = {"save", "lookup", "load", "begin_turn",
-                                             "close_session", "tier_notices"};
+    static constexpr const char* kKinds[] = {"save",       "lookup",        "load",
+                                             "begin_turn", "close_session", "tier_notices"};
     const char* actual = kKinds[pending->reply.index()];
     return invalid_argument("pending is a {0}, not a {1}: wait with kvtier_pending_wait_{0}",
                             actual, kind);

@@ -333,9 +333,8 @@ Pending<TierNotices> Client::watch_tiers_async(uint32_t max_wait_ms, uint32_t ma
           if (hash.size() == 0 || hash.size() > BlockHash::kMaxBytes) {
             return internal_error("WatchTiers reply carries a hash of {} bytes", hash.size());
           }
-          notices.changes.push_back(
-              {BlockHash(std::span<const uint8_t>(hash.begin(), hash.size())),
-               from_wire(change.getTier())});
+          notices.changes.push_back({BlockHash(std::span<const uint8_t>(hash.begin(), hash.size())),
+                                     from_wire(change.getTier())});
         }
         return notices;
       });

@@ -44,13 +44,13 @@ Status TierWatch::handle_watch(const ConnectionPtr& c, const EngineContext& engi
 
 void TierWatch::arm(const std::shared_ptr<Watcher>& watcher, uint32_t ms) {
   watcher->timer.expires_after(std::chrono::milliseconds(ms));
-  watcher->timer.async_wait([this, weak = std::weak_ptr<Watcher>(watcher)](
-                                const boost::system::error_code& error) {
-    assert_control_thread();
-    auto live = weak.lock();
-    if (error || live == nullptr || live->waiting_id == 0) return;  // cancelled, or answered
-    answer(*live);
-  });
+  watcher->timer.async_wait(
+      [this, weak = std::weak_ptr<Watcher>(watcher)](const boost::system::error_code& error) {
+        assert_control_thread();
+        auto live = weak.lock();
+        if (error || live == nullptr || live->waiting_id == 0) return;  // cancelled, or answered
+        answer(*live);
+      });
 }
 
 void TierWatch::answer(Watcher& watcher) {
@@ -112,7 +112,7 @@ void TierWatch::note(const BlockKey& key) {
 
 void TierWatch::block_entered(const BlockKey& key, Tier tier, uint64_t) {
   assert_control_thread();
-  if (by_layout_.empty()) return;
+  if (!by_layout_.contains(key.layout)) return;
   // A Save's block being written: the Save's answer tells of it. A copy written below
   // the block changes nothing a subscriber sees (its fastest tier).
   auto info = ctx_.store->lookup(key);
@@ -122,12 +122,11 @@ void TierWatch::block_entered(const BlockKey& key, Tier tier, uint64_t) {
 
 void TierWatch::block_left(const BlockKey& key, Tier, Departure why) {
   assert_control_thread();
-  if (by_layout_.empty() || why == Departure::kCopyDropped) return;  // its copy only
+  if (why == Departure::kCopyDropped) return;  // its copy only: its place did not change
   note(key);
 }
 
 void TierWatch::block_written(const BlockKey& key) {
-  if (by_layout_.empty()) return;
   note(key);
 }
 

@@ -4,20 +4,19 @@
 // connection, as answers to a long poll.
 //
 // It listens to the store's block events (policy/block_events.h; the Service subscribes
-// it once the store exists). For each subscribed
-// connection it keeps the hashes of its layout's blocks that entered or left a tier
-// since its last answer, each once (a block demoted, then promoted, is one notice), and
-// looks each one's tier up only when it answers: what it says is where the block is
-// then, never a history. Noted: a block whose fastest tier changed (a move landed, a
-// demotion onto its copy, a block recovered or read back from the remote tier) or that
+// it once the store exists). For each subscribed connection it keeps the hashes of its
+// layout's blocks that entered or left a tier since its last answer, each once (a block demoted,
+// then promoted, is one notice), and looks each one's tier up only when it answers: what it says is
+// where the block is then, never a history. Noted: a block whose fastest tier changed (a move
+// landed, a demotion onto its copy, a block recovered or read back from the remote tier) or that
 // left the store. Not noted: a Save's own blocks while they are written (the Save's
 // answer says they were kept; one being written when the answer is built is left out),
 // and copies written or dropped below a block (its place did not change).
 //
 // Bounded per connection: at most max-tier-notices-per-connection blocks wait for an
-// engine that does not ask; past that the part forgets them and the next answer says `resync`, so a slow
-// engine costs neither memory nor time on the control thread beyond that bound. With no
-// connection subscribed, a block event costs one test of an empty map.
+// engine that does not ask; past that the part forgets them and the next answer says
+// `resync`, so a slow engine costs neither memory nor time on the control thread beyond
+// that bound. A block event of a layout nobody watches costs one hash-map probe.
 //
 // Thread-safety: control thread only (daemon_context.h).
 #pragma once
@@ -38,8 +37,8 @@ namespace kvtier::daemon {
 class TierWatch final : public Part, public policy::BlockListener {
  public:
   using Departure = policy::Departure;
-  static constexpr uint32_t kMaxWaitMs = 60000;     // WatchTiers.maxWaitMs, at most
-  static constexpr uint32_t kCoalesceMs = 5;        // a waiting WatchTiers gathers this long
+  static constexpr uint32_t kMaxWaitMs = 60000;  // WatchTiers.maxWaitMs, at most
+  static constexpr uint32_t kCoalesceMs = 5;     // a waiting WatchTiers gathers this long
 
   TierWatch(DaemonContext& ctx, Replies& replies) : Part(ctx, replies) {}
   ~TierWatch();

@@ -26,6 +26,15 @@ class TierWatchTest : public HandlerTest {
   }
   PagedCacheShape shape() const override { return integration::small_shape(/*num_blocks=*/64); }
 
+  // Saves `hashes` as `session` and drains them to NVMe (all of them there on return).
+  void save_and_drain(const std::string& session, const std::vector<BlockHash>& hashes) {
+    ASSERT_TRUE(save_hashes(*engine_, session, hashes, 0).is_ok());
+    ASSERT_TRUE(wait_until_settled().is_ok());
+    ASSERT_TRUE(engine_->client->drain().is_ok());
+    ASSERT_TRUE(
+        wait_until_in_tier(session, Tier::kNvme, static_cast<uint32_t>(hashes.size())).is_ok());
+  }
+
   // Asks until `hashes` were each told of, or 10 s passed; returns each one's latest
   // tier (the resync flag of any answer into `resync`).
   static std::map<std::string, Tier> collect(Client& client, const std::vector<BlockHash>& hashes,
@@ -64,8 +73,8 @@ TEST_F(TierWatchTest, DrainAndEvictionAreToldWithEachBlocksTierNow) {
   ASSERT_TRUE(wait_until_in_tier("watched", Tier::kNvme, 4).is_ok());
   auto drained = collect(*engine_->client, hashes);
   for (const BlockHash& hash : hashes) {
-    ASSERT_TRUE(drained.contains(hash.to_hex())) << "the drain of block " << hash.to_hex()
-                                                 << " was not told";
+    ASSERT_TRUE(drained.contains(hash.to_hex()))
+        << "the drain of block " << hash.to_hex() << " was not told";
     EXPECT_EQ(drained[hash.to_hex()], Tier::kNvme);
   }
 
@@ -100,12 +109,10 @@ TEST_F(TierWatchTest, AWaitingWatchIsAnsweredByTheFirstChange) {
 
   auto admin = daemon_->connect();
   ASSERT_TRUE(admin.is_ok());
-  const auto sent = std::chrono::steady_clock::now();
   ASSERT_TRUE((*admin)->drain().is_ok());
   auto notices = waiting.wait();
   ASSERT_TRUE(notices.is_ok()) << notices.status().to_string();
-  EXPECT_LT(std::chrono::steady_clock::now() - sent, std::chrono::seconds(30))
-      << "answered by its maxWaitMs, not by the drain";
+  // An answer at maxWaitMs would be empty: this one was the drain's.
   EXPECT_FALSE(notices->changes.empty());
 }
 
@@ -122,10 +129,7 @@ TEST_F(TierWatchTest, OnlyEnginesOfTheBlocksLayoutAreTold) {
   ASSERT_TRUE(same->client->watch_tiers_async(0).wait().is_ok());
 
   const auto hashes = PagedCache::chain_hashes("layout", 3);
-  ASSERT_TRUE(save_hashes(*engine_, "layout", hashes, 0).is_ok());
-  ASSERT_TRUE(wait_until_settled().is_ok());
-  ASSERT_TRUE(engine_->client->drain().is_ok());
-  ASSERT_TRUE(wait_until_in_tier("layout", Tier::kNvme, 3).is_ok());
+  ASSERT_NO_FATAL_FAILURE(save_and_drain("layout", hashes));
 
   auto told = collect(*same->client, hashes);
   for (const BlockHash& hash : hashes) EXPECT_EQ(told[hash.to_hex()], Tier::kNvme);
@@ -140,10 +144,7 @@ TEST_F(TierWatchTest, OnlyEnginesOfTheBlocksLayoutAreTold) {
 TEST_F(TierWatchTest, AConnectionThatDoesNotAskIsToldToResynchronise) {
   ASSERT_TRUE(engine_->client->watch_tiers_async(0).wait().is_ok());
   const auto hashes = PagedCache::chain_hashes("many", 2 * kNoticeLimit);
-  ASSERT_TRUE(save_hashes(*engine_, "many", hashes, 0).is_ok());
-  ASSERT_TRUE(wait_until_settled().is_ok());
-  ASSERT_TRUE(engine_->client->drain().is_ok());
-  ASSERT_TRUE(wait_until_in_tier("many", Tier::kNvme, 2 * kNoticeLimit).is_ok());
+  ASSERT_NO_FATAL_FAILURE(save_and_drain("many", hashes));
   auto notices = engine_->client->watch_tiers_async(0).wait();
   ASSERT_TRUE(notices.is_ok()) << notices.status().to_string();
   EXPECT_TRUE(notices->resync);
@@ -164,10 +165,7 @@ TEST_F(TierWatchTest, AConnectionClosingWithAWatchWaitingLeavesNothingBehind) {
   }  // closed with its WatchTiers waiting
   ASSERT_TRUE(engine_->client->watch_tiers_async(0).wait().is_ok());
   const auto hashes = PagedCache::chain_hashes("after-close", 2);
-  ASSERT_TRUE(save_hashes(*engine_, "after-close", hashes, 0).is_ok());
-  ASSERT_TRUE(wait_until_settled().is_ok());
-  ASSERT_TRUE(engine_->client->drain().is_ok());
-  ASSERT_TRUE(wait_until_in_tier("after-close", Tier::kNvme, 2).is_ok());
+  ASSERT_NO_FATAL_FAILURE(save_and_drain("after-close", hashes));
   auto told = collect(*engine_->client, hashes);
   for (const BlockHash& hash : hashes) EXPECT_EQ(told[hash.to_hex()], Tier::kNvme);
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
@@ -182,8 +180,8 @@ TEST_F(TierWatchTest, BadWatchesGetClearErrors) {
                       StatusCode::kInvalidArgument, "maxWaitMs 60001 is over 60000"));
   auto fresh = daemon_->connect();
   ASSERT_TRUE(fresh.is_ok());
-  EXPECT_TRUE(IsError((*fresh)->watch_tiers_async(0).wait().status(),
-                      StatusCode::kInvalidArgument, "send Hello first"));
+  EXPECT_TRUE(IsError((*fresh)->watch_tiers_async(0).wait().status(), StatusCode::kInvalidArgument,
+                      "send Hello first"));
 }
 
 }  // namespace
