@@ -176,6 +176,7 @@ Result<ModeResult> run_mode(const CommonOptions& common, const ScaleBenchOptions
   spec.ram_bytes = mode.ram_bytes;
   spec.slab_bytes = kSlabBytes;
   spec.grow_as_measured = options.grow_as_measured;
+  spec.own_blocks = options.own_blocks;
   auto daemon = ScaleDaemon::start(common, spec, config_dir);
   if (!daemon.is_ok()) return daemon.status();
   ScaleDaemon& d = **daemon;
@@ -340,7 +341,9 @@ void report_mode(BenchReport& report, const std::string& name, const ModeResult&
   report.result(name + "_rss_at_" + at + "_mib",
                 static_cast<double>(mode.rss_largest_bytes) / kMiB);
   report.result(name + "_rss_growth_bytes_per_session", growth / sessions);
+  // Everything the daemon keeps for its sessions and blocks, per block held.
   report.result(name + "_rss_growth_bytes_per_block", growth / static_cast<double>(mode.blocks));
+  report.target(name + "_rss_growth_bytes_per_block", "<=", 200.0);
   report.result(name + "_memory_budget_mib", budget / kMiB);
   report.result(name + "_rss_growth_over_budget", growth / budget);
   report.target(name + "_rss_growth_over_budget", "<=", 1.0);
@@ -389,6 +392,10 @@ CLI::App* add_scale_subcommand(CLI::App& app, ScaleBenchOptions& options) {
   scale
       ->add_option("--notice-phases", options.notice_phases, "phases, alternating, unwatched first")
       ->check(CLI::Range(2u, 100u));
+  scale
+      ->add_option("--own-blocks", options.own_blocks,
+                   "blocks of its own per grown session, after the shared prefix of 2")
+      ->check(CLI::Range(1u, kMaxOwnBlocks));
   scale->add_flag("--grow-as-measured", options.grow_as_measured,
                   "grow under the measured policy settings too (slow before issue 11)");
   return scale;
@@ -419,7 +426,7 @@ Result<BenchReport> run_scale_bench(const CommonOptions& common, const ScaleBenc
   report.config("warmup_per_size", int64_t{options.warmup_per_size});
   report.config("block_bytes", static_cast<int64_t>(kBlockBytes));
   report.config("session_blocks",
-                fmt::format("{} shared prefix + {} own", kPrefixBlocks, kOwnBlocks));
+                fmt::format("{} shared prefix + {} own", kPrefixBlocks, options.own_blocks));
   report.config("round", fmt::format("begin_turn, lookup {}, load {}, save {} new, stats",
                                      kLookupHashes, kLoadBlocks, kSaveBlocks));
   report.config("copy_threads", int64_t{common.threads});

@@ -12,12 +12,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// The region: the growing Saves' blocks (one group per Save in flight), then the
-// measured Save's sources, then the measured Load's targets.
-constexpr uint32_t kGrowBlocks = kPrefixBlocks + kOwnBlocks;
-constexpr uint64_t kSaveBase = 32 * kGrowBlocks;  // ScaleDaemon::kPipelineDepth groups
-constexpr uint64_t kLoadBase = kSaveBase + kSaveBlocks;
-constexpr uint64_t kRegionBlocks = kLoadBase + kLoadBlocks;
 
 // The policy the measured settings name; everything else is the daemon's default.
 constexpr const char* kMeasuredPolicy = "predictive";
@@ -30,8 +24,8 @@ std::string session_id(uint64_t s) {
   return fmt::format("scale/{}", s);
 }
 
-std::vector<BlockHash> own_hashes(uint64_t s) {
-  return PagedCache::chain_hashes(session_id(s), kOwnBlocks);
+std::vector<BlockHash> own_hashes(uint64_t s, uint32_t own_blocks) {
+  return PagedCache::chain_hashes(session_id(s), own_blocks);
 }
 
 std::vector<BlockHash> turn_hashes(uint64_t s, uint32_t turn) {
@@ -77,7 +71,9 @@ const char* scale_op_name(ScaleOp op) {
 Result<std::unique_ptr<ScaleDaemon>> ScaleDaemon::start(const CommonOptions& common,
                                                         const ScaleDaemonSpec& spec,
                                                         const std::string& config_dir) {
-  static_assert(kSaveBase == kPipelineDepth * kGrowBlocks);
+  if (spec.own_blocks == 0 || spec.own_blocks > kMaxOwnBlocks) {
+    return invalid_argument("a grown session's own blocks must be 1..{}", kMaxOwnBlocks);
+  }
   const std::string config_path = config_dir + "/" + spec.mode + ".toml";
   // The daemon starts on the measured settings; growing switches away from them.
   KVTIER_RETURN_IF_ERROR(write_settings(config_path, /*measuring=*/true));
@@ -93,7 +89,7 @@ Result<std::unique_ptr<ScaleDaemon>> ScaleDaemon::start(const CommonOptions& com
   shape.num_layers = 1;
   shape.num_kv_heads = 1;
   shape.head_dim = 32;  // 16 tokens × 32 × fp16 = 1 KiB per plane, 2 KiB per block
-  shape.num_blocks = kRegionBlocks;
+  shape.num_blocks = kPipelineDepth * (kPrefixBlocks + spec.own_blocks) + kSaveBlocks + kLoadBlocks;
   auto cache = PagedCache::create(shape);
   if (!cache.is_ok()) return cache.status();
 
@@ -132,7 +128,7 @@ ScaleDaemon::~ScaleDaemon() {
 
 uint64_t ScaleDaemon::session_refs() const {
   uint64_t refs = 0;
-  for (uint32_t turns : turns_) refs += kGrowBlocks + uint64_t{kSaveBlocks} * turns;
+  for (uint32_t turns : turns_) refs += grow_blocks() + uint64_t{kSaveBlocks} * turns;
   return refs;
 }
 
@@ -196,24 +192,24 @@ Status ScaleDaemon::grow_to(uint64_t target) {
     InFlight& oldest = in_flight.front();
     auto saved = oldest.reply.wait();
     if (!saved.is_ok()) return saved.status();
-    if (saved->stored + saved->deduplicated != kGrowBlocks || saved->stored < kOwnBlocks) {
+    if (saved->stored + saved->deduplicated != grow_blocks() || saved->stored < spec_.own_blocks) {
       return internal_error("growing: Save of {} stored {} and deduplicated {} of {} blocks",
                             session_id(oldest.session), saved->stored, saved->deduplicated,
-                            kGrowBlocks);
+                            grow_blocks());
     }
     free_groups.push_back(oldest.group);
     in_flight.pop_front();
     return Status::ok();
   };
-  std::vector<BlockRef> refs(kGrowBlocks);
+  std::vector<BlockRef> refs(grow_blocks());
   for (uint64_t s = sessions(); s < target; ++s) {
     if (free_groups.empty()) KVTIER_RETURN_IF_ERROR(finish_oldest());
     const uint32_t group = free_groups.back();
     free_groups.pop_back();
     std::vector<BlockHash> hashes = prefix_;
-    for (const BlockHash& hash : own_hashes(s)) hashes.push_back(hash);
-    for (uint32_t i = 0; i < kGrowBlocks; ++i) {
-      const uint64_t block = uint64_t{group} * kGrowBlocks + i;
+    for (const BlockHash& hash : own_hashes(s, spec_.own_blocks)) hashes.push_back(hash);
+    for (uint32_t i = 0; i < grow_blocks(); ++i) {
+      const uint64_t block = uint64_t{group} * grow_blocks() + i;
       cache_.fill(block, hashes[i]);
       refs[i] = {hashes[i], block};
     }
@@ -233,7 +229,7 @@ Status ScaleDaemon::prepare_to_measure() {
 
 std::vector<BlockHash> ScaleDaemon::chain_prefix(uint64_t s, uint32_t count) const {
   std::vector<BlockHash> chain = prefix_;
-  for (const BlockHash& hash : own_hashes(s)) chain.push_back(hash);
+  for (const BlockHash& hash : own_hashes(s, spec_.own_blocks)) chain.push_back(hash);
   for (uint32_t turn = 0; chain.size() < count && turn < turns_[s]; ++turn) {
     for (const BlockHash& hash : turn_hashes(s, turn)) chain.push_back(hash);
   }
@@ -250,11 +246,11 @@ Status ScaleDaemon::barrier() {
 
 Status ScaleDaemon::time_lookups(uint32_t count, std::vector<double>& out) {
   std::uniform_int_distribution<uint64_t> pick_session(0, sessions() - 1);
-  std::uniform_int_distribution<uint32_t> pick_own(0, kOwnBlocks - 1);
+  std::uniform_int_distribution<uint32_t> pick_own(0, spec_.own_blocks - 1);
   for (uint32_t i = 0; i < count; ++i) {
     std::vector<BlockHash> hashes = prefix_;
     while (hashes.size() < kLookupHashes) {
-      hashes.push_back(own_hashes(pick_session(random_))[pick_own(random_)]);
+      hashes.push_back(own_hashes(pick_session(random_), spec_.own_blocks)[pick_own(random_)]);
     }
     KVTIER_RETURN_IF_ERROR(barrier());
     const auto t0 = Clock::now();
@@ -282,16 +278,16 @@ Status ScaleDaemon::run_round(ScaleSamples* out) {
   auto begun = client_->begin_turn(id);
   record(ScaleOp::kBeginTurn, micros_since(t0));
   if (!begun.is_ok()) return begun.status();
-  const uint64_t known = kGrowBlocks + uint64_t{kSaveBlocks} * turns_[s];
+  const uint64_t known = grow_blocks() + uint64_t{kSaveBlocks} * turns_[s];
   if (begun->known_blocks != known) {
     return internal_error("BeginTurn({}) knows {} blocks, not {}", id, begun->known_blocks, known);
   }
 
   // The shared prefix, then held blocks of sessions across the whole daemon.
   std::vector<BlockHash> hashes = prefix_;
-  std::uniform_int_distribution<uint32_t> pick_own(0, kOwnBlocks - 1);
+  std::uniform_int_distribution<uint32_t> pick_own(0, spec_.own_blocks - 1);
   while (hashes.size() < kLookupHashes) {
-    hashes.push_back(own_hashes(pick_session(random_))[pick_own(random_)]);
+    hashes.push_back(own_hashes(pick_session(random_), spec_.own_blocks)[pick_own(random_)]);
   }
   KVTIER_RETURN_IF_ERROR(barrier());
   t0 = Clock::now();
@@ -307,7 +303,7 @@ Status ScaleDaemon::run_round(ScaleSamples* out) {
     const uint64_t e = extended_[pick_extended(random_)];
     const std::vector<BlockHash> chain = chain_prefix(e, kLoadBlocks);
     std::vector<BlockRef> refs;
-    for (uint32_t i = 0; i < kLoadBlocks; ++i) refs.push_back({chain[i], kLoadBase + i});
+    for (uint32_t i = 0; i < kLoadBlocks; ++i) refs.push_back({chain[i], load_base() + i});
     cache_.wipe();
     KVTIER_RETURN_IF_ERROR(barrier());
     t0 = Clock::now();
@@ -319,7 +315,7 @@ Status ScaleDaemon::run_round(ScaleSamples* out) {
                             loaded->loaded_count, kLoadBlocks, loaded->stop_reason.to_string());
     }
     for (uint32_t i = 0; i < kLoadBlocks; ++i) {
-      if (!cache_.verify(kLoadBase + i, chain[i])) {
+      if (!cache_.verify(load_base() + i, chain[i])) {
         return data_loss("Load({}) block {} does not hold the bytes saved", session_id(e), i);
       }
     }
@@ -328,8 +324,8 @@ Status ScaleDaemon::run_round(ScaleSamples* out) {
   const std::vector<BlockHash> fresh = turn_hashes(s, turns_[s]);
   std::vector<BlockRef> refs;
   for (uint32_t i = 0; i < kSaveBlocks; ++i) {
-    cache_.fill(kSaveBase + i, fresh[i]);
-    refs.push_back({fresh[i], kSaveBase + i});
+    cache_.fill(save_base() + i, fresh[i]);
+    refs.push_back({fresh[i], save_base() + i});
   }
   KVTIER_RETURN_IF_ERROR(barrier());
   t0 = Clock::now();

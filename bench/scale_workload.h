@@ -4,7 +4,7 @@
 // The engine side is one connection with one memfd region of 2 KiB blocks (one layer's
 // K and V planes of 1 KiB). A grown session is one finished turn: the shared
 // system-prompt prefix (kPrefixBlocks, stored once, referenced by every session) and
-// kOwnBlocks blocks of its own, saved with endOfTurn. A measured turn appends
+// ScaleDaemonSpec::own_blocks blocks of its own, saved with endOfTurn. A measured turn appends
 // kSaveBlocks new blocks to a session.
 //
 // The daemon reads its policy settings from a config file this class writes: while
@@ -38,7 +38,7 @@
 namespace kvtier::bench {
 
 inline constexpr uint32_t kPrefixBlocks = 2;   // shared system prompt
-inline constexpr uint32_t kOwnBlocks = 4;      // per grown session
+inline constexpr uint32_t kMaxOwnBlocks = 1024;  // per grown session (ScaleDaemonSpec)
 inline constexpr uint32_t kSaveBlocks = 16;    // per measured Save
 inline constexpr uint32_t kLookupHashes = 32;  // per measured Lookup
 inline constexpr uint32_t kLoadBlocks = 16;    // per measured Load
@@ -60,6 +60,7 @@ struct ScaleDaemonSpec {
   uint64_t ram_bytes = 0;
   uint64_t slab_bytes = 0;
   bool grow_as_measured = false;
+  uint32_t own_blocks = 4;  // per grown session, 1..kMaxOwnBlocks
 };
 
 class ScaleDaemon {
@@ -110,6 +111,11 @@ class ScaleDaemon {
   Status barrier();
   // The first `count` blocks of session `s`'s chain.
   std::vector<BlockHash> chain_prefix(uint64_t s, uint32_t count) const;
+  // The region: the growing Saves' blocks (one group per Save in flight), then the
+  // measured Save's sources, then the measured Load's targets.
+  uint32_t grow_blocks() const { return kPrefixBlocks + spec_.own_blocks; }
+  uint64_t save_base() const { return uint64_t{kPipelineDepth} * grow_blocks(); }
+  uint64_t load_base() const { return save_base() + kSaveBlocks; }
 
   support::DaemonProcess daemon_;
   PagedCache cache_;
