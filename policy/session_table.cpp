@@ -15,6 +15,7 @@ Result<Session*> SessionTable::get_or_create(uint32_t namespace_id, const std::s
     session.namespace_id = namespace_id;
     session.id = id;
     session.layout = layout;
+    session.blocks.index_ = &holders_;
     session.state = SessionState::kActive;
     session.created_ms = now;
     session.last_active_ms = now;
@@ -77,7 +78,7 @@ std::vector<BlockHash> SessionTable::append_blocks(Session& session,
   }
   // Grown by a quarter at least, not doubled: a session's list is most of what it
   // costs, and the slack of doubling was a third of it.
-  std::vector<BlockList::Entry*>& entries = session.blocks.entries_;
+  std::vector<HolderIndex::Id>& entries = session.blocks.ids_;
   const size_t needed = entries.size() + appended.size();
   if (needed > entries.capacity()) {
     entries.reserve(std::max(needed, entries.size() + entries.size() / 4));
@@ -108,8 +109,8 @@ void SessionTable::change(Session& session, SessionState state, uint64_t now_ms)
   set_state(session, state);
   session.last_active_ms = now_ms;
   session.touch_seq = ++touch_seq_;
-  for (BlockList::Entry* entry : session.blocks.entries_) {
-    BlockHolders& h = entry->second;
+  for (HolderIndex::Id id : session.blocks.ids_) {
+    BlockHolders& h = holders_.at(id).holders;
     h.active = static_cast<uint32_t>(static_cast<int64_t>(h.active) + active_delta);
     h.hot_seq = session.touch_seq;
     h.hot_ms = std::max(h.hot_ms, now_ms);
@@ -144,8 +145,8 @@ void SessionTable::set_priority(Session& session, uint8_t priority, uint64_t unt
   const uint8_t old = session.priority;
   if (old == priority) return;
   session.priority = priority;
-  for (BlockList::Entry* entry : session.blocks.entries_) {
-    BlockHolders& h = entry->second;
+  for (HolderIndex::Id id : session.blocks.ids_) {
+    BlockHolders& h = holders_.at(id).holders;
     // A scan (the session's old priority was the last at the top) finds it at its new
     // priority already.
     if (!remove_priority(h, old)) add_priority(h, priority);
@@ -153,9 +154,9 @@ void SessionTable::set_priority(Session& session, uint8_t priority, uint64_t unt
 }
 
 bool SessionTable::set_block_priority(const BlockKey& key, uint8_t priority, uint64_t until_ms) {
-  auto it = holders_.find(key);
-  if (it == holders_.end()) return false;
-  BlockHolders& h = it->second;
+  const HolderIndex::Id id = holders_.find(key);
+  if (id == HolderIndex::kNone) return false;
+  BlockHolders& h = holders_.at(id).holders;
   if (priority != 0 && priority < h.priority() && h.count() > 1) return true;  // shared
   clear_block_expiry(key);
   h.block_priority = priority;
@@ -180,60 +181,43 @@ void SessionTable::expire_priorities(uint64_t now_ms) {
   while (!block_expiries_.empty() && block_expiries_.begin()->first <= now_ms) {
     const BlockKey key = block_expiries_.begin()->second;
     clear_block_expiry(key);
-    if (auto it = holders_.find(key); it != holders_.end()) it->second.block_priority = 0;
+    if (const HolderIndex::Id id = holders_.find(key); id != HolderIndex::kNone) {
+      holders_.at(id).holders.block_priority = 0;
+    }
   }
 }
 
-BlockList::Entry* SessionTable::add_holder(const Session& session, const BlockHash& hash,
-                                           uint32_t depth) {
+HolderIndex::Id SessionTable::add_holder(const Session& session, const BlockHash& hash,
+                                         uint32_t depth) {
   if (references_ != nullptr) references_->add_reference({session.layout, hash});
-  BlockList::Entry& entry = *holders_.try_emplace(BlockKey{session.layout, hash}).first;
-  BlockHolders& h = entry.second;
-  if (h.first == nullptr) {
-    h.first = &session;
-  } else {
-    if (!h.more) h.more = std::make_unique<std::vector<const Session*>>();
-    h.more->push_back(&session);
-  }
+  const HolderIndex::Id id = holders_.try_emplace(BlockKey{session.layout, hash}).first;
+  BlockHolders& h = holders_.at(id).holders;
+  h.sessions.add(&session);
   if (session.state == SessionState::kActive) ++h.active;
   add_priority(h, session.priority);
   if (h.block_priority != 0 && h.block_priority < session.priority) {
     // Lowered while others did not hold it: a session that wants it more takes it up.
-    clear_block_expiry(entry.first);
+    clear_block_expiry({session.layout, hash});
     h.block_priority = 0;
   }
   h.depth = std::max(h.depth, depth);
   h.hot_seq = std::max(h.hot_seq, session.touch_seq);
   h.hot_ms = std::max(h.hot_ms, session.last_active_ms);
-  return &entry;
+  return id;
 }
 
 void SessionTable::drop_holder(const Session& session, const BlockHash& hash) {
   if (references_ != nullptr) references_->drop_reference({session.layout, hash});
-  auto it = holders_.find(BlockKey{session.layout, hash});
-  if (it == holders_.end()) return;
-  BlockHolders& h = it->second;
+  const BlockKey key{session.layout, hash};
+  const HolderIndex::Id id = holders_.find(key);
+  if (id == HolderIndex::kNone) return;
+  BlockHolders& h = holders_.at(id).holders;
   // Shared blocks: a scan of their holders (a block held by n sessions costs O(n) to
   // leave; n is the sharing, not the daemon's size).
-  std::vector<const Session*>* more = h.more.get();
-  if (h.first == &session) {
-    if (more == nullptr || more->empty()) {
-      h.first = nullptr;
-    } else {
-      h.first = more->back();
-      more->pop_back();
-    }
-  } else {
-    if (more == nullptr) return;
-    auto at = std::find(more->begin(), more->end(), &session);
-    if (at == more->end()) return;
-    *at = more->back();
-    more->pop_back();
-  }
-  if (more != nullptr && more->empty()) h.more.reset();
-  if (h.first == nullptr) {
-    if (h.block_priority != 0) clear_block_expiry(it->first);
-    holders_.erase(it);
+  if (!h.sessions.remove(&session)) return;
+  if (h.sessions.empty()) {
+    if (h.block_priority != 0) clear_block_expiry(key);
+    holders_.erase(id);
     return;
   }
   if (session.state == SessionState::kActive) --h.active;
@@ -241,8 +225,8 @@ void SessionTable::drop_holder(const Session& session, const BlockHash& hash) {
 }
 
 const BlockHolders* SessionTable::holders(const BlockKey& key) const {
-  auto it = holders_.find(key);
-  return it == holders_.end() ? nullptr : &it->second;
+  const HolderIndex::Id id = holders_.find(key);
+  return id == HolderIndex::kNone ? nullptr : &holders_.at(id).holders;
 }
 
 void SessionTable::idle_insert(Session& session) {
@@ -316,9 +300,9 @@ void SessionTable::recount_census(uint64_t now_ms) const {
 }
 
 bool SessionTable::forget_block(Session& session, const BlockHash& hash) {
-  std::vector<BlockList::Entry*>& entries = session.blocks.entries_;
+  std::vector<HolderIndex::Id>& entries = session.blocks.ids_;
   auto it = std::find_if(entries.begin(), entries.end(),
-                         [&](const BlockList::Entry* entry) { return entry->first.hash == hash; });
+                         [&](HolderIndex::Id id) { return holders_.at(id).hash == hash; });
   if (it == entries.end()) return false;
   entries.erase(it);  // first: dropping the last holder frees the entry
   drop_holder(session, hash);
@@ -329,7 +313,7 @@ std::vector<BlockHash> SessionTable::truncate(Session& session, size_t length) {
   if (length >= session.blocks.size()) return {};
   std::vector<BlockHash> dropped(session.blocks.begin() + static_cast<ptrdiff_t>(length),
                                  session.blocks.end());
-  session.blocks.entries_.resize(length);  // first: dropping the last holder frees the entry
+  session.blocks.ids_.resize(length);  // first: dropping the last holder frees the entry
   for (const BlockHash& hash : dropped) drop_holder(session, hash);
   for (SessionObserver* observer : observers_) observer->session_cut(session);
   return dropped;
@@ -349,7 +333,7 @@ Result<std::vector<BlockHash>> SessionTable::close(uint32_t namespace_id, const 
     session_expiries_.erase({session.priority_until_ms, const_cast<Session*>(&session)});
   }
   std::vector<BlockHash> blocks = session.blocks.hashes();
-  it->second.blocks.entries_.clear();  // first: dropping the last holder frees the entry
+  it->second.blocks.ids_.clear();  // first: dropping the last holder frees the entry
   for (const BlockHash& hash : blocks) drop_holder(session, hash);
   count_in(session, -1);
   const std::string closed_id = id;  // before the erase: `id` may be the session's own

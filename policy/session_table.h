@@ -33,6 +33,7 @@
 #include "policy/block_reuse.h"
 #include "policy/clock.h"
 #include "policy/gap_model.h"
+#include "policy/holder_table.h"
 
 namespace kvtier::policy {
 
@@ -50,49 +51,98 @@ inline constexpr uint8_t kDefaultPriority = 35;
 
 struct Session;
 
+// The sessions holding one block, in no particular order, in 8 bytes: most blocks have
+// one holder, kept inline (no allocation); a block held by more keeps them in a vector
+// of its own (the word is then that vector's address, tagged by its low bit).
+class HolderSet {
+ public:
+  HolderSet() = default;
+  HolderSet(HolderSet&& other) noexcept : bits_(std::exchange(other.bits_, 0)) {}
+  HolderSet& operator=(HolderSet&& other) noexcept {
+    if (this != &other) {
+      clear();
+      bits_ = std::exchange(other.bits_, 0);
+    }
+    return *this;
+  }
+  HolderSet(const HolderSet&) = delete;
+  HolderSet& operator=(const HolderSet&) = delete;
+  ~HolderSet() { clear(); }
+
+  bool empty() const { return bits_ == 0; }
+  uint32_t size() const {
+    if (is_list()) return static_cast<uint32_t>(list()->size());
+    return bits_ == 0 ? 0 : 1;
+  }
+  const Session& operator[](size_t i) const {
+    return is_list() ? *(*list())[i] : *reinterpret_cast<const Session*>(bits_);
+  }
+  void add(const Session* session) {
+    if (bits_ == 0) {
+      bits_ = reinterpret_cast<uintptr_t>(session);
+      return;
+    }
+    if (!is_list()) {
+      auto* more = new List{reinterpret_cast<const Session*>(bits_)};
+      bits_ = reinterpret_cast<uintptr_t>(more) | 1;
+    }
+    list()->push_back(session);
+  }
+  // Whether `session` was a holder (a scan: O(holders)).
+  bool remove(const Session* session) {
+    if (!is_list()) {
+      if (bits_ != reinterpret_cast<uintptr_t>(session)) return false;
+      bits_ = 0;
+      return true;
+    }
+    List& more = *list();
+    auto at = std::find(more.begin(), more.end(), session);
+    if (at == more.end()) return false;
+    *at = more.back();
+    more.pop_back();
+    if (more.size() == 1) {
+      const Session* last = more.front();
+      delete &more;
+      bits_ = reinterpret_cast<uintptr_t>(last);
+    }
+    return true;
+  }
+
+ private:
+  using List = std::vector<const Session*>;
+  bool is_list() const { return (bits_ & 1) != 0; }
+  List* list() const { return reinterpret_cast<List*>(bits_ & ~uintptr_t{1}); }
+  void clear() {
+    if (is_list()) delete list();
+    bits_ = 0;
+  }
+  uintptr_t bits_ = 0;
+};
+
 // Who holds one block, kept by the table as sessions change: the reverse index from a
 // block to its sessions, and the facts the planner orders blocks by, so that a plan
 // reads them per block instead of walking every session.
 struct BlockHolders {
-  uint32_t count() const {
-    return static_cast<uint32_t>(more ? more->size() : 0) + (first ? 1 : 0);
-  }
+  uint32_t count() const { return sessions.size(); }
   template <typename Fn>
   void for_each(Fn&& fn) const {
-    if (first) fn(*first);
-    if (more) {
-      for (const Session* s : *more) fn(*s);
-    }
+    for (uint32_t i = 0, n = sessions.size(); i < n; ++i) fn(sessions[i]);
   }
   // The first `limit` holders only: a prefix shared by every conversation has as many
   // holders as there are sessions, and a plan must not walk them all per block.
   template <typename Fn>
   void for_first(uint32_t limit, Fn&& fn) const {
-    if (limit == 0) return;
-    if (first) {
-      fn(*first);
-      --limit;
-    }
-    if (more) {
-      const size_t n = std::min<size_t>(limit, more->size());
-      for (size_t i = 0; i < n; ++i) fn(*(*more)[i]);
-    }
+    for (uint32_t i = 0, n = std::min(limit, sessions.size()); i < n; ++i) fn(sessions[i]);
   }
   // Whether `pred` holds for some holder; stops at the first that does.
   template <typename Pred>
   bool any_of(Pred&& pred) const {
-    if (first && pred(*first)) return true;
-    if (more) {
-      for (const Session* s : *more) {
-        if (pred(*s)) return true;
-      }
+    for (uint32_t i = 0, n = sessions.size(); i < n; ++i) {
+      if (pred(sessions[i])) return true;
     }
     return false;
   }
-  // Most blocks have one holder: it needs no allocation, and the others' list costs a
-  // pointer until a second holder comes (one of these per referenced block).
-  const Session* first = nullptr;
-  std::unique_ptr<std::vector<const Session*>> more;
+  HolderSet sessions;
   // The latest touch_seq (and its time) of any holder. A holder leaving does not lower
   // it: it says when the block was last part of an active conversation.
   uint64_t hot_seq = 0;
@@ -107,12 +157,13 @@ struct BlockHolders {
   bool durable() const { return priority() > kDefaultPriority; }
 };
 
-// A session's blocks in prefix order, read as BlockHashes. Each is 8 bytes: a pointer
-// to the block's entry in the SessionTable's reverse index (hash → holders), which
-// lives while some session holds the block. Only the SessionTable changes it.
+using HolderIndex = HolderTable<BlockHolders>;
+
+// A session's blocks in prefix order, read as BlockHashes. Each is 4 bytes: the Id of
+// the block's entry in the SessionTable's reverse index (HolderTable), which lives
+// while some session holds the block. Only the SessionTable changes it.
 class BlockList {
  public:
-  using Entry = std::pair<const BlockKey, BlockHolders>;
   class const_iterator {
    public:
     using iterator_category = std::random_access_iterator_tag;
@@ -121,20 +172,20 @@ class BlockList {
     using pointer = const BlockHash*;
     using reference = const BlockHash&;
     const_iterator() = default;
-    explicit const_iterator(Entry* const* at) : at_(at) {}
-    reference operator*() const { return (*at_)->first.hash; }
-    pointer operator->() const { return &(*at_)->first.hash; }
-    reference operator[](difference_type n) const { return at_[n]->first.hash; }
+    const_iterator(const HolderIndex* index, const HolderIndex::Id* at) : index_(index), at_(at) {}
+    reference operator*() const { return index_->at(*at_).hash; }
+    pointer operator->() const { return &index_->at(*at_).hash; }
+    reference operator[](difference_type n) const { return index_->at(at_[n]).hash; }
     const_iterator& operator++() {
       ++at_;
       return *this;
     }
-    const_iterator operator++(int) { return const_iterator(at_++); }
+    const_iterator operator++(int) { return {index_, at_++}; }
     const_iterator& operator--() {
       --at_;
       return *this;
     }
-    const_iterator operator--(int) { return const_iterator(at_--); }
+    const_iterator operator--(int) { return {index_, at_--}; }
     const_iterator& operator+=(difference_type n) {
       at_ += n;
       return *this;
@@ -151,18 +202,19 @@ class BlockList {
     friend auto operator<=>(const_iterator a, const_iterator b) { return a.at_ <=> b.at_; }
 
    private:
-    Entry* const* at_ = nullptr;
+    const HolderIndex* index_ = nullptr;
+    const HolderIndex::Id* at_ = nullptr;
   };
   using iterator = const_iterator;
   using value_type = BlockHash;
 
-  size_t size() const { return entries_.size(); }
-  bool empty() const { return entries_.empty(); }
-  const BlockHash& operator[](size_t i) const { return entries_[i]->first.hash; }
-  const BlockHash& front() const { return entries_.front()->first.hash; }
-  const BlockHash& back() const { return entries_.back()->first.hash; }
-  const_iterator begin() const { return const_iterator(entries_.data()); }
-  const_iterator end() const { return const_iterator(entries_.data() + entries_.size()); }
+  size_t size() const { return ids_.size(); }
+  bool empty() const { return ids_.empty(); }
+  const BlockHash& operator[](size_t i) const { return index_->at(ids_[i]).hash; }
+  const BlockHash& front() const { return index_->at(ids_.front()).hash; }
+  const BlockHash& back() const { return index_->at(ids_.back()).hash; }
+  const_iterator begin() const { return {index_, ids_.data()}; }
+  const_iterator end() const { return {index_, ids_.data() + ids_.size()}; }
   std::reverse_iterator<const_iterator> rbegin() const {
     return std::reverse_iterator<const_iterator>(end());
   }
@@ -177,7 +229,8 @@ class BlockList {
 
  private:
   friend class SessionTable;
-  std::vector<Entry*> entries_;
+  const HolderIndex* index_ = nullptr;  // the table's
+  std::vector<HolderIndex::Id> ids_;
 };
 
 struct Session {
@@ -393,7 +446,7 @@ class SessionTable {
   // The session becomes `state`, touched at `now_ms` (its blocks' holders follow).
   void change(Session& session, SessionState state, uint64_t now_ms);
   // The block's entry in holders_, with `session` added to its holders.
-  BlockList::Entry* add_holder(const Session& session, const BlockHash& hash, uint32_t depth);
+  HolderIndex::Id add_holder(const Session& session, const BlockHash& hash, uint32_t depth);
   void drop_holder(const Session& session, const BlockHash& hash);
   // A holder of priority `priority` joined or left h's holders (already in or out of
   // its list): max_priority and at_max follow. remove_priority returns whether it
@@ -417,7 +470,7 @@ class SessionTable {
   // walking every session.
   std::array<size_t, 2> totals_{};
   std::unordered_map<uint32_t, std::array<size_t, 2>> by_namespace_;
-  std::unordered_map<BlockKey, BlockHolders, BlockKeyHasher> holders_;
+  HolderIndex holders_;
   // Priorities given for a time, soonest end first (sessions by pointer: nodes of
   // sessions_ stay put), and the end of each timed block priority.
   std::set<std::pair<uint64_t, Session*>> session_expiries_;
