@@ -77,6 +77,8 @@ Status BlockStore::register_layout(const LayoutKey& layout, uint64_t block_bytes
   auto [it, inserted] = layouts_.try_emplace(layout);
   if (inserted) {
     it->second.block_bytes = block_bytes;
+    it->second.number = static_cast<uint32_t>(numbered_layouts_.size());
+    numbered_layouts_.emplace_back(&it->first, &it->second);
     return Status::ok();
   }
   if (it->second.block_bytes != block_bytes) {
@@ -108,12 +110,12 @@ Result<std::optional<PendingWrite>> BlockStore::reserve(const BlockKey& key,
     if (!tier.slabs.can_allocate(table.block_bytes)) continue;
     Result<uint64_t> offset = tier.slabs.allocate(table.block_bytes, preferred_part);
     if (!offset.is_ok()) return offset.status();  // can_allocate said yes: a bug
-    Entry& entry = *table.blocks.try_emplace(key.hash, relocated(layout->first)).first;
+    Entry& entry = *table.blocks.try_emplace(key.hash, relocated(layout->second)).first;
     entry.set_location(BlockLocation{tier.tier, *offset});
     entry.last_access_ms = now_ms;
     entry.state = BlockState::kWriting;
     tier.writing_bytes += table.block_bytes;
-    add_resident(layout->first, entry);
+    add_resident(table, entry);
     entered(key, tier.tier);
     change_pins(entry, +1);  // the writer's pin
     ++tier.blocks;
@@ -151,13 +153,15 @@ void BlockStore::abort_write(const BlockKey& key) {
   --block_count_;
   left(key, entry->tier, policy::Departure::kReleased);
   remove_resident(*entry);
-  layout->second.blocks.erase(entry, relocated(layout->first));
+  layout->second.blocks.erase(entry, relocated(layout->second));
 }
 
 void BlockStore::prefetch(const LayoutKey& layout, std::span<const BlockHash> hashes) const {
   auto it = layouts_.find(layout);
   if (it == layouts_.end()) return;
+  // Two passes: the slots of every hash, then (those arrived meanwhile) their values.
   for (const BlockHash& hash : hashes) it->second.blocks.prefetch(hash);
+  for (const BlockHash& hash : hashes) it->second.blocks.prefetch_value(hash);
 }
 
 std::optional<BlockInfo> BlockStore::lookup(const BlockKey& key) const {
@@ -310,7 +314,7 @@ void BlockStore::finish_move(const BlockKey& key, bool ok) {
   ++tier_state(target.tier)->blocks;
   remove_resident(*entry);
   entry->set_location(target);
-  add_resident(layouts_.find(key.layout)->first, *entry);
+  add_resident(layouts_.find(key.layout)->second, *entry);
   const bool copy_kept =
       old_tier->keep_copies && target.tier < old.tier && !entry->has_copy && entry->pins == 0;
   if (!copy_kept) {
@@ -352,7 +356,7 @@ bool BlockStore::evict(const BlockKey& key) {
   --block_count_;
   left(key, entry->tier, policy::Departure::kEvicted);
   remove_resident(*entry);
-  layout->second.blocks.erase(entry, relocated(layout->first));
+  layout->second.blocks.erase(entry, relocated(layout->second));
   return true;
 }
 
@@ -380,7 +384,7 @@ Result<BlockLocation> BlockStore::demote_onto_copy(const BlockKey& key) {
   ++tier_state(copy.tier)->blocks;
   remove_resident(*entry);
   entry->set_location(copy);
-  add_resident(layouts_.find(key.layout)->first, *entry);
+  add_resident(layouts_.find(key.layout)->second, *entry);
   left(key, old.tier, policy::Departure::kDemoted);
   entered(key, copy.tier);
   if (entry->pins > 0) {
@@ -420,11 +424,11 @@ Status BlockStore::insert_recovered(const BlockKey& key, const BlockLocation& lo
   if (tier == nullptr)
     return invalid_argument("tier {} is not configured", tier_name(location.tier));
   KVTIER_RETURN_IF_ERROR(tier->slabs.allocate_at(location.offset, layout->second.block_bytes));
-  Entry& entry = *layout->second.blocks.try_emplace(key.hash, relocated(layout->first)).first;
+  Entry& entry = *layout->second.blocks.try_emplace(key.hash, relocated(layout->second)).first;
   entry.set_location(location);
   entry.last_access_ms = last_access_ms;
   entry.state = BlockState::kReady;
-  add_resident(layout->first, entry);
+  add_resident(layout->second, entry);
   entered(key, location.tier);
   ++tier->blocks;
   ++block_count_;
@@ -433,7 +437,7 @@ Status BlockStore::insert_recovered(const BlockKey& key, const BlockLocation& lo
 
 void BlockStore::reserve_blocks(const LayoutKey& layout, size_t blocks) {
   auto it = layouts_.find(layout);
-  if (it != layouts_.end()) it->second.blocks.reserve(blocks, relocated(it->first));
+  if (it != layouts_.end()) it->second.blocks.reserve(blocks, relocated(it->second));
 }
 
 std::vector<BlockStore::PendingRelease> BlockStore::take_pending_releases() {
@@ -475,18 +479,19 @@ void BlockStore::for_each_in_tier(
   const TierState* state = tier_state(tier);
   if (state == nullptr) return;
   for (const TierState::Resident& resident : state->residents) {
-    const Entry& entry = *resident.entry;
+    const Entry& entry = entry_of(resident);
     if (entry.state == BlockState::kWriting) continue;
-    fn(BlockKey{*resident.layout, entry.hash},
+    fn(BlockKey{layout_of(resident), entry.hash},
        BlockInfo{entry.state, entry.location(), entry.pins, entry.session_refs,
                  entry.last_access_ms, entry.has_copy});
   }
 }
 
-void BlockStore::add_resident(const LayoutKey& layout, Entry& entry) {
+void BlockStore::add_resident(const LayoutTable& table, Entry& entry) {
   TierState* state = tier_state(entry.tier);
   entry.resident_at = static_cast<uint32_t>(state->residents.size());
-  state->residents.push_back({&layout, &entry});
+  state->residents.push_back({table.number, table.blocks.number_of(entry)});
+  const LayoutKey& layout = *numbered_layouts_[table.number].first;
   if (layout.namespace_id >= namespace_bytes_.size())
     namespace_bytes_.resize(layout.namespace_id + 1);
   namespace_bytes_[layout.namespace_id][static_cast<size_t>(entry.tier)] += block_bytes(layout);
@@ -495,10 +500,10 @@ void BlockStore::add_resident(const LayoutKey& layout, Entry& entry) {
 void BlockStore::remove_resident(Entry& entry) {
   std::vector<TierState::Resident>& residents = tier_state(entry.tier)->residents;
   const uint32_t at = entry.resident_at;
-  const LayoutKey& layout = *residents[at].layout;
+  const LayoutKey& layout = layout_of(residents[at]);
   namespace_bytes_[layout.namespace_id][static_cast<size_t>(entry.tier)] -= block_bytes(layout);
   residents[at] = residents.back();
-  residents[at].entry->resident_at = at;
+  entry_of(residents[at]).resident_at = at;
   residents.pop_back();
 }
 

@@ -411,7 +411,7 @@ class BlockStore {
   void abort_write(const BlockKey& key);
   void finish_move(const BlockKey& key, bool ok);
 
-  // One block of the index. 64 bytes, so a slot of the BlockTable is one cache line.
+  // One block of the index. 64 bytes, so a value of the BlockTable is one cache line.
   struct Entry {
     uint64_t offset = 0;  // of its slot in `tier`
     uint64_t last_access_ms = 0;
@@ -433,6 +433,7 @@ class BlockStore {
   struct LayoutTable {
     uint64_t block_bytes = 0;
     BlockTable<Entry> blocks;
+    uint32_t number = 0;  // its place in numbered_layouts_
   };
   struct TierState {
     Tier tier;
@@ -445,11 +446,12 @@ class BlockStore {
     uint64_t moving_in_bytes = 0;
     uint64_t writing_bytes = 0;  // slots of kWriting blocks (reserve → commit/abort_write)
     // The blocks (any state) whose location is in this tier, in no order: enumeration
-    // by tier costs what the tier holds, not what the store holds. The index moves
-    // entries; it reports each move (relocated) and the pointer is updated.
+    // by tier costs what the tier holds, not what the store holds. 8 bytes a block: the
+    // layout's number and the entry's in its BlockTable, which renumbers an entry when
+    // another is erased; it reports each move (relocated) and the number is updated.
     struct Resident {
-      const LayoutKey* layout;  // the key of a node of layouts_: stable until erased
-      Entry* entry;
+      uint32_t layout;  // LayoutTable::number
+      uint32_t entry;   // in that layout's BlockTable
     };
     std::vector<Resident> residents;
     bool keep_copies = false;
@@ -473,17 +475,27 @@ class BlockStore {
   // Forgets the entry's copy and returns where it was; its slot stays allocated.
   BlockLocation take_copy(const BlockKey& key, Entry& entry, uint64_t bytes);
   // Keep TierState::residents in step with Entry::location.tier.
-  void add_resident(const LayoutKey& layout, Entry& entry);
+  void add_resident(const LayoutTable& table, Entry& entry);
   void remove_resident(Entry& entry);
   // What the index calls for each entry it moved: the entry's resident follows it.
-  auto relocated(const LayoutKey& layout) {
-    return [this, &layout](Entry& entry) {
-      tier_state(entry.tier)->residents[entry.resident_at] = {&layout, &entry};
+  auto relocated(const LayoutTable& table) {
+    return [this, &table](Entry& entry) {
+      tier_state(entry.tier)->residents[entry.resident_at] = {table.number,
+                                                              table.blocks.number_of(entry)};
     };
+  }
+  // A resident's layout and entry.
+  const LayoutKey& layout_of(const TierState::Resident& resident) const {
+    return *numbered_layouts_[resident.layout].first;
+  }
+  Entry& entry_of(const TierState::Resident& resident) const {
+    return numbered_layouts_[resident.layout].second->blocks.at(resident.entry);
   }
 
   std::vector<TierState> tiers_;
   std::unordered_map<LayoutKey, LayoutTable, LayoutKeyHasher> layouts_;
+  // Each of layouts_ by its number (pointers into its nodes: layouts are never erased).
+  std::vector<std::pair<const LayoutKey*, LayoutTable*>> numbered_layouts_;
   // kMoving blocks: where they are going.
   std::unordered_map<BlockKey, BlockLocation, BlockKeyHasher> move_targets_;
   // The kMoving blocks of move_targets_ that begin_copy_down started: they stay where

@@ -30,6 +30,7 @@ TEST(BlockTable, EmptyTableFindsNothing) {
   EXPECT_EQ(table.find(hash_of(1)), nullptr);
   EXPECT_FALSE(table.contains(hash_of(1)));
   table.prefetch(hash_of(1));  // no arrays yet: must not touch any
+  table.prefetch_value(hash_of(1));
   EXPECT_EQ(table.size(), 0u);
 }
 
@@ -61,6 +62,27 @@ TEST(BlockTable, ReserveKeepsTheLoadBelowSevenEighths) {
     table.try_emplace(hash_of(n), [](Value&) { ADD_FAILURE() << "moved after reserve"; });
   }
   EXPECT_EQ(table.capacity(), capacity);
+}
+
+TEST(BlockTable, GrowingMovesNoValue) {
+  BlockTable<Value> table;
+  std::vector<Value*> where;
+  for (uint64_t n = 0; n < 20000; ++n) {  // grows from 16 slots eleven times
+    auto [v, inserted] =
+        table.try_emplace(hash_of(n), [](Value&) { ADD_FAILURE() << "moved on insert"; });
+    ASSERT_TRUE(inserted);
+    v->payload = n;
+    where.push_back(v);
+  }
+  for (uint64_t n = 0; n < 20000; ++n) {
+    ASSERT_EQ(table.find(hash_of(n)), where[n]);
+    ASSERT_EQ(where[n]->payload, n);
+    table.prefetch(hash_of(n));
+    table.prefetch_value(hash_of(n));
+  }
+  // Values are kept densely: what they take grows with the count, not the capacity.
+  EXPECT_LE(table.memory_bytes(),
+            20000 * sizeof(Value) + 4096 * sizeof(Value) + table.capacity() * 5 + 4096);
 }
 
 // Random churn at every load, small tables included (runs wrap around the end).
