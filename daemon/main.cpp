@@ -4,6 +4,7 @@
 // thread until SIGINT/SIGTERM. SIGHUP reloads the configuration. Exit
 // codes: 0 stopped, 1 could not start, 2 bad configuration or device, 3 the device was
 // lost (a sticky GPU error; systemd restarts the daemon).
+#include <malloc.h>
 #include <signal.h>
 #include <sys/resource.h>
 
@@ -346,5 +347,12 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Allocations of 1 MiB and more are mapped on their own and unmapped when freed. A
+  // plan over a large tier builds lists of its blocks (tens of MiB at a million blocks)
+  // and frees them when it is done; glibc's default threshold rises to 32 MiB after the
+  // first such free, and from then on those lists come from the heap and their pages
+  // stay resident after the plan. The daemon's lasting structures grow in chunks below
+  // 1 MiB (HolderTable, BlockTable) or are allocated once.
+  mallopt(M_MMAP_THRESHOLD, 1 << 20);
   return run(argc, argv);
 }

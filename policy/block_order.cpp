@@ -243,13 +243,13 @@ std::vector<Candidate> session_aware_order(std::vector<Candidate> blocks, Sacrif
 // block's value to its holders (PlanContext::value) times how much slower their next turn
 // gets where it goes.
 std::vector<Candidate> predictive_order(PlanContext& ctx, const PlanState& plan, Tier tier,
-                                        Sacrifice kind, const std::vector<Candidate>& blocks) {
+                                        Sacrifice kind, std::vector<Candidate> blocks) {
   struct Ranked {
     uint8_t priority;
     bool kept;
     double loss;
     uint64_t hot_seq;
-    size_t at;
+    uint32_t at;
   };
   std::vector<Ranked> ranked;
   ranked.reserve(blocks.size());
@@ -265,8 +265,8 @@ std::vector<Candidate> predictive_order(PlanContext& ctx, const PlanState& plan,
     const double value = ctx.value(c.key, c.holders, horizon, to == Tier::kNone);
     const double loss = value * std::max(0.0, worse_by) /
                         static_cast<double>(std::max<uint64_t>(c.placement.bytes, 1));
-    ranked.push_back(
-        {c.priority(), c.kept(), loss, c.holders == nullptr ? 0 : c.holders->hot_seq, i});
+    ranked.push_back({c.priority(), c.kept(), loss, c.holders == nullptr ? 0 : c.holders->hot_seq,
+                      static_cast<uint32_t>(i)});
   }
   std::sort(ranked.begin(), ranked.end(), [&](const Ranked& a, const Ranked& b) {
     if (std::tie(a.kept, a.priority) != std::tie(b.kept, b.priority)) {
@@ -282,10 +282,25 @@ std::vector<Candidate> predictive_order(PlanContext& ctx, const PlanState& plan,
     if (ca.depth() != cb.depth()) return ca.depth() > cb.depth();
     return lru_less(ca, cb);
   });
-  std::vector<Candidate> out;
-  out.reserve(ranked.size());
-  for (const Ranked& r : ranked) out.push_back(blocks[r.at]);
-  return out;
+  // Into that order in place, one cycle of the permutation at a time: a plan over a
+  // large tier holds one list of its candidates, not two.
+  std::vector<uint32_t> from(ranked.size());  // from[i]: where the i-th block is now
+  for (size_t i = 0; i < ranked.size(); ++i) from[i] = ranked[i].at;
+  ranked = {};
+  for (size_t start = 0; start < from.size(); ++start) {
+    if (from[start] == start) continue;
+    Candidate held = std::move(blocks[start]);
+    size_t i = start;
+    while (from[i] != start) {
+      const size_t next = from[i];
+      blocks[i] = std::move(blocks[next]);
+      from[i] = static_cast<uint32_t>(i);
+      i = next;
+    }
+    blocks[i] = std::move(held);
+    from[i] = static_cast<uint32_t>(i);
+  }
+  return blocks;
 }
 
 std::vector<Candidate> policy_order(PlanContext& ctx, const PlanState& plan, Tier tier,
@@ -305,7 +320,7 @@ std::vector<Candidate> policy_order(PlanContext& ctx, const PlanState& plan, Tie
     case PolicyMode::kWorkloadAware:
       return peer_order(ctx, plan, tier, std::move(blocks));
   }
-  return predictive_order(ctx, plan, tier, kind, blocks);
+  return predictive_order(ctx, plan, tier, kind, std::move(blocks));
 }
 
 }  // namespace
