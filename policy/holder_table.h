@@ -1,17 +1,17 @@
-// HolderTable: the SessionTable's reverse index, from a block (layout + hash) to the
-// facts about who holds it (BlockHolders), in a flat table of small entries.
+// HolderTable: the SessionTable's reverse index for one layout, from a block hash to
+// the facts about who holds the block (BlockHolders), in a flat table of small entries.
 //
 // Why not std::unordered_map<BlockKey, BlockHolders>: its node is 112 bytes in a
 // 128-byte allocator chunk, plus a bucket pointer (~140 B per block held), and a
 // session's block list kept an 8-byte pointer to the node per block. Here an entry is
-// 80 bytes: the 33-byte hash, a 4-byte layout number in place of the 16-byte LayoutKey
-// (the table numbers the layouts it holds blocks of), and the holders' facts (40 bytes
-// with the holders themselves in one word: HolderSet). Entries
-// live in chunks that never move, so a session's block list keeps 4-byte entry numbers
-// (Id). The index from key to entry is an open-addressing table of a control byte and a
-// 4-byte Id per slot (5 bytes, at a load of 7/16..7/8 after growing by doubling), laid
-// out as BlockTable's (tiers/block_table.h): linear probing, a 7-bit tag per slot so a
-// probe touches an entry only on a tag match, erase by backward shift (no tombstones).
+// 72 bytes: the holders' facts (38 bytes, the holders themselves in one word:
+// HolderSet) and the 33-byte hash in their padding; the layout is the table's (one
+// table per layout), not 16 bytes per entry. Entries live in chunks that never move, so
+// a session's block list keeps 4-byte entry numbers (Id). The index from hash to entry
+// is an open-addressing table of a control byte and a 4-byte Id per slot (5 bytes, at a
+// load of 7/16..7/8 after growing by doubling), laid out as BlockTable's
+// (tiers/block_table.h): linear probing, a 7-bit tag per slot so a probe touches an
+// entry only on a tag match, erase by backward shift (no tombstones).
 //
 // A freed Id is handed out again; an entry keeps its address while its Id is taken.
 //
@@ -21,7 +21,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
-#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -36,9 +35,8 @@ class HolderTable {
   static constexpr Id kNone = UINT32_MAX;
 
   struct Entry {
+    [[no_unique_address]] Holders holders;  // the hash may sit in its tail padding
     BlockHash hash;
-    uint32_t layout = 0;  // the table's number for its LayoutKey (layout_of)
-    Holders holders;
   };
 
   HolderTable() = default;
@@ -48,41 +46,26 @@ class HolderTable {
   size_t size() const { return size_; }
   Entry& at(Id id) { return chunks_[id >> kChunkBits][id & kChunkMask]; }
   const Entry& at(Id id) const { return chunks_[id >> kChunkBits][id & kChunkMask]; }
-  const LayoutKey& layout_of(const Entry& entry) const { return layouts_[entry.layout].key; }
-  BlockKey key_of(Id id) const {
-    const Entry& entry = at(id);
-    return {layout_of(entry), entry.hash};
-  }
 
-  // The entry of `key`; kNone when absent.
-  Id find(const BlockKey& key) const {
-    auto layout = layout_ids_.find(key.layout);
-    if (layout == layout_ids_.end()) return kNone;
-    return find(layout->second, key.hash);
-  }
-
-  // The entry of `key`, made (default holders) when absent; .second: it was made.
-  std::pair<Id, bool> try_emplace(const BlockKey& key) {
-    auto [layout, new_layout] = layout_ids_.try_emplace(key.layout, 0);
-    if (new_layout) {
-      if (free_layouts_.empty()) {
-        layout->second = static_cast<uint32_t>(layouts_.size());
-        layouts_.push_back({key.layout, 0});
-      } else {
-        layout->second = free_layouts_.back();
-        free_layouts_.pop_back();
-        layouts_[layout->second] = {key.layout, 0};
-      }
-    } else if (Id found = find(layout->second, key.hash); found != kNone) {
-      return {found, false};
+  // The entry of `hash`; kNone when absent.
+  Id find(const BlockHash& hash) const {
+    if (capacity_ == 0) return kNone;
+    const uint64_t code = BlockHashHasher()(hash);
+    const uint8_t tag = tag_of(code);
+    for (size_t i = home_of(code); /* the load < 1: an empty byte comes */; i = next(i)) {
+      const uint8_t c = control_[i];
+      if (c == 0) return kNone;
+      if (c == tag && at(ids_[i]).hash == hash) return ids_[i];
     }
+  }
+
+  // The entry of `hash`, made (default holders) when absent; .second: it was made.
+  std::pair<Id, bool> try_emplace(const BlockHash& hash) {
+    if (Id found = find(hash); found != kNone) return {found, false};
     if ((size_ + 1) * 8 > capacity_ * 7) grow(capacity_ == 0 ? kMinCapacity : capacity_ * 2);
     const Id id = take_id();
-    Entry& entry = at(id);
-    entry.hash = key.hash;
-    entry.layout = layout->second;
-    ++layouts_[entry.layout].entries;
-    const uint64_t code = code_of(entry.layout, key.hash);
+    at(id).hash = hash;
+    const uint64_t code = BlockHashHasher()(hash);
     size_t i = home_of(code);
     while (control_[i] != 0) i = next(i);
     control_[i] = tag_of(code);
@@ -94,14 +77,12 @@ class HolderTable {
   // Removes the entry (its holders reset to their default).
   void erase(Id id) {
     Entry& entry = at(id);
-    const uint64_t code = code_of(entry.layout, entry.hash);
-    size_t hole = home_of(code);
-    while (ids_[hole] != id || control_[hole] == 0) hole = next(hole);
+    size_t hole = home_of(BlockHashHasher()(entry.hash));
+    while (control_[hole] == 0 || ids_[hole] != id) hole = next(hole);
     // Backward shift: an entry of the run after the hole moves into it when the hole
     // lies between that entry's home and its place (lookups for it would stop there).
     for (size_t j = next(hole); control_[j] != 0; j = next(j)) {
-      const Entry& later = at(ids_[j]);
-      const size_t home = home_of(code_of(later.layout, later.hash));
+      const size_t home = home_of(BlockHashHasher()(at(ids_[j]).hash));
       if (distance(home, j) < distance(hole, j)) continue;
       ids_[hole] = ids_[j];
       control_[hole] = control_[j];
@@ -109,37 +90,14 @@ class HolderTable {
     }
     control_[hole] = 0;
     --size_;
-    if (--layouts_[entry.layout].entries == 0) {
-      layout_ids_.erase(layouts_[entry.layout].key);
-      free_layouts_.push_back(entry.layout);
-    }
     entry = Entry{};
     free_ids_.push_back(id);
   }
 
  private:
-  static constexpr uint32_t kChunkBits = 12;  // 4096 entries (320 KiB) a chunk
+  static constexpr uint32_t kChunkBits = 12;  // 4096 entries (288 KiB) a chunk
   static constexpr uint32_t kChunkMask = (1u << kChunkBits) - 1;
   static constexpr size_t kMinCapacity = 16;
-
-  struct Layout {
-    LayoutKey key;
-    uint32_t entries = 0;
-  };
-
-  Id find(uint32_t layout, const BlockHash& hash) const {
-    if (capacity_ == 0) return kNone;
-    const uint64_t code = code_of(layout, hash);
-    const uint8_t tag = tag_of(code);
-    for (size_t i = home_of(code); /* the load < 1: an empty byte comes */; i = next(i)) {
-      const uint8_t c = control_[i];
-      if (c == 0) return kNone;
-      if (c == tag) {
-        const Entry& entry = at(ids_[i]);
-        if (entry.layout == layout && entry.hash == hash) return ids_[i];
-      }
-    }
-  }
 
   Id take_id() {
     if (!free_ids_.empty()) {
@@ -154,9 +112,6 @@ class HolderTable {
     return id;
   }
 
-  static uint64_t code_of(uint32_t layout, const BlockHash& hash) {
-    return BlockHashHasher()(hash) ^ (uint64_t{layout} * 0x9E3779B97F4A7C15ull);
-  }
   static uint8_t tag_of(uint64_t code) { return static_cast<uint8_t>(0x80 | (code >> 57)); }
   // The low 57 bits (those the tag leaves), scaled to [0, capacity_).
   size_t home_of(uint64_t code) const {
@@ -168,14 +123,13 @@ class HolderTable {
   }
 
   void grow(size_t capacity) {
-    std::unique_ptr<Id[]> old_ids = std::exchange(ids_, std::make_unique<Id[]>(capacity));
+    std::unique_ptr<Id[]> old_ids = std::exchange(ids_, std::make_unique_for_overwrite<Id[]>(capacity));
     std::unique_ptr<uint8_t[]> old_control =
         std::exchange(control_, std::make_unique<uint8_t[]>(capacity));  // zeroed: empty
     const size_t old_capacity = std::exchange(capacity_, capacity);
     for (size_t j = 0; j < old_capacity; ++j) {
       if (old_control[j] == 0) continue;
-      const Entry& entry = at(old_ids[j]);
-      size_t i = home_of(code_of(entry.layout, entry.hash));
+      size_t i = home_of(BlockHashHasher()(at(old_ids[j]).hash));
       while (control_[i] != 0) i = next(i);
       control_[i] = old_control[j];
       ids_[i] = old_ids[j];
@@ -189,9 +143,6 @@ class HolderTable {
   std::unique_ptr<Id[]> ids_;
   size_t capacity_ = 0;
   size_t size_ = 0;
-  std::vector<Layout> layouts_;
-  std::unordered_map<LayoutKey, uint32_t, LayoutKeyHasher> layout_ids_;
-  std::vector<uint32_t> free_layouts_;
 };
 
 }  // namespace kvtier::policy

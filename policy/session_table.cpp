@@ -6,6 +6,10 @@
 
 namespace kvtier::policy {
 
+// What a held block costs the table (holder_table.h): the hash sits in the holders'
+// tail padding.
+static_assert(sizeof(HolderIndex::Entry) == 72);
+
 Result<Session*> SessionTable::get_or_create(uint32_t namespace_id, const std::string& id,
                                              const LayoutKey& layout) {
   auto [it, inserted] = sessions_.try_emplace(SessionKey{namespace_id, id});
@@ -15,7 +19,7 @@ Result<Session*> SessionTable::get_or_create(uint32_t namespace_id, const std::s
     session.namespace_id = namespace_id;
     session.id = id;
     session.layout = layout;
-    session.blocks.index_ = &holders_;
+    session.blocks.index_ = &holders_[layout];  // made with the first session of a layout
     session.state = SessionState::kActive;
     session.created_ms = now;
     session.last_active_ms = now;
@@ -109,8 +113,9 @@ void SessionTable::change(Session& session, SessionState state, uint64_t now_ms)
   set_state(session, state);
   session.last_active_ms = now_ms;
   session.touch_seq = ++touch_seq_;
+  HolderIndex& index = index_of(session);
   for (HolderIndex::Id id : session.blocks.ids_) {
-    BlockHolders& h = holders_.at(id).holders;
+    BlockHolders& h = index.at(id).holders;
     h.active = static_cast<uint32_t>(static_cast<int64_t>(h.active) + active_delta);
     h.hot_seq = session.touch_seq;
     h.hot_ms = std::max(h.hot_ms, now_ms);
@@ -145,8 +150,9 @@ void SessionTable::set_priority(Session& session, uint8_t priority, uint64_t unt
   const uint8_t old = session.priority;
   if (old == priority) return;
   session.priority = priority;
+  HolderIndex& index = index_of(session);
   for (HolderIndex::Id id : session.blocks.ids_) {
-    BlockHolders& h = holders_.at(id).holders;
+    BlockHolders& h = index.at(id).holders;
     // A scan (the session's old priority was the last at the top) finds it at its new
     // priority already.
     if (!remove_priority(h, old)) add_priority(h, priority);
@@ -154,9 +160,10 @@ void SessionTable::set_priority(Session& session, uint8_t priority, uint64_t unt
 }
 
 bool SessionTable::set_block_priority(const BlockKey& key, uint8_t priority, uint64_t until_ms) {
-  const HolderIndex::Id id = holders_.find(key);
+  HolderIndex* index = index_of(key.layout);
+  const HolderIndex::Id id = index == nullptr ? HolderIndex::kNone : index->find(key.hash);
   if (id == HolderIndex::kNone) return false;
-  BlockHolders& h = holders_.at(id).holders;
+  BlockHolders& h = index->at(id).holders;
   if (priority != 0 && priority < h.priority() && h.count() > 1) return true;  // shared
   clear_block_expiry(key);
   h.block_priority = priority;
@@ -181,8 +188,10 @@ void SessionTable::expire_priorities(uint64_t now_ms) {
   while (!block_expiries_.empty() && block_expiries_.begin()->first <= now_ms) {
     const BlockKey key = block_expiries_.begin()->second;
     clear_block_expiry(key);
-    if (const HolderIndex::Id id = holders_.find(key); id != HolderIndex::kNone) {
-      holders_.at(id).holders.block_priority = 0;
+    if (HolderIndex* index = index_of(key.layout)) {
+      if (const HolderIndex::Id id = index->find(key.hash); id != HolderIndex::kNone) {
+        index->at(id).holders.block_priority = 0;
+      }
     }
   }
 }
@@ -190,8 +199,9 @@ void SessionTable::expire_priorities(uint64_t now_ms) {
 HolderIndex::Id SessionTable::add_holder(const Session& session, const BlockHash& hash,
                                          uint32_t depth) {
   if (references_ != nullptr) references_->add_reference({session.layout, hash});
-  const HolderIndex::Id id = holders_.try_emplace(BlockKey{session.layout, hash}).first;
-  BlockHolders& h = holders_.at(id).holders;
+  HolderIndex& index = index_of(session);
+  const HolderIndex::Id id = index.try_emplace(hash).first;
+  BlockHolders& h = index.at(id).holders;
   h.sessions.add(&session);
   if (session.state == SessionState::kActive) ++h.active;
   add_priority(h, session.priority);
@@ -208,16 +218,16 @@ HolderIndex::Id SessionTable::add_holder(const Session& session, const BlockHash
 
 void SessionTable::drop_holder(const Session& session, const BlockHash& hash) {
   if (references_ != nullptr) references_->drop_reference({session.layout, hash});
-  const BlockKey key{session.layout, hash};
-  const HolderIndex::Id id = holders_.find(key);
+  HolderIndex& index = index_of(session);
+  const HolderIndex::Id id = index.find(hash);
   if (id == HolderIndex::kNone) return;
-  BlockHolders& h = holders_.at(id).holders;
+  BlockHolders& h = index.at(id).holders;
   // Shared blocks: a scan of their holders (a block held by n sessions costs O(n) to
   // leave; n is the sharing, not the daemon's size).
   if (!h.sessions.remove(&session)) return;
   if (h.sessions.empty()) {
-    if (h.block_priority != 0) clear_block_expiry(key);
-    holders_.erase(id);
+    if (h.block_priority != 0) clear_block_expiry({session.layout, hash});
+    index.erase(id);
     return;
   }
   if (session.state == SessionState::kActive) --h.active;
@@ -225,8 +235,10 @@ void SessionTable::drop_holder(const Session& session, const BlockHash& hash) {
 }
 
 const BlockHolders* SessionTable::holders(const BlockKey& key) const {
-  const HolderIndex::Id id = holders_.find(key);
-  return id == HolderIndex::kNone ? nullptr : &holders_.at(id).holders;
+  const HolderIndex* index = index_of(key.layout);
+  if (index == nullptr) return nullptr;
+  const HolderIndex::Id id = index->find(key.hash);
+  return id == HolderIndex::kNone ? nullptr : &index->at(id).holders;
 }
 
 void SessionTable::idle_insert(Session& session) {
@@ -302,7 +314,7 @@ void SessionTable::recount_census(uint64_t now_ms) const {
 bool SessionTable::forget_block(Session& session, const BlockHash& hash) {
   std::vector<HolderIndex::Id>& entries = session.blocks.ids_;
   auto it = std::find_if(entries.begin(), entries.end(),
-                         [&](HolderIndex::Id id) { return holders_.at(id).hash == hash; });
+                         [&](HolderIndex::Id id) { return session.blocks.index_->at(id).hash == hash; });
   if (it == entries.end()) return false;
   entries.erase(it);  // first: dropping the last holder frees the entry
   drop_holder(session, hash);

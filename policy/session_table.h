@@ -160,8 +160,9 @@ struct BlockHolders {
 using HolderIndex = HolderTable<BlockHolders>;
 
 // A session's blocks in prefix order, read as BlockHashes. Each is 4 bytes: the Id of
-// the block's entry in the SessionTable's reverse index (HolderTable), which lives
-// while some session holds the block. Only the SessionTable changes it.
+// the block's entry in the SessionTable's reverse index for the session's layout
+// (HolderTable), which lives while some session holds the block. Only the SessionTable
+// changes it.
 class BlockList {
  public:
   class const_iterator {
@@ -470,7 +471,18 @@ class SessionTable {
   // walking every session.
   std::array<size_t, 2> totals_{};
   std::unordered_map<uint32_t, std::array<size_t, 2>> by_namespace_;
-  HolderIndex holders_;
+  // The reverse index, one table per layout (a session's BlockList reads its layout's).
+  std::unordered_map<LayoutKey, HolderIndex, LayoutKeyHasher> holders_;
+  HolderIndex& index_of(const Session& session) {
+    return const_cast<HolderIndex&>(*session.blocks.index_);  // the table's own
+  }
+  const HolderIndex* index_of(const LayoutKey& layout) const {
+    auto it = holders_.find(layout);
+    return it == holders_.end() ? nullptr : &it->second;
+  }
+  HolderIndex* index_of(const LayoutKey& layout) {
+    return const_cast<HolderIndex*>(std::as_const(*this).index_of(layout));
+  }
   // Priorities given for a time, soonest end first (sessions by pointer: nodes of
   // sessions_ stay put), and the end of each timed block priority.
   std::set<std::pair<uint64_t, Session*>> session_expiries_;
