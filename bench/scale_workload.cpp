@@ -12,7 +12,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-
 // The policy the measured settings name; everything else is the daemon's default.
 constexpr const char* kMeasuredPolicy = "predictive";
 

@@ -37,11 +37,11 @@
 
 namespace kvtier::bench {
 
-inline constexpr uint32_t kPrefixBlocks = 2;   // shared system prompt
+inline constexpr uint32_t kPrefixBlocks = 2;     // shared system prompt
 inline constexpr uint32_t kMaxOwnBlocks = 1024;  // per grown session (ScaleDaemonSpec)
-inline constexpr uint32_t kSaveBlocks = 16;    // per measured Save
-inline constexpr uint32_t kLookupHashes = 32;  // per measured Lookup
-inline constexpr uint32_t kLoadBlocks = 16;    // per measured Load
+inline constexpr uint32_t kSaveBlocks = 16;      // per measured Save
+inline constexpr uint32_t kLookupHashes = 32;    // per measured Lookup
+inline constexpr uint32_t kLoadBlocks = 16;      // per measured Load
 
 // The measured requests, in the order one round sends them. kSaveUntilIdle is the same
 // Save timed until the daemon answers the next request: its reply plus the round trip

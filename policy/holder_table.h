@@ -8,10 +8,9 @@
 // HolderSet) and the 33-byte hash in their padding; the layout is the table's (one
 // table per layout), not 16 bytes per entry. Entries live in chunks that never move, so
 // a session's block list keeps 4-byte entry numbers (Id). The index from hash to entry
-// is an open-addressing table of a control byte and a 4-byte Id per slot (5 bytes, at a
-// load of 7/16..7/8 after growing by doubling), laid out as BlockTable's
-// (tiers/block_table.h): linear probing, a 7-bit tag per slot so a probe touches an
-// entry only on a tag match, erase by backward shift (no tombstones).
+// is a SlotIndex (common/slot_index.h): a control byte and a 4-byte Id per slot (5
+// bytes, at a load of 7/16..7/8 after growing by doubling), a 7-bit tag per slot so a
+// probe touches an entry only on a tag match.
 //
 // A freed Id is handed out again; an entry keeps its address while its Id is taken.
 //
@@ -25,6 +24,7 @@
 #include <vector>
 
 #include "common/block_key.h"
+#include "common/slot_index.h"
 
 namespace kvtier::policy {
 
@@ -32,7 +32,7 @@ template <class Holders>
 class HolderTable {
  public:
   using Id = uint32_t;
-  static constexpr Id kNone = UINT32_MAX;
+  static constexpr Id kNone = SlotIndex::kNone;
 
   struct Entry {
     [[no_unique_address]] Holders holders;  // the hash may sit in its tail padding
@@ -49,27 +49,19 @@ class HolderTable {
 
   // The entry of `hash`; kNone when absent.
   Id find(const BlockHash& hash) const {
-    if (capacity_ == 0) return kNone;
-    const uint64_t code = BlockHashHasher()(hash);
-    const uint8_t tag = tag_of(code);
-    for (size_t i = home_of(code); /* the load < 1: an empty byte comes */; i = next(i)) {
-      const uint8_t c = control_[i];
-      if (c == 0) return kNone;
-      if (c == tag && at(ids_[i]).hash == hash) return ids_[i];
-    }
+    return slots_.find(code_of(hash), [&](Id id) { return at(id).hash == hash; });
   }
 
   // The entry of `hash`, made (default holders) when absent; .second: it was made.
   std::pair<Id, bool> try_emplace(const BlockHash& hash) {
     if (Id found = find(hash); found != kNone) return {found, false};
-    if ((size_ + 1) * 8 > capacity_ * 7) grow(capacity_ == 0 ? kMinCapacity : capacity_ * 2);
+    if (!slots_.has_room(size_)) {
+      const size_t capacity = slots_.capacity();
+      slots_.grow(capacity == 0 ? kMinCapacity : capacity * 2, codes());
+    }
     const Id id = take_id();
     at(id).hash = hash;
-    const uint64_t code = BlockHashHasher()(hash);
-    size_t i = home_of(code);
-    while (control_[i] != 0) i = next(i);
-    control_[i] = tag_of(code);
-    ids_[i] = id;
+    slots_.insert(code_of(hash), id);
     ++size_;
     return {id, true};
   }
@@ -77,18 +69,7 @@ class HolderTable {
   // Removes the entry (its holders reset to their default).
   void erase(Id id) {
     Entry& entry = at(id);
-    size_t hole = home_of(BlockHashHasher()(entry.hash));
-    while (control_[hole] == 0 || ids_[hole] != id) hole = next(hole);
-    // Backward shift: an entry of the run after the hole moves into it when the hole
-    // lies between that entry's home and its place (lookups for it would stop there).
-    for (size_t j = next(hole); control_[j] != 0; j = next(j)) {
-      const size_t home = home_of(BlockHashHasher()(at(ids_[j]).hash));
-      if (distance(home, j) < distance(hole, j)) continue;
-      ids_[hole] = ids_[j];
-      control_[hole] = control_[j];
-      hole = j;
-    }
-    control_[hole] = 0;
+    slots_.erase(code_of(entry.hash), id, codes());
     --size_;
     entry = Entry{};
     free_ids_.push_back(id);
@@ -99,6 +80,10 @@ class HolderTable {
   static constexpr uint32_t kChunkMask = (1u << kChunkBits) - 1;
   static constexpr size_t kMinCapacity = 16;
 
+  static uint64_t code_of(const BlockHash& hash) { return BlockHashHasher()(hash); }
+  auto codes() const {
+    return [this](Id id) { return code_of(at(id).hash); };
+  }
   Id take_id() {
     if (!free_ids_.empty()) {
       const Id id = free_ids_.back();
@@ -112,36 +97,10 @@ class HolderTable {
     return id;
   }
 
-  static uint8_t tag_of(uint64_t code) { return static_cast<uint8_t>(0x80 | (code >> 57)); }
-  // The low 57 bits (those the tag leaves), scaled to [0, capacity_).
-  size_t home_of(uint64_t code) const {
-    return static_cast<size_t>((static_cast<unsigned __int128>(code << 7) * capacity_) >> 64);
-  }
-  size_t next(size_t i) const { return i + 1 == capacity_ ? 0 : i + 1; }
-  size_t distance(size_t from, size_t to) const {
-    return to >= from ? to - from : to + capacity_ - from;
-  }
-
-  void grow(size_t capacity) {
-    std::unique_ptr<Id[]> old_ids = std::exchange(ids_, std::make_unique_for_overwrite<Id[]>(capacity));
-    std::unique_ptr<uint8_t[]> old_control =
-        std::exchange(control_, std::make_unique<uint8_t[]>(capacity));  // zeroed: empty
-    const size_t old_capacity = std::exchange(capacity_, capacity);
-    for (size_t j = 0; j < old_capacity; ++j) {
-      if (old_control[j] == 0) continue;
-      size_t i = home_of(BlockHashHasher()(at(old_ids[j]).hash));
-      while (control_[i] != 0) i = next(i);
-      control_[i] = old_control[j];
-      ids_[i] = old_ids[j];
-    }
-  }
-
   std::vector<std::unique_ptr<Entry[]>> chunks_;
   Id next_id_ = 0;            // Ids below it were handed out at least once
   std::vector<Id> free_ids_;  // handed out and given back
-  std::unique_ptr<uint8_t[]> control_;
-  std::unique_ptr<Id[]> ids_;
-  size_t capacity_ = 0;
+  SlotIndex slots_;
   size_t size_ = 0;
 };
 
