@@ -296,6 +296,7 @@ Result<BenchReport> run_rpc_bench(const CommonOptions& common, const RpcOptions&
   }
   report.result("lookup_p50_over_socketpair_p50",
                 percentile_of_sorted(lookup_us, 0.5) / percentile_of_sorted(socketpair_us, 0.5));
+  report.target("lookup_p50_over_socketpair_p50", "<=", 1.3);
   report.target("lookup_p50_us", "<=", 20);
   report.target("lookup_p99_us", "<=", 100);
   return report;

@@ -129,63 +129,54 @@ void Connection::release_request_bytes(uint64_t bytes) {
 void Connection::read_more() {
   if (reading_ || !can_take_more()) return;
   reading_ = true;
-  // Wait for readability, then recvmsg ourselves: Asio's reads cannot carry SCM_RIGHTS.
-  socket_.async_wait(asio::socket_base::wait_read,
-                     [self = shared_from_this()](const boost::system::error_code& ec) {
-                       self->reading_ = false;
-                       if (ec || !self->open_) {
-                         self->finish();
-                         return;
-                       }
-                       self->on_readable();
-                     });
+  socket_.async_receive_into(shared_from_this());
 }
 
-void Connection::on_readable() {
-  // Drain what the socket has, up to a bound so one chatty client can't starve others.
-  for (int rounds = 0; rounds < 16 && open_; ++rounds) {
-    auto space = parser_.write_space();
-    std::vector<UniqueFd> arrived;
-    auto received = receive_some(socket_.native_handle(), space, arrived);
-    if (!received.is_ok()) {
-      KVTIER_LOG_DEBUG("connection {}: {}", id_, received.status().to_string());
-      finish();
-      return;
-    }
-    if (received->would_block) break;
-    for (UniqueFd& fd : arrived) fds_.push_back(std::move(fd));
-    if (received->fds_truncated) {
-      // The peer's descriptors and the requests that count on them no longer match.
-      fail_framing(invalid_argument(
-          "file descriptors were lost in transit (MSG_CTRUNC: more than {} in one sendmsg, or "
-          "kvtierd is out of descriptors)",
-          kMaxFdsPerRecvmsg));
-      return;
-    }
-    if (fds_.size() > limits_.max_queued_fds) {
-      fail_framing(
-          invalid_argument("too many file descriptors sent: {} wait unclaimed and at most {} may",
-                           fds_.size(), limits_.max_queued_fds));
-      return;
-    }
-    if (received->bytes == 0) {
-      if (parser_.pending_bytes() > 0) {
-        uint64_t expected = parser_.expected_frame_bytes();
-        fail_framing(invalid_argument(
-            "truncated frame: the stream ended after {} of {} bytes", parser_.pending_bytes(),
-            expected == 0 ? std::string("an unknown number of") : std::to_string(expected)));
-      } else {
-        finish();
-      }
-      return;
-    }
-    parser_.commit(received->bytes);
-    deliver_frames();
-    if (!can_take_more()) break;
-    // A short read means the socket is drained: skip the recvmsg that would only say
-    // EAGAIN.
-    if (received->bytes < space.size()) break;
+std::span<std::byte> Connection::receive_space() {
+  return parser_.write_space();
+}
+
+void Connection::on_received(Result<Received> received, std::vector<UniqueFd> arrived) {
+  reading_ = false;
+  if (!open_) {
+    finish();
+    return;
   }
+  if (!received.is_ok()) {
+    KVTIER_LOG_DEBUG("connection {}: {}", id_, received.status().to_string());
+    finish();
+    return;
+  }
+  for (UniqueFd& fd : arrived) fds_.push_back(std::move(fd));
+  if (received->fds_truncated) {
+    // The peer's descriptors and the requests that count on them no longer match.
+    fail_framing(invalid_argument(
+        "file descriptors were lost in transit (MSG_CTRUNC: more than {} in one sendmsg, or "
+        "kvtierd is out of descriptors)",
+        kMaxFdsPerRecvmsg));
+    return;
+  }
+  if (fds_.size() > limits_.max_queued_fds) {
+    fail_framing(
+        invalid_argument("too many file descriptors sent: {} wait unclaimed and at most {} may",
+                         fds_.size(), limits_.max_queued_fds));
+    return;
+  }
+  if (received->bytes == 0) {
+    if (parser_.pending_bytes() > 0) {
+      uint64_t expected = parser_.expected_frame_bytes();
+      fail_framing(invalid_argument(
+          "truncated frame: the stream ended after {} of {} bytes", parser_.pending_bytes(),
+          expected == 0 ? std::string("an unknown number of") : std::to_string(expected)));
+    } else {
+      finish();
+    }
+    return;
+  }
+  parser_.commit(received->bytes);
+  deliver_frames();
+  // The next read goes through the io_context's queue (each read is an operation of its
+  // own), so a chatty client takes turns with the others.
   read_more();
 }
 

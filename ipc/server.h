@@ -53,6 +53,7 @@
 #include "common/status.h"
 #include "common/unique_fd.h"
 #include "ipc/framing.h"
+#include "ipc/receiving_socket.h"
 #include "ipc/unix_socket.h"
 
 namespace kvtier::ipc {
@@ -106,7 +107,7 @@ struct ServerCounters {
   uint64_t introduction_timeouts = 0;  // closed for not being introduced in time
 };
 
-class Connection : public std::enable_shared_from_this<Connection> {
+class Connection : public std::enable_shared_from_this<Connection>, public ReceiveTarget {
  public:
   Connection(asio::local::stream_protocol::socket socket, PeerCredentials peer, uint64_t id,
              const ConnectionLimits& limits, RequestHandler& handler,
@@ -153,7 +154,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void resume_if_unpaused(bool was_paused);
   void release_request_bytes(uint64_t bytes);
   void read_more();
-  void on_readable();
+  // ReceiveTarget: the parser's free room; one read's bytes and descriptors.
+  std::span<std::byte> receive_space() override;
+  void on_received(Result<Received> received, std::vector<UniqueFd> arrived) override;
   void deliver_frames();
   void fail_framing(const Status& status);
   void enqueue(kj::Array<capnp::word> frame);
@@ -163,7 +166,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // Closes the connection when it is not introduced within introduction_timeout_ms.
   void start_introduction_deadline();
 
-  asio::local::stream_protocol::socket socket_;
+  ReceivingSocket socket_;
   const PeerCredentials peer_;
   const uint64_t id_;
   const ConnectionLimits limits_;

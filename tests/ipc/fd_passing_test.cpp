@@ -15,6 +15,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <numeric>
 #include <vector>
 
 #include "ipc/client_transport.h"
@@ -205,6 +206,31 @@ TEST_F(ServerFds, ARequestsDescriptorsAreAllQueuedBeforeItsFrame) {
   ASSERT_TRUE(send_stats(*client, {}).is_ok());
   ASSERT_TRUE(run_until([&] { return fds_per_frame_.size() == 2; }));
   EXPECT_EQ(fds_per_frame_, (std::vector<size_t>{300, 0}));
+  EXPECT_EQ(disconnects_, 0);
+}
+
+// Linux ends a read at a message that carries descriptors, so a read shorter than its
+// room does not mean the socket is empty when descriptors came with it: requests queued
+// back to back before the server reads, each with a descriptor, are all read although
+// nothing more arrives (no new readiness event) after the first read.
+TEST_F(ServerFds, RequestsQueuedBehindADescriptorAreReadWithoutFurtherTraffic) {
+  start({});
+  auto client = connect();
+  ASSERT_TRUE(client.is_ok()) << client.status().to_string();
+  const auto distinct = sized_memfds(1);
+  const int one[] = {distinct[0].get()};
+  ASSERT_TRUE(send_stats(*client, {}).is_ok());
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(send_stats(*client, one).is_ok());
+  ASSERT_TRUE(send_stats(*client, {}).is_ok());
+  ASSERT_TRUE(run_until([&] { return fds_per_frame_.size() == 6; }))
+      << fds_per_frame_.size() << " of 6 requests were read";
+  // This handler takes whatever is queued with each frame, and one read may carry a frame
+  // with none and the next frame's descriptor: count them together.
+  EXPECT_EQ(std::accumulate(fds_per_frame_.begin(), fds_per_frame_.end(), size_t{0}), 4u);
+  // The socket is now empty; a request sent afterwards is read on its readiness event.
+  ASSERT_TRUE(send_stats(*client, one).is_ok());
+  ASSERT_TRUE(run_until([&] { return fds_per_frame_.size() == 7; }));
+  EXPECT_EQ(fds_per_frame_.back(), 1u);
   EXPECT_EQ(disconnects_, 0);
 }
 

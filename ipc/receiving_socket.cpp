@@ -1,0 +1,87 @@
+#include "ipc/receiving_socket.h"
+
+#include <boost/asio/detail/reactor.hpp>
+#include <boost/asio/detail/reactor_op.hpp>
+#include <boost/asio/execution/context.hpp>
+#include <boost/asio/query.hpp>
+
+#include <optional>
+#include <type_traits>
+#include <utility>
+
+namespace kvtier::ipc {
+namespace {
+
+namespace asio = boost::asio;
+using Reactor = asio::detail::reactor;
+static_assert(std::is_same_v<Reactor, asio::detail::epoll_reactor>,
+              "ReceivingSocket is written against Asio's epoll reactor");
+
+// One read: the reactor calls perform() (at once when it may succeed, else on the
+// descriptor's next event) until it is not would_block, then queues complete() on the
+// io_context, which tells the target.
+class ReceiveOp : public asio::detail::reactor_op {
+ public:
+  ReceiveOp(int fd, std::shared_ptr<ReceiveTarget> target)
+      : reactor_op(boost::system::error_code(), &ReceiveOp::perform, &ReceiveOp::complete),
+        fd_(fd),
+        target_(std::move(target)) {}
+
+ private:
+  static status perform(reactor_op* base) {
+    auto* op = static_cast<ReceiveOp*>(base);
+    const std::span<std::byte> space = op->target_->receive_space();
+    const size_t fds_before = op->fds_.size();
+    Result<Received> received = receive_some(op->fd_, space, op->fds_);
+    if (received.is_ok() && received->would_block) return not_done;
+    // Exhausted (the reactor waits for the next event before the next read tries) only
+    // when this read proved the socket empty: it stopped short of its room with no
+    // descriptors. A read that carried descriptors ends at that message (Linux does not
+    // join it with the next), so more may be queued behind it; so may behind a full one.
+    const bool exhausted = !received.is_ok() || received->bytes == 0 ||
+                           (received->bytes < space.size() && op->fds_.size() == fds_before);
+    op->received_.emplace(std::move(received));
+    return exhausted ? done_and_exhausted : done;
+  }
+
+  static void complete(void* owner, asio::detail::operation* base,
+                       const boost::system::error_code& /*unused: ec_ is the op's own*/,
+                       std::size_t /*bytes*/) {
+    std::unique_ptr<ReceiveOp> op(static_cast<ReceiveOp*>(base));
+    if (owner == nullptr) return;  // the io_context is being destroyed: nobody to tell
+    std::shared_ptr<ReceiveTarget> target = std::move(op->target_);
+    std::vector<UniqueFd> fds = std::move(op->fds_);
+    Result<Received> received =
+        op->ec_ ? Result<Received>(unavailable("read ended: {}", op->ec_.message()))
+        : op->received_.has_value()
+            ? std::move(*op->received_)
+            : Result<Received>(internal_error("a read completed without receiving"));
+    op.reset();
+    target->on_received(std::move(received), std::move(fds));
+  }
+
+  const int fd_;
+  std::shared_ptr<ReceiveTarget> target_;
+  std::vector<UniqueFd> fds_;
+  std::optional<Result<Received>> received_;
+};
+
+}  // namespace
+
+ReceivingSocket::ReceivingSocket(asio::local::stream_protocol::socket socket)
+    : asio::local::stream_protocol::socket(std::move(socket)),
+      reactor_(&asio::use_service<Reactor>(asio::query(get_executor(), asio::execution::context))) {
+}
+
+void ReceivingSocket::async_receive_into(std::shared_ptr<ReceiveTarget> target) {
+  auto& impl = impl_.get_implementation();
+  auto* op = new ReceiveOp(impl.socket_, std::move(target));
+  // Speculative: the reactor reads at once unless the last read found the socket empty
+  // and no event came since. A continuation: it is started from the last read's handler
+  // (or the connection's start), so an immediate result is queued on this thread.
+  static_cast<Reactor*>(reactor_)->start_op(Reactor::read_op, impl.socket_, impl.reactor_data_, op,
+                                            /*is_continuation=*/true,
+                                            /*allow_speculative=*/true);
+}
+
+}  // namespace kvtier::ipc
