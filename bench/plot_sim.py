@@ -24,6 +24,7 @@ POLICIES = [
     ("slru", "SLRU", "--"),
     ("arc", "ARC", "--"),
     ("tinylfu", "TinyLFU + LRU", "--"),
+    ("wtinylfu", "W-TinyLFU", "--"),
     ("workload", "workload-aware", "--"),
     ("p3", "3 session-aware", "-"),
     ("p4", "4 predictive", "-"),
@@ -91,7 +92,7 @@ def main():
         panels[0].legend(fontsize=7)
     fig.suptitle(
         f"kvtier-bench sim, seed {config.get('seed', 1)}: kvtier's policies against LRU tiering\n"
-        f"and the peers' (S3-FIFO, SLRU, ARC, TinyLFU, workload-aware); "
+        f"and the peers' (S3-FIFO, SLRU, ARC, TinyLFU, W-TinyLFU, workload-aware); "
         f"RAM {config['ram_gbps']} GB/s, NVMe {config['nvme_gbps']} GB/s, "
         f"prefill {config['prefill_tokens_per_s']:.0f} tok/s",
         fontsize=10)

@@ -316,14 +316,16 @@ Result<BenchReport> run_sim_bench(const SimOptions& options) {
   std::vector<SimPolicy> policies;
   for (const std::string& name : options.policies) {
     std::optional<SimPolicy> found;
-    for (SimPolicy p : {SimPolicy::kHbmOnlyLru, SimPolicy::kLruTiering, SimPolicy::kSessionAware,
-                        SimPolicy::kPredictive, SimPolicy::kS3Fifo, SimPolicy::kSlru,
-                        SimPolicy::kArc, SimPolicy::kTinyLfuLru, SimPolicy::kWorkloadAware}) {
+    for (SimPolicy p :
+         {SimPolicy::kHbmOnlyLru, SimPolicy::kLruTiering, SimPolicy::kSessionAware,
+          SimPolicy::kPredictive, SimPolicy::kS3Fifo, SimPolicy::kSlru, SimPolicy::kArc,
+          SimPolicy::kTinyLfuLru, SimPolicy::kWTinyLfu, SimPolicy::kWorkloadAware}) {
       if (name == sim_policy_key(p) || name == std::to_string(static_cast<int>(p))) found = p;
     }
     if (!found) {
       return invalid_argument(
-          "--policies: '{}' is not one of 1..4, s3fifo, slru, arc, tinylfu, workload", name);
+          "--policies: '{}' is not one of 1..4, s3fifo, slru, arc, tinylfu, wtinylfu, workload",
+          name);
     }
     if (std::find(policies.begin(), policies.end(), *found) == policies.end()) {
       policies.push_back(*found);
@@ -433,7 +435,7 @@ CLI::App* add_sim_subcommand(CLI::App& app, SimOptions& options) {
   sim->add_option("--ram-idle", options.ram_idle, "idle sessions leave RAM after this");
   sim->add_option("--policies", options.policies,
                   "policies to run: 1..4 (hbm-only lru, lru tiering, session-aware, predictive), "
-                  "s3fifo, slru, arc, tinylfu, workload")
+                  "s3fifo, slru, arc, tinylfu, wtinylfu, workload")
       ->delimiter(',');
   sim->add_option(
          "--workload", options.workloads,

@@ -40,9 +40,9 @@ struct SimOptions {
   std::string hbm_idle = "30s";  // kvtierd's defaults
   std::string ram_idle = "10m";
   // 1..4 (kvtier's and LRU tiering), and the peers' (sim_policy_key): s3fifo, slru,
-  // arc, tinylfu, workload.
-  std::vector<std::string> policies = {"1",    "2",   "3",       "4",       "s3fifo",
-                                       "slru", "arc", "tinylfu", "workload"};
+  // arc, tinylfu, wtinylfu, workload.
+  std::vector<std::string> policies = {"1",    "2",   "3",       "4",        "s3fifo",
+                                       "slru", "arc", "tinylfu", "wtinylfu", "workload"};
   std::vector<std::string> workloads = {"trace"};  // or generated ones; "all"
   uint64_t seed = 1;
   int jobs = 0;                 // 0: one per CPU

@@ -8,9 +8,9 @@ import sys
 
 WORKLOADS = ["trace", "long-chats", "one-shot", "doc-qa", "agents"]
 POLICIES = [("p2", "2 LRU tiering"), ("s3fifo", "S3-FIFO"), ("slru", "SLRU"), ("arc", "ARC"),
-            ("tinylfu", "TinyLFU + LRU"), ("workload", "workload-aware"),
+            ("tinylfu", "TinyLFU + LRU"), ("wtinylfu", "W-TinyLFU"), ("workload", "workload-aware"),
             ("p3", "3 session-aware"), ("p4", "4 predictive")]
-BASELINES = {"p2", "s3fifo", "slru", "arc", "tinylfu", "workload"}
+BASELINES = {"p2", "s3fifo", "slru", "arc", "tinylfu", "wtinylfu", "workload"}
 BUDGETS = ["b1", "b2", "b3"]
 
 

@@ -158,7 +158,8 @@ Setting fault_nvme_setting() {
 Status check_policy(std::string_view text) {
   if (policy::parse_policy_mode(text)) return Status::ok();
   return invalid_argument(
-      "'{}' is not a policy: lru, session, predictive, s3fifo, slru, arc, tinylfu-lru or workload",
+      "'{}' is not a policy: lru, session, predictive, s3fifo, slru, arc, tinylfu-lru, "
+      "w-tinylfu or workload",
       text);
 }
 
@@ -271,7 +272,7 @@ std::vector<Setting> placement_settings() {
                        "how often the planner runs (e.g. 100ms)"),
       text_setting("policy", &C::policy, kLive,
                    "placement policy: lru, session or predictive; or a peer's, as a baseline: "
-                   "s3fifo, slru, arc, tinylfu-lru, workload (docs/policy.md)",
+                   "s3fifo, slru, arc, tinylfu-lru, w-tinylfu, workload (docs/policy.md)",
                    check_policy),
       fraction_setting("ram-high-watermark", &C::ram_high_watermark, 0.05, 1.0, kLive,
                        "RAM fill fraction that starts demotion to NVMe (or eviction)"),

@@ -317,6 +317,7 @@ std::vector<Candidate> policy_order(PlanContext& ctx, const PlanState& plan, Tie
     case PolicyMode::kSlru:
     case PolicyMode::kArc:
     case PolicyMode::kTinyLfuLru:
+    case PolicyMode::kWTinyLfu:
     case PolicyMode::kWorkloadAware:
       return peer_order(ctx, plan, tier, std::move(blocks));
   }

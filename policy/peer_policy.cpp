@@ -24,6 +24,7 @@ using peer::SlruTier;
 using peer::tier_bit;
 using peer::tier_index;
 using peer::TinyLfuTier;
+using peer::WTinyLfuTier;
 
 // One algorithm per tier. The algorithms see blocks one at a time, but a request's
 // blocks are a prefix: the tail is worth nothing without the blocks before it. So the
@@ -162,32 +163,39 @@ class PerTierPolicy : public PeerPolicy {
   uint64_t epoch_ = 0;
 };
 
-class TinyLfuLru final : public PerTierPolicy<TinyLfuTier> {
+// A PerTierPolicy whose tiers read one TinyLFU frequency sketch (TinyLFU + LRU,
+// W-TinyLFU), sized for all the tiers' blocks.
+template <typename PerTier>
+class SketchCounted final : public PerTierPolicy<PerTier> {
+  using Base = PerTierPolicy<PerTier>;
+
  public:
-  TinyLfuLru() : PerTierPolicy<TinyLfuTier>(sketch_) {}
+  SketchCounted() : Base(sketch_) {}
   void resize() override {
-    PerTierPolicy<TinyLfuTier>::resize();
-    if (const uint64_t blocks = capacity_blocks(); blocks > 0) sketch_.size_for(blocks);
+    Base::resize();
+    if (const uint64_t blocks = Base::capacity_blocks(); blocks > 0) sketch_.size_for(blocks);
   }
   // Every request for a block counts once: a Load that read it, or a Save of it that
   // no Load read first (a miss: the engine computed it). A turn's Save of the prefix it
   // loaded is the same request as its Load.
   void block_saved(const BlockKey& key, uint32_t position, uint64_t now_ms) override {
-    const uint32_t id = entries_.find(key);
+    Entries& entries = Base::entries_;
+    const uint32_t id = entries.find(key);
     if (id == kNil) {
       sketch_.add(BlockKeyHasher{}(key));
-    } else if (!entries_[id].loaded) {
-      sketch_.add(entries_[id].hash);
+    } else if (!entries[id].loaded) {
+      sketch_.add(entries[id].hash);
     }
-    if (id != kNil) entries_[id].loaded = false;
-    name(id, position, now_ms);
+    if (id != kNil) entries[id].loaded = false;
+    Base::name(id, position, now_ms);
   }
   void block_loaded(const BlockKey& key, uint32_t position, uint64_t now_ms) override {
-    PerTierPolicy<TinyLfuTier>::block_loaded(key, position, now_ms);
-    const uint32_t id = entries_.find(key);
+    Base::block_loaded(key, position, now_ms);
+    Entries& entries = Base::entries_;
+    const uint32_t id = entries.find(key);
     if (id == kNil) return;
-    sketch_.add(entries_[id].hash);
-    entries_[id].loaded = true;
+    sketch_.add(entries[id].hash);
+    entries[id].loaded = true;
   }
 
  private:
@@ -339,6 +347,7 @@ bool PeerPolicy::is_peer(PolicyMode mode) {
     case PolicyMode::kSlru:
     case PolicyMode::kArc:
     case PolicyMode::kTinyLfuLru:
+    case PolicyMode::kWTinyLfu:
     case PolicyMode::kWorkloadAware:
       return true;
     default:
@@ -355,7 +364,9 @@ std::unique_ptr<PeerPolicy> PeerPolicy::make(PolicyMode mode, const PlannerConfi
     case PolicyMode::kArc:
       return std::make_unique<PerTierPolicy<ArcTier>>();
     case PolicyMode::kTinyLfuLru:
-      return std::make_unique<TinyLfuLru>();
+      return std::make_unique<SketchCounted<TinyLfuTier>>();
+    case PolicyMode::kWTinyLfu:
+      return std::make_unique<SketchCounted<WTinyLfuTier>>();
     case PolicyMode::kWorkloadAware:
       return std::make_unique<WorkloadAware>(config);
     default:

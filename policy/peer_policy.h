@@ -1,7 +1,7 @@
 // The cache policies other KV-cache stores ship, as orders of sacrifice kvtierd's
 // planner can run (PlannerConfig::mode; `policy = s3fifo | slru | arc | tinylfu-lru |
-// workload` in kvtierd.toml), so that `kvtier-bench sim` compares kvtier's own policies
-// with them on the same tiers, links and TTFT model:
+// w-tinylfu | workload` in kvtierd.toml), so that `kvtier-bench sim` compares kvtier's
+// own policies with them on the same tiers, links and TTFT model:
 //  * kS3Fifo — S3-FIFO (Yang et al., "FIFO queues are all you need for cache eviction",
 //    SOSP 2023), the parameters of its reference implementation (libCacheSim): a small
 //    FIFO of 10 % of the tier, a main FIFO with a 2-bit clock (a use adds one, up to 3;
@@ -23,6 +23,12 @@
 //    block new to a tier is judged at its first eviction there: it stays only if the
 //    sketch counts it more often than the LRU block it would displace, which goes
 //    instead; else it goes itself.
+//  * kWTinyLfu — W-TinyLFU, Caffeine's design (the same paper, section 5): a window LRU
+//    of 1 % of the tier in front of a segmented LRU main space (protected 80 % of it),
+//    and TinyLFU admission (the sketch above) between them: a block pushed out of the
+//    window is a candidate that enters main's probation only if the sketch counts it
+//    more often than the block main would give up (probation's LRU end, then
+//    protected's); the loser goes.
 //  * kWorkloadAware — in the spirit of "KVCache Cache in the Wild" (Wang et al., USENIX
 //    ATC 2025): reuse probability by request category and turn, learned from the
 //    requests as they come. A block's category is its turn (how many Saves named it:

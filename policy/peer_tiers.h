@@ -1,6 +1,6 @@
 // Internal to policy/peer_policy.cpp: the peers' eviction algorithms for one tier —
-// S3-FIFO, SLRU, ARC, and TinyLFU admission in front of LRU with its frequency sketch —
-// over the queues of peer_queues.h. Each offers PerTierPolicy (peer_policy.cpp):
+// S3-FIFO, SLRU, ARC, TinyLFU admission in front of LRU with its frequency sketch, and
+// W-TinyLFU — over the queues of peer_queues.h. Each offers PerTierPolicy (peer_policy.cpp):
 //   void entered(uint32_t id); void left(uint32_t id, bool sacrificed);
 //   void used(uint32_t id); void rank(std::vector<uint32_t>& order) const;
 //   std::vector<uint32_t>& dropped();  // ghosts dropped since asked: ids maybe free now
@@ -371,6 +371,131 @@ class TinyLfuTier {
   const Entries* e_;
   const FrequencySketch* sketch_;
   uint64_t capacity_ = std::numeric_limits<uint64_t>::max();  // unknown: every block admitted
+  std::vector<uint32_t> dropped_;
+};
+
+// ---- W-TinyLFU, one tier ----
+// Caffeine's design (Einziger, Friedman and Manes, ACM TOS 2017, section 5): a window
+// LRU of 1 % of the tier in front of a segmented LRU main space (protected 80 % of it),
+// and TinyLFU admission between them: a block pushed out of the window becomes a
+// candidate, which enters main's probation only by beating the block main would give
+// up (probation's LRU end, then protected's) on the frequency sketch; the loser goes.
+class WTinyLfuTier {
+ public:
+  static constexpr double kWindowShare = 0.01;
+  static constexpr double kProtectedShare = 0.80;
+
+  WTinyLfuTier(Entries& e, size_t tier, const FrequencySketch& sketch)
+      : window_(e, tier, 1),
+        probation_(e, tier, 2),
+        protected_(e, tier, 3),
+        candidates_(e, tier, 4),
+        e_(&e),
+        sketch_(&sketch) {}
+  void set_capacity(uint64_t blocks) {
+    capacity_ = std::max<uint64_t>(blocks, 2);
+    window_limit_ = std::max<uint64_t>(
+        1, static_cast<uint64_t>(kWindowShare * static_cast<double>(capacity_) + 0.5));
+    main_limit_ = capacity_ - window_limit_;
+    protected_limit_ = static_cast<uint64_t>(kProtectedShare * static_cast<double>(main_limit_));
+  }
+  void entered(uint32_t id) {
+    if (holds(id)) return;
+    window_.push_front(id);
+    while (window_.size() > window_limit_) {
+      const uint32_t oldest = window_.back();
+      window_.erase(oldest);
+      if (main_size() < main_limit_) {
+        probation_.push_front(oldest);  // main has room: no duel
+      } else {
+        candidates_.push_front(oldest);
+      }
+    }
+  }
+  void used(uint32_t id) {
+    if (window_.holds(id)) {
+      window_.to_front(id);
+    } else if (candidates_.holds(id)) {
+      candidates_.to_front(id);  // (its count in the sketch is what the duel reads)
+    } else if (protected_.holds(id)) {
+      protected_.to_front(id);
+    } else if (probation_.holds(id)) {
+      probation_.erase(id);
+      protected_.push_front(id);
+      while (protected_.size() > std::max<uint64_t>(protected_limit_, 1)) {
+        const uint32_t oldest = protected_.back();
+        protected_.erase(oldest);
+        probation_.push_front(oldest);
+      }
+    }
+  }
+  void left(uint32_t id, bool sacrificed) {
+    if (window_.holds(id)) {
+      window_.erase(id);
+      return;
+    }
+    if (candidates_.holds(id)) {  // lost its duel (or moved on)
+      candidates_.erase(id);
+      return;
+    }
+    if (!probation_.holds(id) && !protected_.holds(id)) return;
+    (probation_.holds(id) ? probation_ : protected_).erase(id);
+    uint32_t admitted = kNil;
+    if (sacrificed) {
+      // Main gave it up: the oldest candidate the sketch counts more often won its place
+      // (as rank() said).
+      const uint8_t victim = count(id);
+      candidates_.for_each_oldest_first([&](uint32_t k) {
+        if (admitted == kNil && count(k) > victim) admitted = k;
+      });
+    } else if (!candidates_.empty() && main_size() < main_limit_) {
+      admitted = candidates_.back();  // moved up: main has room for the longest waiting
+    }
+    if (admitted != kNil) {
+      candidates_.erase(admitted);
+      probation_.push_front(admitted);
+    }
+  }
+  // Candidates, oldest first, each against main's next victim (probation's LRU end,
+  // then protected's): the less frequent goes first; then main's rest in that order,
+  // the candidates that won, and the window, oldest first.
+  void rank(std::vector<uint32_t>& order) const {
+    std::vector<uint32_t> main, kept;
+    probation_.for_each_oldest_first([&](uint32_t k) { main.push_back(k); });
+    protected_.for_each_oldest_first([&](uint32_t k) { main.push_back(k); });
+    size_t victim = 0;
+    candidates_.for_each_oldest_first([&](uint32_t k) {
+      if (victim < main.size() && count(k) > count(main[victim])) {
+        order.push_back(main[victim++]);
+        kept.push_back(k);
+      } else if (victim < main.size()) {
+        order.push_back(k);
+      } else {
+        kept.push_back(k);
+      }
+    });
+    for (; victim < main.size(); ++victim) order.push_back(main[victim]);
+    order.insert(order.end(), kept.begin(), kept.end());
+    window_.for_each_oldest_first([&](uint32_t k) { order.push_back(k); });
+  }
+  std::vector<uint32_t>& dropped() { return dropped_; }  // (no ghosts)
+
+ private:
+  bool holds(uint32_t id) const {
+    return window_.holds(id) || probation_.holds(id) || protected_.holds(id) ||
+           candidates_.holds(id);
+  }
+  uint64_t main_size() const { return probation_.size() + protected_.size(); }
+  uint8_t count(uint32_t id) const { return sketch_->estimate((*e_)[id].hash); }
+
+  IdQueue window_, probation_, protected_, candidates_;
+  const Entries* e_;
+  const FrequencySketch* sketch_;
+  // Unknown until told: every block is admitted (a window of 1, main without bound).
+  uint64_t capacity_ = std::numeric_limits<uint64_t>::max();
+  uint64_t window_limit_ = 1;
+  uint64_t main_limit_ = std::numeric_limits<uint64_t>::max();
+  uint64_t protected_limit_ = std::numeric_limits<uint64_t>::max();
   std::vector<uint32_t> dropped_;
 };
 

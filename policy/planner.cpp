@@ -27,6 +27,8 @@ std::string_view policy_mode_name(PolicyMode mode) {
       return "tinylfu-lru";
     case PolicyMode::kWorkloadAware:
       return "workload";
+    case PolicyMode::kWTinyLfu:
+      return "w-tinylfu";
   }
   return "unknown";
 }
@@ -34,7 +36,8 @@ std::string_view policy_mode_name(PolicyMode mode) {
 std::optional<PolicyMode> parse_policy_mode(std::string_view name) {
   for (PolicyMode mode :
        {PolicyMode::kLru, PolicyMode::kSessionAware, PolicyMode::kPredictive, PolicyMode::kS3Fifo,
-        PolicyMode::kSlru, PolicyMode::kArc, PolicyMode::kTinyLfuLru, PolicyMode::kWorkloadAware}) {
+        PolicyMode::kSlru, PolicyMode::kArc, PolicyMode::kTinyLfuLru, PolicyMode::kWorkloadAware,
+        PolicyMode::kWTinyLfu}) {
     if (policy_mode_name(mode) == name) return mode;
   }
   return std::nullopt;

@@ -80,8 +80,10 @@ enum class PolicyMode : uint8_t {
   kArc = 5,
   kTinyLfuLru = 6,
   kWorkloadAware = 7,
+  kWTinyLfu = 8,
 };
-// "lru", "session", "predictive", "s3fifo", "slru", "arc", "tinylfu-lru", "workload"
+// "lru", "session", "predictive", "s3fifo", "slru", "arc", "tinylfu-lru", "workload",
+// "w-tinylfu"
 std::string_view policy_mode_name(PolicyMode mode);
 std::optional<PolicyMode> parse_policy_mode(std::string_view name);
 

@@ -144,6 +144,9 @@ class Simulation {
       case SimPolicy::kWorkloadAware:
         out.mode = policy::PolicyMode::kWorkloadAware;
         break;
+      case SimPolicy::kWTinyLfu:
+        out.mode = policy::PolicyMode::kWTinyLfu;
+        break;
       default:
         out.mode = policy::PolicyMode::kLru;
         break;
@@ -552,6 +555,8 @@ std::string sim_policy_label(SimPolicy policy) {
       return "tinylfu-lru";
     case SimPolicy::kWorkloadAware:
       return "workload-aware";
+    case SimPolicy::kWTinyLfu:
+      return "w-tinylfu";
   }
   return "?";
 }
@@ -568,6 +573,8 @@ std::string sim_policy_key(SimPolicy policy) {
       return "tinylfu";
     case SimPolicy::kWorkloadAware:
       return "workload";
+    case SimPolicy::kWTinyLfu:
+      return "wtinylfu";
     default:
       return "p" + std::to_string(static_cast<int>(policy));
   }
@@ -580,6 +587,7 @@ bool sim_policy_is_baseline(SimPolicy policy) {
     case SimPolicy::kSlru:
     case SimPolicy::kArc:
     case SimPolicy::kTinyLfuLru:
+    case SimPolicy::kWTinyLfu:
     case SimPolicy::kWorkloadAware:
       return true;
     default:

@@ -45,10 +45,11 @@ enum class SimPolicy : uint8_t {
   kArc = 11,
   kTinyLfuLru = 12,
   kWorkloadAware = 13,  // reuse probability by category and turn, learned online
+  kWTinyLfu = 14,
 };
 std::string sim_policy_label(SimPolicy policy);  // "1 hbm-only lru", ...
 // Its name in result keys and --policies: "p0" .. "p4", "s3fifo", "slru", "arc",
-// "tinylfu", "workload".
+// "tinylfu", "wtinylfu", "workload".
 std::string sim_policy_key(SimPolicy policy);
 // The baselines kvtier's policies are measured against: LRU tiering and the peers'.
 bool sim_policy_is_baseline(SimPolicy policy);

@@ -137,7 +137,7 @@ TEST_P(PeerPolicyDaemonTest, SessionsUsedSinceTheirSaveOutliveNewerOneHitSession
 
 INSTANTIATE_TEST_SUITE_P(Policies, PeerPolicyDaemonTest,
                          ::testing::Values("lru", "s3fifo", "slru", "arc", "tinylfu-lru",
-                                           "workload"),
+                                           "w-tinylfu", "workload"),
                          [](const ::testing::TestParamInfo<std::string>& info) {
                            std::string name = info.param;
                            for (char& c : name) {

@@ -61,7 +61,7 @@ class Peer {
 };
 
 TEST(PeerPolicyTest, NamesParseAndOnlyPeersGetAPolicy) {
-  for (const char* name : {"s3fifo", "slru", "arc", "tinylfu-lru", "workload"}) {
+  for (const char* name : {"s3fifo", "slru", "arc", "tinylfu-lru", "w-tinylfu", "workload"}) {
     auto mode = parse_policy_mode(name);
     ASSERT_TRUE(mode.has_value()) << name;
     EXPECT_EQ(policy_mode_name(*mode), name);
@@ -178,6 +178,32 @@ TEST(TinyLfuTest, FrequentNewcomerDisplacesTheLruBlock) {
   EXPECT_EQ(p.order({2, 3, 4}), (Order{4, 2, 3}));
 }
 
+// ---- W-TinyLFU (4 blocks: a window of 1, main of 3) ----
+
+TEST(WTinyLfuTest, OneHitBlockLeavingTheWindowLosesToAFrequentVictim) {
+  Peer p(PolicyMode::kWTinyLfu, 4);
+  for (int n = 1; n <= 4; ++n) p.enter(n);  // 1..3 passed the window into main (room)
+  for (int i = 0; i < 5; ++i) {
+    for (int n = 1; n <= 3; ++n) p.save(n);
+  }
+  p.enter(5);  // 4 leaves the window: main is full, so it is a candidate, seen once
+  // 4 against probation's LRU end (1, seen 6 times) goes first; then main in order;
+  // the window's 5 last.
+  EXPECT_EQ(p.order({1, 2, 3, 4, 5}), (Order{4, 1, 2, 3, 5}));
+}
+
+TEST(WTinyLfuTest, FrequentCandidateDisplacesProbationsLruEnd) {
+  Peer p(PolicyMode::kWTinyLfu, 4);
+  for (int n = 1; n <= 4; ++n) p.enter(n);
+  for (int i = 0; i < 8; ++i) p.save(4);  // requested often while in the window
+  p.enter(5);
+  EXPECT_EQ(p.order({1, 2, 3, 4, 5}), (Order{1, 2, 3, 4, 5}));
+  p.leave(1);  // main gave 1 up: 4 won its place and is admitted now
+  p.use(2);    // a hit on probation protects 2
+  p.enter(6);  // 5 leaves the window: one hit, against 3 (probation's LRU end, one hit)
+  EXPECT_EQ(p.order({2, 3, 4, 5, 6}), (Order{5, 3, 4, 2, 6}));
+}
+
 // ---- workload-aware ----
 
 // Requests whose blocks at one depth come back and at another never do: the policy
@@ -241,8 +267,8 @@ TEST(PeerPolicyTest, AGhostDroppedAtOnceFreesItsIdOnce) {
 // ---- every per-tier peer: blocks one request named go together, tail first ----
 
 TEST(PeerPolicyTest, ARequestsBlocksGoTailFirst) {
-  for (PolicyMode mode :
-       {PolicyMode::kS3Fifo, PolicyMode::kSlru, PolicyMode::kArc, PolicyMode::kTinyLfuLru}) {
+  for (PolicyMode mode : {PolicyMode::kS3Fifo, PolicyMode::kSlru, PolicyMode::kArc,
+                          PolicyMode::kTinyLfuLru, PolicyMode::kWTinyLfu}) {
     auto policy = PeerPolicy::make(mode, {});
     policy->set_capacity(Tier::kHbm, 30);
     std::vector<BlockKey> keys;
