@@ -30,16 +30,15 @@ class ReceiveOp : public asio::detail::reactor_op {
  private:
   static status perform(reactor_op* base) {
     auto* op = static_cast<ReceiveOp*>(base);
-    const std::span<std::byte> space = op->target_->receive_space();
-    const size_t fds_before = op->fds_.size();
-    Result<Received> received = receive_some(op->fd_, space, op->fds_);
+    Result<Received> received = receive_some(op->fd_, op->target_->receive_space(), op->fds_);
     if (received.is_ok() && received->would_block) return not_done;
     // Exhausted (the reactor waits for the next event before the next read tries) only
-    // when this read proved the socket empty: it stopped short of its room with no
-    // descriptors. A read that carried descriptors ends at that message (Linux does not
-    // join it with the next), so more may be queued behind it; so may behind a full one.
-    const bool exhausted = !received.is_ok() || received->bytes == 0 ||
-                           (received->bytes < space.size() && op->fds_.size() == fds_before);
+    // after an error or the end of the stream. A short read does not prove the socket
+    // empty: the peer's end of stream (a shutdown right after its last bytes) may wait
+    // behind it, and its edge was the same event as the bytes', so no event would come
+    // for it; and Linux ends a read at a message that carried descriptors. So the next
+    // read is tried at once, and only its EAGAIN waits for an event.
+    const bool exhausted = !received.is_ok() || received->bytes == 0;
     op->received_.emplace(std::move(received));
     return exhausted ? done_and_exhausted : done;
   }

@@ -1,16 +1,17 @@
 // ReceivingSocket: a Unix stream socket whose reads are a recvmsg of kvtier's own (room
-// for SCM_RIGHTS) run by Asio's reactor, so a connection that is being talked to costs a
-// recvmsg and a send per request and no re-arming of its epoll registration.
+// for SCM_RIGHTS) run by Asio's reactor speculatively, so a connection never re-arms its
+// epoll registration and requests that arrive while kvtierd is busy cost no epoll_wait.
 //
 // Why not Asio's own calls: its reads call recvmsg without a control buffer (descriptors
 // sent with the bytes would be closed), and its wait for readability (async_wait) is a
 // non-speculative operation, which the epoll reactor starts by re-arming the descriptor
 // with epoll_ctl every time: epoll_ctl, epoll_wait, recvmsg and send for each request.
-// Here the read is a reactor operation: the reactor runs its recvmsg at once when the
-// last read may have left bytes behind (it filled its room, or it stopped at a message
-// that carried descriptors), else on the descriptor's next edge-triggered event, which
-// needs no epoll_ctl (the descriptor stays registered for reading from accept to close):
-// epoll_wait, recvmsg and send.
+// Here the read is a reactor operation: the reactor runs its recvmsg at once, and only
+// when that finds nothing (EAGAIN) does it wait for the descriptor's next edge-triggered
+// event, which needs no epoll_ctl (the descriptor stays registered for reading from
+// accept to close). A request and its reply alone on a connection: epoll_wait, recvmsg,
+// send, and the next read's EAGAIN (which ends the read loop: a short read is not proof
+// that nothing follows, as an end of stream can wait behind it; receiving_socket.cpp).
 //
 // This reaches into Asio's detail layer (reactor_op, the reactor's start_op, the
 // socket's reactor registration), which is not public API. It is written against Boost

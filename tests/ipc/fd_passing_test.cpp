@@ -172,7 +172,7 @@ class ServerFds : public ::testing::Test, public RequestHandler {
     return true;
   }
 
-  void on_connect(const std::shared_ptr<Connection>&) override {}
+  void on_connect(const std::shared_ptr<Connection>&) override { ++connected_; }
   void on_frame(const std::shared_ptr<Connection>& connection, Frame) override {
     size_t taken = 0;
     while (connection->take_fd().is_ok()) ++taken;
@@ -193,6 +193,7 @@ class ServerFds : public ::testing::Test, public RequestHandler {
   std::string dir_;
   std::unique_ptr<Server> server_;
   std::vector<size_t> fds_per_frame_;
+  int connected_ = 0;
   int disconnects_ = 0;
 };
 
@@ -232,6 +233,27 @@ TEST_F(ServerFds, RequestsQueuedBehindADescriptorAreReadWithoutFurtherTraffic) {
   ASSERT_TRUE(run_until([&] { return fds_per_frame_.size() == 7; }));
   EXPECT_EQ(fds_per_frame_.back(), 1u);
   EXPECT_EQ(disconnects_, 0);
+}
+
+// A peer that shuts its end down right after its last request: the end of stream comes
+// with the same readiness event as the request's bytes, so the server must not take the
+// read that returned those bytes as proof that nothing follows.
+TEST_F(ServerFds, AnEndOfStreamRightBehindTheLastRequestIsSeen) {
+  ConnectionLimits limits;
+  limits.introduction_timeout_ms = 600'000;  // only the end of stream may close it
+  start(limits);
+  auto client = connect();
+  ASSERT_TRUE(client.is_ok()) << client.status().to_string();
+  // Accepted, and its first read found nothing and waits for an event.
+  ASSERT_TRUE(run_until([&] { return connected_ == 1; }));
+  io_.run_for(std::chrono::milliseconds(50));
+  io_.restart();
+  ASSERT_TRUE(send_stats(*client, {}).is_ok());
+  ASSERT_TRUE(send_stats(*client, {}).is_ok());
+  client->shutdown_write();
+  ASSERT_TRUE(run_until([&] { return disconnects_ == 1; }))
+      << "the connection was not closed; " << fds_per_frame_.size() << " requests were read";
+  EXPECT_EQ(fds_per_frame_.size(), 2u);
 }
 
 TEST_F(ServerFds, TooManyUnclaimedDescriptorsCloseTheConnection) {
