@@ -302,11 +302,54 @@ class FrequencySketch {
   std::vector<uint8_t> counts_;
 };
 
+// ---- TinyLFU's admission duel (TinyLFU + LRU, W-TinyLFU) ----
+// Newcomers wait to be admitted; each is judged against the block the admitted would
+// give up next, and the one the sketch counts less often goes.
+class AdmissionDuel {
+ public:
+  AdmissionDuel(const Entries& e, const FrequencySketch& sketch) : e_(&e), sketch_(&sketch) {}
+  uint8_t count(uint32_t id) const { return sketch_->estimate((*e_)[id].hash); }
+  // The admitted block `victim` went: the oldest newcomer counted more often won its
+  // place (as order() said), or kNil.
+  uint32_t winner(const IdQueue& newcomers, uint32_t victim) const {
+    const uint8_t against = count(victim);
+    uint32_t won = kNil;
+    newcomers.for_each_oldest_first([&](uint32_t k) {
+      if (won == kNil && count(k) > against) won = k;
+    });
+    return won;
+  }
+  // Appends to `order`: the newcomers, oldest first, each against the next of
+  // `admitted` (first to go first), the less frequent of the two first; then the rest
+  // of `admitted`; then the newcomers that won or had nothing to displace.
+  void order(const IdQueue& newcomers, const std::vector<uint32_t>& admitted,
+             std::vector<uint32_t>& order) const {
+    std::vector<uint32_t> kept;
+    size_t victim = 0;
+    newcomers.for_each_oldest_first([&](uint32_t k) {
+      if (victim < admitted.size() && count(k) > count(admitted[victim])) {
+        order.push_back(admitted[victim++]);
+        kept.push_back(k);
+      } else if (victim < admitted.size()) {
+        order.push_back(k);
+      } else {
+        kept.push_back(k);
+      }
+    });
+    for (; victim < admitted.size(); ++victim) order.push_back(admitted[victim]);
+    order.insert(order.end(), kept.begin(), kept.end());
+  }
+
+ private:
+  const Entries* e_;
+  const FrequencySketch* sketch_;
+};
+
 // ---- TinyLFU admission in front of LRU, one tier ----
 class TinyLfuTier {
  public:
   TinyLfuTier(Entries& e, size_t tier, const FrequencySketch& sketch)
-      : lru_(e, tier, 1), newcomers_(e, tier, 2), e_(&e), sketch_(&sketch) {}
+      : lru_(e, tier, 1), newcomers_(e, tier, 2), duel_(e, sketch) {}
   void set_capacity(uint64_t blocks) { capacity_ = std::max<uint64_t>(blocks, 1); }
   // While the tier has room a block is admitted at once; once it is full, a newcomer
   // waits to be judged.
@@ -330,14 +373,8 @@ class TinyLfuTier {
     if (!lru_.holds(id)) return;
     lru_.erase(id);
     if (!sacrificed) return;
-    // An admitted block went: the oldest newcomer the sketch counts more often won its
-    // place (as rank() said), and is admitted now.
-    const uint8_t victim = count(id);
-    uint32_t winner = kNil;
-    newcomers_.for_each_oldest_first([&](uint32_t k) {
-      if (winner == kNil && count(k) > victim) winner = k;
-    });
-    if (winner != kNil) {
+    // An admitted block went: a newcomer that won its place is admitted now.
+    if (const uint32_t winner = duel_.winner(newcomers_, id); winner != kNil) {
       newcomers_.erase(winner);
       lru_.push_front(winner);
     }
@@ -346,30 +383,15 @@ class TinyLfuTier {
   // frequent of the two goes first; then the admitted in LRU order, then the
   // newcomers that won.
   void rank(std::vector<uint32_t>& order) const {
-    std::vector<uint32_t> admitted, kept;
+    std::vector<uint32_t> admitted;
     lru_.for_each_oldest_first([&](uint32_t k) { admitted.push_back(k); });
-    size_t victim = 0;
-    newcomers_.for_each_oldest_first([&](uint32_t k) {
-      if (victim < admitted.size() && count(k) > count(admitted[victim])) {
-        order.push_back(admitted[victim++]);
-        kept.push_back(k);
-      } else if (victim < admitted.size()) {
-        order.push_back(k);
-      } else {
-        kept.push_back(k);  // nothing to displace: the newcomer stays
-      }
-    });
-    for (; victim < admitted.size(); ++victim) order.push_back(admitted[victim]);
-    order.insert(order.end(), kept.begin(), kept.end());
+    duel_.order(newcomers_, admitted, order);
   }
   std::vector<uint32_t>& dropped() { return dropped_; }  // (no ghosts)
 
  private:
-  uint8_t count(uint32_t id) const { return sketch_->estimate((*e_)[id].hash); }
-
   IdQueue lru_, newcomers_;
-  const Entries* e_;
-  const FrequencySketch* sketch_;
+  AdmissionDuel duel_;
   uint64_t capacity_ = std::numeric_limits<uint64_t>::max();  // unknown: every block admitted
   std::vector<uint32_t> dropped_;
 };
@@ -390,8 +412,7 @@ class WTinyLfuTier {
         probation_(e, tier, 2),
         protected_(e, tier, 3),
         candidates_(e, tier, 4),
-        e_(&e),
-        sketch_(&sketch) {}
+        duel_(e, sketch) {}
   void set_capacity(uint64_t blocks) {
     capacity_ = std::max<uint64_t>(blocks, 2);
     window_limit_ = std::max<uint64_t>(
@@ -442,12 +463,7 @@ class WTinyLfuTier {
     (probation_.holds(id) ? probation_ : protected_).erase(id);
     uint32_t admitted = kNil;
     if (sacrificed) {
-      // Main gave it up: the oldest candidate the sketch counts more often won its place
-      // (as rank() said).
-      const uint8_t victim = count(id);
-      candidates_.for_each_oldest_first([&](uint32_t k) {
-        if (admitted == kNil && count(k) > victim) admitted = k;
-      });
+      admitted = duel_.winner(candidates_, id);  // main gave it up: who won its place
     } else if (!candidates_.empty() && main_size() < main_limit_) {
       admitted = candidates_.back();  // moved up: main has room for the longest waiting
     }
@@ -460,22 +476,10 @@ class WTinyLfuTier {
   // then protected's): the less frequent goes first; then main's rest in that order,
   // the candidates that won, and the window, oldest first.
   void rank(std::vector<uint32_t>& order) const {
-    std::vector<uint32_t> main, kept;
+    std::vector<uint32_t> main;
     probation_.for_each_oldest_first([&](uint32_t k) { main.push_back(k); });
     protected_.for_each_oldest_first([&](uint32_t k) { main.push_back(k); });
-    size_t victim = 0;
-    candidates_.for_each_oldest_first([&](uint32_t k) {
-      if (victim < main.size() && count(k) > count(main[victim])) {
-        order.push_back(main[victim++]);
-        kept.push_back(k);
-      } else if (victim < main.size()) {
-        order.push_back(k);
-      } else {
-        kept.push_back(k);
-      }
-    });
-    for (; victim < main.size(); ++victim) order.push_back(main[victim]);
-    order.insert(order.end(), kept.begin(), kept.end());
+    duel_.order(candidates_, main, order);
     window_.for_each_oldest_first([&](uint32_t k) { order.push_back(k); });
   }
   std::vector<uint32_t>& dropped() { return dropped_; }  // (no ghosts)
@@ -486,11 +490,9 @@ class WTinyLfuTier {
            candidates_.holds(id);
   }
   uint64_t main_size() const { return probation_.size() + protected_.size(); }
-  uint8_t count(uint32_t id) const { return sketch_->estimate((*e_)[id].hash); }
 
   IdQueue window_, probation_, protected_, candidates_;
-  const Entries* e_;
-  const FrequencySketch* sketch_;
+  AdmissionDuel duel_;
   // Unknown until told: every block is admitted (a window of 1, main without bound).
   uint64_t capacity_ = std::numeric_limits<uint64_t>::max();
   uint64_t window_limit_ = 1;
