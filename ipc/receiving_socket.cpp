@@ -17,9 +17,9 @@ using Reactor = asio::detail::reactor;
 static_assert(std::is_same_v<Reactor, asio::detail::epoll_reactor>,
               "ReceivingSocket is written against Asio's epoll reactor");
 
-// One read: the reactor calls perform() (at once when it may succeed, else on the
-// descriptor's next event) until it is not would_block, then queues complete() on the
-// io_context, which tells the target.
+// One read: the reactor calls perform() (at once, and again on each of the descriptor's
+// events) until it is not would_block, then queues complete() on the io_context, which
+// tells the target.
 class ReceiveOp : public asio::detail::reactor_op {
  public:
   ReceiveOp(int fd, std::shared_ptr<ReceiveTarget> target)
@@ -75,8 +75,9 @@ ReceivingSocket::ReceivingSocket(asio::local::stream_protocol::socket socket)
 void ReceivingSocket::async_receive_into(std::shared_ptr<ReceiveTarget> target) {
   auto& impl = impl_.get_implementation();
   auto* op = new ReceiveOp(impl.socket_, std::move(target));
-  // Speculative: the reactor reads at once unless the last read found the socket empty
-  // and no event came since. A continuation: it is started from the last read's handler
+  // Speculative: the reactor reads at once (only a read that failed or met the end of
+  // the stream makes it wait for an event first); what finds nothing waits for the
+  // descriptor's next event. A continuation: it is started from the last read's handler
   // (or the connection's start), so an immediate result is queued on this thread.
   static_cast<Reactor*>(reactor_)->start_op(Reactor::read_op, impl.socket_, impl.reactor_data_, op,
                                             /*is_continuation=*/true,
