@@ -59,7 +59,7 @@ bool Clairvoyant::store(uint64_t id, uint64_t now_ms) {
     // needed later than this one.
     bool made_room = false;
     for (auto it = ranked_.rbegin(); it != ranked_.rend() && it->first > next; ++it) {
-      if (store_.placement(SimStore::key_of(it->second)).movable) {
+      if (store_.placement_of(it->second).movable) {
         made_room = evict(it->second);
         break;
       }
@@ -84,11 +84,18 @@ void Clairvoyant::rebalance(uint64_t now_ms, uint64_t horizon_ms) {
   };
   std::vector<Out> out;  // in next-use order
   size_t tier_at = 0;
-  for (const auto& [next, id] : ranked_) {
+  if (walk_stale_) {
+    walk_.assign(ranked_.begin(), ranked_.end());
+    walk_stale_ = false;
+  }
+  constexpr size_t kAhead = 16;  // blocks whose placement is fetched ahead of the walk
+  for (size_t i = 0; i < walk_.size(); ++i) {
+    if (i + kAhead < walk_.size()) store_.prefetch(walk_[i + kAhead].second);
+    const auto [next, id] = walk_[i];
     while (tier_at < kTiers.size() && room[tier_at] == 0) ++tier_at;
     const Tier earned = next == kNever || tier_at == kTiers.size() ? Tier::kNone : kTiers[tier_at];
     if (earned != Tier::kNone) --room[tier_at];
-    const SimStore::BlockPlacement placement = store_.placement(SimStore::key_of(id));
+    const SimStore::BlockPlacement placement = store_.placement_of(id);
     if (!placement.movable || placement.tier == earned) continue;
     out.push_back({id, placement.tier, earned});
   }

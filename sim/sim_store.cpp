@@ -86,9 +86,12 @@ SimStore::BlockPlacement SimStore::to_placement(const Block& block) const {
 }
 
 SimStore::BlockPlacement SimStore::placement(const BlockKey& key) const {
-  const Block* block = find(key);
-  if (block == nullptr) return {Tier::kNone, false, 0, 0, 0};
-  return to_placement(*block);
+  return placement_of(id_of(key));
+}
+
+SimStore::BlockPlacement SimStore::placement_of(uint64_t id) const {
+  if (id >= blocks_.size() || blocks_[id].tier == Tier::kNone) return {Tier::kNone, false, 0, 0, 0};
+  return to_placement(blocks_[id]);
 }
 
 SimStore::TierSpace SimStore::space(Tier tier) const {

@@ -51,6 +51,12 @@ class SimStore final : public policy::PlacementView {
 
   // ---- PlacementView ----
   BlockPlacement placement(const BlockKey& key) const override;
+  // The same by the block's id (key_of's argument), without making its key.
+  BlockPlacement placement_of(uint64_t id) const;
+  // Starts fetching block `id`'s entry into the cache (a walk over many ids).
+  void prefetch(uint64_t id) const {
+    if (id < blocks_.size()) __builtin_prefetch(&blocks_[id]);
+  }
   TierSpace space(Tier tier) const override;
   void for_each_in_tier(
       Tier tier,
