@@ -180,6 +180,56 @@ std::vector<Candidate> sacrifice_order(PlanContext& ctx, const PlanState& plan, 
 
 namespace {
 
+// Reorders `blocks` in place so that the i-th is the one at from[i] now, one cycle of
+// the permutation at a time (no second list of the candidates).
+void permute(std::vector<Candidate>& blocks, std::vector<uint32_t> from) {
+  for (size_t start = 0; start < from.size(); ++start) {
+    if (from[start] == start) continue;
+    Candidate held = std::move(blocks[start]);
+    size_t i = start;
+    while (from[i] != start) {
+      const size_t next = from[i];
+      blocks[i] = std::move(blocks[next]);
+      from[i] = static_cast<uint32_t>(i);
+      i = next;
+    }
+    blocks[i] = std::move(held);
+    from[i] = static_cast<uint32_t>(i);
+  }
+}
+
+// The sort key of a block in the baselines' orders, gathered once per block so that
+// sorting compares values in one array instead of chasing each block's holders.
+struct BaselineKey {
+  uint8_t priority;
+  double rank;  // the peer policy's (0 in LRU tiering)
+  uint64_t last_access_ms;
+  uint32_t depth;
+  uint32_t at;  // the block's index in the candidates
+};
+
+// Lowest priority first, then `rank`, then lru_less (by the same fields).
+std::vector<uint32_t> baseline_order(const std::vector<Candidate>& blocks,
+                                     const std::vector<double>* ranks) {
+  std::vector<BaselineKey> keys;
+  keys.reserve(blocks.size());
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    const Candidate& c = blocks[i];
+    keys.push_back({c.priority(), ranks == nullptr ? 0.0 : (*ranks)[i], c.placement.last_access_ms,
+                    c.depth(), static_cast<uint32_t>(i)});
+  }
+  std::sort(keys.begin(), keys.end(), [&](const BaselineKey& a, const BaselineKey& b) {
+    if (a.priority != b.priority) return a.priority < b.priority;
+    if (a.rank != b.rank) return a.rank < b.rank;
+    if (a.last_access_ms != b.last_access_ms) return a.last_access_ms < b.last_access_ms;
+    if (a.depth != b.depth) return a.depth > b.depth;
+    return key_less(blocks[a.at].key, blocks[b.at].key);
+  });
+  std::vector<uint32_t> order(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) order[i] = keys[i].at;
+  return order;
+}
+
 // A peer policy's order (peer_policy.h), lowest retention priority first as in every
 // mode; blocks it has not seen go after the rest, least recently used first.
 std::vector<Candidate> peer_order(PlanContext& ctx, const PlanState& plan, Tier tier,
@@ -190,27 +240,14 @@ std::vector<Candidate> peer_order(PlanContext& ctx, const PlanState& plan, Tier 
   for (const Candidate& c : blocks) keys.push_back(c.key);
   std::vector<double> ranks;
   ctx.peer->rank(tier, plan.below(tier) == Tier::kNone, keys, ctx.now_ms, ranks);
-  std::vector<size_t> order(blocks.size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-    if (blocks[a].priority() != blocks[b].priority()) {
-      return blocks[a].priority() < blocks[b].priority();
-    }
-    if (ranks[a] != ranks[b]) return ranks[a] < ranks[b];
-    return lru_less(blocks[a], blocks[b]);
-  });
-  std::vector<Candidate> out;
-  out.reserve(blocks.size());
-  for (size_t i : order) out.push_back(std::move(blocks[i]));
-  return out;
+  keys = {};
+  permute(blocks, baseline_order(blocks, &ranks));
+  return blocks;
 }
 
 // Lowest retention priority first, then least recently used.
 std::vector<Candidate> lru_order(std::vector<Candidate> blocks) {
-  std::sort(blocks.begin(), blocks.end(), [](const Candidate& a, const Candidate& b) {
-    if (a.priority() != b.priority()) return a.priority() < b.priority();
-    return lru_less(a, b);
-  });
+  permute(blocks, baseline_order(blocks, nullptr));
   return blocks;
 }
 
@@ -282,24 +319,12 @@ std::vector<Candidate> predictive_order(PlanContext& ctx, const PlanState& plan,
     if (ca.depth() != cb.depth()) return ca.depth() > cb.depth();
     return lru_less(ca, cb);
   });
-  // Into that order in place, one cycle of the permutation at a time: a plan over a
-  // large tier holds one list of its candidates, not two.
+  // Into that order in place: a plan over a large tier holds one list of its
+  // candidates, not two.
   std::vector<uint32_t> from(ranked.size());  // from[i]: where the i-th block is now
   for (size_t i = 0; i < ranked.size(); ++i) from[i] = ranked[i].at;
   ranked = {};
-  for (size_t start = 0; start < from.size(); ++start) {
-    if (from[start] == start) continue;
-    Candidate held = std::move(blocks[start]);
-    size_t i = start;
-    while (from[i] != start) {
-      const size_t next = from[i];
-      blocks[i] = std::move(blocks[next]);
-      from[i] = static_cast<uint32_t>(i);
-      i = next;
-    }
-    blocks[i] = std::move(held);
-    from[i] = static_cast<uint32_t>(i);
-  }
+  permute(blocks, std::move(from));
   return blocks;
 }
 
