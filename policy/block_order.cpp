@@ -7,13 +7,18 @@
 namespace kvtier::policy::detail {
 namespace {
 
-// Least recently used first; blocks used at the same time (one request's) tail first.
+// Least recently used first; blocks used at the same time (one request's) tail first;
+// then by key, so that the order is total. On the fields, for orders that gather them.
+bool lru_less(uint64_t a_access_ms, uint32_t a_depth, const BlockKey& a_key, uint64_t b_access_ms,
+              uint32_t b_depth, const BlockKey& b_key) {
+  if (a_access_ms != b_access_ms) return a_access_ms < b_access_ms;
+  if (a_depth != b_depth) return a_depth > b_depth;
+  return key_less(a_key, b_key);
+}
+
 bool lru_less(const Candidate& a, const Candidate& b) {
-  if (a.placement.last_access_ms != b.placement.last_access_ms) {
-    return a.placement.last_access_ms < b.placement.last_access_ms;
-  }
-  if (a.depth() != b.depth()) return a.depth() > b.depth();
-  return key_less(a.key, b.key);
+  return lru_less(a.placement.last_access_ms, a.depth(), a.key, b.placement.last_access_ms,
+                  b.depth(), b.key);
 }
 
 std::vector<Candidate> movable_in_tier(const PlanContext& ctx, Tier tier) {
@@ -221,9 +226,8 @@ std::vector<uint32_t> baseline_order(const std::vector<Candidate>& blocks,
   std::sort(keys.begin(), keys.end(), [&](const BaselineKey& a, const BaselineKey& b) {
     if (a.priority != b.priority) return a.priority < b.priority;
     if (a.rank != b.rank) return a.rank < b.rank;
-    if (a.last_access_ms != b.last_access_ms) return a.last_access_ms < b.last_access_ms;
-    if (a.depth != b.depth) return a.depth > b.depth;
-    return key_less(blocks[a.at].key, blocks[b.at].key);
+    return lru_less(a.last_access_ms, a.depth, blocks[a.at].key, b.last_access_ms, b.depth,
+                    blocks[b.at].key);
   });
   std::vector<uint32_t> order(keys.size());
   for (size_t i = 0; i < keys.size(); ++i) order[i] = keys[i].at;
