@@ -126,17 +126,15 @@ Tier PlanContext::destination_below(const PlanState& plan, Tier tier, const Bloc
 
 namespace {
 
-std::vector<Candidate> policy_order(PlanContext& ctx, const PlanState& plan, Tier tier,
-                                    Sacrifice kind);
+SacrificeOrder policy_order(PlanContext& ctx, const PlanState& plan, Tier tier, Sacrifice kind);
+void permute(std::vector<Candidate>& blocks, std::vector<uint32_t> from);
 
 // With quotas: the blocks in the order that levels the namespaces' standing against
 // their quotas — each next block is the next (in policy order) of the namespace then
 // furthest above its quota, ties going to the block the policy names first. Without
 // quotas: the policy's order unchanged.
-std::vector<Candidate> quota_order(const PlanContext& ctx, Tier tier,
+std::vector<Candidate> quota_order(const std::vector<PlacementView::QuotaStanding>& standings,
                                    std::vector<Candidate> blocks) {
-  const std::vector<PlacementView::QuotaStanding> standings = ctx.view.quota_standing(tier);
-  if (standings.empty() || blocks.empty()) return blocks;
   std::unordered_map<uint32_t, int64_t> over;
   for (const PlacementView::QuotaStanding& s : standings) over[s.namespace_id] = s.over_bytes;
   // Each namespace's blocks, in policy order (indices into `blocks`).
@@ -178,9 +176,35 @@ std::vector<Candidate> quota_order(const PlanContext& ctx, Tier tier,
 
 }  // namespace
 
-std::vector<Candidate> sacrifice_order(PlanContext& ctx, const PlanState& plan, Tier tier,
-                                       Sacrifice kind) {
-  return quota_order(ctx, tier, policy_order(ctx, plan, tier, kind));
+SacrificeOrder::SacrificeOrder(std::vector<Candidate> blocks) : blocks_(std::move(blocks)) {}
+
+SacrificeOrder::SacrificeOrder(std::vector<Candidate> blocks, Sorter sorter)
+    : blocks_(std::move(blocks)), sorter_(std::move(sorter)) {}
+
+const Candidate& SacrificeOrder::at(size_t i) {
+  if (!sorter_) return blocks_[i];
+  if (i >= order_.size()) {
+    // Chunks double, so a pass that reads the whole tier pays O(b log b), as one sort.
+    constexpr size_t kFirstChunk = 64;
+    const size_t upto = std::max({i + 1, kFirstChunk, 2 * order_.size()});
+    sorter_(blocks_, order_, std::min(upto, blocks_.size()));
+  }
+  return blocks_[order_[i]];
+}
+
+std::vector<Candidate> SacrificeOrder::take_all() && {
+  if (sorter_) {
+    if (order_.size() < blocks_.size()) sorter_(blocks_, order_, blocks_.size());
+    permute(blocks_, std::move(order_));
+  }
+  return std::move(blocks_);
+}
+
+SacrificeOrder sacrifice_order(PlanContext& ctx, const PlanState& plan, Tier tier, Sacrifice kind) {
+  SacrificeOrder order = policy_order(ctx, plan, tier, kind);
+  const std::vector<PlacementView::QuotaStanding> standings = ctx.view.quota_standing(tier);
+  if (standings.empty() || order.size() == 0) return order;
+  return SacrificeOrder(quota_order(standings, std::move(order).take_all()));
 }
 
 namespace {
@@ -214,8 +238,7 @@ struct BaselineKey {
 };
 
 // Lowest priority first, then `rank`, then lru_less (by the same fields).
-std::vector<uint32_t> baseline_order(const std::vector<Candidate>& blocks,
-                                     const std::vector<double>* ranks) {
+SacrificeOrder baseline_order(std::vector<Candidate> blocks, const std::vector<double>* ranks) {
   std::vector<BaselineKey> keys;
   keys.reserve(blocks.size());
   for (size_t i = 0; i < blocks.size(); ++i) {
@@ -223,36 +246,32 @@ std::vector<uint32_t> baseline_order(const std::vector<Candidate>& blocks,
     keys.push_back({c.priority(), ranks == nullptr ? 0.0 : (*ranks)[i], c.placement.last_access_ms,
                     c.depth(), static_cast<uint32_t>(i)});
   }
-  std::sort(keys.begin(), keys.end(), [&](const BaselineKey& a, const BaselineKey& b) {
+  auto less = [](const std::vector<Candidate>& blocks, const BaselineKey& a, const BaselineKey& b) {
     if (a.priority != b.priority) return a.priority < b.priority;
     if (a.rank != b.rank) return a.rank < b.rank;
     return lru_less(a.last_access_ms, a.depth, blocks[a.at].key, b.last_access_ms, b.depth,
                     blocks[b.at].key);
-  });
-  std::vector<uint32_t> order(keys.size());
-  for (size_t i = 0; i < keys.size(); ++i) order[i] = keys[i].at;
-  return order;
+  };
+  return SacrificeOrder(std::move(blocks), sort_on_demand(std::move(keys), less));
 }
 
 // A peer policy's order (peer_policy.h), lowest retention priority first as in every
 // mode; blocks it has not seen go after the rest, least recently used first.
-std::vector<Candidate> peer_order(PlanContext& ctx, const PlanState& plan, Tier tier,
-                                  std::vector<Candidate> blocks) {
-  if (ctx.peer == nullptr || blocks.empty()) return blocks;
+SacrificeOrder peer_order(PlanContext& ctx, const PlanState& plan, Tier tier,
+                          std::vector<Candidate> blocks) {
+  if (ctx.peer == nullptr || blocks.empty()) return SacrificeOrder(std::move(blocks));
   std::vector<BlockKey> keys;
   keys.reserve(blocks.size());
   for (const Candidate& c : blocks) keys.push_back(c.key);
   std::vector<double> ranks;
   ctx.peer->rank(tier, plan.below(tier) == Tier::kNone, keys, ctx.now_ms, ranks);
   keys = {};
-  permute(blocks, baseline_order(blocks, &ranks));
-  return blocks;
+  return baseline_order(std::move(blocks), &ranks);
 }
 
 // Lowest retention priority first, then least recently used.
-std::vector<Candidate> lru_order(std::vector<Candidate> blocks) {
-  permute(blocks, baseline_order(blocks, nullptr));
-  return blocks;
+SacrificeOrder lru_order(std::vector<Candidate> blocks) {
+  return baseline_order(std::move(blocks), nullptr);
 }
 
 // Kept blocks last; lowest retention priority first; then by session group (session_group);
@@ -283,8 +302,8 @@ std::vector<Candidate> session_aware_order(std::vector<Candidate> blocks, Sacrif
 // Kept blocks last; lowest retention priority first; then the smallest loss per byte: the
 // block's value to its holders (PlanContext::value) times how much slower their next turn
 // gets where it goes.
-std::vector<Candidate> predictive_order(PlanContext& ctx, const PlanState& plan, Tier tier,
-                                        Sacrifice kind, std::vector<Candidate> blocks) {
+SacrificeOrder predictive_order(PlanContext& ctx, const PlanState& plan, Tier tier, Sacrifice kind,
+                                std::vector<Candidate> blocks) {
   struct Ranked {
     uint8_t priority;
     bool kept;
@@ -309,7 +328,7 @@ std::vector<Candidate> predictive_order(PlanContext& ctx, const PlanState& plan,
     ranked.push_back({c.priority(), c.kept(), loss, c.holders == nullptr ? 0 : c.holders->hot_seq,
                       static_cast<uint32_t>(i)});
   }
-  std::sort(ranked.begin(), ranked.end(), [&](const Ranked& a, const Ranked& b) {
+  auto less = [](const std::vector<Candidate>& blocks, const Ranked& a, const Ranked& b) {
     if (std::tie(a.kept, a.priority) != std::tie(b.kept, b.priority)) {
       return std::tie(a.kept, a.priority) < std::tie(b.kept, b.priority);
     }
@@ -322,24 +341,17 @@ std::vector<Candidate> predictive_order(PlanContext& ctx, const PlanState& plan,
     const Candidate& cb = blocks[b.at];
     if (ca.depth() != cb.depth()) return ca.depth() > cb.depth();
     return lru_less(ca, cb);
-  });
-  // Into that order in place: a plan over a large tier holds one list of its
-  // candidates, not two.
-  std::vector<uint32_t> from(ranked.size());  // from[i]: where the i-th block is now
-  for (size_t i = 0; i < ranked.size(); ++i) from[i] = ranked[i].at;
-  ranked = {};
-  permute(blocks, std::move(from));
-  return blocks;
+  };
+  return SacrificeOrder(std::move(blocks), sort_on_demand(std::move(ranked), less));
 }
 
-std::vector<Candidate> policy_order(PlanContext& ctx, const PlanState& plan, Tier tier,
-                                    Sacrifice kind) {
+SacrificeOrder policy_order(PlanContext& ctx, const PlanState& plan, Tier tier, Sacrifice kind) {
   std::vector<Candidate> blocks = movable_in_tier(ctx, tier);
   switch (ctx.config.mode) {
     case PolicyMode::kLru:
       return lru_order(std::move(blocks));
     case PolicyMode::kSessionAware:
-      return session_aware_order(std::move(blocks), kind);
+      return SacrificeOrder(session_aware_order(std::move(blocks), kind));
     case PolicyMode::kPredictive:
       break;
     case PolicyMode::kS3Fifo:

@@ -11,8 +11,11 @@
 // Thread-safety: none; values local to one planning call.
 #pragma once
 
+#include <algorithm>
 #include <array>
+#include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <unordered_map>
 #include <vector>
@@ -99,6 +102,67 @@ struct Candidate {
 
 enum class Sacrifice { kDemote, kEvict };
 
+// Candidates in an order of sacrifice, sorted only as far as they are read: a pass
+// that gives up a few blocks of a large tier sorts a few chunks (nth_element, then a
+// sort of the chunk), not the tier. Every order is total (ties end on the key), so
+// the blocks come in exactly the order a whole sort gives. Read once, front to back.
+class SacrificeOrder {
+ public:
+  // Sorts the next blocks: appends to `order` the indices into `blocks` of those
+  // that come next, until `order` holds at least `upto` (or every block).
+  using Sorter = std::function<void(const std::vector<Candidate>& blocks,
+                                    std::vector<uint32_t>& order, size_t upto)>;
+
+  // Already in order.
+  explicit SacrificeOrder(std::vector<Candidate> blocks);
+  SacrificeOrder(std::vector<Candidate> blocks, Sorter sorter);
+
+  class Iterator {
+   public:
+    Iterator(SacrificeOrder* order, size_t at) : order_(order), at_(at) {}
+    const Candidate& operator*() const { return order_->at(at_); }
+    Iterator& operator++() {
+      ++at_;
+      return *this;
+    }
+    bool operator!=(const Iterator& other) const { return at_ != other.at_; }
+
+   private:
+    SacrificeOrder* order_;
+    size_t at_;
+  };
+  Iterator begin() { return {this, 0}; }
+  Iterator end() { return {this, blocks_.size()}; }
+  size_t size() const { return blocks_.size(); }
+
+  // Every block, in order (sorting the rest).
+  std::vector<Candidate> take_all() &&;
+
+ private:
+  const Candidate& at(size_t i);
+
+  std::vector<Candidate> blocks_;  // as gathered (or in order, without a sorter)
+  std::vector<uint32_t> order_;    // the sorted front: indices into blocks_
+  Sorter sorter_;                  // empty: blocks_ is in order
+};
+
+// Sorts `keys` on demand (a SacrificeOrder::Sorter) by less(blocks, a, b), which must
+// be a total order for the chunks to come as one sort would give them; Key::at is the
+// block's index in `blocks`.
+template <class Key, class Less>
+SacrificeOrder::Sorter sort_on_demand(std::vector<Key> keys, Less less) {
+  return [keys = std::move(keys), less](const std::vector<Candidate>& blocks,
+                                        std::vector<uint32_t>& order, size_t upto) mutable {
+    auto before = [&](const Key& a, const Key& b) { return less(blocks, a, b); };
+    // keys[0, order.size()) is the sorted front, read already.
+    const auto from = keys.begin() + static_cast<ptrdiff_t>(order.size());
+    const auto to = keys.begin() + static_cast<ptrdiff_t>(upto);
+    if (to != keys.end()) std::nth_element(from, to, keys.end(), before);
+    std::sort(from, to, before);
+    for (auto it = from; it != to; ++it) order.push_back(it->at);
+  };
+}
+
 // Movable blocks now in `tier`, in the order the configured policy gives them up:
 // lowest retention priority first in every mode (session_table.h) — in the session
 // modes the blocks of sessions in a turn and those kept above the default go after
@@ -115,8 +179,9 @@ enum class Sacrifice { kDemote, kEvict };
 // With quotas in `tier` (PlacementView::quota_standing), that order is interleaved
 // across namespaces: the namespace furthest above its quota gives its next block first,
 // so a namespace within its quota keeps its blocks while another stands further above.
-// O(b log b) for the b blocks in `tier`.
-std::vector<Candidate> sacrifice_order(PlanContext& ctx, const PlanState& plan, Tier tier,
-                                       Sacrifice kind);
+// Gathering is O(b) for the b blocks in `tier`; sorting, O(b + k log k) per chunk
+// read of k blocks (LRU tiering, the peers' and predictive's orders; the session-aware
+// order and quotas sort the tier, O(b log b)).
+SacrificeOrder sacrifice_order(PlanContext& ctx, const PlanState& plan, Tier tier, Sacrifice kind);
 
 }  // namespace kvtier::policy::detail
