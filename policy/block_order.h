@@ -105,7 +105,9 @@ enum class Sacrifice { kDemote, kEvict };
 // Candidates in an order of sacrifice, sorted only as far as they are read: a pass
 // that gives up a few blocks of a large tier sorts a few chunks (nth_element, then a
 // sort of the chunk), not the tier. Every order is total (ties end on the key), so
-// the blocks come in exactly the order a whole sort gives. Read once, front to back.
+// the blocks come in exactly the order a whole sort gives. Read once, front to back;
+// its iterators point at it, so it is not moved while read. It holds the candidates and
+// their sort keys until the pass ends: the peak is what the whole sort held.
 class SacrificeOrder {
  public:
   // Sorts the next blocks: appends to `order` the indices into `blocks` of those
