@@ -231,24 +231,25 @@ void permute(std::vector<Candidate>& blocks, std::vector<uint32_t> from) {
 // sorting compares values in one array instead of chasing each block's holders.
 struct BaselineKey {
   uint8_t priority;
-  double rank;  // the peer policy's (0 in LRU tiering)
+  PeerRank rank;  // the peer policy's (all equal in LRU tiering)
   uint64_t last_access_ms;
   uint32_t depth;
   uint32_t at;  // the block's index in the candidates
 };
 
 // Lowest priority first, then `rank`, then lru_less (by the same fields).
-SacrificeOrder baseline_order(std::vector<Candidate> blocks, const std::vector<double>* ranks) {
+SacrificeOrder baseline_order(std::vector<Candidate> blocks, const std::vector<PeerRank>* ranks) {
   std::vector<BaselineKey> keys;
   keys.reserve(blocks.size());
   for (size_t i = 0; i < blocks.size(); ++i) {
     const Candidate& c = blocks[i];
-    keys.push_back({c.priority(), ranks == nullptr ? 0.0 : (*ranks)[i], c.placement.last_access_ms,
-                    c.depth(), static_cast<uint32_t>(i)});
+    keys.push_back({c.priority(), ranks == nullptr ? PeerRank{} : (*ranks)[i],
+                    c.placement.last_access_ms, c.depth(), static_cast<uint32_t>(i)});
   }
   auto less = [](const std::vector<Candidate>& blocks, const BaselineKey& a, const BaselineKey& b) {
     if (a.priority != b.priority) return a.priority < b.priority;
-    if (a.rank != b.rank) return a.rank < b.rank;
+    if (a.rank < b.rank) return true;
+    if (b.rank < a.rank) return false;
     return lru_less(a.last_access_ms, a.depth, blocks[a.at].key, b.last_access_ms, b.depth,
                     blocks[b.at].key);
   };
@@ -263,7 +264,7 @@ SacrificeOrder peer_order(PlanContext& ctx, const PlanState& plan, Tier tier,
   std::vector<BlockKey> keys;
   keys.reserve(blocks.size());
   for (const Candidate& c : blocks) keys.push_back(c.key);
-  std::vector<double> ranks;
+  std::vector<PeerRank> ranks;
   ctx.peer->rank(tier, plan.below(tier) == Tier::kNone, keys, ctx.now_ms, ranks);
   keys = {};
   return baseline_order(std::move(blocks), &ranks);

@@ -43,7 +43,7 @@ class PerTierPolicy : public PeerPolicy {
     resize();
   }
   void rank(Tier tier, bool, const std::vector<BlockKey>& keys, uint64_t,
-            std::vector<double>& ranks) override {
+            std::vector<PeerRank>& ranks) override {
     order_.clear();
     tiers_[tier_index(tier)].rank(order_);
     if (rank_of_.size() < entries_.capacity()) {
@@ -55,42 +55,28 @@ class PerTierPolicy : public PeerPolicy {
       rank_of_[order_[r]] = static_cast<double>(r);
       epoch_of_[order_[r]] = epoch_;
     }
-    // Each request's blocks at the earliest place any of them has, tail first.
+    // Each request's blocks at the earliest place any of them has (major), tail first
+    // (depth), then by the block's own place (minor).
     const auto unseen = static_cast<double>(order_.size());
-    struct Item {
-      double group;
-      uint32_t position;
-      double rank;
-      size_t index;
-    };
-    std::vector<Item> items(keys.size());
-    std::unordered_map<uint64_t, double> first_of;  // request → earliest rank
-    std::vector<uint32_t> ids(keys.size());
+    ranks.resize(keys.size());
+    first_of_.clear();  // request → earliest place
+    ids_.resize(keys.size());
     for (size_t i = 0; i < keys.size(); ++i) {
       const uint32_t id = entries_.find(keys[i]);
-      ids[i] = id;
       const bool known = id != kNil && epoch_of_[id] == epoch_;
       const double r = known ? rank_of_[id] : unseen + static_cast<double>(i);
-      items[i] = {r, id == kNil ? 0 : entries_[id].position, r, i};
+      ranks[i] = {r, id == kNil ? 0 : entries_[id].position, r};
       // Request 0: never named by a Save or Load (recovered, or read from the remote
-      // tier): such blocks are no request's and keep their own ranks.
-      if (known && entries_[id].request != 0) {
-        auto [at, inserted] = first_of.try_emplace(entries_[id].request, r);
+      // tier): such blocks are no request's and keep their own places.
+      ids_[i] = known && entries_[id].request != 0 ? id : kNil;
+      if (ids_[i] != kNil) {
+        auto [at, inserted] = first_of_.try_emplace(entries_[id].request, r);
         if (!inserted) at->second = std::min(at->second, r);
       }
     }
     for (size_t i = 0; i < keys.size(); ++i) {
-      if (ids[i] != kNil && epoch_of_[ids[i]] == epoch_ && entries_[ids[i]].request != 0) {
-        items[i].group = first_of[entries_[ids[i]].request];
-      }
+      if (ids_[i] != kNil) ranks[i].major = first_of_.find(entries_[ids_[i]].request)->second;
     }
-    std::sort(items.begin(), items.end(), [](const Item& a, const Item& b) {
-      if (a.group != b.group) return a.group < b.group;
-      if (a.position != b.position) return a.position > b.position;
-      return a.rank < b.rank;
-    });
-    ranks.resize(keys.size());
-    for (size_t r = 0; r < items.size(); ++r) ranks[items[r].index] = static_cast<double>(r);
   }
   void block_entered(const BlockKey& key, Tier tier, uint64_t bytes) override {
     if (static_cast<size_t>(tier) >= kLocalTierCount) return;
@@ -157,7 +143,10 @@ class PerTierPolicy : public PeerPolicy {
   uint32_t last_position_ = 0;
   std::array<uint64_t, kLocalTierCount> tier_bytes_{};
   uint64_t block_bytes_ = 0;
+  // rank()'s scratch, kept between calls.
   std::vector<uint32_t> order_;
+  std::vector<uint32_t> ids_;  // a key's id, kNil unless it is a request's
+  std::unordered_map<uint64_t, double> first_of_;
   std::vector<double> rank_of_;
   std::vector<uint64_t> epoch_of_;
   uint64_t epoch_ = 0;
@@ -246,28 +235,17 @@ class WorkloadAware final : public PeerPolicy {
   }
 
   void rank(Tier tier, bool leaves_daemon, const std::vector<BlockKey>& keys, uint64_t now_ms,
-            std::vector<double>& ranks) override {
+            std::vector<PeerRank>& ranks) override {
     const double horizon = leaves_daemon
                                ? std::numeric_limits<double>::infinity()
                                : static_cast<double>(detail::idle_threshold_of(config_, tier));
-    struct Scored {
-      double value;
-      uint32_t position;
-      size_t index;
-    };
-    std::vector<Scored> scored(keys.size());
+    // Least value first, the deeper block among equals, then by index.
+    ranks.resize(keys.size());
     for (size_t i = 0; i < keys.size(); ++i) {
       auto it = blocks_.find(keys[i]);
-      scored[i] = {it == blocks_.end() ? 0.0 : value(it->second, now_ms, horizon),
-                   it == blocks_.end() ? 0 : it->second.position, i};
+      ranks[i] = {it == blocks_.end() ? 0.0 : value(it->second, now_ms, horizon),
+                  it == blocks_.end() ? 0 : it->second.position, static_cast<double>(i)};
     }
-    std::sort(scored.begin(), scored.end(), [](const Scored& a, const Scored& b) {
-      if (a.value != b.value) return a.value < b.value;
-      if (a.position != b.position) return a.position > b.position;
-      return a.index < b.index;
-    });
-    ranks.resize(keys.size());
-    for (size_t r = 0; r < scored.size(); ++r) ranks[scored[r].index] = static_cast<double>(r);
   }
 
   // P(used within `horizon_ms` | not used in the `age_ms` since its Save) for a block of

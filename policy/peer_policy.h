@@ -75,6 +75,24 @@ class BlockObserver : public BlockListener {
   virtual void block_loaded(const BlockKey& key, uint32_t position, uint64_t now_ms) = 0;
 };
 
+// A block's place in a peer policy's order of sacrifice, compared lexicographically:
+// the lesser `major` goes first, then the deeper block (a request's tail first), then
+// the lesser `minor`. Each policy fills in what its order needs (PerTierPolicy: the
+// place of the request's first block, the block's own place; WorkloadAware: the value,
+// the block's index) so that the planner sorts blocks by it without the policy sorting
+// them too.
+struct PeerRank {
+  double major = 0;
+  uint32_t depth = 0;
+  double minor = 0;
+
+  friend bool operator<(const PeerRank& a, const PeerRank& b) {
+    if (a.major != b.major) return a.major < b.major;
+    if (a.depth != b.depth) return a.depth > b.depth;
+    return a.minor < b.minor;
+  }
+};
+
 class PeerPolicy : public BlockObserver {
  public:
   // nullptr for the modes that are not peer policies.
@@ -87,10 +105,12 @@ class PeerPolicy : public BlockObserver {
   // policy has seen. Until then a tier's size is unknown (TinyLFU admits every block).
   virtual void set_capacity(Tier tier, uint64_t bytes) = 0;
   // Ranks `keys`, blocks now in `tier`: ranks[i] is keys[i]'s place in the order of
-  // sacrifice (lower goes first). A key the policy has not seen ranks after the rest.
-  // `leaves_daemon`: `tier` is the slowest, what goes leaves the daemon.
+  // sacrifice (PeerRank: the lesser goes first; distinct keys never rank equal). A key
+  // the policy has not seen ranks after the rest. `leaves_daemon`: `tier` is the
+  // slowest, what goes leaves the daemon. The keys are not sorted here: the planner
+  // sorts as far as a pass reads (block_order.h).
   virtual void rank(Tier tier, bool leaves_daemon, const std::vector<BlockKey>& keys,
-                    uint64_t now_ms, std::vector<double>& ranks) = 0;
+                    uint64_t now_ms, std::vector<PeerRank>& ranks) = 0;
 };
 
 }  // namespace kvtier::policy

@@ -44,8 +44,14 @@ class Peer {
   Order order(Order held, bool leaves_daemon = false) {
     std::vector<BlockKey> keys;
     for (int n : held) keys.push_back(key_of(static_cast<uint8_t>(n)));
-    std::vector<double> ranks;
+    std::vector<PeerRank> ranks;
     policy_->rank(Tier::kHbm, leaves_daemon, keys, now_, ranks);
+    // The order is total: distinct keys never rank equal.
+    for (size_t i = 0; i < ranks.size(); ++i) {
+      for (size_t j = i + 1; j < ranks.size(); ++j) {
+        EXPECT_TRUE(ranks[i] < ranks[j] || ranks[j] < ranks[i]) << held[i] << " and " << held[j];
+      }
+    }
     std::vector<size_t> index(held.size());
     for (size_t i = 0; i < index.size(); ++i) index[i] = i;
     std::sort(index.begin(), index.end(), [&](size_t a, size_t b) { return ranks[a] < ranks[b]; });
@@ -277,10 +283,10 @@ TEST(PeerPolicyTest, ARequestsBlocksGoTailFirst) {
       policy->block_entered(keys.back(), Tier::kHbm, 1);
     }
     for (uint32_t i = 0; i < keys.size(); ++i) policy->block_saved(keys[i], i, 1000);
-    std::vector<double> ranks;
+    std::vector<PeerRank> ranks;
     policy->rank(Tier::kHbm, false, keys, 2000, ranks);
     for (size_t i = 1; i < keys.size(); ++i) {
-      EXPECT_GT(ranks[i - 1], ranks[i]) << policy_mode_name(mode) << " position " << i;
+      EXPECT_TRUE(ranks[i] < ranks[i - 1]) << policy_mode_name(mode) << " position " << i;
     }
   }
 }
