@@ -8,14 +8,15 @@
 #include <array>
 #include <cstdint>
 #include <limits>
-#include <unordered_map>
 #include <vector>
 
 #include "common/block_key.h"
+#include "common/slot_index.h"
 
 namespace kvtier::policy::peer {
 
 inline constexpr uint32_t kNil = std::numeric_limits<uint32_t>::max();
+static_assert(kNil == SlotIndex::kNone, "Entries::find returns the index's kNone as kNil");
 
 inline size_t tier_index(Tier tier) {
   return std::min<size_t>(static_cast<size_t>(tier), kLocalTierCount - 1);
@@ -38,7 +39,7 @@ class Entries {
   };
   struct Entry {
     BlockKey key;
-    uint64_t hash = 0;  // of the key, for TinyLFU's sketch
+    uint64_t hash = 0;  // of the key: its code in the index, and TinyLFU's sketch's
     std::array<Link, kLocalTierCount> tier;
     uint64_t request = 0;   // the request that last named it (Save or Load), by number
     uint32_t position = 0;  // its place in that request
@@ -47,12 +48,12 @@ class Entries {
   };
 
   uint32_t find(const BlockKey& key) const {
-    auto it = ids_.find(key);
-    return it == ids_.end() ? kNil : it->second;
+    return slots_.find(BlockKeyHasher{}(key), [&](uint32_t id) { return entries_[id].key == key; });
   }
   uint32_t get(const BlockKey& key) {
-    auto [it, inserted] = ids_.try_emplace(key, kNil);
-    if (!inserted) return it->second;
+    const uint64_t code = BlockKeyHasher{}(key);
+    const uint32_t found = slots_.find(code, [&](uint32_t id) { return entries_[id].key == key; });
+    if (found != kNil) return found;
     uint32_t id;
     if (!free_.empty()) {
       id = free_.back();
@@ -63,9 +64,13 @@ class Entries {
       entries_.emplace_back();
     }
     entries_[id].key = key;
-    entries_[id].hash = BlockKeyHasher{}(key);
+    entries_[id].hash = code;
     entries_[id].live = true;
-    it->second = id;
+    if (!slots_.has_room(live_)) {
+      slots_.grow(slots_.capacity() == 0 ? kMinSlots : slots_.capacity() * 2, code_of());
+    }
+    slots_.insert(code, id);
+    ++live_;
     return id;
   }
   // Idempotent: an id a ghost queue dropped may be released again by the event that
@@ -76,7 +81,8 @@ class Entries {
     for (const Link& link : entry.tier) {
       if (link.queue != 0) return;
     }
-    ids_.erase(entry.key);
+    slots_.erase(entry.hash, id, code_of());
+    --live_;
     entry.live = false;
     free_.push_back(id);
   }
@@ -85,7 +91,17 @@ class Entries {
   size_t capacity() const { return entries_.size(); }
 
  private:
-  std::unordered_map<BlockKey, uint32_t, BlockKeyHasher> ids_;
+  static constexpr size_t kMinSlots = 64;
+  struct CodeOf {
+    const std::vector<Entry>* entries;
+    uint64_t operator()(uint32_t id) const { return (*entries)[id].hash; }
+  };
+  CodeOf code_of() const { return CodeOf{&entries_}; }
+
+  // Key → id: a flat index over the entries' hash codes (common/slot_index.h), not a
+  // node per block.
+  SlotIndex slots_;
+  size_t live_ = 0;  // ids in use
   std::vector<Entry> entries_;
   std::vector<uint32_t> free_;
 };
