@@ -47,13 +47,10 @@ class Entries {
     bool live = false;      // the id is in use (not on the free list)
   };
 
-  uint32_t find(const BlockKey& key) const {
-    return slots_.find(BlockKeyHasher{}(key), [&](uint32_t id) { return entries_[id].key == key; });
-  }
+  uint32_t find(const BlockKey& key) const { return find(key, BlockKeyHasher{}(key)); }
   uint32_t get(const BlockKey& key) {
     const uint64_t code = BlockKeyHasher{}(key);
-    const uint32_t found = slots_.find(code, [&](uint32_t id) { return entries_[id].key == key; });
-    if (found != kNil) return found;
+    if (const uint32_t found = find(key, code); found != kNil) return found;
     uint32_t id;
     if (!free_.empty()) {
       id = free_.back();
@@ -92,6 +89,9 @@ class Entries {
 
  private:
   static constexpr size_t kMinSlots = 64;
+  uint32_t find(const BlockKey& key, uint64_t code) const {
+    return slots_.find(code, [&](uint32_t id) { return entries_[id].key == key; });
+  }
   struct CodeOf {
     const std::vector<Entry>* entries;
     uint64_t operator()(uint32_t id) const { return (*entries)[id].hash; }

@@ -3,11 +3,16 @@
 #include "policy/peer_policy.h"
 
 #include <algorithm>
+#include <cstring>
+#include <map>
 #include <memory>
+#include <set>
+#include <span>
 #include <vector>
 
 #include <gtest/gtest.h>
 
+#include "policy/peer_queues.h"
 #include "policy/planner.h"
 #include "tests/policy/fake_placement_view.h"
 
@@ -289,6 +294,37 @@ TEST(PeerPolicyTest, ARequestsBlocksGoTailFirst) {
       EXPECT_TRUE(ranks[i] < ranks[i - 1]) << policy_mode_name(mode) << " position " << i;
     }
   }
+}
+
+// The peers' key → id index (peer_queues.h) through growth, releases and reused ids:
+// every live key is found under its id, every released one is not.
+TEST(PeerEntriesTest, EveryLiveKeyIsFoundThroughGrowthReleaseAndReuse) {
+  peer::Entries entries;
+  auto key = [](uint32_t n) {
+    uint8_t bytes[4];
+    std::memcpy(bytes, &n, sizeof(bytes));
+    return BlockKey{LayoutKey{}, BlockHash(std::span<const uint8_t>(bytes, sizeof(bytes)))};
+  };
+  std::map<uint32_t, uint32_t> live;  // n → id
+  for (uint32_t n = 0; n < 5000; ++n) live[n] = entries.get(key(n));
+  for (uint32_t n = 0; n < 5000; n += 3) {
+    entries.release_if_unused(live[n]);
+    entries.release_if_unused(live[n]);  // idempotent
+    live.erase(n);
+  }
+  for (uint32_t n = 0; n < 5000; n += 3) ASSERT_EQ(entries.find(key(n)), peer::kNil) << n;
+  for (uint32_t n = 5000; n < 7000; ++n) live[n] = entries.get(key(n));  // reuse freed ids
+  std::set<uint32_t> ids;
+  for (const auto& [n, id] : live) {
+    ASSERT_EQ(entries.find(key(n)), id) << n;
+    ASSERT_EQ(entries.get(key(n)), id) << n;
+    ASSERT_TRUE(entries[id].key == key(n)) << n;
+    ids.insert(id);
+  }
+  EXPECT_EQ(ids.size(), live.size());
+  EXPECT_EQ(entries.capacity(), 5000u + 2000u - 5000u / 3 - 1);  // freed ids were reused
+  for (uint32_t n = 0; n < 5000; n += 3)
+    EXPECT_EQ(entries.find(key(n)), peer::kNil) << n;  // after reuse
 }
 
 }  // namespace
